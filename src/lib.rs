@@ -1,0 +1,4 @@
+//! lockwarden: distributed locks with fencing tokens in S3, DynamoDB, ZooKeeper and
+//! Kubernetes Leases, as a Kubernetes operator and a command-line tool.
+//!
+//! See `docs/architecture.md` for how the pieces fit together.

@@ -1,0 +1,249 @@
+//! Test support: real servers on free loopback ports, started by the test binary.
+//!
+//! Every integration test binary includes this module (`mod support;`). Servers are
+//! real processes (kube-apiserver + etcd, moto, ZooKeeper) installed by
+//! `scripts/testenv`; a test whose server is missing fails with a message naming that
+//! script — it never passes by skipping.
+//!
+//! Heavy servers are started once per test binary (see each module's `shared()`), and
+//! every test uses its own keys / namespaces. Child processes are spawned from one
+//! long-lived thread with `PR_SET_PDEATHSIG`, so they die with the test binary even
+//! when they live in a `static` that is never dropped.
+#![allow(dead_code)]
+
+pub mod kube;
+pub mod moto;
+pub mod proxy;
+pub mod zookeeper;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The environment `scripts/testenv env` prints, read once per test binary.
+fn testenv() -> &'static HashMap<String, String> {
+    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let script = repo_root().join("scripts/testenv");
+        let out = Command::new(&script)
+            .arg("env")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("export "))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    })
+}
+
+/// Path of an installed test tool: the environment variable `name` if set, else the
+/// path `scripts/testenv env` gives. Panics (fails the test) if it does not exist.
+pub fn tool(name: &str) -> PathBuf {
+    let path = std::env::var(name)
+        .ok()
+        .or_else(|| testenv().get(name).cloned())
+        .unwrap_or_default();
+    let path = PathBuf::from(path);
+    assert!(
+        !path.as_os_str().is_empty() && path.exists(),
+        "test server {name} is not installed (looked for {:?}); run `scripts/testenv` first",
+        path
+    );
+    path
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A free TCP port on 127.0.0.1 (bound then released; the OS does not hand it out
+/// again immediately).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port on 127.0.0.1")
+}
+
+/// Where server logs and data go; kept after the run so a failing test can be read.
+pub fn work_dir(name: &str) -> PathBuf {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("servers");
+        let dir = base.join(format!("{}-{}", std::process::id(), unique_suffix()));
+        std::fs::create_dir_all(&dir).expect("create server work dir");
+        dir
+    });
+    let dir = run.join(name);
+    std::fs::create_dir_all(&dir).expect("create server work dir");
+    dir
+}
+
+/// A short random string for per-test keys, namespaces and paths.
+pub fn unique_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_string()
+}
+
+/// A unique name with a readable prefix, e.g. `unique("canary")` -> `canary-3f9a0c1b2d`.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", unique_suffix())
+}
+
+type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
+
+/// Spawns `cmd` from a thread that lives as long as the test binary, so that
+/// PR_SET_PDEATHSIG (which fires when the *spawning thread* exits) only fires when
+/// the whole binary exits.
+fn spawn_from_keeper(cmd: Command) -> io::Result<Child> {
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("server-keeper".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawn keeper thread");
+        Mutex::new(tx)
+    });
+    let (tx, rx) = mpsc::channel();
+    keeper.lock().unwrap().send((cmd, tx)).expect("keeper thread alive");
+    rx.recv().expect("keeper thread alive")
+}
+
+/// A running server process. Killed (with its process group) on drop; its combined
+/// stdout/stderr stays in `log`.
+pub struct ServerProcess {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl ServerProcess {
+    /// Starts `program args…` with output to `<work_dir>/<name>.log`.
+    pub fn start(name: &str, mut cmd: Command, dir: &Path) -> ServerProcess {
+        let log = dir.join(format!("{name}.log"));
+        let out = File::create(&log).expect("create server log");
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup log"))
+            .stderr(out)
+            .current_dir(dir);
+        unsafe {
+            cmd.pre_exec(|| {
+                // Own process group (so kill reaches grandchildren such as java), and die
+                // with the test binary.
+                libc::setpgid(0, 0);
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let program = cmd.get_program().to_owned();
+        let child = spawn_from_keeper(cmd)
+            .unwrap_or_else(|e| panic!("cannot start {name} ({program:?}): {e}"));
+        eprintln!("[support] started {name} (pid {}), log: {}", child.id(), log.display());
+        ServerProcess { name: name.to_string(), log, child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal to the server's process group (e.g. SIGSTOP / SIGCONT).
+    pub fn signal(&self, sig: i32) {
+        unsafe {
+            libc::kill(-(self.child.id() as i32), sig);
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The last `lines` lines of the server's log, for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Kills the server and waits for it to exit.
+    pub fn kill(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until `addr` accepts TCP connections, failing with the server's log tail.
+pub fn wait_for_port(server: &mut ServerProcess, port: u16, timeout: Duration) {
+    wait_until(server, timeout, &format!("port {port} to accept connections"), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+}
+
+/// Polls `ready` every 50 ms until it holds; panics with the log tail if the server
+/// exits or `timeout` passes first.
+pub fn wait_until(
+    server: &mut ServerProcess,
+    timeout: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return;
+        }
+        if !server.is_running() {
+            panic!(
+                "{} exited while waiting for {what}; log {}:\n{}",
+                server.name,
+                server.log.display(),
+                server.log_tail(40)
+            );
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{} not ready after {timeout:?} waiting for {what}; log {}:\n{}",
+                server.name,
+                server.log.display(),
+                server.log_tail(40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Async polling with a generous deadline: waits until `check` returns `Some`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
