@@ -2,3 +2,6 @@
 //! Kubernetes Leases, as a Kubernetes operator and a command-line tool.
 //!
 //! See `docs/architecture.md` for how the pieces fit together.
+
+pub mod backend;
+pub mod lock;

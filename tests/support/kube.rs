@@ -1,1 +1,492 @@
-//! (being written)
+//! A real Kubernetes control plane for integration tests: etcd + kube-apiserver as
+//! child processes on free loopback ports (no kubelet, scheduler or controller-manager).
+//!
+//! `ControlPlane::shared()` starts one per test binary; every test then asks it for
+//! its own `kube::Client` (`client()`, because a client is bound to the tokio runtime
+//! that built it and each `#[tokio::test]` has its own runtime) and its own namespace
+//! (`namespace()`). Tests that need a second, independent cluster call
+//! `ControlPlane::start()` and get one that stops when dropped.
+//!
+//! Certificates are generated here with rcgen: a CA, the API server's serving
+//! certificate, client certificates (an admin in `system:masters`, plus any user a
+//! test asks for) and a service-account signing key, so TokenRequest works too.
+//! Authorization is RBAC only, as in a real cluster, so a test can check the
+//! permissions a component really needs.
+//!
+//! What a missing controller-manager means for tests:
+//! - the `ServiceAccount` admission plugin is disabled (it rejects every Pod while the
+//!   token controller has not created the namespace's `default` ServiceAccount);
+//!   Pods can be created but never run.
+//! - deleting a namespace leaves it `Terminating` forever (no namespace controller), so
+//!   tests never delete theirs; each gets a unique one and the data dies with etcd.
+//! - no garbage collector: ownerReferences do not cascade.
+
+use super::{ServerProcess, free_port, tool, unique, wait_for_port, wait_until, work_dir};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, GetParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// How long the API server may take to become ready. Typically ~10 s, but the test
+/// machine is a loaded 2-core box that may be compiling or running other servers.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One readiness probe must not hang the startup loop when the server accepted the
+/// connection but is too busy to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running etcd + kube-apiserver pair. Dropping it kills both; the shared one lives
+/// in a `static` and dies with the test binary (PR_SET_PDEATHSIG, see `ServerProcess`).
+pub struct ControlPlane {
+    // Field order is drop order: the API server is killed before the etcd it uses, so
+    // it does not log a burst of etcd connection errors on the way down.
+    apiserver: ServerProcess,
+    etcd: ServerProcess,
+    dir: PathBuf,
+    url: String,
+    port: u16,
+    kubeconfig: PathBuf,
+    pki: Pki,
+}
+
+impl ControlPlane {
+    /// The control plane shared by every test in this binary, started on first use.
+    ///
+    /// Blocks the calling thread during that first start (also inside a
+    /// `#[tokio::test]`: it only stalls that test's own runtime). If the start fails,
+    /// every test that asks for it fails with the same message instead of each one
+    /// retrying a two-minute start.
+    pub fn shared() -> &'static ControlPlane {
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        match SHARED.get_or_init(start_on_own_thread) {
+            Ok(plane) => plane,
+            Err(msg) => panic!("the shared Kubernetes control plane did not start:\n{msg}"),
+        }
+    }
+
+    /// A new, independent control plane (its own etcd and certificates), e.g. for a
+    /// second cluster. Stopped when dropped. Blocks the calling thread until ready.
+    pub fn start() -> ControlPlane {
+        start_on_own_thread().unwrap_or_else(|msg| panic!("{msg}"))
+    }
+
+    /// `https://127.0.0.1:<port>` of the API server.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The API server's secure port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// An admin (`system:masters`) kubeconfig, for kubectl and for subprocesses such
+    /// as the controller binary. Certificates are referenced by absolute path.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory with this control plane's certificates, kubeconfigs, etcd data
+    /// and server logs (kept after the run).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The API server process, e.g. to read its log or SIGSTOP it for a fault test
+    /// (only on a control plane of your own: the shared one serves other tests).
+    pub fn apiserver(&self) -> &ServerProcess {
+        &self.apiserver
+    }
+
+    /// The etcd process behind the API server.
+    pub fn etcd(&self) -> &ServerProcess {
+        &self.etcd
+    }
+
+    /// An admin client bound to the calling test's tokio runtime.
+    pub async fn client(&self) -> Client {
+        client_from_kubeconfig(&self.kubeconfig).await
+    }
+
+    /// Creates a fresh namespace `<prefix>-<random>` and returns its name. `prefix`
+    /// must be a lowercase DNS label of at most 52 characters (the suffix takes 11).
+    pub async fn namespace(&self, client: &Client, prefix: &str) -> String {
+        let name = unique(prefix);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("cannot create namespace {name:?} on {}: {e}", self.url));
+        name
+    }
+
+    /// Writes a kubeconfig that authenticates with a client certificate as `user`,
+    /// optionally in `group`, and returns its path. Such a user has no permissions
+    /// until a test binds some with RBAC. (One group at most: rcgen's distinguished
+    /// names hold one value per attribute type, and a group is an `O` attribute.)
+    ///
+    /// A certificate whose user is `system:serviceaccount:<ns>:<name>` is matched by
+    /// RBAC bindings to that ServiceAccount, which lets a test run a component with
+    /// exactly the RBAC its manifests grant.
+    pub fn user_kubeconfig(&self, user: &str, group: Option<&str>) -> PathBuf {
+        // The file name must not depend on `user`, which may contain ':' and '/'.
+        let stem = unique("user");
+        let (cert, key) = self.pki.client_cert(&self.dir, &stem, user, group);
+        let path = self.dir.join(format!("{stem}.kubeconfig"));
+        write_kubeconfig(&path, &self.url, &self.pki.ca_cert, &cert, &key, user);
+        path
+    }
+
+    /// Starts etcd and kube-apiserver and waits until the API server is ready. Must not
+    /// run on a thread inside a tokio runtime (it runs one of its own to probe).
+    fn launch() -> ControlPlane {
+        let started = Instant::now();
+        let dir = work_dir(&unique("kube"));
+        let pki = Pki::generate(&dir);
+
+        let ports = distinct_free_ports(3);
+        let (etcd_port, peer_port, port) = (ports[0], ports[1], ports[2]);
+
+        // etcd: single member, plain HTTP on loopback (nothing else can reach it), and
+        // as cheap as possible: no fsync (the data is throwaway), warnings-only log.
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let mut cmd = Command::new(tool("ETCD"));
+        cmd.arg("--name=lockwarden-test")
+            .arg(format!("--data-dir={}", dir.join("etcd-data").display()))
+            .arg(format!("--listen-client-urls={etcd_url}"))
+            .arg(format!("--advertise-client-urls={etcd_url}"))
+            .arg(format!("--listen-peer-urls={peer_url}"))
+            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+            .arg(format!("--initial-cluster=lockwarden-test={peer_url}"))
+            // Caps the disk a long benchmark run can fill (etcd's default is 2 GiB).
+            .arg("--quota-backend-bytes=1073741824")
+            .arg("--unsafe-no-fsync")
+            .arg("--log-level=warn");
+        let mut etcd = ServerProcess::start("etcd", cmd, &dir);
+        wait_for_port(&mut etcd, etcd_port, STARTUP_TIMEOUT);
+
+        let url = format!("https://127.0.0.1:{port}");
+        let mut cmd = Command::new(tool("KUBE_APISERVER"));
+        cmd.arg(format!("--etcd-servers={etcd_url}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--secure-port={port}"))
+            .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                pki.serving_key.display()
+            ))
+            .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
+            // Unused (the serving certificate is given) but keeps any self-signed
+            // fallback out of the current directory's default.
+            .arg(format!(
+                "--cert-dir={}",
+                dir.join("apiserver-certs").display()
+            ))
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg(format!(
+                "--service-account-key-file={}",
+                pki.sa_public_key.display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_private_key.display()
+            ))
+            // Only a configuration value: no Service traffic goes anywhere.
+            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            // No kubelets, so no Node authorizer; RBAC as in a real cluster.
+            .arg("--authorization-mode=RBAC")
+            // Rejects every Pod until the token controller (not running) has created
+            // the namespace's `default` ServiceAccount.
+            .arg("--disable-admission-plugins=ServiceAccount")
+            .arg("--allow-privileged=true")
+            // Lighter: no priority-and-fairness queues (the plain max-in-flight limits
+            // apply), no endpoint reconciler rewriting the `kubernetes` Service's
+            // endpoints every few seconds, no pprof handlers.
+            .arg("--enable-priority-and-fairness=false")
+            .arg("--endpoint-reconciler-type=none")
+            .arg("--profiling=false");
+        let mut apiserver = ServerProcess::start("kube-apiserver", cmd, &dir);
+
+        let kubeconfig = dir.join("admin.kubeconfig");
+        let (cert, key) = pki.client_cert(&dir, "admin", "admin", Some("system:masters"));
+        write_kubeconfig(&kubeconfig, &url, &pki.ca_cert, &cert, &key, "admin");
+
+        wait_until_ready(&mut apiserver, &mut etcd, &kubeconfig);
+        eprintln!(
+            "[support] kube-apiserver ready at {url} after {:.1?}",
+            started.elapsed()
+        );
+
+        ControlPlane {
+            apiserver,
+            etcd,
+            dir,
+            url,
+            port,
+            kubeconfig,
+            pki,
+        }
+    }
+}
+
+/// A client for any kubeconfig (e.g. one from `ControlPlane::user_kubeconfig`), bound
+/// to the calling tokio runtime.
+pub async fn client_from_kubeconfig(path: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .unwrap_or_else(|e| panic!("cannot read kubeconfig {}: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bad kubeconfig {}: {e}", path.display()));
+    Client::try_from(config)
+        .unwrap_or_else(|e| panic!("cannot build a client from {}: {e}", path.display()))
+}
+
+/// Runs `ControlPlane::launch` on a plain thread: it drives a tokio runtime of its own
+/// for the readiness probe, which would panic on a thread that is already inside one
+/// (any `#[tokio::test]`). A panic there becomes the `Err` message.
+fn start_on_own_thread() -> Result<ControlPlane, String> {
+    std::thread::Builder::new()
+        .name("kube-control-plane".into())
+        .spawn(ControlPlane::launch)
+        .expect("spawn control-plane thread")
+        .join()
+        .map_err(|payload| {
+            payload
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "control-plane start panicked".to_string())
+        })
+}
+
+/// `n` distinct free ports (`free_port` alone could, rarely, return one port twice).
+fn distinct_free_ports(n: usize) -> Vec<u16> {
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        let port = free_port();
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+/// Polls until `/readyz` says `ok` and the `default` namespace exists (created by an
+/// API-server controller shortly after start; tests may use it straight away).
+/// Fails with the API server's log tail, or etcd's if etcd died.
+fn wait_until_ready(apiserver: &mut ServerProcess, etcd: &mut ServerProcess, kubeconfig: &Path) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime for the readiness probe");
+    let client = rt.block_on(client_from_kubeconfig(kubeconfig));
+    // Printed when it changes, so a slow start shows what the server was waiting for.
+    let mut last_status = String::new();
+    wait_until(
+        apiserver,
+        STARTUP_TIMEOUT,
+        "/readyz and namespace default",
+        || {
+            if !etcd.is_running() {
+                panic!(
+                    "etcd exited while kube-apiserver was starting; log {}:\n{}",
+                    etcd.log.display(),
+                    etcd.log_tail(40)
+                );
+            }
+            // `timeout` needs the runtime's timer when it is created, hence the async block.
+            let probed =
+                rt.block_on(async { tokio::time::timeout(PROBE_TIMEOUT, probe(&client)).await });
+            let status = match probed {
+                Ok(Ok(())) => return true,
+                Ok(Err(status)) => status,
+                Err(_) => format!("no answer within {PROBE_TIMEOUT:?}"),
+            };
+            if status != last_status {
+                eprintln!("[support] kube-apiserver not ready yet: {status}");
+                last_status = status;
+            }
+            false
+        },
+    );
+}
+
+/// One readiness check; `Err` says what is still missing.
+async fn probe(client: &Client) -> Result<(), String> {
+    // kube has no raw-GET helper and `http` is not a dependency of the tests, so build
+    // `GET /readyz` as a "get object `readyz` under the empty path".
+    let request = kube::core::Request::new("")
+        .get("readyz", &GetParams::default())
+        .map_err(|e| e.to_string())?;
+    match client.request_text(request).await {
+        Ok(body) if body.trim() == "ok" => {}
+        Ok(body) => return Err(format!("/readyz answered {body:?}")),
+        Err(e) => {
+            // A failing /readyz lists every check as `[+]name ok` / `[-]name failed`;
+            // name only the failing ones.
+            let text = e.to_string();
+            let failing: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("[-]"))
+                .filter_map(|l| l.split_whitespace().next())
+                .collect();
+            return Err(if failing.is_empty() {
+                text
+            } else {
+                format!("/readyz failing: {}", failing.join(", "))
+            });
+        }
+    }
+    Api::<Namespace>::all(client.clone())
+        .get("default")
+        .await
+        .map(drop)
+        .map_err(|e| format!("namespace default: {e}"))
+}
+
+/// Writes a single-context kubeconfig for a client-certificate user.
+fn write_kubeconfig(path: &Path, url: &str, ca: &Path, cert: &Path, key: &Path, user: &str) {
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{
+            "name": "lockwarden-test",
+            "cluster": { "server": url, "certificate-authority": ca },
+        }],
+        "users": [{
+            "name": user,
+            "user": { "client-certificate": cert, "client-key": key },
+        }],
+        "contexts": [{
+            "name": "lockwarden-test",
+            "context": { "cluster": "lockwarden-test", "user": user, "namespace": "default" },
+        }],
+        "current-context": "lockwarden-test",
+    });
+    let yaml = serde_yaml_ng::to_string(&config).expect("serialize kubeconfig");
+    std::fs::write(path, yaml)
+        .unwrap_or_else(|e| panic!("cannot write kubeconfig {}: {e}", path.display()));
+}
+
+/// The control plane's certificates and keys (ECDSA P-256, rcgen's default), written
+/// as PEM files in its directory. The CA is kept to sign client certificates later.
+struct Pki {
+    ca_params: CertificateParams,
+    ca_key: KeyPair,
+    ca_cert: PathBuf,
+    serving_cert: PathBuf,
+    serving_key: PathBuf,
+    sa_public_key: PathBuf,
+    sa_private_key: PathBuf,
+}
+
+impl Pki {
+    fn generate(dir: &Path) -> Pki {
+        let mut ca_params = CertificateParams::default();
+        ca_params.distinguished_name = distinguished_name("lockwarden-test-ca", None);
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate().expect("generate CA key");
+        let ca = ca_params.self_signed(&ca_key).expect("self-sign CA");
+        let ca_cert = write_pem(dir, "ca.crt", &ca.pem());
+
+        // The in-cluster names too, so a client using them (or a future in-cluster
+        // component behind a proxy) verifies; only 127.0.0.1 is dialled today.
+        let mut params = CertificateParams::new(vec![
+            "127.0.0.1".to_string(),
+            "localhost".to_string(),
+            "10.0.0.1".to_string(),
+            "kubernetes".to_string(),
+            "kubernetes.default".to_string(),
+            "kubernetes.default.svc".to_string(),
+            "kubernetes.default.svc.cluster.local".to_string(),
+        ])
+        .expect("serving certificate names");
+        params.distinguished_name = distinguished_name("kube-apiserver", None);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().expect("generate serving key");
+        let cert = params
+            .signed_by(&key, &Issuer::from_params(&ca_params, &ca_key))
+            .expect("sign serving certificate");
+        let serving_cert = write_pem(dir, "apiserver.crt", &cert.pem());
+        let serving_key = write_pem(dir, "apiserver.key", &key.serialize_pem());
+
+        // The API server signs service-account tokens with the private key and verifies
+        // them with the public one (ES256).
+        let sa_key = KeyPair::generate().expect("generate service-account key");
+        let sa_public_key = write_pem(dir, "sa.pub", &sa_key.public_key_pem());
+        let sa_private_key = write_pem(dir, "sa.key", &sa_key.serialize_pem());
+
+        Pki {
+            ca_params,
+            ca_key,
+            ca_cert,
+            serving_cert,
+            serving_key,
+            sa_public_key,
+            sa_private_key,
+        }
+    }
+
+    /// Signs a client certificate: the API server takes the user from CN and the group
+    /// from O. Returns the (certificate, key) paths `<stem>.crt` / `<stem>.key`.
+    fn client_cert(
+        &self,
+        dir: &Path,
+        stem: &str,
+        user: &str,
+        group: Option<&str>,
+    ) -> (PathBuf, PathBuf) {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = distinguished_name(user, group);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().expect("generate client key");
+        let cert = params
+            .signed_by(&key, &Issuer::from_params(&self.ca_params, &self.ca_key))
+            .unwrap_or_else(|e| panic!("sign client certificate for {user:?}: {e}"));
+        (
+            write_pem(dir, &format!("{stem}.crt"), &cert.pem()),
+            write_pem(dir, &format!("{stem}.key"), &key.serialize_pem()),
+        )
+    }
+}
+
+fn distinguished_name(common_name: &str, organization: Option<&str>) -> DistinguishedName {
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    if let Some(organization) = organization {
+        name.push(DnType::OrganizationName, organization);
+    }
+    name
+}
+
+fn write_pem(dir: &Path, file: &str, pem: &str) -> PathBuf {
+    let path = dir.join(file);
+    std::fs::write(&path, pem).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+    path
+}

@@ -118,7 +118,11 @@ fn spawn_from_keeper(cmd: Command) -> io::Result<Child> {
         Mutex::new(tx)
     });
     let (tx, rx) = mpsc::channel();
-    keeper.lock().unwrap().send((cmd, tx)).expect("keeper thread alive");
+    keeper
+        .lock()
+        .unwrap()
+        .send((cmd, tx))
+        .expect("keeper thread alive");
     rx.recv().expect("keeper thread alive")
 }
 
@@ -151,8 +155,16 @@ impl ServerProcess {
         let program = cmd.get_program().to_owned();
         let child = spawn_from_keeper(cmd)
             .unwrap_or_else(|e| panic!("cannot start {name} ({program:?}): {e}"));
-        eprintln!("[support] started {name} (pid {}), log: {}", child.id(), log.display());
-        ServerProcess { name: name.to_string(), log, child }
+        eprintln!(
+            "[support] started {name} (pid {}), log: {}",
+            child.id(),
+            log.display()
+        );
+        ServerProcess {
+            name: name.to_string(),
+            log,
+            child,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -194,9 +206,12 @@ impl Drop for ServerProcess {
 
 /// Waits until `addr` accepts TCP connections, failing with the server's log tail.
 pub fn wait_for_port(server: &mut ServerProcess, port: u16, timeout: Duration) {
-    wait_until(server, timeout, &format!("port {port} to accept connections"), || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    wait_until(
+        server,
+        timeout,
+        &format!("port {port} to accept connections"),
+        || TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
 }
 
 /// Polls `ready` every 50 ms until it holds; panics with the log tail if the server
@@ -243,7 +258,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

@@ -1,1 +1,282 @@
-//! (being written)
+//! moto server: S3 and DynamoDB emulation on one loopback port.
+//!
+//! `Moto::shared()` is one server per test binary (tests isolate themselves with
+//! unique bucket / table names); `Moto::start()` is a private server for tests that
+//! stop or restart it. moto keeps everything in memory, so a restart loses all
+//! buckets, objects and tables — exactly what a "backend lost its state" test wants.
+//!
+//! Clients are built per call (not cached) because an AWS SDK client's connection
+//! pool belongs to the tokio runtime it was first used on, and every `#[tokio::test]`
+//! has its own runtime.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+};
+use aws_sdk_s3::config::{Credentials, Region};
+
+use super::{ServerProcess, free_port, tool, unique_suffix, wait_until, work_dir};
+
+/// Region every test client uses (moto accepts any; this one needs no bucket
+/// LocationConstraint).
+pub const REGION: &str = "us-east-1";
+/// Static credentials moto accepts (it does not check signatures by default).
+pub const ACCESS_KEY_ID: &str = "lockwarden-test";
+pub const SECRET_ACCESS_KEY: &str = "lockwarden-test-secret";
+
+/// How long a (re)starting moto may take to answer HTTP: Python imports on a loaded
+/// 2-core machine next to a cargo build can take tens of seconds.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One moto server process on a fixed port.
+pub struct Moto {
+    port: u16,
+    dir: PathBuf,
+    /// `None` while stopped. A mutex (not `&mut self`) so a `Moto` shared between
+    /// tasks, or the `shared()` static, can still be inspected.
+    process: Mutex<Option<ServerProcess>>,
+    /// How many times the server was started; numbers each start's log file.
+    starts: AtomicU32,
+}
+
+impl Moto {
+    /// The moto server shared by every test in this binary, started on first use.
+    pub fn shared() -> &'static Moto {
+        static SHARED: OnceLock<Moto> = OnceLock::new();
+        SHARED.get_or_init(|| Moto::start_named("moto-shared"))
+    }
+
+    /// A private moto server, killed when the returned value is dropped.
+    pub fn start() -> Moto {
+        Moto::start_named(&format!("moto-{}", unique_suffix()))
+    }
+
+    fn start_named(name: &str) -> Moto {
+        let moto = Moto {
+            port: free_port(),
+            dir: work_dir(name),
+            process: Mutex::new(None),
+            starts: AtomicU32::new(0),
+        };
+        moto.start_process();
+        moto
+    }
+
+    /// Starts the process on `self.port` and waits until it answers HTTP.
+    fn start_process(&self) {
+        let mut slot = self.process.lock().unwrap();
+        assert!(
+            slot.is_none(),
+            "moto on port {} is already running",
+            self.port
+        );
+        let n = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut cmd = Command::new(tool("MOTO_SERVER"));
+        cmd.args(["-H", "127.0.0.1", "-p", &self.port.to_string()]);
+        let began = Instant::now();
+        let mut server = ServerProcess::start(&format!("moto-{n}"), cmd, &self.dir);
+        let port = self.port;
+        wait_until(&mut server, STARTUP_TIMEOUT, "moto to answer HTTP", || {
+            http_answers(port)
+        });
+        eprintln!(
+            "[support] moto ready on port {port} after {:?}",
+            began.elapsed()
+        );
+        *slot = Some(server);
+    }
+
+    /// Kills the server (SIGKILL: no chance to flush anything, like a crash). The port
+    /// then refuses connections until `start_again` or `restart`.
+    pub fn stop(&self) {
+        if let Some(mut server) = self.process.lock().unwrap().take() {
+            server.kill();
+        }
+    }
+
+    /// Starts a stopped server again on the same port (all state is gone).
+    pub fn start_again(&self) {
+        self.start_process();
+    }
+
+    /// Kill, then start again on the same port. moto is in-memory: every bucket,
+    /// object and table is gone afterwards.
+    pub fn restart(&self) {
+        self.stop();
+        self.start_process();
+    }
+
+    /// Sends `sig` to the server's process group, e.g. `libc::SIGSTOP` to freeze it
+    /// (connections stay open, nothing answers) and `libc::SIGCONT` to resume.
+    pub fn signal(&self, sig: i32) {
+        if let Some(server) = self.process.lock().unwrap().as_ref() {
+            server.signal(sig);
+        }
+    }
+
+    /// Freezes the server (SIGSTOP).
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Resumes a frozen server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.process
+            .lock()
+            .unwrap()
+            .as_mut()
+            .is_some_and(|s| s.is_running())
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `http://127.0.0.1:PORT`, for `endpoint_url` / a backend spec's `endpoint`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's current log file (for failure messages).
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|s| s.log_tail(lines))
+            .unwrap_or_default()
+    }
+
+    /// Shared AWS config pointing at this server (see [`sdk_config_for`]).
+    pub async fn sdk_config(&self) -> SdkConfig {
+        sdk_config_for(&self.endpoint()).await
+    }
+
+    /// An S3 client for this server (path-style, us-east-1, static test credentials).
+    pub async fn s3_client(&self) -> aws_sdk_s3::Client {
+        s3_client_for(&self.endpoint()).await
+    }
+
+    /// A DynamoDB client for this server.
+    pub async fn dynamodb_client(&self) -> aws_sdk_dynamodb::Client {
+        dynamodb_client_for(&self.endpoint()).await
+    }
+
+    /// Creates a bucket with a unique name starting with `prefix` and returns its name.
+    pub async fn new_bucket(&self, prefix: &str) -> String {
+        let name = format!("{prefix}-{}", unique_suffix()).to_lowercase();
+        self.s3_client()
+            .await
+            .create_bucket()
+            .bucket(&name)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("create bucket {name}: {e:?}"));
+        name
+    }
+
+    /// Creates an on-demand table with a unique name starting with `prefix`, whose
+    /// partition key is the string attribute `partition_key` (no sort key), and
+    /// returns its name. moto creates tables ACTIVE at once; no waiting needed.
+    pub async fn new_table(&self, prefix: &str, partition_key: &str) -> String {
+        let name = format!("{prefix}-{}", unique_suffix());
+        self.dynamodb_client()
+            .await
+            .create_table()
+            .table_name(&name)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(
+                AttributeDefinition::builder()
+                    .attribute_name(partition_key)
+                    .attribute_type(ScalarAttributeType::S)
+                    .build()
+                    .expect("attribute definition"),
+            )
+            .key_schema(
+                KeySchemaElement::builder()
+                    .attribute_name(partition_key)
+                    .key_type(KeyType::Hash)
+                    .build()
+                    .expect("key schema"),
+            )
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("create table {name}: {e:?}"));
+        name
+    }
+}
+
+/// AWS config for any endpoint (moto itself, or a fault proxy in front of it):
+/// region [`REGION`], static test credentials, and timeouts so a hung server fails a
+/// test instead of hanging it. Nothing is read from the environment or
+/// `~/.aws` that could change these.
+pub async fn sdk_config_for(endpoint: &str) -> SdkConfig {
+    aws_config::defaults(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new(REGION))
+        .credentials_provider(Credentials::new(
+            ACCESS_KEY_ID,
+            SECRET_ACCESS_KEY,
+            None,
+            None,
+            "lockwarden-tests",
+        ))
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .operation_timeout(Duration::from_secs(60))
+                .build(),
+        )
+        .load()
+        .await
+}
+
+/// S3 config builder for `endpoint` with path-style addressing (moto has no
+/// virtual-host DNS), for tests that tweak retries or timeouts before building.
+pub async fn s3_config_for(endpoint: &str) -> aws_sdk_s3::config::Builder {
+    aws_sdk_s3::config::Builder::from(&sdk_config_for(endpoint).await).force_path_style(true)
+}
+
+/// DynamoDB config builder for `endpoint`.
+pub async fn dynamodb_config_for(endpoint: &str) -> aws_sdk_dynamodb::config::Builder {
+    aws_sdk_dynamodb::config::Builder::from(&sdk_config_for(endpoint).await)
+}
+
+pub async fn s3_client_for(endpoint: &str) -> aws_sdk_s3::Client {
+    aws_sdk_s3::Client::from_conf(s3_config_for(endpoint).await.build())
+}
+
+pub async fn dynamodb_client_for(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::from_conf(dynamodb_config_for(endpoint).await.build())
+}
+
+/// Whether something on `port` answers an HTTP request with a status line. A bare
+/// TCP connect is not enough: werkzeug binds before moto's backends are importable.
+fn http_answers(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    if stream
+        .write_all(b"GET /moto-api/ HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
+}

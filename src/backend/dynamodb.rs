@@ -1,0 +1,599 @@
+//! DynamoDB: one item per lock, every write a conditional `UpdateItem`
+//! (DESIGN.md §3 "DynamoDB").
+//!
+//! Attribute names follow cirello.io/dynamolock where they overlap, so both exclude
+//! each other on a shared table: `key` (partition key, name configurable),
+//! `ownerName`, `leaseDuration` (a Go duration string such as `"30s"`),
+//! `recordVersionNumber` (changes on every write: it is the record's version),
+//! `isReleased`, `data` (binary); plus lockwarden's `fence`, `nonce`, `acquiredAtMs`,
+//! `renewedAtMs`. `UpdateItem` (not `PutItem`) leaves attributes other clients added.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+};
+
+use super::aws::{describe, status_and_code};
+use crate::lock::{
+    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored, Version,
+};
+
+pub const DEFAULT_PARTITION_KEY: &str = "key";
+
+const OWNER: &str = "ownerName";
+const LEASE: &str = "leaseDuration";
+const RVN: &str = "recordVersionNumber";
+const RELEASED: &str = "isReleased";
+const DATA: &str = "data";
+const FENCE: &str = "fence";
+const NONCE: &str = "nonce";
+const ACQUIRED: &str = "acquiredAtMs";
+const RENEWED: &str = "renewedAtMs";
+
+/// Where the lock items live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableLayout {
+    pub table: String,
+    pub partition_key: String,
+    /// Optional sort key attribute name and the value lockwarden's items use for it.
+    pub sort_key: Option<(String, String)>,
+}
+
+impl TableLayout {
+    pub fn new(table: impl Into<String>) -> Self {
+        TableLayout {
+            table: table.into(),
+            partition_key: DEFAULT_PARTITION_KEY.into(),
+            sort_key: None,
+        }
+    }
+}
+
+/// One lock key in a DynamoDB table.
+pub struct DynamoStore {
+    client: Client,
+    layout: TableLayout,
+    key: String,
+    url: String,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, layout: TableLayout, key: impl Into<String>) -> Self {
+        let key = key.into();
+        let url = format!("dynamodb://{}/{key}", layout.table);
+        DynamoStore {
+            client,
+            layout,
+            key,
+            url,
+        }
+    }
+
+    fn item_key(&self) -> HashMap<String, AttributeValue> {
+        let mut k = HashMap::from([(
+            self.layout.partition_key.clone(),
+            AttributeValue::S(self.key.clone()),
+        )]);
+        if let Some((name, value)) = &self.layout.sort_key {
+            k.insert(name.clone(), AttributeValue::S(value.clone()));
+        }
+        k
+    }
+
+    /// Creates the table (on-demand billing) if it does not exist, and waits until it
+    /// is active.
+    pub async fn ensure_table(&self) -> Result<(), StoreError> {
+        let l = &self.layout;
+        let mut req = self
+            .client
+            .create_table()
+            .table_name(&l.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attr_def(&l.partition_key))
+            .key_schema(key_elem(&l.partition_key, KeyType::Hash));
+        if let Some((sk, _)) = &l.sort_key {
+            req = req
+                .attribute_definitions(attr_def(sk))
+                .key_schema(key_elem(sk, KeyType::Range));
+        }
+        match req.send().await {
+            Ok(_) => {}
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_in_use_exception() => {}
+            Err(e) => {
+                return Err(StoreError::Rejected(format!(
+                    "creating table {}: {}",
+                    l.table,
+                    describe(&e)
+                )));
+            }
+        }
+        for _ in 0..600 {
+            let out = self
+                .client
+                .describe_table()
+                .table_name(&l.table)
+                .send()
+                .await
+                .map_err(|e| {
+                    StoreError::Unavailable(format!(
+                        "describing table {}: {}",
+                        l.table,
+                        describe(&e)
+                    ))
+                })?;
+            if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(StoreError::Unavailable(format!(
+            "table {} did not become ACTIVE within 60s",
+            l.table
+        )))
+    }
+
+    fn parse(&self, item: &HashMap<String, AttributeValue>) -> Stored {
+        let version = Version(
+            item.get(RVN)
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default(),
+        );
+        Stored {
+            record: parse_item(item),
+            version,
+        }
+    }
+
+    async fn update(
+        &self,
+        record: &LockRecord,
+        condition: &str,
+        expected: Option<&Version>,
+    ) -> Result<Version, StoreError> {
+        let mut names = HashMap::from([
+            ("#pk".to_string(), self.layout.partition_key.clone()),
+            ("#owner".to_string(), OWNER.to_string()),
+            ("#lease".to_string(), LEASE.to_string()),
+            ("#rvn".to_string(), RVN.to_string()),
+            ("#rel".to_string(), RELEASED.to_string()),
+            ("#fence".to_string(), FENCE.to_string()),
+            ("#nonce".to_string(), NONCE.to_string()),
+            ("#acq".to_string(), ACQUIRED.to_string()),
+            ("#ren".to_string(), RENEWED.to_string()),
+            ("#data".to_string(), DATA.to_string()),
+        ]);
+        let mut values = HashMap::from([
+            (
+                ":owner".to_string(),
+                AttributeValue::S(record.holder.clone()),
+            ),
+            (
+                ":lease".to_string(),
+                AttributeValue::S(format_go_duration(record.lease)),
+            ),
+            (
+                ":rvn".to_string(),
+                AttributeValue::S(record.revision.clone()),
+            ),
+            (
+                ":rel".to_string(),
+                AttributeValue::Bool(record.state == LockState::Released),
+            ),
+            (
+                ":fence".to_string(),
+                AttributeValue::N(record.fence.0.to_string()),
+            ),
+            (
+                ":nonce".to_string(),
+                AttributeValue::S(record.nonce.clone()),
+            ),
+            (
+                ":acq".to_string(),
+                AttributeValue::N(unix_ms(record.acquired_at).to_string()),
+            ),
+            (
+                ":ren".to_string(),
+                AttributeValue::N(unix_ms(record.renewed_at).to_string()),
+            ),
+        ]);
+        let mut update =
+            "SET #owner = :owner, #lease = :lease, #rvn = :rvn, #rel = :rel, #fence = :fence, \
+                          #nonce = :nonce, #acq = :acq, #ren = :ren"
+                .to_string();
+        match &record.data {
+            Some(d) => {
+                update.push_str(", #data = :data");
+                values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
+            }
+            None => update.push_str(" REMOVE #data"),
+        }
+        if let Some(v) = expected {
+            values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
+        }
+        // Only name what the condition uses besides the update's own names.
+        if !condition.contains("#pk") {
+            names.remove("#pk");
+        }
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.item_key()))
+            .update_expression(update)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(Version(record.revision.clone())),
+            Err(e) => Err(self.classify_write(e)),
+        }
+    }
+
+    fn classify_write<E>(&self, err: SdkError<E, HttpResponse>) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static + AsConditionFailure,
+    {
+        if let SdkError::ServiceError(e) = &err
+            && let Some(item) = e.err().condition_failure_item()
+        {
+            return StoreError::Conflict {
+                current: item.map(|i| self.parse(i)),
+            };
+        }
+        classify(err, &self.url)
+    }
+}
+
+/// Access to the item DynamoDB returns with a failed condition (`ALL_OLD`).
+pub trait AsConditionFailure {
+    /// `Some(item)` if this is a condition failure (`item` is `None` when no item existed).
+    fn condition_failure_item(&self) -> Option<Option<&HashMap<String, AttributeValue>>>;
+}
+
+impl AsConditionFailure for aws_sdk_dynamodb::operation::update_item::UpdateItemError {
+    fn condition_failure_item(&self) -> Option<Option<&HashMap<String, AttributeValue>>> {
+        match self {
+            Self::ConditionalCheckFailedException(e) => Some(e.item()),
+            _ => None,
+        }
+    }
+}
+
+impl AsConditionFailure for aws_sdk_dynamodb::operation::delete_item::DeleteItemError {
+    fn condition_failure_item(&self) -> Option<Option<&HashMap<String, AttributeValue>>> {
+        match self {
+            Self::ConditionalCheckFailedException(e) => Some(e.item()),
+            _ => None,
+        }
+    }
+}
+
+fn classify<E>(err: SdkError<E, HttpResponse>, url: &str) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let (status, code) = status_and_code(&err);
+    let detail = describe(&err);
+    match (status, code.as_deref()) {
+        // Throttling and transaction conflicts are definite refusals: retry later.
+        (
+            _,
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "RequestLimitExceeded"
+                | "TransactionConflictException",
+            ),
+        ) => StoreError::Unavailable(detail),
+        (_, Some("ResourceNotFoundException")) => {
+            StoreError::Rejected(format!("table not found: {detail}"))
+        }
+        (Some(s), _) if s >= 500 => StoreError::Indeterminate(detail),
+        (Some(_), _) => StoreError::Rejected(detail),
+        (None, _) => match &err {
+            SdkError::ConstructionFailure(_) => StoreError::Rejected(detail),
+            _ => StoreError::Indeterminate(format!("{url}: {detail}")),
+        },
+    }
+}
+
+fn attr_def(name: &str) -> AttributeDefinition {
+    AttributeDefinition::builder()
+        .attribute_name(name)
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .expect("attribute definition has name and type")
+}
+
+fn key_elem(name: &str, kind: KeyType) -> KeySchemaElement {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .expect("key schema element has name and type")
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Reads a lock item; an item without lockwarden's attributes (or with wrong types)
+/// is foreign.
+fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
+    fn s<'a>(
+        item: &'a HashMap<String, AttributeValue>,
+        name: &str,
+    ) -> Result<&'a String, ForeignRecord> {
+        match item.get(name) {
+            Some(AttributeValue::S(v)) => Ok(v),
+            Some(other) => Err(ForeignRecord::new(format!(
+                "attribute {name} is {}, expected a string",
+                kind(other)
+            ))),
+            None => Err(ForeignRecord::new(format!(
+                "attribute {name} is missing (not a lockwarden item)"
+            ))),
+        }
+    }
+    fn n(item: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, ForeignRecord> {
+        match item.get(name) {
+            Some(AttributeValue::N(v)) => v.parse().map_err(|_| {
+                ForeignRecord::new(format!(
+                    "attribute {name} is {v:?}, expected a non-negative integer"
+                ))
+            }),
+            Some(other) => Err(ForeignRecord::new(format!(
+                "attribute {name} is {}, expected a number",
+                kind(other)
+            ))),
+            None => Err(ForeignRecord::new(format!(
+                "attribute {name} is missing (not a lockwarden item)"
+            ))),
+        }
+    }
+    let lease_text = s(item, LEASE)?;
+    let lease = parse_go_duration(lease_text)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            ForeignRecord::new(format!(
+                "attribute {LEASE} is {lease_text:?}, expected a duration such as \"30s\""
+            ))
+        })?;
+    let released = match item.get(RELEASED) {
+        Some(AttributeValue::Bool(b)) => *b,
+        None => false,
+        Some(other) => {
+            return Err(ForeignRecord::new(format!(
+                "attribute {RELEASED} is {}, expected a boolean",
+                kind(other)
+            )));
+        }
+    };
+    let data = match item.get(DATA) {
+        None => None,
+        Some(AttributeValue::B(b)) => Some(String::from_utf8_lossy(b.as_ref()).into_owned()),
+        Some(AttributeValue::S(v)) => Some(v.clone()),
+        Some(other) => {
+            return Err(ForeignRecord::new(format!(
+                "attribute {DATA} is {}, expected binary",
+                kind(other)
+            )));
+        }
+    };
+    Ok(LockRecord {
+        holder: s(item, OWNER)?.clone(),
+        nonce: s(item, NONCE)?.clone(),
+        revision: s(item, RVN)?.clone(),
+        fence: FenceToken(n(item, FENCE)?),
+        lease,
+        state: if released {
+            LockState::Released
+        } else {
+            LockState::Held
+        },
+        data,
+        acquired_at: SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, ACQUIRED).unwrap_or(0)),
+        renewed_at: SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, RENEWED).unwrap_or(0)),
+    })
+}
+
+fn kind(v: &AttributeValue) -> &'static str {
+    match v {
+        AttributeValue::S(_) => "a string",
+        AttributeValue::N(_) => "a number",
+        AttributeValue::B(_) => "binary",
+        AttributeValue::Bool(_) => "a boolean",
+        AttributeValue::Null(_) => "null",
+        AttributeValue::L(_) => "a list",
+        AttributeValue::M(_) => "a map",
+        AttributeValue::Ss(_) | AttributeValue::Ns(_) | AttributeValue::Bs(_) => "a set",
+        _ => "an unknown type",
+    }
+}
+
+/// Formats a duration as Go's `time.Duration.String` does ("30s", "1m30s", "1.5s",
+/// "250ms"), the form dynamolock writes and parses.
+pub fn format_go_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns == 0 {
+        return "0s".into();
+    }
+    if ns < 1_000_000_000 {
+        let (unit, div) = if ns < 1_000 {
+            ("ns", 1u128)
+        } else if ns < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{}{unit}", frac(ns, div));
+    }
+    let h = ns / 3_600_000_000_000;
+    let m = (ns / 60_000_000_000) % 60;
+    let s_ns = ns % 60_000_000_000;
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if h > 0 || m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    out.push_str(&format!("{}s", frac(s_ns, 1_000_000_000)));
+    out
+}
+
+fn frac(value: u128, div: u128) -> String {
+    let whole = value / div;
+    let rest = value % div;
+    if rest == 0 {
+        return whole.to_string();
+    }
+    let width = div.to_string().len() - 1;
+    let digits = format!("{rest:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// Parses Go's duration syntax ("1h2m3.5s", "300ms", "1.5h"); `None` if malformed.
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut rest = text.trim();
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let value: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += value * scale;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+#[async_trait]
+impl RecordStore for DynamoStore {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn read(&self) -> Result<Option<Stored>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.item_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| match classify(e, &self.url) {
+                StoreError::Rejected(m) => StoreError::Rejected(m),
+                other => StoreError::Unavailable(other.to_string()),
+            })?;
+        Ok(out.item().map(|item| self.parse(item)))
+    }
+
+    async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
+        self.update(record, "attribute_not_exists(#pk)", None).await
+    }
+
+    async fn replace(
+        &self,
+        expected: &Version,
+        record: &LockRecord,
+    ) -> Result<Version, StoreError> {
+        if expected.0.is_empty() {
+            // A foreign item without a version attribute (force takeover).
+            return self
+                .update(
+                    record,
+                    "attribute_exists(#pk) AND attribute_not_exists(#rvn)",
+                    None,
+                )
+                .await;
+        }
+        self.update(record, "#rvn = :expected", Some(expected))
+            .await
+    }
+
+    async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
+        self.client
+            .delete_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.item_key()))
+            .condition_expression("#rvn = :expected")
+            .expression_attribute_names("#rvn", RVN)
+            .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify_write(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_round_trip() {
+        for (d, text) in [
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_millis(1500), "1.5s"),
+            (Duration::from_millis(250), "250ms"),
+            (Duration::from_secs(90), "1m30s"),
+            (Duration::from_secs(3600), "1h0m0s"),
+            (Duration::from_secs(3725), "1h2m5s"),
+        ] {
+            assert_eq!(format_go_duration(d), text);
+            assert_eq!(parse_go_duration(text), Some(d), "{text}");
+        }
+        assert_eq!(parse_go_duration("1.5h"), Some(Duration::from_secs(5400)));
+        for bad in ["", "10", "5x", "s", "-1s", "1..5s"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn wrong_types_are_foreign() {
+        let item = HashMap::from([
+            (OWNER.to_string(), AttributeValue::N("3".into())),
+            (LEASE.to_string(), AttributeValue::S("10s".into())),
+        ]);
+        let err = parse_item(&item).unwrap_err();
+        assert!(err.what.contains("ownerName is a number"), "{err}");
+    }
+}

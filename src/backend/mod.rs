@@ -1,0 +1,11 @@
+//! One module per store. Each knows its store and nothing about Kubernetes objects;
+//! the engine in [`crate::lock`] runs the protocol on top.
+
+mod aws;
+pub mod dynamodb;
+pub mod kubernetes;
+pub mod s3;
+
+pub use dynamodb::{DynamoStore, TableLayout};
+pub use kubernetes::LeaseStore;
+pub use s3::S3Store;

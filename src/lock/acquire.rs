@@ -1,0 +1,101 @@
+//! Acquisition with waiting: retries a backend's single attempt until a deadline,
+//! woken early by backends that can watch the record.
+
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::backend::{AcquireRequest, Attempt, Lease, LockBackend};
+use super::error::{HeldBy, LockError};
+use super::record::LockRecord;
+
+/// How long to wait for a lock held by someone else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Fail at once with [`LockError::Held`].
+    No,
+    /// Keep trying until this much time has passed, then [`LockError::Timeout`].
+    For(Duration),
+    Forever,
+}
+
+/// Poll interval bounds for stores without watches. The seed libraries poll once a
+/// second; a waiter here starts fast and backs off, with jitter so many waiters do not
+/// hit the store in step.
+const POLL_MIN: Duration = Duration::from_millis(50);
+const POLL_MAX: Duration = Duration::from_secs(1);
+
+/// Acquires the lock, waiting as `wait` allows. `on_busy` is told about each attempt
+/// that found the lock held (holder and queue position), e.g. to show progress.
+pub async fn acquire_with_progress(
+    backend: &dyn LockBackend,
+    req: &AcquireRequest,
+    wait: Wait,
+    mut on_busy: impl FnMut(&LockRecord, Option<u32>) + Send,
+) -> Result<Lease, LockError> {
+    let started = Instant::now();
+    let deadline = match wait {
+        Wait::No => Some(started),
+        Wait::For(d) => Some(started + d),
+        Wait::Forever => None,
+    };
+    let mut poll = POLL_MIN;
+    let mut last_holder: Option<HeldBy> = None;
+    loop {
+        let pause = match backend.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => return Ok(lease),
+            Ok(Attempt::Busy {
+                holder,
+                retry_in,
+                queue_position,
+            }) => {
+                on_busy(&holder, queue_position);
+                let by = HeldBy::from_record(&holder);
+                if wait == Wait::No {
+                    backend.abandon().await;
+                    return Err(LockError::Held {
+                        url: backend.url().to_string(),
+                        by,
+                    });
+                }
+                last_holder = Some(by);
+                // Wake right when the holder's lease could be observed expired, or at
+                // the next poll, whichever is first.
+                retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5)))
+            }
+            Err(e) if e.is_transient() && wait != Wait::No => poll,
+            Err(e) => {
+                backend.abandon().await;
+                return Err(e);
+            }
+        };
+        let jittered = pause.mul_f64(rand::rng().random_range(0.8..1.2));
+        let sleep = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    backend.abandon().await;
+                    return Err(LockError::Timeout {
+                        url: backend.url().to_string(),
+                        waited: started.elapsed(),
+                        by: last_holder,
+                    });
+                }
+                jittered.min(left)
+            }
+            None => jittered,
+        };
+        backend.changed(sleep).await;
+        poll = (poll.mul_f64(1.5)).min(POLL_MAX);
+    }
+}
+
+/// Acquires the lock, waiting as `wait` allows.
+pub async fn acquire(
+    backend: &dyn LockBackend,
+    req: &AcquireRequest,
+    wait: Wait,
+) -> Result<Lease, LockError> {
+    acquire_with_progress(backend, req, wait, |_, _| {}).await
+}

@@ -1,0 +1,190 @@
+//! The backend-neutral interface the controller and the CLI drive.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+
+use super::clock::{HolderDeadline, SafetyMargins};
+use super::error::LockError;
+use super::record::{FenceToken, LockRecord, Stored, Version};
+
+/// What an acquisition asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireRequest {
+    pub holder: String,
+    pub lease: Duration,
+    pub data: Option<String>,
+    /// Take over a lock held by someone else, with a write conditioned on the version
+    /// just read (never a blind overwrite).
+    pub force: bool,
+}
+
+impl AcquireRequest {
+    pub fn new(holder: impl Into<String>, lease: Duration) -> Self {
+        AcquireRequest {
+            holder: holder.into(),
+            lease,
+            data: None,
+            force: false,
+        }
+    }
+}
+
+/// A lock this process holds: the handle every renewal and the release go through.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    /// The record as we last wrote it.
+    pub record: LockRecord,
+    /// The version our last write produced; the next write is conditioned on it.
+    pub version: Version,
+    /// Rule 2: until when we may claim the lock.
+    pub deadline: HolderDeadline,
+    /// A write whose outcome was unknown (rule 4): if the backend later shows this
+    /// revision, it landed.
+    pub unconfirmed: Option<(LockRecord, tokio::time::Instant)>,
+    /// Whether this acquisition overwrote someone else's live lock (force).
+    pub forced_from: Option<super::error::HeldBy>,
+}
+
+impl Lease {
+    pub fn new(record: LockRecord, version: Version, deadline: HolderDeadline) -> Self {
+        Lease {
+            record,
+            version,
+            deadline,
+            unconfirmed: None,
+            forced_from: None,
+        }
+    }
+
+    pub fn fence(&self) -> FenceToken {
+        self.record.fence
+    }
+
+    pub fn nonce(&self) -> &str {
+        &self.record.nonce
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.record.holder
+    }
+
+    pub fn acquired_at(&self) -> SystemTime {
+        self.record.acquired_at
+    }
+
+    /// Records a successful write sent at `sent`: the deadline moves to
+    /// `sent + lease × (1 − δ) − margin` (rule 2).
+    pub fn confirm(
+        &mut self,
+        record: LockRecord,
+        version: Version,
+        sent: tokio::time::Instant,
+        margins: &SafetyMargins,
+    ) {
+        self.deadline = HolderDeadline::after_write(sent, record.lease, margins);
+        self.record = record;
+        self.version = version;
+        self.unconfirmed = None;
+    }
+
+    /// Whether the holder may still claim the lock (rule 2).
+    pub fn is_valid(&self) -> bool {
+        self.deadline.is_valid()
+    }
+}
+
+/// The result of one acquisition attempt.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // Acquired is the common, hot case: no box.
+pub enum Attempt {
+    Acquired(Lease),
+    /// Someone else holds the lock.
+    Busy {
+        holder: LockRecord,
+        /// When it is worth trying again: the remaining observation time before the
+        /// holder's lease could be seen expired, if known.
+        retry_in: Option<Duration>,
+        /// Position in the backend's waiting queue (ZooKeeper), 0 = next.
+        queue_position: Option<u32>,
+    },
+}
+
+/// One lock key in one store. Every backend implements this; nothing above it knows
+/// which store it talks to.
+#[async_trait]
+pub trait LockBackend: Send + Sync {
+    /// The lock's URL (`s3://bucket/key`, …), used in every error and log line.
+    fn url(&self) -> &str;
+
+    /// The safety parameters this backend's holders and contenders use.
+    fn margins(&self) -> SafetyMargins {
+        SafetyMargins::default()
+    }
+
+    /// One attempt to acquire: never waits for the holder.
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError>;
+
+    /// Extends the lease with one conditional write. `Err(Lost)` when the lock is no
+    /// longer ours; `Err(Unavailable)` when the outcome is not known yet (retry).
+    async fn renew(&self, lease: &mut Lease) -> Result<(), LockError>;
+
+    /// Lets go of the lock (a conditional write of a tombstone, or the store's
+    /// equivalent). Releasing a lock that is no longer ours is `Err(Lost)`.
+    async fn release(&self, lease: &Lease) -> Result<(), LockError>;
+
+    /// Reads the current record without acquiring.
+    async fn inspect(&self) -> Result<Option<Stored>, LockError>;
+
+    /// Re-attaches to an acquisition made earlier (e.g. before a restart) by its
+    /// nonce: the same nonce in the store means the lock is still ours, with the same
+    /// fence. The returned lease has an expired deadline until its first renewal.
+    async fn resume(&self, holder: &str, nonce: &str) -> Result<Lease, LockError>;
+
+    /// Stops waiting: removes any queue entry an unsuccessful attempt left behind.
+    async fn abandon(&self) {}
+
+    /// Resolves when the record may have changed, or after `timeout`. Backends with
+    /// watches (ZooKeeper) wake early; others simply wait.
+    async fn changed(&self, timeout: Duration) {
+        tokio::time::sleep(timeout).await
+    }
+}
+
+/// A store with conditional writes on a single record (S3, DynamoDB, Kubernetes Lease):
+/// the engine's [`crate::lock::CasLock`] runs the whole protocol on top of it.
+#[async_trait]
+pub trait RecordStore: Send + Sync {
+    fn url(&self) -> &str;
+
+    /// Reads the record (a consistent read). `Ok(None)` when there is none.
+    async fn read(&self) -> Result<Option<Stored>, StoreError>;
+
+    /// Creates the record only if none exists.
+    async fn create(&self, record: &LockRecord) -> Result<Version, StoreError>;
+
+    /// Replaces the record only if its version is still `expected`.
+    async fn replace(&self, expected: &Version, record: &LockRecord)
+    -> Result<Version, StoreError>;
+
+    /// Deletes the record only if its version is still `expected`.
+    async fn delete(&self, expected: &Version) -> Result<(), StoreError>;
+}
+
+/// The outcome of a failed conditional write.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The condition did not hold: the write certainly did not apply. Carries the
+    /// current record when the store returned it for free (DynamoDB `ALL_OLD`).
+    #[error("condition failed")]
+    Conflict { current: Option<Stored> },
+    /// The write may or may not have applied (timeout, reset, 5xx, S3 409).
+    #[error("outcome unknown: {0}")]
+    Indeterminate(String),
+    /// The request certainly did not reach the store (connection refused, DNS).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// Misconfiguration or a permanent refusal (no such bucket, access denied…).
+    #[error("{0}")]
+    Rejected(String),
+}

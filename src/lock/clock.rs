@@ -1,0 +1,177 @@
+//! Time-based safety decisions, made only on the local monotonic clock.
+//!
+//! Two rules of DESIGN.md §3 live here:
+//! - rule 1, [`LeaseObserver`]: a contender may take over only after it has itself
+//!   seen the same record version, unchanged, for the whole lease plus a grace;
+//! - rule 2, [`HolderDeadline`]: a holder stops claiming the lock at
+//!   `t_sent(last successful write) + lease × (1 − δ) − margin`.
+//!
+//! Together they make the holder give up strictly before any contender can take
+//! over, as long as the two clocks' rates differ by less than δ. Wall-clock time
+//! stored in records is never consulted.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::record::Version;
+
+/// Safety parameters shared by holders and contenders.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SafetyMargins {
+    /// Tolerated relative clock-rate difference between two processes (δ).
+    pub drift: f64,
+    /// Time the holder reserves for the latency of its own renewal request.
+    pub margin: Duration,
+    /// Extra time a contender waits beyond the lease before it takes over.
+    pub grace: Duration,
+}
+
+impl Default for SafetyMargins {
+    fn default() -> Self {
+        SafetyMargins {
+            drift: 0.02,
+            margin: Duration::from_millis(250),
+            grace: Duration::from_millis(250),
+        }
+    }
+}
+
+impl SafetyMargins {
+    /// How long after sending a successful write the writer may still claim the lock.
+    pub fn holder_validity(&self, lease: Duration) -> Duration {
+        lease.mul_f64(1.0 - self.drift).saturating_sub(self.margin)
+    }
+
+    /// How long a contender must see one version unchanged before taking over.
+    pub fn takeover_after(&self, lease: Duration) -> Duration {
+        lease + self.grace
+    }
+}
+
+/// Rule 1: expiry is observed, not computed from timestamps.
+///
+/// Remembers the first local instant at which a version was seen. A restarted
+/// contender (a new observer) starts observing afresh.
+#[derive(Debug, Default)]
+pub struct LeaseObserver {
+    seen: Option<(Version, Instant)>,
+}
+
+impl LeaseObserver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that `version` was read now (or earlier, if it was already being
+    /// observed) and returns how long it has been seen unchanged.
+    pub fn observe(&mut self, version: &Version) -> Duration {
+        self.observe_at(version, Instant::now())
+    }
+
+    fn observe_at(&mut self, version: &Version, now: Instant) -> Duration {
+        match &self.seen {
+            Some((v, since)) if v == version => now.saturating_duration_since(*since),
+            _ => {
+                self.seen = Some((version.clone(), now));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Whether `version`, read now, has been unchanged for at least `after`.
+    pub fn is_expired(&mut self, version: &Version, after: Duration) -> bool {
+        self.observe(version) >= after
+    }
+
+    /// Time left until `version` could be considered expired, if it stays unchanged.
+    pub fn remaining(&self, version: &Version, after: Duration) -> Duration {
+        match &self.seen {
+            Some((v, since)) if v == version => after.saturating_sub(since.elapsed()),
+            _ => after,
+        }
+    }
+
+    pub fn forget(&mut self) {
+        self.seen = None;
+    }
+}
+
+/// Rule 2: the holder's own deadline for claiming the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HolderDeadline {
+    valid_until: Instant,
+}
+
+impl HolderDeadline {
+    /// The deadline after a successful write that was *sent* at `sent`.
+    pub fn after_write(sent: Instant, lease: Duration, margins: &SafetyMargins) -> Self {
+        HolderDeadline {
+            valid_until: sent + margins.holder_validity(lease),
+        }
+    }
+
+    /// A deadline that has already passed (e.g. a lease resumed without a fresh write).
+    pub fn expired() -> Self {
+        HolderDeadline {
+            valid_until: Instant::now(),
+        }
+    }
+
+    pub fn instant(&self) -> Instant {
+        self.valid_until
+    }
+
+    /// Whether the holder may still claim the lock.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Version {
+        Version(s.into())
+    }
+
+    #[test]
+    fn observed_expiry_needs_the_same_version_for_the_whole_lease() {
+        let mut o = LeaseObserver::new();
+        let t0 = Instant::now();
+        assert_eq!(o.observe_at(&v("a"), t0), Duration::ZERO);
+        assert_eq!(
+            o.observe_at(&v("a"), t0 + Duration::from_secs(3)),
+            Duration::from_secs(3)
+        );
+        // A new version (a renewal) restarts the observation.
+        assert_eq!(
+            o.observe_at(&v("b"), t0 + Duration::from_secs(4)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            o.observe_at(&v("b"), t0 + Duration::from_secs(5)),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn holder_gives_up_before_a_contender_may_take_over() {
+        let m = SafetyMargins::default();
+        for lease_ms in [1_000u64, 5_000, 30_000, 600_000] {
+            let lease = Duration::from_millis(lease_ms);
+            // The contender's observation starts no earlier than the holder's send, and
+            // its clock may run δ fast: the holder must still be done first.
+            let contender_earliest = m.takeover_after(lease).mul_f64(1.0 - m.drift);
+            assert!(
+                m.holder_validity(lease) < contender_earliest,
+                "lease {lease:?}"
+            );
+        }
+    }
+}

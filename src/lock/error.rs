@@ -1,0 +1,90 @@
+//! Errors of the lock engine: each says which lock (its URL) and what happened.
+
+use std::time::{Duration, SystemTime};
+
+use super::record::{FenceToken, ForeignRecord, LockRecord};
+
+/// Who holds a lock, for "held by" messages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldBy {
+    pub holder: String,
+    pub fence: FenceToken,
+    /// Informational wall-clock time of the holder's acquisition.
+    pub since: Option<SystemTime>,
+}
+
+impl HeldBy {
+    pub fn from_record(r: &LockRecord) -> Self {
+        HeldBy {
+            holder: r.holder.clone(),
+            fence: r.fence,
+            since: Some(r.acquired_at),
+        }
+    }
+}
+
+impl std::fmt::Display for HeldBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (fence {}", self.holder, self.fence)?;
+        if let Some(since) = self.since {
+            write!(f, ", since {}", humantime::format_rfc3339_seconds(since))?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Why a held lock is no longer ours.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LostReason {
+    #[error("taken over by {0}")]
+    TakenOver(HeldBy),
+    #[error("the lock record was deleted")]
+    Deleted,
+    #[error("the lock was released by someone else")]
+    ReleasedElsewhere,
+    #[error("the lock record was replaced by a foreign record: {0}")]
+    Foreign(ForeignRecord),
+    #[error("the ZooKeeper session expired")]
+    SessionExpired,
+    #[error("our queue entry disappeared")]
+    EntryGone,
+    #[error("the record no longer carries our nonce")]
+    NotOurs,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("{url}: lock already held by {by}")]
+    Held { url: String, by: HeldBy },
+
+    #[error("{url}: gave up after waiting {waited:?} for the lock{}", by.as_ref().map(|b| format!(" (held by {b})")).unwrap_or_default())]
+    Timeout {
+        url: String,
+        waited: Duration,
+        by: Option<HeldBy>,
+    },
+
+    #[error("{url}: lock lost: {reason}")]
+    Lost { url: String, reason: LostReason },
+
+    #[error(
+        "{url}: the stored record is not a lockwarden lock: {found} (use force to overwrite it)"
+    )]
+    Foreign { url: String, found: ForeignRecord },
+
+    #[error("{url}: lock is not held (already unlocked)")]
+    NotHeld { url: String },
+
+    #[error("{url}: backend unavailable: {cause}")]
+    Unavailable { url: String, cause: String },
+
+    #[error("{url}: {message}")]
+    Backend { url: String, message: String },
+}
+
+impl LockError {
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, LockError::Unavailable { .. })
+    }
+}

@@ -1,0 +1,283 @@
+//! A held lock renewed in the background by its [`HolderTask`], the way a program
+//! uses a lock: acquire, work while it is held, release (explicitly or on drop), and
+//! learn at once if it is lost.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::backend::{Lease, LockBackend};
+use super::error::{LockError, LostReason};
+use super::record::{FenceToken, Version};
+
+/// When to renew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewPolicy {
+    /// Time between successful renewals (less than half the lease).
+    pub interval: Duration,
+    /// Time between attempts after a failed renewal.
+    pub retry: Duration,
+    /// Upper bound on one renewal request; a hung request is abandoned (its outcome
+    /// is resolved by the next one, rule 4).
+    pub request_timeout: Duration,
+}
+
+impl RenewPolicy {
+    /// Renew every `lease / 3`, retry quickly, never let one request eat the lease.
+    pub fn for_lease(lease: Duration) -> Self {
+        RenewPolicy {
+            interval: lease / 3,
+            retry: (lease / 10).clamp(Duration::from_millis(50), Duration::from_secs(1)),
+            request_timeout: (lease / 4).max(Duration::from_millis(200)),
+        }
+    }
+}
+
+/// What the holder believes, published on a watch channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HolderState {
+    /// Held, renewed in time: safe to act with this fence.
+    Held { fence: FenceToken, version: Version },
+    /// Renewals have been failing and the holder deadline (rule 2) passed: the lock
+    /// must not be relied on, though it may come back if a renewal gets through before
+    /// anyone takes over.
+    Expiring {
+        fence: FenceToken,
+        last_error: String,
+    },
+    /// Someone else has it, or it is gone: final.
+    Lost(LostReason),
+    /// Released by us: final.
+    Released,
+}
+
+impl HolderState {
+    pub fn is_held(&self) -> bool {
+        matches!(self, HolderState::Held { .. })
+    }
+}
+
+/// A held lock. Dropping it releases the lock in the background.
+pub struct HeldLock {
+    backend: Arc<dyn LockBackend>,
+    fence: FenceToken,
+    nonce: String,
+    holder: String,
+    state: watch::Receiver<HolderState>,
+    release: Option<oneshot::Sender<oneshot::Sender<Result<(), LockError>>>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl HeldLock {
+    /// Starts the holder task for a lease just acquired (or resumed).
+    pub fn hold(backend: Arc<dyn LockBackend>, lease: Lease, policy: RenewPolicy) -> HeldLock {
+        let initial = if lease.is_valid() {
+            HolderState::Held {
+                fence: lease.fence(),
+                version: lease.version.clone(),
+            }
+        } else {
+            HolderState::Expiring {
+                fence: lease.fence(),
+                last_error: "not renewed yet".into(),
+            }
+        };
+        let (state_tx, state) = watch::channel(initial);
+        let (release, release_rx) = oneshot::channel();
+        let fence = lease.fence();
+        let nonce = lease.nonce().to_string();
+        let holder = lease.holder().to_string();
+        let task = HolderTask {
+            backend: backend.clone(),
+            policy,
+            state: state_tx,
+        };
+        let task = tokio::spawn(task.run(lease, release_rx));
+        HeldLock {
+            backend,
+            fence,
+            nonce,
+            holder,
+            state,
+            release: Some(release),
+            task: Some(task),
+        }
+    }
+
+    pub fn fence(&self) -> FenceToken {
+        self.fence
+    }
+
+    pub fn nonce(&self) -> &str {
+        &self.nonce
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    pub fn url(&self) -> &str {
+        self.backend.url()
+    }
+
+    /// Whether the lock is held and renewed in time right now.
+    pub fn is_held(&self) -> bool {
+        self.state.borrow().is_held()
+    }
+
+    pub fn state(&self) -> HolderState {
+        self.state.borrow().clone()
+    }
+
+    /// A receiver of every state change.
+    pub fn watch(&self) -> watch::Receiver<HolderState> {
+        self.state.clone()
+    }
+
+    /// Resolves when the lock is lost (or can no longer be claimed: `Expiring`).
+    pub fn lost(&self) -> impl Future<Output = HolderState> + Send + 'static {
+        let mut rx = self.state.clone();
+        async move {
+            match rx.wait_for(|s| !s.is_held()).await {
+                Ok(s) => s.clone(),
+                Err(_) => HolderState::Lost(LostReason::NotOurs),
+            }
+        }
+    }
+
+    /// Releases the lock and waits for the store to confirm.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let (done_tx, done_rx) = oneshot::channel();
+        let Some(release) = self.release.take() else {
+            return Ok(());
+        };
+        if release.send(done_tx).is_err() {
+            return Err(self.final_error());
+        }
+        let result = done_rx.await.unwrap_or_else(|_| Err(self.final_error()));
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        result
+    }
+
+    fn final_error(&self) -> LockError {
+        let url = self.backend.url().to_string();
+        match self.state.borrow().clone() {
+            HolderState::Lost(reason) => LockError::Lost { url, reason },
+            _ => LockError::NotHeld { url },
+        }
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        // Ask the task to release; it runs on without us.
+        if let Some(release) = self.release.take() {
+            let (done, _) = oneshot::channel();
+            let _ = release.send(done);
+        }
+    }
+}
+
+type Renewal = Pin<Box<dyn Future<Output = (Lease, Result<(), LockError>)> + Send>>;
+
+/// Renews one lease on its own timer and publishes what the holder may believe.
+struct HolderTask {
+    backend: Arc<dyn LockBackend>,
+    policy: RenewPolicy,
+    state: watch::Sender<HolderState>,
+}
+
+impl HolderTask {
+    fn renewal(&self, mut lease: Lease) -> Renewal {
+        let backend = self.backend.clone();
+        let limit = self.policy.request_timeout;
+        Box::pin(async move {
+            let result = match timeout(limit, backend.renew(&mut lease)).await {
+                Ok(r) => r,
+                Err(_) => Err(LockError::Unavailable {
+                    url: backend.url().to_string(),
+                    cause: format!("renewal took longer than {limit:?}"),
+                }),
+            };
+            (lease, result)
+        })
+    }
+
+    async fn run(
+        self,
+        mut lease: Lease,
+        mut release: oneshot::Receiver<oneshot::Sender<Result<(), LockError>>>,
+    ) {
+        // A resumed lease (expired deadline) renews at once.
+        let mut next = if lease.is_valid() {
+            Instant::now() + self.policy.interval
+        } else {
+            Instant::now()
+        };
+        let mut inflight: Option<Renewal> = None;
+        let mut last_error = String::new();
+        loop {
+            let claimed = self.state.borrow().is_held();
+            tokio::select! {
+                biased;
+                done = &mut release => {
+                    if let Some(renewal) = inflight.take() {
+                        // Let a renewal in flight finish so the release is conditioned
+                        // on the latest version.
+                        lease = renewal.await.0;
+                    }
+                    let result = self.backend.release(&lease).await;
+                    let final_state = match &result {
+                        Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
+                        _ => HolderState::Released,
+                    };
+                    self.state.send_replace(final_state);
+                    if let Ok(done) = done {
+                        let _ = done.send(result);
+                    }
+                    return;
+                }
+                (renewed, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                    inflight = None;
+                    lease = renewed;
+                    match result {
+                        Ok(()) => {
+                            next = Instant::now() + self.policy.interval;
+                            self.state.send_replace(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
+                        }
+                        Err(LockError::Lost { reason, .. }) => {
+                            tracing::warn!(url = self.backend.url(), %reason, "lock lost");
+                            self.state.send_replace(HolderState::Lost(reason));
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::debug!(url = self.backend.url(), error = %e, "renewal failed; retrying");
+                            last_error = e.to_string();
+                            next = Instant::now() + self.policy.retry;
+                            if !lease.is_valid() {
+                                self.state.send_replace(HolderState::Expiring { fence: lease.fence(), last_error: last_error.clone() });
+                            }
+                        }
+                    }
+                }
+                // Rule 2: stop claiming at the deadline, even while a renewal hangs.
+                _ = sleep_until(lease.deadline.instant()), if claimed => {
+                    self.state.send_replace(HolderState::Expiring {
+                        fence: lease.fence(),
+                        last_error: if last_error.is_empty() { "renewal not confirmed in time".into() } else { last_error.clone() },
+                    });
+                }
+                _ = sleep_until(next), if inflight.is_none() => {
+                    inflight = Some(self.renewal(lease.clone()));
+                }
+            }
+        }
+    }
+}

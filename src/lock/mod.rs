@@ -1,0 +1,26 @@
+//! The backend-neutral lock engine (DESIGN.md §3).
+//!
+//! - [`record`]: the stored [`LockRecord`], [`FenceToken`], [`Version`].
+//! - [`clock`]: rule 1 ([`LeaseObserver`]) and rule 2 ([`HolderDeadline`]), on the
+//!   local monotonic clock only.
+//! - [`backend`]: the [`LockBackend`] trait every store implements, and
+//!   [`RecordStore`] for stores with conditional writes on one record.
+//! - [`cas`]: [`CasLock`], the whole protocol (fencing, observed expiry, lost-reply
+//!   resolution, conditional force) on top of any [`RecordStore`].
+//! - [`acquire`]: waiting with a deadline; [`held`]: a lock renewed in the background.
+
+pub mod acquire;
+pub mod backend;
+pub mod cas;
+pub mod clock;
+pub mod error;
+pub mod held;
+pub mod record;
+
+pub use acquire::{Wait, acquire, acquire_with_progress};
+pub use backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, StoreError};
+pub use cas::CasLock;
+pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
+pub use error::{HeldBy, LockError, LostReason};
+pub use held::{HeldLock, HolderState, RenewPolicy};
+pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version};

@@ -1,0 +1,288 @@
+//! The lock record every backend stores, and the identifiers around it.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+/// A fencing token: strictly increasing per key across acquisitions.
+///
+/// A resource protected by a lock rejects writes carrying a fence lower than the
+/// highest it has seen, so a holder that was paused past its lease cannot corrupt it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FenceToken(pub u64);
+
+impl FenceToken {
+    /// The fence of the first acquisition of a key.
+    pub const FIRST: FenceToken = FenceToken(1);
+
+    /// The fence the next acquisition after this one carries.
+    pub fn next(self) -> FenceToken {
+        FenceToken(self.0.saturating_add(1))
+    }
+}
+
+impl fmt::Display for FenceToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The backend's version of a stored record (S3 ETag, DynamoDB record version number,
+/// ZooKeeper znode name and version, Kubernetes resourceVersion). Opaque to the engine:
+/// it is only compared for equality and handed back in conditional writes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(pub String);
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A random 128-bit identifier in lowercase hex.
+pub fn random_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Whether a record claims the lock or is a tombstone left by a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LockState {
+    Held,
+    Released,
+}
+
+/// The record a backend stores for one lock key (DESIGN.md §3).
+///
+/// `acquired_at` / `renewed_at` are wall-clock and informational only: no safety
+/// decision reads them (expiry is observed, see [`crate::lock::LeaseObserver`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockRecord {
+    pub holder: String,
+    /// Random per acquisition: proves that *this* acquisition owns the record.
+    pub nonce: String,
+    /// Random per write: makes every write's body (and so its ETag) unique.
+    pub revision: String,
+    pub fence: FenceToken,
+    pub lease: Duration,
+    pub state: LockState,
+    pub data: Option<String>,
+    pub acquired_at: SystemTime,
+    pub renewed_at: SystemTime,
+}
+
+impl LockRecord {
+    /// A fresh held record for a new acquisition.
+    pub fn new_acquisition(
+        holder: &str,
+        fence: FenceToken,
+        lease: Duration,
+        data: Option<String>,
+    ) -> LockRecord {
+        let now = SystemTime::now();
+        LockRecord {
+            holder: holder.to_string(),
+            nonce: random_id(),
+            revision: random_id(),
+            fence,
+            lease,
+            state: LockState::Held,
+            data,
+            acquired_at: now,
+            renewed_at: now,
+        }
+    }
+
+    /// The same acquisition, rewritten with a new revision (a renewal).
+    pub fn renewed(&self) -> LockRecord {
+        LockRecord {
+            revision: random_id(),
+            renewed_at: SystemTime::now(),
+            ..self.clone()
+        }
+    }
+
+    /// The tombstone a release leaves: same nonce and fence, so the next acquisition
+    /// continues the fence sequence.
+    pub fn released(&self) -> LockRecord {
+        LockRecord {
+            revision: random_id(),
+            state: LockState::Released,
+            renewed_at: SystemTime::now(),
+            ..self.clone()
+        }
+    }
+
+    /// Whether this record was written by the given write (same acquisition, same write).
+    pub fn is_write_of(&self, other: &LockRecord) -> bool {
+        self.nonce == other.nonce && self.revision == other.revision
+    }
+}
+
+/// A stored value that is not a lockwarden record (an s3lock UUID body, garbage,
+/// a DynamoDB item with the wrong attribute types…). Never overwritten unless forced.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what}")]
+pub struct ForeignRecord {
+    /// What was found, for the error message (truncated, printable).
+    pub what: String,
+}
+
+impl ForeignRecord {
+    pub fn new(what: impl Into<String>) -> Self {
+        ForeignRecord { what: what.into() }
+    }
+
+    /// Describes unrecognised bytes: their length and a printable prefix.
+    pub fn from_bytes(reason: &str, bytes: &[u8]) -> Self {
+        const SHOWN: usize = 48;
+        let prefix: String = String::from_utf8_lossy(&bytes[..bytes.len().min(SHOWN)])
+            .chars()
+            .map(|c| if c.is_control() { '.' } else { c })
+            .collect();
+        let more = if bytes.len() > SHOWN { "…" } else { "" };
+        ForeignRecord::new(format!(
+            "{reason} ({} bytes: {prefix:?}{more})",
+            bytes.len()
+        ))
+    }
+}
+
+/// A record as read from a backend, with the version a conditional write must name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub record: Result<LockRecord, ForeignRecord>,
+    pub version: Version,
+}
+
+/// The JSON document S3 stores (and the form other byte-oriented stores may reuse).
+///
+/// `lockwarden` is a format marker: a body without it is a foreign record.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RecordDocument {
+    lockwarden: u32,
+    holder: String,
+    nonce: String,
+    revision: String,
+    fence: u64,
+    lease_ms: u64,
+    state: LockState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<String>,
+    acquired_at_ms: u64,
+    renewed_at_ms: u64,
+}
+
+const FORMAT_VERSION: u32 = 1;
+
+fn to_unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn from_unix_ms(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+impl LockRecord {
+    /// Encodes the record as the JSON document stored in byte-oriented backends.
+    pub fn to_json(&self) -> Vec<u8> {
+        let doc = RecordDocument {
+            lockwarden: FORMAT_VERSION,
+            holder: self.holder.clone(),
+            nonce: self.nonce.clone(),
+            revision: self.revision.clone(),
+            fence: self.fence.0,
+            lease_ms: self.lease.as_millis() as u64,
+            state: self.state,
+            data: self.data.clone(),
+            acquired_at_ms: to_unix_ms(self.acquired_at),
+            renewed_at_ms: to_unix_ms(self.renewed_at),
+        };
+        serde_json::to_vec(&doc).expect("record serialises")
+    }
+
+    /// Decodes a stored body; anything that is not a lockwarden record of a known format
+    /// version is a [`ForeignRecord`] describing what was found.
+    pub fn from_json(bytes: &[u8]) -> Result<LockRecord, ForeignRecord> {
+        let doc: RecordDocument = serde_json::from_slice(bytes).map_err(|e| {
+            ForeignRecord::from_bytes(&format!("not a lockwarden lock record: {e}"), bytes)
+        })?;
+        if doc.lockwarden != FORMAT_VERSION {
+            return Err(ForeignRecord::new(format!(
+                "lockwarden record format {} is not supported (this build reads format {FORMAT_VERSION})",
+                doc.lockwarden
+            )));
+        }
+        if doc.nonce.is_empty() || doc.lease_ms == 0 {
+            return Err(ForeignRecord::from_bytes(
+                "lockwarden record with an empty nonce or zero lease",
+                bytes,
+            ));
+        }
+        Ok(LockRecord {
+            holder: doc.holder,
+            nonce: doc.nonce,
+            revision: doc.revision,
+            fence: FenceToken(doc.fence),
+            lease: Duration::from_millis(doc.lease_ms),
+            state: doc.state,
+            data: doc.data,
+            acquired_at: from_unix_ms(doc.acquired_at_ms),
+            renewed_at: from_unix_ms(doc.renewed_at_ms),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_round_trip() {
+        let r = LockRecord::new_acquisition(
+            "a/b/c",
+            FenceToken(7),
+            Duration::from_secs(30),
+            Some("x".into()),
+        );
+        let back = LockRecord::from_json(&r.to_json()).unwrap();
+        assert_eq!(back.nonce, r.nonce);
+        assert_eq!(back.fence, FenceToken(7));
+        assert_eq!(back.lease, Duration::from_secs(30));
+        assert_eq!(back.data.as_deref(), Some("x"));
+        assert_eq!(back.state, LockState::Held);
+    }
+
+    #[test]
+    fn every_write_has_a_unique_body() {
+        let r = LockRecord::new_acquisition("h", FenceToken(1), Duration::from_secs(5), None);
+        let renewed = r.renewed();
+        assert_ne!(
+            r.to_json(),
+            renewed.to_json(),
+            "ABA: identical bodies give identical ETags"
+        );
+        assert_ne!(r.released().to_json(), renewed.released().to_json());
+    }
+
+    #[test]
+    fn s3lock_uuid_body_is_foreign() {
+        let err = LockRecord::from_json(b"0b3c7e4c-5a8f-4b3e-9d9a-0e3f1c2b4a5d").unwrap_err();
+        assert!(err.what.contains("not a lockwarden lock record"), "{err}");
+        let err = LockRecord::from_json(&[0xff, 0x00, 0x13]).unwrap_err();
+        assert!(err.what.contains("3 bytes"), "{err}");
+    }
+
+    #[test]
+    fn unknown_format_version_is_foreign() {
+        let body = br#"{"lockwarden":9,"holder":"h","nonce":"n","revision":"r","fence":1,"leaseMs":1,"state":"held","acquiredAtMs":0,"renewedAtMs":0}"#;
+        let err = LockRecord::from_json(body).unwrap_err();
+        assert!(err.what.contains("format 9"), "{err}");
+    }
+}
