@@ -183,6 +183,35 @@ async fn dynamodb_conditional_writes_fail_with_conditional_check_failed() {
     assert_eq!(item.get("version"), Some(&AttributeValue::N("2".into())));
 }
 
+/// A private moto restarts on the same endpoint with empty state (moto is in-memory),
+/// and a client built before the restart works again afterwards.
+#[tokio::test]
+async fn moto_restart_keeps_the_endpoint_and_loses_state() {
+    let moto = Moto::start();
+    let bucket = moto.new_bucket("restart").await;
+    let s3 = moto.s3_client().await;
+    s3.head_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("bucket exists");
+
+    moto.restart();
+    assert!(moto.is_running());
+    let err = s3
+        .head_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect_err("state is gone");
+    assert_eq!(
+        err.raw_response().map(|r| r.status().as_u16()),
+        Some(404),
+        "{err:?}"
+    );
+    moto.new_bucket("after").await;
+}
+
 // ---------------------------------------------------------------- ZooKeeper
 
 #[tokio::test]
@@ -267,6 +296,62 @@ async fn zookeeper_ensemble_replicates_between_nodes() {
         .expect("znode replicated to the other node");
     assert_eq!(data, b"across the quorum");
     assert_eq!(stat.czxid, written.czxid, "same znode (same creation zxid)");
+}
+
+/// A private ensemble loses its leader, keeps serving on the remaining majority,
+/// survives a frozen follower, and the old leader rejoins with the data it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_ensemble_survives_node_loss_and_rejoin() {
+    let zk = ZooKeeper::start_ensemble();
+    let leader = (0..3)
+        .find(|&i| zk.node(i).mode().as_deref() == Some("leader"))
+        .unwrap();
+    // Long enough for the session to outlive a re-election on a loaded machine.
+    let client = zk
+        .connect_with_session_timeout(Duration::from_secs(30))
+        .await;
+    // Retried until the quorum answers; a retry after a lost reply finds the znode.
+    let create = |path: String| {
+        let client = client.clone();
+        async move {
+            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            match client.create(&path, b"written", &persistent).await {
+                Ok(_) | Err(zookeeper_client::Error::NodeExists) => Some(()),
+                Err(_) => None,
+            }
+        }
+    };
+
+    zk.stop_node(leader);
+    zk.wait_ready(); // the two survivors elect a new leader
+    let new_leader = zk.leader().expect("a new leader").id();
+    assert_ne!(new_leader as usize, leader + 1, "leadership moved");
+    let missed = format!("/{}", unique("missed"));
+    eventually("a write on the remaining majority", PROMPTLY, || {
+        create(missed.clone())
+    })
+    .await;
+
+    // Freeze a follower only once all three run again: with one node already down,
+    // freezing another would lose the quorum.
+    zk.start_node(leader);
+    zk.wait_ready();
+    let rejoined =
+        support::zookeeper::connect_to(&zk.node(leader).address(), Duration::from_secs(10)).await;
+    rejoined.sync(&missed).await.unwrap();
+    assert_eq!(rejoined.get_data(&missed).await.unwrap().0, b"written");
+
+    let follower = (0..3)
+        .find(|&i| zk.node(i).mode().as_deref() == Some("follower"))
+        .unwrap();
+    zk.pause_node(follower);
+    let during_pause = format!("/{}", unique("paused"));
+    eventually("a write while a follower is frozen", PROMPTLY, || {
+        create(during_pause.clone())
+    })
+    .await;
+    zk.resume_node(follower);
+    zk.wait_ready();
 }
 
 // ---------------------------------------------------------------- fault proxy

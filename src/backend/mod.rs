@@ -5,7 +5,9 @@ mod aws;
 pub mod dynamodb;
 pub mod kubernetes;
 pub mod s3;
+pub mod zookeeper;
 
 pub use dynamodb::{DynamoStore, TableLayout};
 pub use kubernetes::LeaseStore;
 pub use s3::S3Store;
+pub use zookeeper::{ZkLock, ZkSessions};

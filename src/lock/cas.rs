@@ -138,8 +138,12 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
             if let (Some(cur), Some((pending, sent))) = (&current, &st.pending)
                 && matches!(&cur.record, Ok(r) if r.is_write_of(pending))
             {
-                let lease = self.lease_from(pending.clone(), cur.version.clone(), *sent);
+                let mut lease = self.lease_from(pending.clone(), cur.version.clone(), *sent);
                 st.pending = None;
+                if !lease.is_valid() {
+                    // Sent too long ago to claim on its own: confirm with a renewal.
+                    self.renew(&mut lease).await?;
+                }
                 return Ok(Attempt::Acquired(lease));
             }
 
@@ -225,7 +229,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                     return Ok(Attempt::Acquired(lease));
                 }
                 Err(StoreError::Conflict { current }) => {
-                    // Lost a race: look again (the store may have told us what won).
+                    // Lost a race — or an SDK-level retry of this very write found the
+                    // first try had landed. Keep it pending so the next look adopts it
+                    // instead of reporting the lock held by ourselves.
+                    st.pending = Some((record, sent));
                     st.last_seen = current;
                     continue;
                 }

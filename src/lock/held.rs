@@ -109,6 +109,17 @@ impl HeldLock {
         }
     }
 
+    /// Acquires (waiting as `wait` allows) and holds the lock, renewing every third
+    /// of the lease.
+    pub async fn acquire(
+        backend: Arc<dyn LockBackend>,
+        req: &super::AcquireRequest,
+        wait: super::Wait,
+    ) -> Result<HeldLock, LockError> {
+        let lease = super::acquire(backend.as_ref(), req, wait).await?;
+        Ok(HeldLock::hold(backend, lease, RenewPolicy::for_lease(req.lease)))
+    }
+
     pub fn fence(&self) -> FenceToken {
         self.fence
     }

@@ -36,8 +36,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// How long the API server may take to become ready. Typically ~10 s, but the test
-/// machine is a loaded 2-core box that may be compiling or running other servers.
+/// How long the API server may take to become ready. About 5 s on an idle machine, but
+/// the test machine is a loaded 2-core box that may be compiling or running other servers.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// One readiness probe must not hang the startup loop when the server accepted the
@@ -193,8 +193,8 @@ impl ControlPlane {
                 pki.serving_key.display()
             ))
             .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
-            // Unused (the serving certificate is given) but keeps any self-signed
-            // fallback out of the current directory's default.
+            // Unused while the serving certificate is given; set anyway so nothing can
+            // ever be written to the default, /var/run/kubernetes.
             .arg(format!(
                 "--cert-dir={}",
                 dir.join("apiserver-certs").display()
@@ -216,9 +216,10 @@ impl ControlPlane {
             // the namespace's `default` ServiceAccount.
             .arg("--disable-admission-plugins=ServiceAccount")
             .arg("--allow-privileged=true")
-            // Lighter: no priority-and-fairness queues (the plain max-in-flight limits
-            // apply), no endpoint reconciler rewriting the `kubernetes` Service's
-            // endpoints every few seconds, no pprof handlers.
+            // Lighter: no priority-and-fairness queueing (the plain max-in-flight limits
+            // apply), no endpoint reconciler (periodic lease and `kubernetes` Endpoints
+            // writes, for kubelets and in-cluster clients that do not exist here), no
+            // pprof handlers.
             .arg("--enable-priority-and-fairness=false")
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false");

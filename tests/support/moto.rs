@@ -5,6 +5,13 @@
 //! stop or restart it. moto keeps everything in memory, so a restart loses all
 //! buckets, objects and tables — exactly what a "backend lost its state" test wants.
 //!
+//! moto is started with every request applied one at a time (`scripts/moto-atomic`, installed by `scripts/testenv` as `MOTO_SERVER`):
+//! moto 5.2.5 checks S3 `If-None-Match`/`If-Match` and DynamoDB condition
+//! expressions and then writes without a lock, on a threaded server, so concurrent
+//! conditional writes can both succeed — `tests/canary.rs` catches that within a few
+//! hundred rounds against plain `moto_server`. Real S3 and DynamoDB are atomic, and
+//! lock tests must not fail (or pass) because the emulator is not.
+//!
 //! Clients are built per call (not cached) because an AWS SDK client's connection
 //! pool belongs to the tokio runtime it was first used on, and every `#[tokio::test]`
 //! has its own runtime.
@@ -80,7 +87,13 @@ impl Moto {
             self.port
         );
         let n = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut cmd = Command::new(tool("MOTO_SERVER"));
+        // LOCKWARDEN_MOTO_UNSERIALIZED=1 runs plain `moto_server`, e.g. to see whether
+        // a newer moto passes the canary on its own.
+        let mut cmd = if std::env::var_os("LOCKWARDEN_MOTO_UNSERIALIZED").is_some() {
+            Command::new(tool("MOTO_SERVER").with_file_name("moto_server"))
+        } else {
+            Command::new(tool("MOTO_SERVER"))
+        };
         cmd.args(["-H", "127.0.0.1", "-p", &self.port.to_string()]);
         let began = Instant::now();
         let mut server = ServerProcess::start(&format!("moto-{n}"), cmd, &self.dir);

@@ -182,7 +182,11 @@ async fn accept_loop(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((client, _)) = accepted else { continue };
+                let Ok((client, _)) = accepted else {
+                    // Out of file descriptors or similar: back off instead of spinning.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
                 stats.accepted.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(connection(client, upstream, control.clone(), stats.clone()));
             }

@@ -253,11 +253,30 @@ pub async fn connect_to(
     connect_string: &str,
     session_timeout: Duration,
 ) -> zookeeper_client::Client {
-    zookeeper_client::Client::connector()
+    use futures::FutureExt;
+    let connecting = zookeeper_client::Client::connector()
         .with_session_timeout(session_timeout)
-        .connect(connect_string)
+        .connect(connect_string);
+    // zookeeper-client spawns its session task through `asyncs`, which panics with a
+    // bare "no spawner" unless the crate's `tokio` feature is enabled; say so.
+    match std::panic::AssertUnwindSafe(connecting)
+        .catch_unwind()
         .await
-        .unwrap_or_else(|e| panic!("cannot connect to ZooKeeper at {connect_string}: {e}"))
+    {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => panic!("cannot connect to ZooKeeper at {connect_string}: {e}"),
+        Err(panic) => match panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or(panic.downcast_ref::<String>().map(String::as_str))
+        {
+            Some("no spawner") => panic!(
+                "zookeeper-client has no task spawner: Cargo.toml must enable its `tokio` \
+                 feature (zookeeper-client = {{ version = \"0.11\", features = [\"tokio\"] }})"
+            ),
+            _ => std::panic::resume_unwind(panic),
+        },
+    }
 }
 
 impl ZkNode {

@@ -1,0 +1,635 @@
+//! The ZooKeeper backend against a real ZooKeeper: the queue recipe (mutual exclusion,
+//! FIFO, handoff by watch), session liveness (renewal, expiry, jeopardy), foreign queue
+//! members, lost replies and resume.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockwarden::backend::{ZkLock, ZkSessions};
+use lockwarden::lock::{
+    AcquireRequest, Attempt, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockError,
+    LockRecord, LostReason, RenewPolicy, Wait, acquire,
+};
+use rand::Rng;
+use tokio::time::Instant;
+use zookeeper_client::{Acls, Client, CreateMode};
+
+use support::proxy::{Mode, Proxy};
+use support::zookeeper::ZooKeeper;
+use support::{eventually, unique};
+
+/// Deadline for anything that should happen "promptly" on a loaded 2-core machine.
+const PROMPTLY: Duration = Duration::from_secs(30);
+
+/// A fresh lock path per test, two levels deep so parents are created too.
+fn lock_path(test: &str) -> String {
+    format!("/lockwarden-test/{}", unique(test))
+}
+
+fn request(holder: &str) -> AcquireRequest {
+    AcquireRequest::new(holder, Duration::from_secs(10))
+}
+
+async fn raw_client() -> Client {
+    ZooKeeper::shared().connect().await
+}
+
+async fn expect_acquired(lock: &ZkLock, holder: &str) -> Lease {
+    match lock.try_acquire(&request(holder)).await {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!(
+            "{holder}: expected to acquire {}, got {other:?}",
+            lock.url()
+        ),
+    }
+}
+
+/// `(holder record, queue position)` of a busy attempt.
+async fn expect_busy(lock: &ZkLock, holder: &str) -> (LockRecord, Option<u32>) {
+    match lock.try_acquire(&request(holder)).await {
+        Ok(Attempt::Busy {
+            holder,
+            queue_position,
+            ..
+        }) => (holder, queue_position),
+        other => panic!(
+            "{holder}: expected {} to be busy, got {other:?}",
+            lock.url()
+        ),
+    }
+}
+
+async fn children(raw: &Client, path: &str) -> Vec<String> {
+    let mut names = raw.list_children(path).await.expect("list lock children");
+    names.sort();
+    names
+}
+
+// ---------------------------------------------------------------- safety
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_under_contention() {
+    const CONTENDERS: usize = 16;
+    const ROUNDS: usize = 100;
+    let zk = ZooKeeper::shared();
+    let path = lock_path("contention");
+    // Two sessions, as two processes would have; each shared by half the contenders
+    // (so contenders on one session are told apart by their protected names).
+    let registries = [ZkSessions::new(), ZkSessions::new()];
+    let holding = Arc::new(AtomicBool::new(false));
+    let fences = Arc::new(Mutex::new(Vec::<FenceToken>::new()));
+    let started = Instant::now();
+
+    let mut tasks = Vec::new();
+    for i in 0..CONTENDERS {
+        let lock: Arc<dyn LockBackend> = Arc::new(
+            registries[i % 2]
+                .lock(&zk.connect_string(), &path)
+                .expect("lock"),
+        );
+        let (holding, fences) = (holding.clone(), fences.clone());
+        tasks.push(tokio::spawn(async move {
+            let req = request(&format!("contender-{i}"));
+            for round in 0..ROUNDS {
+                let lease = acquire(&*lock, &req, Wait::Forever)
+                    .await
+                    .unwrap_or_else(|e| panic!("contender {i} round {round}: {e}"));
+                assert!(
+                    !holding.swap(true, Ordering::SeqCst),
+                    "contender {i} acquired (fence {}) while another contender held the lock",
+                    lease.fence()
+                );
+                {
+                    let mut fences = fences.lock().unwrap();
+                    if let Some(last) = fences.last() {
+                        assert!(
+                            lease.fence() > *last,
+                            "fence went from {last} to {} (contender {i})",
+                            lease.fence()
+                        );
+                    }
+                    fences.push(lease.fence());
+                }
+                // Hold for a moment so that an overlapping holder would be caught.
+                let hold = rand::rng().random_range(0..1500);
+                tokio::time::sleep(Duration::from_micros(hold)).await;
+                holding.store(false, Ordering::SeqCst);
+                lock.release(&lease)
+                    .await
+                    .unwrap_or_else(|e| panic!("contender {i} round {round}: release: {e}"));
+            }
+        }));
+    }
+    let all = futures::future::join_all(tasks);
+    let results = tokio::time::timeout(Duration::from_secs(600), all)
+        .await
+        .expect("contenders did not finish within 10 minutes");
+    for result in results {
+        result.expect("contender task");
+    }
+    let acquisitions = fences.lock().unwrap().len();
+    assert_eq!(acquisitions, CONTENDERS * ROUNDS);
+    eprintln!(
+        "{acquisitions} acquisitions by {CONTENDERS} contenders on 2 sessions in {:?}",
+        started.elapsed()
+    );
+    let raw = raw_client().await;
+    assert!(
+        children(&raw, &path).await.is_empty(),
+        "every queue entry was deleted on release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_order_of_waiters_is_kept() {
+    const WAITERS: usize = 5;
+    let zk = ZooKeeper::shared();
+    let path = lock_path("fifo");
+    let registries = [ZkSessions::new(), ZkSessions::new()];
+    let holder = registries[0].lock(&zk.connect_string(), &path).unwrap();
+    let held = expect_acquired(&holder, "holder").await;
+
+    // Queue the waiters one after the other: that is their order.
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let waiter = Arc::new(registries[i % 2].lock(&zk.connect_string(), &path).unwrap());
+        let (by, position) = expect_busy(&waiter, &format!("waiter-{i}")).await;
+        assert_eq!(position, Some(i as u32), "waiter {i}'s queue position");
+        assert_eq!(by.holder, "holder");
+        assert_eq!(by.fence, held.fence());
+        waiters.push(waiter);
+    }
+
+    // Start waiting in reverse order: the queue, not who asks first, decides.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, waiter) in waiters.iter().enumerate().rev() {
+        let (waiter, order) = (waiter.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = acquire(&*waiter, &request(&format!("waiter-{i}")), Wait::Forever)
+                .await
+                .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+            order.lock().unwrap().push((i, lease.fence()));
+            waiter.release(&lease).await.expect("release");
+        }));
+    }
+    holder.release(&held).await.expect("holder releases");
+    tokio::time::timeout(PROMPTLY * 2, futures::future::join_all(tasks))
+        .await
+        .expect("every waiter acquired in turn")
+        .into_iter()
+        .for_each(|r| r.expect("waiter task"));
+
+    let order = order.lock().unwrap().clone();
+    let served: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        served,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "waiters are served in queue order"
+    );
+    let mut last = held.fence();
+    for (i, fence) in order {
+        assert!(fence > last, "waiter {i}: fence {fence} after {last}");
+        last = fence;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_wakes_the_next_waiter() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("wake");
+    let sessions = ZkSessions::new();
+    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let waiter = Arc::new(ZkSessions::new().lock(&zk.connect_string(), &path).unwrap());
+    let held = expect_acquired(&holder, "holder").await;
+    let holder_entry = holder
+        .queue_entry()
+        .await
+        .expect("holder has a queue entry");
+    assert_eq!(expect_busy(&waiter, "waiter").await.1, Some(0));
+
+    // The waiter blocks on a watch on its predecessor, with a timeout far beyond the
+    // test's deadlines: only the watch can wake it in time.
+    const NEVER: Duration = Duration::from_secs(600);
+    let sleeper = waiter.clone();
+    let woke = tokio::spawn(async move {
+        let began = Instant::now();
+        sleeper.changed(NEVER).await;
+        began.elapsed()
+    });
+    // Release only once the watch is registered on the server (`wchp`: watches by path).
+    let watched = format!("{path}/{holder_entry}");
+    let node = zk.node(0);
+    eventually("the waiter's watch on the holder's znode", PROMPTLY, || {
+        let listed = node.four_letter("wchp").unwrap_or_default();
+        let found = listed.contains(&watched);
+        async move { found.then_some(()) }
+    })
+    .await;
+
+    let released = Instant::now();
+    holder.release(&held).await.expect("release");
+    let waited = tokio::time::timeout(PROMPTLY, woke)
+        .await
+        .expect("the release woke the waiter")
+        .expect("waiter task");
+    assert!(waited < NEVER, "woken by the watch, not the timeout");
+    let next = expect_acquired(&waiter, "waiter").await;
+    eprintln!(
+        "handoff: waiter woke and acquired {:?} after the release began",
+        released.elapsed()
+    );
+    assert!(
+        next.fence() > held.fence(),
+        "fence {} after {}",
+        next.fence(),
+        held.fence()
+    );
+    let current = waiter.inspect().await.unwrap().expect("a holder");
+    let record = current.record.expect("a lockwarden record");
+    assert_eq!(record.holder, "waiter");
+    assert_eq!(record.fence, next.fence());
+    assert_eq!(current.version, next.version);
+    waiter.release(&next).await.unwrap();
+    assert!(waiter.inspect().await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_expiry_makes_the_holder_report_lost_and_the_next_acquires() {
+    const SESSION: Duration = Duration::from_secs(2);
+    let zk = ZooKeeper::shared();
+    let path = lock_path("expiry");
+    // The holder reaches ZooKeeper through a proxy that will partition it away; the
+    // contender connects directly.
+    let proxy = Proxy::start(zk.node(0).port());
+    let holder_sessions = ZkSessions::with_session_timeout(SESSION);
+    let holder: Arc<ZkLock> = Arc::new(holder_sessions.lock(&proxy.address(), &path).unwrap());
+    let contender_sessions = ZkSessions::new();
+    let contender = contender_sessions
+        .lock(&zk.connect_string(), &path)
+        .unwrap();
+
+    let lease = acquire(&*holder, &request("holder"), Wait::No)
+        .await
+        .expect("holder acquires");
+    assert_eq!(
+        lease.record.lease, SESSION,
+        "the lease is the session timeout"
+    );
+    let held_fence = lease.fence();
+    let policy = RenewPolicy::for_lease(lease.record.lease);
+    let held = HeldLock::hold(holder.clone(), lease, policy);
+    let (_, position) = expect_busy(&contender, "contender").await;
+    assert_eq!(position, Some(0));
+
+    proxy.set_mode(Mode::Blackhole);
+    let partitioned = Instant::now();
+    let next = acquire(&contender, &request("contender"), Wait::For(PROMPTLY))
+        .await
+        .expect("the contender acquires once the holder's session expired");
+    // Rule 2: by the time anyone else holds the lock, the holder has stopped claiming it.
+    let holder_state = held.state();
+    assert!(
+        !holder_state.is_held(),
+        "the contender acquired while the holder still claims the lock: {holder_state:?}"
+    );
+    assert!(next.fence() > held_fence);
+    eprintln!(
+        "contender acquired {:?} after the partition (session timeout {SESSION:?})",
+        partitioned.elapsed()
+    );
+
+    // The holder's client gives up on its session and reports the lock lost.
+    let mut states = held.watch();
+    let lost = tokio::time::timeout(
+        PROMPTLY,
+        states.wait_for(|s| matches!(s, HolderState::Lost(_))),
+    )
+    .await
+    .expect("the holder learns its session expired")
+    .expect("holder state channel")
+    .clone();
+    assert_eq!(lost, HolderState::Lost(LostReason::SessionExpired));
+    match held.release().await {
+        Err(LockError::Lost {
+            reason: LostReason::SessionExpired,
+            url,
+        }) => assert!(url.starts_with("zk://"), "{url}"),
+        other => panic!("releasing a lock lost with its session: {other:?}"),
+    }
+
+    // Healed: the same process queues again, on a new session.
+    proxy.set_mode(Mode::Pass);
+    let again = eventually("the holder's process to queue again", PROMPTLY, || async {
+        match holder.try_acquire(&request("holder")).await {
+            Ok(Attempt::Busy {
+                holder,
+                queue_position,
+                ..
+            }) => Some((holder, queue_position)),
+            Ok(Attempt::Acquired(lease)) => panic!("acquired while the contender holds: {lease:?}"),
+            Err(e) => {
+                assert!(e.is_transient(), "{e}");
+                None
+            }
+        }
+    })
+    .await;
+    assert_eq!(again.0.holder, "contender");
+    assert_eq!(again.1, Some(0));
+    holder.abandon().await;
+    contender.release(&next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_keeps_the_lock_past_many_lease_durations() {
+    const SESSION: Duration = Duration::from_secs(2);
+    const LEASES: u32 = 8;
+    let zk = ZooKeeper::shared();
+    let path = lock_path("renewal");
+    let sessions = ZkSessions::with_session_timeout(SESSION);
+    let lock: Arc<ZkLock> = Arc::new(sessions.lock(&zk.connect_string(), &path).unwrap());
+    let contender = ZkSessions::new().lock(&zk.connect_string(), &path).unwrap();
+
+    let lease = acquire(&*lock, &request("holder"), Wait::No).await.unwrap();
+    let (fence, version, nonce) = (
+        lease.fence(),
+        lease.version.clone(),
+        lease.nonce().to_string(),
+    );
+    let held = HeldLock::hold(lock.clone(), lease, RenewPolicy::for_lease(SESSION));
+    let mut states = held.watch();
+
+    // Watch every state change for LEASES session timeouts (each renewal publishes
+    // `Held` again), and check the queue from another session every half lease.
+    let until = Instant::now() + SESSION * LEASES;
+    let mut check_every = tokio::time::interval(SESSION / 2);
+    let (mut checks, mut renewals) = (0, 0);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => break,
+            changed = states.changed() => {
+                changed.expect("holder task alive");
+                let state = states.borrow_and_update().clone();
+                assert!(state.is_held(), "the lock stopped being held: {state:?}");
+                renewals += 1;
+            }
+            _ = check_every.tick() => {
+                let (by, position) = expect_busy(&contender, "contender").await;
+                assert_eq!(position, Some(0));
+                assert_eq!(by.nonce, nonce, "the same acquisition holds");
+                assert_eq!(by.fence, fence);
+                checks += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{renewals} renewals and {checks} checks in {LEASES} session timeouts of {SESSION:?}"
+    );
+    // Renewing every third of the lease: about three per session timeout.
+    assert!(renewals >= 2 * LEASES, "only {renewals} renewals");
+    assert!(checks >= LEASES as usize, "only {checks} checks");
+    assert_eq!(
+        held.state(),
+        HolderState::Held { fence, version },
+        "still held, same znode, after {LEASES} session timeouts"
+    );
+
+    held.release().await.expect("release");
+    let next = acquire(&contender, &request("contender"), Wait::For(PROMPTLY))
+        .await
+        .unwrap();
+    assert!(next.fence() > fence);
+    contender.release(&next).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_children_are_reported_not_deleted() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("foreign");
+    let raw = raw_client().await;
+    raw.mkdir(&path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .unwrap();
+    // A kafka-kit / Curator style queue entry with their own data, and a child that is
+    // not a queue member at all (no sequence suffix).
+    let foreign_prefix = format!("_c_{}-lock-", uuid::Uuid::new_v4());
+    let (foreign_stat, sequence) = raw
+        .create(
+            &format!("{path}/{foreign_prefix}"),
+            br#"{"owner_id":"kafka-kit-7","timestamp":1700000000}"#,
+            &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let foreign = format!("{foreign_prefix}{sequence}");
+    raw.create(
+        &format!("{path}/config"),
+        b"not a queue member",
+        &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+    )
+    .await
+    .unwrap();
+
+    let sessions = ZkSessions::new();
+    let lock = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let (by, position) = expect_busy(&lock, "lockwarden").await;
+    assert_eq!(position, Some(0), "queued right behind the foreign entry");
+    assert!(
+        by.holder.contains("foreign queue entry") && by.holder.contains(&foreign),
+        "{}",
+        by.holder
+    );
+    assert!(
+        by.holder.contains("kafka-kit-7"),
+        "shows what was found: {}",
+        by.holder
+    );
+    assert_eq!(by.fence, FenceToken(foreign_stat.czxid as u64));
+
+    let stored = lock.inspect().await.unwrap().expect("the foreign holder");
+    let found = stored.record.expect_err("not a lockwarden record");
+    assert!(
+        found.what.contains("not a lockwarden lock record"),
+        "{found}"
+    );
+    assert_eq!(stored.version.0, format!("{foreign}:0"));
+
+    // Not waiting: reported as held by the foreign entry, our entry removed.
+    let other = sessions.lock(&zk.connect_string(), &path).unwrap();
+    match acquire(&other, &request("impatient"), Wait::No).await {
+        Err(LockError::Held { by, url }) => {
+            assert!(by.holder.contains(&foreign), "{}", by.holder);
+            assert!(url.starts_with("zk://") && url.ends_with(&path), "{url}");
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    let ours = lock.queue_entry().await.expect("still queued");
+    assert_eq!(
+        children(&raw, &path).await,
+        {
+            let mut all = vec![foreign.clone(), ours, "config".to_string()];
+            all.sort();
+            all
+        },
+        "the foreign entries are untouched; the impatient contender left"
+    );
+    lock.abandon().await;
+    let mut left = vec![foreign.clone(), "config".to_string()];
+    left.sort();
+    assert_eq!(
+        children(&raw, &path).await,
+        left,
+        "abandon removes only our own entry"
+    );
+
+    // When the foreign client lets go, we get the lock, with a higher fence.
+    raw.delete(&format!("{path}/{foreign}"), None)
+        .await
+        .unwrap();
+    let lease = expect_acquired(&lock, "lockwarden").await;
+    assert!(lease.fence() > by.fence);
+    lock.release(&lease).await.unwrap();
+    assert_eq!(children(&raw, &path).await, vec!["config".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_takes_over_with_a_conditional_delete_and_a_higher_fence() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("force");
+    let holder: Arc<ZkLock> =
+        Arc::new(ZkSessions::new().lock(&zk.connect_string(), &path).unwrap());
+    let lease = expect_acquired(&holder, "holder").await;
+    let held_fence = lease.fence();
+    let policy = RenewPolicy::for_lease(lease.record.lease);
+    let held = HeldLock::hold(holder.clone(), lease, policy);
+
+    let forcer = ZkSessions::new().lock(&zk.connect_string(), &path).unwrap();
+    let mut req = request("forcer");
+    req.force = true;
+    let taken = match forcer.try_acquire(&req).await {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("force: {other:?}"),
+    };
+    let from = taken
+        .forced_from
+        .as_ref()
+        .expect("records whom it took over from");
+    assert_eq!((from.holder.as_str(), from.fence), ("holder", held_fence));
+    assert!(taken.fence() > held_fence);
+
+    // The old holder learns at its next renewal that its entry is gone.
+    let lost = tokio::time::timeout(PROMPTLY, held.lost())
+        .await
+        .expect("the old holder notices");
+    assert_eq!(lost, HolderState::Lost(LostReason::EntryGone));
+    forcer.release(&taken).await.unwrap();
+}
+
+// ---------------------------------------------------------------- rule 4, resume
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_is_found_by_its_protected_name() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("lost-reply");
+    let raw = raw_client().await;
+    raw.mkdir(&path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .unwrap();
+    let proxy = Proxy::start(zk.node(0).port());
+    let sessions = ZkSessions::new();
+    let lock = Arc::new(sessions.lock(&proxy.address(), &path).unwrap());
+    // Opens the session now, so the next request is the create (the next ping is a
+    // while away), then lose every reply.
+    assert!(lock.inspect().await.unwrap().is_none());
+    proxy.set_mode(Mode::DropReplies);
+    let attempt = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.try_acquire(&request("holder")).await })
+    };
+    let created = eventually(
+        "the create to land while its reply is lost",
+        PROMPTLY,
+        || {
+            let raw = raw.clone();
+            let path = path.clone();
+            async move { children(&raw, &path).await.into_iter().next() }
+        },
+    )
+    .await;
+    assert!(proxy.dropped_replies() >= 1);
+    proxy.set_mode(Mode::Pass);
+
+    // The attempt (or a retry, if it gave up while replies were still lost) adopts
+    // the znode that landed instead of creating a second one.
+    let first = attempt.await.expect("attempt task");
+    let lease = match first {
+        Ok(Attempt::Acquired(lease)) => lease,
+        Ok(busy) => panic!("nobody else is queued: {busy:?}"),
+        Err(e) => {
+            assert!(e.is_transient(), "{e}");
+            eventually("a retry to acquire", PROMPTLY, || async {
+                match lock.try_acquire(&request("holder")).await {
+                    Ok(Attempt::Acquired(lease)) => Some(lease),
+                    Ok(busy) => panic!("nobody else is queued: {busy:?}"),
+                    Err(_) => None,
+                }
+            })
+            .await
+        }
+    };
+    assert_eq!(lock.queue_entry().await.as_deref(), Some(created.as_str()));
+    assert_eq!(
+        children(&raw, &path).await,
+        vec![created.clone()],
+        "exactly one queue entry: the one whose reply was lost"
+    );
+    assert!(lease.version.0.starts_with(&created));
+    lock.release(&lease).await.unwrap();
+    assert!(children(&raw, &path).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_finds_the_acquisition_only_on_its_own_live_session() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("resume");
+    let sessions = ZkSessions::new();
+    let original = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let lease = expect_acquired(&original, "holder").await;
+
+    // Same process, same session (e.g. a holder task restarted): adopted, same fence,
+    // valid only after a renewal.
+    let resumer = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let mut resumed = resumer
+        .resume("holder", lease.nonce())
+        .await
+        .expect("resume");
+    assert_eq!(resumed.fence(), lease.fence());
+    assert_eq!(resumed.version, lease.version);
+    assert!(!resumed.is_valid(), "not claimed before a renewal");
+    resumer.renew(&mut resumed).await.expect("renew");
+    assert!(resumed.is_valid());
+
+    // A restarted process has a new session: the old one's znodes are not its own.
+    let restarted = ZkSessions::new().lock(&zk.connect_string(), &path).unwrap();
+    for nonce in [lease.nonce(), "no-such-nonce"] {
+        match restarted.resume("holder", nonce).await {
+            Err(LockError::Lost {
+                reason: LostReason::SessionExpired,
+                ..
+            }) => {}
+            other => panic!("resume({nonce}) on a new session: {other:?}"),
+        }
+    }
+    resumer.release(&resumed).await.expect("release");
+    match original.renew(&mut lease.clone()).await {
+        Err(LockError::Lost {
+            reason: LostReason::EntryGone,
+            ..
+        }) => {}
+        other => panic!("renewing a released entry: {other:?}"),
+    }
+}
