@@ -4,4 +4,5 @@
 //! See `docs/architecture.md` for how the pieces fit together.
 
 pub mod backend;
+pub mod duration;
 pub mod lock;

@@ -22,6 +22,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::aws::{describe, status_and_code};
+use crate::duration::{format_duration, parse_duration};
 use crate::lock::{
     FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored, Version,
 };
@@ -178,7 +179,7 @@ impl DynamoStore {
             ),
             (
                 ":lease".to_string(),
-                AttributeValue::S(format_go_duration(record.lease)),
+                AttributeValue::S(format_duration(record.lease)),
             ),
             (
                 ":rvn".to_string(),
@@ -366,7 +367,8 @@ fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, Fore
         }
     }
     let lease_text = s(item, LEASE)?;
-    let lease = parse_go_duration(lease_text)
+    let lease = parse_duration(lease_text)
+        .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| {
             ForeignRecord::new(format!(
@@ -425,85 +427,6 @@ fn kind(v: &AttributeValue) -> &'static str {
     }
 }
 
-/// Formats a duration as Go's `time.Duration.String` does ("30s", "1m30s", "1.5s",
-/// "250ms"), the form dynamolock writes and parses.
-pub fn format_go_duration(d: Duration) -> String {
-    let ns = d.as_nanos();
-    if ns == 0 {
-        return "0s".into();
-    }
-    if ns < 1_000_000_000 {
-        let (unit, div) = if ns < 1_000 {
-            ("ns", 1u128)
-        } else if ns < 1_000_000 {
-            ("µs", 1_000)
-        } else {
-            ("ms", 1_000_000)
-        };
-        return format!("{}{unit}", frac(ns, div));
-    }
-    let h = ns / 3_600_000_000_000;
-    let m = (ns / 60_000_000_000) % 60;
-    let s_ns = ns % 60_000_000_000;
-    let mut out = String::new();
-    if h > 0 {
-        out.push_str(&format!("{h}h"));
-    }
-    if h > 0 || m > 0 {
-        out.push_str(&format!("{m}m"));
-    }
-    out.push_str(&format!("{}s", frac(s_ns, 1_000_000_000)));
-    out
-}
-
-fn frac(value: u128, div: u128) -> String {
-    let whole = value / div;
-    let rest = value % div;
-    if rest == 0 {
-        return whole.to_string();
-    }
-    let width = div.to_string().len() - 1;
-    let digits = format!("{rest:0width$}");
-    format!("{whole}.{}", digits.trim_end_matches('0'))
-}
-
-/// Parses Go's duration syntax ("1h2m3.5s", "300ms", "1.5h"); `None` if malformed.
-pub fn parse_go_duration(text: &str) -> Option<Duration> {
-    let mut rest = text.trim();
-    if rest == "0" {
-        return Some(Duration::ZERO);
-    }
-    if rest.is_empty() {
-        return None;
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_len == 0 {
-            return None;
-        }
-        let value: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return None,
-        };
-        rest = &rest[unit_len..];
-        total += value * scale;
-    }
-    Duration::try_from_secs_f64(total).ok()
-}
-
 #[async_trait]
 impl RecordStore for DynamoStore {
     fn url(&self) -> &str {
@@ -519,10 +442,7 @@ impl RecordStore for DynamoStore {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| match classify(e, &self.url) {
-                StoreError::Rejected(m) => StoreError::Rejected(m),
-                other => StoreError::Unavailable(other.to_string()),
-            })?;
+            .map_err(|e| classify(e, &self.url).for_read())?;
         Ok(out.item().map(|item| self.parse(item)))
     }
 
@@ -567,25 +487,6 @@ impl RecordStore for DynamoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations_round_trip() {
-        for (d, text) in [
-            (Duration::from_secs(30), "30s"),
-            (Duration::from_millis(1500), "1.5s"),
-            (Duration::from_millis(250), "250ms"),
-            (Duration::from_secs(90), "1m30s"),
-            (Duration::from_secs(3600), "1h0m0s"),
-            (Duration::from_secs(3725), "1h2m5s"),
-        ] {
-            assert_eq!(format_go_duration(d), text);
-            assert_eq!(parse_go_duration(text), Some(d), "{text}");
-        }
-        assert_eq!(parse_go_duration("1.5h"), Some(Duration::from_secs(5400)));
-        for bad in ["", "10", "5x", "s", "-1s", "1..5s"] {
-            assert_eq!(parse_go_duration(bad), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn wrong_types_are_foreign() {

@@ -225,10 +225,7 @@ impl RecordStore for LeaseStore {
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
         match self.api.get_opt(&self.name).await {
             Ok(lease) => Ok(lease.as_ref().map(stored)),
-            Err(e) => Err(match self.classify(e, "GET") {
-                StoreError::Rejected(m) => StoreError::Rejected(m),
-                other => StoreError::Unavailable(other.to_string()),
-            }),
+            Err(e) => Err(self.classify(e, "GET").for_read()),
         }
     }
 

@@ -96,10 +96,7 @@ impl RecordStore for S3Store {
                 {
                     return Ok(None);
                 }
-                return Err(match classify(err, "GET", &self.url) {
-                    StoreError::Rejected(m) => StoreError::Rejected(m),
-                    other => StoreError::Unavailable(other.to_string()),
-                });
+                return Err(classify(err, "GET", &self.url).for_read());
             }
         };
         let version = Version(out.e_tag().unwrap_or_default().to_string());

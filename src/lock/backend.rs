@@ -188,3 +188,17 @@ pub enum StoreError {
     #[error("{0}")]
     Rejected(String),
 }
+
+impl StoreError {
+    /// A failed *read* changes nothing, so whatever is not a refusal just means the
+    /// store could not be reached.
+    pub fn for_read(self) -> StoreError {
+        match self {
+            StoreError::Rejected(m) => StoreError::Rejected(m),
+            StoreError::Indeterminate(m) | StoreError::Unavailable(m) => StoreError::Unavailable(m),
+            StoreError::Conflict { .. } => {
+                StoreError::Unavailable("the read was refused as a conflict".into())
+            }
+        }
+    }
+}

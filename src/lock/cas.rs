@@ -79,7 +79,10 @@ impl<S: RecordStore> CasLock<S> {
                 url: self.url(),
                 message,
             },
-            other => self.unavailable(other),
+            StoreError::Unavailable(cause) | StoreError::Indeterminate(cause) => {
+                self.unavailable(cause)
+            }
+            StoreError::Conflict { .. } => self.unavailable("the record changed concurrently"),
         }
     }
 

@@ -117,7 +117,11 @@ impl HeldLock {
         wait: super::Wait,
     ) -> Result<HeldLock, LockError> {
         let lease = super::acquire(backend.as_ref(), req, wait).await?;
-        Ok(HeldLock::hold(backend, lease, RenewPolicy::for_lease(req.lease)))
+        Ok(HeldLock::hold(
+            backend,
+            lease,
+            RenewPolicy::for_lease(req.lease),
+        ))
     }
 
     pub fn fence(&self) -> FenceToken {
