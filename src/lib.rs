@@ -3,6 +3,7 @@
 //!
 //! See `docs/architecture.md` for how the pieces fit together.
 
+pub mod api;
 pub mod backend;
 pub mod duration;
 pub mod lock;

@@ -1,0 +1,438 @@
+//! `spec.backend`: where the lock lives. Exactly one of the four kinds is set.
+
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+
+use super::SpecError;
+use super::validation::*;
+
+/// Where the lock is stored: exactly one of `s3`, `dynamodb`, `zookeeper` or
+/// `kubernetes`. The kind and the fields naming the lock cannot change after creation.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+#[x_kube(validation = exactly_one_backend(), validation = backend_kind_immutable())]
+pub struct BackendSpec {
+    /// A lock object in an S3 bucket (conditional writes on its ETag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Backend>,
+    /// A lock item in a DynamoDB table (conditional writes on a revision attribute).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamodb: Option<DynamoDbBackend>,
+    /// A lock queue under a ZooKeeper path (ephemeral sequential nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zookeeper: Option<ZooKeeperBackend>,
+    /// A coordination.k8s.io Lease in this (or another) cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesBackend>,
+}
+
+/// A lock object in S3 (or an S3-compatible store).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+pub struct S3Backend {
+    /// Bucket name.
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = s3_bucket(), validation = immutable("bucket"))]
+    pub bucket: String,
+    /// Object key of the lock record.
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = non_empty("key"), validation = immutable("key"))]
+    pub key: String,
+    /// AWS region; the usual AWS configuration chain when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub region: Option<String>,
+    /// Endpoint URL of an S3-compatible store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub endpoint: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`), needed by most S3-compatible stores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub force_path_style: Option<bool>,
+    /// A Secret in the lock's namespace with AWS credentials
+    /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretRef>,
+}
+
+/// A lock item in DynamoDB.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+#[x_kube(validation = optional_immutable("sortKey"))]
+pub struct DynamoDbBackend {
+    /// Table name.
+    #[schemars(length(max = 255))]
+    #[x_kube(validation = dynamodb_table(), validation = immutable("table"))]
+    pub table: String,
+    /// Partition key value of the lock item.
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = non_empty("key"), validation = immutable("key"))]
+    pub key: String,
+    /// AWS region; the usual AWS configuration chain when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub region: Option<String>,
+    /// Endpoint URL of a DynamoDB-compatible service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub endpoint: Option<String>,
+    /// Name of the table's partition key attribute (a string attribute).
+    #[serde(default = "default_partition_key_name")]
+    #[schemars(length(max = 255))]
+    #[x_kube(
+        validation = non_empty("partitionKeyName"),
+        validation = immutable("partitionKeyName")
+    )]
+    pub partition_key_name: String,
+    /// For tables with a sort key: its attribute name and the value for this lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sort_key: Option<SortKey>,
+    /// Create the table (on-demand capacity) if it does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_table: Option<bool>,
+    /// A Secret in the lock's namespace with AWS credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<SecretRef>,
+}
+
+impl Default for DynamoDbBackend {
+    fn default() -> Self {
+        DynamoDbBackend {
+            table: String::new(),
+            key: String::new(),
+            region: None,
+            endpoint: None,
+            partition_key_name: default_partition_key_name(),
+            sort_key: None,
+            create_table: None,
+            credentials_secret_ref: None,
+        }
+    }
+}
+
+fn default_partition_key_name() -> String {
+    "key".to_string()
+}
+
+/// A DynamoDB sort key attribute (string) and its value.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SortKey {
+    /// Attribute name.
+    #[schemars(length(max = 255))]
+    #[x_kube(validation = non_empty("name"))]
+    pub name: String,
+    /// Attribute value for this lock.
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = non_empty("value"))]
+    pub value: String,
+}
+
+/// A lock queue in ZooKeeper.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+#[x_kube(validation = optional_immutable("chroot"))]
+pub struct ZooKeeperBackend {
+    /// The ensemble, as `host:port` entries.
+    #[schemars(length(min = 1, max = 16), inner(length(max = 261)))]
+    #[x_kube(validation = zk_servers())]
+    pub servers: Vec<String>,
+    /// Absolute path of the lock (its queue lives under it), relative to `chroot`.
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = zk_path("path"), validation = immutable("path"))]
+    pub path: String,
+    /// Absolute path every other path is relative to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    #[x_kube(validation = zk_path("chroot"))]
+    pub chroot: Option<String>,
+    /// Requested session timeout (Go duration such as `10s`); the server may adjust it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DURATION_LEN))]
+    #[x_kube(validation = positive_duration("sessionTimeout"))]
+    pub session_timeout: Option<String>,
+}
+
+/// A coordination.k8s.io/v1 Lease.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+#[x_kube(validation = optional_immutable("namespace"))]
+pub struct KubernetesBackend {
+    /// Name of the Lease.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = dns_subdomain("leaseName"), validation = immutable("leaseName"))]
+    pub lease_name: String,
+    /// Namespace of the Lease; the DistributedLock's own namespace when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    #[x_kube(validation = dns_label("namespace"))]
+    pub namespace: Option<String>,
+}
+
+/// A Secret in the DistributedLock's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// Name of the Secret.
+    #[schemars(length(max = 253))]
+    #[x_kube(validation = dns_subdomain("name"))]
+    pub name: String,
+}
+
+/// Which kind of store a lock lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    S3,
+    DynamoDb,
+    ZooKeeper,
+    Kubernetes,
+}
+
+impl BackendKind {
+    /// The field name in `spec.backend` and the `Backend` printer column value:
+    /// `s3`, `dynamodb`, `zookeeper`, `kubernetes`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::S3 => "s3",
+            BackendKind::DynamoDb => "dynamodb",
+            BackendKind::ZooKeeper => "zookeeper",
+            BackendKind::Kubernetes => "kubernetes",
+        }
+    }
+
+    /// The URL scheme of lock keys of this kind (`s3`, `dynamodb`, `zk`, `k8s`).
+    pub fn scheme(self) -> &'static str {
+        match self {
+            BackendKind::S3 => "s3",
+            BackendKind::DynamoDb => "dynamodb",
+            BackendKind::ZooKeeper => "zk",
+            BackendKind::Kubernetes => "k8s",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The one backend a spec selects, borrowed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SelectedBackend<'a> {
+    S3(&'a S3Backend),
+    DynamoDb(&'a DynamoDbBackend),
+    ZooKeeper(&'a ZooKeeperBackend),
+    Kubernetes(&'a KubernetesBackend),
+}
+
+impl SelectedBackend<'_> {
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            SelectedBackend::S3(_) => BackendKind::S3,
+            SelectedBackend::DynamoDb(_) => BackendKind::DynamoDb,
+            SelectedBackend::ZooKeeper(_) => BackendKind::ZooKeeper,
+            SelectedBackend::Kubernetes(_) => BackendKind::Kubernetes,
+        }
+    }
+}
+
+impl BackendSpec {
+    /// The kinds that are set, in field order.
+    fn set_kinds(&self) -> Vec<BackendKind> {
+        [
+            (self.s3.is_some(), BackendKind::S3),
+            (self.dynamodb.is_some(), BackendKind::DynamoDb),
+            (self.zookeeper.is_some(), BackendKind::ZooKeeper),
+            (self.kubernetes.is_some(), BackendKind::Kubernetes),
+        ]
+        .into_iter()
+        .filter_map(|(set, kind)| set.then_some(kind))
+        .collect()
+    }
+
+    /// The backend this spec selects; an error unless exactly one is set.
+    pub fn selected(&self) -> Result<SelectedBackend<'_>, SpecError> {
+        match (&self.s3, &self.dynamodb, &self.zookeeper, &self.kubernetes) {
+            (Some(b), None, None, None) => Ok(SelectedBackend::S3(b)),
+            (None, Some(b), None, None) => Ok(SelectedBackend::DynamoDb(b)),
+            (None, None, Some(b), None) => Ok(SelectedBackend::ZooKeeper(b)),
+            (None, None, None, Some(b)) => Ok(SelectedBackend::Kubernetes(b)),
+            _ => Err(SpecError::Backend {
+                found: self.set_kinds(),
+            }),
+        }
+    }
+
+    /// The kind of the selected backend.
+    pub fn kind(&self) -> Result<BackendKind, SpecError> {
+        self.selected().map(|b| b.kind())
+    }
+
+    /// The lock's key as a URL, in the same forms as the CLI: `s3://bucket/key`,
+    /// `dynamodb://table/key`, `zk://host:port[,host:port…][/chroot]/path`,
+    /// `k8s://namespace/lease`. `lock_namespace` is the DistributedLock's namespace, the
+    /// Lease's when `kubernetes.namespace` is unset.
+    pub fn lock_url(&self, lock_namespace: &str) -> Result<String, SpecError> {
+        Ok(match self.selected()? {
+            SelectedBackend::S3(b) => format!("s3://{}/{}", b.bucket, b.key),
+            SelectedBackend::DynamoDb(b) => format!("dynamodb://{}/{}", b.table, b.key),
+            SelectedBackend::ZooKeeper(b) => format!(
+                "zk://{}{}{}",
+                b.servers.join(","),
+                b.chroot.as_deref().unwrap_or(""),
+                b.path
+            ),
+            SelectedBackend::Kubernetes(b) => format!(
+                "k8s://{}/{}",
+                b.namespace.as_deref().unwrap_or(lock_namespace),
+                b.lease_name
+            ),
+        })
+    }
+
+    /// The checks of the CRD's CEL rules for `spec.backend` at creation.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let invalid = |field: &str, message: &str| {
+            Err(SpecError::Invalid {
+                field: format!("spec.backend.{field}"),
+                message: message.to_string(),
+            })
+        };
+        let secret = |field: &str, r: &Option<SecretRef>| match r {
+            Some(r) if !check_dns_subdomain(&r.name) => invalid(
+                &format!("{field}.credentialsSecretRef.name"),
+                "must be a valid Kubernetes object name",
+            ),
+            _ => Ok(()),
+        };
+        match self.selected()? {
+            SelectedBackend::S3(b) => {
+                if !check_s3_bucket(&b.bucket) {
+                    return invalid("s3.bucket", "must be a valid S3 bucket name");
+                }
+                if b.key.is_empty() || b.key.len() > 1024 {
+                    return invalid("s3.key", "must be 1-1024 characters");
+                }
+                secret("s3", &b.credentials_secret_ref)
+            }
+            SelectedBackend::DynamoDb(b) => {
+                if !check_dynamodb_table(&b.table) {
+                    return invalid("dynamodb.table", "must be a valid DynamoDB table name");
+                }
+                if b.key.is_empty() || b.key.len() > 1024 {
+                    return invalid("dynamodb.key", "must be 1-1024 characters");
+                }
+                if b.partition_key_name.is_empty() || b.partition_key_name.len() > 255 {
+                    return invalid("dynamodb.partitionKeyName", "must be 1-255 characters");
+                }
+                if let Some(s) = &b.sort_key {
+                    if s.name.is_empty() || s.name.len() > 255 {
+                        return invalid("dynamodb.sortKey.name", "must be 1-255 characters");
+                    }
+                    if s.value.is_empty() || s.value.len() > 1024 {
+                        return invalid("dynamodb.sortKey.value", "must be 1-1024 characters");
+                    }
+                }
+                secret("dynamodb", &b.credentials_secret_ref)
+            }
+            SelectedBackend::ZooKeeper(b) => {
+                if b.servers.is_empty() || b.servers.len() > 16 {
+                    return invalid("zookeeper.servers", "must list 1-16 host:port entries");
+                }
+                if let Some(bad) = b.servers.iter().find(|s| !check_host_port(s)) {
+                    return invalid(
+                        "zookeeper.servers",
+                        &format!("{bad:?} is not a host:port entry"),
+                    );
+                }
+                if !check_zk_path(&b.path) {
+                    return invalid("zookeeper.path", "must be an absolute ZooKeeper path");
+                }
+                if let Some(chroot) = &b.chroot
+                    && !check_zk_path(chroot)
+                {
+                    return invalid("zookeeper.chroot", "must be an absolute ZooKeeper path");
+                }
+                if let Some(t) = &b.session_timeout {
+                    super::distributed_lock::parse_field(
+                        "spec.backend.zookeeper.sessionTimeout",
+                        t,
+                    )?;
+                }
+                Ok(())
+            }
+            SelectedBackend::Kubernetes(b) => {
+                if !check_dns_subdomain(&b.lease_name) {
+                    return invalid(
+                        "kubernetes.leaseName",
+                        "must be a valid Kubernetes object name",
+                    );
+                }
+                if let Some(ns) = &b.namespace
+                    && !check_dns_label(ns)
+                {
+                    return invalid("kubernetes.namespace", "must be a valid namespace name");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The CEL transition rules: the kind and the fields naming the lock are unchanged
+    /// from `old`.
+    pub fn validate_update(&self, old: &BackendSpec) -> Result<(), SpecError> {
+        let immutable = |field: &str| {
+            Err(SpecError::Immutable {
+                field: format!("spec.backend.{field}"),
+            })
+        };
+        if self.set_kinds() != old.set_kinds() {
+            return immutable("kind");
+        }
+        if let (Some(new), Some(old)) = (&self.s3, &old.s3) {
+            if new.bucket != old.bucket {
+                return immutable("s3.bucket");
+            }
+            if new.key != old.key {
+                return immutable("s3.key");
+            }
+        }
+        if let (Some(new), Some(old)) = (&self.dynamodb, &old.dynamodb) {
+            if new.table != old.table {
+                return immutable("dynamodb.table");
+            }
+            if new.key != old.key {
+                return immutable("dynamodb.key");
+            }
+            if new.partition_key_name != old.partition_key_name {
+                return immutable("dynamodb.partitionKeyName");
+            }
+            if new.sort_key != old.sort_key {
+                return immutable("dynamodb.sortKey");
+            }
+        }
+        if let (Some(new), Some(old)) = (&self.zookeeper, &old.zookeeper) {
+            if new.path != old.path {
+                return immutable("zookeeper.path");
+            }
+            if new.chroot != old.chroot {
+                return immutable("zookeeper.chroot");
+            }
+        }
+        if let (Some(new), Some(old)) = (&self.kubernetes, &old.kubernetes) {
+            if new.lease_name != old.lease_name {
+                return immutable("kubernetes.leaseName");
+            }
+            if new.namespace != old.namespace {
+                return immutable("kubernetes.namespace");
+            }
+        }
+        Ok(())
+    }
+}

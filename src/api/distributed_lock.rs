@@ -1,0 +1,433 @@
+//! The `DistributedLock` custom resource (`lockwarden.io/v1alpha1`).
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::SpecError;
+use super::backend_spec::{BackendKind, BackendSpec};
+use super::duration::{DurationError, parse_positive_duration};
+use super::validation::*;
+
+/// `spec.leaseDuration` when unset.
+pub const DEFAULT_LEASE_DURATION: &str = "30s";
+/// `spec.renewInterval` when unset.
+pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
+
+/// A lock in S3, DynamoDB, ZooKeeper or a Kubernetes Lease, held by the lockwarden
+/// controller for as long as this object exists (and `release` is false).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "lockwarden.io",
+    version = "v1alpha1",
+    kind = "DistributedLock",
+    namespaced,
+    shortname = "dlock",
+    category = "lockwarden",
+    status = "DistributedLockStatus",
+    derive = "PartialEq",
+    doc = "A distributed lock with a fencing token, held in S3, DynamoDB, ZooKeeper or a Kubernetes Lease.",
+    // Raw JSON: the structured form repeats `type_ = "string"`, which clippy's
+    // duplicated_attributes lint rejects.
+    printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".status.backend","description":"Where the lock lives"}"#,
+    printcolumn = r#"{"name":"Key","type":"string","jsonPath":".status.key","description":"The lock's key as a URL"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
+    printcolumn = r#"{"name":"Fence","type":"integer","jsonPath":".status.fence","description":"Fencing token of the current acquisition"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    selectable = ".status.backend",
+    selectable = ".status.key",
+    selectable = ".status.phase"
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+#[x_kube(validation = renew_below_half_lease())]
+pub struct DistributedLockSpec {
+    /// Where the lock lives: exactly one of s3, dynamodb, zookeeper, kubernetes.
+    pub backend: BackendSpec,
+    /// Identity written as the lock's holder; `<clusterName>/<namespace>/<name>` when
+    /// unset or empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub holder_identity: Option<String>,
+    /// How long the lock stays held without a renewal (Go duration, e.g. `30s`).
+    #[serde(default = "default_lease_duration")]
+    #[schemars(length(max = MAX_DURATION_LEN))]
+    #[x_kube(validation = positive_duration("leaseDuration"))]
+    pub lease_duration: String,
+    /// How often the holder renews; must be less than half of leaseDuration.
+    #[serde(default = "default_renew_interval")]
+    #[schemars(length(max = MAX_DURATION_LEN))]
+    #[x_kube(validation = positive_duration("renewInterval"))]
+    pub renew_interval: String,
+    /// Give up waiting after this long (phase Failed, reason AcquireTimeout); wait
+    /// forever when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DURATION_LEN))]
+    #[x_kube(validation = positive_duration("acquireTimeout"))]
+    pub acquire_timeout: Option<String>,
+    /// Let go of the lock (or stop waiting) without deleting this object.
+    #[serde(default)]
+    pub release: bool,
+    /// Take the lock over from its current holder (a conditional write; a Warning
+    /// Event records it).
+    #[serde(default)]
+    pub force: bool,
+    /// Free text stored with the lock record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
+    pub data: Option<String>,
+}
+
+impl Default for DistributedLockSpec {
+    fn default() -> Self {
+        DistributedLockSpec {
+            backend: BackendSpec::default(),
+            holder_identity: None,
+            lease_duration: default_lease_duration(),
+            renew_interval: default_renew_interval(),
+            acquire_timeout: None,
+            release: false,
+            force: false,
+            data: None,
+        }
+    }
+}
+
+fn default_lease_duration() -> String {
+    DEFAULT_LEASE_DURATION.to_string()
+}
+
+fn default_renew_interval() -> String {
+    DEFAULT_RENEW_INTERVAL.to_string()
+}
+
+/// Where a lock is in its life.
+#[derive(Serialize, Deserialize, schemars::JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockPhase {
+    /// Not tried yet.
+    Pending,
+    /// Someone else holds it; waiting.
+    Waiting,
+    /// Held by this object.
+    Held,
+    /// Letting go.
+    Releasing,
+    /// Let go (`spec.release`), or never acquired before release.
+    Released,
+    /// Was held, then taken over or expired.
+    Lost,
+    /// Cannot be acquired (acquireTimeout passed, invalid spec, foreign record…).
+    Failed,
+}
+
+impl LockPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockPhase::Pending => "Pending",
+            LockPhase::Waiting => "Waiting",
+            LockPhase::Held => "Held",
+            LockPhase::Releasing => "Releasing",
+            LockPhase::Released => "Released",
+            LockPhase::Lost => "Lost",
+            LockPhase::Failed => "Failed",
+        }
+    }
+}
+
+impl std::fmt::Display for LockPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the controller last saw and did. Written only on transitions.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::api::strip_nullable)]
+pub struct DistributedLockStatus {
+    /// Pending, Waiting, Held, Releasing, Released, Lost or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<LockPhase>,
+    /// Backend kind (`s3`, `dynamodb`, `zookeeper`, `kubernetes`), for printing and
+    /// field selectors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    /// The lock's key as a URL (`s3://bucket/key`, `dynamodb://table/key`,
+    /// `zk://host:port[,…][/chroot]/path`, `k8s://namespace/lease`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Holder identity of the current holder (ours when Held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Version of the lock record our last write produced (ETag, revision, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    /// Fencing token of the current acquisition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<i64>,
+    /// Nonce of our acquisition; lets a restarted controller resume the lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
+    /// When the current acquisition was made (informational, wall clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    /// Last renewal that was written to status (renewals themselves do not write).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<Time>,
+    /// Informational: when the lease would expire without renewal (wall clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<Time>,
+    /// Position in the backend's waiting queue (ZooKeeper), 0 = next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Acquired` and others, keyed by type.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl DistributedLockSpec {
+    /// `leaseDuration`, parsed: positive.
+    pub fn lease_duration(&self) -> Result<Duration, SpecError> {
+        parse_field("spec.leaseDuration", &self.lease_duration)
+    }
+
+    /// `renewInterval`, parsed: positive (see [`validate`](Self::validate) for the
+    /// relation to the lease).
+    pub fn renew_interval(&self) -> Result<Duration, SpecError> {
+        parse_field("spec.renewInterval", &self.renew_interval)
+    }
+
+    /// `acquireTimeout`, parsed; `None` = wait forever.
+    pub fn acquire_timeout(&self) -> Result<Option<Duration>, SpecError> {
+        self.acquire_timeout
+            .as_deref()
+            .map(|t| parse_field("spec.acquireTimeout", t))
+            .transpose()
+    }
+
+    /// `backend.zookeeper.sessionTimeout`, parsed; `None` when unset or not ZooKeeper.
+    pub fn session_timeout(&self) -> Result<Option<Duration>, SpecError> {
+        self.backend
+            .zookeeper
+            .as_ref()
+            .and_then(|z| z.session_timeout.as_deref())
+            .map(|t| parse_field("spec.backend.zookeeper.sessionTimeout", t))
+            .transpose()
+    }
+
+    /// The holder identity: `holderIdentity`, or `<cluster_name>/<namespace>/<name>`
+    /// when it is unset or empty.
+    pub fn holder_identity(&self, cluster_name: &str, namespace: &str, name: &str) -> String {
+        match self.holder_identity.as_deref() {
+            Some(id) if !id.is_empty() => id.to_string(),
+            _ => format!("{cluster_name}/{namespace}/{name}"),
+        }
+    }
+
+    /// Everything the CRD's CEL rules check at creation, in Rust: the API server
+    /// enforces these, this is for specs that did not pass through it (CLI, tests) and
+    /// for defence in depth in the controller.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        self.backend.validate()?;
+        let lease = self.lease_duration()?;
+        let renew = self.renew_interval()?;
+        if renew * 2 >= lease {
+            return Err(SpecError::RenewTooLong {
+                renew_interval: self.renew_interval.clone(),
+                lease_duration: self.lease_duration.clone(),
+            });
+        }
+        self.acquire_timeout()?;
+        if self.holder_identity.as_ref().is_some_and(|h| h.len() > 512) {
+            return Err(SpecError::Invalid {
+                field: "spec.holderIdentity".into(),
+                message: "must be at most 512 characters".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The CEL transition rules: the backend kind and the fields naming the lock are
+    /// unchanged from `old`.
+    pub fn validate_update(&self, old: &DistributedLockSpec) -> Result<(), SpecError> {
+        self.backend.validate_update(&old.backend)
+    }
+}
+
+/// A positive duration field of the spec, with the CRD's length limit.
+pub(crate) fn parse_field(field: &'static str, value: &str) -> Result<Duration, SpecError> {
+    if value.len() > MAX_DURATION_LEN as usize {
+        return Err(SpecError::Invalid {
+            field: field.to_string(),
+            message: format!("must be at most {MAX_DURATION_LEN} characters"),
+        });
+    }
+    // Go accepts a leading '+'; the CRD's rule (and so this) does not.
+    let parsed = if value.starts_with('+') {
+        Err(DurationError::Malformed)
+    } else {
+        parse_positive_duration(value)
+    };
+    parsed.map_err(|reason| SpecError::Duration {
+        field,
+        value: value.to_string(),
+        reason,
+    })
+}
+
+impl DistributedLock {
+    /// The backend kind, for `status.backend`.
+    pub fn backend_kind(&self) -> Result<BackendKind, SpecError> {
+        self.spec.backend.kind()
+    }
+
+    /// The lock's key as a URL, for `status.key` and for indexing locks by key
+    /// (`k8s://` keys default to this object's namespace).
+    pub fn lock_key(&self) -> Result<String, SpecError> {
+        let namespace = self.metadata.namespace.as_deref().unwrap_or("default");
+        self.spec.backend.lock_url(namespace)
+    }
+
+    /// The holder identity this object acquires with (see
+    /// [`DistributedLockSpec::holder_identity`]).
+    pub fn holder_identity(&self, cluster_name: &str) -> String {
+        self.spec.holder_identity(
+            cluster_name,
+            self.metadata.namespace.as_deref().unwrap_or("default"),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// The current `Acquired` condition, if any.
+    pub fn acquired_condition(&self) -> Option<&Condition> {
+        self.status.as_ref().and_then(|s| {
+            super::conditions::find_condition(&s.conditions, super::conditions::ACQUIRED)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{KubernetesBackend, S3Backend, ZooKeeperBackend};
+
+    fn s3_spec() -> DistributedLockSpec {
+        DistributedLockSpec {
+            backend: BackendSpec {
+                s3: Some(S3Backend {
+                    bucket: "locks".into(),
+                    key: "a/b".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let spec = s3_spec();
+        spec.validate().unwrap();
+        assert_eq!(spec.lease_duration().unwrap(), Duration::from_secs(30));
+        assert_eq!(spec.renew_interval().unwrap(), Duration::from_secs(10));
+        assert_eq!(spec.acquire_timeout().unwrap(), None);
+        assert_eq!(spec.session_timeout().unwrap(), None);
+        assert_eq!(spec.backend.kind().unwrap(), BackendKind::S3);
+        assert_eq!(spec.backend.lock_url("ns").unwrap(), "s3://locks/a/b");
+    }
+
+    #[test]
+    fn durations_name_the_field() {
+        let mut spec = s3_spec();
+        spec.lease_duration = "0s".into();
+        let err = spec.validate().unwrap_err();
+        assert!(err.to_string().starts_with("spec.leaseDuration:"), "{err}");
+        spec.lease_duration = "20s".into();
+        spec.renew_interval = "10s".into();
+        assert!(matches!(
+            spec.validate(),
+            Err(SpecError::RenewTooLong { .. })
+        ));
+        spec.renew_interval = "9.999s".into();
+        spec.validate().unwrap();
+        spec.acquire_timeout = Some("+1m".into());
+        let err = spec.validate().unwrap_err();
+        assert!(err.to_string().starts_with("spec.acquireTimeout:"), "{err}");
+    }
+
+    #[test]
+    fn exactly_one_backend() {
+        let mut spec = s3_spec();
+        spec.backend.kubernetes = Some(KubernetesBackend {
+            lease_name: "l".into(),
+            namespace: None,
+        });
+        assert_eq!(
+            spec.validate().unwrap_err().to_string(),
+            "spec.backend: exactly one of s3, dynamodb, zookeeper or kubernetes must be set, found s3, kubernetes"
+        );
+        spec.backend = BackendSpec::default();
+        assert!(spec.backend.kind().is_err());
+    }
+
+    #[test]
+    fn lock_urls() {
+        let zk = BackendSpec {
+            zookeeper: Some(ZooKeeperBackend {
+                servers: vec!["a:2181".into(), "b:2181".into()],
+                path: "/locks/db".into(),
+                chroot: Some("/app".into()),
+                session_timeout: Some("10s".into()),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            zk.lock_url("ns").unwrap(),
+            "zk://a:2181,b:2181/app/locks/db"
+        );
+        let lease = BackendSpec {
+            kubernetes: Some(KubernetesBackend {
+                lease_name: "l".into(),
+                namespace: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(lease.lock_url("ns").unwrap(), "k8s://ns/l");
+        let mut lock = DistributedLock::new(
+            "x",
+            DistributedLockSpec {
+                backend: lease,
+                ..Default::default()
+            },
+        );
+        lock.metadata.namespace = Some("team".into());
+        assert_eq!(lock.lock_key().unwrap(), "k8s://team/l");
+        assert_eq!(lock.holder_identity("c"), "c/team/x");
+        assert_eq!(lock.backend_kind().unwrap().to_string(), "kubernetes");
+    }
+
+    #[test]
+    fn identity_fields_are_immutable() {
+        let old = s3_spec();
+        let mut new = old.clone();
+        new.backend.s3.as_mut().unwrap().region = Some("eu-west-1".into());
+        new.lease_duration = "1m".into();
+        new.validate_update(&old).unwrap();
+        new.backend.s3.as_mut().unwrap().key = "other".into();
+        assert_eq!(
+            new.validate_update(&old).unwrap_err(),
+            SpecError::Immutable {
+                field: "spec.backend.s3.key".into()
+            }
+        );
+    }
+}

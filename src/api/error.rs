@@ -1,0 +1,42 @@
+//! Why a `DistributedLock` spec cannot be used. Each error names the field.
+
+use super::backend_spec::BackendKind;
+use super::duration::DurationError;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "spec.backend: exactly one of s3, dynamodb, zookeeper or kubernetes must be set, found {}",
+        kinds(found)
+    )]
+    Backend { found: Vec<BackendKind> },
+    #[error("{field}: {value:?} is not a valid duration: {reason}")]
+    Duration {
+        field: &'static str,
+        value: String,
+        reason: DurationError,
+    },
+    #[error(
+        "spec.renewInterval ({renew_interval}) must be less than half of spec.leaseDuration ({lease_duration})"
+    )]
+    RenewTooLong {
+        renew_interval: String,
+        lease_duration: String,
+    },
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("{field} is immutable")]
+    Immutable { field: String },
+}
+
+fn kinds(found: &[BackendKind]) -> String {
+    if found.is_empty() {
+        "none".to_string()
+    } else {
+        found
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
