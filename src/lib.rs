@@ -5,5 +5,6 @@
 
 pub mod api;
 pub mod backend;
+pub mod cli;
 pub mod duration;
 pub mod lock;

@@ -1,10 +1,85 @@
-use clap::Parser;
+//! The `lockwarden` binary: one clap entry point for every command.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{CommandFactory, Parser, Subcommand};
+use lockwarden::cli::{self, CliError};
 
 /// Distributed locks with fencing tokens in S3, DynamoDB, ZooKeeper and Kubernetes Leases.
 #[derive(Parser)]
-#[command(name = "lockwarden", version)]
-struct Cli {}
+#[command(
+    name = "lockwarden",
+    version,
+    propagate_version = true,
+    subcommand_required = true,
+    arg_required_else_help = true,
+    after_help = cli::EXIT_CODES_HELP
+)]
+struct Cli {
+    #[command(flatten)]
+    global: cli::GlobalArgs,
 
-fn main() {
-    Cli::parse();
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Acquire a lock and write a lock file (like s3lock lock)
+    Lock(cli::lock::LockArgs),
+    /// Release the lock a lock file describes (like s3lock unlock)
+    Unlock(cli::unlock::UnlockArgs),
+    /// Run a command while holding a lock, renewed in the background
+    Run(cli::run::RunArgs),
+    /// Show a lock's holder, fence, version and lease without acquiring it
+    Status(cli::status::StatusArgs),
+    /// Print a shell completion script
+    Completions(cli::completions::CompletionsArgs),
+    /// Print the DistributedLock CustomResourceDefinition (YAML, as in crds/)
+    Crd,
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<u8> {
+    let code = match command {
+        Command::Lock(args) => cli::lock::run(args).await?,
+        Command::Unlock(args) => cli::unlock::run(args).await?,
+        Command::Run(args) => cli::run::run(args).await?,
+        Command::Status(args) => cli::status::run(args).await?,
+        Command::Completions(args) => cli::completions::run(args, Cli::command())?,
+        Command::Crd => {
+            print!("{}", lockwarden::api::crd_yaml());
+            cli::exit::OK
+        }
+    };
+    Ok(code)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(cli::report_parse_error(e)),
+    };
+    cli::init_logging(&cli.global);
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|runtime| {
+            let result = runtime.block_on(dispatch(cli.command));
+            // Do not wait for background tasks (a ZooKeeper session, a renewal in
+            // flight): the command's outcome is known.
+            runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+            result
+        });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            cli::print_error(&format!("{e:#}"));
+            ExitCode::from(
+                e.downcast_ref::<CliError>()
+                    .map_or(cli::exit::ERROR, CliError::exit_code),
+            )
+        }
+    }
 }

@@ -5,9 +5,11 @@ mod aws;
 pub mod dynamodb;
 pub mod kubernetes;
 pub mod s3;
+pub mod target;
 pub mod zookeeper;
 
 pub use dynamodb::{DynamoStore, TableLayout};
 pub use kubernetes::LeaseStore;
 pub use s3::S3Store;
+pub use target::{ConnectError, ConnectOptions, Target, TargetError};
 pub use zookeeper::{ZkLock, ZkSessions};

@@ -1,0 +1,238 @@
+//! `lockwarden run URL -- COMMAND…`: hold the lock, renewed in the background, while
+//! COMMAND runs; release it when COMMAND exits and exit with its status.
+//!
+//! COMMAND gets `LOCKWARDEN_FENCE` (pass it to whatever the lock protects, which
+//! should reject writes carrying a lower fence), `LOCKWARDEN_HOLDER`, `LOCKWARDEN_URL`
+//! and `LOCKWARDEN_NONCE`. If the lock is lost while COMMAND runs (taken over, record
+//! deleted, or not renewed in time), COMMAND gets SIGTERM, then SIGKILL after
+//! `--grace`, and `run` exits with [`exit::LOST`].
+
+use std::ffi::OsString;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::progress::Progress;
+use super::{BackendArgs, CliError, default_holder, display_command, exit, print_warning, sys};
+use crate::backend::target::Target;
+use crate::lock::{
+    AcquireRequest, HeldLock, HolderState, LockState, LostReason, RenewPolicy, Stored,
+};
+
+/// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
+/// (SIGKILL, machine loss) holds others off for about this long.
+pub const DEFAULT_LEASE: &str = "30s";
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+COMMAND gets LOCKWARDEN_FENCE, LOCKWARDEN_HOLDER, LOCKWARDEN_URL and LOCKWARDEN_NONCE in its \
+environment. SIGTERM and SIGHUP sent to lockwarden are passed on to COMMAND; Ctrl-C reaches it \
+from the terminal. run exits with COMMAND's status (128+N if signal N killed it), 3 if the lock \
+is held elsewhere, 4 if the lock was lost while COMMAND ran (COMMAND got SIGTERM, then SIGKILL \
+after --grace). On ZooKeeper the lease is the session timeout (10s).")]
+pub struct RunArgs {
+    /// The lock: s3://BUCKET/KEY, dynamodb://TABLE/KEY, zk://HOST:PORT[,HOST:PORT...]/PATH or k8s://NAMESPACE/LEASE-NAME
+    #[arg(value_name = "URL", value_parser = super::parse_target)]
+    pub url: Target,
+
+    /// Wait up to this long for the lock (seconds, or a duration such as 5m); 0 = do not wait
+    #[arg(short, long, value_name = "SECS", value_parser = super::parse_wait)]
+    pub wait: Option<Duration>,
+
+    /// Lease: how long the lock outlives its last renewal (renewed every third of it)
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_LEASE, value_parser = super::parse_lease)]
+    pub lease: Duration,
+
+    /// Holder identity stored with the lock [default: user@host:pid]
+    #[arg(long, value_name = "ID", value_parser = super::parse_holder)]
+    pub holder: Option<String>,
+
+    /// Free text stored with the lock (shown by `status`)
+    #[arg(long, value_name = "TEXT")]
+    pub data: Option<String>,
+
+    /// After the lock is lost: how long COMMAND has between SIGTERM and SIGKILL
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::parse_duration)]
+    pub grace: Duration,
+
+    /// The command to run while the lock is held (after `--`)
+    #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true)]
+    pub command: Vec<OsString>,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    let backend = args.url.connect(&args.backend.options(None)).await?;
+    let url = backend.url().to_string();
+    let req = AcquireRequest {
+        holder: args.holder.clone().unwrap_or_else(default_holder),
+        lease: args.lease,
+        data: args.data.clone(),
+        force: false,
+    };
+    let mut progress = Progress::new(&url, args.wait);
+    let lease = super::acquire(backend.as_ref(), &req, args.wait, |by, q| {
+        progress.busy(by, q)
+    })
+    .await;
+    progress.finish();
+    let lease = lease?;
+
+    let policy = RenewPolicy::for_lease(lease.record.lease);
+    let (fence, holder, nonce) = (
+        lease.fence(),
+        lease.holder().to_string(),
+        lease.nonce().to_string(),
+    );
+    let held = HeldLock::hold(backend.clone(), lease, policy);
+    tracing::info!(%url, %fence, %holder, "lock held; starting the command");
+
+    // Handle signals before COMMAND exists, so none can kill us and orphan it.
+    let signals = [
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::interrupt(),
+    ]
+    .map(signal);
+    let (mut term, mut hup, mut int) = match signals {
+        [Ok(term), Ok(hup), Ok(int)] => (term, hup, int),
+        [Err(source), ..] | [_, Err(source), _] | [_, _, Err(source)] => {
+            let _ = held.release().await;
+            return Err(CliError::Io {
+                context: format!("{url}: cannot handle signals"),
+                source,
+            });
+        }
+    };
+
+    let shown = display_command(&args.command);
+    let mut child = match tokio::process::Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("LOCKWARDEN_FENCE", fence.to_string())
+        .env("LOCKWARDEN_HOLDER", &holder)
+        .env("LOCKWARDEN_URL", &url)
+        .env("LOCKWARDEN_NONCE", &nonce)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(source) => {
+            if let Err(e) = held.release().await {
+                print_warning(&format!("releasing the lock failed: {e}"));
+            }
+            return Err(CliError::Spawn {
+                url,
+                command: shown,
+                source,
+            });
+        }
+    };
+    let pid = child.id();
+
+    let forward = |sig: i32| {
+        if let Some(pid) = pid {
+            let _ = sys::signal(pid, sig);
+        }
+    };
+    let lost = held.lost();
+    tokio::pin!(lost);
+    let outcome = loop {
+        tokio::select! {
+            status = child.wait() => break Ok(status),
+            state = &mut lost => break Err(state),
+            _ = term.recv() => forward(sys::SIGTERM),
+            _ = hup.recv() => forward(sys::SIGHUP),
+            // The terminal sends Ctrl-C to COMMAND too; we wait for it to exit.
+            _ = int.recv() => {}
+        }
+    };
+
+    match outcome {
+        Ok(Ok(status)) => {
+            tracing::info!(%url, %status, "command exited; releasing");
+            if let Err(e) = held.release().await {
+                print_warning(&format!(
+                    "{e} (releasing after the command exited; the lease ends it in {})",
+                    humantime::format_duration(args.lease)
+                ));
+            }
+            Ok(exit_code(status))
+        }
+        Ok(Err(source)) => {
+            let _ = held.release().await;
+            Err(CliError::Io {
+                context: format!("{url}: waiting for {shown:?}"),
+                source,
+            })
+        }
+        Err(state) => {
+            let mut reason = match &state {
+                HolderState::Lost(reason) => reason.to_string(),
+                HolderState::Expiring { last_error, .. } => {
+                    format!("not renewed in time ({last_error})")
+                }
+                HolderState::Released => "released".to_string(),
+                HolderState::Held { .. } => "lost".to_string(),
+            };
+            let mut action = match pid {
+                Some(pid) => format!("sent SIGTERM to {shown:?} (pid {pid})"),
+                None => format!("{shown:?} had already exited"),
+            };
+            forward(sys::SIGTERM);
+            let status = match tokio::time::timeout(args.grace, child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    forward(sys::SIGKILL);
+                    action.push_str(&format!(
+                        ", then SIGKILL after {}",
+                        humantime::format_duration(args.grace)
+                    ));
+                    child.wait().await
+                }
+            };
+            if let Ok(status) = status {
+                action.push_str(&format!("; it exited with {}", describe(status)));
+            }
+            // A lock in jeopardy (not renewed in time) may still be ours: give it back,
+            // without waiting long for a backend that is not answering.
+            let _ = tokio::time::timeout(Duration::from_secs(10), held.release()).await;
+            // Say who has it now, when the loss itself does not (ZooKeeper: our entry
+            // was deleted).
+            if !matches!(&state, HolderState::Lost(LostReason::TakenOver(_)))
+                && let Ok(Ok(Some(Stored { record: Ok(r), .. }))) =
+                    tokio::time::timeout(Duration::from_secs(5), backend.inspect()).await
+                && r.state == LockState::Held
+                && r.nonce != nonce
+            {
+                reason.push_str(&format!(" (now held by {} (fence {}))", r.holder, r.fence));
+            }
+            Err(CliError::Lost {
+                url,
+                reason,
+                action,
+            })
+        }
+    }
+}
+
+/// The shell's convention: the exit status, or 128 + the signal that killed it.
+fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => (code & 0xff) as u8,
+        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
+        (None, None) => exit::ERROR,
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("status {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        _ => status.to_string(),
+    }
+}
