@@ -703,3 +703,74 @@ async fn s3_holder_stops_claiming_before_the_lease_can_expire_for_others() {
     );
     proxy.set_mode(support::proxy::Mode::Pass);
 }
+
+/// The documented option: deleting the record on release leaves nothing behind, and
+/// the next acquisition starts the fence sequence again at 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_delete_on_release_removes_the_record_and_resets_the_fence() {
+    let moto = Moto::shared();
+    let client = moto.s3_client().await;
+    let bucket = moto.new_bucket("delete").await;
+    let lock =
+        CasLock::new(S3Store::new(client.clone(), &bucket, "k")).with_delete_on_release(true);
+    let req = request("deleter", Duration::from_secs(30));
+    let first = acquire(&lock, &req, Wait::No).await.unwrap();
+    assert_eq!(first.fence().0, 1);
+    lock.release(&first).await.unwrap();
+    let head = client.head_object().bucket(&bucket).key("k").send().await;
+    assert!(
+        head.is_err(),
+        "the record should be gone after release: {head:?}"
+    );
+    let second = acquire(&lock, &req, Wait::No).await.unwrap();
+    assert_eq!(
+        second.fence().0,
+        1,
+        "delete-on-release resets the fence sequence"
+    );
+}
+
+/// A table with a custom partition key name and a sort key, created by lockwarden.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_custom_partition_key_sort_key_and_table_creation() {
+    let moto = Moto::shared();
+    let client = moto.dynamodb_client().await;
+    let layout = TableLayout {
+        table: support::unique("created"),
+        partition_key: "lockName".into(),
+        sort_key: Some(("scope".into(), "payments".into())),
+    };
+    let store = DynamoStore::new(client.clone(), layout.clone(), "db-migration");
+    store.ensure_table().await.expect("table created on demand");
+    store
+        .ensure_table()
+        .await
+        .expect("and found the second time");
+    let lock = CasLock::new(store);
+    let lease = acquire(&lock, &request("sorted", Duration::from_secs(30)), Wait::No)
+        .await
+        .unwrap();
+    let item = client
+        .get_item()
+        .table_name(&layout.table)
+        .key("lockName", AttributeValue::S("db-migration".into()))
+        .key("scope", AttributeValue::S("payments".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap();
+    let item = item.item().expect("the lock item under both keys");
+    assert_eq!(
+        item.get("ownerName"),
+        Some(&AttributeValue::S("sorted".into()))
+    );
+    assert_eq!(
+        item.get("leaseDuration"),
+        Some(&AttributeValue::S("30s".into()))
+    );
+    assert_eq!(
+        item.get("fence"),
+        Some(&AttributeValue::N(lease.fence().0.to_string()))
+    );
+    lock.release(&lease).await.unwrap();
+}

@@ -133,6 +133,23 @@ fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
     let seconds = spec.lease_duration_seconds.unwrap_or(0);
     let acquired_at = system_time(&spec.acquire_time);
     let renewed_at = system_time(&spec.renew_time);
+    // The Lease as client-go reads it: held by `holderIdentity` unless that is empty,
+    // with a nonce that can never be ours.
+    let other_client = LockRecord {
+        holder: holder_identity.clone(),
+        nonce: String::new(),
+        revision: String::new(),
+        fence,
+        lease: Duration::from_secs(seconds.max(1) as u64),
+        state: if holder_identity.is_empty() {
+            LockState::Released
+        } else {
+            LockState::Held
+        },
+        data: None,
+        acquired_at,
+        renewed_at,
+    };
     let Some(nonce) = annotations.get(NONCE) else {
         // A Lease written by another client (client-go leader election).
         if seconds <= 0 && !holder_identity.is_empty() {
@@ -140,21 +157,7 @@ fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
                 "Lease held by {holder_identity:?} has leaseDurationSeconds {seconds}"
             )));
         }
-        return Ok(LockRecord {
-            holder: holder_identity.clone(),
-            nonce: String::new(),
-            revision: String::new(),
-            fence,
-            lease: Duration::from_secs(seconds.max(1) as u64),
-            state: if holder_identity.is_empty() {
-                LockState::Released
-            } else {
-                LockState::Held
-            },
-            data: None,
-            acquired_at,
-            renewed_at,
-        });
+        return Ok(other_client);
     };
     let lease_ms: u64 = annotations
         .get(LEASE_MS)
@@ -180,21 +183,7 @@ fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
     if state == LockState::Held && holder_identity != recorded_holder
         || state == LockState::Released && !holder_identity.is_empty()
     {
-        return Ok(LockRecord {
-            holder: holder_identity.clone(),
-            nonce: String::new(),
-            revision: String::new(),
-            fence,
-            lease: Duration::from_secs(seconds.max(1) as u64),
-            state: if holder_identity.is_empty() {
-                LockState::Released
-            } else {
-                LockState::Held
-            },
-            data: None,
-            acquired_at,
-            renewed_at,
-        });
+        return Ok(other_client);
     }
     Ok(LockRecord {
         holder: recorded_holder,
