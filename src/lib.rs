@@ -6,5 +6,6 @@
 pub mod api;
 pub mod backend;
 pub mod cli;
+pub mod controller;
 pub mod duration;
 pub mod lock;

@@ -34,6 +34,8 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Show a lock's holder, fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
+    /// Run the DistributedLock operator (uses KUBECONFIG or the in-cluster service account)
+    Controller(lockwarden::controller::ControllerConfig),
     /// Print a shell completion script
     Completions(cli::completions::CompletionsArgs),
     /// Print the DistributedLock CustomResourceDefinition (YAML, as in crds/)
@@ -46,6 +48,13 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Unlock(args) => cli::unlock::run(args).await?,
         Command::Run(args) => cli::run::run(args).await?,
         Command::Status(args) => cli::status::run(args).await?,
+        Command::Controller(config) => {
+            let client = kube::Client::try_default().await.context(
+                "cannot reach the Kubernetes API (KUBECONFIG, ~/.kube/config or in-cluster)",
+            )?;
+            lockwarden::controller::run(client, config).await?;
+            cli::exit::OK
+        }
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,
         Command::Crd => {
             print!("{}", lockwarden::api::crd_yaml());

@@ -1,0 +1,138 @@
+//! One holder task per held lock. The engine's [`HeldLock`] renews on its own timer;
+//! a small monitor forwards *transitions* of its state (Held → Expiring → Held, Lost,
+//! Released) to the controller's wake channel. A renewal changes only the version in
+//! `HolderState::Held`, which is not a transition, so renewals cause no reconcile and no
+//! API-server write.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+
+use crate::api::DistributedLock;
+use crate::lock::{HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy};
+
+/// What status reports about an acquisition, fixed when it was made.
+#[derive(Clone, Debug)]
+pub struct Acquisition {
+    pub holder: String,
+    pub fence: u64,
+    pub nonce: String,
+    /// The record version our acquisition produced (status.etag).
+    pub version: String,
+    pub acquired_at: SystemTime,
+    pub forced_from: Option<HeldBy>,
+}
+
+/// A held lock and the monitor that reports its transitions.
+pub struct HolderTask {
+    pub uid: String,
+    pub key: String,
+    pub acquisition: Acquisition,
+    held: HeldLock,
+    monitor: JoinHandle<()>,
+}
+
+fn kind(state: &HolderState) -> u8 {
+    match state {
+        HolderState::Held { .. } => 0,
+        HolderState::Expiring { .. } => 1,
+        HolderState::Lost(_) => 2,
+        HolderState::Released => 3,
+    }
+}
+
+impl HolderTask {
+    pub fn start(
+        backend: Arc<dyn LockBackend>,
+        lease: Lease,
+        policy: RenewPolicy,
+        uid: String,
+        key: String,
+        obj: ObjectRef<DistributedLock>,
+        wake: UnboundedSender<ObjectRef<DistributedLock>>,
+    ) -> HolderTask {
+        let acquisition = Acquisition {
+            holder: lease.holder().to_string(),
+            fence: lease.fence().0,
+            nonce: lease.nonce().to_string(),
+            version: lease.version.0.clone(),
+            acquired_at: lease.acquired_at(),
+            forced_from: lease.forced_from.clone(),
+        };
+        let held = HeldLock::hold(backend, lease, policy);
+        let mut rx = held.watch();
+        let monitor = tokio::spawn(async move {
+            let mut last = kind(&rx.borrow_and_update());
+            while rx.changed().await.is_ok() {
+                let now = kind(&rx.borrow_and_update());
+                if now != last {
+                    last = now;
+                    if wake.send(obj.clone()).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        HolderTask {
+            uid,
+            key,
+            acquisition,
+            held,
+            monitor,
+        }
+    }
+
+    pub fn state(&self) -> HolderState {
+        self.held.state()
+    }
+
+    /// Waits (at most `limit`) until a resumed lease's first renewal has answered, so
+    /// that its not-yet-renewed `Expiring` state is not reported as a transition.
+    pub async fn settled(&self, limit: std::time::Duration) {
+        let mut rx = self.held.watch();
+        let _ = tokio::time::timeout(
+            limit,
+            rx.wait_for(|s| !matches!(s, HolderState::Expiring { .. })),
+        )
+        .await;
+    }
+
+    /// Releases the lock and waits for the store to confirm.
+    pub async fn release(self) -> Result<(), LockError> {
+        self.monitor.abort();
+        self.held.release().await
+    }
+}
+
+/// Every held lock of this controller, by object.
+#[derive(Default)]
+pub struct Holders {
+    tasks: Mutex<HashMap<ObjectRef<DistributedLock>, HolderTask>>,
+}
+
+impl Holders {
+    pub fn insert(&self, obj: ObjectRef<DistributedLock>, task: HolderTask) {
+        self.tasks.lock().expect("holders").insert(obj, task);
+    }
+
+    /// The state and acquisition of the object's holder task, if it has one for this uid.
+    pub fn get(
+        &self,
+        obj: &ObjectRef<DistributedLock>,
+        uid: &str,
+    ) -> Option<(HolderState, Acquisition, String)> {
+        let tasks = self.tasks.lock().expect("holders");
+        tasks
+            .get(obj)
+            .filter(|t| t.uid == uid)
+            .map(|t| (t.state(), t.acquisition.clone(), t.key.clone()))
+    }
+
+    pub fn remove(&self, obj: &ObjectRef<DistributedLock>) -> Option<HolderTask> {
+        self.tasks.lock().expect("holders").remove(obj)
+    }
+}

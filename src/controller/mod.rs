@@ -1,0 +1,111 @@
+//! The operator: a kube-runtime controller over `DistributedLock` (DESIGN.md §5).
+//!
+//! - [`reconcile`]: phase by phase — validate, resume, acquire (one attempt per
+//!   reconcile, jittered requeue while waiting), hold, release, finalizer cleanup.
+//! - [`holders`]: one [`holders::HolderTask`] per held lock, wrapping
+//!   [`crate::lock::HeldLock`]; it reports state *transitions* (not renewals) on a
+//!   channel that triggers a reconcile of its object.
+//! - [`status`]: status built from what is known and written with server-side apply
+//!   (field manager `lockwarden`) only when it differs from the stored one.
+//!
+//! Wake-ups do not come from polling the API server: the queue of the applier is the
+//! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
+//! releases (which wake every lock waiting on the same backend key).
+
+pub mod holders;
+pub mod reconcile;
+pub mod status;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{Config as RuntimeConfig, ReconcileRequest, trigger_self};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, applier, watcher};
+
+use crate::api::DistributedLock;
+
+pub use reconcile::{Context, ReconcileError};
+
+/// Field manager of every status write.
+pub const FIELD_MANAGER: &str = "lockwarden";
+/// Finalizer that releases the lock before the object goes away.
+pub const FINALIZER: &str = "lockwarden.io/release";
+
+/// How the controller runs. Also a set of command-line options (`--cluster-name`,
+/// `--watch-namespace`, `--event-reporter`) for `#[command(flatten)]`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ControllerConfig {
+    /// First part of the default holder identity `<clusterName>/<namespace>/<name>`;
+    /// must differ between clusters that share lock keys.
+    #[arg(long, env = "LOCKWARDEN_CLUSTER_NAME", default_value = "local")]
+    pub cluster_name: String,
+    /// Watch only this namespace; all namespaces when unset.
+    #[arg(long = "watch-namespace", env = "LOCKWARDEN_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Name of the reporting controller in Events.
+    #[arg(long = "event-reporter", default_value = "lockwarden")]
+    pub reporter: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            cluster_name: "local".to_string(),
+            namespace: None,
+            reporter: "lockwarden".to_string(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(
+        "cannot list DistributedLocks (is the CRD installed and may this identity list them?): {0}"
+    )]
+    Crd(#[source] kube::Error),
+}
+
+/// Runs the controller until its watch stream ends (it does not on its own).
+pub async fn run(client: kube::Client, config: ControllerConfig) -> Result<(), ControllerError> {
+    let api: Api<DistributedLock> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    api.list(&ListParams::default().limit(1))
+        .await
+        .map_err(ControllerError::Crd)?;
+
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<DistributedLock>>();
+    let ctx = Arc::new(Context::new(client, config, wake_tx));
+
+    let (reader, writer) = reflector::store();
+    let watch = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    )
+    .applied_objects();
+    let from_watch = trigger_self(watch, ());
+    let from_wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
+        rx.recv().await.map(|r| (Ok(ReconcileRequest::from(r)), rx))
+    });
+    let queue = futures::stream::select(from_watch, from_wakes);
+
+    applier(
+        |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
+        reconcile::error_policy,
+        ctx,
+        reader,
+        queue,
+        RuntimeConfig::default(),
+    )
+    .for_each(|result| async move {
+        match result {
+            Ok((obj, _)) => tracing::trace!(lock = %obj, "reconciled"),
+            Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+        }
+    })
+    .await;
+    Ok(())
+}

@@ -1,0 +1,714 @@
+//! The controller against a real API server, with the Kubernetes-Lease backend (it
+//! needs no other server). Each test runs its own controller in-process, scoped to
+//! the test's own namespace.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use lockwarden::api::conditions::{self, ACQUIRED, reason};
+use lockwarden::api::{
+    BackendSpec, CRD_NAME, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase, crd,
+};
+use lockwarden::controller::{self, ControllerConfig, FINALIZER};
+use serde_json::json;
+use support::eventually;
+use support::kube::ControlPlane;
+
+/// Generous: the test machine is a loaded 2-core box.
+const TIMEOUT: Duration = Duration::from_secs(60);
+const CLUSTER: &str = "test-cluster";
+
+async fn install_crd(client: &Client) {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    crds.patch(
+        CRD_NAME,
+        &PatchParams::apply("lockwarden-test-crd").force(),
+        &Patch::Apply(&crd()),
+    )
+    .await
+    .expect("apply the DistributedLock CRD");
+    eventually("the CRD to be Established", TIMEOUT, || async {
+        let crd = crds.get(CRD_NAME).await.ok()?;
+        crd.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    let locks = Api::<DistributedLock>::all(client.clone());
+    eventually("DistributedLocks to be listable", TIMEOUT, || async {
+        locks
+            .list(&ListParams::default().limit(1))
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await;
+}
+
+/// A client, the CRD, a fresh namespace, and a controller watching that namespace.
+async fn setup(prefix: &str) -> (Client, String, Api<DistributedLock>) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_test_writer()
+        .try_init();
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let namespace = plane.namespace(&client, prefix).await;
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(namespace.clone()),
+        ..Default::default()
+    };
+    let controller_client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = controller::run(controller_client, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    let locks = Api::namespaced(client.clone(), &namespace);
+    (client, namespace, locks)
+}
+
+fn lease_lock(name: &str, lease: &str, duration: &str, renew: &str) -> DistributedLock {
+    DistributedLock::new(
+        name,
+        DistributedLockSpec {
+            backend: BackendSpec {
+                kubernetes: Some(KubernetesBackend {
+                    lease_name: lease.into(),
+                    namespace: None,
+                }),
+                ..Default::default()
+            },
+            lease_duration: duration.into(),
+            renew_interval: renew.into(),
+            ..Default::default()
+        },
+    )
+}
+
+fn acquired(lock: &DistributedLock) -> bool {
+    lock.status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
+}
+
+fn phase(lock: &DistributedLock) -> Option<LockPhase> {
+    lock.status.as_ref().and_then(|s| s.phase)
+}
+
+async fn wait_held(locks: &Api<DistributedLock>, name: &str) -> DistributedLock {
+    eventually(&format!("{name} to be Acquired"), TIMEOUT, || async {
+        locks.get(name).await.ok().filter(acquired)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn created_lock_is_acquired_with_status() {
+    let (_client, ns, locks) = setup("ctl-acquire").await;
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("db", "db-lease", "30s", "10s"),
+        )
+        .await
+        .unwrap();
+    let lock = wait_held(&locks, "db").await;
+    let status = lock.status.clone().unwrap();
+    assert_eq!(status.phase, Some(LockPhase::Held));
+    assert_eq!(
+        status.holder.as_deref(),
+        Some(format!("{CLUSTER}/{ns}/db").as_str())
+    );
+    assert!(
+        status.etag.as_deref().is_some_and(|e| !e.is_empty()),
+        "{status:?}"
+    );
+    assert!(status.fence.is_some_and(|f| f >= 1), "{status:?}");
+    assert!(
+        status.nonce.is_some() && status.acquired_at.is_some(),
+        "{status:?}"
+    );
+    assert_eq!(status.backend.as_deref(), Some("kubernetes"));
+    assert_eq!(
+        status.key.as_deref(),
+        Some(format!("k8s://{ns}/db-lease").as_str())
+    );
+    assert_eq!(status.observed_generation, lock.metadata.generation);
+    let cond = lock.acquired_condition().unwrap();
+    assert_eq!(cond.reason, reason::LEASE_HELD);
+    assert_eq!(cond.observed_generation, lock.metadata.generation);
+    assert!(lock.finalizers().iter().any(|f| f == FINALIZER));
+    // The Lease names the same holder.
+    let lease = Api::<Lease>::namespaced(locks.clone().into_client(), &ns)
+        .get("db-lease")
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some(format!("{CLUSTER}/{ns}/db").as_str())
+    );
+}
+
+/// The one lock of `names` that is Acquired, once all others are Waiting; panics if
+/// two are Acquired at once.
+async fn sole_holder(locks: &Api<DistributedLock>, names: &[String]) -> DistributedLock {
+    eventually("one holder, the others waiting", TIMEOUT, || async {
+        let mut holder = None;
+        for name in names {
+            let lock = locks.get(name).await.ok()?;
+            if acquired(&lock) {
+                assert!(holder.is_none(), "two locks acquired the same Lease");
+                holder = Some(lock);
+            } else if phase(&lock) != Some(LockPhase::Waiting) {
+                return None;
+            }
+        }
+        holder
+    })
+    .await
+}
+
+/// Locks on one key: exactly one is Acquired, the others Waiting (naming the
+/// holder); deleting the holder hands the lock to a waiter, with a higher fence.
+/// Three handoffs in a row; the latencies are printed (not asserted).
+async fn hand_off_on_delete(
+    locks: &Api<DistributedLock>,
+    what: &str,
+    make: impl Fn(&str) -> DistributedLock,
+) {
+    let mut names: Vec<String> = (0..4).map(|i| format!("contender-{i}")).collect();
+    for name in &names {
+        locks
+            .create(&PostParams::default(), &make(name))
+            .await
+            .unwrap();
+    }
+    let mut latencies = Vec::new();
+    let mut holder = sole_holder(locks, &names).await;
+    while names.len() > 1 {
+        let status = holder.status.clone().unwrap();
+        for name in names.iter().filter(|n| **n != holder.name_any()) {
+            let waiter = locks.get(name).await.unwrap();
+            assert_eq!(waiter.acquired_condition().unwrap().reason, reason::WAITING);
+            assert_eq!(waiter.status.unwrap().holder, status.holder);
+        }
+        let started = Instant::now();
+        locks
+            .delete(&holder.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+        names.retain(|n| *n != holder.name_any());
+        let deadline = started + TIMEOUT;
+        let next = 'found: loop {
+            let mut held = Vec::new();
+            for name in &names {
+                let lock = locks.get(name).await.unwrap();
+                if acquired(&lock) {
+                    held.push(lock);
+                }
+            }
+            assert!(held.len() <= 1, "two locks acquired the same Lease");
+            if let Some(lock) = held.pop() {
+                break 'found lock;
+            }
+            assert!(Instant::now() < deadline, "no waiter acquired the lock");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        latencies.push(started.elapsed());
+        assert!(next.status.as_ref().unwrap().fence.unwrap() > status.fence.unwrap());
+        eventually("the deleted holder to be gone", TIMEOUT, || async {
+            let gone = locks.get_opt(&holder.name_any()).await.ok()?.is_none();
+            gone.then_some(())
+        })
+        .await;
+        holder = sole_holder(locks, &names).await;
+    }
+    let mut sorted = latencies.clone();
+    sorted.sort();
+    eprintln!(
+        "{what} handoff latency (delete request -> next lock's Acquired=True seen by a \
+         polling client), ms: {:?}, p50 {}",
+        latencies.iter().map(|l| l.as_millis()).collect::<Vec<_>>(),
+        sorted[sorted.len() / 2].as_millis()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_one_lease_hand_off_on_delete() {
+    let (_client, _ns, locks) = setup("ctl-handoff").await;
+    hand_off_on_delete(&locks, "Lease", |name| {
+        lease_lock(name, "shared", "30s", "10s")
+    })
+    .await;
+}
+
+/// A ZooKeeper lock on the shared server, spelled `localhost:PORT`. The process-wide
+/// ZooKeeper session registry keys sessions by that spelling and a session lives on
+/// the runtime of the test that opened it, so each test that uses ZooKeeper spells the
+/// server its own way (one runtime per test here; one for the whole process in
+/// production).
+fn zk_lock(name: &str, path: &str) -> DistributedLock {
+    let zk = support::zookeeper::ZooKeeper::shared();
+    let mut lock = lease_lock(name, "unused", "30s", "10s");
+    lock.spec.backend = BackendSpec {
+        zookeeper: Some(lockwarden::api::ZooKeeperBackend {
+            servers: zk
+                .connect_string()
+                .split(',')
+                .map(|s| s.replace("127.0.0.1", "localhost"))
+                .collect(),
+            path: path.to_string(),
+            chroot: None,
+            session_timeout: None,
+        }),
+        ..Default::default()
+    };
+    lock
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_one_znode_hand_off_on_delete() {
+    let (_client, _ns, locks) = setup("ctl-zk-handoff").await;
+    tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap();
+    let path = format!("/{}/db", support::unique("ctl"));
+    hand_off_on_delete(&locks, "ZooKeeper", |name| zk_lock(name, &path)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_true_releases_the_lease() {
+    let (client, ns, locks) = setup("ctl-release").await;
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("job", "job-lease", "30s", "10s"),
+        )
+        .await
+        .unwrap();
+    wait_held(&locks, "job").await;
+    locks
+        .patch(
+            "job",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"release": true}})),
+        )
+        .await
+        .unwrap();
+    let released = eventually("the lock to be Released", TIMEOUT, || async {
+        locks
+            .get("job")
+            .await
+            .ok()
+            .filter(|l| phase(l) == Some(LockPhase::Released))
+    })
+    .await;
+    assert!(!acquired(&released));
+    assert_eq!(
+        released.acquired_condition().unwrap().reason,
+        reason::RELEASED
+    );
+    let leases = Api::<Lease>::namespaced(client, &ns);
+    let lease = leases.get("job-lease").await.unwrap();
+    let holder = lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    assert!(
+        holder.is_empty(),
+        "the Lease still names a holder: {holder:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_cause_no_status_writes() {
+    let (client, ns, locks) = setup("ctl-quiet").await;
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("quiet", "quiet-lease", "3s", "1s"),
+        )
+        .await
+        .unwrap();
+    let held = wait_held(&locks, "quiet").await;
+    let version = held.resource_version().unwrap();
+    let leases = Api::<Lease>::namespaced(client, &ns);
+    // Watch the Lease being renewed several times; the lock object must not change.
+    let mut renewals = 0;
+    let mut last_lease = leases.get("quiet-lease").await.unwrap().resource_version();
+    let deadline = Instant::now() + TIMEOUT;
+    while renewals < 4 {
+        assert!(Instant::now() < deadline, "the Lease was not renewed");
+        let lease = leases.get("quiet-lease").await.unwrap().resource_version();
+        if lease != last_lease {
+            renewals += 1;
+            last_lease = lease;
+        }
+        let lock = locks.get("quiet").await.unwrap();
+        assert_eq!(
+            lock.resource_version().as_deref(),
+            Some(version.as_str()),
+            "the lock object was written after {renewals} renewals: {:?}",
+            lock.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("{renewals} Lease renewals, 0 writes to the DistributedLock");
+}
+
+/// A lock that cannot get its key within `acquireTimeout` ends `Failed` with reason
+/// `AcquireTimeout`, and stays so (it does not acquire later, when the key frees up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_timeout_ends_in_failed() {
+    let (_client, _ns, locks) = setup("ctl-timeout").await;
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("owner", "busy", "30s", "10s"),
+        )
+        .await
+        .unwrap();
+    wait_held(&locks, "owner").await;
+    let mut impatient = lease_lock("impatient", "busy", "30s", "10s");
+    impatient.spec.acquire_timeout = Some("2s".into());
+    let started = Instant::now();
+    locks
+        .create(&PostParams::default(), &impatient)
+        .await
+        .unwrap();
+    let failed = eventually("the impatient lock to fail", TIMEOUT, || async {
+        locks
+            .get("impatient")
+            .await
+            .ok()
+            .filter(|l| phase(l) == Some(LockPhase::Failed))
+    })
+    .await;
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let cond = failed.acquired_condition().unwrap();
+    assert_eq!(cond.reason, reason::ACQUIRE_TIMEOUT);
+    assert_eq!(cond.status, conditions::FALSE);
+    assert!(cond.message.contains("owner"), "{}", cond.message);
+    // Events record the owner's acquisition and the failure.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+        locks.clone().into_client(),
+        failed.metadata.namespace.as_deref().unwrap(),
+    );
+    eventually("Acquired and Failed events", TIMEOUT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let has = |reason: &str, name: &str| {
+            list.items.iter().any(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+        };
+        (has("Acquired", "owner") && has("Failed", "impatient")).then_some(())
+    })
+    .await;
+}
+
+/// Runs a controller on its own runtime, so that it can be killed the way a crash
+/// does: its tasks stop at once, nothing is released.
+fn start_crashable_controller(namespace: &str) -> tokio::runtime::Runtime {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(namespace.to_string()),
+        ..Default::default()
+    };
+    runtime.spawn(async move {
+        let client = ControlPlane::shared().client().await;
+        let _ = controller::run(client, config).await;
+    });
+    runtime
+}
+
+/// A controller that dies while holding a lock, replaced by another within the
+/// lease: the new one resumes the lock from `status.nonce`, with the same fence and
+/// nonce, without a status write, and keeps renewing the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_controller_resumes_held_lock() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-resume").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+
+    let first = start_crashable_controller(&ns);
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("keep", "keep-lease", "10s", "2s"),
+        )
+        .await
+        .unwrap();
+    let held = wait_held(&locks, "keep").await;
+    let before = held.status.clone().unwrap();
+    first.shutdown_background();
+    let crashed_at = leases.get("keep-lease").await.unwrap().resource_version();
+
+    let second = start_crashable_controller(&ns);
+    // The new controller renews the Lease: proof that it resumed (nobody else writes it).
+    let lease = eventually("the Lease to be renewed again", TIMEOUT, || async {
+        let lease = leases.get("keep-lease").await.ok()?;
+        (lease.resource_version() != crashed_at).then_some(lease)
+    })
+    .await;
+    let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("lockwarden.io/nonce"),
+        before.nonce.as_ref(),
+        "the Lease no longer carries the resumed nonce"
+    );
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+        before.holder
+    );
+    let after = locks.get("keep").await.unwrap();
+    assert!(acquired(&after));
+    let status = after.status.clone().unwrap();
+    assert_eq!(status.fence, before.fence);
+    assert_eq!(status.nonce, before.nonce);
+    assert_eq!(
+        after.resource_version(),
+        held.resource_version(),
+        "resuming wrote to the lock object"
+    );
+    second.shutdown_background();
+}
+
+/// `spec.force` takes a held lock over (reason `Forced`, a Warning Event); the
+/// previous holder learns at its next renewal and ends `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_takes_over_and_the_old_holder_is_lost() {
+    let (client, ns, locks) = setup("ctl-force").await;
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("old", "contested", "6s", "1s"),
+        )
+        .await
+        .unwrap();
+    let old = wait_held(&locks, "old").await;
+    let mut forcer = lease_lock("new", "contested", "6s", "1s");
+    forcer.spec.force = true;
+    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    let new = wait_held(&locks, "new").await;
+    assert_eq!(new.acquired_condition().unwrap().reason, reason::FORCED);
+    assert!(new.status.unwrap().fence > old.status.unwrap().fence);
+    let lost = eventually("the old holder to be Lost", TIMEOUT, || async {
+        locks
+            .get("old")
+            .await
+            .ok()
+            .filter(|l| phase(l) == Some(LockPhase::Lost))
+    })
+    .await;
+    assert!(!acquired(&lost));
+    assert_eq!(lost.acquired_condition().unwrap().reason, reason::LOST);
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client, &ns);
+    eventually("a Warning Forced event", TIMEOUT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Forced") && e.type_.as_deref() == Some("Warning"))
+            .then_some(())
+    })
+    .await;
+}
+
+/// Creates `lock` and checks it reaches Acquired=True with every status field set.
+async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, kind: &str) {
+    let name = lock.name_any();
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let held = wait_held(locks, &name).await;
+    let status = held.status.unwrap();
+    assert_eq!(status.phase, Some(LockPhase::Held));
+    assert_eq!(status.backend.as_deref(), Some(kind));
+    assert_eq!(status.key, Some(lock.lock_key().unwrap()));
+    assert!(
+        status
+            .holder
+            .as_deref()
+            .is_some_and(|h| h.ends_with(&format!("/{name}")))
+    );
+    assert!(
+        status.etag.as_deref().is_some_and(|e| !e.is_empty()),
+        "{status:?}"
+    );
+    assert!(status.fence.is_some_and(|f| f >= 1), "{status:?}");
+    assert!(status.nonce.is_some(), "{status:?}");
+}
+
+/// A Secret in the lock's namespace with the moto test credentials.
+async fn aws_secret(client: &Client, ns: &str) -> lockwarden::api::SecretRef {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "aws"},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": support::moto::ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": support::moto::SECRET_ACCESS_KEY,
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    lockwarden::api::SecretRef { name: "aws".into() }
+}
+
+/// S3 and DynamoDB (moto, credentials from a Secret in the lock's namespace) and
+/// ZooKeeper: each lock reaches Acquired=True with its status filled in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_every_backend_are_acquired() {
+    let (client, ns, locks) = setup("ctl-backends").await;
+    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
+        .await
+        .unwrap();
+    let secret = aws_secret(&client, &ns).await;
+    let bucket = moto.new_bucket("ctl").await;
+    let table = moto.new_table("ctl", "key").await;
+    let zk = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap();
+
+    let mut s3 = lease_lock("on-s3", "unused", "30s", "10s");
+    s3.spec.backend = BackendSpec {
+        s3: Some(lockwarden::api::S3Backend {
+            bucket,
+            key: "locks/db".into(),
+            region: Some(support::moto::REGION.into()),
+            endpoint: Some(moto.endpoint()),
+            force_path_style: Some(true),
+            credentials_secret_ref: Some(secret.clone()),
+        }),
+        ..Default::default()
+    };
+    let mut dynamo = lease_lock("on-dynamodb", "unused", "30s", "10s");
+    dynamo.spec.backend = BackendSpec {
+        dynamodb: Some(lockwarden::api::DynamoDbBackend {
+            table,
+            key: "db".into(),
+            region: Some(support::moto::REGION.into()),
+            endpoint: Some(moto.endpoint()),
+            credentials_secret_ref: Some(secret),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut zookeeper = lease_lock("on-zookeeper", "unused", "30s", "10s");
+    zookeeper.spec.backend = BackendSpec {
+        zookeeper: Some(lockwarden::api::ZooKeeperBackend {
+            servers: zk.connect_string().split(',').map(String::from).collect(),
+            path: format!("/{}/db", support::unique("ctl")),
+            chroot: None,
+            session_timeout: None,
+        }),
+        ..Default::default()
+    };
+    for (lock, kind) in [(s3, "s3"), (dynamo, "dynamodb"), (zookeeper, "zookeeper")] {
+        let started = Instant::now();
+        assert_acquires(&locks, lock, kind).await;
+        eprintln!(
+            "{kind}: Acquired=True after {} ms",
+            started.elapsed().as_millis()
+        );
+    }
+}
+
+/// Two controllers with different cluster names (each watching its own namespace,
+/// standing in for two clusters) contend for one S3 key: exactly one holds;
+/// deleting it lets the other cluster's lock acquire, found by its polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clusters_exclude_each_other_on_one_key() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
+        .await
+        .unwrap();
+    let bucket = moto.new_bucket("ctl-clusters").await;
+    let path = format!("s3://{bucket}/locks/db");
+    let mut apis = Vec::new();
+    for cluster in ["east", "west"] {
+        let ns = plane.namespace(&client, &format!("ctl-{cluster}")).await;
+        let config = ControllerConfig {
+            cluster_name: cluster.into(),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        };
+        tokio::spawn(controller::run(client.clone(), config));
+        let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+        let secret = aws_secret(&client, &ns).await;
+        let mut lock = lease_lock("db", "unused", "30s", "10s");
+        lock.spec.backend = BackendSpec {
+            s3: Some(lockwarden::api::S3Backend {
+                bucket: bucket.clone(),
+                key: "locks/db".into(),
+                region: Some(support::moto::REGION.into()),
+                endpoint: Some(moto.endpoint()),
+                force_path_style: Some(true),
+                credentials_secret_ref: Some(secret),
+            }),
+            ..Default::default()
+        };
+        locks.create(&PostParams::default(), &lock).await.unwrap();
+        apis.push(locks);
+    }
+    let deadline = Instant::now() + TIMEOUT;
+    let (holder, waiter) = loop {
+        let a = apis[0].get("db").await.unwrap();
+        let b = apis[1].get("db").await.unwrap();
+        match (acquired(&a), acquired(&b)) {
+            (true, true) => panic!("both clusters hold {path}"),
+            (true, false) if phase(&b) == Some(LockPhase::Waiting) => break (0, 1),
+            (false, true) if phase(&a) == Some(LockPhase::Waiting) => break (1, 0),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no state with one cluster holding and one waiting: {:?} / {:?}",
+            a.status,
+            b.status
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let started = Instant::now();
+    apis[holder]
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the other cluster to acquire", TIMEOUT, || async {
+        let other = apis[waiter].get("db").await.ok()?;
+        if let Ok(Some(first)) = apis[holder].get_opt("db").await {
+            assert!(
+                !(acquired(&first) && acquired(&other)),
+                "both clusters hold {path}"
+            );
+        }
+        acquired(&other).then_some(())
+    })
+    .await;
+    eprintln!(
+        "cross-cluster handoff (polling): {} ms",
+        started.elapsed().as_millis()
+    );
+}
