@@ -634,21 +634,28 @@ async fn locks_on_every_backend_are_acquired() {
     }
 }
 
-/// Two controllers with different cluster names (each watching its own namespace,
-/// standing in for two clusters) contend for one S3 key: exactly one holds;
-/// deleting it lets the other cluster's lock acquire, found by its polling.
+/// Two clusters (two API servers, one controller each, different cluster names)
+/// contend for one S3 key: exactly one holds; deleting it lets the other cluster's
+/// lock acquire, found by its polling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_clusters_exclude_each_other_on_one_key() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
+async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
+    // Two clusters: the shared API server and one of this test's own, each with its
+    // own controller, sharing only the S3 key.
+    let east = ControlPlane::shared();
+    let west = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap();
+    let east_client = east.client().await;
+    let west_client = west.client().await;
+    install_crd(&east_client).await;
+    install_crd(&west_client).await;
     let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
         .await
         .unwrap();
     let bucket = moto.new_bucket("ctl-clusters").await;
     let path = format!("s3://{bucket}/locks/db");
     let mut apis = Vec::new();
-    for cluster in ["east", "west"] {
+    for (cluster, plane, client) in [("east", east, east_client), ("west", &west, west_client)] {
         let ns = plane.namespace(&client, &format!("ctl-{cluster}")).await;
         let config = ControllerConfig {
             cluster_name: cluster.into(),
