@@ -719,3 +719,87 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
         started.elapsed().as_millis()
     );
 }
+
+/// Rule 2 through the operator: with the backend unreachable (a partitioning proxy in
+/// front of S3), `Acquired` turns False with reason LeaseExpiring, and True again when
+/// the proxy heals in time. In a second partition a contender on the same key takes
+/// over; by the time it holds the lock, the status must already say False.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
+    let (client, ns, locks) = setup("ctl-partition").await;
+    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
+        .await
+        .unwrap();
+    let secret = aws_secret(&client, &ns).await;
+    let bucket = moto.new_bucket("ctl-partition").await;
+    let proxy = support::proxy::Proxy::start(moto.port());
+    let mut lock = lease_lock("partitioned", "unused", "6s", "2s");
+    lock.spec.backend = BackendSpec {
+        s3: Some(lockwarden::api::S3Backend {
+            bucket: bucket.clone(),
+            key: "locks/partitioned".into(),
+            region: Some(support::moto::REGION.into()),
+            endpoint: Some(proxy.endpoint()),
+            force_path_style: Some(true),
+            credentials_secret_ref: Some(secret),
+        }),
+        ..Default::default()
+    };
+    locks.create(&PostParams::default(), &lock).await.unwrap();
+    let held = wait_held(&locks, "partitioned").await;
+    let fence = held.status.as_ref().and_then(|s| s.fence);
+    let acquired_condition = |lock: &DistributedLock| {
+        let status = lock.status.as_ref()?;
+        conditions::find_condition(&status.conditions, ACQUIRED).cloned()
+    };
+
+    // 1. Partition, see LeaseExpiring, heal: the same acquisition is held again.
+    proxy.set_mode(support::proxy::Mode::Blackhole);
+    let partitioned = Instant::now();
+    let reason = eventually("Acquired=False while partitioned", TIMEOUT, || async {
+        let cond = acquired_condition(&locks.get("partitioned").await.ok()?)?;
+        (cond.status == "False").then_some(cond.reason)
+    })
+    .await;
+    assert_eq!(reason, conditions::reason::LEASE_EXPIRING);
+    eprintln!(
+        "Acquired=False {:?} after the partition (lease 6s)",
+        partitioned.elapsed()
+    );
+    proxy.set_mode(support::proxy::Mode::Pass);
+    let back = wait_held(&locks, "partitioned").await;
+    assert_eq!(
+        back.status.as_ref().and_then(|s| s.fence),
+        fence,
+        "the same acquisition recovers"
+    );
+
+    // 2. Partition again while a contender (reaching S3 directly) waits for the lease to
+    // be observed expired and takes over.
+    proxy.set_mode(support::proxy::Mode::Blackhole);
+    let partitioned = Instant::now();
+    let s3 = moto.s3_client().await;
+    let contender = lockwarden::lock::CasLock::new(lockwarden::backend::S3Store::new(
+        s3,
+        &bucket,
+        "locks/partitioned",
+    ));
+    let req = lockwarden::lock::AcquireRequest::new("contender", Duration::from_secs(30));
+    let taken = lockwarden::lock::acquire(&contender, &req, lockwarden::lock::Wait::For(TIMEOUT))
+        .await
+        .expect("the contender takes over after the lease");
+    let status_then =
+        acquired_condition(&locks.get("partitioned").await.unwrap()).expect("a condition");
+    eprintln!(
+        "contender took over {:?} after the partition",
+        partitioned.elapsed()
+    );
+    assert_eq!(
+        status_then.status,
+        "False",
+        "the contender holds the lock (fence {}) while the DistributedLock still claims it: {status_then:?}",
+        taken.fence()
+    );
+    assert!(taken.fence().0 as i64 > fence.unwrap_or(0));
+    proxy.set_mode(support::proxy::Mode::Pass);
+}
