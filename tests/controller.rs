@@ -1,9 +1,11 @@
-//! The controller against a real API server, with the Kubernetes-Lease backend (it
-//! needs no other server). Each test runs its own controller in-process, scoped to
-//! the test's own namespace.
+//! The controller against a real API server, mostly with the Kubernetes-Lease backend
+//! (it needs no other server). Each test runs its own controller, in-process or as a
+//! `lockwarden controller` process, scoped to the test's own namespace.
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -14,7 +16,9 @@ use lockwarden::api::conditions::{self, ACQUIRED, reason};
 use lockwarden::api::{
     BackendSpec, CRD_NAME, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase, crd,
 };
+use lockwarden::backend::LeaseStore;
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
+use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
 use serde_json::json;
 use support::eventually;
 use support::kube::ControlPlane;
@@ -802,4 +806,116 @@ async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
     );
     assert!(taken.fence().0 as i64 > fence.unwrap_or(0));
     proxy.set_mode(support::proxy::Mode::Pass);
+}
+
+/// A `lockwarden controller` process, killed (SIGKILL) on drop.
+struct ControllerProcess(std::process::Child);
+
+impl ControllerProcess {
+    fn start(kubeconfig: &std::path::Path, namespace: &str) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_lockwarden"))
+            .args([
+                "controller",
+                "--cluster-name",
+                CLUSTER,
+                "--watch-namespace",
+                namespace,
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start lockwarden controller");
+        ControllerProcess(child)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill(); // SIGKILL: nothing is released, nothing is flushed
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// SIGKILL the controller process while it holds a lock and start it again within the
+/// lease: the lock is still held with the same nonce and fence, the new process renews
+/// it, and a contender polling the Lease meanwhile never acquires it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-sigkill").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("db", "db-lease", "15s", "3s"),
+        )
+        .await
+        .unwrap();
+    let before = wait_held(&locks, "db").await.status.unwrap();
+
+    // A contender on the same Lease, trying all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let contender = {
+        let (client, ns, stop) = (client.clone(), ns.clone(), stop.clone());
+        tokio::spawn(async move {
+            let lock = CasLock::new(LeaseStore::new(client, &ns, "db-lease"));
+            let req = AcquireRequest::new("contender", Duration::from_secs(15));
+            let mut attempts = 0;
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(Attempt::Acquired(lease)) = lock.try_acquire(&req).await {
+                    panic!(
+                        "the contender acquired during the restart (fence {})",
+                        lease.fence()
+                    );
+                }
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            attempts
+        })
+    };
+
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    controller.kill();
+    // Read after the kill, so that only the new process can change it.
+    let version_at_kill = leases
+        .get("db-lease")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    let restarted = Instant::now();
+    let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    eventually(
+        "the restarted controller to renew the Lease",
+        TIMEOUT,
+        || async {
+            let lease = leases.get("db-lease").await.ok()?;
+            (lease.metadata.resource_version != version_at_kill).then_some(())
+        },
+    )
+    .await;
+    eprintln!(
+        "renewed by the new process {:?} after the restart",
+        restarted.elapsed()
+    );
+    let after = wait_held(&locks, "db").await.status.unwrap();
+    assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
+    assert_eq!(after.fence, before.fence);
+    let lease = leases.get("db-lease").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        before.holder.as_deref()
+    );
+    stop.store(true, Ordering::SeqCst);
+    let attempts = contender.await.expect("the contender never acquired");
+    assert!(attempts > 0);
 }
