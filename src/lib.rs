@@ -9,3 +9,4 @@ pub mod cli;
 pub mod controller;
 pub mod duration;
 pub mod lock;
+pub mod telemetry;

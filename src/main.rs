@@ -35,7 +35,12 @@ enum Command {
     /// Show a lock's holder, fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
     /// Run the DistributedLock operator (uses KUBECONFIG or the in-cluster service account)
-    Controller(lockwarden::controller::ControllerConfig),
+    Controller {
+        #[command(flatten)]
+        config: lockwarden::controller::ControllerConfig,
+        #[command(flatten)]
+        election: lockwarden::controller::LeaderElectionArgs,
+    },
     /// Print a shell completion script
     Completions(cli::completions::CompletionsArgs),
     /// Print the DistributedLock CustomResourceDefinition (YAML, as in crds/)
@@ -48,11 +53,11 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Unlock(args) => cli::unlock::run(args).await?,
         Command::Run(args) => cli::run::run(args).await?,
         Command::Status(args) => cli::status::run(args).await?,
-        Command::Controller(config) => {
+        Command::Controller { config, election } => {
             let client = kube::Client::try_default().await.context(
                 "cannot reach the Kubernetes API (KUBECONFIG, ~/.kube/config or in-cluster)",
             )?;
-            lockwarden::controller::run(client, config).await?;
+            lockwarden::controller::run_elected(client, config, election).await?;
             cli::exit::OK
         }
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,

@@ -813,6 +813,10 @@ struct ControllerProcess(std::process::Child);
 
 impl ControllerProcess {
     fn start(kubeconfig: &std::path::Path, namespace: &str) -> Self {
+        Self::start_with(kubeconfig, namespace, &[])
+    }
+
+    fn start_with(kubeconfig: &std::path::Path, namespace: &str, extra: &[&str]) -> Self {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_lockwarden"))
             .args([
                 "controller",
@@ -821,6 +825,9 @@ impl ControllerProcess {
                 "--watch-namespace",
                 namespace,
             ])
+            // Each process its own free port: several run side by side here.
+            .args(["--metrics-address", "127.0.0.1:0"])
+            .args(extra)
             .env("KUBECONFIG", kubeconfig)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -918,4 +925,85 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     stop.store(true, Ordering::SeqCst);
     let attempts = contender.await.expect("the contender never acquired");
     assert!(attempts > 0);
+}
+
+/// HA: two `lockwarden controller --leader-elect` replicas, one active. SIGKILL the
+/// leader: the standby is elected and resumes the held lock (same nonce and fence)
+/// and renews it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_replica_takes_over_and_resumes_held_locks() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-ha").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let replica = |identity: &str| {
+        ControllerProcess::start_with(
+            plane.kubeconfig_path(),
+            &ns,
+            &[
+                "--leader-elect",
+                "--leader-election-namespace",
+                &ns,
+                "--leader-election-lease-duration",
+                "3s",
+                "--leader-election-identity",
+                identity,
+            ],
+        )
+    };
+    let mut replicas = vec![("a", replica("a")), ("b", replica("b"))];
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("db", "db-lease", "20s", "4s"),
+        )
+        .await
+        .unwrap();
+    let before = wait_held(&locks, "db").await.status.unwrap();
+
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let holder_of = |name: &'static str| {
+        let leases = leases.clone();
+        async move {
+            leases
+                .get(name)
+                .await
+                .ok()
+                .and_then(|l| l.spec?.holder_identity)
+                .filter(|h| !h.is_empty())
+        }
+    };
+    let leader = eventually("a leader", TIMEOUT, || holder_of("lockwarden-controller")).await;
+    let index = replicas
+        .iter()
+        .position(|(id, _)| *id == leader)
+        .expect("a replica leads");
+    let (_, mut killed) = replicas.remove(index);
+    killed.kill();
+    let version_at_kill = leases
+        .get("db-lease")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    let killed_at = Instant::now();
+
+    let standby = replicas[0].0;
+    eventually("the standby to be elected", TIMEOUT, || async {
+        (holder_of("lockwarden-controller").await.as_deref() == Some(standby)).then_some(())
+    })
+    .await;
+    eventually("the new leader to renew the held lock", TIMEOUT, || async {
+        let lease = leases.get("db-lease").await.ok()?;
+        (lease.metadata.resource_version != version_at_kill).then_some(())
+    })
+    .await;
+    eprintln!(
+        "standby {standby} renewed the lock {:?} after the leader was killed",
+        killed_at.elapsed()
+    );
+    let after = wait_held(&locks, "db").await.status.unwrap();
+    assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
+    assert_eq!(after.fence, before.fence);
 }

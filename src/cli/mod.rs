@@ -146,6 +146,24 @@ pub struct GlobalArgs {
     /// Log more to stderr (-v: info, -vv: debug); LOCKWARDEN_LOG takes a tracing filter
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+
+    /// Log line format: text, or json (one object per line, e.g. for the controller)
+    #[arg(
+        long,
+        value_enum,
+        env = "LOCKWARDEN_LOG_FORMAT",
+        default_value_t,
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// Sets up logging to stderr. Quiet by default: a command's own messages say what
@@ -161,11 +179,14 @@ pub fn init_logging(global: &GlobalArgs) {
         .ok()
         .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = match global.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }
 
 /// Why a command failed. The message names the lock URL (or the lock file) and the

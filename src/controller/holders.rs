@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use kube::runtime::reflector::ObjectRef;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
@@ -46,6 +47,7 @@ fn kind(state: &HolderState) -> u8 {
 }
 
 impl HolderTask {
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         backend: Arc<dyn LockBackend>,
         lease: Lease,
@@ -54,6 +56,7 @@ impl HolderTask {
         key: String,
         obj: ObjectRef<DistributedLock>,
         wake: UnboundedSender<ObjectRef<DistributedLock>>,
+        renew_failures: Counter,
     ) -> HolderTask {
         let acquisition = Acquisition {
             holder: lease.holder().to_string(),
@@ -70,6 +73,10 @@ impl HolderTask {
             while rx.changed().await.is_ok() {
                 let now = kind(&rx.borrow_and_update());
                 if now != last {
+                    // Held → Expiring or Lost: renewals failed (or were refused).
+                    if last == 0 && (now == 1 || now == 2) {
+                        renew_failures.inc();
+                    }
                     last = now;
                     if wake.send(obj.clone()).is_err() {
                         return;

@@ -13,19 +13,22 @@
 //! releases (which wake every lock waiting on the same backend key).
 
 pub mod holders;
+pub mod leader;
 pub mod reconcile;
 pub mod status;
 
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Config as RuntimeConfig, ReconcileRequest, trigger_self};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, applier, watcher};
 
 use crate::api::DistributedLock;
+use crate::telemetry::{self, Telemetry};
 
+pub use leader::{LeaderElectionArgs, run_elected};
 pub use reconcile::{Context, ReconcileError};
 
 /// Field manager of every status write.
@@ -47,6 +50,15 @@ pub struct ControllerConfig {
     /// Name of the reporting controller in Events.
     #[arg(long = "event-reporter", default_value = "lockwarden")]
     pub reporter: String,
+    /// Serve /metrics, /healthz and /readyz on this address (port 0: any free port)
+    // `ControllerConfig::default()` (in-process use) leaves it unset: no server.
+    #[arg(
+        long,
+        env = "LOCKWARDEN_METRICS_ADDRESS",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_address: Option<std::net::SocketAddr>,
 }
 
 impl Default for ControllerConfig {
@@ -55,20 +67,48 @@ impl Default for ControllerConfig {
             cluster_name: "local".to_string(),
             namespace: None,
             reporter: "lockwarden".to_string(),
+            metrics_address: None,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
+    #[error("cannot serve metrics on {0}: {1}")]
+    Metrics(std::net::SocketAddr, #[source] std::io::Error),
     #[error(
         "cannot list DistributedLocks (is the CRD installed and may this identity list them?): {0}"
     )]
     Crd(#[source] kube::Error),
+    #[error("leader election: {0}")]
+    LeaderElection(String),
 }
 
 /// Runs the controller until its watch stream ends (it does not on its own).
 pub async fn run(client: kube::Client, config: ControllerConfig) -> Result<(), ControllerError> {
+    let telemetry = serve_telemetry(&config).await?;
+    run_with(client, config, telemetry).await
+}
+
+/// Starts /metrics, /healthz and /readyz if the config asks for them.
+pub(crate) async fn serve_telemetry(
+    config: &ControllerConfig,
+) -> Result<Arc<Telemetry>, ControllerError> {
+    let telemetry = Arc::new(Telemetry::new());
+    if let Some(addr) = config.metrics_address {
+        telemetry::serve(addr, telemetry.clone())
+            .await
+            .map_err(|e| ControllerError::Metrics(addr, e))?;
+    }
+    Ok(telemetry)
+}
+
+/// The controller with an already running telemetry endpoint.
+pub(crate) async fn run_with(
+    client: kube::Client,
+    config: ControllerConfig,
+    telemetry: Arc<Telemetry>,
+) -> Result<(), ControllerError> {
     let api: Api<DistributedLock> = match &config.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -78,13 +118,19 @@ pub async fn run(client: kube::Client, config: ControllerConfig) -> Result<(), C
         .map_err(ControllerError::Crd)?;
 
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<DistributedLock>>();
-    let ctx = Arc::new(Context::new(client, config, wake_tx));
+    let ctx = Arc::new(Context::new(client, config, wake_tx, telemetry.clone()));
 
     let (reader, writer) = reflector::store();
     let watch = reflector::reflector(
         writer,
         watcher(api, watcher::Config::default()).default_backoff(),
     )
+    .inspect_ok(move |event| {
+        // Ready once the first list of DistributedLocks has been seen in full.
+        if matches!(event, watcher::Event::InitDone) {
+            telemetry.set_ready();
+        }
+    })
     .applied_objects();
     let from_watch = trigger_self(watch, ());
     let from_wakes = futures::stream::unfold(wake_rx, |mut rx| async move {

@@ -33,6 +33,7 @@ use crate::api::conditions::reason;
 use crate::api::{DistributedLock, LockPhase, SelectedBackend, SpecError};
 use crate::backend::{ConnectOptions, Target};
 use crate::lock::{AcquireRequest, Attempt, HolderState, LockBackend, LockError, RenewPolicy};
+use crate::telemetry::Telemetry;
 
 /// How long a held lock waits between reconciles when nothing happens (transitions
 /// arrive through the wake channel; this is only a safety net).
@@ -71,6 +72,7 @@ pub struct Context {
     /// backend key → locks waiting on it, woken when a holder here lets go.
     by_key: Mutex<HashMap<String, HashSet<ObjectRef<DistributedLock>>>>,
     wake: UnboundedSender<ObjectRef<DistributedLock>>,
+    pub telemetry: Arc<Telemetry>,
 }
 
 impl Context {
@@ -78,6 +80,7 @@ impl Context {
         client: kube::Client,
         config: ControllerConfig,
         wake: UnboundedSender<ObjectRef<DistributedLock>>,
+        telemetry: Arc<Telemetry>,
     ) -> Self {
         let reporter = Reporter {
             controller: config.reporter.clone(),
@@ -91,6 +94,7 @@ impl Context {
             waiters: Mutex::default(),
             by_key: Mutex::default(),
             wake,
+            telemetry,
         }
     }
 
@@ -276,13 +280,31 @@ fn held_status(kind: &str, key: &str, a: &Acquisition, state: &HolderState) -> D
 
 async fn write(
     api: &Api<DistributedLock>,
+    ctx: &Context,
     lock: &DistributedLock,
     desired: Desired,
 ) -> Result<(), ReconcileError> {
+    let uid = lock.uid().unwrap_or_default();
+    let phase = desired.phase;
     if let Some(next) = status::next_status(lock, desired) {
         status::write(api, &lock.name_any(), &next).await?;
     }
+    ctx.telemetry.set_phase(&uid, phase);
     Ok(())
+}
+
+/// Times one backend request for `lockwarden_backend_request_duration_seconds`.
+async fn timed<T>(
+    ctx: &Context,
+    kind: &str,
+    operation: &str,
+    request: impl std::future::Future<Output = T>,
+) -> T {
+    let start = Instant::now();
+    let out = request.await;
+    ctx.telemetry
+        .observe_request(kind, operation, start.elapsed());
+    out
 }
 
 async fn fail(
@@ -296,6 +318,7 @@ async fn fail(
     let was_failed = lock.status.as_ref().and_then(|s| s.phase) == Some(LockPhase::Failed);
     write(
         api,
+        ctx,
         lock,
         Desired {
             phase: Some(LockPhase::Failed),
@@ -317,6 +340,9 @@ async fn apply(
 ) -> Result<Action, ReconcileError> {
     let obj = ObjectRef::from_obj(&*lock);
     let uid = lock.uid().unwrap_or_default();
+    // Count the object by its stored phase (after a restart, before any write).
+    ctx.telemetry
+        .set_phase(&uid, lock.status.as_ref().and_then(|s| s.phase));
 
     // Phase: spec validation.
     let checked: Result<(String, String), SpecError> = lock
@@ -347,6 +373,7 @@ async fn apply(
         if lock.spec.release {
             write(
                 api,
+                ctx,
                 &lock,
                 Desired {
                     phase: Some(LockPhase::Releasing),
@@ -356,7 +383,7 @@ async fn apply(
             )
             .await?;
             let result = match ctx.holders.remove(&obj) {
-                Some(task) => task.release().await,
+                Some(task) => timed(ctx, &kind, "release", task.release()).await,
                 None => Ok(()),
             };
             ctx.wake_waiters(&held_key, &obj);
@@ -366,6 +393,7 @@ async fn apply(
             };
             write(
                 api,
+                ctx,
                 &lock,
                 Desired {
                     phase: Some(LockPhase::Released),
@@ -380,7 +408,7 @@ async fn apply(
         }
         return match state {
             HolderState::Held { .. } | HolderState::Expiring { .. } => {
-                write(api, &lock, held_status(&kind, &key, &acq, &state)).await?;
+                write(api, ctx, &lock, held_status(&kind, &key, &acq, &state)).await?;
                 Ok(Action::requeue(HELD_RESYNC))
             }
             HolderState::Lost(why) => {
@@ -388,6 +416,7 @@ async fn apply(
                 let message = format!("lock lost: {why}");
                 write(
                     api,
+                    ctx,
                     &lock,
                     Desired {
                         phase: Some(LockPhase::Lost),
@@ -403,6 +432,7 @@ async fn apply(
                 ctx.holders.remove(&obj);
                 write(
                     api,
+                    ctx,
                     &lock,
                     Desired {
                         phase: Some(LockPhase::Released),
@@ -426,6 +456,7 @@ async fn apply(
         }
         write(
             api,
+            ctx,
             &lock,
             Desired {
                 phase: Some(LockPhase::Released),
@@ -456,7 +487,7 @@ async fn apply(
     {
         let backend = match backend_for(&lock, &key, ctx).await {
             Ok(b) => b,
-            Err(e) => return backend_error(api, &lock, &kind, &key, e).await,
+            Err(e) => return backend_error(api, ctx, &lock, &kind, &key, e).await,
         };
         return match backend.resume(&holder, &nonce).await {
             Ok(resumed) => {
@@ -468,6 +499,7 @@ async fn apply(
                     key.clone(),
                     obj.clone(),
                     ctx.wake.clone(),
+                    ctx.telemetry.renew_failures(),
                 );
                 task.settled(policy.request_timeout + policy.retry).await;
                 tracing::info!(lock = %obj, fence = task.acquisition.fence, "resumed held lock");
@@ -475,12 +507,13 @@ async fn apply(
                 Ok(Action::requeue(HELD_RESYNC))
             }
             Err(e) if e.is_transient() => {
-                backend_error(api, &lock, &kind, &key, e.to_string()).await
+                backend_error(api, ctx, &lock, &kind, &key, e.to_string()).await
             }
             Err(e) => {
                 let message = format!("could not resume after restart: {e}");
                 write(
                     api,
+                    ctx,
                     &lock,
                     Desired {
                         phase: Some(LockPhase::Lost),
@@ -509,7 +542,7 @@ async fn apply(
             ctx.stop_waiting(&obj);
             let backend = match backend_for(&lock, &key, ctx).await {
                 Ok(b) => b,
-                Err(e) => return backend_error(api, &lock, &kind, &key, e).await,
+                Err(e) => return backend_error(api, ctx, &lock, &kind, &key, e).await,
             };
             let since = Instant::now();
             ctx.waiters.lock().expect("waiters").insert(
@@ -537,9 +570,10 @@ async fn apply(
         data: lock.spec.data.clone(),
         force: lock.spec.force,
     };
-    match backend.try_acquire(&req).await {
+    match timed(ctx, &kind, "acquire", backend.try_acquire(&req)).await {
         Ok(Attempt::Acquired(acquired)) => {
             ctx.stop_waiting(&obj);
+            ctx.telemetry.observe_acquire(since.elapsed());
             let task = HolderTask::start(
                 backend,
                 acquired,
@@ -548,12 +582,14 @@ async fn apply(
                 key.clone(),
                 obj.clone(),
                 ctx.wake.clone(),
+                ctx.telemetry.renew_failures(),
             );
             let acq = task.acquisition.clone();
             tracing::debug!(lock = %obj, %key, fence = acq.fence, "acquired");
             ctx.holders.insert(obj, task);
             write(
                 api,
+                ctx,
                 &lock,
                 held_status(&kind, &key, &acq, &HolderState::Released),
             )
@@ -607,6 +643,7 @@ async fn apply(
             }
             write(
                 api,
+                ctx,
                 &lock,
                 Desired {
                     phase: Some(LockPhase::Waiting),
@@ -650,13 +687,14 @@ async fn apply(
             )
             .await
         }
-        Err(e) => backend_error(api, &lock, &kind, &key, e.to_string()).await,
+        Err(e) => backend_error(api, ctx, &lock, &kind, &key, e.to_string()).await,
     }
 }
 
 /// The backend could not be reached or refused: not acquired, retried.
 async fn backend_error(
     api: &Api<DistributedLock>,
+    ctx: &Context,
     lock: &DistributedLock,
     kind: &str,
     key: &str,
@@ -668,6 +706,7 @@ async fn backend_error(
     };
     write(
         api,
+        ctx,
         lock,
         Desired {
             phase: Some(phase),
@@ -688,7 +727,11 @@ async fn cleanup(lock: Arc<DistributedLock>, ctx: &Context) -> Result<Action, Re
     if let Some(task) = ctx.holders.remove(&obj) {
         let key = task.key.clone();
         let fence = task.acquisition.fence;
-        let result = task.release().await;
+        let kind = lock
+            .backend_kind()
+            .map(|k| k.to_string())
+            .unwrap_or_default();
+        let result = timed(ctx, &kind, "release", task.release()).await;
         tracing::debug!(lock = %obj, %key, "released before deletion; waking waiters");
         ctx.wake_waiters(&key, &obj);
         let note = match result {
@@ -709,5 +752,7 @@ async fn cleanup(lock: Arc<DistributedLock>, ctx: &Context) -> Result<Action, Re
             ctx.wake_waiters(&key, &obj);
         }
     }
+    ctx.telemetry
+        .set_phase(&lock.uid().unwrap_or_default(), None);
     Ok(Action::await_change())
 }
