@@ -15,11 +15,7 @@ use lockwarden::api::{
 };
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::eventually;
-use support::kube::ControlPlane;
-
-/// Generous: the test machine is a loaded 2-core box.
-const TIMEOUT: Duration = Duration::from_secs(120);
+use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 
 /// `crds/` holds exactly what `crd_yaml()` generates. `LOCKWARDEN_UPDATE_CRDS=1`
 /// rewrites the file instead of failing.
@@ -82,43 +78,6 @@ fn crd_has_names_columns_and_list_map_conditions() {
     // Optional spec fields are not nullable: an explicit null is pruned, then defaulted.
     let text = serde_json::to_string(&schema["openAPIV3Schema"]["properties"]["spec"]).unwrap();
     assert!(!text.contains("nullable"), "nullable in spec schema");
-}
-
-/// Applies the CRD (idempotent, so every test can call it) and waits until it is
-/// Established and its objects can be listed.
-async fn install_crd(client: &Client) {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    crds.patch(
-        CRD_NAME,
-        &PatchParams::apply("lockwarden-test-crd").force(),
-        &Patch::Apply(&crd()),
-    )
-    .await
-    .expect("apply the DistributedLock CRD");
-    eventually(
-        "the DistributedLock CRD to be Established",
-        TIMEOUT,
-        || async {
-            let crd = crds.get(CRD_NAME).await.ok()?;
-            let established = crd
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            established.then_some(())
-        },
-    )
-    .await;
-    // Established means served, but give a just-created endpoint a moment on a busy box.
-    let locks = Api::<DistributedLock>::all(client.clone());
-    eventually("DistributedLocks to be listable", TIMEOUT, || async {
-        locks
-            .list(&ListParams::default().limit(1))
-            .await
-            .ok()
-            .map(drop)
-    })
-    .await;
 }
 
 /// A client, the CRD installed, and a fresh namespace.

@@ -5,50 +5,17 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
-use lockwarden::api::{
-    BackendSpec, CRD_NAME, DistributedLock, DistributedLockSpec, KubernetesBackend, crd,
-};
+use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend};
 use lockwarden::controller::{self, ControllerConfig};
 use support::eventually;
-use support::kube::ControlPlane;
+use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-async fn install_crd(client: &Client) {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    crds.patch(
-        CRD_NAME,
-        &PatchParams::apply("lockwarden-test-crd").force(),
-        &Patch::Apply(&crd()),
-    )
-    .await
-    .expect("apply the DistributedLock CRD");
-    eventually("the CRD to be Established", TIMEOUT, || async {
-        let crd = crds.get(CRD_NAME).await.ok()?;
-        crd.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
-    let locks = Api::<DistributedLock>::all(client.clone());
-    eventually("DistributedLocks to be listable", TIMEOUT, || async {
-        locks
-            .list(&ListParams::default().limit(1))
-            .await
-            .ok()
-            .map(drop)
-    })
-    .await;
-}
 
 /// `GET path` over HTTP/1.1: (status code, body), or `None` if not reachable.
 async fn get(port: u16, path: &str) -> Option<(u16, String)> {

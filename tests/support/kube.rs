@@ -491,3 +491,45 @@ fn write_pem(dir: &Path, file: &str, pem: &str) -> PathBuf {
     std::fs::write(&path, pem).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
     path
 }
+
+/// Applies lockwarden's `DistributedLock` CRD (server-side apply: idempotent, so every
+/// test may call it) and waits until it is Established and its objects can be listed.
+pub async fn install_lockwarden_crd(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ListParams, Patch, PatchParams};
+    use lockwarden::api::{CRD_NAME, DistributedLock, crd};
+
+    // Generous: the test machine is a loaded 2-core box.
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    crds.patch(
+        CRD_NAME,
+        &PatchParams::apply("lockwarden-test-crd").force(),
+        &Patch::Apply(&crd()),
+    )
+    .await
+    .expect("apply the DistributedLock CRD");
+    super::eventually(
+        "the DistributedLock CRD to be Established",
+        TIMEOUT,
+        || async {
+            let crd = crds.get(CRD_NAME).await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+    // Established means served, but give a just-created endpoint a moment on a busy box.
+    let locks = Api::<DistributedLock>::all(client.clone());
+    super::eventually("DistributedLocks to be listable", TIMEOUT, || async {
+        locks
+            .list(&ListParams::default().limit(1))
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await;
+}
