@@ -414,19 +414,7 @@ async fn apply(
             HolderState::Lost(why) => {
                 ctx.holders.remove(&obj);
                 let message = format!("lock lost: {why}");
-                write(
-                    api,
-                    ctx,
-                    &lock,
-                    Desired {
-                        phase: Some(LockPhase::Lost),
-                        acquired: (false, reason::LOST, message.clone()),
-                        ..base(&kind, &key)
-                    },
-                )
-                .await?;
-                ctx.event(&lock, EventType::Warning, "Lost", message).await;
-                Ok(Action::await_change())
+                report_lost(api, ctx, &lock, &kind, &key, message).await
             }
             HolderState::Released => {
                 ctx.holders.remove(&obj);
@@ -511,19 +499,7 @@ async fn apply(
             }
             Err(e) => {
                 let message = format!("could not resume after restart: {e}");
-                write(
-                    api,
-                    ctx,
-                    &lock,
-                    Desired {
-                        phase: Some(LockPhase::Lost),
-                        acquired: (false, reason::LOST, message.clone()),
-                        ..base(&kind, &key)
-                    },
-                )
-                .await?;
-                ctx.event(&lock, EventType::Warning, "Lost", message).await;
-                Ok(Action::await_change())
+                report_lost(api, ctx, &lock, &kind, &key, message).await
             }
         };
     }
@@ -692,6 +668,30 @@ async fn apply(
 }
 
 /// The backend could not be reached or refused: not acquired, retried.
+/// Lost is final for this generation: status says why, and a Warning Event records it.
+async fn report_lost(
+    api: &Api<DistributedLock>,
+    ctx: &Context,
+    lock: &DistributedLock,
+    kind: &str,
+    key: &str,
+    message: String,
+) -> Result<Action, ReconcileError> {
+    write(
+        api,
+        ctx,
+        lock,
+        Desired {
+            phase: Some(LockPhase::Lost),
+            acquired: (false, reason::LOST, message.clone()),
+            ..base(kind, key)
+        },
+    )
+    .await?;
+    ctx.event(lock, EventType::Warning, "Lost", message).await;
+    Ok(Action::await_change())
+}
+
 async fn backend_error(
     api: &Api<DistributedLock>,
     ctx: &Context,
