@@ -532,6 +532,32 @@ async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, ki
     assert!(status.nonce.is_some(), "{status:?}");
 }
 
+/// A lock on `s3://bucket/key` reached through `endpoint` (moto or a proxy in front
+/// of it), with credentials from `secret`.
+fn s3_lock(
+    name: &str,
+    duration: &str,
+    renew: &str,
+    bucket: &str,
+    key: &str,
+    endpoint: String,
+    secret: lockwarden::api::SecretRef,
+) -> DistributedLock {
+    let mut lock = lease_lock(name, "unused", duration, renew);
+    lock.spec.backend = BackendSpec {
+        s3: Some(lockwarden::api::S3Backend {
+            bucket: bucket.into(),
+            key: key.into(),
+            region: Some(support::moto::REGION.into()),
+            endpoint: Some(endpoint),
+            force_path_style: Some(true),
+            credentials_secret_ref: Some(secret),
+        }),
+        ..Default::default()
+    };
+    lock
+}
+
 /// A Secret in the lock's namespace with the moto test credentials.
 async fn aws_secret(client: &Client, ns: &str) -> lockwarden::api::SecretRef {
     let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
@@ -564,18 +590,15 @@ async fn locks_on_every_backend_are_acquired() {
         .await
         .unwrap();
 
-    let mut s3 = lease_lock("on-s3", "unused", "30s", "10s");
-    s3.spec.backend = BackendSpec {
-        s3: Some(lockwarden::api::S3Backend {
-            bucket,
-            key: "locks/db".into(),
-            region: Some(support::moto::REGION.into()),
-            endpoint: Some(moto.endpoint()),
-            force_path_style: Some(true),
-            credentials_secret_ref: Some(secret.clone()),
-        }),
-        ..Default::default()
-    };
+    let s3 = s3_lock(
+        "on-s3",
+        "30s",
+        "10s",
+        &bucket,
+        "locks/db",
+        moto.endpoint(),
+        secret.clone(),
+    );
     let mut dynamo = lease_lock("on-dynamodb", "unused", "30s", "10s");
     dynamo.spec.backend = BackendSpec {
         dynamodb: Some(lockwarden::api::DynamoDbBackend {
@@ -639,18 +662,15 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
         tokio::spawn(controller::run(client.clone(), config));
         let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
         let secret = aws_secret(&client, &ns).await;
-        let mut lock = lease_lock("db", "unused", "30s", "10s");
-        lock.spec.backend = BackendSpec {
-            s3: Some(lockwarden::api::S3Backend {
-                bucket: bucket.clone(),
-                key: "locks/db".into(),
-                region: Some(support::moto::REGION.into()),
-                endpoint: Some(moto.endpoint()),
-                force_path_style: Some(true),
-                credentials_secret_ref: Some(secret),
-            }),
-            ..Default::default()
-        };
+        let lock = s3_lock(
+            "db",
+            "30s",
+            "10s",
+            &bucket,
+            "locks/db",
+            moto.endpoint(),
+            secret,
+        );
         locks.create(&PostParams::default(), &lock).await.unwrap();
         apis.push(locks);
     }
@@ -707,18 +727,15 @@ async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
     let secret = aws_secret(&client, &ns).await;
     let bucket = moto.new_bucket("ctl-partition").await;
     let proxy = support::proxy::Proxy::start(moto.port());
-    let mut lock = lease_lock("partitioned", "unused", "6s", "2s");
-    lock.spec.backend = BackendSpec {
-        s3: Some(lockwarden::api::S3Backend {
-            bucket: bucket.clone(),
-            key: "locks/partitioned".into(),
-            region: Some(support::moto::REGION.into()),
-            endpoint: Some(proxy.endpoint()),
-            force_path_style: Some(true),
-            credentials_secret_ref: Some(secret),
-        }),
-        ..Default::default()
-    };
+    let lock = s3_lock(
+        "partitioned",
+        "6s",
+        "2s",
+        &bucket,
+        "locks/partitioned",
+        proxy.endpoint(),
+        secret,
+    );
     locks.create(&PostParams::default(), &lock).await.unwrap();
     let held = wait_held(&locks, "partitioned").await;
     let fence = held.status.as_ref().and_then(|s| s.fence);
