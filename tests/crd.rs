@@ -17,8 +17,11 @@ use serde_json::{Value, json};
 use std::time::Duration;
 use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 
+/// The Helm chart's copy of the CRD (`tests/helm.rs` checks it equals `crds/`).
+const CHART_CRD_DIR: &str = "charts/lockwarden/crds";
+
 /// `crds/` holds exactly what `crd_yaml()` generates. `LOCKWARDEN_UPDATE_CRDS=1`
-/// rewrites the file instead of failing.
+/// rewrites the file, and the Helm chart's copy of it, instead of failing.
 #[test]
 fn crd_file_is_up_to_date() {
     let path = support::repo_root().join(CRD_PATH);
@@ -27,16 +30,20 @@ fn crd_file_is_up_to_date() {
         serde_yaml_ng::from_str(&generated).expect("crd_yaml() is a CRD in YAML");
     assert_eq!(parsed, crd(), "crd_yaml() does not read back as crd()");
     if std::env::var_os("LOCKWARDEN_UPDATE_CRDS").is_some_and(|v| v == "1") {
-        std::fs::write(&path, &generated)
-            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-        eprintln!("rewrote {}", path.display());
+        let file_name = path.file_name().expect("CRD_PATH names a file");
+        let chart_copy = support::repo_root().join(CHART_CRD_DIR).join(file_name);
+        for target in [&path, &chart_copy] {
+            std::fs::write(target, &generated)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", target.display()));
+            eprintln!("rewrote {}", target.display());
+        }
         return;
     }
     let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         on_disk == generated,
-        "{CRD_PATH} is out of date with src/api (or missing). Regenerate it with \
-         `cargo run -- crd > {CRD_PATH}` or \
+        "{CRD_PATH} is out of date with src/api (or missing). Regenerate it (and the \
+         chart's copy in {CHART_CRD_DIR}/) with \
          `LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date`"
     );
 }
