@@ -441,8 +441,11 @@ fn non_default_values_render_what_they_say() {
 // kubectl against the test API server
 
 async fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
+    kubectl_on(ControlPlane::shared(), args, stdin).await
+}
+
+async fn kubectl_on(plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> Output {
     use tokio::io::AsyncWriteExt;
-    let plane = ControlPlane::shared();
     let mut cmd = tokio::process::Command::new(tool("KUBECTL"));
     cmd.arg("--kubeconfig")
         .arg(plane.kubeconfig_path())
@@ -974,6 +977,112 @@ async fn pod_template_is_admitted_under_pod_security_restricted() {
         !out.status.success() && stderr.contains("violates PodSecurity"),
         "a pod without securityContext was not refused (is PodSecurity admission on?): {stderr}"
     );
+}
+
+/// `helm install` into a fresh cluster (an API server of this test's own, without the
+/// CRD): helm installs the CRD from the chart's `crds/`, creates every object, prints
+/// the NOTES; `helm uninstall` removes the objects and, as Helm does, keeps the CRD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_into_a_fresh_cluster_installs_the_crd_and_prints_notes() {
+    let plane = tokio::task::spawn_blocking(ControlPlane::start)
+        .await
+        .unwrap();
+    let kubeconfig = plane.kubeconfig_path().display().to_string();
+    let chart = chart_dir().display().to_string();
+    let helm_on = move |args: Vec<String>| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut all: Vec<&str> = args.iter().map(String::as_str).collect();
+                all.extend(["--kubeconfig", &kubeconfig]);
+                helm(&all)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let install = helm_on(
+        [
+            "install",
+            "lockwarden",
+            &chart,
+            "--namespace",
+            "lockwarden-system",
+            "--create-namespace",
+            "--set",
+            "clusterName=fresh",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    let stdout = text(&install.stdout);
+    assert!(
+        install.status.success(),
+        "helm install failed:\n{stdout}\n{}",
+        text(&install.stderr)
+    );
+    eprintln!("helm install printed:\n{stdout}");
+    for want in [
+        "STATUS: deployed",
+        "Mode: cluster-wide",
+        "Holder identities: fresh/<namespace>/<lock name>",
+        "kubectl -n default wait --for=condition=Acquired dlock/db-migration",
+    ] {
+        assert!(stdout.contains(want), "NOTES lack {want:?}:\n{stdout}");
+    }
+    let crd = format!("crd/{}", lockwarden::api::CRD_NAME);
+    let established = [
+        "wait",
+        "--for=condition=Established",
+        "--timeout=90s",
+        crd.as_str(),
+    ];
+    let out = kubectl_on(&plane, &established, None).await;
+    assert!(
+        out.status.success(),
+        "helm did not install the CRD: {}",
+        text(&out.stderr)
+    );
+    let out = kubectl_on(
+        &plane,
+        &[
+            "get",
+            "deploy/lockwarden",
+            "-n",
+            "lockwarden-system",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "2", "{}", text(&out.stderr));
+    // The CRD from the chart is the one the binary generates.
+    let out = kubectl_on(&plane, &["get", crd.as_str(), "-o", "json"], None).await;
+    let served: Value = serde_json::from_slice(&out.stdout).expect("CRD as JSON");
+    let generated = serde_json::to_value(lockwarden::api::crd()).unwrap();
+    assert_eq!(
+        served["spec"]["versions"][0]["schema"],
+        generated["spec"]["versions"][0]["schema"]
+    );
+
+    let uninstall = helm_on(
+        [
+            "uninstall",
+            "lockwarden",
+            "--namespace",
+            "lockwarden-system",
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(uninstall.status.success(), "{}", text(&uninstall.stderr));
+    let gone = kubectl_on(&plane, &["get", "clusterrole/lockwarden"], None).await;
+    assert!(!gone.status.success(), "ClusterRole left after uninstall");
+    let kept = kubectl_on(&plane, &["get", crd.as_str()], None).await;
+    assert!(kept.status.success(), "helm uninstall deleted the CRD");
 }
 
 // ---------------------------------------------------------------------------
