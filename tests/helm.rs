@@ -1044,6 +1044,23 @@ async fn helm_install_into_a_fresh_cluster_installs_the_crd_and_prints_notes() {
         "helm did not install the CRD: {}",
         text(&out.stderr)
     );
+    // The NOTES' example lock applies as printed.
+    let example = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("echo '"))
+        .and_then(|l| l.split_once('\'').map(|(yaml, _)| yaml.to_string()))
+        .expect("NOTES show an example lock");
+    let out = kubectl_on(
+        &plane,
+        &["-n", "default", "apply", "-f", "-"],
+        Some(&example),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "the NOTES' example lock does not apply: {}",
+        text(&out.stderr)
+    );
     let out = kubectl_on(
         &plane,
         &[
