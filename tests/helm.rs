@@ -390,6 +390,10 @@ fn non_default_values_render_what_they_say() {
         "ghcr.io/lockwarden/lockwarden:dev"
     );
     assert_eq!(container(deployment)["imagePullPolicy"], "Always");
+    let pod_meta = &deployment["spec"]["template"]["metadata"];
+    assert_eq!(pod_meta["labels"]["team"], "payments");
+    assert_eq!(pod_meta["labels"]["app.kubernetes.io/name"], "lockwarden");
+    assert_eq!(pod_meta["annotations"]["example.com/owner"], "payments");
 
     // ServiceMonitor and PDB.
     let objs = objects(&render(
