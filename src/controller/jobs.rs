@@ -277,7 +277,8 @@ pub async fn run(client: kube::Client, config: ControllerConfig) {
 }
 
 /// The Jobs a lock change concerns: its owner (a per-Job lock), its claimant, and every
-/// Job that names it (they may be waiting for the claim to go).
+/// Job that names it, as its lock (waiting for the claim to go) or as its template
+/// (waiting for it to exist).
 pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<Job>> {
     let ns = lock.namespace().unwrap_or_default();
     let name = lock.name_any();
@@ -297,8 +298,10 @@ pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<
     refs.extend(
         jobs.iter()
             .filter(|j| {
+                let a = j.annotations();
                 j.namespace().as_deref() == Some(ns.as_str())
-                    && j.annotations().get(LOCK_ANNOTATION) == Some(&name)
+                    && (a.get(LOCK_ANNOTATION) == Some(&name)
+                        || a.get(TEMPLATE_ANNOTATION) == Some(&name))
             })
             .map(|j| ObjectRef::from_obj(&**j)),
     );
@@ -320,8 +323,13 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             if let Ok(Some(gate)) = &gate {
                 let note = let_go(&locks, &job, gate).await?;
                 if let Some(note) = note {
-                    ctx.event(&job, EventType::Normal, "Released", format!("{note}: Job deleted"))
-                        .await;
+                    ctx.event(
+                        &job,
+                        EventType::Normal,
+                        "Released",
+                        format!("{note}: Job deleted"),
+                    )
+                    .await;
                 }
             }
             remove_finalizer(&jobs, &job).await?;
@@ -340,7 +348,15 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             return Ok(Action::await_change());
         }
         Err(message) => {
-            report(&jobs, &ctx, &job, EventType::Warning, "InvalidLockAnnotation", message).await?;
+            report(
+                &jobs,
+                &ctx,
+                &job,
+                EventType::Warning,
+                "InvalidLockAnnotation",
+                message,
+            )
+            .await?;
             return Ok(Action::await_change());
         }
     };
@@ -355,13 +371,17 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             let note = let_go(&locks, &job, &gate).await?;
             let message = match note {
                 Some(note) => format!("{note}: Job {}", how.to_lowercase()),
-                None => format!("Job {}; lock {lock_name} was already let go", how.to_lowercase()),
+                None => format!(
+                    "Job {}; lock {lock_name} was already let go",
+                    how.to_lowercase()
+                ),
             };
             // The finalizer goes first: its patch is conditioned on the resourceVersion
             // this reconcile read, which the status write would change.
             remove_finalizer(&jobs, &job).await?;
             set_status(&jobs, &job, &message).await?;
-            ctx.event(&job, EventType::Normal, "Released", message).await;
+            ctx.event(&job, EventType::Normal, "Released", message)
+                .await;
         }
         return Ok(Action::await_change());
     }
@@ -385,7 +405,10 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
                 &job,
                 EventType::Warning,
                 "LockNotHeld",
-                format!("running with fence {} but no longer holds the lock: {why}", fence.unwrap_or_default()),
+                format!(
+                    "running with fence {} but no longer holds the lock: {why}",
+                    fence.unwrap_or_default()
+                ),
             )
             .await?;
         }
@@ -466,8 +489,12 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             }}},
         },
     });
-    jobs.patch(&job.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    jobs.patch(
+        &job.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     tracing::info!(job = %job.name_any(), namespace = %ns, fence, "unsuspended gated Job");
     ctx.event(&job, EventType::Normal, "Started", message).await;
     Ok(Action::await_change())
@@ -582,7 +609,9 @@ async fn own_lock(
     let Some(template_lock) = locks.get_opt(template).await? else {
         return Ok(Err((
             "TemplateNotFound",
-            format!("lock template {template} (a DistributedLock in this namespace) does not exist"),
+            format!(
+                "lock template {template} (a DistributedLock in this namespace) does not exist"
+            ),
         )));
     };
     if !template_lock.spec.release {
@@ -607,13 +636,8 @@ async fn own_lock(
     let mut lock = DistributedLock::new(name, spec);
     lock.metadata.namespace = Some(ns);
     lock.metadata.annotations = Some([(CLAIM_ANNOTATION.to_string(), claim_of(job))].into());
-    lock.metadata.labels = Some(
-        [(
-            "lockwarden.io/template".to_string(),
-            template.to_string(),
-        )]
-        .into(),
-    );
+    lock.metadata.labels =
+        Some([("lockwarden.io/template".to_string(), template.to_string())].into());
     lock.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "batch/v1".into(),
         kind: "Job".into(),
@@ -709,8 +733,12 @@ async fn set_status(jobs: &Api<Job>, job: &Job, message: &str) -> Result<(), Job
         return Ok(());
     }
     let patch = json!({ "metadata": { "annotations": { STATUS_ANNOTATION: message } } });
-    jobs.patch(&job.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    jobs.patch(
+        &job.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     Ok(())
 }
 
@@ -745,7 +773,11 @@ async fn patch_finalizers(
         "metadata": { "resourceVersion": job.resource_version(), "finalizers": finalizers },
     });
     match jobs
-        .patch(&job.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await
     {
         Ok(_) => Ok(()),
