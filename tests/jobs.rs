@@ -563,6 +563,9 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     assert!(fence_of(&started) > lease.fence().0 as i64);
 }
 
+/// (job, annotations, created suspended, Event reason, words in the Event)
+type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
+
 /// Bad input, one row each: a Warning Event saying what is wrong, the Job left as it
 /// was (suspended, no fence), and the controller still serving a good Job afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,8 +584,7 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
         .create(&PostParams::default(), &lease_lock("good", "good-key"))
         .await
         .unwrap();
-    // (job, annotations, created suspended, Event reason, words in the Event)
-    let rows: &[(&str, &[(&str, &str)], bool, &str, &str)] = &[
+    let rows: &[BadRow] = &[
         (
             "no-template",
             &[(TEMPLATE_ANNOTATION, "missing")],

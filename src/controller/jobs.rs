@@ -441,7 +441,7 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
     }
     let lock = match &gate {
         Gate::Named(name) => match claim(&locks, &jobs, &job, name).await? {
-            Claim::Ours(lock) => lock,
+            Claim::Ours(lock) => *lock,
             Claim::Waiting(message, type_) => {
                 let reason = if type_ == EventType::Warning {
                     "LockNotFound"
@@ -501,7 +501,7 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
 }
 
 enum Claim {
-    Ours(DistributedLock),
+    Ours(Box<DistributedLock>),
     /// Not claimed for this Job (yet): why, and whether that is a problem.
     Waiting(String, EventType),
 }
@@ -522,7 +522,7 @@ async fn claim(
     };
     let ours = claim_of(job);
     match lock.annotations().get(CLAIM_ANNOTATION) {
-        Some(c) if *c == ours => return Ok(Claim::Ours(lock)),
+        Some(c) if *c == ours => return Ok(Claim::Ours(Box::new(lock))),
         Some(other) => {
             let (other_name, other_uid) = other.split_once('/').unwrap_or((other, ""));
             // Asked of the API server, not the cache: a Job missing from a cache that
@@ -580,7 +580,7 @@ async fn claim(
     let lock = locks
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
-    Ok(Claim::Ours(lock))
+    Ok(Claim::Ours(Box::new(lock)))
 }
 
 /// The Job's own lock, created from the template on first use; or why it cannot be.
