@@ -699,6 +699,112 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
     .await;
 }
 
+/// The RBAC rules the controller (DistributedLock controller and Job gating, with the
+/// Kubernetes-Lease backend) needs in a namespace it serves — the list in
+/// docs/architecture.md, which the Helm chart grants.
+fn controller_rules() -> serde_json::Value {
+    json!([
+        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks"],
+         "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks/status"],
+         "verbs": ["patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update", "delete"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    ])
+}
+
+/// The controller running as an identity with only [`controller_rules`] gates Jobs
+/// end to end: a named lock (claim, start, release) and a template queue (create,
+/// start, delete), with its Events recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_gating_works_with_the_documented_rbac() {
+    let plane = ControlPlane::shared();
+    let admin = plane.client().await;
+    install_crd(&admin).await;
+    let ns = plane.namespace(&admin, "jobs-rbac").await;
+    let user = format!("lockwarden-controller-{ns}");
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "lockwarden"},
+        "rules": controller_rules(),
+    }))
+    .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "lockwarden"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lockwarden"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let restricted =
+        support::kube::client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        if let Err(e) = controller::run(restricted, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+
+    let locks: Api<DistributedLock> = Api::namespaced(admin.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), &ns);
+    locks
+        .create(&PostParams::default(), &lease_lock("named", "named-key"))
+        .await
+        .unwrap();
+    let mut template = lease_lock("queue", "queue-key");
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("named-job", &[(LOCK_ANNOTATION, "named")], true),
+    )
+    .await
+    .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("queued-job", &[(TEMPLATE_ANNOTATION, "queue")], true),
+    )
+    .await
+    .unwrap();
+    let named = wait_unsuspended(&jobs, "named-job").await;
+    let queued = wait_unsuspended(&jobs, "queued-job").await;
+    wait_event(&admin, &ns, "named-job", "Normal", "Started").await;
+    finish(&jobs, "named-job", true).await;
+    finish(&jobs, "queued-job", true).await;
+    eventually("both locks let go", TIMEOUT, || async {
+        let named_lock = locks.get("named").await.ok()?;
+        let queued_gone = locks
+            .get_opt(&per_job_lock_name(&queued))
+            .await
+            .ok()?
+            .is_none();
+        (phase(&named_lock) == Some(LockPhase::Released) && queued_gone).then_some(())
+    })
+    .await;
+    wait_event(&admin, &ns, "named-job", "Normal", "Released").await;
+    for job in [named, queued] {
+        let job = jobs.get(&job.name_any()).await.unwrap();
+        assert!(!job.finalizers().iter().any(|f| f == FINALIZER));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // examples/
 

@@ -424,9 +424,9 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             EventType::Warning,
             "NotSuspended",
             format!(
-                "the Job names lock {lock_name} but was not created with spec.suspend: true, \
-                 so it runs without the lock; create it suspended and lockwarden starts it \
-                 once the lock is held"
+                "the Job names lock {lock_name} but is not suspended, so it runs without \
+                 waiting for the lock; create it with spec.suspend: true and lockwarden \
+                 starts it once the lock is held"
             ),
         )
         .await?;
