@@ -223,16 +223,28 @@ async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
         .collect()
 }
 
-/// Waits for an Event about `name` with `reason` and `type_`, returns its note.
-async fn wait_event(client: &Client, ns: &str, name: &str, type_: &str, reason: &str) -> String {
+/// Waits for an Event about `name` with `reason` and `type_` whose note contains
+/// `words` (a Job may wait for several reasons in turn), returns its note.
+async fn wait_event(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    reason: &str,
+    words: &str,
+) -> String {
     eventually(
-        &format!("a {type_} {reason} Event on {name}"),
+        &format!("a {type_} {reason} Event on {name} saying {words:?}"),
         TIMEOUT,
         || async {
             events_for(client, ns, name)
                 .await
                 .into_iter()
-                .find(|e| e.type_.as_deref() == Some(type_) && e.reason.as_deref() == Some(reason))
+                .find(|e| {
+                    e.type_.as_deref() == Some(type_)
+                        && e.reason.as_deref() == Some(reason)
+                        && e.note.as_deref().is_some_and(|n| n.contains(words))
+                })
                 .and_then(|e| e.note)
         },
     )
@@ -443,7 +455,7 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
         lock.annotations().get(CLAIM_ANNOTATION),
         Some(&format!("migrate/{}", seen.uid().unwrap()))
     );
-    wait_event(&client, &ns, "migrate", "Normal", "Started").await;
+    wait_event(&client, &ns, "migrate", "Normal", "Started", "").await;
     let first_fence = status.fence.unwrap();
 
     finish(&jobs, "migrate", true).await;
@@ -457,7 +469,7 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
     .await;
     assert!(released.spec.release);
     assert!(!released.annotations().contains_key(CLAIM_ANNOTATION));
-    let note = wait_event(&client, &ns, "migrate", "Normal", "Released").await;
+    let note = wait_event(&client, &ns, "migrate", "Normal", "Released", "").await;
     assert!(note.contains(&format!("fence {first_fence}")), "{note}");
 
     jobs.create(
@@ -545,7 +557,15 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     )
     .await
     .unwrap();
-    let note = wait_event(&client, &ns, "blocked", "Normal", "Waiting").await;
+    let note = wait_event(
+        &client,
+        &ns,
+        "blocked",
+        "Normal",
+        "Waiting",
+        "held by other-cluster/ops/nightly",
+    )
+    .await;
     assert!(
         note.contains("held by other-cluster/ops/nightly"),
         "the Event names the holder: {note}"
@@ -641,7 +661,7 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
             .unwrap();
     }
     for (name, _, suspend, reason, words) in rows {
-        let note = wait_event(&client, &ns, name, "Warning", reason).await;
+        let note = wait_event(&client, &ns, name, "Warning", reason, words).await;
         assert!(note.contains(words), "{name}: {note:?} lacks {words:?}");
         let job = jobs.get(name).await.unwrap();
         assert_eq!(is_suspended(&job), *suspend, "{name} was left as created");
@@ -785,7 +805,7 @@ async fn job_gating_works_with_the_documented_rbac() {
     .unwrap();
     let named = wait_unsuspended(&jobs, "named-job").await;
     let queued = wait_unsuspended(&jobs, "queued-job").await;
-    wait_event(&admin, &ns, "named-job", "Normal", "Started").await;
+    wait_event(&admin, &ns, "named-job", "Normal", "Started", "").await;
     finish(&jobs, "named-job", true).await;
     finish(&jobs, "queued-job", true).await;
     eventually("both locks let go", TIMEOUT, || async {
@@ -798,7 +818,7 @@ async fn job_gating_works_with_the_documented_rbac() {
         (phase(&named_lock) == Some(LockPhase::Released) && queued_gone).then_some(())
     })
     .await;
-    wait_event(&admin, &ns, "named-job", "Normal", "Released").await;
+    wait_event(&admin, &ns, "named-job", "Normal", "Released", "").await;
     for job in [named, queued] {
         let job = jobs.get(&job.name_any()).await.unwrap();
         assert!(!job.finalizers().iter().any(|f| f == FINALIZER));
