@@ -376,6 +376,35 @@ async fn template_queued_jobs_run_one_at_a_time() {
         first.annotations()
     );
 
+    // A third Job queues behind the second; deleted while it waits, its lock goes
+    // with it (no garbage collector needed: the controller deletes it).
+    let third = jobs
+        .create(
+            &PostParams::default(),
+            &job("third", &[(TEMPLATE_ANNOTATION, "batch")], true),
+        )
+        .await
+        .unwrap();
+    let third_lock = per_job_lock_name(&third);
+    eventually("the third Job's lock to wait", TIMEOUT, || async {
+        let lock = locks.get(&third_lock).await.ok()?;
+        (phase(&lock) == Some(LockPhase::Waiting)).then_some(())
+    })
+    .await;
+    jobs.delete("third", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted Job and its lock to be gone",
+        TIMEOUT,
+        || async {
+            let job_gone = jobs.get_opt("third").await.unwrap().is_none();
+            let lock_gone = locks.get_opt(&third_lock).await.unwrap().is_none();
+            (job_gone && lock_gone).then_some(())
+        },
+    )
+    .await;
+
     // A failed Job lets go too.
     finish(&jobs, waiting_name, false).await;
     eventually("the second Job's lock to be deleted", TIMEOUT, || async {
