@@ -515,7 +515,8 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
 }
 
 /// Two Jobs naming one lock: one claims it and runs, the other stays suspended saying
-/// which Job has the claim; it starts only after the first fails.
+/// which Job has the claim (and still does when the claim is removed by hand); it
+/// starts only after the first fails, with a fresh acquisition (a higher fence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_jobs_naming_one_lock_take_turns() {
     let (client, ns) = setup("jobs-named").await;
@@ -547,6 +548,28 @@ async fn two_jobs_naming_one_lock_take_turns() {
             .then_some((running, waiting))
     })
     .await;
+    // Even with the claim removed by hand, the waiting Job does not start next to the
+    // running one.
+    locks
+        .patch(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {CLAIM_ANNOTATION: null}}})),
+        )
+        .await
+        .unwrap();
+    let note = wait_event(
+        &client,
+        &ns,
+        &waiting.name_any(),
+        "Warning",
+        "LockInUse",
+        &format!("Job {} runs with it", running.name_any()),
+    )
+    .await;
+    assert!(note.contains("claim was removed"), "{note}");
+    assert!(is_suspended(&jobs.get(&waiting.name_any()).await.unwrap()));
+
     finish(&jobs, &running.name_any(), false).await;
     let next = wait_unsuspended(&jobs, &waiting.name_any()).await;
     assert!(fence_of(&next) > fence_of(&running));

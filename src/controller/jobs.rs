@@ -37,7 +37,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -73,10 +73,12 @@ pub struct JobContext {
     pub client: kube::Client,
     pub config: ControllerConfig,
     recorder: Recorder,
+    /// The Controller's cache of Jobs.
+    jobs: Store<Job>,
 }
 
 impl JobContext {
-    pub fn new(client: kube::Client, config: ControllerConfig) -> Self {
+    pub fn new(client: kube::Client, config: ControllerConfig, jobs: Store<Job>) -> Self {
         let reporter = Reporter {
             controller: config.reporter.clone(),
             instance: std::env::var("POD_NAME").ok(),
@@ -85,6 +87,7 @@ impl JobContext {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             config,
+            jobs,
         }
     }
 
@@ -247,7 +250,8 @@ fn not_held_reason(lock: &DistributedLock) -> (String, bool) {
 
 pub fn error_policy(_job: Arc<Job>, err: &JobError, _ctx: Arc<JobContext>) -> Action {
     tracing::debug!(error = %err, "job reconcile failed; retrying");
-    Action::requeue(Duration::from_millis(500))
+    // Mostly a lost race on a resourceVersion precondition: retry soon.
+    Action::requeue(Duration::from_secs(1))
 }
 
 /// Runs the Job controller until its watch stream ends (it does not on its own).
@@ -259,9 +263,9 @@ pub async fn run(client: kube::Client, config: ControllerConfig) {
         ),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
-    let ctx = Arc::new(JobContext::new(client, config));
     let controller = Controller::new(jobs, watcher::Config::default());
     let store = controller.store();
+    let ctx = Arc::new(JobContext::new(client, config, store.clone()));
     controller
         .watches(locks, watcher::Config::default(), move |lock| {
             jobs_of_lock(&lock, &store.state())
@@ -440,14 +444,9 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
         return Ok(Action::await_change());
     }
     let lock = match &gate {
-        Gate::Named(name) => match claim(&locks, &jobs, &job, name).await? {
+        Gate::Named(name) => match claim(&locks, &jobs, &ctx, &job, name).await? {
             Claim::Ours(lock) => *lock,
-            Claim::Waiting(message, type_) => {
-                let reason = if type_ == EventType::Warning {
-                    "LockNotFound"
-                } else {
-                    "Waiting"
-                };
+            Claim::Waiting(type_, reason, message) => {
                 report(&jobs, &ctx, &job, type_, reason, message).await?;
                 return Ok(Action::requeue(WAITING_RESYNC));
             }
@@ -502,8 +501,8 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
 
 enum Claim {
     Ours(Box<DistributedLock>),
-    /// Not claimed for this Job (yet): why, and whether that is a problem.
-    Waiting(String, EventType),
+    /// Not claimed for this Job (yet): the Event type and reason, and why.
+    Waiting(EventType, &'static str, String),
 }
 
 /// Claims the named lock for `job`: at most one Job holds the claim, written on the
@@ -511,13 +510,15 @@ enum Claim {
 async fn claim(
     locks: &Api<DistributedLock>,
     jobs: &Api<Job>,
+    ctx: &JobContext,
     job: &Job,
     name: &str,
 ) -> Result<Claim, JobError> {
     let Some(lock) = locks.get_opt(name).await? else {
         return Ok(Claim::Waiting(
-            format!("DistributedLock {name} does not exist in this namespace; create it"),
             EventType::Warning,
+            "LockNotFound",
+            format!("DistributedLock {name} does not exist in this namespace; create it"),
         ));
     };
     let ours = claim_of(job);
@@ -533,8 +534,9 @@ async fn claim(
                 .is_some_and(|j| j.uid().as_deref() == Some(other_uid) && finished(&j).is_none());
             if alive {
                 return Ok(Claim::Waiting(
-                    format!("waiting for lock {name}: claimed by Job {other_name}"),
                     EventType::Normal,
+                    "Waiting",
+                    format!("waiting for lock {name}: claimed by Job {other_name}"),
                 ));
             }
             // The claimant is gone or finished without letting go (its finalizer was
@@ -550,11 +552,31 @@ async fn claim(
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
             return Ok(Claim::Waiting(
-                format!("waiting for lock {name}: released the stale claim of Job {other_name}"),
                 EventType::Normal,
+                "Waiting",
+                format!("waiting for lock {name}: released the stale claim of Job {other_name}"),
             ));
         }
         None => {}
+    }
+    // Defence in depth: a claim removed by hand must not let a second Job run next to
+    // one that was started with this lock and has not finished.
+    let ns = job.namespace();
+    if let Some(running) = ctx.jobs.state().iter().find(|j| {
+        j.namespace() == ns
+            && j.uid() != job.uid()
+            && j.annotations().get(LOCK_ANNOTATION).map(String::as_str) == Some(name)
+            && started(j)
+            && finished(j).is_none()
+    }) {
+        return Ok(Claim::Waiting(
+            EventType::Warning,
+            "LockInUse",
+            format!(
+                "waiting for lock {name}: Job {} runs with it (its claim was removed)",
+                running.name_any()
+            ),
+        ));
     }
     let status = lock.status.clone().unwrap_or_default();
     if lock.spec.release
@@ -564,8 +586,9 @@ async fn claim(
         // Let go by the previous Job and not finished releasing: claiming now could
         // hand this Job the previous Job's acquisition.
         return Ok(Claim::Waiting(
-            format!("waiting for lock {name}: still releasing"),
             EventType::Normal,
+            "Waiting",
+            format!("waiting for lock {name}: still releasing"),
         ));
     }
     let mut patch = json!({
@@ -688,7 +711,13 @@ async fn let_go(
             let Some(lock) = locks.get_opt(name).await? else {
                 return Ok(None);
             };
-            if lock.annotations().get(CLAIM_ANNOTATION) != Some(&claim_of(job)) {
+            // Ours, or unclaimed while this Job ran with it (the claim removed by hand):
+            // either way the next Job must get an acquisition of its own.
+            let ours = match lock.annotations().get(CLAIM_ANNOTATION) {
+                Some(claim) => *claim == claim_of(job),
+                None => started(job) && !lock.spec.release,
+            };
+            if !ours {
                 return Ok(None);
             }
             let fence = lock.status.as_ref().and_then(|s| s.fence);
