@@ -578,7 +578,8 @@ async fn two_jobs_naming_one_lock_take_turns() {
 
 /// The Lease is held by someone outside (the engine, as another cluster or a CLI
 /// would): the Job stays suspended, its status and an Event naming that holder; when
-/// the outsider lets go, the Job starts.
+/// the outsider lets go, the Job starts; when the lock is then taken over by force,
+/// the running Job gets a Warning.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     let (client, ns) = setup("jobs-elsewhere").await;
@@ -633,6 +634,18 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     outsider.release(&lease).await.unwrap();
     let started = wait_unsuspended(&jobs, "blocked").await;
     assert!(fence_of(&started) > lease.fence().0 as i64);
+
+    // Taken over by force while the Job runs: the Job is told (it keeps running; the
+    // fence is what protects the resource).
+    let mut forcer = lease_lock("forcer", "contested");
+    forcer.spec.force = true;
+    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    let note = wait_event(&client, &ns, "blocked", "Warning", "LockNotHeld", "").await;
+    assert!(
+        note.contains(&format!("running with fence {}", fence_of(&started)))
+            && note.contains("lock contested is Lost"),
+        "{note}"
+    );
 }
 
 /// (job, annotations, created suspended, Event reason, words in the Event)

@@ -59,6 +59,8 @@ pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
 /// DistributedLock annotation: `<job name>/<job uid>` of the Job that claims it.
 pub const CLAIM_ANNOTATION: &str = "lockwarden.io/claimed-by";
 
+/// How the status of a running Job whose lock is no longer held begins.
+const NOT_HELD_PREFIX: &str = "running with fence";
 /// Safety net for a waiting Job: lock changes arrive through the watch.
 const WAITING_RESYNC: Duration = Duration::from_secs(60);
 
@@ -398,7 +400,19 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             .as_ref()
             .and_then(held)
             .is_some_and(|(f, _)| Some(f.to_string()) == fence);
-        if !still_held {
+        let warned = job
+            .annotations()
+            .get(STATUS_ANNOTATION)
+            .is_some_and(|s| s.starts_with(NOT_HELD_PREFIX));
+        if still_held && warned {
+            // The lock came back (e.g. renewals recovered): say so instead of leaving
+            // the warning in place.
+            let message = format!(
+                "holds lock {lock_name} again (fence {})",
+                fence.unwrap_or_default()
+            );
+            report(&jobs, &ctx, &job, EventType::Normal, "LockHeld", message).await?;
+        } else if !still_held {
             let why = lock
                 .as_ref()
                 .map(|l| not_held_reason(l).0)
@@ -410,7 +424,7 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
                 EventType::Warning,
                 "LockNotHeld",
                 format!(
-                    "running with fence {} but no longer holds the lock: {why}",
+                    "{NOT_HELD_PREFIX} {} but no longer holds the lock: {why}",
                     fence.unwrap_or_default()
                 ),
             )
