@@ -8,11 +8,15 @@
 //! - [`status`]: status built from what is known and written with server-side apply
 //!   (field manager `lockwarden`) only when it differs from the stored one.
 //!
+//! - [`jobs`]: a second controller over `batch/v1` Jobs gated on a lock (DESIGN.md §6),
+//!   run next to the first under the same leader election and namespace scope.
+//!
 //! Wake-ups do not come from polling the API server: the queue of the applier is the
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
 //! releases (which wake every lock waiting on the same backend key).
 
 pub mod holders;
+pub mod jobs;
 pub mod leader;
 pub mod reconcile;
 pub mod status;
@@ -138,7 +142,8 @@ pub(crate) async fn run_with(
     });
     let queue = futures::stream::select(from_watch, from_wakes);
 
-    applier(
+    let job_gating = jobs::run(ctx.client.clone(), ctx.config.clone());
+    let locks = applier(
         |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
         reconcile::error_policy,
         ctx,
@@ -151,7 +156,7 @@ pub(crate) async fn run_with(
             Ok((obj, _)) => tracing::trace!(lock = %obj, "reconciled"),
             Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
-    })
-    .await;
+    });
+    futures::future::join(locks, job_gating).await;
     Ok(())
 }

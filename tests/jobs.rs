@@ -1,0 +1,1148 @@
+//! Job gating (DESIGN.md §6) against a real kube-apiserver, with the controller running
+//! in-process, scoped to each test's own namespace; and every manifest in `examples/`
+//! applied with kubectl and driven to the state its opening comment promises.
+//!
+//! No kube-controller-manager runs here: Jobs never start pods, and a test marks a Job
+//! finished by writing its status subresource, as the job controller would.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use lockwarden::api::conditions::{self, ACQUIRED};
+use lockwarden::api::{
+    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase,
+};
+use lockwarden::backend::LeaseStore;
+use lockwarden::controller::jobs::{
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, STATUS_ANNOTATION,
+    TEMPLATE_ANNOTATION, per_job_lock_name,
+};
+use lockwarden::controller::{self, ControllerConfig, FINALIZER};
+use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
+use serde_json::json;
+use support::eventually;
+use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
+
+/// Generous: the test machine is a loaded 2-core box.
+const TIMEOUT: Duration = Duration::from_secs(90);
+const CLUSTER: &str = "jobs-cluster";
+
+/// A client, the CRD, a fresh namespace, and a controller watching that namespace.
+async fn setup(prefix: &str) -> (Client, String) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_test_writer()
+        .try_init();
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let namespace = plane.namespace(&client, prefix).await;
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(namespace.clone()),
+        ..Default::default()
+    };
+    let controller_client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = controller::run(controller_client, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    (client, namespace)
+}
+
+fn lease_lock(name: &str, lease: &str) -> DistributedLock {
+    DistributedLock::new(
+        name,
+        DistributedLockSpec {
+            backend: BackendSpec {
+                kubernetes: Some(KubernetesBackend {
+                    lease_name: lease.into(),
+                    namespace: None,
+                }),
+                ..Default::default()
+            },
+            lease_duration: "30s".into(),
+            renew_interval: "10s".into(),
+            ..Default::default()
+        },
+    )
+}
+
+fn job(name: &str, annotations: &[(&str, &str)], suspend: bool) -> Job {
+    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "annotations": annotations },
+        "spec": {
+            "suspend": suspend,
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{ "name": "work", "image": "busybox:1.36", "command": ["true"] }],
+            }},
+        },
+    }))
+    .unwrap()
+}
+
+fn is_suspended(job: &Job) -> bool {
+    job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false)
+}
+
+fn template_annotations(job: &Job) -> BTreeMap<String, String> {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default()
+}
+
+fn acquired(lock: &DistributedLock) -> bool {
+    lock.status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
+}
+
+fn phase(lock: &DistributedLock) -> Option<LockPhase> {
+    lock.status.as_ref().and_then(|s| s.phase)
+}
+
+fn fence_of(job: &Job) -> i64 {
+    template_annotations(job)
+        .get(FENCE_ANNOTATION)
+        .unwrap_or_else(|| panic!("{} has no fence annotation", job.name_any()))
+        .parse()
+        .unwrap()
+}
+
+async fn wait_unsuspended(jobs: &Api<Job>, name: &str) -> Job {
+    eventually(
+        &format!("Job {name} to be unsuspended"),
+        TIMEOUT,
+        || async { jobs.get(name).await.ok().filter(|j| !is_suspended(j)) },
+    )
+    .await
+}
+
+/// Marks a Job finished through its status subresource, as the job controller would
+/// (batch/v1 validation wants the interim condition, the times and the counts).
+async fn finish(jobs: &Api<Job>, name: &str, succeeded: bool) {
+    let now = Timestamp::now().to_string();
+    let (interim, terminal, counts) = if succeeded {
+        ("SuccessCriteriaMet", "Complete", json!({"succeeded": 1}))
+    } else {
+        ("FailureTarget", "Failed", json!({"failed": 1}))
+    };
+    let mut status = json!({
+        "startTime": now,
+        "conditions": [
+            {"type": interim, "status": "True", "lastTransitionTime": now, "lastProbeTime": now,
+             "reason": if succeeded { "CompletionsReached" } else { "BackoffLimitExceeded" },
+             "message": "set by the test"},
+            {"type": terminal, "status": "True", "lastTransitionTime": now, "lastProbeTime": now,
+             "reason": if succeeded { "CompletionsReached" } else { "BackoffLimitExceeded" },
+             "message": "set by the test"},
+        ],
+    });
+    if succeeded {
+        status["completionTime"] = json!(now);
+    }
+    for (k, v) in counts.as_object().unwrap() {
+        status[k] = v.clone();
+    }
+    jobs.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": status })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("mark Job {name} finished: {e}"));
+}
+
+/// Watches the namespace's Jobs from now on and records a violation whenever two
+/// unfinished Jobs are unsuspended at once (each object version is seen in order).
+struct OverlapWatch {
+    violations: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl OverlapWatch {
+    fn start(jobs: Api<Job>) -> OverlapWatch {
+        let violations = Arc::new(Mutex::new(Vec::new()));
+        let seen = violations.clone();
+        let task = tokio::spawn(async move {
+            let mut running: BTreeMap<String, bool> = BTreeMap::new();
+            let mut stream = watcher(jobs, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(job)) = stream.next().await {
+                let finished = lockwarden::controller::jobs::finished(&job).is_some();
+                running.insert(job.name_any(), !is_suspended(&job) && !finished);
+                let now: Vec<_> = running
+                    .iter()
+                    .filter(|(_, r)| **r)
+                    .map(|(n, _)| n)
+                    .collect();
+                if now.len() > 1 {
+                    seen.lock()
+                        .unwrap()
+                        .push(format!("{now:?} unsuspended at once"));
+                }
+            }
+        });
+        OverlapWatch { violations, task }
+    }
+
+    fn assert_none(self) {
+        self.task.abort();
+        let v = self.violations.lock().unwrap();
+        assert!(v.is_empty(), "two Jobs ran at once: {v:?}");
+    }
+}
+
+async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
+    let events = Api::<Event>::namespaced(client.clone(), ns);
+    let list = events.list(&ListParams::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+/// Waits for an Event about `name` with `reason` and `type_` whose note contains
+/// `words` (a Job may wait for several reasons in turn), returns its note.
+async fn wait_event(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    reason: &str,
+    words: &str,
+) -> String {
+    eventually(
+        &format!("a {type_} {reason} Event on {name} saying {words:?}"),
+        TIMEOUT,
+        || async {
+            events_for(client, ns, name)
+                .await
+                .into_iter()
+                .find(|e| {
+                    e.type_.as_deref() == Some(type_)
+                        && e.reason.as_deref() == Some(reason)
+                        && e.note.as_deref().is_some_and(|n| n.contains(words))
+                })
+                .and_then(|e| e.note)
+        },
+    )
+    .await
+}
+
+/// Two Jobs on one template: each gets its own lock (copied spec, unique holder, owned
+/// by its Job); exactly one is unsuspended, the other waits naming the first's holder;
+/// only after the first completes does the second start, with a higher fence. Every
+/// object version of the Jobs is watched: never two running at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_queued_jobs_run_one_at_a_time() {
+    let (client, ns) = setup("jobs-queue").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let watch = OverlapWatch::start(jobs.clone());
+
+    let mut template = lease_lock("batch", "batch-key");
+    template.spec.release = true;
+    template.spec.data = Some("copied".into());
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    for name in ["first", "second"] {
+        jobs.create(
+            &PostParams::default(),
+            &job(name, &[(TEMPLATE_ANNOTATION, "batch")], true),
+        )
+        .await
+        .unwrap();
+    }
+    let running = eventually("one of the two Jobs to be unsuspended", TIMEOUT, || async {
+        let (a, b) = (
+            jobs.get("first").await.ok()?,
+            jobs.get("second").await.ok()?,
+        );
+        match (is_suspended(&a), is_suspended(&b)) {
+            (false, true) => Some(a),
+            (true, false) => Some(b),
+            _ => None,
+        }
+    })
+    .await;
+    let waiting_name = if running.name_any() == "first" {
+        "second"
+    } else {
+        "first"
+    };
+    let running_lock = locks.get(&per_job_lock_name(&running)).await.unwrap();
+    let fence = fence_of(&running);
+    let holder = template_annotations(&running)[HOLDER_ANNOTATION].clone();
+    assert!(acquired(&running_lock));
+    assert_eq!(running_lock.status.as_ref().unwrap().fence, Some(fence));
+    assert_eq!(
+        running_lock.status.as_ref().unwrap().holder.as_ref(),
+        Some(&holder)
+    );
+    assert_eq!(
+        holder,
+        format!(
+            "{CLUSTER}/{ns}/job/{}/{}",
+            running.name_any(),
+            running.uid().unwrap()
+        )
+    );
+    // The per-Job lock: the template's spec, owned by its Job, never a release.
+    assert_eq!(running_lock.spec.data.as_deref(), Some("copied"));
+    assert!(!running_lock.spec.release);
+    let owner = &running_lock.owner_references()[0];
+    assert_eq!(
+        (
+            owner.kind.as_str(),
+            owner.uid.as_str(),
+            owner.controller,
+            owner.block_owner_deletion
+        ),
+        (
+            "Job",
+            running.uid().unwrap().as_str(),
+            Some(true),
+            Some(true)
+        )
+    );
+    assert!(running.finalizers().iter().any(|f| f == FINALIZER));
+
+    // The other one waits, saying for whom.
+    let waiting = jobs.get(waiting_name).await.unwrap();
+    let waiting_lock_name = per_job_lock_name(&waiting);
+    eventually(
+        "the second Job to say it waits for the holder",
+        TIMEOUT,
+        || async {
+            let job = jobs.get(waiting_name).await.ok()?;
+            let status = job.annotations().get(STATUS_ANNOTATION)?.clone();
+            (is_suspended(&job) && status.contains(&format!("held by {holder}"))).then_some(())
+        },
+    )
+    .await;
+    let waiting_lock = locks.get(&waiting_lock_name).await.unwrap();
+    assert_eq!(phase(&waiting_lock), Some(LockPhase::Waiting));
+    // The template itself holds nothing.
+    let template = locks.get("batch").await.unwrap();
+    assert_eq!(phase(&template), Some(LockPhase::Released));
+
+    finish(&jobs, &running.name_any(), true).await;
+    let next = wait_unsuspended(&jobs, waiting_name).await;
+    assert!(
+        fence_of(&next) > fence,
+        "the second Job's fence {} must exceed the first's {fence}",
+        fence_of(&next)
+    );
+    // The first Job's lock is gone (its finalizer released it) and so is the Job's
+    // finalizer; its status says what happened.
+    eventually("the first Job's lock to be deleted", TIMEOUT, || async {
+        locks
+            .get_opt(&per_job_lock_name(&running))
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let first = jobs.get(&running.name_any()).await.unwrap();
+    assert!(!first.finalizers().iter().any(|f| f == FINALIZER));
+    assert!(
+        first.annotations()[STATUS_ANNOTATION].contains("deleted lock"),
+        "{:?}",
+        first.annotations()
+    );
+
+    // A third Job queues behind the second; deleted while it waits, its lock goes
+    // with it (no garbage collector needed: the controller deletes it).
+    let third = jobs
+        .create(
+            &PostParams::default(),
+            &job("third", &[(TEMPLATE_ANNOTATION, "batch")], true),
+        )
+        .await
+        .unwrap();
+    let third_lock = per_job_lock_name(&third);
+    eventually("the third Job's lock to wait", TIMEOUT, || async {
+        let lock = locks.get(&third_lock).await.ok()?;
+        (phase(&lock) == Some(LockPhase::Waiting)).then_some(())
+    })
+    .await;
+    jobs.delete("third", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted Job and its lock to be gone",
+        TIMEOUT,
+        || async {
+            let job_gone = jobs.get_opt("third").await.unwrap().is_none();
+            let lock_gone = locks.get_opt(&third_lock).await.unwrap().is_none();
+            (job_gone && lock_gone).then_some(())
+        },
+    )
+    .await;
+
+    // A failed Job lets go too.
+    finish(&jobs, waiting_name, false).await;
+    eventually("the second Job's lock to be deleted", TIMEOUT, || async {
+        locks
+            .get_opt(&waiting_lock_name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    watch.assert_none();
+}
+
+/// The first version of the Job that anyone sees with `suspend: false` already
+/// carries the fence, holder and lock annotations on its pod template, equal to the
+/// lock's status; the lock is claimed by the Job, and released (and unclaimed) when it
+/// completes; a later Job on the same lock gets a fresh acquisition, a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
+    let (client, ns) = setup("jobs-fence").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+
+    // The watch starts before the Job exists, so it sees every version of it.
+    let first_unsuspended = {
+        let jobs = jobs.clone();
+        tokio::spawn(async move {
+            let mut stream = watcher(
+                jobs,
+                watcher::Config::default().fields("metadata.name=migrate"),
+            )
+            .applied_objects()
+            .boxed();
+            while let Some(event) = stream.next().await {
+                if let Ok(job) = event
+                    && !is_suspended(&job)
+                {
+                    return job;
+                }
+            }
+            panic!("the watch ended");
+        })
+    };
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("migration", "migration-key"),
+        )
+        .await
+        .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("migrate", &[(LOCK_ANNOTATION, "migration")], true),
+    )
+    .await
+    .unwrap();
+    let seen = tokio::time::timeout(TIMEOUT, first_unsuspended)
+        .await
+        .expect("the Job is unsuspended")
+        .unwrap();
+    let annotations = template_annotations(&seen);
+    let lock = locks.get("migration").await.unwrap();
+    let status = lock.status.clone().unwrap();
+    assert!(acquired(&lock));
+    assert_eq!(
+        annotations.get(FENCE_ANNOTATION),
+        Some(&status.fence.unwrap().to_string()),
+        "{annotations:?}"
+    );
+    assert_eq!(annotations.get(HOLDER_ANNOTATION), status.holder.as_ref());
+    assert_eq!(
+        annotations.get(LOCK_ANNOTATION).map(String::as_str),
+        Some("migration")
+    );
+    assert_eq!(
+        lock.annotations().get(CLAIM_ANNOTATION),
+        Some(&format!("migrate/{}", seen.uid().unwrap()))
+    );
+    wait_event(&client, &ns, "migrate", "Normal", "Started", "").await;
+    let first_fence = status.fence.unwrap();
+
+    finish(&jobs, "migrate", true).await;
+    let released = eventually("the named lock to be released", TIMEOUT, || async {
+        locks
+            .get("migration")
+            .await
+            .ok()
+            .filter(|l| phase(l) == Some(LockPhase::Released))
+    })
+    .await;
+    assert!(released.spec.release);
+    assert!(!released.annotations().contains_key(CLAIM_ANNOTATION));
+    let note = wait_event(&client, &ns, "migrate", "Normal", "Released", "").await;
+    assert!(note.contains(&format!("fence {first_fence}")), "{note}");
+
+    jobs.create(
+        &PostParams::default(),
+        &job("migrate-again", &[(LOCK_ANNOTATION, "migration")], true),
+    )
+    .await
+    .unwrap();
+    let again = wait_unsuspended(&jobs, "migrate-again").await;
+    assert!(fence_of(&again) > first_fence);
+    let lock = locks.get("migration").await.unwrap();
+    assert!(!lock.spec.release);
+    assert_eq!(lock.status.unwrap().fence, Some(fence_of(&again)));
+}
+
+/// Two Jobs naming one lock: one claims it and runs, the other stays suspended saying
+/// which Job has the claim (and still does when the claim is removed by hand); it
+/// starts only after the first fails, with a fresh acquisition (a higher fence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_jobs_naming_one_lock_take_turns() {
+    let (client, ns) = setup("jobs-named").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let watch = OverlapWatch::start(jobs.clone());
+    locks
+        .create(&PostParams::default(), &lease_lock("shared", "shared-key"))
+        .await
+        .unwrap();
+    for name in ["one", "two"] {
+        jobs.create(
+            &PostParams::default(),
+            &job(name, &[(LOCK_ANNOTATION, "shared")], true),
+        )
+        .await
+        .unwrap();
+    }
+    let (running, waiting) = eventually("one Job running, the other waiting", TIMEOUT, || async {
+        let (a, b) = (jobs.get("one").await.ok()?, jobs.get("two").await.ok()?);
+        let (running, waiting) = match (is_suspended(&a), is_suspended(&b)) {
+            (false, true) => (a, b),
+            (true, false) => (b, a),
+            _ => return None,
+        };
+        let status = waiting.annotations().get(STATUS_ANNOTATION)?;
+        status
+            .contains(&format!("claimed by Job {}", running.name_any()))
+            .then_some((running, waiting))
+    })
+    .await;
+    // Even with the claim removed by hand, the waiting Job does not start next to the
+    // running one.
+    locks
+        .patch(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {CLAIM_ANNOTATION: null}}})),
+        )
+        .await
+        .unwrap();
+    let note = wait_event(
+        &client,
+        &ns,
+        &waiting.name_any(),
+        "Warning",
+        "LockInUse",
+        &format!("Job {} runs with it", running.name_any()),
+    )
+    .await;
+    assert!(note.contains("claim was removed"), "{note}");
+    assert!(is_suspended(&jobs.get(&waiting.name_any()).await.unwrap()));
+
+    finish(&jobs, &running.name_any(), false).await;
+    let next = wait_unsuspended(&jobs, &waiting.name_any()).await;
+    assert!(fence_of(&next) > fence_of(&running));
+    watch.assert_none();
+}
+
+/// The Lease is held by someone outside (the engine, as another cluster or a CLI
+/// would): the Job stays suspended, its status and an Event naming that holder; when
+/// the outsider lets go, the Job starts; when the lock is then taken over by force,
+/// the running Job gets a Warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
+    let (client, ns) = setup("jobs-elsewhere").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let outsider = CasLock::new(LeaseStore::new(client.clone(), &ns, "contested"));
+    let lease = match outsider
+        .try_acquire(&AcquireRequest::new(
+            "other-cluster/ops/nightly",
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap()
+    {
+        Attempt::Acquired(lease) => lease,
+        other => panic!("the outsider could not take the Lease: {other:?}"),
+    };
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("contested", "contested"),
+        )
+        .await
+        .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("blocked", &[(LOCK_ANNOTATION, "contested")], true),
+    )
+    .await
+    .unwrap();
+    let note = wait_event(
+        &client,
+        &ns,
+        "blocked",
+        "Normal",
+        "Waiting",
+        "held by other-cluster/ops/nightly",
+    )
+    .await;
+    assert!(
+        note.contains("held by other-cluster/ops/nightly"),
+        "the Event names the holder: {note}"
+    );
+    let job = jobs.get("blocked").await.unwrap();
+    assert!(is_suspended(&job));
+    assert!(!template_annotations(&job).contains_key(FENCE_ANNOTATION));
+    assert_eq!(
+        job.annotations()[STATUS_ANNOTATION],
+        "waiting for lock contested: held by other-cluster/ops/nightly"
+    );
+
+    outsider.release(&lease).await.unwrap();
+    let started = wait_unsuspended(&jobs, "blocked").await;
+    assert!(fence_of(&started) > lease.fence().0 as i64);
+
+    // Taken over by force while the Job runs: the Job is told (it keeps running; the
+    // fence is what protects the resource).
+    let mut forcer = lease_lock("forcer", "contested");
+    forcer.spec.force = true;
+    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    let note = wait_event(&client, &ns, "blocked", "Warning", "LockNotHeld", "").await;
+    assert!(
+        note.contains(&format!("running with fence {}", fence_of(&started)))
+            && note.contains("lock contested is Lost"),
+        "{note}"
+    );
+}
+
+/// (job, annotations, created suspended, Event reason, words in the Event)
+type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
+
+/// Bad input, one row each: a Warning Event saying what is wrong, the Job left as it
+/// was (suspended, no fence), and the controller still serving a good Job afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
+    let (client, ns) = setup("jobs-bad").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("held-template", "t-key"),
+        )
+        .await
+        .unwrap();
+    locks
+        .create(&PostParams::default(), &lease_lock("good", "good-key"))
+        .await
+        .unwrap();
+    let rows: &[BadRow] = &[
+        (
+            "no-template",
+            &[(TEMPLATE_ANNOTATION, "missing")],
+            true,
+            "TemplateNotFound",
+            "lock template missing",
+        ),
+        (
+            "both",
+            &[(LOCK_ANNOTATION, "good"), (TEMPLATE_ANNOTATION, "good")],
+            true,
+            "InvalidLockAnnotation",
+            "both lockwarden.io/lock and lockwarden.io/lock-template",
+        ),
+        (
+            "elsewhere",
+            &[(LOCK_ANNOTATION, "other-ns/good")],
+            true,
+            "InvalidLockAnnotation",
+            "another namespace",
+        ),
+        (
+            "bad-name",
+            &[(LOCK_ANNOTATION, "Not_A_Name")],
+            true,
+            "InvalidLockAnnotation",
+            "is not a DistributedLock name",
+        ),
+        (
+            "no-lock",
+            &[(LOCK_ANNOTATION, "absent")],
+            true,
+            "LockNotFound",
+            "DistributedLock absent does not exist",
+        ),
+        (
+            "held-template",
+            &[(TEMPLATE_ANNOTATION, "held-template")],
+            true,
+            "TemplateNotReleased",
+            "spec.release: false",
+        ),
+        (
+            "not-suspended",
+            &[(LOCK_ANNOTATION, "good")],
+            false,
+            "NotSuspended",
+            "spec.suspend: true",
+        ),
+    ];
+    for (name, annotations, suspend, _, _) in rows {
+        jobs.create(&PostParams::default(), &job(name, annotations, *suspend))
+            .await
+            .unwrap();
+    }
+    for (name, _, suspend, reason, words) in rows {
+        let note = wait_event(&client, &ns, name, "Warning", reason, words).await;
+        assert!(note.contains(words), "{name}: {note:?} lacks {words:?}");
+        let job = jobs.get(name).await.unwrap();
+        assert_eq!(is_suspended(&job), *suspend, "{name} was left as created");
+        assert!(
+            !template_annotations(&job).contains_key(FENCE_ANNOTATION),
+            "{name} got a fence"
+        );
+        assert_eq!(
+            job.annotations().get(STATUS_ANNOTATION),
+            Some(&note),
+            "{name}"
+        );
+    }
+    // Nothing claimed the good lock for the bad Jobs, and no per-Job lock was made.
+    let good = locks.get("good").await.unwrap();
+    assert!(!good.annotations().contains_key(CLAIM_ANNOTATION));
+    let all = locks.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        all.items.len(),
+        2,
+        "{:?}",
+        all.items.iter().map(|l| l.name_any()).collect::<Vec<_>>()
+    );
+
+    // Still serving: a good Job on the good lock starts.
+    jobs.create(
+        &PostParams::default(),
+        &job("fine", &[(LOCK_ANNOTATION, "good")], true),
+    )
+    .await
+    .unwrap();
+    wait_unsuspended(&jobs, "fine").await;
+
+    // Creating the missing template later lets its Job go ahead.
+    let mut template = lease_lock("missing", "m-key");
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    wait_unsuspended(&jobs, "no-template").await;
+
+    // Deleting a running Job lets go of its claim: the lock is free for others.
+    // Background propagation, as kubectl does (the API default for Jobs is to orphan
+    // their pods, which needs the garbage collector this API server lacks).
+    jobs.delete("fine", &DeleteParams::background())
+        .await
+        .unwrap();
+    eventually("the deleted Job to let go of its lock", TIMEOUT, || async {
+        let gone = jobs.get_opt("fine").await.unwrap().is_none();
+        let lock = locks.get("good").await.ok()?;
+        (gone && !lock.annotations().contains_key(CLAIM_ANNOTATION) && lock.spec.release)
+            .then_some(())
+    })
+    .await;
+}
+
+/// The RBAC rules the controller (DistributedLock controller and Job gating, with the
+/// Kubernetes-Lease backend) needs in a namespace it serves — the list in
+/// docs/architecture.md, which the Helm chart grants.
+fn controller_rules() -> serde_json::Value {
+    json!([
+        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks"],
+         "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
+        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks/status"],
+         "verbs": ["patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update", "delete"]},
+        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    ])
+}
+
+/// The controller running as an identity with only [`controller_rules`] gates Jobs
+/// end to end: a named lock (claim, start, release) and a template queue (create,
+/// start, delete), with its Events recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_gating_works_with_the_documented_rbac() {
+    let plane = ControlPlane::shared();
+    let admin = plane.client().await;
+    install_crd(&admin).await;
+    let ns = plane.namespace(&admin, "jobs-rbac").await;
+    let user = format!("lockwarden-controller-{ns}");
+    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
+        "metadata": {"name": "lockwarden"},
+        "rules": controller_rules(),
+    }))
+    .unwrap();
+    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "lockwarden"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lockwarden"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .unwrap();
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let restricted =
+        support::kube::client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        if let Err(e) = controller::run(restricted, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+
+    let locks: Api<DistributedLock> = Api::namespaced(admin.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), &ns);
+    locks
+        .create(&PostParams::default(), &lease_lock("named", "named-key"))
+        .await
+        .unwrap();
+    let mut template = lease_lock("queue", "queue-key");
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("named-job", &[(LOCK_ANNOTATION, "named")], true),
+    )
+    .await
+    .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("queued-job", &[(TEMPLATE_ANNOTATION, "queue")], true),
+    )
+    .await
+    .unwrap();
+    let named = wait_unsuspended(&jobs, "named-job").await;
+    let queued = wait_unsuspended(&jobs, "queued-job").await;
+    wait_event(&admin, &ns, "named-job", "Normal", "Started", "").await;
+    finish(&jobs, "named-job", true).await;
+    finish(&jobs, "queued-job", true).await;
+    eventually("both locks let go", TIMEOUT, || async {
+        let named_lock = locks.get("named").await.ok()?;
+        let queued_gone = locks
+            .get_opt(&per_job_lock_name(&queued))
+            .await
+            .ok()?
+            .is_none();
+        (phase(&named_lock) == Some(LockPhase::Released) && queued_gone).then_some(())
+    })
+    .await;
+    wait_event(&admin, &ns, "named-job", "Normal", "Released", "").await;
+    for job in [named, queued] {
+        let job = jobs.get(&job.name_any()).await.unwrap();
+        assert!(!job.finalizers().iter().any(|f| f == FINALIZER));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// examples/
+
+/// `kubectl` with the admin kubeconfig (or another), its output, and whether it worked.
+async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<String>) -> (bool, String) {
+    use tokio::io::AsyncWriteExt;
+    let plane = ControlPlane::shared();
+    let mut cmd = tokio::process::Command::new(support::tool("KUBECTL"));
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(plane.dir().join(support::unique("kubectl-cache")))
+        .arg("--request-timeout=60s")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("run kubectl");
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(input) = stdin {
+        pipe.write_all(input.as_bytes()).await.unwrap();
+    }
+    drop(pipe);
+    let out = child.wait_with_output().await.unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `kubectl apply -n ns -f examples/<file>` with the local endpoints filled in, as
+/// scripts/demo does.
+async fn apply_example(ns: &str, file: &str, aws: &str, zk: &str) {
+    let path = support::repo_root().join("examples").join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("${AWS_ENDPOINT_URL}", aws)
+        .replace("${ZK_SERVER}", zk);
+    let admin = ControlPlane::shared().kubeconfig_path().to_path_buf();
+    let (ok, out) = kubectl(&admin, &["apply", "-n", ns, "-f", "-"], Some(text)).await;
+    assert!(ok, "kubectl apply -f examples/{file} failed:\n{out}");
+}
+
+async fn wait_acquired(locks: &Api<DistributedLock>, name: &str) -> DistributedLock {
+    eventually(&format!("{name} to be Acquired"), TIMEOUT, || async {
+        locks.get(name).await.ok().filter(acquired)
+    })
+    .await
+}
+
+/// Every manifest in `examples/` is applied with kubectl, in one namespace, and
+/// reaches the state its opening comment promises. A new example without a check
+/// here fails this test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_reaches_the_state_its_comment_promises() {
+    let (client, ns) = setup("jobs-examples").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
+        .await
+        .unwrap();
+    let zk = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap();
+    // The bucket s3-lock.yaml names (scripts/demo creates it the same way); the
+    // DynamoDB example creates its table itself.
+    moto.s3_client()
+        .await
+        .create_bucket()
+        .bucket("lockwarden-demo")
+        .send()
+        .await
+        .expect("create the demo bucket");
+    let (aws, zk) = (moto.endpoint(), zk.connect_string());
+
+    let mut files: Vec<String> = std::fs::read_dir(support::repo_root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".yaml"))
+        .collect();
+    // The S3 example carries the Secret the DynamoDB one uses; the contender waits
+    // for the holder in lease-lock.yaml.
+    files.sort_by_key(|f| {
+        (
+            f != "s3-lock.yaml",
+            f == "lease-lock-contender.yaml",
+            f.clone(),
+        )
+    });
+    assert!(files.len() >= 8, "{files:?}");
+    for file in &files {
+        for line in std::fs::read_to_string(support::repo_root().join("examples").join(file))
+            .unwrap()
+            .lines()
+            .take(1)
+        {
+            assert!(
+                line.starts_with("# "),
+                "examples/{file} starts with a comment"
+            );
+        }
+        apply_example(&ns, file, &aws, &zk).await;
+        match file.as_str() {
+            "lease-lock.yaml" => {
+                wait_acquired(&locks, "db-migration").await;
+            }
+            "lease-lock-contender.yaml" => {
+                let holder = wait_acquired(&locks, "db-migration").await;
+                eventually(
+                    "db-migration-next Waiting, naming the holder",
+                    TIMEOUT,
+                    || async {
+                        let lock = locks.get("db-migration-next").await.ok()?;
+                        let message = lock.acquired_condition()?.message.clone();
+                        (phase(&lock) == Some(LockPhase::Waiting)
+                            && message.contains(holder.status.as_ref()?.holder.as_deref()?))
+                        .then_some(())
+                    },
+                )
+                .await;
+                locks
+                    .delete("db-migration", &DeleteParams::default())
+                    .await
+                    .unwrap();
+                let next = wait_acquired(&locks, "db-migration-next").await;
+                assert!(next.status.unwrap().fence > holder.status.unwrap().fence);
+            }
+            "s3-lock.yaml" => {
+                let lock = wait_acquired(&locks, "nightly-report").await;
+                assert_eq!(lock.status.unwrap().backend.as_deref(), Some("s3"));
+            }
+            "dynamodb-lock.yaml" => {
+                let lock = wait_acquired(&locks, "ledger-compaction").await;
+                assert_eq!(lock.status.unwrap().backend.as_deref(), Some("dynamodb"));
+            }
+            "zookeeper-lock.yaml" => {
+                let lock = wait_acquired(&locks, "partition-rebalance").await;
+                assert_eq!(lock.status.unwrap().backend.as_deref(), Some("zookeeper"));
+            }
+            "job-gated.yaml" => {
+                let job = wait_unsuspended(&jobs, "migrate-schema").await;
+                let lock = wait_acquired(&locks, "schema-migration").await;
+                assert_eq!(
+                    template_annotations(&job).get(FENCE_ANNOTATION),
+                    Some(&lock.status.as_ref().unwrap().fence.unwrap().to_string())
+                );
+                assert_eq!(
+                    lock.annotations().get(CLAIM_ANNOTATION),
+                    Some(&format!("migrate-schema/{}", job.uid().unwrap()))
+                );
+            }
+            "job-queue.yaml" => check_job_queue_example(&jobs, &locks).await,
+            "job-kubectl-wait.yaml" => check_kubectl_wait_example(&client, &ns, &locks).await,
+            other => panic!("examples/{other} has no check in tests/jobs.rs; add one"),
+        }
+    }
+}
+
+async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) {
+    let (running, waiting) = eventually("one queued Job running, one waiting", TIMEOUT, || async {
+        let a = jobs.get("nightly-batch-a").await.ok()?;
+        let b = jobs.get("nightly-batch-b").await.ok()?;
+        let (running, waiting) = match (is_suspended(&a), is_suspended(&b)) {
+            (false, true) => (a, b),
+            (true, false) => (b, a),
+            _ => return None,
+        };
+        let holder = template_annotations(&running)
+            .get(HOLDER_ANNOTATION)?
+            .clone();
+        let status = waiting.annotations().get(STATUS_ANNOTATION)?;
+        let lock = locks.get(&per_job_lock_name(&waiting)).await.ok()?;
+        (status.contains(&format!("held by {holder}")) && phase(&lock) == Some(LockPhase::Waiting))
+            .then_some((running, waiting))
+    })
+    .await;
+    assert!(acquired(
+        &locks.get(&per_job_lock_name(&running)).await.unwrap()
+    ));
+    let template = locks.get("nightly-batch").await.unwrap();
+    assert_eq!(phase(&template), Some(LockPhase::Released));
+    let listed = locks
+        .list(&ListParams::default().labels("lockwarden.io/template=nightly-batch"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 2);
+    // "When the first Job completes ... the second Job starts with a higher fence."
+    finish(jobs, &running.name_any(), true).await;
+    let next = wait_unsuspended(jobs, &waiting.name_any()).await;
+    assert!(fence_of(&next) > fence_of(&running));
+}
+
+/// The lock is Acquired, and the example's ServiceAccount, with exactly the RBAC the
+/// example grants, can run the init container's `kubectl wait` (and read the fence);
+/// without the RoleBinding it is forbidden.
+async fn check_kubectl_wait_example(client: &Client, ns: &str, locks: &Api<DistributedLock>) {
+    let lock = wait_acquired(locks, "report-export").await;
+    let plane = ControlPlane::shared();
+    let as_sa = plane.user_kubeconfig(&format!("system:serviceaccount:{ns}:lock-waiter"), None);
+    // The init container's command, as the Job spells it.
+    let job = Api::<Job>::namespaced(client.clone(), ns)
+        .get("report-export")
+        .await
+        .unwrap();
+    let init = &job
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap()[0];
+    let mut args: Vec<String> = init.args.clone().unwrap();
+    args.retain(|a| !a.starts_with("--timeout"));
+    args.push("--timeout=60s".into());
+    args.extend(["-n".into(), ns.into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out) = kubectl(&as_sa, &args, None).await;
+    assert!(
+        ok && out.contains("condition met"),
+        "kubectl {args:?} as the ServiceAccount:\n{out}"
+    );
+    let (ok, out) = kubectl(
+        &as_sa,
+        &[
+            "get",
+            "dlock",
+            "report-export",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.fence}",
+        ],
+        None,
+    )
+    .await;
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), lock.status.unwrap().fence.unwrap().to_string());
+
+    // Without the RoleBinding the same command is forbidden.
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(client.clone(), ns)
+        .delete("lock-waiter", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "kubectl wait to be forbidden without the RoleBinding",
+        TIMEOUT,
+        || async {
+            let (ok, out) = kubectl(&as_sa, &args, None).await;
+            (!ok && out.contains("forbidden")).then_some(())
+        },
+    )
+    .await;
+}
