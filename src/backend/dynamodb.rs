@@ -333,8 +333,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 /// Reads a lock item; an item without lockwarden's attributes (or with wrong types)
-/// is foreign.
-fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
+/// is foreign. Public for the fuzzers (`fuzz/`).
+pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
     fn s<'a>(
         item: &'a HashMap<String, AttributeValue>,
         name: &str,

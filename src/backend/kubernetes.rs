@@ -124,8 +124,8 @@ fn system_time(t: &Option<MicroTime>) -> SystemTime {
         .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
-/// Reads a Lease as a lock record.
-fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
+/// Reads a Lease as a lock record. Public for the fuzzers (`fuzz/`).
+pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
     let spec = lease.spec.clone().unwrap_or_default();
     let annotations = lease.metadata.annotations.clone().unwrap_or_default();
     let holder_identity = spec.holder_identity.clone().unwrap_or_default();

@@ -132,8 +132,22 @@ pub struct ForeignRecord {
 }
 
 impl ForeignRecord {
+    /// The longest description kept: it ends up in errors, logs and status conditions,
+    /// and parts of it (a JSON field name, a Lease holder) come from the stored value,
+    /// which may be arbitrarily large.
+    pub const MAX_LEN: usize = 512;
+
     pub fn new(what: impl Into<String>) -> Self {
-        ForeignRecord { what: what.into() }
+        let mut what = what.into();
+        if what.len() > Self::MAX_LEN {
+            let mut end = Self::MAX_LEN - '…'.len_utf8();
+            while !what.is_char_boundary(end) {
+                end -= 1;
+            }
+            what.truncate(end);
+            what.push('…');
+        }
+        ForeignRecord { what }
     }
 
     /// Describes unrecognised bytes: their length and a printable prefix.
@@ -277,6 +291,19 @@ mod tests {
         assert!(err.what.contains("not a lockwarden lock record"), "{err}");
         let err = LockRecord::from_json(&[0xff, 0x00, 0x13]).unwrap_err();
         assert!(err.what.contains("3 bytes"), "{err}");
+    }
+
+    #[test]
+    fn foreign_descriptions_are_bounded() {
+        // serde names an unknown field in its error, so a body with a huge field name
+        // made a huge error message (fuzz/record_json checks the bound too).
+        let name = "é".repeat(100_000);
+        let body = format!(r#"{{"{name}":1}}"#);
+        let err = LockRecord::from_json(body.as_bytes()).unwrap_err();
+        assert!(err.what.len() <= ForeignRecord::MAX_LEN, "{}", err.what.len());
+        assert!(err.what.starts_with("not a lockwarden lock record"), "{err}");
+        assert!(err.what.ends_with('…'), "{err}");
+        assert_eq!(ForeignRecord::new("short").what, "short");
     }
 
     #[test]
