@@ -301,7 +301,8 @@ where
         (_, Some("ResourceNotFoundException")) => {
             StoreError::Rejected(format!("table not found: {detail}"))
         }
-        (Some(s), _) if s >= 500 => StoreError::Indeterminate(detail),
+        // 5xx, or success with a reply we cannot read: the write may have applied.
+        (Some(s), _) if s >= 500 || (200..300).contains(&s) => StoreError::Indeterminate(detail),
         (Some(_), _) => StoreError::Rejected(detail),
         (None, _) => match &err {
             SdkError::ConstructionFailure(_) => StoreError::Rejected(detail),
