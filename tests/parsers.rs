@@ -23,8 +23,11 @@ use proptest::prelude::*;
 const MAX_NANOS: u64 = i64::MAX as u64;
 
 fn printable(max: usize) -> impl Strategy<Value = String> {
-    proptest::collection::vec(any::<char>().prop_filter("printable", |c| !c.is_control()), 1..max)
-        .prop_map(|cs| cs.into_iter().collect())
+    proptest::collection::vec(
+        any::<char>().prop_filter("printable", |c| !c.is_control()),
+        1..max,
+    )
+    .prop_map(|cs| cs.into_iter().collect())
 }
 
 fn record() -> impl Strategy<Value = LockRecord> {
@@ -82,7 +85,10 @@ fn zookeeper_target() -> impl Strategy<Value = Target> {
             segs.iter().all(|s| s != "." && s != "..")
         })
         .prop_map(|(servers, segs)| Target::ZooKeeper {
-            servers: servers.into_iter().map(|(h, p)| format!("{h}:{p}")).collect(),
+            servers: servers
+                .into_iter()
+                .map(|(h, p)| format!("{h}:{p}"))
+                .collect(),
             chroot: None,
             path: segs.iter().map(|s| format!("/{s}")).collect(),
         })
