@@ -581,6 +581,64 @@ fn invalid_specs() -> Vec<Invalid> {
             ),
             "spec.backend.kubernetes.namespace",
         ),
+        // Wrong types (tests/bad_input.rs has the other bad-input tables).
+        invalid(
+            "leaseDuration as a number",
+            spec(lease("l"), json!({ "leaseDuration": 30 })),
+            "spec.leaseDuration",
+        ),
+        invalid(
+            "bucket as a number",
+            spec(json!({ "s3": { "bucket": 123, "key": "k" } }), none.clone()),
+            "spec.backend.s3.bucket",
+        ),
+        invalid(
+            "ZooKeeper servers as a string",
+            spec(
+                json!({ "zookeeper": { "servers": "zk:2181", "path": "/db" } }),
+                none.clone(),
+            ),
+            "spec.backend.zookeeper.servers",
+        ),
+        invalid(
+            "release as a string",
+            spec(lease("l"), json!({ "release": "yes" })),
+            "spec.release",
+        ),
+        invalid(
+            "backend as a list",
+            spec(
+                json!([{ "kubernetes": { "leaseName": "l" } }]),
+                none.clone(),
+            ),
+            "spec.backend",
+        ),
+        // Huge values.
+        invalid(
+            "S3 key over 1024 bytes",
+            spec(s3("bucket", &"k".repeat(1025)), none.clone()),
+            "spec.backend.s3.key",
+        ),
+        invalid(
+            "DynamoDB key over 2048 bytes",
+            spec(dynamodb("locks", &"k".repeat(2049)), none.clone()),
+            "spec.backend.dynamodb.key",
+        ),
+        invalid(
+            "Lease name over 253 characters",
+            spec(lease(&"l".repeat(254)), none.clone()),
+            "spec.backend.kubernetes.leaseName",
+        ),
+        invalid(
+            "holderIdentity over 512 characters",
+            spec(lease("l"), json!({ "holderIdentity": "h".repeat(513) })),
+            "spec.holderIdentity",
+        ),
+        invalid(
+            "data over 64 KiB",
+            spec(lease("l"), json!({ "data": "d".repeat(65537) })),
+            "spec.data",
+        ),
     ]
 }
 

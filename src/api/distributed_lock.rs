@@ -252,6 +252,17 @@ impl DistributedLockSpec {
                 message: "must be at most 512 characters".into(),
             });
         }
+        // The schema's maxLength, which counts characters.
+        if self
+            .data
+            .as_ref()
+            .is_some_and(|d| d.chars().count() > 65536)
+        {
+            return Err(SpecError::Invalid {
+                field: "spec.data".into(),
+                message: "must be at most 65536 characters".into(),
+            });
+        }
         Ok(())
     }
 

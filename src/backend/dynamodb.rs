@@ -301,7 +301,8 @@ where
         (_, Some("ResourceNotFoundException")) => {
             StoreError::Rejected(format!("table not found: {detail}"))
         }
-        (Some(s), _) if s >= 500 => StoreError::Indeterminate(detail),
+        // 5xx, or success with a reply we cannot read: the write may have applied.
+        (Some(s), _) if s >= 500 || (200..300).contains(&s) => StoreError::Indeterminate(detail),
         (Some(_), _) => StoreError::Rejected(detail),
         (None, _) => match &err {
             SdkError::ConstructionFailure(_) => StoreError::Rejected(detail),
@@ -333,8 +334,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 /// Reads a lock item; an item without lockwarden's attributes (or with wrong types)
-/// is foreign.
-fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
+/// is foreign. Public for the fuzzers (`fuzz/`).
+pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
     fn s<'a>(
         item: &'a HashMap<String, AttributeValue>,
         name: &str,

@@ -89,6 +89,19 @@ impl LeaseStore {
         }
     }
 
+    /// The fence is `leaseTransitions`, an int32: a fence beyond it cannot be stored,
+    /// and storing a smaller one would hand the same fence to two holders.
+    fn check_fence(&self, record: &LockRecord) -> Result<(), StoreError> {
+        if i32::try_from(record.fence.0).is_err() {
+            return Err(StoreError::Rejected(format!(
+                "fence {} does not fit leaseTransitions (an int32): the fence sequence of \
+                 this Lease is exhausted; delete the Lease to start it again",
+                record.fence
+            )));
+        }
+        Ok(())
+    }
+
     fn classify(&self, err: kube::Error, op: &str) -> StoreError {
         match &err {
             kube::Error::Api(status) => match status.code {
@@ -124,8 +137,8 @@ fn system_time(t: &Option<MicroTime>) -> SystemTime {
         .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
-/// Reads a Lease as a lock record.
-fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
+/// Reads a Lease as a lock record. Public for the fuzzers (`fuzz/`).
+pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
     let spec = lease.spec.clone().unwrap_or_default();
     let annotations = lease.metadata.annotations.clone().unwrap_or_default();
     let holder_identity = spec.holder_identity.clone().unwrap_or_default();
@@ -219,6 +232,7 @@ impl RecordStore for LeaseStore {
     }
 
     async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
+        self.check_fence(record)?;
         let lease = self.to_lease(record, None);
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(l) => Ok(Version(l.metadata.resource_version.unwrap_or_default())),
@@ -231,6 +245,7 @@ impl RecordStore for LeaseStore {
         expected: &Version,
         record: &LockRecord,
     ) -> Result<Version, StoreError> {
+        self.check_fence(record)?;
         // PUT with metadata.resourceVersion: the API server's compare-and-swap.
         let lease = self.to_lease(record, Some(expected));
         match self

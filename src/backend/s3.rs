@@ -64,6 +64,10 @@ where
         }
         // S3's "a conflicting conditional operation is in progress": may have applied.
         (Some(409), _) => StoreError::Indeterminate(format!("{op}: {detail}")),
+        // Success with a reply we cannot read: the write applied, or may have.
+        (Some(s), _) if (200..300).contains(&s) => {
+            StoreError::Indeterminate(format!("{op}: {detail}"))
+        }
         (Some(s), _) if s >= 500 => StoreError::Indeterminate(format!("{op}: {detail}")),
         (Some(_), _) => StoreError::Rejected(format!("{op} refused: {detail}")),
         // No response: the request may or may not have been processed.

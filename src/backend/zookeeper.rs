@@ -136,7 +136,7 @@ impl ZkSessions {
 
 /// Splits `[zk://]host:port[,host:port…][/chroot]` into the server list and the chroot
 /// (`""` or `/a/b`, without a trailing slash).
-fn parse_connect(connect: &str) -> Result<(String, String), LockError> {
+pub fn parse_connect(connect: &str) -> Result<(String, String), LockError> {
     let invalid = |why: &str| LockError::Backend {
         url: format!("zk://{connect}"),
         message: format!("invalid ZooKeeper connect string: {why}"),
@@ -387,7 +387,7 @@ struct Child {
 
 /// The sequence number a child's name ends with, if it is a queue member. Ordering is
 /// by this suffix only: the protected prefix is random.
-fn sequence_of(name: &str) -> Option<i64> {
+pub fn sequence_of(name: &str) -> Option<i64> {
     let digits = name.len() - name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
     if digits < SEQUENCE_DIGITS {
         return None;
@@ -575,7 +575,7 @@ impl ZkLock {
 
     /// A queue member's record as stored: ours, with the fence taken from `czxid`, or
     /// a description of whatever else is there.
-    fn stored(name: &str, data: &[u8], stat: &Stat) -> Stored {
+    pub fn stored(name: &str, data: &[u8], stat: &Stat) -> Stored {
         Stored {
             record: LockRecord::from_json(data).map(|mut record| {
                 record.fence = Generation::fence_of(stat);
@@ -587,7 +587,7 @@ impl ZkLock {
 
     /// The holder as a record, also when the holder is not a lockwarden contender
     /// (rule 6: reported, with what was found, never deleted).
-    fn holder_record(name: &str, stored: Stored, stat: &Stat, lease: Duration) -> LockRecord {
+    pub fn holder_record(name: &str, stored: Stored, stat: &Stat, lease: Duration) -> LockRecord {
         match stored.record {
             Ok(record) => record,
             Err(found) => LockRecord {

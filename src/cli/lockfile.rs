@@ -181,11 +181,16 @@ impl LockFile {
                 source,
             },
         })?;
+        LockFile::parse(path, &bytes)
+    }
+
+    /// Parses and checks the contents of the lock file at `path` (named in errors).
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<LockFile, LockFileError> {
         let corrupt = |why: String| LockFileError::Corrupt {
             path: path.to_path_buf(),
             why,
         };
-        let file: LockFile = serde_json::from_slice(&bytes).map_err(|e| {
+        let file: LockFile = serde_json::from_slice(bytes).map_err(|e| {
             if bytes.iter().all(u8::is_ascii_whitespace) {
                 corrupt("the file is empty".into())
             } else {

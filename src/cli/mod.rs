@@ -263,10 +263,7 @@ fn round(d: Duration) -> Duration {
 fn held_by(by: &HeldBy) -> String {
     let mut s = format!("{} (fence {})", by.holder, by.fence);
     if let Some(since) = by.since.filter(|t| *t > std::time::UNIX_EPOCH) {
-        s.push_str(&format!(
-            " since {}",
-            humantime::format_rfc3339_seconds(since)
-        ));
+        s.push_str(&format!(" since {}", crate::lock::rfc3339(since)));
     }
     s
 }
@@ -452,16 +449,23 @@ pub fn parse_lease(s: &str) -> Result<Duration, ValueError> {
 }
 
 /// `--wait`: whole seconds (as s3lock's `--wait=UINT`) or a duration; 0 = do not wait.
+/// At most 68 years, as a lease.
 pub fn parse_wait(s: &str) -> Result<Duration, ValueError> {
     let t = s.trim();
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+    let d = match t.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => humantime::parse_duration(t).map_err(|_| {
+            ValueError(format!(
+                "{s:?} is not a number of seconds or a duration: expected e.g. 10, 90s or 5m"
+            ))
+        })?,
+    };
+    if d > Duration::from_secs(i32::MAX as u64) {
+        return Err(ValueError(format!(
+            "{s:?}: a wait must be at most 68 years"
+        )));
     }
-    humantime::parse_duration(t).map_err(|_| {
-        ValueError(format!(
-            "{s:?} is not a number of seconds or a duration: expected e.g. 10, 90s or 5m"
-        ))
-    })
+    Ok(d)
 }
 
 /// A holder identity: printable, non-empty, at most 256 characters.
@@ -547,6 +551,13 @@ mod tests {
         assert_eq!(parse_wait("1m30s").unwrap(), Duration::from_secs(90));
         assert!(parse_wait("-5").is_err());
         assert!(parse_wait("soon").is_err());
+        // Beyond what the clock can add to now (it panicked before).
+        assert!(
+            parse_wait("18446744073709551615")
+                .unwrap_err()
+                .to_string()
+                .contains("at most 68 years")
+        );
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub struct Status {
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
-    (t > SystemTime::UNIX_EPOCH).then(|| humantime::format_rfc3339_seconds(t).to_string())
+    (t > SystemTime::UNIX_EPOCH).then(|| crate::lock::rfc3339(t))
 }
 
 impl Status {

@@ -37,7 +37,8 @@ pub async fn acquire_with_progress(
     let started = Instant::now();
     let deadline = match wait {
         Wait::No => Some(started),
-        Wait::For(d) => Some(started + d),
+        // A wait beyond what the clock can represent is a wait without end.
+        Wait::For(d) => started.checked_add(d),
         Wait::Forever => None,
     };
     let mut poll = POLL_MIN;

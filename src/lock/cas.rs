@@ -175,22 +175,34 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                     version,
                 }) => {
                     let takeover_after = self.margins.takeover_after(r.lease);
+                    // Only a record written by hand ends the fence sequence; taking
+                    // it over would reuse its fence, so that is refused.
+                    let next_fence = || {
+                        r.fence.checked_next().ok_or_else(|| LockError::Backend {
+                            url: self.url(),
+                            message: format!(
+                                "the stored record has the last fence ({}): no later holder \
+                                 could carry a higher one; delete the record to start again",
+                                r.fence
+                            ),
+                        })
+                    };
                     if r.state == LockState::Released {
                         Plan::Replace {
                             expected: version.clone(),
-                            fence: r.fence.next(),
+                            fence: next_fence()?,
                             forced_from: None,
                         }
                     } else if req.force {
                         Plan::Replace {
                             expected: version.clone(),
-                            fence: r.fence.next(),
+                            fence: next_fence()?,
                             forced_from: Some(HeldBy::from_record(r)),
                         }
                     } else if st.observer.is_expired(version, takeover_after) {
                         Plan::Replace {
                             expected: version.clone(),
-                            fence: r.fence.next(),
+                            fence: next_fence()?,
                             forced_from: None,
                         }
                     } else {

@@ -27,7 +27,7 @@ impl std::fmt::Display for HeldBy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} (fence {}", self.holder, self.fence)?;
         if let Some(since) = self.since {
-            write!(f, ", since {}", humantime::format_rfc3339_seconds(since))?;
+            write!(f, ", since {}", super::record::rfc3339(since))?;
         }
         f.write_str(")")
     }

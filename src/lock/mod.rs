@@ -23,4 +23,4 @@ pub use cas::CasLock;
 pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
-pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version};
+pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version, rfc3339};

@@ -21,6 +21,13 @@ impl FenceToken {
     pub fn next(self) -> FenceToken {
         FenceToken(self.0.saturating_add(1))
     }
+
+    /// The next fence, unless this is the last one (`u64::MAX`, only ever seen in a
+    /// record written by hand): then there is no fence a new holder could carry that
+    /// the previous holder did not.
+    pub fn checked_next(self) -> Option<FenceToken> {
+        self.0.checked_add(1).map(FenceToken)
+    }
 }
 
 impl fmt::Display for FenceToken {
@@ -39,6 +46,20 @@ pub struct Version(pub String);
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+/// A wall-clock time as RFC 3339 (seconds), for messages and `status`.
+///
+/// Stored times come from other writers and can be anything; RFC 3339 ends with the
+/// year 9999 and humantime's `Display` fails beyond it (which `format!` turns into a
+/// panic), so such times are shown as seconds since the epoch instead.
+pub fn rfc3339(t: SystemTime) -> String {
+    const YEAR_10000: u64 = 253_402_300_800;
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) if d.as_secs() < YEAR_10000 => humantime::format_rfc3339_seconds(t).to_string(),
+        Ok(d) => format!("{}s after the Unix epoch", d.as_secs()),
+        Err(_) => "before the Unix epoch".to_string(),
     }
 }
 
@@ -132,8 +153,22 @@ pub struct ForeignRecord {
 }
 
 impl ForeignRecord {
+    /// The longest description kept: it ends up in errors, logs and status conditions,
+    /// and parts of it (a JSON field name, a Lease holder) come from the stored value,
+    /// which may be arbitrarily large.
+    pub const MAX_LEN: usize = 512;
+
     pub fn new(what: impl Into<String>) -> Self {
-        ForeignRecord { what: what.into() }
+        let mut what = what.into();
+        if what.len() > Self::MAX_LEN {
+            let mut end = Self::MAX_LEN - '…'.len_utf8();
+            while !what.is_char_boundary(end) {
+                end -= 1;
+            }
+            what.truncate(end);
+            what.push('…');
+        }
+        ForeignRecord { what }
     }
 
     /// Describes unrecognised bytes: their length and a printable prefix.
@@ -277,6 +312,40 @@ mod tests {
         assert!(err.what.contains("not a lockwarden lock record"), "{err}");
         let err = LockRecord::from_json(&[0xff, 0x00, 0x13]).unwrap_err();
         assert!(err.what.contains("3 bytes"), "{err}");
+    }
+
+    #[test]
+    fn times_beyond_rfc3339_are_shown_not_panicked_on() {
+        let far = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::MAX);
+        assert_eq!(rfc3339(far), "18446744073709551s after the Unix epoch");
+        assert_eq!(
+            rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+            "2023-11-14T22:13:20Z"
+        );
+        assert_eq!(
+            rfc3339(SystemTime::UNIX_EPOCH - Duration::from_secs(1)),
+            "before the Unix epoch"
+        );
+    }
+
+    #[test]
+    fn foreign_descriptions_are_bounded() {
+        // serde names an unknown field in its error, so a body with a huge field name
+        // made a huge error message (fuzz/record_json checks the bound too).
+        let name = "é".repeat(100_000);
+        let body = format!(r#"{{"{name}":1}}"#);
+        let err = LockRecord::from_json(body.as_bytes()).unwrap_err();
+        assert!(
+            err.what.len() <= ForeignRecord::MAX_LEN,
+            "{}",
+            err.what.len()
+        );
+        assert!(
+            err.what.starts_with("not a lockwarden lock record"),
+            "{err}"
+        );
+        assert!(err.what.ends_with('…'), "{err}");
+        assert_eq!(ForeignRecord::new("short").what, "short");
     }
 
     #[test]

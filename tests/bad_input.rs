@@ -1,0 +1,1079 @@
+//! Bad input of every kind gets a clear error naming what is wrong — never a panic,
+//! never a write:
+//!
+//! - command-line arguments and lock files (the built binary, a table of cases);
+//! - stored values that are not lockwarden records, put into the real stores (moto
+//!   S3 and DynamoDB, ZooKeeper, kube-apiserver Leases): garbage, wrong types, huge
+//!   and absurd values. Acquire, inspect and `lockwarden lock` / `status` report them
+//!   (a foreign record is "held", DESIGN.md rule 6) and leave them byte for byte;
+//! - HTTP answers no real server gives on demand (500, 503, 403, 301, bytes that are
+//!   not HTTP, a 200 with a garbage body), from a canned server: the error is
+//!   classified as the engine defines (unavailable vs refused) and no lock is
+//!   reported acquired.
+//!
+//! (`tests/cli.rs` has the common malformed-input cases; this file has the rest.)
+
+#[path = "support/canned.rs"]
+mod canned;
+mod support;
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_s3::primitives::ByteStream;
+use canned::Canned;
+use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+use kube::api::{Api, PostParams};
+use lockwarden::backend::{DynamoStore, LeaseStore, S3Store, TableLayout, ZkSessions};
+use lockwarden::lock::{
+    AcquireRequest, Attempt, CasLock, ForeignRecord, LockBackend, LockError, Wait, acquire,
+};
+use serde_json::{Value, json};
+use support::kube::ControlPlane;
+use support::moto::{self, Moto};
+use support::zookeeper::ZooKeeper;
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lockwarden");
+
+/// Generous: the machine is small and shared.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    /// Exit `code`, one error line naming every fragment, no panic.
+    fn expect(&self, code: i32, fragments: &[&str], case: &str) {
+        assert_ne!(self.code, 101, "{case}: panicked: {self:#?}");
+        assert!(
+            !self.stderr.contains("panicked"),
+            "{case}: panicked: {self:#?}"
+        );
+        assert_eq!(self.code, code, "{case}: exit code: {self:#?}");
+        // One error line; progress lines ("lockwarden: waiting for …") may precede it.
+        let errors: Vec<&str> = self
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("lockwarden: error: "))
+            .collect();
+        assert_eq!(
+            errors.len(),
+            1,
+            "{case}: expected a one-line error: {self:#?}"
+        );
+        assert!(
+            self.stderr.lines().all(|l| l.starts_with("lockwarden: ")),
+            "{case}: {self:#?}"
+        );
+        for fragment in fragments {
+            assert!(
+                self.stderr.contains(fragment),
+                "{case}: error lacks {fragment:?}: {self:#?}"
+            );
+        }
+        assert!(
+            self.stderr.len() < 4096,
+            "{case}: a {} byte error message",
+            self.stderr.len()
+        );
+    }
+}
+
+/// Runs the binary in `dir` with moto as the AWS endpoint (and `extra` environment).
+async fn lockwarden(dir: &Path, args: &[OsString], extra: &[(&str, String)]) -> Out {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("AWS_ENDPOINT_URL", Moto::shared().endpoint())
+        .env("AWS_REGION", moto::REGION)
+        .env("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY)
+        .env("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+        .env(
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "/nonexistent/aws-credentials",
+        )
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("USER", "tester")
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(COMMAND_TIMEOUT, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("lockwarden {args:?} did not finish"))
+        .expect("run lockwarden");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn args(list: &[&str]) -> Vec<OsString> {
+    list.iter().map(OsString::from).collect()
+}
+
+fn request(holder: &str) -> AcquireRequest {
+    AcquireRequest::new(holder, Duration::from_secs(30))
+}
+
+fn assert_bounded(found: &ForeignRecord) {
+    assert!(
+        found.what.len() <= ForeignRecord::MAX_LEN,
+        "a {} byte description",
+        found.what.len()
+    );
+}
+
+/// A lock file with every field valid, as `lock` writes it; cases change one thing.
+fn good_lock_file(url: &str) -> Value {
+    json!({
+        "url": url,
+        "holder": "h",
+        "nonce": "0123456789abcdef0123456789abcdef",
+        "fence": 1,
+        "version": "\"etag\"",
+        "lease": "1h",
+        "acquiredAt": "2025-01-01T00:00:00Z",
+        "format": 1,
+    })
+}
+
+fn with(mut file: Value, field: &str, value: Value) -> Vec<u8> {
+    file[field] = value;
+    serde_json::to_vec(&file).unwrap()
+}
+
+// ----- command line ---------------------------------------------------------------
+
+/// Arguments the binary must refuse before touching a store: exit 2 (usage) or 1
+/// (lock file), a one-line message naming what is wrong, and the bucket stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
+    let bucket = Moto::shared().new_bucket("bad-args").await;
+    let good = format!("s3://{bucket}/k");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("huge.lock", vec![b'x'; 10 << 20]),
+        ("binary.lock", vec![0x00, 0xff, 0xfe, 0x13, 0x80, 0x7f]),
+        ("array.lock", b"[]".to_vec()),
+        ("deep.lock", "[".repeat(100_000).into_bytes()),
+        (
+            "fence-type.lock",
+            with(good_lock_file(&good), "fence", json!("three")),
+        ),
+        (
+            "fence-negative.lock",
+            with(good_lock_file(&good), "fence", json!(-1)),
+        ),
+        (
+            "fence-huge.lock",
+            with(good_lock_file(&good), "fence", json!(1e30)),
+        ),
+        (
+            "format-type.lock",
+            with(good_lock_file(&good), "format", json!("1")),
+        ),
+        (
+            "nonce-empty.lock",
+            with(good_lock_file(&good), "nonce", json!("")),
+        ),
+        (
+            "holder-empty.lock",
+            with(good_lock_file(&good), "holder", json!("")),
+        ),
+        (
+            "url-number.lock",
+            with(good_lock_file(&good), "url", json!(42)),
+        ),
+        (
+            "bucket-mismatch.lock",
+            with(good_lock_file(&good), "Bucket", json!("other-bucket")),
+        ),
+        (
+            "zk-version.lock",
+            serde_json::to_vec(&good_lock_file("zk://127.0.0.1:1/x")).unwrap(),
+        ),
+    ];
+    for (name, bytes) in &files {
+        std::fs::write(d.join(name), bytes).unwrap();
+    }
+    std::fs::create_dir(d.join("dir.lock")).unwrap();
+
+    let long_key = format!("s3://{bucket}/{}", "k".repeat(1025));
+    let long_holder = "h".repeat(257);
+    let long_table = format!("dynamodb://{}/k", "t".repeat(256));
+    let long_lease_name = format!("k8s://ns/{}", "a".repeat(254));
+    let long_namespace = format!("k8s://{}/x", "n".repeat(64));
+    let long_attribute = "p".repeat(256);
+    let tab_key = format!("s3://{bucket}/a\tb");
+    let g = good.as_str();
+
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+        // lock URLs
+        (vec!["lock", ""], 2, vec!["is not a lock URL"]),
+        (vec!["lock", &long_key], 2, vec!["longer than 1024 bytes", "s3://BUCKET/KEY"]),
+        (vec!["lock", &tab_key], 2, vec!["control characters"]),
+        (vec!["lock", "s3://a..b/k"], 2, vec!["invalid bucket name \"a..b\""]),
+        (vec!["lock", "s3://-bucket/k"], 2, vec!["invalid bucket name"]),
+        (vec!["lock", "dynamodb://ta$ble/k"], 2, vec!["invalid table name \"ta$ble\""]),
+        (vec!["status", &long_table], 2, vec!["invalid table name"]),
+        (vec!["lock", "zk://h:70000/x"], 2, vec!["invalid port \"70000\""]),
+        (vec!["lock", "zk://h:-1/x"], 2, vec!["invalid port \"-1\""]),
+        (vec!["lock", "zk://[::1/x"], 2, vec!["invalid server address"]),
+        (vec!["lock", "zk://h!:1/x"], 2, vec!["invalid server host \"h!\""]),
+        (vec!["lock", "zk://h:1/a/./b"], 2, vec!["\".\""]),
+        (vec!["lock", "zk://h:1/a\u{1}b"], 2, vec!["control characters"]),
+        (vec!["status", &long_lease_name], 2, vec!["invalid Lease name"]),
+        (vec!["status", &long_namespace], 2, vec!["invalid namespace"]),
+        // durations and numbers, including ones too large for the clock
+        (vec!["lock", g, "--lease", "1000000000h"], 2, vec!["--lease", "at most 68 years"]),
+        (vec!["lock", g, "--lease=-5s"], 2, vec!["--lease", "not a duration"]),
+        (vec!["lock", g, "--lease", "99999999999999999999999s"], 2, vec!["--lease", "not a duration"]),
+        (vec!["lock", g, "--wait", "18446744073709551615"], 2, vec!["--wait", "at most 68 years"]),
+        (vec!["lock", g, "--wait", "99999999999999999999999"], 2, vec!["--wait"]),
+        (vec!["lock", g, "--wait=-1"], 2, vec!["--wait", "10, 90s or 5m"]),
+        (vec!["run", g, "--grace", "0s", "--", "true"], 2, vec!["--grace", "greater than zero"]),
+        (vec!["run", g, "--lease", "1h", "--lease", "2h", "--", "true"], 2, vec!["--lease", "cannot be used multiple times"]),
+        // flags
+        (vec!["lock", g, "--holder", "a\u{7}b"], 2, vec!["--holder", "printable"]),
+        (vec!["lock", g, "--holder", &long_holder], 2, vec!["at most 256 characters"]),
+        (vec!["lock", g, "--holder", "   "], 2, vec!["holder must not be empty"]),
+        (vec!["lock", g, "--region", "EU_WEST_1"], 2, vec!["not a region name"]),
+        (vec!["lock", g, "--partition-key", ""], 2, vec!["1-255 characters"]),
+        (vec!["lock", g, "--partition-key", &long_attribute], 2, vec!["1-255 characters"]),
+        (vec!["lock", g, "--sort-key", "=v"], 2, vec!["NAME=VALUE"]),
+        (vec!["lock", g, "--endpoint", "ftp://x"], 2, vec!["http(s)://HOST[:PORT]"]),
+        (vec!["lock", g, "--endpoint", "http://"], 2, vec!["http(s)://HOST[:PORT]"]),
+        (vec!["lock", g, "--log-format", "xml"], 2, vec!["'xml'"]),
+        (vec!["lock", g, "-o", "/nonexistent-dir/x.lock"], 1, vec!["/nonexistent-dir"]),
+        // lock files
+        (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
+        (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),
+        (vec!["unlock", "array.lock"], 1, vec!["not a lockwarden lock file"]),
+        (vec!["unlock", "deep.lock"], 1, vec!["not a lockwarden lock file", "invalid type"]),
+        (vec!["unlock", "fence-type.lock"], 1, vec!["invalid type", "three"]),
+        (vec!["unlock", "fence-negative.lock"], 1, vec!["invalid value", "-1"]),
+        (vec!["unlock", "fence-huge.lock"], 1, vec!["not a lockwarden lock file"]),
+        (vec!["unlock", "format-type.lock"], 1, vec!["invalid type"]),
+        (vec!["unlock", "nonce-empty.lock"], 1, vec!["empty nonce"]),
+        (vec!["unlock", "holder-empty.lock"], 1, vec!["empty holder"]),
+        (vec!["unlock", "url-number.lock"], 1, vec!["invalid type"]),
+        (vec!["unlock", "bucket-mismatch.lock"], 1, vec!["Bucket/Key do not match the url"]),
+        (vec!["unlock", "zk-version.lock"], 1, vec!["not a ZooKeeper entry"]),
+        (vec!["unlock", "dir.lock"], 1, vec!["dir.lock"]),
+        (vec!["unlock", "--force", "binary.lock"], 1, vec!["not a lockwarden lock file"]),
+    ];
+    for (argv, code, fragments) in &cases {
+        let out = lockwarden(d, &args(argv), &[]).await;
+        let case = format!(
+            "{:?}",
+            argv.iter()
+                .map(|a| a.chars().take(60).collect::<String>())
+                .collect::<Vec<_>>()
+        );
+        out.expect(*code, fragments, &case);
+    }
+
+    // An argument that is not UTF-8 at all.
+    let mut raw = b"s3://".to_vec();
+    raw.extend_from_slice(&[0xff, 0xfe]);
+    raw.extend_from_slice(b"/k");
+    let out = lockwarden(d, &[OsString::from("lock"), OsString::from_vec(raw)], &[]).await;
+    out.expect(2, &["UTF-8"], "non-UTF-8 URL");
+
+    // Nothing reached the store, and no file was written or removed.
+    let listed = Moto::shared()
+        .s3_client()
+        .await
+        .list_objects_v2()
+        .bucket(&bucket)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.key_count(), Some(0), "{listed:?}");
+    for (name, bytes) in &files {
+        assert_eq!(
+            &std::fs::read(d.join(name)).unwrap(),
+            bytes,
+            "{name} changed"
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = files.iter().map(|(n, _)| n.to_string()).collect();
+    expected.push("dir.lock".into());
+    expected.sort();
+    assert_eq!(names, expected);
+}
+
+// ----- S3 -------------------------------------------------------------------------
+
+struct S3Object {
+    etag: String,
+    body: Vec<u8>,
+}
+
+async fn s3_get(bucket: &str, key: &str) -> S3Object {
+    let out = Moto::shared()
+        .s3_client()
+        .await
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("get {key}: {e:?}"));
+    S3Object {
+        etag: out.e_tag().unwrap_or_default().to_string(),
+        body: out.body.collect().await.unwrap().to_vec(),
+    }
+}
+
+async fn s3_put(bucket: &str, key: &str, body: Vec<u8>) {
+    Moto::shared()
+        .s3_client()
+        .await
+        .put_object()
+        .bucket(bucket)
+        .key(key)
+        .body(ByteStream::from(body))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
+}
+
+async fn s3_lock(bucket: &str, key: &str) -> CasLock<S3Store> {
+    CasLock::new(S3Store::new(Moto::shared().s3_client().await, bucket, key))
+}
+
+fn record_json(overrides: Value) -> Vec<u8> {
+    let mut doc = json!({
+        "lockwarden": 1,
+        "holder": "someone",
+        "nonce": "0123456789abcdef0123456789abcdef",
+        "revision": "fedcba9876543210fedcba9876543210",
+        "fence": 3,
+        "leaseMs": 30000,
+        "state": "held",
+        "acquiredAtMs": 1_700_000_000_000u64,
+        "renewedAtMs": 1_700_000_000_000u64,
+    });
+    for (k, v) in overrides.as_object().unwrap() {
+        doc[k] = v.clone();
+    }
+    serde_json::to_vec(&doc).unwrap()
+}
+
+/// Objects that are not lockwarden records: acquire refuses with a bounded
+/// description, inspect reports them foreign, `lock` exits 3, `status` shows them —
+/// and the object is the same, byte for byte and ETag, afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_garbage_objects_are_reported_and_left_alone() {
+    let bucket = Moto::shared().new_bucket("bad-s3").await;
+    let mut ten_mb = b"{\"a\":\"".to_vec();
+    ten_mb.extend(std::iter::repeat_n(b'x', 10 << 20));
+    ten_mb.extend_from_slice(b"\"}");
+    let huge_field = format!(r#"{{"{}":1}}"#, "f".repeat(1 << 20)).into_bytes();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "binary",
+            vec![0x00, 0x9f, 0x92, 0x96, 0xff, 0x01],
+            "not a lockwarden lock record",
+        ),
+        ("empty", Vec::new(), "not a lockwarden lock record"),
+        (
+            "s3lock-uuid",
+            b"0b3c7e4c-5a8f-4b3e-9d9a-0e3f1c2b4a5d".to_vec(),
+            "not a lockwarden lock record",
+        ),
+        (
+            "wrong-types",
+            record_json(json!({"holder": 5, "fence": "three"})),
+            "invalid type",
+        ),
+        (
+            "negative-fence",
+            record_json(json!({"fence": -1})),
+            "invalid value",
+        ),
+        (
+            "fence-beyond-u64",
+            br#"{"lockwarden":1,"fence":18446744073709551616}"#.to_vec(),
+            "not a lockwarden lock record",
+        ),
+        (
+            "zero-lease",
+            record_json(json!({"leaseMs": 0})),
+            "zero lease",
+        ),
+        (
+            "empty-nonce",
+            record_json(json!({"nonce": ""})),
+            "empty nonce",
+        ),
+        (
+            "unknown-state",
+            record_json(json!({"state": "stolen"})),
+            "unknown variant",
+        ),
+        (
+            "future-format",
+            record_json(json!({"lockwarden": 7})),
+            "format 7 is not supported",
+        ),
+        ("huge-field-name", huge_field, "unknown field"),
+        ("ten-megabytes", ten_mb, "10485768 bytes"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, body, fragment) in cases {
+        let key = format!("locks/{name}");
+        let url = format!("s3://{bucket}/{key}");
+        s3_put(&bucket, &key, body).await;
+        let before = s3_get(&bucket, &key).await;
+        let lock = s3_lock(&bucket, &key).await;
+
+        match lock.try_acquire(&request("me")).await {
+            Err(LockError::Foreign { found, .. }) => {
+                assert!(found.what.contains(fragment), "{name}: {found}");
+                assert_bounded(&found);
+            }
+            other => panic!("{name}: expected a foreign record, got {other:?}"),
+        }
+        let stored = lock.inspect().await.unwrap().expect("a record");
+        assert!(stored.record.is_err(), "{name}: {stored:?}");
+
+        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &[]).await;
+        out.expect(3, &[&url, "not a lockwarden lock", "--force"], name);
+        let out = lockwarden(dir.path(), &args(&["status", &url, "-o", "json"]), &[]).await;
+        assert_eq!(out.code, 0, "{name}: {out:#?}");
+        let status: Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(status["state"], "foreign", "{name}: {status}");
+
+        let after = s3_get(&bucket, &key).await;
+        assert_eq!(after.etag, before.etag, "{name}: the object was rewritten");
+        assert!(after.body == before.body, "{name}: the object changed");
+    }
+    assert!(!dir.path().join("x.lock").exists());
+}
+
+/// Records in lockwarden's format with absurd values: a lease of 584 million years,
+/// timestamps past year 9999, the last fence there is. Each is reported as held (or
+/// refused, for a fence that cannot grow) without a panic and without a write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_records_with_absurd_values_are_reported_and_left_alone() {
+    let bucket = Moto::shared().new_bucket("absurd-s3").await;
+    let dir = tempfile::tempdir().unwrap();
+
+    // Held "forever", acquired and renewed in the far future.
+    let key = "locks/forever";
+    let url = format!("s3://{bucket}/{key}");
+    let body = record_json(json!({
+        "leaseMs": u64::MAX,
+        "acquiredAtMs": u64::MAX,
+        "renewedAtMs": u64::MAX,
+        "fence": u64::MAX - 1,
+    }));
+    s3_put(&bucket, key, body).await;
+    let before = s3_get(&bucket, key).await;
+    let lock = s3_lock(&bucket, key).await;
+    match lock.try_acquire(&request("me")).await {
+        Ok(Attempt::Busy { holder, .. }) => assert_eq!(holder.holder, "someone"),
+        other => panic!("expected busy, got {other:?}"),
+    }
+    match acquire(&lock, &request("me"), Wait::For(Duration::from_millis(300))).await {
+        Err(e @ LockError::Timeout { .. }) => {
+            // Displaying a far-future "since" must not panic.
+            assert!(e.to_string().contains("someone"), "{e}");
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let out = lockwarden(dir.path(), &args(&["lock", &url]), &[]).await;
+    out.expect(3, &[&url, "lock already held by someone"], "forever");
+    let out = lockwarden(dir.path(), &args(&["lock", &url, "--wait", "1"]), &[]).await;
+    out.expect(3, &[&url, "gave up after waiting"], "forever --wait");
+    for format in ["json", "yaml", "wide"] {
+        let out = lockwarden(dir.path(), &args(&["status", &url, "-o", format]), &[]).await;
+        assert_eq!(out.code, 0, "status -o {format}: {out:#?}");
+        assert!(out.stdout.contains("someone"), "{out:#?}");
+    }
+    let out = lockwarden(dir.path(), &args(&["status", &url]), &[]).await;
+    assert_eq!(out.code, 0, "status: {out:#?}");
+    let after = s3_get(&bucket, key).await;
+    assert_eq!((after.etag, after.body), (before.etag, before.body));
+
+    // Released at the last fence: the next acquisition has no higher fence to carry,
+    // so it must be refused (never a second holder with the same fence).
+    let key = "locks/last-fence";
+    let url = format!("s3://{bucket}/{key}");
+    s3_put(
+        &bucket,
+        key,
+        record_json(json!({"fence": u64::MAX, "state": "released"})),
+    )
+    .await;
+    let before = s3_get(&bucket, key).await;
+    let lock = s3_lock(&bucket, key).await;
+    match lock.try_acquire(&request("me")).await {
+        Err(LockError::Backend { message, .. }) => {
+            assert!(message.contains("fence"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "y.lock"]), &[]).await;
+    out.expect(1, &[&url, "fence"], "last fence");
+    let after = s3_get(&bucket, key).await;
+    assert_eq!((after.etag, after.body), (before.etag, before.body));
+    assert!(!dir.path().join("y.lock").exists());
+}
+
+// ----- DynamoDB -------------------------------------------------------------------
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_string())
+}
+
+fn n(v: &str) -> AttributeValue {
+    AttributeValue::N(v.to_string())
+}
+
+/// Items whose attributes have the wrong types or values: foreign, reported, and
+/// the item is unchanged afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
+    let moto = Moto::shared();
+    let table = moto.new_table("bad-ddb", "key").await;
+    let client = moto.dynamodb_client().await;
+    let good: HashMap<String, AttributeValue> = HashMap::from([
+        ("ownerName".to_string(), s("someone")),
+        ("leaseDuration".to_string(), s("30s")),
+        ("recordVersionNumber".to_string(), s("rvn-1")),
+        ("fence".to_string(), n("3")),
+        ("nonce".to_string(), s("0123456789abcdef")),
+    ]);
+    let changed = |name: &str, value: Option<AttributeValue>| {
+        let mut item = good.clone();
+        match value {
+            Some(v) => item.insert(name.to_string(), v),
+            None => item.remove(name),
+        };
+        item
+    };
+    let huge_owner = "o".repeat(300_000);
+    let cases: Vec<(&str, HashMap<String, AttributeValue>, &str)> = vec![
+        (
+            "lease-number",
+            changed("leaseDuration", Some(n("30"))),
+            "leaseDuration is a number",
+        ),
+        (
+            "lease-garbage",
+            changed("leaseDuration", Some(s("soon"))),
+            "expected a duration",
+        ),
+        (
+            "lease-zero",
+            changed("leaseDuration", Some(s("0s"))),
+            "expected a duration",
+        ),
+        (
+            "lease-huge",
+            changed("leaseDuration", Some(s("99999999999h"))),
+            "expected a duration",
+        ),
+        (
+            "fence-string",
+            changed("fence", Some(s("3"))),
+            "fence is a string",
+        ),
+        (
+            "fence-negative",
+            changed("fence", Some(n("-3"))),
+            "non-negative integer",
+        ),
+        (
+            "fence-fraction",
+            changed("fence", Some(n("3.5"))),
+            "non-negative integer",
+        ),
+        (
+            "fence-beyond-u64",
+            changed("fence", Some(n("18446744073709551616"))),
+            "non-negative integer",
+        ),
+        (
+            "released-string",
+            changed("isReleased", Some(s("true"))),
+            "isReleased is a string",
+        ),
+        (
+            "data-number",
+            changed("data", Some(n("1"))),
+            "data is a number",
+        ),
+        (
+            "owner-list",
+            changed("ownerName", Some(AttributeValue::L(vec![s("a")]))),
+            "ownerName is a list",
+        ),
+        (
+            "owner-huge-map",
+            changed(
+                "ownerName",
+                Some(AttributeValue::M(HashMap::from([(
+                    huge_owner.clone(),
+                    s("x"),
+                )]))),
+            ),
+            "ownerName is a map",
+        ),
+        ("nonce-missing", changed("nonce", None), "nonce is missing"),
+        (
+            "rvn-null",
+            changed("recordVersionNumber", Some(AttributeValue::Null(true))),
+            "recordVersionNumber is null",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, mut item, fragment) in cases {
+        item.insert("key".to_string(), s(name));
+        client
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(item.clone()))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{name}: put: {e:?}"));
+        let lock = CasLock::new(DynamoStore::new(
+            client.clone(),
+            TableLayout::new(&table),
+            name,
+        ));
+        match lock.try_acquire(&request("me")).await {
+            Err(LockError::Foreign { found, .. }) => {
+                assert!(found.what.contains(fragment), "{name}: {found}");
+                assert_bounded(&found);
+            }
+            other => panic!("{name}: expected a foreign record, got {other:?}"),
+        }
+        let url = format!("dynamodb://{table}/{name}");
+        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &[]).await;
+        out.expect(3, &[&url, "not a lockwarden lock"], name);
+        let out = lockwarden(dir.path(), &args(&["status", &url, "-o", "json"]), &[]).await;
+        assert_eq!(out.code, 0, "{name}: {out:#?}");
+
+        let stored = client
+            .get_item()
+            .table_name(&table)
+            .key("key", s(name))
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stored.item(), Some(&item), "{name}: the item changed");
+    }
+}
+
+// ----- ZooKeeper ------------------------------------------------------------------
+
+/// Queue entries another client left with garbage data: the lock is reported held
+/// by that entry (DESIGN.md rule 6: foreign entries are never deleted), and the entry
+/// is unchanged afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_garbage_queue_entries_are_reported_and_left_alone() {
+    use zookeeper_client::{Acls, CreateMode};
+
+    let zk = ZooKeeper::shared();
+    let raw = zk.connect().await;
+    let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    let sessions = ZkSessions::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("binary", vec![0x00, 0xff, 0x13, 0x80]),
+        (
+            "json-of-someone-else",
+            br#"{"owner_id":"kafka-kit","t":[1,2,3]}"#.to_vec(),
+        ),
+        ("wrong-types", record_json(json!({"fence": "x"}))),
+        ("half-megabyte", vec![b'z'; 500_000]),
+        ("empty", Vec::new()),
+    ];
+    for (name, data) in cases {
+        let path = format!("/lockwarden-bad-input/{}", support::unique(name));
+        // An entry that sorts first (sequence 0: ours get 1 and up), persistent so it
+        // outlives its writer.
+        let entry = format!("{path}/garbage-0000000000");
+        let parent_options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let mut ancestor = String::new();
+        for segment in path.trim_start_matches('/').split('/') {
+            ancestor.push('/');
+            ancestor.push_str(segment);
+            let _ = raw.create(&ancestor, b"", &parent_options).await;
+        }
+        raw.create(&entry, &data, &options)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: create {entry}: {e}"));
+        let (_, stat_before) = raw.get_data(&entry).await.unwrap();
+
+        let lock = sessions.lock(&zk.connect_string(), &path).unwrap();
+        match lock.try_acquire(&request("me")).await {
+            Ok(Attempt::Busy { holder, .. }) => {
+                assert!(
+                    holder
+                        .holder
+                        .contains("foreign queue entry garbage-0000000000"),
+                    "{name}: {}",
+                    holder.holder
+                );
+                assert!(
+                    holder.holder.len() < 1024,
+                    "{name}: {}",
+                    holder.holder.len()
+                );
+            }
+            other => panic!("{name}: expected busy, got {other:?}"),
+        }
+        lock.abandon().await;
+        let url = format!("zk://{}{path}", zk.connect_string());
+        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &[]).await;
+        out.expect(3, &[&url, "foreign queue entry"], name);
+
+        let (data_after, stat_after) = raw.get_data(&entry).await.unwrap();
+        assert!(data_after == data, "{name}: the entry's data changed");
+        assert_eq!(stat_after.mzxid, stat_before.mzxid, "{name}: rewritten");
+        // Our own queue entries are gone again; the foreign one stays.
+        support::eventually(
+            "only the foreign entry is left",
+            Duration::from_secs(60),
+            || {
+                let raw = &raw;
+                let path = path.clone();
+                async move {
+                    let (children, _) = raw.get_children(&path).await.ok()?;
+                    (children == ["garbage-0000000000"]).then_some(())
+                }
+            },
+        )
+        .await;
+    }
+    assert!(!dir.path().join("x.lock").exists());
+}
+
+// ----- Kubernetes Lease -----------------------------------------------------------
+
+/// Leases with odd fields (written by hand or by another client): reported as held or
+/// foreign, never rewritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubernetes_leases_with_odd_fields_are_reported_and_left_alone() {
+    let cp = ControlPlane::shared();
+    let client = cp.client().await;
+    let namespace = cp.namespace(&client, "bad-lease").await;
+    let api: Api<KubeLease> = Api::namespaced(client.clone(), &namespace);
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+
+    let ours = |extra: Value| {
+        let mut annotations = json!({
+            "lockwarden.io/nonce": "0123456789abcdef",
+            "lockwarden.io/revision": "r1",
+            "lockwarden.io/lease-ms": "30000",
+            "lockwarden.io/state": "held",
+            "lockwarden.io/holder": "someone",
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            annotations[k] = v.clone();
+        }
+        annotations
+    };
+    let cases: Vec<(&str, Value, Value, &str)> = vec![
+        // (A leaseDurationSeconds of 0 or less is refused by the API server itself.)
+        (
+            "holder-mismatch-released",
+            ours(json!({"lockwarden.io/state": "released", "lockwarden.io/lease-ms": "0"})),
+            json!({"holderIdentity": "", "leaseDurationSeconds": 30}),
+            "lease-ms is missing or not a positive integer",
+        ),
+        (
+            "lease-ms-garbage",
+            ours(json!({"lockwarden.io/lease-ms": "soon"})),
+            json!({"holderIdentity": "someone", "leaseDurationSeconds": 30}),
+            "lease-ms is missing or not a positive integer",
+        ),
+        (
+            "lease-ms-huge",
+            ours(json!({"lockwarden.io/lease-ms": "99999999999999999999999"})),
+            json!({"holderIdentity": "someone", "leaseDurationSeconds": 30}),
+            "lease-ms is missing or not a positive integer",
+        ),
+        (
+            "state-odd",
+            ours(json!({"lockwarden.io/state": "stolen"})),
+            json!({"holderIdentity": "someone", "leaseDurationSeconds": 30}),
+            "\"stolen\"",
+        ),
+    ];
+    for (name, annotations, spec, fragment) in cases {
+        let lease: KubeLease = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": spec,
+        }))
+        .unwrap();
+        let created = api
+            .create(&PostParams::default(), &lease)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let lock = CasLock::new(LeaseStore::new(client.clone(), &namespace, name));
+        match lock.try_acquire(&request("me")).await {
+            Err(LockError::Foreign { found, .. }) => {
+                assert!(found.what.contains(fragment), "{name}: {found}");
+                assert_bounded(&found);
+            }
+            other => panic!("{name}: expected a foreign record, got {other:?}"),
+        }
+        let url = format!("k8s://{namespace}/{name}");
+        let env = [("KUBECONFIG", kubeconfig.clone())];
+        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &env).await;
+        out.expect(3, &[&url, "not a lockwarden lock"], name);
+        let after = api.get(name).await.unwrap();
+        assert_eq!(
+            after.metadata.resource_version, created.metadata.resource_version,
+            "{name}: the Lease was rewritten"
+        );
+    }
+
+    // A client-go Lease at the last fence a Lease can carry (leaseTransitions is an
+    // int32), expired: taking it over would need fence 2^31, which the Lease cannot
+    // store, so the takeover is refused instead of reusing a fence.
+    let name = "last-transition";
+    let lease: KubeLease = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "holderIdentity": "other",
+            "leaseDurationSeconds": 1,
+            "leaseTransitions": i32::MAX,
+        },
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &lease).await.unwrap();
+    let lock: Arc<dyn LockBackend> = Arc::new(CasLock::new(LeaseStore::new(
+        client.clone(),
+        &namespace,
+        name,
+    )));
+    match acquire(&*lock, &request("me"), Wait::For(Duration::from_secs(60))).await {
+        Err(LockError::Backend { message, .. }) => {
+            assert!(message.contains("fence"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let after = api.get(name).await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        created.metadata.resource_version
+    );
+}
+
+// ----- responses no real server gives on demand -----------------------------------
+
+/// One canned answer and what the engine must make of it.
+struct Answer {
+    name: &'static str,
+    bytes: Vec<u8>,
+    /// `true`: transient (LockError::Unavailable); `false`: a refusal (Backend).
+    transient: bool,
+}
+
+fn s3_answers() -> Vec<Answer> {
+    vec![
+        Answer {
+            name: "500",
+            bytes: canned::s3_error(500, "Internal Server Error", "InternalError"),
+            transient: true,
+        },
+        Answer {
+            name: "503",
+            bytes: canned::s3_error(503, "Service Unavailable", "SlowDown"),
+            transient: true,
+        },
+        Answer {
+            name: "403",
+            bytes: canned::s3_error(403, "Forbidden", "AccessDenied"),
+            transient: false,
+        },
+        Answer {
+            name: "301",
+            bytes: canned::s3_error(301, "Moved Permanently", "PermanentRedirect"),
+            transient: false,
+        },
+        Answer {
+            name: "not-http",
+            bytes: b"\x00\x01\x02 this is not HTTP\r\n\r\n".to_vec(),
+            transient: true,
+        },
+    ]
+}
+
+fn dynamodb_answers() -> Vec<Answer> {
+    vec![
+        Answer {
+            name: "500",
+            bytes: canned::dynamodb_error(500, "Internal Server Error", "InternalServerError"),
+            transient: true,
+        },
+        Answer {
+            name: "503",
+            bytes: canned::dynamodb_error(503, "Service Unavailable", "ServiceUnavailable"),
+            transient: true,
+        },
+        Answer {
+            name: "403",
+            bytes: canned::dynamodb_error(403, "Forbidden", "AccessDeniedException"),
+            transient: false,
+        },
+        Answer {
+            name: "400-garbage",
+            bytes: canned::response(400, "Bad Request", &[], b"\xff\xfe not json"),
+            transient: false,
+        },
+        Answer {
+            name: "not-http",
+            bytes: b"\x00\x01\x02 this is not HTTP\r\n\r\n".to_vec(),
+            transient: true,
+        },
+        // The write may have applied: its outcome is unknown, not refused.
+        Answer {
+            name: "200-garbage",
+            bytes: canned::response(
+                200,
+                "OK",
+                &[("Content-Type", "application/x-amz-json-1.0")],
+                b"{\"Attributes\": [garbage",
+            ),
+            transient: true,
+        },
+    ]
+}
+
+fn check_not_acquired(result: Result<Attempt, LockError>, answer: &Answer, what: &str) {
+    match (result, answer.transient) {
+        (Ok(attempt), _) => panic!("{what} {}: reported {attempt:?}", answer.name),
+        (Err(LockError::Unavailable { .. }), true) | (Err(LockError::Backend { .. }), false) => {}
+        (Err(e), _) => panic!(
+            "{what} {}: expected {}, got {e:?}",
+            answer.name,
+            if answer.transient {
+                "Unavailable"
+            } else {
+                "Backend"
+            }
+        ),
+    }
+}
+
+/// S3 answering a conditional PUT (after a GET finding no object) and a GET with
+/// status codes no healthy server sends on demand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_error_answers_are_classified_and_nothing_is_acquired() {
+    for answer in s3_answers() {
+        let bytes = answer.bytes.clone();
+        let server = Canned::start(move |req| {
+            if req.method == "GET" {
+                canned::s3_error(404, "Not Found", "NoSuchKey")
+            } else {
+                bytes.clone()
+            }
+        });
+        let client = support::moto::s3_client_for(&server.endpoint()).await;
+        let lock = CasLock::new(S3Store::new(client, "bucket", "key"));
+        check_not_acquired(lock.try_acquire(&request("me")).await, &answer, "PUT");
+        assert!(
+            server.requests().iter().any(|r| r.method == "PUT"),
+            "{}: no PUT was sent",
+            answer.name
+        );
+
+        let bytes = answer.bytes.clone();
+        let server = Canned::start(move |_| bytes.clone());
+        let client = support::moto::s3_client_for(&server.endpoint()).await;
+        let lock = CasLock::new(S3Store::new(client, "bucket", "key"));
+        match (lock.inspect().await, answer.transient) {
+            (Err(LockError::Unavailable { .. }), true)
+            | (Err(LockError::Backend { .. }), false) => {}
+            (other, _) => panic!("GET {}: {other:?}", answer.name),
+        }
+        assert!(
+            server.requests().iter().all(|r| r.method == "GET"),
+            "{}: inspect wrote",
+            answer.name
+        );
+    }
+
+    // A GET answered 200 with garbage is a foreign record, not an error.
+    let server =
+        Canned::start(|_| canned::response(200, "OK", &[("ETag", "\"x\"")], b"\x00\xff garbage"));
+    let client = support::moto::s3_client_for(&server.endpoint()).await;
+    let lock = CasLock::new(S3Store::new(client, "bucket", "key"));
+    let stored = lock.inspect().await.unwrap().unwrap();
+    assert!(stored.record.is_err(), "{stored:?}");
+    assert!(matches!(
+        lock.try_acquire(&request("me")).await,
+        Err(LockError::Foreign { .. })
+    ));
+    assert!(server.requests().iter().all(|r| r.method == "GET"));
+}
+
+/// DynamoDB answering UpdateItem (after a GetItem finding no item) with errors and
+/// garbage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_error_answers_are_classified_and_nothing_is_acquired() {
+    let target = |req: &canned::Request| req.header("x-amz-target").unwrap_or_default().to_string();
+    for answer in dynamodb_answers() {
+        let bytes = answer.bytes.clone();
+        let server = Canned::start(move |req| {
+            if target(req).ends_with("GetItem") {
+                canned::response(
+                    200,
+                    "OK",
+                    &[("Content-Type", "application/x-amz-json-1.0")],
+                    b"{}",
+                )
+            } else {
+                bytes.clone()
+            }
+        });
+        let client = support::moto::dynamodb_client_for(&server.endpoint()).await;
+        let lock = CasLock::new(DynamoStore::new(client, TableLayout::new("table"), "key"));
+        check_not_acquired(
+            lock.try_acquire(&request("me")).await,
+            &answer,
+            "UpdateItem",
+        );
+        assert!(
+            server
+                .requests()
+                .iter()
+                .any(|r| target(r).ends_with("UpdateItem")),
+            "{}: no UpdateItem was sent",
+            answer.name
+        );
+    }
+}
