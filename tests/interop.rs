@@ -417,6 +417,9 @@ async fn dynamo_key() -> (String, String, String) {
     (table, key, url)
 }
 
+/// Long enough that a heartbeat every second survives a loaded machine.
+const DYNAMOLOCK_LEASE: &str = "6s";
+
 fn dynamolock(table: &str, key: &str, owner: &str, wait: &str) -> Foreign {
     Foreign::spawn(
         "dynamolock",
@@ -430,7 +433,7 @@ fn dynamolock(table: &str, key: &str, owner: &str, wait: &str) -> Foreign {
             "--owner",
             owner,
             "--lease",
-            "3s",
+            DYNAMOLOCK_LEASE,
             "--heartbeat",
             "1s",
             "--wait",
@@ -449,11 +452,11 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
     let backend = engine(&url, &aws_options(false)).await;
     assert_engine_sees_held(backend.as_ref(), &owner).await;
     Cli::new().assert_sees_held(&url, &owner, &[]).await;
-    // Heartbeats keep it: a wait of several leases does not take it over.
+    // Heartbeats keep it: a wait of two and a half leases does not take it over.
     let err = acquire(
         backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(3)),
-        Wait::For(Duration::from_secs(8)),
+        &request("lockwarden", Duration::from_secs(6)),
+        Wait::For(Duration::from_secs(15)),
     )
     .await
     .expect_err("a heartbeating dynamolock holder keeps the lock");
@@ -496,7 +499,7 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
     let backend = engine(&url, &aws_options(false)).await;
     let held = HeldLock::acquire(
         backend.clone(),
-        &request("lockwarden-engine", Duration::from_secs(3)),
+        &request("lockwarden-engine", Duration::from_secs(6)),
         Wait::No,
     )
     .await
@@ -506,8 +509,8 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
         3,
         "dynamolock must find it held"
     );
-    // Nor by waiting several leases: lockwarden's renewals change the version.
-    let mut waiting = dynamolock(&table, &key, "d2", "8s");
+    // Nor by waiting past the lease: lockwarden's renewals change the version.
+    let mut waiting = dynamolock(&table, &key, "d2", "10s");
     assert_eq!(waiting.next().await, "TIMEOUT");
     assert!(
         held.is_held(),
@@ -846,19 +849,7 @@ async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() 
     let markers = tempfile::tempdir().expect("temp dir");
     let marker = markers.path().join("holder");
 
-    let mut elector = leader(
-        &ns,
-        lease_name,
-        "go-elector",
-        &[
-            "--rounds",
-            &ROUNDS.to_string(),
-            "--hold",
-            "1500ms",
-            "--marker",
-            &marker.display().to_string(),
-        ],
-    );
+    let mut elector: Option<Foreign> = None;
     let mut go_rounds = 0;
     let mut done = false;
     let mut ours = 0;
@@ -877,6 +868,23 @@ async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() 
         })
         .await;
         claim(&marker, &format!("lockwarden {name}"));
+        if elector.is_none() {
+            // Started while lockwarden holds: the first handover is lockwarden → client-go.
+            elector = Some(leader(
+                &ns,
+                lease_name,
+                "go-elector",
+                &[
+                    "--rounds",
+                    &ROUNDS.to_string(),
+                    "--hold",
+                    "1500ms",
+                    "--marker",
+                    &marker.display().to_string(),
+                ],
+            ));
+        }
+        let elector = elector.as_mut().expect("started");
         let lease = leases.get(lease_name).await.expect("Lease");
         assert_eq!(
             lease.spec.and_then(|s| s.holder_identity),
@@ -918,6 +926,7 @@ async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() 
             done |= line == "DONE";
         }
     }
+    let mut elector = elector.expect("started");
     while !done {
         let line = elector.next().await;
         assert!(!line.starts_with("OVERLAP"), "both held the Lease: {line}");
