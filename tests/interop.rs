@@ -20,7 +20,7 @@ use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use kube::api::{Api, DeleteParams, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend};
-use lockwarden::backend::{ConnectOptions, Target};
+use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
 use lockwarden::controller::{self, ControllerConfig};
 use lockwarden::lock::{
     AcquireRequest, Attempt, HeldLock, LockBackend, LockError, LockState, Wait, acquire,
@@ -612,6 +612,17 @@ fn zk_url(path: &str) -> String {
     format!("zk://{}{path}", ZooKeeper::shared().connect_string())
 }
 
+/// A lockwarden contender on its own ZooKeeper session. Not through `Target::connect`:
+/// its process-wide session registry keeps a session bound to the runtime that opened
+/// it, and every test here has its own runtime.
+fn zk_engine(path: &str) -> Arc<dyn LockBackend> {
+    Arc::new(
+        ZkSessions::new()
+            .lock(&ZooKeeper::shared().connect_string(), path)
+            .unwrap_or_else(|e| panic!("{path}: {e}")),
+    )
+}
+
 fn kafkakit(path: &str, wait: &str) -> Foreign {
     Foreign::spawn(
         "kafkakit",
@@ -634,7 +645,7 @@ async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unl
     let entry = holder.expect("QUEUED").await;
     holder.expect("ACQUIRED").await;
 
-    let backend = engine(&url, &ConnectOptions::default()).await;
+    let backend = zk_engine(&path);
     assert_engine_sees_held(backend.as_ref(), &entry).await;
     Cli::new().assert_sees_held(&url, &entry, &[]).await;
 
@@ -660,8 +671,7 @@ async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
     let path = format!("/{}", unique("interop-kk"));
-    let url = zk_url(&path);
-    let backend = engine(&url, &ConnectOptions::default()).await;
+    let backend = zk_engine(&path);
     let held = HeldLock::acquire(
         backend.clone(),
         &request("lockwarden-engine", Duration::from_secs(10)),
@@ -687,21 +697,20 @@ async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     let path = format!("/{}", unique("interop-fifo"));
-    let url = zk_url(&path);
     let req = request("lockwarden", Duration::from_secs(10));
 
     // Arrival order: K1 (holds), L1, K2, L2, K3.
     let mut k1 = kafkakit(&path, "0s");
     k1.expect("QUEUED").await;
     k1.expect("ACQUIRED").await;
-    let l1 = engine(&url, &ConnectOptions::default()).await;
+    let l1 = zk_engine(&path);
     assert!(matches!(
         l1.try_acquire(&req).await,
         Ok(Attempt::Busy { .. })
     ));
     let mut k2 = kafkakit(&path, "300s");
     k2.expect("QUEUED").await;
-    let l2 = engine(&url, &ConnectOptions::default()).await;
+    let l2 = zk_engine(&path);
     assert!(matches!(
         l2.try_acquire(&req).await,
         Ok(Attempt::Busy { .. })
