@@ -11,7 +11,7 @@ use std::time::Duration;
 use lockwarden::backend::{ZkLock, ZkSessions};
 use lockwarden::lock::{
     AcquireRequest, Attempt, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockError,
-    LockRecord, LostReason, RenewPolicy, Wait, acquire,
+    LockRecord, LockState, LostReason, RenewPolicy, Wait, acquire,
 };
 use rand::Rng;
 use tokio::time::Instant;
@@ -450,11 +450,14 @@ async fn foreign_children_are_reported_not_deleted() {
     );
     assert_eq!(by.fence, FenceToken(foreign_stat.czxid as u64));
 
+    // inspect (CLI `status`) reports it as the holder too, saying what was found.
     let stored = lock.inspect().await.unwrap().expect("the foreign holder");
-    let found = stored.record.expect_err("not a lockwarden record");
+    let holder = stored.record.expect("the head of the queue holds");
+    assert_eq!(holder.state, LockState::Held);
     assert!(
-        found.what.contains("not a lockwarden lock record"),
-        "{found}"
+        holder.holder.contains(&foreign) && holder.holder.contains("not a lockwarden lock record"),
+        "{}",
+        holder.holder
     );
     assert_eq!(stored.version.0, format!("{foreign}:0"));
 

@@ -1,12 +1,27 @@
 //! DynamoDB: one item per lock, every write a conditional `UpdateItem`
 //! (DESIGN.md §3 "DynamoDB").
 //!
-//! Attribute names follow cirello.io/dynamolock where they overlap, so both exclude
-//! each other on a shared table: `key` (partition key, name configurable),
-//! `ownerName`, `leaseDuration` (a Go duration string such as `"30s"`),
-//! `recordVersionNumber` (changes on every write: it is the record's version),
-//! `isReleased`, `data` (binary); plus lockwarden's `fence`, `nonce`, `acquiredAtMs`,
-//! `renewedAtMs`. `UpdateItem` (not `PutItem`) leaves attributes other clients added.
+//! Attribute names and formats are those of cirello.io/dynamolock (v2.0.3, read from
+//! its source), so both exclude each other on a shared table: `key` (partition key,
+//! name configurable), `ownerName`, `leaseDuration` (a Go duration string such as
+//! `"30s"`), `recordVersionNumber` (changes on every write: it is the record's
+//! version), `isReleased` and `data` (binary); plus lockwarden's `fence`, `nonce`,
+//! `lockwardenRvn`, `acquiredAtMs`, `renewedAtMs`. `UpdateItem` (not `PutItem`) leaves
+//! attributes other clients added.
+//!
+//! What dynamolock does that shapes this:
+//! - It reads a lock as released when `isReleased` is *present*, whatever its value,
+//!   and its acquire condition is `isReleased = "1"` (a string). So a held item has no
+//!   `isReleased` at all, and a release writes `isReleased = "1"`.
+//! - Its acquire is a `PutItem` that copies every attribute it does not know from the
+//!   item it replaces, and its heartbeat only changes `leaseDuration` and
+//!   `recordVersionNumber`. lockwarden's `nonce` and `fence` therefore survive a
+//!   dynamolock acquisition: the fence stays monotonic across both clients (unless a
+//!   dynamolock client deletes the item on release), but the nonce would wrongly
+//!   still look like the last lockwarden holder's. `lockwardenRvn` is the
+//!   `recordVersionNumber` of lockwarden's own last write: an item whose version
+//!   differs from it was last written by another client, and is read as held (or
+//!   released) by that client's `ownerName`, never as a lockwarden acquisition.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -36,6 +51,12 @@ const RELEASED: &str = "isReleased";
 const DATA: &str = "data";
 const FENCE: &str = "fence";
 const NONCE: &str = "nonce";
+/// The `recordVersionNumber` lockwarden wrote last (see the module documentation).
+const LOCKWARDEN_RVN: &str = "lockwardenRvn";
+/// dynamolock's "released" marker value (it tests presence, and conditions on "1").
+const RELEASED_MARK: &str = "1";
+/// The nonce given to an item another client wrote: never equal to one of ours.
+const FOREIGN_NONCE_PREFIX: &str = "foreign-rvn:";
 const ACQUIRED: &str = "acquiredAtMs";
 const RENEWED: &str = "renewedAtMs";
 
@@ -165,6 +186,7 @@ impl DynamoStore {
             ("#owner".to_string(), OWNER.to_string()),
             ("#lease".to_string(), LEASE.to_string()),
             ("#rvn".to_string(), RVN.to_string()),
+            ("#lwrvn".to_string(), LOCKWARDEN_RVN.to_string()),
             ("#rel".to_string(), RELEASED.to_string()),
             ("#fence".to_string(), FENCE.to_string()),
             ("#nonce".to_string(), NONCE.to_string()),
@@ -186,10 +208,6 @@ impl DynamoStore {
                 AttributeValue::S(record.revision.clone()),
             ),
             (
-                ":rel".to_string(),
-                AttributeValue::Bool(record.state == LockState::Released),
-            ),
-            (
                 ":fence".to_string(),
                 AttributeValue::N(record.fence.0.to_string()),
             ),
@@ -206,16 +224,34 @@ impl DynamoStore {
                 AttributeValue::N(unix_ms(record.renewed_at).to_string()),
             ),
         ]);
-        let mut update =
-            "SET #owner = :owner, #lease = :lease, #rvn = :rvn, #rel = :rel, #fence = :fence, \
-                          #nonce = :nonce, #acq = :acq, #ren = :ren"
-                .to_string();
+        let mut set = vec![
+            "#owner = :owner",
+            "#lease = :lease",
+            "#rvn = :rvn",
+            "#lwrvn = :rvn",
+            "#fence = :fence",
+            "#nonce = :nonce",
+            "#acq = :acq",
+            "#ren = :ren",
+        ];
+        let mut remove = Vec::new();
+        // dynamolock: a present isReleased means released (see the module docs).
+        if record.state == LockState::Released {
+            set.push("#rel = :rel");
+            values.insert(":rel".into(), AttributeValue::S(RELEASED_MARK.to_string()));
+        } else {
+            remove.push("#rel");
+        }
         match &record.data {
             Some(d) => {
-                update.push_str(", #data = :data");
+                set.push("#data = :data");
                 values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
             }
-            None => update.push_str(" REMOVE #data"),
+            None => remove.push("#data"),
+        }
+        let mut update = format!("SET {}", set.join(", "));
+        if !remove.is_empty() {
+            update.push_str(&format!(" REMOVE {}", remove.join(", ")));
         }
         if let Some(v) = expected {
             values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
@@ -367,6 +403,7 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             ))),
         }
     }
+    let holder = s(item, OWNER)?.clone();
     let lease_text = s(item, LEASE)?;
     let lease = parse_duration(lease_text)
         .ok()
@@ -377,14 +414,11 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             ))
         })?;
     let released = match item.get(RELEASED) {
-        Some(AttributeValue::Bool(b)) => *b,
         None => false,
-        Some(other) => {
-            return Err(ForeignRecord::new(format!(
-                "attribute {RELEASED} is {}, expected a boolean",
-                kind(other)
-            )));
-        }
+        // Items written before lockwarden followed dynamolock's presence rule.
+        Some(AttributeValue::Bool(b)) => *b,
+        // dynamolock: present means released, whatever the value.
+        Some(_) => true,
     };
     let data = match item.get(DATA) {
         None => None,
@@ -397,10 +431,45 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             )));
         }
     };
+    let rvn = s(item, RVN)?;
+    let optional_ms =
+        |name: &str| SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, name).unwrap_or(0));
+    let written_by_lockwarden = match item.get(LOCKWARDEN_RVN) {
+        Some(AttributeValue::S(last_ours)) => last_ours == rvn,
+        // Items written before `lockwardenRvn` existed carried a boolean isReleased.
+        None => {
+            item.contains_key(NONCE) && matches!(item.get(RELEASED), Some(AttributeValue::Bool(_)))
+        }
+        Some(_) => false,
+    };
+    if !written_by_lockwarden {
+        // Another client (dynamolock) wrote the item last: it holds (or released) it
+        // under its ownerName. A fence lockwarden left behind (dynamolock copies
+        // unknown attributes) is where the next lockwarden acquisition continues.
+        return Ok(LockRecord {
+            holder,
+            nonce: format!("{FOREIGN_NONCE_PREFIX}{rvn}"),
+            revision: rvn.clone(),
+            fence: FenceToken(if item.contains_key(FENCE) {
+                n(item, FENCE)?
+            } else {
+                0
+            }),
+            lease,
+            state: if released {
+                LockState::Released
+            } else {
+                LockState::Held
+            },
+            data,
+            acquired_at: SystemTime::UNIX_EPOCH,
+            renewed_at: SystemTime::UNIX_EPOCH,
+        });
+    }
     Ok(LockRecord {
-        holder: s(item, OWNER)?.clone(),
+        holder,
         nonce: s(item, NONCE)?.clone(),
-        revision: s(item, RVN)?.clone(),
+        revision: rvn.clone(),
         fence: FenceToken(n(item, FENCE)?),
         lease,
         state: if released {
@@ -409,8 +478,8 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             LockState::Held
         },
         data,
-        acquired_at: SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, ACQUIRED).unwrap_or(0)),
-        renewed_at: SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, RENEWED).unwrap_or(0)),
+        acquired_at: optional_ms(ACQUIRED),
+        renewed_at: optional_ms(RENEWED),
     })
 }
 
@@ -488,6 +557,50 @@ impl RecordStore for DynamoStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dynamolock_item(released: bool) -> HashMap<String, AttributeValue> {
+        let mut item = HashMap::from([
+            ("key".to_string(), AttributeValue::S("k".into())),
+            (OWNER.to_string(), AttributeValue::S("worker-1".into())),
+            (LEASE.to_string(), AttributeValue::S("3s".into())),
+            (RVN.to_string(), AttributeValue::S("AbC123".into())),
+        ]);
+        if released {
+            item.insert(RELEASED.to_string(), AttributeValue::S("1".into()));
+        }
+        item
+    }
+
+    #[test]
+    fn dynamolock_items_are_held_by_their_owner() {
+        let r = parse_item(&dynamolock_item(false)).unwrap();
+        assert_eq!(r.holder, "worker-1");
+        assert_eq!(r.lease, Duration::from_secs(3));
+        assert_eq!(r.state, LockState::Held);
+        assert_eq!(r.fence, FenceToken(0));
+        assert!(r.nonce.starts_with(FOREIGN_NONCE_PREFIX));
+        let r = parse_item(&dynamolock_item(true)).unwrap();
+        assert_eq!(r.state, LockState::Released);
+    }
+
+    #[test]
+    fn a_dynamolock_write_over_a_lockwarden_item_is_not_ours() {
+        // dynamolock's PutItem copies our attributes but writes a new version.
+        let mut item = dynamolock_item(false);
+        item.insert(NONCE.to_string(), AttributeValue::S("ournonce".into()));
+        item.insert(FENCE.to_string(), AttributeValue::N("7".into()));
+        item.insert(LOCKWARDEN_RVN.to_string(), AttributeValue::S("old".into()));
+        let r = parse_item(&item).unwrap();
+        assert_ne!(r.nonce, "ournonce");
+        assert_eq!(r.holder, "worker-1");
+        assert_eq!(r.fence, FenceToken(7), "the fence continues");
+        item.insert(
+            LOCKWARDEN_RVN.to_string(),
+            AttributeValue::S("AbC123".into()),
+        );
+        let r = parse_item(&item).unwrap();
+        assert_eq!(r.nonce, "ournonce");
+    }
 
     #[test]
     fn wrong_types_are_foreign() {

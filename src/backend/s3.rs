@@ -7,6 +7,12 @@
 //!   an *indeterminate* outcome; the engine resolves it by re-reading (rule 4).
 //! - Release writes a tombstone; deleting (optional) happens only after it, since
 //!   several S3-compatible servers ignore `DELETE If-Match`.
+//! - An object whose body is a bare UUID is a winebarrel/s3lock lock: it is read as
+//!   held by s3lock, with no lease (s3lock locks never expire; only its unlock, which
+//!   deletes the object, or a forced takeover ends them). s3lock in turn treats *any*
+//!   object as held, a lockwarden tombstone included, so it can only acquire a key
+//!   lockwarden released if lockwarden deletes on release
+//!   ([`crate::backend::ConnectOptions::s3lock_compatible`]).
 
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
@@ -15,7 +21,34 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use super::aws::{describe, status_and_code};
-use crate::lock::{LockRecord, RecordStore, StoreError, Stored, Version};
+use crate::lock::{
+    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored, Version,
+};
+
+/// The lease reported for an s3lock lock, which has none: long enough never to be
+/// observed expired (100 years), short enough to add a grace to without overflow.
+pub const S3LOCK_LEASE: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+
+/// Reads a stored body: a lockwarden record, an s3lock lock, or something foreign.
+pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord> {
+    LockRecord::from_json(bytes).or_else(|not_ours| {
+        let id = std::str::from_utf8(bytes).ok().map(str::trim);
+        match id.and_then(|id| uuid::Uuid::try_parse(id).ok().map(|_| id)) {
+            Some(id) => Ok(LockRecord {
+                holder: format!("s3lock (lock id {id})"),
+                nonce: format!("s3lock:{id}"),
+                revision: etag.to_string(),
+                fence: FenceToken(0),
+                lease: S3LOCK_LEASE,
+                state: LockState::Held,
+                data: None,
+                acquired_at: std::time::SystemTime::UNIX_EPOCH,
+                renewed_at: std::time::SystemTime::UNIX_EPOCH,
+            }),
+            None => Err(not_ours),
+        }
+    })
+}
 
 /// One lock key in an S3 bucket.
 pub struct S3Store {
@@ -111,7 +144,7 @@ impl RecordStore for S3Store {
             .map_err(|e| StoreError::Unavailable(format!("GET {}: reading body: {e}", self.url)))?
             .into_bytes();
         Ok(Some(Stored {
-            record: LockRecord::from_json(&bytes),
+            record: parse_body(&bytes, &version.0),
             version,
         }))
     }
@@ -170,5 +203,19 @@ impl S3Store {
             },
             Err(e) => Err(classify(e, op, &self.url)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_s3lock_body_is_held_by_s3lock_forever() {
+        let r = parse_body(b"0b3c7e4c-5a8f-4b3e-9d9a-0e3f1c2b4a5d", "\"e\"").unwrap();
+        assert_eq!(r.state, LockState::Held);
+        assert!(r.holder.contains("s3lock"), "{}", r.holder);
+        assert_eq!(r.lease, S3LOCK_LEASE);
+        assert!(parse_body(b"not a uuid", "e").is_err());
     }
 }

@@ -151,11 +151,10 @@ impl Target {
         match self {
             Target::S3 { bucket, key } => {
                 let client = s3_client(options).await;
-                Ok(Arc::new(CasLock::new(S3Store::new(
-                    client,
-                    bucket.clone(),
-                    key.clone(),
-                ))))
+                Ok(Arc::new(
+                    CasLock::new(S3Store::new(client, bucket.clone(), key.clone()))
+                        .with_delete_on_release(options.s3lock_compatible),
+                ))
             }
             Target::DynamoDb { table, key } => {
                 let client = dynamodb_client(options).await;
@@ -250,6 +249,10 @@ pub struct ConnectOptions {
     pub credentials: Option<Credentials>,
     /// Timeout of one AWS request attempt. Default 20 s.
     pub request_timeout: Option<Duration>,
+    /// S3: delete the lock object after writing the release tombstone, so that
+    /// winebarrel/s3lock clients (which treat any object as held) can acquire the key
+    /// after lockwarden. The fence then restarts at 1 after every release.
+    pub s3lock_compatible: bool,
     /// DynamoDB partition key attribute name. Default `key` (as dynamolock).
     pub partition_key: Option<String>,
     /// DynamoDB sort key attribute name and the value lock items use for it.
@@ -268,6 +271,7 @@ impl fmt::Debug for ConnectOptions {
             .field("endpoint", &self.endpoint)
             .field("region", &self.region)
             .field("force_path_style", &self.force_path_style)
+            .field("s3lock_compatible", &self.s3lock_compatible)
             .field("credentials", &self.credentials.as_ref().map(|_| "<set>"))
             .field("request_timeout", &self.request_timeout)
             .field("partition_key", &self.partition_key)

@@ -1056,7 +1056,17 @@ impl LockBackend for ZkLock {
                 return Ok(None);
             };
             match self.read(&generation, &head.name).await {
-                Ok(Some((data, stat))) => return Ok(Some(Self::stored(&head.name, &data, &stat))),
+                Ok(Some((data, stat))) => {
+                    // The head of the queue holds the lock whatever wrote it (a
+                    // kafka-kit or Curator entry too): report it as the holder.
+                    let stored = Self::stored(&head.name, &data, &stat);
+                    let version = stored.version.clone();
+                    let holder = Self::holder_record(&head.name, stored, &stat, generation.timeout);
+                    return Ok(Some(Stored {
+                        record: Ok(holder),
+                        version,
+                    }));
+                }
                 Ok(None) => continue,
                 Err(e) => return Err(self.error("reading the holder's entry", e)),
             }

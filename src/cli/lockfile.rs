@@ -41,6 +41,8 @@ pub struct SavedOptions {
     pub region: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub path_style: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub s3lock_compatible: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub partition_key: Option<String>,
     /// `NAME=VALUE`.

@@ -90,6 +90,11 @@ pub struct BackendArgs {
     #[arg(long)]
     pub path_style: bool,
 
+    /// S3: delete the object on release, so winebarrel/s3lock clients can lock the key
+    /// after us (the fencing token then restarts at 1 after each release)
+    #[arg(long)]
+    pub s3lock_compatible: bool,
+
     /// DynamoDB partition key attribute name [default: key]
     #[arg(long, value_name = "NAME", value_parser = parse_attribute_name)]
     pub partition_key: Option<String>,
@@ -116,6 +121,7 @@ impl BackendArgs {
             endpoint: self.endpoint.clone().or(saved.endpoint),
             region: self.region.clone().or(saved.region),
             force_path_style: (self.path_style || saved.path_style).then_some(true),
+            s3lock_compatible: self.s3lock_compatible || saved.s3lock_compatible,
             partition_key: self.partition_key.clone().or(saved.partition_key),
             sort_key: self.sort_key.clone().or(saved.sort_key.and_then(|s| {
                 s.split_once('=')
@@ -133,6 +139,7 @@ impl BackendArgs {
             endpoint: self.endpoint.clone(),
             region: self.region.clone(),
             path_style: self.path_style,
+            s3lock_compatible: self.s3lock_compatible,
             partition_key: self.partition_key.clone(),
             sort_key: self.sort_key.as_ref().map(|(n, v)| format!("{n}={v}")),
             kube_context: self.kube_context.clone(),

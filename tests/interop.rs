@@ -1,0 +1,989 @@
+//! lockwarden next to the lock libraries teams already run, on the same real servers:
+//! winebarrel/s3lock and cirello.io/dynamolock on moto, DataDog kafka-kit's ZooKeeper
+//! lock on ZooKeeper, client-go leader election on kube-apiserver.
+//!
+//! The other side is `tests/interop` (Go), built by `scripts/testenv` and found through
+//! `LOCKWARDEN_INTEROP`. Each library is driven both ways: while it holds, lockwarden's
+//! engine and CLI report the lock held (by whom) and do not acquire, and acquire once it
+//! lets go; while lockwarden holds, the library cannot acquire, and can once lockwarden
+//! lets go.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_s3::config::Credentials;
+use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+use kube::api::{Api, DeleteParams, PostParams};
+use lockwarden::api::conditions::{self, ACQUIRED};
+use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend};
+use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
+use lockwarden::controller::{self, ControllerConfig};
+use lockwarden::lock::{
+    AcquireRequest, Attempt, HeldLock, LockBackend, LockError, LockState, Wait, acquire,
+};
+use serde_json::Value;
+use support::eventually;
+use support::kube::{ControlPlane, install_lockwarden_crd};
+use support::moto::{self, Moto};
+use support::unique;
+use support::zookeeper::ZooKeeper;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lockwarden");
+
+/// Generous: a loaded 2-core machine, JVMs and Python servers next to a cargo build.
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------
+// The Go side
+
+/// One contender of a foreign library: a `tests/interop` process.
+struct Foreign {
+    what: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Foreign {
+    fn spawn(library: &str, args: &[&str]) -> Foreign {
+        let driver = support::tool("LOCKWARDEN_INTEROP");
+        let mut child = Command::new(&driver)
+            .arg(library)
+            .args(args)
+            .env("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID)
+            .env("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", driver.display()));
+        let stdin = child.stdin.take();
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Foreign {
+            what: format!("{library} {}", args.join(" ")),
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The next event line.
+    async fn next(&mut self) -> String {
+        match tokio::time::timeout(TIMEOUT, self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => {
+                eprintln!("[{}] {line}", self.what);
+                line
+            }
+            Ok(Ok(None)) => panic!("{}: exited without another event", self.what),
+            Ok(Err(e)) => panic!("{}: reading its output: {e}", self.what),
+            Err(_) => panic!("{}: no event within {TIMEOUT:?}", self.what),
+        }
+    }
+
+    /// The next event, which must start with `word`; returns the rest of the line.
+    async fn expect(&mut self, word: &str) -> String {
+        let line = self.next().await;
+        let (first, rest) = line.split_once(' ').unwrap_or((&line, ""));
+        assert_eq!(first, word, "{}: expected {word}, got {line:?}", self.what);
+        rest.to_string()
+    }
+
+    /// Whether an event line is already waiting (without blocking for one).
+    async fn has_event(&mut self) -> Option<String> {
+        tokio::time::timeout(Duration::from_millis(200), self.lines.next_line())
+            .await
+            .ok()
+            .and_then(|r| r.ok().flatten())
+    }
+
+    async fn send(&mut self, request: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin
+            .write_all(format!("{request}\n").as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{}: writing {request:?}: {e}", self.what));
+        stdin.flush().await.expect("flush");
+    }
+
+    async fn release(&mut self) {
+        self.send("release").await;
+        self.expect("RELEASED").await;
+    }
+
+    async fn exit_code(mut self) -> i32 {
+        drop(self.stdin.take());
+        tokio::time::timeout(TIMEOUT, self.child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("{}: did not exit", self.what))
+            .expect("wait")
+            .code()
+            .unwrap_or(-1)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The lockwarden side: the engine through the same URL + options path the CLI and the
+// controller use, and the CLI binary itself.
+
+fn aws_options(s3lock_compatible: bool) -> ConnectOptions {
+    ConnectOptions {
+        endpoint: Some(Moto::shared().endpoint()),
+        region: Some(moto::REGION.into()),
+        credentials: Some(Credentials::new(
+            moto::ACCESS_KEY_ID,
+            moto::SECRET_ACCESS_KEY,
+            None,
+            None,
+            "lockwarden-tests",
+        )),
+        s3lock_compatible,
+        ..Default::default()
+    }
+}
+
+async fn engine(url: &str, options: &ConnectOptions) -> Arc<dyn LockBackend> {
+    Target::parse(url)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .connect(options)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+fn request(holder: &str, lease: Duration) -> AcquireRequest {
+    AcquireRequest::new(holder, lease)
+}
+
+/// One attempt, which must find the lock held by a holder whose name contains `by`.
+async fn assert_engine_sees_held(backend: &dyn LockBackend, by: &str) {
+    match backend
+        .try_acquire(&request("lockwarden-probe", Duration::from_secs(30)))
+        .await
+    {
+        Ok(Attempt::Busy { holder, .. }) => {
+            assert!(
+                holder.holder.contains(by),
+                "{}: held by {:?}, expected {by:?}",
+                backend.url(),
+                holder.holder
+            );
+            assert_eq!(holder.state, LockState::Held);
+        }
+        Ok(Attempt::Acquired(lease)) => {
+            panic!(
+                "{}: lockwarden acquired a lock {by} holds (fence {})",
+                backend.url(),
+                lease.fence()
+            )
+        }
+        Err(e) => panic!("{}: expected held by {by}, got {e}", backend.url()),
+    }
+    backend.abandon().await;
+}
+
+/// The CLI, in its own directory, pointed at the test servers.
+struct Cli {
+    dir: tempfile::TempDir,
+    env: Vec<(&'static str, String)>,
+}
+
+#[derive(Debug)]
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Cli {
+    fn new() -> Cli {
+        Cli {
+            dir: tempfile::tempdir().expect("temp dir"),
+            env: vec![
+                ("AWS_REGION", moto::REGION.to_string()),
+                ("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID.to_string()),
+                ("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY.to_string()),
+                ("AWS_CONFIG_FILE", "/nonexistent/aws-config".to_string()),
+                (
+                    "AWS_SHARED_CREDENTIALS_FILE",
+                    "/nonexistent/aws-credentials".to_string(),
+                ),
+                ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
+                ("AWS_ENDPOINT_URL", Moto::shared().endpoint()),
+                ("USER", "tester".to_string()),
+                (
+                    "KUBECONFIG",
+                    ControlPlane::shared()
+                        .kubeconfig_path()
+                        .display()
+                        .to_string(),
+                ),
+            ],
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_ENDPOINT_URL_S3")
+            .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
+            .env_remove("LOCKWARDEN_LOG")
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn run(&self, args: &[&str]) -> Out {
+        let out = tokio::time::timeout(TIMEOUT, self.command(args).output())
+            .await
+            .unwrap_or_else(|_| panic!("lockwarden {args:?} did not finish within {TIMEOUT:?}"))
+            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
+        let out = Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        eprintln!(
+            "$ lockwarden {} -> {}\n{}{}",
+            args.join(" "),
+            out.code,
+            out.stdout,
+            out.stderr
+        );
+        out
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `lock URL` fails with exit 3 naming the holder, writes no lock file, and
+    /// `status URL` reports the lock held by that holder.
+    async fn assert_sees_held(&self, url: &str, by: &str, extra: &[&str]) {
+        let mut args = vec!["lock", url, "-o", "refused.lock"];
+        args.extend_from_slice(extra);
+        let out = self.run(&args).await;
+        assert_eq!(out.code, 3, "lock of a held key must exit 3: {out:#?}");
+        assert!(
+            out.stderr.contains("lock already held by") && out.stderr.contains(by),
+            "the error must name the holder {by:?}: {out:#?}"
+        );
+        assert!(!self.path("refused.lock").exists());
+        let mut args = vec!["status", url, "-o", "json"];
+        args.extend_from_slice(extra);
+        let out = self.run(&args).await;
+        assert_eq!(out.code, 0, "{out:#?}");
+        let status: Value = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("status JSON: {e}: {out:#?}"));
+        assert_eq!(status["state"], "held", "{status}");
+        assert!(
+            status["holder"].as_str().is_some_and(|h| h.contains(by)),
+            "status must name {by:?}: {status}"
+        );
+    }
+
+    /// `lock URL -o NAME` succeeds.
+    async fn lock(&self, url: &str, name: &str, extra: &[&str]) {
+        let mut args = vec!["lock", url, "-o", name];
+        args.extend_from_slice(extra);
+        let out = self.run(&args).await;
+        assert_eq!(out.code, 0, "{out:#?}");
+    }
+
+    async fn unlock(&self, name: &str) {
+        let out = self.run(&["unlock", name]).await;
+        assert_eq!(out.code, 0, "{out:#?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// S3: winebarrel/s3lock
+
+async fn s3_key() -> (String, String, String) {
+    let bucket = Moto::shared().new_bucket("interop").await;
+    let key = unique("locks/s3lock");
+    let url = format!("s3://{bucket}/{key}");
+    (bucket, key, url)
+}
+
+fn s3lock(bucket: &str, key: &str, wait: &str) -> Foreign {
+    Foreign::spawn(
+        "s3lock",
+        &[
+            "--endpoint",
+            &Moto::shared().endpoint(),
+            "--bucket",
+            bucket,
+            "--key",
+            key,
+            "--wait",
+            wait,
+            "--interval",
+            "200ms",
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3lock_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock() {
+    let (bucket, key, url) = s3_key().await;
+    let mut holder = s3lock(&bucket, &key, "0s");
+    let id = holder.expect("ACQUIRED").await;
+
+    let backend = engine(&url, &aws_options(false)).await;
+    assert_engine_sees_held(backend.as_ref(), &id).await;
+    let cli = Cli::new();
+    cli.assert_sees_held(&url, &id, &[]).await;
+    // An s3lock lock has no lease: waiting past any lease does not take it over.
+    let err = acquire(
+        backend.as_ref(),
+        &request("lockwarden", Duration::from_secs(1)),
+        Wait::For(Duration::from_secs(3)),
+    )
+    .await
+    .expect_err("an s3lock lock never expires");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+
+    holder.release().await;
+    let lease = acquire(
+        backend.as_ref(),
+        &request("lockwarden", Duration::from_secs(30)),
+        Wait::For(TIMEOUT),
+    )
+    .await
+    .expect("lockwarden acquires once s3lock unlocked");
+    backend.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_release() {
+    let (bucket, key, url) = s3_key().await;
+
+    // Engine, s3lock-compatible: the release deletes the object.
+    let backend = engine(&url, &aws_options(true)).await;
+    let held = HeldLock::acquire(
+        backend.clone(),
+        &request("lockwarden-engine", Duration::from_secs(30)),
+        Wait::No,
+    )
+    .await
+    .expect("acquire a free key");
+    assert_eq!(
+        s3lock(&bucket, &key, "0s").exit_code().await,
+        3,
+        "s3lock must find it held"
+    );
+    held.release().await.expect("release");
+    let mut s3 = s3lock(&bucket, &key, "0s");
+    s3.expect("ACQUIRED").await;
+    s3.release().await;
+
+    // CLI, s3lock-compatible: the lock file remembers the option for unlock.
+    let cli = Cli::new();
+    cli.lock(&url, "held.lock", &["--s3lock-compatible"]).await;
+    assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
+    let mut waiting = s3lock(&bucket, &key, "120s");
+    cli.unlock("held.lock").await;
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+
+    // Without the option lockwarden leaves a tombstone, which s3lock takes as held.
+    cli.lock(&url, "plain.lock", &[]).await;
+    cli.unlock("plain.lock").await;
+    assert_eq!(
+        s3lock(&bucket, &key, "0s").exit_code().await,
+        3,
+        "s3lock treats lockwarden's release tombstone as a held lock"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// DynamoDB: cirello.io/dynamolock/v2
+
+async fn dynamo_key() -> (String, String, String) {
+    let table = Moto::shared().new_table("interop", "key").await;
+    let key = unique("k");
+    let url = format!("dynamodb://{table}/{key}");
+    (table, key, url)
+}
+
+/// Long enough that a heartbeat every second survives a loaded machine.
+const DYNAMOLOCK_LEASE: &str = "6s";
+
+fn dynamolock(table: &str, key: &str, owner: &str, wait: &str) -> Foreign {
+    Foreign::spawn(
+        "dynamolock",
+        &[
+            "--endpoint",
+            &Moto::shared().endpoint(),
+            "--table",
+            table,
+            "--key",
+            key,
+            "--owner",
+            owner,
+            "--lease",
+            DYNAMOLOCK_LEASE,
+            "--heartbeat",
+            "1s",
+            "--wait",
+            wait,
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_release() {
+    let (table, key, url) = dynamo_key().await;
+    let owner = unique("dynamolock-owner");
+    let mut holder = dynamolock(&table, &key, &owner, "0s");
+    holder.expect("ACQUIRED").await;
+
+    let backend = engine(&url, &aws_options(false)).await;
+    assert_engine_sees_held(backend.as_ref(), &owner).await;
+    Cli::new().assert_sees_held(&url, &owner, &[]).await;
+    // Heartbeats keep it: a wait of two and a half leases does not take it over.
+    let err = acquire(
+        backend.as_ref(),
+        &request("lockwarden", Duration::from_secs(6)),
+        Wait::For(Duration::from_secs(15)),
+    )
+    .await
+    .expect_err("a heartbeating dynamolock holder keeps the lock");
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+
+    holder.release().await;
+    // Its release (isReleased = "1") is a free lock: no lease wait.
+    let lease = acquire(
+        backend.as_ref(),
+        &request("lockwarden", Duration::from_secs(30)),
+        Wait::No,
+    )
+    .await
+    .expect("lockwarden acquires at once after dynamolock released");
+    let first = lease.fence();
+    backend.release(&lease).await.expect("release");
+
+    // The fence survives a dynamolock acquisition in between (it copies attributes).
+    let mut again = dynamolock(&table, &key, &owner, "0s");
+    again.expect("ACQUIRED").await;
+    again.release().await;
+    let lease = acquire(
+        backend.as_ref(),
+        &request("lockwarden", Duration::from_secs(30)),
+        Wait::No,
+    )
+    .await
+    .expect("acquire");
+    assert!(
+        lease.fence() > first,
+        "fence went from {first} to {}",
+        lease.fence()
+    );
+    backend.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release() {
+    let (table, key, url) = dynamo_key().await;
+    let backend = engine(&url, &aws_options(false)).await;
+    let held = HeldLock::acquire(
+        backend.clone(),
+        &request("lockwarden-engine", Duration::from_secs(6)),
+        Wait::No,
+    )
+    .await
+    .expect("acquire a free key");
+    assert_eq!(
+        dynamolock(&table, &key, "d1", "0s").exit_code().await,
+        3,
+        "dynamolock must find it held"
+    );
+    // Nor by waiting past the lease: lockwarden's renewals change the version.
+    let mut waiting = dynamolock(&table, &key, "d2", "10s");
+    assert_eq!(waiting.next().await, "TIMEOUT");
+    assert!(
+        held.is_held(),
+        "lockwarden lost the lock: {:?}",
+        held.state()
+    );
+    held.release().await.expect("release");
+    let mut after = dynamolock(&table, &key, "d3", "0s");
+    after.expect("ACQUIRED").await;
+    after.release().await;
+
+    // The CLI's lock, likewise.
+    let cli = Cli::new();
+    cli.lock(&url, "held.lock", &["--lease", "5m"]).await;
+    assert_eq!(dynamolock(&table, &key, "d4", "0s").exit_code().await, 3);
+    cli.unlock("held.lock").await;
+    let mut after = dynamolock(&table, &key, "d5", "0s");
+    after.expect("ACQUIRED").await;
+    after.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dynamolock_holder_that_stops_heartbeating_is_taken_over_after_its_lease() {
+    let (table, key, url) = dynamo_key().await;
+    let mut holder = dynamolock(&table, &key, "stalled", "0s");
+    holder.expect("ACQUIRED").await;
+    let backend = engine(&url, &aws_options(false)).await;
+    assert_engine_sees_held(backend.as_ref(), "stalled").await;
+    holder.send("stop-heartbeat").await;
+    holder.expect("HEARTBEAT-STOPPED").await;
+    let lease = acquire(
+        backend.as_ref(),
+        &request("lockwarden", Duration::from_secs(30)),
+        Wait::For(TIMEOUT),
+    )
+    .await
+    .expect("lockwarden takes over once the lease ran out unrenewed");
+    // The stalled holder's release is refused: it is no longer the owner.
+    holder.send("release").await;
+    let line = holder.next().await;
+    assert!(line.starts_with("ERROR"), "the old holder released: {line}");
+    backend.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamolock_takes_over_a_lockwarden_lock_that_is_no_longer_renewed() {
+    let (table, key, url) = dynamo_key().await;
+
+    // An engine holder that stops renewing (as a hung process would).
+    let backend = engine(&url, &aws_options(false)).await;
+    let abandoned = acquire(
+        backend.as_ref(),
+        &request("lockwarden-abandoned", Duration::from_secs(3)),
+        Wait::No,
+    )
+    .await
+    .expect("acquire");
+    let mut taker = dynamolock(&table, &key, "taker", "60s");
+    taker.expect("ACQUIRED").await;
+    let err = backend
+        .renew(&mut abandoned.clone())
+        .await
+        .expect_err("lost");
+    assert!(matches!(err, LockError::Lost { .. }), "{err}");
+    taker.release().await;
+
+    // A `lockwarden run` process that is killed while holding.
+    let cli = Cli::new();
+    let mut run = cli
+        .command(&["run", &url, "--lease", "3s", "--", "sleep", "600"])
+        .spawn()
+        .expect("spawn lockwarden run");
+    // Wait until `run` holds, then kill it: no release, no more renewals.
+    eventually("lockwarden run to hold the lock", TIMEOUT, || {
+        let url = url.clone();
+        async move {
+            let b = engine(&url, &aws_options(false)).await;
+            match b.inspect().await {
+                Ok(Some(s)) => s
+                    .record
+                    .ok()
+                    .filter(|r| r.state == LockState::Held && r.holder.starts_with("tester@"))
+                    .map(|_| ()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    run.kill().await.expect("kill lockwarden run");
+    let mut taker = dynamolock(&table, &key, "taker-2", "60s");
+    taker.expect("ACQUIRED").await;
+    taker.release().await;
+}
+
+// ---------------------------------------------------------------------------------
+// ZooKeeper: DataDog kafka-kit's lock
+
+fn zk_url(path: &str) -> String {
+    format!("zk://{}{path}", ZooKeeper::shared().connect_string())
+}
+
+/// A lockwarden contender on its own ZooKeeper session. Not through `Target::connect`:
+/// its process-wide session registry keeps a session bound to the runtime that opened
+/// it, and every test here has its own runtime.
+fn zk_engine(path: &str) -> Arc<dyn LockBackend> {
+    Arc::new(
+        ZkSessions::new()
+            .lock(&ZooKeeper::shared().connect_string(), path)
+            .unwrap_or_else(|e| panic!("{path}: {e}")),
+    )
+}
+
+fn kafkakit(path: &str, wait: &str) -> Foreign {
+    Foreign::spawn(
+        "kafkakit",
+        &[
+            "--servers",
+            &ZooKeeper::shared().connect_string(),
+            "--path",
+            path,
+            "--wait",
+            wait,
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock() {
+    let path = format!("/{}", unique("interop-kk"));
+    let url = zk_url(&path);
+    let mut holder = kafkakit(&path, "0s");
+    let entry = holder.expect("QUEUED").await;
+    holder.expect("ACQUIRED").await;
+
+    let backend = zk_engine(&path);
+    assert_engine_sees_held(backend.as_ref(), &entry).await;
+    Cli::new().assert_sees_held(&url, &entry, &[]).await;
+
+    let waiting = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            acquire(
+                backend.as_ref(),
+                &request("lockwarden", Duration::from_secs(10)),
+                Wait::For(TIMEOUT),
+            )
+            .await
+        })
+    };
+    holder.release().await;
+    let lease = waiting
+        .await
+        .unwrap()
+        .expect("acquires after kafka-kit's unlock");
+    backend.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
+    let path = format!("/{}", unique("interop-kk"));
+    let backend = zk_engine(&path);
+    let held = HeldLock::acquire(
+        backend.clone(),
+        &request("lockwarden-engine", Duration::from_secs(10)),
+        Wait::No,
+    )
+    .await
+    .expect("acquire");
+    let mut refused = kafkakit(&path, "0s");
+    refused.expect("QUEUED").await;
+    refused.expect("BUSY").await;
+    let mut waiting = kafkakit(&path, "120s");
+    waiting.expect("QUEUED").await;
+    assert_eq!(
+        waiting.has_event().await,
+        None,
+        "kafka-kit acquired a held lock"
+    );
+    held.release().await.expect("release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
+    let path = format!("/{}", unique("interop-fifo"));
+    let req = request("lockwarden", Duration::from_secs(10));
+
+    // Arrival order: K1 (holds), L1, K2, L2, K3.
+    let mut k1 = kafkakit(&path, "0s");
+    k1.expect("QUEUED").await;
+    k1.expect("ACQUIRED").await;
+    let l1 = zk_engine(&path);
+    assert!(matches!(
+        l1.try_acquire(&req).await,
+        Ok(Attempt::Busy { .. })
+    ));
+    let mut k2 = kafkakit(&path, "300s");
+    k2.expect("QUEUED").await;
+    let l2 = zk_engine(&path);
+    assert!(matches!(
+        l2.try_acquire(&req).await,
+        Ok(Attempt::Busy { .. })
+    ));
+    let mut k3 = kafkakit(&path, "300s");
+    k3.expect("QUEUED").await;
+
+    // K1 leaves: L1 is next, and nobody behind it gets the lock.
+    k1.release().await;
+    let lease1 = eventually("L1 (second in line) to acquire", TIMEOUT, || async {
+        match l1.try_acquire(&req).await {
+            Ok(Attempt::Acquired(lease)) => Some(lease),
+            _ => None,
+        }
+    })
+    .await;
+    assert!(matches!(
+        l2.try_acquire(&req).await,
+        Ok(Attempt::Busy { queue_position: Some(p), .. }) if p > 0
+    ));
+    assert_eq!(k2.has_event().await, None, "K2 jumped the queue");
+    assert_eq!(k3.has_event().await, None, "K3 jumped the queue");
+
+    // L1 leaves: K2, not L2 nor K3.
+    l1.release(&lease1).await.expect("release");
+    k2.expect("ACQUIRED").await;
+    assert!(matches!(
+        l2.try_acquire(&req).await,
+        Ok(Attempt::Busy { .. })
+    ));
+    assert_eq!(k3.has_event().await, None, "K3 jumped the queue");
+
+    // K2 leaves: L2, not K3.
+    k2.release().await;
+    let lease2 = eventually("L2 (fourth in line) to acquire", TIMEOUT, || async {
+        match l2.try_acquire(&req).await {
+            Ok(Attempt::Acquired(lease)) => Some(lease),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!(k3.has_event().await, None, "K3 jumped the queue");
+
+    // L2 leaves: K3.
+    l2.release(&lease2).await.expect("release");
+    k3.expect("ACQUIRED").await;
+    k3.release().await;
+}
+
+// ---------------------------------------------------------------------------------
+// Kubernetes Lease: client-go leader election
+
+fn leader(ns: &str, lease: &str, identity: &str, extra: &[&str]) -> Foreign {
+    let kubeconfig = ControlPlane::shared()
+        .kubeconfig_path()
+        .display()
+        .to_string();
+    let mut args = vec![
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        ns,
+        "--name",
+        lease,
+        "--identity",
+        identity,
+        "--lease",
+        "4s",
+        "--renew",
+        "3s",
+        "--retry",
+        "500ms",
+    ];
+    args.extend_from_slice(extra);
+    Foreign::spawn("leader", &args)
+}
+
+async fn kube_namespace(prefix: &str) -> String {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    plane.namespace(&client, prefix).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
+    let ns = kube_namespace("interop-lease").await;
+    let name = unique("lease");
+    let url = format!("k8s://{ns}/{name}");
+    let options = ConnectOptions {
+        kube_client: Some(ControlPlane::shared().client().await),
+        ..Default::default()
+    };
+
+    // client-go leads: lockwarden sees it held and does not acquire.
+    let mut elector = leader(&ns, &name, "go-leader-1", &[]);
+    elector.expect("ACQUIRED").await;
+    let backend = engine(&url, &options).await;
+    assert_engine_sees_held(backend.as_ref(), "go-leader-1").await;
+    Cli::new().assert_sees_held(&url, "go-leader-1", &[]).await;
+    elector.release().await;
+    let held = HeldLock::acquire(
+        backend.clone(),
+        &request("lockwarden-engine", Duration::from_secs(4)),
+        Wait::For(TIMEOUT),
+    )
+    .await
+    .expect("acquires after client-go released");
+
+    // lockwarden holds: client-go cannot lead, over several of its lease durations.
+    let mut refused = leader(&ns, &name, "go-leader-2", &["--wait", "10s"]);
+    assert_eq!(refused.next().await, "TIMEOUT");
+    assert!(held.is_held(), "{:?}", held.state());
+    let mut waiting = leader(&ns, &name, "go-leader-3", &[]);
+    assert_eq!(waiting.has_event().await, None);
+    held.release().await.expect("release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+}
+
+/// A `DistributedLock` held by the in-process controller and a client-go elector on
+/// the same Lease, handing it back and forth. Each side keeps a marker file while it
+/// holds (created after acquiring, removed before releasing): creating it while the
+/// other's exists would mean both held at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() {
+    const ROUNDS: usize = 4;
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_lockwarden_crd(&client).await;
+    let ns = plane.namespace(&client, "interop-ha").await;
+    let config = ControllerConfig {
+        cluster_name: "interop".into(),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    let controller_client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = controller::run(controller_client, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<KubeLease> = Api::namespaced(client.clone(), &ns);
+    let lease_name = "shared-lease";
+    let markers = tempfile::tempdir().expect("temp dir");
+    let marker = markers.path().join("holder");
+
+    let mut elector: Option<Foreign> = None;
+    let mut go_rounds = 0;
+    let mut done = false;
+    let mut ours = 0;
+    while ours < ROUNDS {
+        let name = format!("dlock-{ours}");
+        locks
+            .create(&PostParams::default(), &dlock(&name, lease_name))
+            .await
+            .expect("create DistributedLock");
+        let held = eventually(&format!("{name} to be Acquired"), TIMEOUT, || async {
+            locks.get(&name).await.ok().filter(|l| {
+                l.status
+                    .as_ref()
+                    .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
+            })
+        })
+        .await;
+        claim(&marker, &format!("lockwarden {name}"));
+        if elector.is_none() {
+            // Started while lockwarden holds: the first handover is lockwarden → client-go.
+            elector = Some(leader(
+                &ns,
+                lease_name,
+                "go-elector",
+                &[
+                    "--rounds",
+                    &ROUNDS.to_string(),
+                    "--hold",
+                    "1500ms",
+                    "--marker",
+                    &marker.display().to_string(),
+                ],
+            ));
+        }
+        let elector = elector.as_mut().expect("started");
+        let lease = leases.get(lease_name).await.expect("Lease");
+        assert_eq!(
+            lease.spec.and_then(|s| s.holder_identity),
+            held.status.and_then(|s| s.holder),
+            "the Lease names the DistributedLock's holder"
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        std::fs::remove_file(&marker).expect("remove our marker");
+        locks
+            .delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete DistributedLock");
+        eventually(
+            &format!("{name} to be gone (released)"),
+            TIMEOUT,
+            || async {
+                locks
+                    .get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+        ours += 1;
+        // The elector gets its turn in between (or overlapped attempts show up here).
+        while let Some(line) = elector.has_event().await {
+            eprintln!("[elector] {line}");
+            assert!(!line.starts_with("OVERLAP"), "both held the Lease: {line}");
+            assert!(
+                !line.starts_with("LOST"),
+                "the elector lost the Lease: {line}"
+            );
+            if line.starts_with("ACQUIRED") {
+                go_rounds += 1;
+            }
+            done |= line == "DONE";
+        }
+    }
+    let mut elector = elector.expect("started");
+    while !done {
+        let line = elector.next().await;
+        assert!(!line.starts_with("OVERLAP"), "both held the Lease: {line}");
+        assert!(
+            !line.starts_with("LOST"),
+            "the elector lost the Lease: {line}"
+        );
+        if line.starts_with("ACQUIRED") {
+            go_rounds += 1;
+        }
+        done = line == "DONE";
+    }
+    assert_eq!(go_rounds, ROUNDS, "every elector round led once");
+    elector.send("quit").await;
+}
+
+fn dlock(name: &str, lease: &str) -> DistributedLock {
+    DistributedLock::new(
+        name,
+        DistributedLockSpec {
+            backend: BackendSpec {
+                kubernetes: Some(KubernetesBackend {
+                    lease_name: lease.into(),
+                    namespace: None,
+                }),
+                ..Default::default()
+            },
+            lease_duration: "4s".into(),
+            renew_interval: "1s".into(),
+            ..Default::default()
+        },
+    )
+}
+
+/// Creates the holder marker, which must not exist: if it does, the other side holds.
+fn claim(marker: &Path, who: &str) {
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(marker)
+    {
+        Ok(_) => {}
+        Err(e) => {
+            let other = std::fs::read_to_string(marker).unwrap_or_default();
+            panic!(
+                "{who} acquired while {} holds the Lease ({e})",
+                other.trim()
+            );
+        }
+    }
+}

@@ -1,0 +1,540 @@
+// Command interop takes and releases locks the way the libraries lockwarden must
+// coexist with do, on command, so tests/interop.rs can drive both sides against the
+// same real servers.
+//
+//	interop s3lock     --endpoint URL --bucket B --key K [--wait D]
+//	interop dynamolock --endpoint URL --table T --key K [--owner O] [--lease D] [--heartbeat D] [--wait D]
+//	interop kafkakit   --servers H:P[,H:P] --path /P [--wait D]
+//	interop leader     --kubeconfig F --namespace N --name L --identity I [--lease D] [--renew D] [--retry D]
+//	                   [--wait D] [--rounds N --hold D --marker FILE]
+//
+// One process is one contender. It writes one event per line on stdout:
+//
+//	ACQUIRED [detail]   the lock is held
+//	BUSY [holder]       one attempt (--wait 0) found the lock held
+//	TIMEOUT             --wait ran out
+//	QUEUED NAME         (kafkakit) our queue entry
+//	RELEASED            released on request
+//	LOST                (leader) leadership ended without a release request
+//	HEARTBEAT-STOPPED   (dynamolock) heartbeats stopped on request
+//	OVERLAP FILE        (leader --marker) the other side's marker existed: both held
+//	DONE                (leader --rounds) every round finished
+//	ERROR message       anything else; the exit status is then 1
+//
+// and reads requests from stdin, one per line: "release", "stop-heartbeat" (dynamolock),
+// "quit" (exit without releasing, as a crash would; also on end of input).
+//
+// Libraries: cirello.io/dynamolock/v2 and k8s.io/client-go's leaderelection are the
+// real libraries. github.com/winebarrel/s3lock and github.com/DataDog/kafka-kit/v4 are
+// not served by the Go module proxy reachable here, so their lock protocols are
+// re-implemented below from their documented behaviour, call for call (see
+// docs/backends.md, "Interoperability with existing lock libraries").
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"cirello.io/dynamolock/v2"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/go-zookeeper/zk"
+	"github.com/google/uuid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+)
+
+var out = struct {
+	sync.Mutex
+	w *bufio.Writer
+}{w: bufio.NewWriter(os.Stdout)}
+
+// emit writes one event line and flushes it at once: the test reads them as they come.
+func emit(format string, args ...any) {
+	out.Lock()
+	defer out.Unlock()
+	fmt.Fprintf(out.w, format+"\n", args...)
+	out.w.Flush()
+}
+
+func fail(err error) {
+	emit("ERROR %s", strings.ReplaceAll(err.Error(), "\n", " "))
+	os.Exit(1)
+}
+
+// requests delivers stdin lines; it is closed at end of input.
+func requests() <-chan string {
+	ch := make(chan string)
+	go func() {
+		defer close(ch)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			if line := strings.TrimSpace(sc.Text()); line != "" {
+				ch <- line
+			}
+		}
+	}()
+	return ch
+}
+
+// waitFor blocks until the given request arrives; "quit" or end of input exits the
+// process without releasing anything.
+func waitFor(reqs <-chan string, handlers map[string]func() bool) {
+	for req := range reqs {
+		if req == "quit" {
+			os.Exit(0)
+		}
+		h, ok := handlers[req]
+		if !ok {
+			emit("ERROR unknown request %q", req)
+			continue
+		}
+		if h() {
+			return
+		}
+	}
+	os.Exit(0)
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: interop s3lock|dynamolock|kafkakit|leader [flags]")
+		os.Exit(2)
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	switch cmd {
+	case "s3lock":
+		runS3Lock(args)
+	case "dynamolock":
+		runDynamolock(args)
+	case "kafkakit":
+		runKafkaKit(args)
+	case "leader":
+		runLeader(args)
+	default:
+		fmt.Fprintf(os.Stderr, "interop: unknown library %q\n", cmd)
+		os.Exit(2)
+	}
+}
+
+func awsConfig(endpoint, region string) aws.Config {
+	creds := credentials.NewStaticCredentialsProvider(
+		envOr("AWS_ACCESS_KEY_ID", "testing"), envOr("AWS_SECRET_ACCESS_KEY", "testing"), "")
+	return aws.Config{
+		Region:       region,
+		Credentials:  creds,
+		BaseEndpoint: aws.String(endpoint),
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// ---------------------------------------------------------------------------------
+// s3lock (github.com/winebarrel/s3lock): the object's presence is the lock.
+//   lock:   PUT body=<uuid> If-None-Match: *          (412 → "lock already held")
+//   wait:   repeat the lock every interval until the deadline
+//   unlock: GET If-Match: <etag> and compare the body with <uuid>, then
+//           DELETE If-Match: <etag>
+
+func runS3Lock(args []string) {
+	fs := flag.NewFlagSet("s3lock", flag.ExitOnError)
+	endpoint := fs.String("endpoint", "", "S3 endpoint URL")
+	region := fs.String("region", "us-east-1", "region")
+	bucket := fs.String("bucket", "", "bucket")
+	key := fs.String("key", "", "object key")
+	wait := fs.Duration("wait", 0, "keep trying this long (0: one attempt)")
+	interval := fs.Duration("interval", time.Second, "retry interval (s3lock's LockWaitInterval)")
+	_ = fs.Parse(args)
+
+	client := s3.NewFromConfig(awsConfig(*endpoint, *region), func(o *s3.Options) { o.UsePathStyle = true })
+	ctx := context.Background()
+	id := uuid.NewString()
+	deadline := time.Now().Add(*wait)
+	var etag string
+	for {
+		put, err := client.PutObject(ctx, &s3.PutObjectInput{
+			Bucket:      bucket,
+			Key:         key,
+			Body:        strings.NewReader(id),
+			IfNoneMatch: aws.String("*"),
+		})
+		if err == nil {
+			etag = aws.ToString(put.ETag)
+			break
+		}
+		if !strings.Contains(err.Error(), "PreconditionFailed") {
+			fail(err)
+		}
+		if *wait == 0 {
+			emit("BUSY")
+			os.Exit(3)
+		}
+		if time.Now().After(deadline) {
+			emit("TIMEOUT")
+			os.Exit(3)
+		}
+		time.Sleep(*interval)
+	}
+	emit("ACQUIRED %s", id)
+
+	waitFor(requests(), map[string]func() bool{
+		"release": func() bool {
+			got, err := client.GetObject(ctx, &s3.GetObjectInput{Bucket: bucket, Key: key, IfMatch: aws.String(etag)})
+			if err != nil {
+				fail(fmt.Errorf("unlock: %w", err))
+			}
+			body, err := io.ReadAll(got.Body)
+			got.Body.Close()
+			if err != nil {
+				fail(err)
+			}
+			if string(body) != id {
+				fail(fmt.Errorf("unlock: lock mismatch: body %q", body))
+			}
+			if _, err := client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: bucket, Key: key, IfMatch: aws.String(etag)}); err != nil {
+				fail(fmt.Errorf("unlock: %w", err))
+			}
+			emit("RELEASED")
+			return true
+		},
+	})
+}
+
+// ---------------------------------------------------------------------------------
+// dynamolock (cirello.io/dynamolock/v2), the library itself.
+
+func runDynamolock(args []string) {
+	fs := flag.NewFlagSet("dynamolock", flag.ExitOnError)
+	endpoint := fs.String("endpoint", "", "DynamoDB endpoint URL")
+	region := fs.String("region", "us-east-1", "region")
+	table := fs.String("table", "", "table")
+	key := fs.String("key", "", "partition key value")
+	partitionKey := fs.String("partition-key", "key", "partition key attribute name")
+	owner := fs.String("owner", "dynamolock-"+strconv.Itoa(os.Getpid()), "owner name")
+	lease := fs.Duration("lease", 3*time.Second, "lease duration")
+	heartbeat := fs.Duration("heartbeat", time.Second, "heartbeat period (0: none)")
+	wait := fs.Duration("wait", 0, "additional time to wait for the lock (0: fail if locked)")
+	data := fs.String("data", "", "lock data")
+	deleteOnRelease := fs.Bool("delete-on-release", false, "delete the item on release")
+	_ = fs.Parse(args)
+
+	db := dynamodb.NewFromConfig(awsConfig(*endpoint, *region))
+	// Heartbeats are sent here rather than by the client's own goroutine, so that a
+	// request can stop them without releasing (a hung holder).
+	c, err := dynamolock.New(db, *table,
+		dynamolock.WithLeaseDuration(*lease),
+		dynamolock.WithOwnerName(*owner),
+		dynamolock.WithHeartbeatPeriod(0),
+		dynamolock.WithPartitionKeyName(*partitionKey),
+	)
+	if err != nil {
+		fail(err)
+	}
+	opts := []dynamolock.AcquireLockOption{dynamolock.WithRefreshPeriod(200 * time.Millisecond)}
+	if *data != "" {
+		opts = append(opts, dynamolock.WithData([]byte(*data)), dynamolock.ReplaceData())
+	}
+	if *deleteOnRelease {
+		opts = append(opts, dynamolock.WithDeleteLockOnRelease())
+	}
+	if *wait == 0 {
+		opts = append(opts, dynamolock.FailIfLocked())
+	} else {
+		opts = append(opts, dynamolock.WithAdditionalTimeToWaitForLock(*wait))
+	}
+	lock, err := c.AcquireLock(*key, opts...)
+	if err != nil {
+		var notGranted *dynamolock.LockNotGrantedError
+		if errors.As(err, &notGranted) {
+			if *wait == 0 {
+				current, _ := c.Get(*key)
+				emit("BUSY %s", current.OwnerName())
+			} else {
+				emit("TIMEOUT")
+			}
+			os.Exit(3)
+		}
+		fail(err)
+	}
+	emit("ACQUIRED %s", lock.OwnerName())
+
+	stop := make(chan struct{})
+	var stopOnce sync.Once
+	if *heartbeat > 0 {
+		go func() {
+			t := time.NewTicker(*heartbeat)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					if err := c.SendHeartbeat(lock); err != nil {
+						emit("HEARTBEAT-FAILED %s", strings.ReplaceAll(err.Error(), "\n", " "))
+					}
+				}
+			}
+		}()
+	}
+	waitFor(requests(), map[string]func() bool{
+		"stop-heartbeat": func() bool {
+			stopOnce.Do(func() { close(stop) })
+			emit("HEARTBEAT-STOPPED")
+			return false
+		},
+		"release": func() bool {
+			stopOnce.Do(func() { close(stop) })
+			ok, err := c.ReleaseLock(lock)
+			if err != nil || !ok {
+				fail(fmt.Errorf("release: ok=%v err=%v", ok, err))
+			}
+			emit("RELEASED")
+			return true
+		},
+	})
+}
+
+// ---------------------------------------------------------------------------------
+// kafka-kit's ZooKeeper lock (github.com/DataDog/kafka-kit/v4/cluster/zookeeper,
+// TTL off), call for call:
+//   init:   create every component of the lock path as a persistent znode
+//   lock:   CreateProtectedEphemeralSequential("<path>/lock-") → _c_<guid>-lock-<seq>;
+//           list the children, take the integer after the last "-" of each name
+//           (names without one are ignored), sort; lowest = holder; else watch the
+//           entry just ahead (GetW) and look again when it changes
+//   unlock: Get our znode for its version, Delete it at that version
+// One deviation: when the entry ahead is already gone at GetW, this looks again
+// instead of waiting for a watch that never fires.
+
+func runKafkaKit(args []string) {
+	fs := flag.NewFlagSet("kafkakit", flag.ExitOnError)
+	servers := fs.String("servers", "", "host:port[,host:port]")
+	path := fs.String("path", "", "lock path")
+	wait := fs.Duration("wait", 0, "how long to wait in the queue (0: one look)")
+	_ = fs.Parse(args)
+
+	conn, _, err := zk.Connect(strings.Split(*servers, ","), 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		fail(err)
+	}
+	lockPath := "/" + strings.Trim(*path, "/")
+	parts := strings.Split(strings.Trim(lockPath, "/"), "/")
+	for i := range parts {
+		p := "/" + strings.Join(parts[:i+1], "/")
+		if _, err := conn.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			fail(err)
+		}
+	}
+	node, err := conn.CreateProtectedEphemeralSequential(lockPath+"/lock-", nil, zk.WorldACL(zk.PermAll))
+	if err != nil {
+		fail(err)
+	}
+	mine, err := idFromZnode(node)
+	if err != nil {
+		fail(err)
+	}
+	emit("QUEUED %s", node[strings.LastIndex(node, "/")+1:])
+
+	ctx := context.Background()
+	if *wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *wait)
+		defer cancel()
+	}
+	deleteZnode := func(p string) error {
+		_, st, err := conn.Get(p)
+		if err != nil {
+			return err
+		}
+		return conn.Delete(p, st.Version)
+	}
+	for {
+		children, _, err := conn.Children(lockPath)
+		if err != nil {
+			fail(err)
+		}
+		ids := map[int]string{}
+		var order []int
+		for _, c := range children {
+			id, err := idFromZnode(c)
+			if err != nil {
+				continue
+			}
+			ids[id] = lockPath + "/" + c
+			order = append(order, id)
+		}
+		sort.Ints(order)
+		if len(order) > 0 && order[0] == mine {
+			break
+		}
+		pos := sort.SearchInts(order, mine)
+		if pos == 0 || pos >= len(order) || order[pos] != mine {
+			fail(fmt.Errorf("our entry %s is not in the queue", node))
+		}
+		if *wait == 0 {
+			_ = deleteZnode(node)
+			emit("BUSY %s", ids[order[0]])
+			os.Exit(3)
+		}
+		_, _, changed, err := conn.GetW(ids[order[pos-1]])
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		} else if err != nil {
+			fail(err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = deleteZnode(node)
+			emit("TIMEOUT")
+			os.Exit(3)
+		case <-changed:
+		}
+	}
+	emit("ACQUIRED %s", node[strings.LastIndex(node, "/")+1:])
+	waitFor(requests(), map[string]func() bool{
+		"release": func() bool {
+			if err := deleteZnode(node); err != nil {
+				fail(fmt.Errorf("unlock: %w", err))
+			}
+			emit("RELEASED")
+			return true
+		},
+	})
+}
+
+func idFromZnode(s string) (int, error) {
+	parts := strings.Split(s, "-")
+	return strconv.Atoi(parts[len(parts)-1])
+}
+
+// ---------------------------------------------------------------------------------
+// client-go leader election on a coordination.k8s.io/v1 Lease, the library itself.
+
+func runLeader(args []string) {
+	fs := flag.NewFlagSet("leader", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file")
+	namespace := fs.String("namespace", "default", "namespace")
+	name := fs.String("name", "", "Lease name")
+	identity := fs.String("identity", "", "holder identity")
+	lease := fs.Duration("lease", 4*time.Second, "LeaseDuration")
+	renew := fs.Duration("renew", 3*time.Second, "RenewDeadline")
+	retry := fs.Duration("retry", 500*time.Millisecond, "RetryPeriod")
+	wait := fs.Duration("wait", 0, "give up if not leading within this time (0: wait forever)")
+	rounds := fs.Int("rounds", 1, "lead this many times, each released after --hold")
+	hold := fs.Duration("hold", 0, "how long each round leads (0: until a release request)")
+	marker := fs.String("marker", "", "file created (exclusively) while leading, removed before releasing")
+	_ = fs.Parse(args)
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fail(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fail(err)
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: *name, Namespace: *namespace},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: *identity},
+	}
+	reqs := requests()
+	for round := 0; round < *rounds; round++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		released := make(chan struct{})
+		var waitTimer *time.Timer
+		if *wait > 0 {
+			waitTimer = time.AfterFunc(*wait, func() {
+				emit("TIMEOUT")
+				os.Exit(3)
+			})
+		}
+		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+			Lock:            lock,
+			LeaseDuration:   *lease,
+			RenewDeadline:   *renew,
+			RetryPeriod:     *retry,
+			ReleaseOnCancel: true,
+			Name:            *identity,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(ctx context.Context) {
+					if waitTimer != nil {
+						waitTimer.Stop()
+					}
+					if *marker != "" {
+						f, err := os.OpenFile(*marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+						if err != nil {
+							emit("OVERLAP %s", *marker)
+							os.Exit(4)
+						}
+						fmt.Fprintln(f, *identity)
+						f.Close()
+					}
+					emit("ACQUIRED %s", *identity)
+					var letGo <-chan time.Time
+					if *hold > 0 {
+						letGo = time.After(*hold)
+					}
+					select {
+					case <-ctx.Done():
+						return // leadership lost: OnStoppedLeading says so
+					case <-letGo:
+					case req, ok := <-reqs:
+						if !ok || req == "quit" {
+							os.Exit(0)
+						}
+					}
+					// Stop the work before letting go: the marker must be gone first.
+					if *marker != "" {
+						_ = os.Remove(*marker)
+					}
+					close(released)
+					cancel()
+				},
+				OnStoppedLeading: func() {
+					select {
+					case <-released:
+						emit("RELEASED")
+					default:
+						if *marker != "" {
+							_ = os.Remove(*marker)
+						}
+						emit("LOST")
+					}
+				},
+			},
+		})
+		if err != nil {
+			fail(err)
+		}
+		le.Run(ctx)
+		cancel()
+	}
+	emit("DONE")
+	// Stay until told to quit, so the test decides when this contender is gone.
+	for req := range reqs {
+		if req == "quit" {
+			break
+		}
+	}
+}
