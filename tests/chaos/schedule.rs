@@ -74,6 +74,10 @@ pub enum Fault {
     /// The contender's ZooKeeper paths blackholed past its session timeout.
     SessionExpiry { target: Contender, lasts: Duration },
     MotoPause { lasts: Duration },
+    /// moto killed and started again, its state restored (see `restart_moto`).
+    MotoRestart,
+    /// The west kube-apiserver killed and started again (etcd keeps the state).
+    ApiServerRestart,
     ZkNodeRestart { node: usize, down: Duration },
     ZkQuorumLoss { down: Duration },
     ApiServerPause { lasts: Duration },
@@ -104,6 +108,8 @@ impl Fault {
             ),
             Fault::SessionExpiry { .. } => "zookeeper-session-expiry".into(),
             Fault::MotoPause { .. } => "moto-sigstop".into(),
+            Fault::MotoRestart => "moto-restart".into(),
+            Fault::ApiServerRestart => "apiserver-restart".into(),
             Fault::ZkNodeRestart { .. } => "zookeeper-node-restart".into(),
             Fault::ZkQuorumLoss { .. } => "zookeeper-quorum-loss".into(),
             Fault::ApiServerPause { .. } => "apiserver-sigstop".into(),
@@ -145,7 +151,7 @@ impl Plan {
             Backend::Lease => vec![1, 2],
             _ => vec![0, 1],
         };
-        let engines = (0..rng.random_range(1..=ENGINE_SLOTS))
+        let engines: Vec<EngineSpec> = (0..rng.random_range(1..=ENGINE_SLOTS))
             .map(|slot| EngineSpec {
                 slot,
                 ignores_deadline: false,
@@ -175,7 +181,8 @@ impl Plan {
                 if rng.random_bool(0.5) {
                     Contender::Controller(controllers[rng.random_range(0..controllers.len())])
                 } else {
-                    Contender::Engine(rng.random_range(0..ENGINE_SLOTS))
+                    // Only slots that run in this schedule.
+                    Contender::Engine(rng.random_range(0..engines.len()))
                 }
             };
             let fault = match kind {
@@ -225,8 +232,13 @@ impl Plan {
                 _ if used_global => continue,
                 4 => {
                     used_global = true;
-                    Fault::MotoPause {
-                        lasts: ms(rng.random_range(500..5000)),
+                    let lasts = ms(rng.random_range(500..5000));
+                    // A side stream, so that adding this variant left the other
+                    // draws of older seeds unchanged.
+                    if StdRng::seed_from_u64(seed ^ 0x5eed_0001).random_bool(0.5) {
+                        Fault::MotoRestart
+                    } else {
+                        Fault::MotoPause { lasts }
                     }
                 }
                 5 => {
@@ -244,8 +256,11 @@ impl Plan {
                 }
                 _ => {
                     used_global = true;
-                    Fault::ApiServerPause {
-                        lasts: ms(rng.random_range(500..5000)),
+                    let lasts = ms(rng.random_range(500..5000));
+                    if StdRng::seed_from_u64(seed ^ 0x5eed_0002).random_bool(0.5) {
+                        Fault::ApiServerRestart
+                    } else {
+                        Fault::ApiServerPause { lasts }
                     }
                 }
             };
@@ -547,12 +562,22 @@ pub async fn run(plan: Plan) -> Outcome {
     let mut fault_tasks = Vec::new();
     for (at, fault) in plan.faults.clone() {
         let history = history.clone();
+        let (object_keys, bucket, table) = (
+            keys.names.iter().map(|n| format!("chaos/{n}")).collect::<Vec<_>>(),
+            keys.bucket.clone(),
+            keys.table.clone(),
+        );
+        let item_keys = keys.names.clone();
         fault_tasks.push(tokio::spawn(async move {
             tokio::time::sleep(at).await;
             let t0 = history.now();
             history.record(json!({"process": "nemesis", "op": "fault-start", "fault": fault.kind(),
                 "detail": format!("{fault:?}"), "invoke": t0}));
-            inject(&fault).await;
+            if matches!(fault, Fault::MotoRestart) {
+                restart_moto(&bucket, &object_keys, &table, &item_keys).await;
+            } else {
+                inject(&fault).await;
+            }
             history.record(json!({"process": "nemesis", "op": "fault-end", "fault": fault.kind(),
                 "invoke": t0, "complete": history.now()}));
         }));
@@ -921,12 +946,123 @@ async fn inject(fault: &Fault) {
             .await
             .unwrap();
         }
+        Fault::MotoRestart => unreachable!("needs the schedule's keys: restart_moto"),
+        Fault::ApiServerRestart => {
+            tokio::task::spawn_blocking(|| world().restart_west_apiserver())
+                .await
+                .unwrap();
+        }
         Fault::ApiServerPause { lasts } => {
-            world().west().apiserver().signal(libc::SIGSTOP);
+            world().signal_west_apiserver(libc::SIGSTOP);
             tokio::time::sleep(lasts).await;
-            world().west().apiserver().signal(libc::SIGCONT);
+            world().signal_west_apiserver(libc::SIGCONT);
         }
     }
+}
+
+/// A durable store restarting: moto keeps everything in memory, so the harness
+/// cuts every contender off (blackholes their proxies: no reply of a request that
+/// lands from now on can reach them), reads this schedule's records, kills moto,
+/// starts it again and writes the records back byte for byte (S3 ETags are the MD5
+/// of the body, so they come back the same; DynamoDB items keep every attribute).
+/// What a contender saw acknowledged survives, as on a real S3 or DynamoDB.
+async fn restart_moto(bucket: &str, objects: &[String], table: &str, items: &[String]) {
+    let w = world();
+    let proxies: Vec<&crate::support::proxy::Proxy> = w
+        .engines
+        .iter()
+        .chain(w.controllers.iter().map(|c| &c.paths))
+        .map(|p| p.moto())
+        .collect();
+    let modes: Vec<Mode> = proxies.iter().map(|p| p.mode()).collect();
+    for p in &proxies {
+        p.set_mode(Mode::Blackhole);
+    }
+    tokio::time::sleep(ms(200)).await;
+    let s3 = w.moto().s3_client().await;
+    let dynamo = w.moto().dynamodb_client().await;
+    let mut bodies = Vec::new();
+    for key in objects {
+        let got = s3.get_object().bucket(bucket).key(key).send().await;
+        if let Ok(got) = got {
+            let body = got.body.collect().await.expect("read S3 body").into_bytes();
+            bodies.push((key.clone(), body));
+        }
+    }
+    let mut saved_items = Vec::new();
+    for key in items {
+        let got = dynamo
+            .get_item()
+            .table_name(table)
+            .key("key", aws_sdk_dynamodb::types::AttributeValue::S(key.clone()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("read DynamoDB item");
+        if let Some(item) = got.item {
+            saved_items.push(item);
+        }
+    }
+    tokio::task::spawn_blocking(|| world().moto().restart())
+        .await
+        .unwrap();
+    let s3 = w.moto().s3_client().await;
+    let dynamo = w.moto().dynamodb_client().await;
+    s3.create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .expect("recreate the bucket");
+    create_table(&dynamo, table).await;
+    for (key, body) in bodies {
+        s3.put_object()
+            .bucket(bucket)
+            .key(&key)
+            .body(body.into())
+            .send()
+            .await
+            .expect("restore an S3 record");
+    }
+    for item in saved_items {
+        dynamo
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .expect("restore a DynamoDB item");
+    }
+    for (p, m) in proxies.iter().zip(modes) {
+        p.set_mode(m);
+    }
+}
+
+/// Creates the on-demand table `table` with the string partition key `key`.
+async fn create_table(client: &aws_sdk_dynamodb::Client, table: &str) {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("key")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("key")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .expect("recreate the table");
 }
 
 /// (e): once healed and the engine clients gone, every DistributedLock that says

@@ -168,7 +168,9 @@ impl Controller {
 
 pub struct World {
     pub east: &'static ControlPlane,
-    west: ControlPlane,
+    /// In a mutex: the API-server restart fault needs it mutably.
+    west: Mutex<ControlPlane>,
+    west_kubeconfig: PathBuf,
     moto: OnceLock<Moto>,
     zookeeper: OnceLock<ZooKeeper>,
     /// 0: east, 1: west, 2: west2 (a second controller on the west API server, for
@@ -254,10 +256,12 @@ impl World {
             controllers.push(controller);
         }
         let engines = (0..ENGINE_SLOTS).map(|_| Paths::new(west.port())).collect();
+        let west_kubeconfig = west.kubeconfig_path().to_path_buf();
         eprintln!("[chaos] world ready; logs and history under {}", dir.display());
         World {
             east,
-            west,
+            west: Mutex::new(west),
+            west_kubeconfig,
             moto: OnceLock::new(),
             zookeeper: OnceLock::new(),
             controllers,
@@ -267,12 +271,27 @@ impl World {
         }
     }
 
-    pub fn west(&self) -> &ControlPlane {
-        &self.west
+    /// Sends `sig` to the west API server (e.g. SIGSTOP / SIGCONT).
+    pub fn signal_west_apiserver(&self, sig: i32) {
+        self.west.lock().unwrap().apiserver().signal(sig);
     }
 
-    pub fn plane(&self, index: usize) -> &ControlPlane {
-        if index == 0 { self.east } else { &self.west }
+    /// Kills the west API server and starts it again (blocks until it is ready).
+    pub fn restart_west_apiserver(&self) {
+        // On a plain thread: the readiness probe runs a tokio runtime of its own.
+        std::thread::scope(|s| {
+            s.spawn(|| self.west.lock().unwrap().restart_apiserver())
+                .join()
+                .unwrap()
+        });
+    }
+
+    fn kubeconfig(&self, plane: usize) -> &Path {
+        if plane == 0 {
+            self.east.kubeconfig_path()
+        } else {
+            &self.west_kubeconfig
+        }
     }
 
     pub fn moto(&self) -> &Moto {
@@ -296,14 +315,13 @@ impl World {
 
     /// A kube client to `plane`, direct (not through any proxy), with timeouts.
     pub async fn direct_client(&self, plane: usize) -> kube::Client {
-        crate::support::kube::client_from_kubeconfig(self.plane(plane).kubeconfig_path()).await
+        crate::support::kube::client_from_kubeconfig(self.kubeconfig(plane)).await
     }
 
     /// A kube client to the west API server through an engine slot's proxy, with
     /// short timeouts so a partition fails requests instead of hanging them.
     pub async fn engine_kube_client(&self, slot: usize) -> kube::Client {
-        let cp = &self.west;
-        let kubeconfig = kube::config::Kubeconfig::read_from(cp.kubeconfig_path()).unwrap();
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.west_kubeconfig).unwrap();
         let mut config = kube::Config::from_custom_kubeconfig(
             kubeconfig,
             &kube::config::KubeConfigOptions::default(),
