@@ -23,7 +23,6 @@ mod schedule;
 mod world;
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams};
@@ -34,11 +33,8 @@ use world::world;
 
 /// The tests share servers, controllers and proxies and inject faults into them: one
 /// at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+/// (A tokio mutex: it is held across awaits, and works across the tests' runtimes.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -53,11 +49,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_schedules() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     // CHAOS_SEEDS=a,b,c reruns exactly those schedules.
     let listed: Option<Vec<u64>> = std::env::var("CHAOS_SEEDS").ok().map(|v| {
         v.split(',')
-            .map(|s| s.trim().parse().expect("CHAOS_SEEDS: comma-separated numbers"))
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .expect("CHAOS_SEEDS: comma-separated numbers")
+            })
             .collect()
     });
     let n: u64 = listed
@@ -156,7 +156,10 @@ async fn chaos_schedules() {
         slowest,
         history: history_path.as_deref(),
     });
-    eprintln!("[chaos] SUMMARY ({}):\n{summary}", world().dir.join("summary.json").display());
+    eprintln!(
+        "[chaos] SUMMARY ({}):\n{summary}",
+        world().dir.join("summary.json").display()
+    );
     assert!(
         secrets_found.is_empty(),
         "secret values appear in logs/status/events: {secrets_found:?}"
@@ -313,7 +316,7 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
 /// writes are refused by the register. The same plan with a correct holder passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_holder_that_ignores_its_deadline() {
-    let _serial = serial();
+    let _serial = SERIAL.lock().await;
     let correct = schedule::run(partition_plan(1, false)).await;
     assert!(
         correct.report.violations.is_empty(),
@@ -322,7 +325,10 @@ async fn checker_catches_a_holder_that_ignores_its_deadline() {
     );
     let broken = schedule::run(partition_plan(2, true)).await;
     let v = &broken.report.violations;
-    eprintln!("violations reported for the broken holder:\n{}", v.join("\n"));
+    eprintln!(
+        "violations reported for the broken holder:\n{}",
+        v.join("\n")
+    );
     assert!(
         v.iter()
             .any(|v| v.contains("(c) overlapping claims") && v.contains("engine-0-broken")),

@@ -174,7 +174,15 @@ impl History {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn acquired(&self, key: &str, who: &str, invoke: f64, nonce: &str, fence: u64, version: &str) {
+    pub fn acquired(
+        &self,
+        key: &str,
+        who: &str,
+        invoke: f64,
+        nonce: &str,
+        fence: u64,
+        version: &str,
+    ) {
         let t = self.now();
         let mut inner = self.inner.lock().unwrap();
         inner.evidence.push(Evidence {

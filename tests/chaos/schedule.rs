@@ -67,20 +67,42 @@ const CONTROLLER_ZK_SESSION: Duration = Duration::from_secs(10);
 /// A fault and its parameters. Durations are how long the fault lasts.
 #[derive(Clone, Debug)]
 pub enum Fault {
-    ControllerKill { controller: usize, down: Duration },
-    ControllerPause { controller: usize, pause: Duration },
+    ControllerKill {
+        controller: usize,
+        down: Duration,
+    },
+    ControllerPause {
+        controller: usize,
+        pause: Duration,
+    },
     /// A network fault on every path of one contender (engine slot or controller).
-    Network { target: Contender, mode: Mode, lasts: Duration },
+    Network {
+        target: Contender,
+        mode: Mode,
+        lasts: Duration,
+    },
     /// The contender's ZooKeeper paths blackholed past its session timeout.
-    SessionExpiry { target: Contender, lasts: Duration },
-    MotoPause { lasts: Duration },
+    SessionExpiry {
+        target: Contender,
+        lasts: Duration,
+    },
+    MotoPause {
+        lasts: Duration,
+    },
     /// moto killed and started again, its state restored (see `restart_moto`).
     MotoRestart,
     /// The west kube-apiserver killed and started again (etcd keeps the state).
     ApiServerRestart,
-    ZkNodeRestart { node: usize, down: Duration },
-    ZkQuorumLoss { down: Duration },
-    ApiServerPause { lasts: Duration },
+    ZkNodeRestart {
+        node: usize,
+        down: Duration,
+    },
+    ZkQuorumLoss {
+        down: Duration,
+    },
+    ApiServerPause {
+        lasts: Duration,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,7 +345,11 @@ pub async fn run(plan: Plan) -> Outcome {
     let backend = plan.backend;
     tokio::task::spawn_blocking(move || {
         let w = world();
-        for paths in w.engines.iter().chain(w.controllers.iter().map(|c| &c.paths)) {
+        for paths in w
+            .engines
+            .iter()
+            .chain(w.controllers.iter().map(|c| &c.paths))
+        {
             match backend {
                 Backend::S3 | Backend::DynamoDb => {
                     paths.moto();
@@ -370,8 +396,10 @@ pub async fn run(plan: Plan) -> Outcome {
         plan.engines.len(),
         plan.faults
     );
-    history.record(json!({"op": "plan", "backend": backend.name(), "keys": keys.urls,
-        "faults": format!("{:?}", plan.faults), "engines": format!("{:?}", plan.engines)}));
+    history.record(
+        json!({"op": "plan", "backend": backend.name(), "keys": keys.urls,
+        "faults": format!("{:?}", plan.faults), "engines": format!("{:?}", plan.engines)}),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
 
@@ -415,9 +443,7 @@ pub async fn run(plan: Plan) -> Outcome {
                 let stream = watcher(api, watcher::Config::default().labels(&label));
                 futures::pin_mut!(stream);
                 while !stop.load(Ordering::SeqCst) {
-                    let Ok(Some(event)) =
-                        tokio::time::timeout(ms(200), stream.next()).await
-                    else {
+                    let Ok(Some(event)) = tokio::time::timeout(ms(200), stream.next()).await else {
                         continue;
                     };
                     let Ok(event) = event else { continue };
@@ -427,21 +453,15 @@ pub async fn run(plan: Plan) -> Outcome {
                         _ => continue,
                     };
                     let name = lock.metadata.name.clone().unwrap_or_default();
-                    let Some(k) = names
-                        .iter()
-                        .position(|n| name.contains(&format!("{n}-g")))
+                    let Some(k) = names.iter().position(|n| name.contains(&format!("{n}-g")))
                     else {
                         continue;
                     };
                     let status = lock.status.clone().unwrap_or_default();
-                    let acquired =
-                        !deleted && conditions::is_true(&status.conditions, ACQUIRED);
+                    let acquired = !deleted && conditions::is_true(&status.conditions, ACQUIRED);
                     let fence = status.fence.unwrap_or(0) as u64;
                     let id = format!("{cluster}/{name}");
-                    latest
-                        .lock()
-                        .unwrap()
-                        .insert(id.clone(), (acquired, fence));
+                    latest.lock().unwrap().insert(id.clone(), (acquired, fence));
                     history.status(
                         &id,
                         &urls[k],
@@ -563,7 +583,10 @@ pub async fn run(plan: Plan) -> Outcome {
     for (at, fault) in plan.faults.clone() {
         let history = history.clone();
         let (object_keys, bucket, table) = (
-            keys.names.iter().map(|n| format!("chaos/{n}")).collect::<Vec<_>>(),
+            keys.names
+                .iter()
+                .map(|n| format!("chaos/{n}"))
+                .collect::<Vec<_>>(),
             keys.bucket.clone(),
             keys.table.clone(),
         );
@@ -571,15 +594,19 @@ pub async fn run(plan: Plan) -> Outcome {
         fault_tasks.push(tokio::spawn(async move {
             tokio::time::sleep(at).await;
             let t0 = history.now();
-            history.record(json!({"process": "nemesis", "op": "fault-start", "fault": fault.kind(),
-                "detail": format!("{fault:?}"), "invoke": t0}));
+            history.record(
+                json!({"process": "nemesis", "op": "fault-start", "fault": fault.kind(),
+                "detail": format!("{fault:?}"), "invoke": t0}),
+            );
             if matches!(fault, Fault::MotoRestart) {
                 restart_moto(&bucket, &object_keys, &table, &item_keys).await;
             } else {
                 inject(&fault).await;
             }
-            history.record(json!({"process": "nemesis", "op": "fault-end", "fault": fault.kind(),
-                "invoke": t0, "complete": history.now()}));
+            history.record(
+                json!({"process": "nemesis", "op": "fault-end", "fault": fault.kind(),
+                "invoke": t0, "complete": history.now()}),
+            );
         }));
     }
     // Activity continues a little past the last fault's start even with no faults.
@@ -587,7 +614,9 @@ pub async fn run(plan: Plan) -> Outcome {
     for t in fault_tasks {
         t.await.unwrap();
     }
-    tokio::task::spawn_blocking(|| world().heal()).await.unwrap();
+    tokio::task::spawn_blocking(|| world().heal())
+        .await
+        .unwrap();
     let healed_at = history.now();
     history.record(json!({"process": "nemesis", "op": "healed", "invoke": healed_at}));
 
@@ -828,14 +857,16 @@ async fn engine(
         history.acquired(&key, &who, invoke, &nonce, fence, &version);
         let start = history.now();
         let mut last_claimed = None;
-        let hold_for = ms(rng.random_range(
-            spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64,
-        ));
+        let hold_for =
+            ms(rng.random_range(spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64));
         let until = tokio::time::Instant::now() + hold_for;
         loop {
             let state = held.state();
             let claiming = if spec.ignores_deadline {
-                matches!(state, HolderState::Held { .. } | HolderState::Expiring { .. })
+                matches!(
+                    state,
+                    HolderState::Held { .. } | HolderState::Expiring { .. }
+                )
             } else {
                 state.is_held()
             };
@@ -994,7 +1025,10 @@ async fn restart_moto(bucket: &str, objects: &[String], table: &str, items: &[St
         let got = dynamo
             .get_item()
             .table_name(table)
-            .key("key", aws_sdk_dynamodb::types::AttributeValue::S(key.clone()))
+            .key(
+                "key",
+                aws_sdk_dynamodb::types::AttributeValue::S(key.clone()),
+            )
             .consistent_read(true)
             .send()
             .await

@@ -42,7 +42,8 @@ impl Paths {
     }
 
     pub fn moto(&self) -> &Proxy {
-        self.moto.get_or_init(|| Proxy::start(world().moto().port()))
+        self.moto
+            .get_or_init(|| Proxy::start(world().moto().port()))
     }
 
     pub fn zk(&self) -> &[Proxy] {
@@ -257,7 +258,10 @@ impl World {
         }
         let engines = (0..ENGINE_SLOTS).map(|_| Paths::new(west.port())).collect();
         let west_kubeconfig = west.kubeconfig_path().to_path_buf();
-        eprintln!("[chaos] world ready; logs and history under {}", dir.display());
+        eprintln!(
+            "[chaos] world ready; logs and history under {}",
+            dir.display()
+        );
         World {
             east,
             west: Mutex::new(west),

@@ -66,7 +66,10 @@ impl Mode {
     /// Whether this mode discards bytes in some direction (a connection poisoned by
     /// it may live on until the mode changes).
     fn loses_bytes(self) -> bool {
-        matches!(self, Mode::Blackhole | Mode::LoseRequests | Mode::LoseReplies)
+        matches!(
+            self,
+            Mode::Blackhole | Mode::LoseRequests | Mode::LoseReplies
+        )
     }
 }
 
