@@ -797,10 +797,9 @@ async fn direct_backend(backend: Backend, keys: &Keys, k: usize) -> Arc<dyn Lock
         }
         Backend::ZooKeeper => {
             // A session of its own, per key (and per schedule): never shared with a
-            // contender.
-            let sessions = Box::leak(Box::new(ZkSessions::new()));
+            // contender. The lock keeps the session; it closes when the lock is dropped.
             Arc::new(
-                sessions
+                ZkSessions::new()
                     .lock(
                         &w.zookeeper().connect_string(),
                         &format!("/chaos/{}", keys.names[k]),
