@@ -228,6 +228,8 @@ fn summarize(t: &Totals) -> String {
         "claims": claims,
         "observer_reads": polls,
         "violations": t.violations,
+        "controller_processes_restarted_after_exiting_on_their_own":
+            world().crash_restarts.load(std::sync::atomic::Ordering::SeqCst),
         "liveness_after_heal": live_summary,
         "secret_values_found_in_logs_status_events": t.secrets,
         "wall_s": t.wall.as_secs(),

@@ -196,6 +196,7 @@ impl Plan {
         let mut faults = Vec::new();
         let mut used_global = false;
         let mut used_controller = [false; 3];
+        let mut used_paths: Vec<Contender> = Vec::new();
         for _ in 0..n {
             let kind = kinds[rng.random_range(0..kinds.len())];
             let at = ms(rng.random_range(300..2000));
@@ -234,14 +235,26 @@ impl Plan {
                         3 => Mode::LoseReplies,
                         _ => Mode::DropReplies,
                     };
+                    let target = contender(&mut rng);
+                    let lasts = ms(rng.random_range(500..5000));
+                    // One network fault per contender at a time: a fault's healing
+                    // would cut another one short.
+                    if used_paths.contains(&target) {
+                        continue;
+                    }
+                    used_paths.push(target);
                     Fault::Network {
-                        target: contender(&mut rng),
+                        target,
                         mode,
-                        lasts: ms(rng.random_range(500..5000)),
+                        lasts,
                     }
                 }
                 3 => {
                     let target = contender(&mut rng);
+                    if used_paths.contains(&target) {
+                        continue;
+                    }
+                    used_paths.push(target);
                     let session = match target {
                         Contender::Engine(_) => LEASE,
                         Contender::Controller(_) => CONTROLLER_ZK_SESSION,
@@ -901,6 +914,10 @@ async fn engine(
     }
 }
 
+/// Held while proxy modes change, and for the whole of a moto restart (whose
+/// blackhole of every path must not be healed by a network fault ending meanwhile).
+static NETWORK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Injects `fault`, waits its duration, heals it.
 async fn inject(fault: &Fault) {
     let fault = fault.clone();
@@ -929,18 +946,26 @@ async fn inject(fault: &Fault) {
             lasts,
         } => {
             let paths = paths_of(target);
-            for p in paths.all() {
-                p.set_mode(mode);
+            {
+                let _net = NETWORK.lock().await;
+                for p in paths.all() {
+                    p.set_mode(mode);
+                }
             }
             tokio::time::sleep(lasts).await;
+            let _net = NETWORK.lock().await;
             paths.heal();
         }
         Fault::SessionExpiry { target, lasts } => {
             let paths = paths_of(target);
-            for p in paths.zk() {
-                p.set_mode(Mode::Blackhole);
+            {
+                let _net = NETWORK.lock().await;
+                for p in paths.zk() {
+                    p.set_mode(Mode::Blackhole);
+                }
             }
             tokio::time::sleep(lasts).await;
+            let _net = NETWORK.lock().await;
             for p in paths.zk() {
                 p.set_mode(Mode::Pass);
             }
@@ -997,6 +1022,8 @@ async fn inject(fault: &Fault) {
 /// of the body, so they come back the same; DynamoDB items keep every attribute).
 /// What a contender saw acknowledged survives, as on a real S3 or DynamoDB.
 async fn restart_moto(bucket: &str, objects: &[String], table: &str, items: &[String]) {
+    // No network fault may heal a path while the store is being restored.
+    let _net = NETWORK.lock().await;
     let w = world();
     let proxies: Vec<&crate::support::proxy::Proxy> = w
         .engines

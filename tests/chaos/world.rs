@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -104,6 +105,10 @@ impl Controller {
         if slot.is_some() {
             return;
         }
+        self.spawn_into(&mut slot);
+    }
+
+    fn spawn_into(&self, slot: &mut Option<ServerProcess>) {
         let mut n = self.starts.lock().unwrap();
         *n += 1;
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockwarden"));
@@ -126,6 +131,22 @@ impl Controller {
             cmd,
             &self.dir,
         ));
+    }
+
+    /// What a kubelet does for a crashed container: a process that exited on its own
+    /// (not killed by a fault) is started again. Returns whether it had to.
+    fn restart_if_exited(&self) -> bool {
+        let mut slot = self.process.lock().unwrap();
+        let exited = slot.as_mut().is_some_and(|p| !p.is_running());
+        if exited {
+            let log = slot.take().map(|p| p.log.display().to_string());
+            eprintln!(
+                "[chaos] controller {} exited on its own (log {log:?}); restarting it",
+                self.cluster
+            );
+            self.spawn_into(&mut slot);
+        }
+        exited
     }
 
     /// SIGKILL: nothing released, nothing flushed.
@@ -182,6 +203,8 @@ pub struct World {
     /// The fake AWS credentials in the Secret: (access key id, secret access key).
     pub secret_values: (String, String),
     pub dir: PathBuf,
+    /// Controller processes that exited on their own and were started again.
+    pub crash_restarts: AtomicU64,
 }
 
 pub const ENGINE_SLOTS: usize = 2;
@@ -262,6 +285,19 @@ impl World {
             "[chaos] world ready; logs and history under {}",
             dir.display()
         );
+        // The kubelet's part: restart controllers that exit on their own.
+        std::thread::spawn(|| {
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                if let Some(w) = WORLD.get() {
+                    for c in &w.controllers {
+                        if c.restart_if_exited() {
+                            w.crash_restarts.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            }
+        });
         World {
             east,
             west: Mutex::new(west),
@@ -272,6 +308,7 @@ impl World {
             engines,
             secret_values,
             dir,
+            crash_restarts: AtomicU64::new(0),
         }
     }
 
