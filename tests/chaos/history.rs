@@ -221,7 +221,17 @@ impl History {
     }
 
     pub fn poll(&self, key: &str, invoke: f64, record: Option<(String, u64, String, bool)>) {
-        let complete = self.now();
+        self.poll_at(key, invoke, self.now(), record);
+    }
+
+    /// An observer read that ran from `invoke` to `complete`.
+    pub fn poll_at(
+        &self,
+        key: &str,
+        invoke: f64,
+        complete: f64,
+        record: Option<(String, u64, String, bool)>,
+    ) {
         let mut inner = self.inner.lock().unwrap();
         if let Some((nonce, fence, version, held)) = &record {
             // Only changes go to the JSONL file (polls are frequent).
@@ -266,7 +276,22 @@ impl History {
         holder: &str,
         raw: Value,
     ) {
-        let t = self.now();
+        self.status_at(self.now(), lock, key, acquired, fence, nonce, holder, raw);
+    }
+
+    /// A status seen at `t`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn status_at(
+        &self,
+        t: f64,
+        lock: &str,
+        key: &str,
+        acquired: bool,
+        fence: u64,
+        nonce: &str,
+        holder: &str,
+        raw: Value,
+    ) {
         let mut inner = self.inner.lock().unwrap();
         if acquired {
             inner.evidence.push(Evidence {
