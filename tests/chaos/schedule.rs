@@ -546,7 +546,14 @@ pub async fn run(plan: Plan) -> Outcome {
                             break;
                         }
                         history.let_go(&id);
-                        let _ = api.delete(&name, &DeleteParams::default()).await;
+                        // The Job is done: the object must go (an API server that is
+                        // restarting refuses the request; ask until it is taken).
+                        while let Err(e) = api.delete(&name, &DeleteParams::default()).await {
+                            if matches!(&e, kube::Error::Api(r) if r.code == 404) {
+                                break;
+                            }
+                            tokio::time::sleep(ms(200)).await;
+                        }
                         generation += 1;
                     }
                 }));
