@@ -586,6 +586,49 @@ async fn proxy_drop_replies_forwards_request_then_drops_answer() {
     round_trip(&mut after, b"back").await;
 }
 
+/// One-way loss of requests: nothing reaches the upstream and nothing is reset while
+/// it lasts; the connection that lost bytes is reset when the mode ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_lose_requests_drops_one_direction_silently() {
+    let echo = Echo::start().await;
+    let proxy = Proxy::start(echo.port);
+    let mut open = connect(&proxy).await;
+    round_trip(&mut open, b"before").await;
+
+    proxy.set_mode(Mode::LoseRequests);
+    open.write_all(b"lost").await.unwrap();
+    assert_eq!(read_outcome(&mut open, SILENCE).await, ReadOutcome::Silent);
+    assert_eq!(echo.received(), 6, "the request never reached the upstream");
+
+    proxy.set_mode(Mode::Pass);
+    assert_eq!(read_outcome(&mut open, PROMPTLY).await, ReadOutcome::Closed);
+    let mut after = connect(&proxy).await;
+    round_trip(&mut after, b"after").await;
+}
+
+/// One-way loss of replies: the request reaches the upstream (it takes effect), the
+/// answer never arrives and the connection is not reset while the mode lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_lose_replies_forwards_requests_and_swallows_answers() {
+    let echo = Echo::start().await;
+    let proxy = Proxy::start(echo.port);
+    let mut open = connect(&proxy).await;
+    round_trip(&mut open, b"before").await;
+
+    proxy.set_mode(Mode::LoseReplies);
+    open.write_all(b"request").await.unwrap();
+    eventually("the request to reach the upstream", PROMPTLY, || async {
+        (echo.received() == 6 + 7).then_some(())
+    })
+    .await;
+    assert_eq!(read_outcome(&mut open, SILENCE).await, ReadOutcome::Silent);
+
+    proxy.set_mode(Mode::Pass);
+    assert_eq!(read_outcome(&mut open, PROMPTLY).await, ReadOutcome::Closed);
+    let mut after = connect(&proxy).await;
+    round_trip(&mut after, b"after").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_reset_connections_resets_only_existing_ones() {
     let echo = Echo::start().await;

@@ -56,6 +56,9 @@ pub struct ControlPlane {
     port: u16,
     kubeconfig: PathBuf,
     pki: Pki,
+    /// How the API server was started, to start it again (`restart_apiserver`).
+    apiserver_args: Vec<std::ffi::OsString>,
+    apiserver_starts: u32,
 }
 
 impl ControlPlane {
@@ -105,6 +108,22 @@ impl ControlPlane {
     /// (only on a control plane of your own: the shared one serves other tests).
     pub fn apiserver(&self) -> &ServerProcess {
         &self.apiserver
+    }
+
+    /// Kills the API server (SIGKILL) and starts it again with the same flags on the
+    /// same port; etcd keeps the cluster's state. Waits until it is ready. Only on a
+    /// control plane of your own (`start()`); must not run inside a tokio runtime.
+    pub fn restart_apiserver(&mut self) {
+        self.apiserver.kill();
+        self.apiserver_starts += 1;
+        let mut cmd = Command::new(tool("KUBE_APISERVER"));
+        cmd.args(&self.apiserver_args);
+        self.apiserver = ServerProcess::start(
+            &format!("kube-apiserver-{}", self.apiserver_starts),
+            cmd,
+            &self.dir,
+        );
+        wait_until_ready(&mut self.apiserver, &mut self.etcd, &self.kubeconfig);
     }
 
     /// The etcd process behind the API server.
@@ -223,6 +242,8 @@ impl ControlPlane {
             .arg("--enable-priority-and-fairness=false")
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false");
+        let apiserver_args: Vec<std::ffi::OsString> =
+            cmd.get_args().map(|a| a.to_owned()).collect();
         let mut apiserver = ServerProcess::start("kube-apiserver", cmd, &dir);
 
         let kubeconfig = dir.join("admin.kubeconfig");
@@ -236,6 +257,8 @@ impl ControlPlane {
         );
 
         ControlPlane {
+            apiserver_args,
+            apiserver_starts: 1,
             apiserver,
             etcd,
             dir,

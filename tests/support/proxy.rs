@@ -42,6 +42,35 @@ pub enum Mode {
     /// answers, the answer is discarded and both connections are reset. The request
     /// took effect but the client cannot know — an indeterminate outcome.
     DropReplies,
+    /// One-way loss, client to server: requests are read and discarded, replies (to
+    /// requests sent before) still arrive. Nothing is reset while the mode lasts; a
+    /// connection that lost bytes is reset when the mode changes (like `Blackhole`).
+    LoseRequests,
+    /// One-way loss, server to client: requests reach the server and take effect,
+    /// every reply is silently discarded (no reset: the client waits until its own
+    /// timeout). Reset when the mode changes, like `LoseRequests`.
+    LoseReplies,
+}
+
+impl Mode {
+    /// Whether bytes travelling in `direction` are discarded in this mode.
+    fn discards(self, direction: Direction) -> bool {
+        match self {
+            Mode::Blackhole => true,
+            Mode::LoseRequests => direction == Direction::Up,
+            Mode::LoseReplies => direction == Direction::Down,
+            _ => false,
+        }
+    }
+
+    /// Whether this mode discards bytes in some direction (a connection poisoned by
+    /// it may live on until the mode changes).
+    fn loses_bytes(self) -> bool {
+        matches!(
+            self,
+            Mode::Blackhole | Mode::LoseRequests | Mode::LoseReplies
+        )
+    }
 }
 
 /// Mode plus a counter whose change resets every connection opened before it.
@@ -296,7 +325,7 @@ async fn supervise(conn: &Conn, born_epoch: u64, mut control: watch::Receiver<Co
             let c = *control.borrow_and_update();
             if c.mode == Mode::Refuse
                 || c.reset_epoch != born_epoch
-                || (c.mode != Mode::Blackhole && conn.poisoned.load(Ordering::SeqCst))
+                || (!c.mode.loses_bytes() && conn.poisoned.load(Ordering::SeqCst))
             {
                 return;
             }
@@ -354,11 +383,11 @@ async fn write_side(
         tokio::time::sleep_until(deliver_at).await;
         let mode = control.borrow().mode;
         match mode {
-            Mode::Blackhole => {
+            m if m.discards(direction) => {
                 conn.poisoned.store(true, Ordering::SeqCst);
                 // The supervisor may have looked at the flag just before it was set,
                 // after the mode changed; re-check so a broken stream is never resumed.
-                if control.borrow().mode != Mode::Blackhole {
+                if !control.borrow().mode.discards(direction) {
                     return Err(Kill);
                 }
                 continue;
@@ -370,7 +399,12 @@ async fn write_side(
                 }
                 return Err(Kill);
             }
-            Mode::Pass | Mode::Delay(_) | Mode::DropReplies => {}
+            Mode::Pass
+            | Mode::Delay(_)
+            | Mode::DropReplies
+            | Mode::Blackhole
+            | Mode::LoseRequests
+            | Mode::LoseReplies => {}
         }
         let Some(to) = to else {
             return Err(Kill); // no upstream and traffic should flow: like a dead server

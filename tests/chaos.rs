@@ -1,0 +1,468 @@
+//! Randomized fault-injection schedules with a fencing checker (issue 8).
+//!
+//! Each schedule (from a seed, printed) puts K locks on one backend and lets
+//! contenders fight over them: two `lockwarden controller` processes (on two API
+//! servers; for Leases, two namespaces of one) with one `DistributedLock` each per
+//! key, and engine clients (`HeldLock`) — all on the same keys. Every holder writes to
+//! a fenced register run by the harness while it claims the lock; faults are injected
+//! at random (SIGKILL/SIGSTOP of controllers, network faults per contender through the
+//! fault proxy, moto/ZooKeeper/API-server outages, ZooKeeper session expiry); the
+//! history goes to a JSONL file and is checked. The rules are in docs/safety.md,
+//! "Fault-injection harness".
+//!
+//! `cargo test --test chaos` runs a short version (`CHAOS_SCHEDULES`, default 4: each
+//! backend once); `scripts/chaos --schedules N [--seed S] [--backend B]` a long one.
+
+mod support;
+
+#[path = "chaos/history.rs"]
+mod history;
+#[path = "chaos/schedule.rs"]
+mod schedule;
+#[path = "chaos/world.rs"]
+mod world;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ListParams};
+use schedule::{Backend, Contender, EngineSpec, Fault, Plan};
+use serde_json::json;
+use support::proxy::Mode;
+use world::world;
+
+/// The tests share servers, controllers and proxies and inject faults into them: one
+/// at a time.
+/// (A tokio mutex: it is held across awaits, and works across the tests' runtimes.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_schedules() {
+    let _serial = SERIAL.lock().await;
+    // CHAOS_SEEDS=a,b,c reruns exactly those schedules.
+    let listed: Option<Vec<u64>> = std::env::var("CHAOS_SEEDS").ok().map(|v| {
+        v.split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .expect("CHAOS_SEEDS: comma-separated numbers")
+            })
+            .collect()
+    });
+    let n: u64 = listed
+        .as_ref()
+        .map_or_else(|| env("CHAOS_SCHEDULES").unwrap_or(4), |l| l.len() as u64);
+    let base: u64 = env("CHAOS_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 1_000_000
+            * 1000
+    });
+    let only: Option<Backend> = std::env::var("CHAOS_BACKEND").ok().map(|b| {
+        Backend::parse(&b).unwrap_or_else(|| {
+            panic!("CHAOS_BACKEND={b:?}: expected one of lease, s3, dynamodb, zookeeper")
+        })
+    });
+    eprintln!(
+        "[chaos] {n} schedules from seed {base} (rerun one: CHAOS_SEED=<seed> CHAOS_SCHEDULES=1)"
+    );
+    let started = Instant::now();
+    let mut per_backend: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    let mut liveness: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut violations = Vec::new();
+    let (mut ops, mut acquisitions, mut writes, mut stale, mut claims, mut polls) =
+        (0, 0, 0, 0, 0, 0);
+    let mut history_path = None;
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let seed = listed.as_ref().map_or(base + i, |l| l[i as usize]);
+        let plan = Plan::from_seed(seed, only);
+        let outcome = schedule::run(plan).await;
+        let r = &outcome.report;
+        let backend = outcome.plan.backend.name();
+        *per_backend.entry(backend).or_default() += 1;
+        for (_, f) in &outcome.plan.faults {
+            *faults.entry(f.kind()).or_default() += 1;
+        }
+        liveness.entry(backend).or_default().extend(&r.liveness);
+        ops += r.operations;
+        acquisitions += r.acquisitions;
+        writes += r.writes_accepted;
+        stale += r.writes_rejected_stale_status;
+        claims += r.claims;
+        polls += r.polls;
+        slowest = slowest.max(outcome.wall);
+        eprintln!(
+            "[chaos] {}/{n} seed {} {backend}: {} violations, {} acquisitions, {} writes, \
+             liveness {:?} s, {:.1?}",
+            i + 1,
+            outcome.plan.seed,
+            r.violations.len(),
+            r.acquisitions,
+            r.writes_accepted,
+            r.liveness
+                .iter()
+                .map(|l| (l * 1000.0).round() / 1000.0)
+                .collect::<Vec<_>>(),
+            outcome.wall
+        );
+        for v in &r.violations {
+            eprintln!("[chaos] VIOLATION {v}");
+        }
+        violations.extend(r.violations.iter().cloned());
+        history_path = Some(outcome.history_path);
+        // After every schedule, so an interrupted long run still has its numbers.
+        summarize(&Totals {
+            base,
+            n,
+            done: i + 1,
+            per_backend: &per_backend,
+            faults: &faults,
+            liveness: &liveness,
+            violations: violations.len(),
+            counts: [ops, acquisitions, writes, stale, claims, polls],
+            secrets: None,
+            wall: started.elapsed(),
+            slowest,
+            history: history_path.as_deref(),
+        });
+    }
+    let secrets_found = secrets_in_logs().await;
+    let summary = summarize(&Totals {
+        base,
+        n,
+        done: n,
+        per_backend: &per_backend,
+        faults: &faults,
+        liveness: &liveness,
+        violations: violations.len(),
+        counts: [ops, acquisitions, writes, stale, claims, polls],
+        secrets: Some(secrets_found.len()),
+        wall: started.elapsed(),
+        slowest,
+        history: history_path.as_deref(),
+    });
+    eprintln!(
+        "[chaos] SUMMARY ({}):\n{summary}",
+        world().dir.join("summary.json").display()
+    );
+    assert!(
+        secrets_found.is_empty(),
+        "secret values appear in logs/status/events: {secrets_found:?}"
+    );
+    assert!(
+        violations.is_empty(),
+        "{} violations (history {:?}):\n{}",
+        violations.len(),
+        history_path,
+        violations.join("\n")
+    );
+}
+
+struct Totals<'a> {
+    base: u64,
+    n: u64,
+    done: u64,
+    per_backend: &'a BTreeMap<&'static str, u64>,
+    faults: &'a BTreeMap<String, u64>,
+    liveness: &'a BTreeMap<&'static str, Vec<f64>>,
+    violations: usize,
+    /// operations, acquisitions, accepted writes, refused stale status writes,
+    /// claims, observer reads
+    counts: [usize; 6],
+    secrets: Option<usize>,
+    wall: Duration,
+    slowest: Duration,
+    history: Option<&'a std::path::Path>,
+}
+
+/// Writes `summary.json` (next to the history) and returns it pretty-printed.
+fn summarize(t: &Totals) -> String {
+    let mut live_summary = BTreeMap::new();
+    for (backend, l) in t.liveness {
+        let mut l = l.clone();
+        l.sort_by(f64::total_cmp);
+        // lease + the slowest waiting poll (the controller's, 2 s) + 1 s; the
+        // controllers' ZooKeeper lease is their 10 s session.
+        let lease = if *backend == "zookeeper" { 10.0 } else { 3.0 };
+        let bound = lease + 2.0 + 1.0;
+        live_summary.insert(
+            *backend,
+            json!({
+                "locks": l.len(),
+                "p50_s": percentile(&l, 0.5),
+                "p95_s": percentile(&l, 0.95),
+                "p99_s": percentile(&l, 0.99),
+                "max_s": l.last().copied().unwrap_or(0.0),
+                "bound_s": bound,
+                "within_bound": l.iter().filter(|x| **x <= bound).count(),
+            }),
+        );
+    }
+    let [ops, acquisitions, writes, stale, claims, polls] = t.counts;
+    let summary = json!({
+        "seed": t.base,
+        "schedules_planned": t.n,
+        "schedules_done": t.done,
+        "per_backend": t.per_backend,
+        "faults": t.faults,
+        "faults_total": t.faults.values().sum::<u64>(),
+        "operations": ops,
+        "acquisitions": acquisitions,
+        "register_writes_accepted": writes,
+        "stale_status_writes_rejected": stale,
+        "claims": claims,
+        "observer_reads": polls,
+        "violations": t.violations,
+        "controller_processes_restarted_after_exiting_on_their_own":
+            world().crash_restarts.load(std::sync::atomic::Ordering::SeqCst),
+        "liveness_after_heal": live_summary,
+        "secret_values_found_in_logs_status_events": t.secrets,
+        "wall_s": t.wall.as_secs(),
+        "slowest_schedule_s": t.slowest.as_secs(),
+        "history": t.history.map(|p| p.display().to_string()),
+    });
+    let text = serde_json::to_string_pretty(&summary).unwrap();
+    let _ = std::fs::write(world().dir.join("summary.json"), &text);
+    text
+}
+
+/// Greps every controller log, the recorded history (which holds every watched
+/// status) and the Events of the controllers' namespaces for the Secret's values.
+/// Returns where they were found.
+async fn secrets_in_logs() -> Vec<String> {
+    let w = tokio::task::spawn_blocking(world).await.unwrap();
+    let (id, key) = &w.secret_values;
+    let mut found = Vec::new();
+    let mut bytes_read = 0;
+    let mut files = vec![w.dir.join("history.jsonl")];
+    for c in &w.controllers {
+        for entry in std::fs::read_dir(c.log_dir()).unwrap() {
+            files.push(entry.unwrap().path());
+        }
+    }
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        bytes_read += text.len();
+        if text.contains(id.as_str()) || text.contains(key.as_str()) {
+            found.push(f.display().to_string());
+        }
+    }
+    for c in &w.controllers {
+        let client = w.direct_client(c.plane).await;
+        let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client, &c.namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let text = serde_json::to_string(&events.items).unwrap();
+        bytes_read += text.len();
+        if text.contains(id.as_str()) || text.contains(key.as_str()) {
+            found.push(format!("Events in {}", c.namespace));
+        }
+    }
+    // The check must have had something to read.
+    assert!(bytes_read > 0, "no logs, statuses or events were collected");
+    eprintln!("[chaos] secret check: {bytes_read} bytes of logs, statuses and events read");
+    found
+}
+
+/// A plan on S3 with two engine clients and no controllers: slot 0 acquires first,
+/// is partitioned (blackhole) for twice the lease, and slot 1 takes over meanwhile.
+fn partition_plan(seed: u64, broken: bool) -> Plan {
+    Plan {
+        seed,
+        backend: Backend::S3,
+        keys: 1,
+        controllers: vec![],
+        engines: vec![
+            EngineSpec {
+                slot: 0,
+                ignores_deadline: broken,
+                start_after: Duration::ZERO,
+                hold: (Duration::from_secs(9), Duration::from_secs(9)),
+            },
+            EngineSpec {
+                slot: 1,
+                ignores_deadline: false,
+                start_after: Duration::from_millis(800),
+                hold: (Duration::from_millis(300), Duration::from_millis(800)),
+            },
+        ],
+        faults: vec![(
+            Duration::from_millis(1200),
+            Fault::Network {
+                target: Contender::Engine(0),
+                mode: Mode::Blackhole,
+                lasts: Duration::from_secs(7),
+            },
+        )],
+    }
+}
+
+/// Proof that the checker can fail: a holder that keeps claiming (and writing) while
+/// its holder task says `Expiring` overlaps the contender that took over, and its
+/// writes are refused by the register. The same plan with a correct holder passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_a_holder_that_ignores_its_deadline() {
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(partition_plan(1, false)).await;
+    assert!(
+        correct.report.violations.is_empty(),
+        "a correct holder was reported: {:?}",
+        correct.report.violations
+    );
+    let broken = schedule::run(partition_plan(2, true)).await;
+    let v = &broken.report.violations;
+    eprintln!(
+        "violations reported for the broken holder:\n{}",
+        v.join("\n")
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(c) overlapping claims") && v.contains("engine-0-broken")),
+        "the overlap of the broken holder was not reported: {v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(a)") && v.contains("engine-0-broken")),
+        "the refused writes of the broken holder were not reported: {v:?}"
+    );
+}
+
+/// The plan generator can draw every fault kind on the backends it applies to (and
+/// says which seed first does, to rerun one: `CHAOS_SEED=<seed> CHAOS_SCHEDULES=1`).
+#[test]
+fn plans_cover_every_fault_kind() {
+    let mut first: BTreeMap<String, u64> = BTreeMap::new();
+    for seed in 0..4000 {
+        for (_, fault) in Plan::from_seed(seed, None).faults {
+            first.entry(fault.kind()).or_insert(seed);
+        }
+    }
+    eprintln!("first seed per fault kind: {first:?}");
+    for kind in [
+        "controller-sigkill-restart",
+        "controller-sigstop-past-lease",
+        "network-blackhole",
+        "network-delay",
+        "network-one-way-loss-requests",
+        "network-one-way-loss-replies",
+        "network-forward-then-drop-reply",
+        "zookeeper-session-expiry",
+        "moto-sigstop",
+        "moto-restart",
+        "zookeeper-node-restart",
+        "zookeeper-quorum-loss",
+        "apiserver-sigstop",
+        "apiserver-restart",
+    ] {
+        assert!(first.contains_key(kind), "no plan has a {kind} fault");
+    }
+}
+
+/// The checker's rules on hand-made histories (no servers): each rule reports what it
+/// must, and nothing else.
+#[test]
+fn checker_rules_on_synthetic_histories() {
+    use history::{Claim, History, Kind};
+    let key = "s3://b/k".to_string();
+    let keys = std::slice::from_ref(&key);
+    let claim = |who: &str, nonce: &str, fence, start, end| Claim {
+        key: key.clone(),
+        who: who.into(),
+        nonce: nonce.into(),
+        fence,
+        start,
+        end,
+    };
+    let rules = |h: &History, heal: f64| -> Vec<String> {
+        h.check(heal, 20.0, keys, 60.0)
+            .violations
+            .iter()
+            .map(|v| v.split(')').next().unwrap_or("").to_string())
+            .collect()
+    };
+
+    // A clean history: two engine holders one after the other, fences 1 and 2.
+    let h = History::new(1, false);
+    h.poll_at(&key, 0.9, 1.0, Some(("a".into(), 1, "v1".into(), true)));
+    h.claim(claim("engine-a", "a", 1, 1.0, 2.0));
+    h.poll_at(&key, 2.4, 2.5, Some(("b".into(), 2, "v2".into(), true)));
+    h.claim(claim("engine-b", "b", 2, 2.5, 9.0));
+    assert!(h.write(&key, "engine-b", Kind::Engine, 2));
+    assert_eq!(rules(&h, 3.0), Vec::<String>::new());
+
+    // (a): an engine holder refused by the register; (b): a later acquisition with a
+    // lower fence; (c): overlapping engine claims; (d): nobody after healing.
+    let h = History::new(2, false);
+    h.poll_at(&key, 0.9, 1.0, Some(("a".into(), 5, "v1".into(), true)));
+    h.poll_at(&key, 1.9, 2.0, Some(("b".into(), 4, "v2".into(), true)));
+    h.claim(claim("engine-a", "a", 5, 1.0, 3.0));
+    h.claim(claim("engine-b", "b", 4, 2.0, 4.0));
+    assert!(h.write(&key, "engine-a", Kind::Engine, 5));
+    assert!(!h.write(&key, "engine-b", Kind::Engine, 4));
+    assert_eq!(
+        rules(&h, 10.0),
+        ["seed 2: (a", "seed 2: (b", "seed 2: (c", "seed 2: (d"]
+    );
+
+    // A stale status write refused by the register is fencing at work, not a
+    // violation.
+    let h = History::new(3, false);
+    h.claim(claim("engine-a", "a", 2, 0.0, 9.0));
+    assert!(h.write(&key, "engine-a", Kind::Engine, 2));
+    assert!(!h.write(&key, "east/lock", Kind::Controller, 1));
+    assert_eq!(rules(&h, 1.0), Vec::<String>::new());
+
+    // A controller's claim ends at its holder deadline, bounded from the store: the
+    // last version of its nonce was first read complete at 1.0 s, so with a 3 s lease
+    // it claims until 1.0 + 3 × 0.98 − 0.25 = 3.69 s, however long its status says
+    // Acquired (a stopped controller). A takeover at 3.8 s is fine; one at 3.5 s is
+    // an overlap.
+    for (takeover, overlaps) in [(3.8, false), (3.5, true)] {
+        let h = History::new(4, false);
+        h.set_controller_lease(&key, Duration::from_secs(3));
+        h.status_at(0.5, "east/l", &key, true, 1, "n", "east/ns/l", json!({}));
+        h.poll_at(&key, 0.9, 1.0, Some(("n".into(), 1, "v1".into(), true)));
+        h.poll_at(&key, 1.9, 2.0, Some(("n".into(), 1, "v1".into(), true)));
+        h.poll_at(
+            &key,
+            takeover,
+            takeover,
+            Some(("m".into(), 2, "v2".into(), true)),
+        );
+        h.claim(claim("engine-m", "m", 2, takeover, 9.0));
+        let found = rules(&h, 5.0);
+        assert_eq!(
+            found.iter().any(|v| v.ends_with("(c")),
+            overlaps,
+            "{found:?}"
+        );
+        assert!(!found.iter().any(|v| v.ends_with("(b")), "{found:?}");
+    }
+
+    // On ZooKeeper the claim ends with the last read that still found the znode.
+    let h = History::new(5, true);
+    h.status_at(0.5, "east/l", &key, true, 7, "n", "east/ns/l", json!({}));
+    h.poll_at(&key, 0.9, 1.0, Some(("n".into(), 7, "z1".into(), true)));
+    h.poll_at(&key, 1.9, 2.0, Some(("n".into(), 7, "z1".into(), true)));
+    h.poll_at(&key, 2.1, 2.2, Some(("m".into(), 9, "z2".into(), true)));
+    h.claim(claim("engine-m", "m", 9, 2.0, 9.0));
+    assert_eq!(rules(&h, 5.0), Vec::<String>::new());
+    h.claim(claim("engine-x", "x", 11, 1.5, 1.8));
+    assert!(rules(&h, 5.0).iter().any(|v| v.ends_with("(c")));
+}

@@ -1,0 +1,1215 @@
+//! One schedule: a plan drawn from a seed (backend, keys, contenders, faults), run
+//! against the world's servers, recorded and checked.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use lockwarden::api::conditions::{self, ACQUIRED};
+use lockwarden::api::{
+    BackendSpec, DistributedLock, DistributedLockSpec, DynamoDbBackend, KubernetesBackend,
+    S3Backend, SecretRef, ZooKeeperBackend,
+};
+use lockwarden::backend::{ConnectOptions, LeaseStore, Target, ZkSessions};
+use lockwarden::lock::{
+    AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Wait,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use super::history::{Claim, History, Kind, Report};
+use super::world::{ENGINE_SLOTS, SECRET_NAME, world};
+use crate::support::moto::{ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY};
+use crate::support::proxy::Mode;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Backend {
+    Lease,
+    S3,
+    DynamoDb,
+    ZooKeeper,
+}
+
+pub const BACKENDS: [Backend; 4] = [
+    Backend::Lease,
+    Backend::S3,
+    Backend::DynamoDb,
+    Backend::ZooKeeper,
+];
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Lease => "lease",
+            Backend::S3 => "s3",
+            Backend::DynamoDb => "dynamodb",
+            Backend::ZooKeeper => "zookeeper",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Backend> {
+        BACKENDS.iter().copied().find(|b| b.name() == s)
+    }
+}
+
+/// Lease of every contender (and the ZooKeeper session timeout of engine clients).
+/// Controllers' ZooKeeper sessions use the process default, 10 s: the controller does
+/// not apply `spec.backend.zookeeper.sessionTimeout` (reported in docs/safety.md).
+pub const LEASE: Duration = Duration::from_secs(3);
+const CONTROLLER_ZK_SESSION: Duration = Duration::from_secs(10);
+
+/// A fault and its parameters. Durations are how long the fault lasts.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    ControllerKill {
+        controller: usize,
+        down: Duration,
+    },
+    ControllerPause {
+        controller: usize,
+        pause: Duration,
+    },
+    /// A network fault on every path of one contender (engine slot or controller).
+    Network {
+        target: Contender,
+        mode: Mode,
+        lasts: Duration,
+    },
+    /// The contender's ZooKeeper paths blackholed past its session timeout.
+    SessionExpiry {
+        target: Contender,
+        lasts: Duration,
+    },
+    MotoPause {
+        lasts: Duration,
+    },
+    /// moto killed and started again, its state restored (see `restart_moto`).
+    MotoRestart,
+    /// The west kube-apiserver killed and started again (etcd keeps the state).
+    ApiServerRestart,
+    ZkNodeRestart {
+        node: usize,
+        down: Duration,
+    },
+    ZkQuorumLoss {
+        down: Duration,
+    },
+    ApiServerPause {
+        lasts: Duration,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contender {
+    Engine(usize),
+    Controller(usize),
+}
+
+impl Fault {
+    pub fn kind(&self) -> String {
+        match self {
+            Fault::ControllerKill { .. } => "controller-sigkill-restart".into(),
+            Fault::ControllerPause { .. } => "controller-sigstop-past-lease".into(),
+            Fault::Network { mode, .. } => format!(
+                "network-{}",
+                match mode {
+                    Mode::Blackhole => "blackhole",
+                    Mode::Delay(_) => "delay",
+                    Mode::LoseRequests => "one-way-loss-requests",
+                    Mode::LoseReplies => "one-way-loss-replies",
+                    Mode::DropReplies => "forward-then-drop-reply",
+                    Mode::Refuse => "refuse",
+                    Mode::Pass => "pass",
+                }
+            ),
+            Fault::SessionExpiry { .. } => "zookeeper-session-expiry".into(),
+            Fault::MotoPause { .. } => "moto-sigstop".into(),
+            Fault::MotoRestart => "moto-restart".into(),
+            Fault::ApiServerRestart => "apiserver-restart".into(),
+            Fault::ZkNodeRestart { .. } => "zookeeper-node-restart".into(),
+            Fault::ZkQuorumLoss { .. } => "zookeeper-quorum-loss".into(),
+            Fault::ApiServerPause { .. } => "apiserver-sigstop".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineSpec {
+    pub slot: usize,
+    /// Broken on purpose: keeps claiming (and writing) while its holder task says
+    /// `Expiring`, i.e. ignores the holder deadline of rule 2.
+    pub ignores_deadline: bool,
+    pub start_after: Duration,
+    /// How long each hold lasts (then it releases and tries again).
+    pub hold: (Duration, Duration),
+}
+
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub seed: u64,
+    pub backend: Backend,
+    pub keys: usize,
+    /// Which controllers contend (indexes into `world().controllers`), one
+    /// DistributedLock each per key.
+    pub controllers: Vec<usize>,
+    pub engines: Vec<EngineSpec>,
+    pub faults: Vec<(Duration, Fault)>,
+}
+
+impl Plan {
+    /// A random plan for `seed`; the backend is `seed % 4` unless given.
+    pub fn from_seed(seed: u64, backend: Option<Backend>) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let backend = backend.unwrap_or(BACKENDS[(seed % 4) as usize]);
+        let keys = rng.random_range(1..=3);
+        let controllers = match backend {
+            // A Lease lives in one cluster: two controllers on the west API server.
+            Backend::Lease => vec![1, 2],
+            _ => vec![0, 1],
+        };
+        let engines: Vec<EngineSpec> = (0..rng.random_range(1..=ENGINE_SLOTS))
+            .map(|slot| EngineSpec {
+                slot,
+                ignores_deadline: false,
+                start_after: ms(rng.random_range(0..500)),
+                hold: (ms(200), ms(1500)),
+            })
+            .collect();
+        let ctl_lease = if backend == Backend::ZooKeeper {
+            CONTROLLER_ZK_SESSION
+        } else {
+            LEASE
+        };
+        let mut kinds: Vec<u8> = vec![0, 1, 2, 2, 2];
+        match backend {
+            Backend::S3 | Backend::DynamoDb => kinds.push(4),
+            Backend::ZooKeeper => kinds.extend([3, 5, 6]),
+            Backend::Lease => kinds.push(7),
+        }
+        let n = rng.random_range(1..=3);
+        let mut faults = Vec::new();
+        let mut used_global = false;
+        let mut used_controller = [false; 3];
+        let mut used_paths: Vec<Contender> = Vec::new();
+        for _ in 0..n {
+            let kind = kinds[rng.random_range(0..kinds.len())];
+            let at = ms(rng.random_range(300..2000));
+            let contender = |rng: &mut StdRng| {
+                if rng.random_bool(0.5) {
+                    Contender::Controller(controllers[rng.random_range(0..controllers.len())])
+                } else {
+                    // Only slots that run in this schedule.
+                    Contender::Engine(rng.random_range(0..engines.len()))
+                }
+            };
+            let fault = match kind {
+                0 | 1 => {
+                    let c = controllers[rng.random_range(0..controllers.len())];
+                    if used_controller[c] {
+                        continue;
+                    }
+                    used_controller[c] = true;
+                    if kind == 0 {
+                        Fault::ControllerKill {
+                            controller: c,
+                            down: ms(rng.random_range(100..3000)),
+                        }
+                    } else {
+                        Fault::ControllerPause {
+                            controller: c,
+                            pause: ctl_lease + ms(rng.random_range(500..2000)),
+                        }
+                    }
+                }
+                2 => {
+                    let mode = match rng.random_range(0..5) {
+                        0 => Mode::Blackhole,
+                        1 => Mode::Delay(ms(rng.random_range(100..800))),
+                        2 => Mode::LoseRequests,
+                        3 => Mode::LoseReplies,
+                        _ => Mode::DropReplies,
+                    };
+                    let target = contender(&mut rng);
+                    let lasts = ms(rng.random_range(500..5000));
+                    // One network fault per contender at a time: a fault's healing
+                    // would cut another one short.
+                    if used_paths.contains(&target) {
+                        continue;
+                    }
+                    used_paths.push(target);
+                    Fault::Network {
+                        target,
+                        mode,
+                        lasts,
+                    }
+                }
+                3 => {
+                    let target = contender(&mut rng);
+                    if used_paths.contains(&target) {
+                        continue;
+                    }
+                    used_paths.push(target);
+                    let session = match target {
+                        Contender::Engine(_) => LEASE,
+                        Contender::Controller(_) => CONTROLLER_ZK_SESSION,
+                    };
+                    Fault::SessionExpiry {
+                        target,
+                        lasts: session + ms(rng.random_range(1000..2000)),
+                    }
+                }
+                _ if used_global => continue,
+                4 => {
+                    used_global = true;
+                    let lasts = ms(rng.random_range(500..5000));
+                    // A side stream, so that adding this variant left the other
+                    // draws of older seeds unchanged.
+                    if StdRng::seed_from_u64(seed ^ 0x5eed_0001).random_bool(0.5) {
+                        Fault::MotoRestart
+                    } else {
+                        Fault::MotoPause { lasts }
+                    }
+                }
+                5 => {
+                    used_global = true;
+                    Fault::ZkNodeRestart {
+                        node: rng.random_range(0..3),
+                        down: ms(rng.random_range(200..3000)),
+                    }
+                }
+                6 => {
+                    used_global = true;
+                    Fault::ZkQuorumLoss {
+                        down: ms(rng.random_range(500..4000)),
+                    }
+                }
+                _ => {
+                    used_global = true;
+                    let lasts = ms(rng.random_range(500..5000));
+                    if StdRng::seed_from_u64(seed ^ 0x5eed_0002).random_bool(0.5) {
+                        Fault::ApiServerRestart
+                    } else {
+                        Fault::ApiServerPause { lasts }
+                    }
+                }
+            };
+            faults.push((at, fault));
+        }
+        Plan {
+            seed,
+            backend,
+            keys,
+            controllers,
+            engines,
+            faults,
+        }
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Names of this schedule's keys in the store.
+struct Keys {
+    /// The lock URL per key (the checker's key).
+    urls: Vec<String>,
+    /// Store-specific names per key.
+    names: Vec<String>,
+    bucket: String,
+    table: String,
+}
+
+/// The bucket and table every S3 / DynamoDB schedule uses.
+async fn bucket_and_table() -> (String, String) {
+    static NAMES: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    if let Some(n) = NAMES.get() {
+        return n.clone();
+    }
+    let moto = world().moto();
+    let bucket = moto.new_bucket("chaos").await;
+    let table = moto.new_table("chaos", "key").await;
+    NAMES.get_or_init(|| (bucket, table)).clone()
+}
+
+/// What the schedule runner returns for the summary.
+pub struct Outcome {
+    pub plan: Plan,
+    pub report: Report,
+    pub history_path: std::path::PathBuf,
+    pub wall: Duration,
+}
+
+/// How long after healing a lock may stay unclaimed before it is a liveness failure.
+/// Generous on purpose (a loaded box); the measured numbers are reported.
+const LIVENESS_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs `plan` and checks its history.
+pub async fn run(plan: Plan) -> Outcome {
+    let started = std::time::Instant::now();
+    let w = tokio::task::spawn_blocking(world).await.unwrap();
+    // Start the servers this backend needs, and the proxies to them, off the runtime.
+    let backend = plan.backend;
+    tokio::task::spawn_blocking(move || {
+        let w = world();
+        for paths in w
+            .engines
+            .iter()
+            .chain(w.controllers.iter().map(|c| &c.paths))
+        {
+            match backend {
+                Backend::S3 | Backend::DynamoDb => {
+                    paths.moto();
+                }
+                Backend::ZooKeeper => {
+                    paths.zk();
+                }
+                Backend::Lease => {}
+            }
+        }
+        w.heal();
+    })
+    .await
+    .unwrap();
+    let (bucket, table) = match backend {
+        Backend::S3 | Backend::DynamoDb => bucket_and_table().await,
+        _ => (String::new(), String::new()),
+    };
+    let tag = format!("s{}-{}", plan.seed, crate::support::unique_suffix());
+    let west_ns = w.controllers[1].namespace.clone();
+    let keys = Keys {
+        names: (0..plan.keys).map(|k| format!("{tag}-k{k}")).collect(),
+        urls: Vec::new(),
+        bucket,
+        table,
+    };
+    let names = keys.names.clone();
+    let urls: Vec<String> = names
+        .iter()
+        .map(|n| match backend {
+            Backend::Lease => format!("k8s://{west_ns}/{n}"),
+            Backend::S3 => format!("s3://{}/chaos/{n}", keys.bucket),
+            Backend::DynamoDb => format!("dynamodb://{}/{n}", keys.table),
+            Backend::ZooKeeper => format!("zk:///chaos/{n}"),
+        })
+        .collect();
+    let keys = Keys { urls, ..keys };
+    let history = Arc::new(History::new(plan.seed, backend == Backend::ZooKeeper));
+    eprintln!(
+        "[chaos] schedule seed {} backend {} keys {} engines {} faults {:?}",
+        plan.seed,
+        backend.name(),
+        plan.keys,
+        plan.engines.len(),
+        plan.faults
+    );
+    history.record(
+        json!({"op": "plan", "backend": backend.name(), "keys": keys.urls,
+        "faults": format!("{:?}", plan.faults), "engines": format!("{:?}", plan.engines)}),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+
+    // Observer: reads each record directly (no proxy) every 50 ms.
+    for k in 0..plan.keys {
+        let backend_obj = direct_backend(backend, &keys, k).await;
+        let (history, stop, key) = (history.clone(), stop.clone(), keys.urls[k].clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let invoke = history.now();
+                if let Ok(Ok(found)) =
+                    tokio::time::timeout(Duration::from_secs(1), backend_obj.inspect()).await
+                {
+                    let record = found.and_then(|s| {
+                        let r = s.record.ok()?;
+                        Some((r.nonce, r.fence.0, s.version.0, r.state == LockState::Held))
+                    });
+                    history.poll(&key, invoke, record);
+                }
+                tokio::time::sleep(ms(50)).await;
+            }
+        }));
+    }
+
+    // DistributedLocks: one per controller per key; watched, and written for.
+    let latest: Arc<Mutex<HashMap<String, (bool, u64)>>> = Arc::default();
+    let mut lock_apis = Vec::new();
+    for &c in &plan.controllers {
+        let ctl = &w.controllers[c];
+        let client = w.direct_client(ctl.plane).await;
+        let api = Api::<DistributedLock>::namespaced(client, &ctl.namespace);
+        let label = format!("chaos-schedule={tag}");
+        // Watch first, so no transition is missed.
+        {
+            let (api, history, latest, stop) =
+                (api.clone(), history.clone(), latest.clone(), stop.clone());
+            let urls = keys.urls.clone();
+            let names = keys.names.clone();
+            let cluster = ctl.cluster.clone();
+            tasks.push(tokio::spawn(async move {
+                let stream = watcher(api, watcher::Config::default().labels(&label));
+                futures::pin_mut!(stream);
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(Some(event)) = tokio::time::timeout(ms(200), stream.next()).await else {
+                        continue;
+                    };
+                    let Ok(event) = event else { continue };
+                    let (lock, deleted) = match event {
+                        watcher::Event::Apply(l) | watcher::Event::InitApply(l) => (l, false),
+                        watcher::Event::Delete(l) => (l, true),
+                        _ => continue,
+                    };
+                    let name = lock.metadata.name.clone().unwrap_or_default();
+                    let Some(k) = names.iter().position(|n| name.contains(&format!("{n}-g")))
+                    else {
+                        continue;
+                    };
+                    let status = lock.status.clone().unwrap_or_default();
+                    let acquired = !deleted && conditions::is_true(&status.conditions, ACQUIRED);
+                    let fence = status.fence.unwrap_or(0) as u64;
+                    let id = format!("{cluster}/{name}");
+                    latest.lock().unwrap().insert(id.clone(), (acquired, fence));
+                    history.status(
+                        &id,
+                        &urls[k],
+                        acquired,
+                        fence,
+                        status.nonce.as_deref().unwrap_or(""),
+                        status.holder.as_deref().unwrap_or(""),
+                        serde_json::to_value(&status).unwrap_or_default(),
+                    );
+                }
+            }));
+        }
+        for k in 0..plan.keys {
+            history.set_controller_lease(
+                &keys.urls[k],
+                if backend == Backend::ZooKeeper {
+                    CONTROLLER_ZK_SESSION
+                } else {
+                    LEASE
+                },
+            );
+            let spec = DistributedLockSpec {
+                backend: lock_backend(backend, &keys, k, c, &west_ns),
+                lease_duration: "3s".into(),
+                renew_interval: "1s".into(),
+                ..Default::default()
+            };
+            // Generations of DistributedLocks on this key: each is created, held for a
+            // while once Acquired, and deleted (the finalizer releases it), so that the
+            // controllers' locks change hands too.
+            let prefix = format!("{}-{}-g", ctl.cluster, keys.names[k]);
+            let mut rng = StdRng::seed_from_u64(plan.seed ^ ((c as u64) << 40) ^ (k as u64) << 8);
+            {
+                let (api, latest, stop, tag, prefix, cluster, history) = (
+                    api.clone(),
+                    latest.clone(),
+                    stop.clone(),
+                    tag.clone(),
+                    prefix.clone(),
+                    ctl.cluster.clone(),
+                    history.clone(),
+                );
+                let seed = plan.seed;
+                tasks.push(tokio::spawn(async move {
+                    let mut generation = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        let name = format!("{prefix}{generation}");
+                        let mut lock = DistributedLock::new(&name, spec.clone());
+                        lock.metadata.labels =
+                            Some([("chaos-schedule".to_string(), tag.clone())].into());
+                        if let Err(e) = api.create(&PostParams::default(), &lock).await {
+                            eprintln!("[chaos] seed {seed}: cannot create {name} (retrying): {e}");
+                            tokio::time::sleep(ms(500)).await;
+                            continue;
+                        }
+                        let id = format!("{cluster}/{name}");
+                        // Held for a while once Acquired, then deleted.
+                        while !stop.load(Ordering::SeqCst)
+                            && !latest.lock().unwrap().get(&id).is_some_and(|s| s.0)
+                        {
+                            tokio::time::sleep(ms(50)).await;
+                        }
+                        let hold = ms(rng.random_range(300..2500));
+                        let until = tokio::time::Instant::now() + hold;
+                        while !stop.load(Ordering::SeqCst) && tokio::time::Instant::now() < until {
+                            tokio::time::sleep(ms(50)).await;
+                        }
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        history.let_go(&id);
+                        // The Job is done: the object must go (an API server that is
+                        // restarting refuses the request; ask until it is taken).
+                        while let Err(e) = api.delete(&name, &DeleteParams::default()).await {
+                            if matches!(&e, kube::Error::Api(r) if r.code == 404) {
+                                break;
+                            }
+                            tokio::time::sleep(ms(200)).await;
+                        }
+                        generation += 1;
+                    }
+                }));
+            }
+            // The write a gated Job would make: with the status fence, while its
+            // DistributedLock says Acquired (every generation, stale ones included).
+            let (history, latest, stop) = (history.clone(), latest.clone(), stop.clone());
+            let id_prefix = format!("{}/{prefix}", ctl.cluster);
+            let key = keys.urls[k].clone();
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let acquired: Vec<(String, u64)> = latest
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|(id, s)| {
+                            id.starts_with(&id_prefix) && s.0 && !history.has_let_go(id)
+                        })
+                        .map(|(id, s)| (id.clone(), s.1))
+                        .collect();
+                    for (id, fence) in acquired {
+                        history.write(&key, &id, Kind::Controller, fence);
+                    }
+                    tokio::time::sleep(ms(100)).await;
+                }
+            }));
+        }
+        lock_apis.push((c, api));
+    }
+
+    // Engine contenders.
+    let mut engine_tasks = Vec::new();
+    for spec in &plan.engines {
+        let sessions = Arc::new(ZkSessions::with_session_timeout(LEASE));
+        for k in 0..plan.keys {
+            let lock = engine_backend(backend, &keys, k, spec.slot, &sessions).await;
+            let (history, stop) = (history.clone(), stop.clone());
+            let key = keys.urls[k].clone();
+            let spec = spec.clone();
+            let seed = plan.seed ^ ((spec.slot as u64) << 32) ^ (k as u64);
+            engine_tasks.push(tokio::spawn(engine(lock, key, spec, history, stop, seed)));
+        }
+    }
+
+    // Faults.
+    let mut fault_tasks = Vec::new();
+    for (at, fault) in plan.faults.clone() {
+        let history = history.clone();
+        let (object_keys, bucket, table) = (
+            keys.names
+                .iter()
+                .map(|n| format!("chaos/{n}"))
+                .collect::<Vec<_>>(),
+            keys.bucket.clone(),
+            keys.table.clone(),
+        );
+        let item_keys = keys.names.clone();
+        fault_tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            let t0 = history.now();
+            history.record(
+                json!({"process": "nemesis", "op": "fault-start", "fault": fault.kind(),
+                "detail": format!("{fault:?}"), "invoke": t0}),
+            );
+            if matches!(fault, Fault::MotoRestart) {
+                restart_moto(&bucket, &object_keys, &table, &item_keys).await;
+            } else {
+                inject(&fault).await;
+            }
+            history.record(
+                json!({"process": "nemesis", "op": "fault-end", "fault": fault.kind(),
+                "invoke": t0, "complete": history.now()}),
+            );
+        }));
+    }
+    // Activity continues a little past the last fault's start even with no faults.
+    tokio::time::sleep(ms(2000)).await;
+    for t in fault_tasks {
+        t.await.unwrap();
+    }
+    tokio::task::spawn_blocking(|| world().heal())
+        .await
+        .unwrap();
+    let healed_at = history.now();
+    history.record(json!({"process": "nemesis", "op": "healed", "invoke": healed_at}));
+
+    // Liveness: run on until every key was claimed after healing (bounded).
+    let limit = healed_at + LIVENESS_LIMIT.as_secs_f64();
+    let settle = if backend == Backend::ZooKeeper {
+        CONTROLLER_ZK_SESSION
+    } else {
+        LEASE
+    };
+    loop {
+        if history.claimed_after(healed_at, &keys.urls) || history.now() > limit {
+            break;
+        }
+        tokio::time::sleep(ms(100)).await;
+    }
+    // A little more activity on the healed network.
+    tokio::time::sleep(settle.min(ms(1000))).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in engine_tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
+    }
+    let end = history.now();
+
+    // (e) After healing, each DistributedLock's status agrees with the store.
+    agreement(
+        &history,
+        &plan,
+        &keys,
+        &lock_apis,
+        &format!("chaos-schedule={tag}"),
+    )
+    .await;
+
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+    }
+    // Clean up: deleting releases (finalizer); fresh keys next time either way.
+    for (_, api) in &lock_apis {
+        let _ = api
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels(&format!("chaos-schedule={tag}")),
+            )
+            .await;
+    }
+
+    let report = history.check(healed_at, end, &keys.urls, LIVENESS_LIMIT.as_secs_f64());
+    let history_path = w.dir.join("history.jsonl");
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&history_path)
+            .unwrap();
+        history.write_jsonl(&mut f);
+    }
+    Outcome {
+        plan,
+        report,
+        history_path,
+        wall: started.elapsed(),
+    }
+}
+
+/// The backend spec of controller `c`'s lock on key `k`, through its own proxies.
+fn lock_backend(backend: Backend, keys: &Keys, k: usize, c: usize, west_ns: &str) -> BackendSpec {
+    let paths = &world().controllers[c].paths;
+    let secret = Some(SecretRef {
+        name: SECRET_NAME.into(),
+    });
+    match backend {
+        Backend::Lease => BackendSpec {
+            kubernetes: Some(KubernetesBackend {
+                lease_name: keys.names[k].clone(),
+                namespace: Some(west_ns.to_string()),
+            }),
+            ..Default::default()
+        },
+        Backend::S3 => BackendSpec {
+            s3: Some(S3Backend {
+                bucket: keys.bucket.clone(),
+                key: format!("chaos/{}", keys.names[k]),
+                region: Some(REGION.into()),
+                endpoint: Some(paths.moto().endpoint()),
+                force_path_style: Some(true),
+                credentials_secret_ref: secret,
+            }),
+            ..Default::default()
+        },
+        Backend::DynamoDb => BackendSpec {
+            dynamodb: Some(DynamoDbBackend {
+                table: keys.table.clone(),
+                key: keys.names[k].clone(),
+                region: Some(REGION.into()),
+                endpoint: Some(paths.moto().endpoint()),
+                credentials_secret_ref: secret,
+                partition_key_name: "key".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Backend::ZooKeeper => BackendSpec {
+            zookeeper: Some(ZooKeeperBackend {
+                servers: paths.zk().iter().map(|p| p.address()).collect(),
+                path: format!("/chaos/{}", keys.names[k]),
+                chroot: None,
+                session_timeout: None,
+            }),
+            ..Default::default()
+        },
+    }
+}
+
+fn aws_options(endpoint: String) -> ConnectOptions {
+    ConnectOptions {
+        endpoint: Some(endpoint),
+        region: Some(REGION.into()),
+        force_path_style: Some(true),
+        credentials: Some(aws_sdk_s3::config::Credentials::new(
+            ACCESS_KEY_ID,
+            SECRET_ACCESS_KEY,
+            None,
+            None,
+            "chaos",
+        )),
+        request_timeout: Some(Duration::from_secs(1)),
+        ..Default::default()
+    }
+}
+
+/// The lock on key `k` as engine slot `slot` reaches it (through its proxies).
+async fn engine_backend(
+    backend: Backend,
+    keys: &Keys,
+    k: usize,
+    slot: usize,
+    sessions: &ZkSessions,
+) -> Arc<dyn LockBackend> {
+    let w = world();
+    let paths = &w.engines[slot];
+    match backend {
+        Backend::Lease => {
+            let client = w.engine_kube_client(slot).await;
+            let ns = &w.controllers[1].namespace;
+            Arc::new(CasLock::new(LeaseStore::new(client, ns, &keys.names[k])))
+        }
+        Backend::S3 | Backend::DynamoDb => {
+            let target = Target::parse(&keys.urls[k]).unwrap();
+            target
+                .connect(&aws_options(paths.moto().endpoint()))
+                .await
+                .unwrap()
+        }
+        Backend::ZooKeeper => Arc::new(
+            sessions
+                .lock(&paths.zk_connect(), &format!("/chaos/{}", keys.names[k]))
+                .unwrap(),
+        ),
+    }
+}
+
+/// The harness's own view of key `k`: direct, no proxy.
+async fn direct_backend(backend: Backend, keys: &Keys, k: usize) -> Arc<dyn LockBackend> {
+    let w = world();
+    match backend {
+        Backend::Lease => {
+            let client = w.direct_client(1).await;
+            let ns = &w.controllers[1].namespace;
+            Arc::new(CasLock::new(LeaseStore::new(client, ns, &keys.names[k])))
+        }
+        Backend::S3 | Backend::DynamoDb => {
+            let target = Target::parse(&keys.urls[k]).unwrap();
+            target
+                .connect(&aws_options(w.moto().endpoint()))
+                .await
+                .unwrap()
+        }
+        Backend::ZooKeeper => {
+            // A session of its own, per key (and per schedule): never shared with a
+            // contender. The lock keeps the session; it closes when the lock is dropped.
+            Arc::new(
+                ZkSessions::new()
+                    .lock(
+                        &w.zookeeper().connect_string(),
+                        &format!("/chaos/{}", keys.names[k]),
+                    )
+                    .unwrap(),
+            )
+        }
+    }
+}
+
+/// An engine contender: acquire, write to the register while held, release, again.
+async fn engine(
+    lock: Arc<dyn LockBackend>,
+    key: String,
+    spec: EngineSpec,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let who = format!(
+        "engine-{}{}",
+        spec.slot,
+        if spec.ignores_deadline { "-broken" } else { "" }
+    );
+    tokio::time::sleep(spec.start_after).await;
+    let req = AcquireRequest::new(format!("{who}/{key}"), LEASE);
+    while !stop.load(Ordering::SeqCst) {
+        let invoke = history.now();
+        let acquired = tokio::time::timeout(
+            Duration::from_secs(10),
+            HeldLock::acquire(lock.clone(), &req, Wait::For(Duration::from_secs(2))),
+        )
+        .await;
+        let held = match acquired {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => {
+                let result = if e.is_transient() { "unknown" } else { "fail" };
+                history.failed(&key, &who, "acquire", invoke, result, &e.to_string());
+                tokio::time::sleep(ms(rng.random_range(20..200))).await;
+                continue;
+            }
+            Err(_) => {
+                history.failed(&key, &who, "acquire", invoke, "unknown", "timed out");
+                continue;
+            }
+        };
+        let fence = held.fence().0;
+        let nonce = held.nonce().to_string();
+        let version = match held.state() {
+            HolderState::Held { version, .. } => version.0,
+            _ => String::new(),
+        };
+        history.acquired(&key, &who, invoke, &nonce, fence, &version);
+        let start = history.now();
+        let mut last_claimed = None;
+        let hold_for =
+            ms(rng.random_range(spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64));
+        let until = tokio::time::Instant::now() + hold_for;
+        loop {
+            let state = held.state();
+            let claiming = if spec.ignores_deadline {
+                matches!(
+                    state,
+                    HolderState::Held { .. } | HolderState::Expiring { .. }
+                )
+            } else {
+                state.is_held()
+            };
+            if !claiming {
+                break;
+            }
+            let t = history.now();
+            last_claimed = Some(t);
+            history.write(&key, &who, Kind::Engine, fence);
+            if tokio::time::Instant::now() >= until || stop.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(ms(100)).await;
+        }
+        if let Some(end) = last_claimed {
+            history.claim(Claim {
+                key: key.clone(),
+                who: format!("{who} ({})", req.holder),
+                nonce: nonce.clone(),
+                fence,
+                start,
+                end,
+            });
+        }
+        let invoke = history.now();
+        match tokio::time::timeout(Duration::from_secs(10), held.release()).await {
+            Ok(Ok(())) => history.record(json!({"process": who, "op": "release", "key": key,
+                "invoke": invoke, "complete": history.now(), "result": "ok", "fence": fence})),
+            Ok(Err(e)) => history.failed(&key, &who, "release", invoke, "fail", &e.to_string()),
+            Err(_) => history.failed(&key, &who, "release", invoke, "unknown", "timed out"),
+        }
+        tokio::time::sleep(ms(rng.random_range(50..600))).await;
+    }
+}
+
+/// Held while proxy modes change, and for the whole of a moto restart (whose
+/// blackhole of every path must not be healed by a network fault ending meanwhile).
+static NETWORK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Injects `fault`, waits its duration, heals it.
+async fn inject(fault: &Fault) {
+    let fault = fault.clone();
+    let paths_of = |c: Contender| match c {
+        Contender::Engine(s) => &world().engines[s],
+        Contender::Controller(c) => &world().controllers[c].paths,
+    };
+    match fault {
+        Fault::ControllerKill { controller, down } => {
+            tokio::task::spawn_blocking(move || world().controllers[controller].kill())
+                .await
+                .unwrap();
+            tokio::time::sleep(down).await;
+            tokio::task::spawn_blocking(move || world().controllers[controller].ensure_running())
+                .await
+                .unwrap();
+        }
+        Fault::ControllerPause { controller, pause } => {
+            world().controllers[controller].signal(libc::SIGSTOP);
+            tokio::time::sleep(pause).await;
+            world().controllers[controller].signal(libc::SIGCONT);
+        }
+        Fault::Network {
+            target,
+            mode,
+            lasts,
+        } => {
+            let paths = paths_of(target);
+            {
+                let _net = NETWORK.lock().await;
+                for p in paths.all() {
+                    p.set_mode(mode);
+                }
+            }
+            tokio::time::sleep(lasts).await;
+            let _net = NETWORK.lock().await;
+            paths.heal();
+        }
+        Fault::SessionExpiry { target, lasts } => {
+            let paths = paths_of(target);
+            {
+                let _net = NETWORK.lock().await;
+                for p in paths.zk() {
+                    p.set_mode(Mode::Blackhole);
+                }
+            }
+            tokio::time::sleep(lasts).await;
+            let _net = NETWORK.lock().await;
+            for p in paths.zk() {
+                p.set_mode(Mode::Pass);
+            }
+        }
+        Fault::MotoPause { lasts } => {
+            world().moto().pause();
+            tokio::time::sleep(lasts).await;
+            world().moto().resume();
+        }
+        Fault::ZkNodeRestart { node, down } => {
+            tokio::task::spawn_blocking(move || world().zookeeper().stop_node(node))
+                .await
+                .unwrap();
+            tokio::time::sleep(down).await;
+            tokio::task::spawn_blocking(move || world().zookeeper().start_node(node))
+                .await
+                .unwrap();
+        }
+        Fault::ZkQuorumLoss { down } => {
+            tokio::task::spawn_blocking(|| {
+                world().zookeeper().stop_node(0);
+                world().zookeeper().stop_node(1);
+            })
+            .await
+            .unwrap();
+            tokio::time::sleep(down).await;
+            tokio::task::spawn_blocking(|| {
+                let zk = world().zookeeper();
+                zk.start_node(0);
+                zk.start_node(1);
+                zk.wait_ready();
+            })
+            .await
+            .unwrap();
+        }
+        Fault::MotoRestart => unreachable!("needs the schedule's keys: restart_moto"),
+        Fault::ApiServerRestart => {
+            tokio::task::spawn_blocking(|| world().restart_west_apiserver())
+                .await
+                .unwrap();
+        }
+        Fault::ApiServerPause { lasts } => {
+            world().signal_west_apiserver(libc::SIGSTOP);
+            tokio::time::sleep(lasts).await;
+            world().signal_west_apiserver(libc::SIGCONT);
+        }
+    }
+}
+
+/// A durable store restarting: moto keeps everything in memory, so the harness
+/// cuts every contender off (blackholes their proxies: no reply of a request that
+/// lands from now on can reach them), reads this schedule's records, kills moto,
+/// starts it again and writes the records back byte for byte (S3 ETags are the MD5
+/// of the body, so they come back the same; DynamoDB items keep every attribute).
+/// What a contender saw acknowledged survives, as on a real S3 or DynamoDB.
+async fn restart_moto(bucket: &str, objects: &[String], table: &str, items: &[String]) {
+    // No network fault may heal a path while the store is being restored.
+    let _net = NETWORK.lock().await;
+    let w = world();
+    let proxies: Vec<&crate::support::proxy::Proxy> = w
+        .engines
+        .iter()
+        .chain(w.controllers.iter().map(|c| &c.paths))
+        .map(|p| p.moto())
+        .collect();
+    let modes: Vec<Mode> = proxies.iter().map(|p| p.mode()).collect();
+    for p in &proxies {
+        p.set_mode(Mode::Blackhole);
+    }
+    tokio::time::sleep(ms(200)).await;
+    let s3 = w.moto().s3_client().await;
+    let dynamo = w.moto().dynamodb_client().await;
+    let mut bodies = Vec::new();
+    for key in objects {
+        let got = s3.get_object().bucket(bucket).key(key).send().await;
+        if let Ok(got) = got {
+            let body = got.body.collect().await.expect("read S3 body").into_bytes();
+            bodies.push((key.clone(), body));
+        }
+    }
+    let mut saved_items = Vec::new();
+    for key in items {
+        let got = dynamo
+            .get_item()
+            .table_name(table)
+            .key(
+                "key",
+                aws_sdk_dynamodb::types::AttributeValue::S(key.clone()),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("read DynamoDB item");
+        if let Some(item) = got.item {
+            saved_items.push(item);
+        }
+    }
+    tokio::task::spawn_blocking(|| world().moto().restart())
+        .await
+        .unwrap();
+    let s3 = w.moto().s3_client().await;
+    let dynamo = w.moto().dynamodb_client().await;
+    s3.create_bucket()
+        .bucket(bucket)
+        .send()
+        .await
+        .expect("recreate the bucket");
+    create_table(&dynamo, table).await;
+    for (key, body) in bodies {
+        s3.put_object()
+            .bucket(bucket)
+            .key(&key)
+            .body(body.into())
+            .send()
+            .await
+            .expect("restore an S3 record");
+    }
+    for item in saved_items {
+        dynamo
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .expect("restore a DynamoDB item");
+    }
+    for (p, m) in proxies.iter().zip(modes) {
+        p.set_mode(m);
+    }
+}
+
+/// Creates the on-demand table `table` with the string partition key `key`.
+async fn create_table(client: &aws_sdk_dynamodb::Client, table: &str) {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    client
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name("key")
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .unwrap(),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name("key")
+                .key_type(KeyType::Hash)
+                .build()
+                .unwrap(),
+        )
+        .send()
+        .await
+        .expect("recreate the table");
+}
+
+/// (e): once healed and the engine clients gone, every DistributedLock that says
+/// Acquired=True names the record in the store (nonce and fence), and a record held
+/// by a DistributedLock's identity is reported by that lock. Waits up to 40 s for the
+/// controllers to converge; a disagreement that outlasts that is a violation.
+async fn agreement(
+    history: &History,
+    plan: &Plan,
+    keys: &Keys,
+    lock_apis: &[(usize, Api<DistributedLock>)],
+    label: &str,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(40);
+    let mut direct = Vec::new();
+    for k in 0..plan.keys {
+        direct.push(direct_backend(plan.backend, keys, k).await);
+    }
+    loop {
+        let mut problems = Vec::new();
+        for (k, backend) in direct.iter().enumerate() {
+            let record = match tokio::time::timeout(Duration::from_secs(2), backend.inspect()).await
+            {
+                Ok(Ok(r)) => r.and_then(|s| s.record.ok()),
+                _ => {
+                    problems.push(format!("cannot read {}", keys.urls[k]));
+                    continue;
+                }
+            };
+            for (c, api) in lock_apis {
+                let prefix = format!("{}-{}-g", world().controllers[*c].cluster, keys.names[k]);
+                let Ok(list) = api.list(&ListParams::default().labels(label)).await else {
+                    problems.push(format!("cannot list locks of {}", keys.urls[k]));
+                    continue;
+                };
+                for lock in list.items.iter().filter(|l| {
+                    l.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(&prefix))
+                }) {
+                    let name = lock.metadata.name.clone().unwrap_or_default();
+                    if lock.metadata.deletion_timestamp.is_some() {
+                        problems.push(format!("{name} is still being deleted"));
+                        continue;
+                    }
+                    let status = lock.status.clone().unwrap_or_default();
+                    let acquired = conditions::is_true(&status.conditions, ACQUIRED);
+                    let holder = world().controllers[*c].holder(&name);
+                    let in_store = record
+                        .as_ref()
+                        .filter(|r| r.state == LockState::Held && r.holder == holder);
+                    match (acquired, in_store) {
+                        (true, Some(r))
+                            if status.nonce.as_deref() == Some(r.nonce.as_str())
+                                && status.fence == Some(r.fence.0 as i64) => {}
+                        (false, None) => {}
+                        _ => problems.push(format!(
+                            "{name}: status Acquired={acquired} fence {:?} nonce {:?}, store {} has {:?}",
+                            status.fence,
+                            status.nonce,
+                            keys.urls[k],
+                            record.as_ref().map(|r| (&r.holder, r.fence.0, &r.nonce, r.state))
+                        )),
+                    }
+                }
+            }
+        }
+        if problems.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            for p in problems {
+                history.violation(format!(
+                    "seed {}: (e) status disagrees with the store after healing: {p}",
+                    plan.seed
+                ));
+            }
+            return;
+        }
+        tokio::time::sleep(ms(100)).await;
+    }
+}
