@@ -376,6 +376,7 @@ impl Env {
 // Part 1: floor
 
 /// One raw conditional-write chain on one key, as the SDK/client does it.
+#[allow(clippy::large_enum_variant)] // a handful of these live at a time
 enum RawChain {
     S3 {
         client: aws_sdk_s3::Client,
@@ -1170,12 +1171,12 @@ async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         let mut samples = Vec::new();
         for _ in 0..n_takeover {
             let key = support::unique("x");
-            let mut east_controller = start_controller_process(
+            let mut east_controller = KillOnDrop(start_controller_process(
                 env.plane.kubeconfig_path(),
                 "east",
                 &east,
                 support::free_port(),
-            );
+            ));
             let (a, b) = (support::unique("a"), support::unique("b"));
             locks_api(&env.client, &east)
                 .create(
@@ -1194,8 +1195,7 @@ async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
                 .unwrap();
             watch.waiting(&format!("{west}/{b}")).await;
             let t = Instant::now();
-            let _ = east_controller.kill();
-            let _ = east_controller.wait();
+            east_controller.kill();
             let seen = watch.acquired(&format!("{west}/{b}")).await;
             samples.push(ms(seen - t));
             let _ = locks_api(&env.client, &west)
@@ -1355,7 +1355,11 @@ fn scale_child(args: &[String]) {
         let c0 = count(&attempts);
         let cpu0 = proc_cpu_seconds(pid);
         let t0 = Instant::now();
+        let perf = perf_record(pid, hold.as_secs_f64());
         tokio::time::sleep(hold).await;
+        if let Some(mut perf) = perf {
+            let _ = tokio::task::spawn_blocking(move || perf.wait()).await;
+        }
         let window = t0.elapsed().as_secs_f64();
         let cpu1 = proc_cpu_seconds(pid);
         let c1 = count(&attempts);
@@ -1426,10 +1430,7 @@ fn run_scale_child(
 
 async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
     let hold: f64 = if opts.quick { 12.0 } else { 25.0 };
-    let capacity = match report.lock().unwrap().moto_capacity {
-        Some(c) => c,
-        None => 0.0,
-    };
+    let capacity = report.lock().unwrap().moto_capacity.unwrap_or(0.0);
     let capacity = if capacity > 0.0 {
         capacity
     } else {
@@ -1548,9 +1549,13 @@ async fn scale_operator(env: &Arc<Env>, n: usize, hold: f64) -> Result<ScaleRow,
     let client = env.client.clone();
     let ns = env.plane.namespace(&client, "bench-scale").await;
     let metrics_port = support::free_port();
-    let mut child =
-        start_controller_process(env.plane.kubeconfig_path(), "scale", &ns, metrics_port);
-    let pid = child.id();
+    let mut child = KillOnDrop(start_controller_process(
+        env.plane.kubeconfig_path(),
+        "scale",
+        &ns,
+        metrics_port,
+    ));
+    let pid = child.0.id();
     let api = locks_api(&client, &ns);
     // Count Acquired objects with a watch of this namespace.
     let acquired = Arc::new(AtomicU64::new(0));
@@ -1562,7 +1567,9 @@ async fn scale_operator(env: &Arc<Env>, n: usize, hold: f64) -> Result<ScaleRow,
             .default_backoff()
             .applied_objects()
             .boxed();
-        while let Some(Ok(l)) = events.next().await {
+        while let Some(event) = events.next().await {
+            // A failed poll (an overloaded API server) is retried by the watcher.
+            let Ok(l) = event else { continue };
             if l.status
                 .as_ref()
                 .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
@@ -1593,7 +1600,13 @@ async fn scale_operator(env: &Arc<Env>, n: usize, hold: f64) -> Result<ScaleRow,
                     ..Default::default()
                 },
             );
-            async move { api.create(&PostParams::default(), &lock).await.map(|_| ()) }
+            async move {
+                match api.create(&PostParams::default(), &lock).await {
+                    // A create the client retried after an overloaded reply.
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    r => r.map(|_| ()),
+                }
+            }
         })
         .buffer_unordered(8)
         .collect::<Vec<_>>()
@@ -1604,7 +1617,6 @@ async fn scale_operator(env: &Arc<Env>, n: usize, hold: f64) -> Result<ScaleRow,
     let deadline = Instant::now() + Duration::from_secs(600);
     while (acquired.load(Ordering::Relaxed) as usize) < n {
         if Instant::now() > deadline {
-            let _ = child.kill();
             return Err(format!(
                 "only {} of {n} acquired after 600 s",
                 acquired.load(Ordering::Relaxed)
@@ -1619,14 +1631,17 @@ async fn scale_operator(env: &Arc<Env>, n: usize, hold: f64) -> Result<ScaleRow,
     let m0 = apiserver_counts(&client).await;
     let cpu0 = proc_cpu_seconds(pid);
     let t0 = Instant::now();
+    let perf = perf_record(pid, hold);
     tokio::time::sleep(Duration::from_secs_f64(hold)).await;
+    if let Some(mut perf) = perf {
+        let _ = tokio::task::spawn_blocking(move || perf.wait()).await;
+    }
     let window = t0.elapsed().as_secs_f64();
     let cpu1 = proc_cpu_seconds(pid);
     let m1 = apiserver_counts(&client).await;
     let hwm = proc_status_kb(pid, "VmHWM:");
     let metrics = reqwest_metrics(metrics_port).await;
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     watch_task.abort();
     let renewals = api_sum(&m1, "leases", true) - api_sum(&m0, "leases", true);
     let mut writes: Vec<_> = m1
@@ -1667,6 +1682,45 @@ async fn scale_operator(env: &Arc<Env>, n: usize, hold: f64) -> Result<ScaleRow,
             100.0 * (cpu1 - cpu0) / window
         ),
     })
+}
+
+/// With LOCKWARDEN_BENCH_PERF=FILE: samples process `pid` with `perf record -g` for
+/// `secs` (the steady-state window), for the profile in docs/benchmarks.md.
+fn perf_record(pid: u32, secs: f64) -> Option<std::process::Child> {
+    let out = std::env::var_os("LOCKWARDEN_BENCH_PERF")?;
+    Command::new("perf")
+        .args([
+            "record",
+            "-F",
+            "499",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(out)
+        .args(["--", "sleep", &format!("{}", secs.floor())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+}
+
+/// A child process killed (SIGKILL) when dropped, on every return path.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }
 
 /// GET http://127.0.0.1:PORT/metrics with a plain HTTP/1.0 request.
