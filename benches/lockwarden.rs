@@ -1040,15 +1040,13 @@ fn start_controller_process(
         ])
         .args(["--metrics-address", &format!("127.0.0.1:{metrics_port}")])
         .env("KUBECONFIG", kubeconfig)
-        .env(
-            "RUST_LOG",
-            std::env::var("LOCKWARDEN_BENCH_CONTROLLER_RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(match std::env::var_os("LOCKWARDEN_BENCH_CONTROLLER_LOG") {
+        // LOCKWARDEN_BENCH_CONTROLLER_LOG=FILE keeps the controller's log (its stderr),
+        // at the level LOCKWARDEN_LOG gives (e.g. lockwarden=debug).
+        .stdout(Stdio::null())
+        .stderr(match std::env::var_os("LOCKWARDEN_BENCH_CONTROLLER_LOG") {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("controller log")),
             None => Stdio::null(),
         })
-        .stderr(Stdio::null())
         .spawn()
         .expect("start lockwarden controller")
 }
