@@ -13,12 +13,20 @@ use serde_json::json;
 use crate::api::conditions::{self, ACQUIRED};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
 
+/// Now, in whole seconds.
 pub fn now() -> Time {
-    Time(Timestamp::now())
+    seconds(Timestamp::now())
 }
 
+/// `t` in whole seconds.
 pub fn time(t: SystemTime) -> Option<Time> {
-    Timestamp::try_from(t).ok().map(Time)
+    Timestamp::try_from(t).ok().map(seconds)
+}
+
+/// A `metav1.Time` is stored with whole seconds, so a time with a fraction never
+/// equals the stored one: every reconcile of a held lock then wrote its status again.
+fn seconds(t: Timestamp) -> Time {
+    Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
 }
 
 /// What a status should say; applied onto the current status by [`next_status`].
@@ -137,5 +145,24 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(next_status(&lock, waiting).unwrap().renewed_at, None);
+    }
+
+    /// The stored status comes back from the API server with whole-second times; a
+    /// held lock with a sub-second `acquiredAt` must still compare equal to it.
+    #[test]
+    fn stored_times_compare_equal_after_a_round_trip() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let acquired_at =
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+        let desired = || Desired {
+            acquired_at: time(acquired_at),
+            ..held(1)
+        };
+        let written = next_status(&lock, desired()).expect("a new status is a change");
+        let stored: DistributedLockStatus =
+            serde_json::from_value(serde_json::to_value(&written).unwrap()).unwrap();
+        lock.status = Some(stored);
+        assert_eq!(next_status(&lock, desired()), None);
     }
 }
