@@ -263,6 +263,37 @@ async fn locks_on_one_znode_hand_off_on_delete() {
     hand_off_on_delete(&locks, "ZooKeeper", |name| zk_lock(name, &path)).await;
 }
 
+/// The lease a ZooKeeper lock really gets is its session timeout (10 s), shorter than
+/// the default `leaseDuration` (30 s); renewing every `renewInterval` (10 s) would then
+/// come after the holder deadline each time and flap the status Held/LeaseExpiring.
+/// The holder renews within the granted lease instead, so the object stays untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes() {
+    let (_client, _ns, locks) = setup("ctl-zk-steady").await;
+    tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap();
+    let path = format!("/{}/steady", support::unique("ctl"));
+    locks
+        .create(&PostParams::default(), &zk_lock("steady", &path))
+        .await
+        .unwrap();
+    let held = wait_held(&locks, "steady").await;
+    let version = held.resource_version().unwrap();
+    // Longer than one default renewInterval plus the session's holder deadline.
+    let watch_until = Instant::now() + Duration::from_secs(14);
+    while Instant::now() < watch_until {
+        let lock = locks.get("steady").await.unwrap();
+        assert_eq!(
+            lock.resource_version().as_deref(),
+            Some(version.as_str()),
+            "the held ZooKeeper lock was rewritten: {:?}",
+            lock.status
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_true_releases_the_lease() {
     let (client, ns, locks) = setup("ctl-release").await;
@@ -993,4 +1024,59 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
     let after = wait_held(&locks, "db").await.status.unwrap();
     assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
     assert_eq!(after.fence, before.fence);
+}
+
+/// An API server that cannot be reached when the controller starts (restarting, a
+/// network blip) is waited for: the controller keeps trying and then works, instead of
+/// exiting with "is the CRD installed…" as if the CRD were missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_waits_for_an_unreachable_api_server_at_start() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-api-down").await;
+
+    let proxy = support::proxy::Proxy::start(plane.port());
+    proxy.set_mode(support::proxy::Mode::Refuse);
+    let kubeconfig = kube::config::Kubeconfig::read_from(plane.kubeconfig_path()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.cluster_url = format!("https://127.0.0.1:{}", proxy.port())
+        .parse()
+        .unwrap();
+    let through_proxy = Client::try_from(config).unwrap();
+    let controller = tokio::spawn(controller::run(
+        through_proxy,
+        ControllerConfig {
+            cluster_name: CLUSTER.into(),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+    ));
+
+    // A controller that gave up after the first refusal never connects twice.
+    eventually(
+        "the controller to retry the refused API server",
+        TIMEOUT,
+        || async { (proxy.accepted() >= 3).then_some(()) },
+    )
+    .await;
+    assert!(
+        !controller.is_finished(),
+        "the controller exited while the API server was unreachable: {:?}",
+        controller.await
+    );
+
+    proxy.set_mode(support::proxy::Mode::Pass);
+    let locks: Api<DistributedLock> = Api::namespaced(client, &ns);
+    locks
+        .create(
+            &PostParams::default(),
+            &lease_lock("late", "late-lease", "30s", "10s"),
+        )
+        .await
+        .unwrap();
+    wait_held(&locks, "late").await;
+    controller.abort();
 }

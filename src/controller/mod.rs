@@ -107,6 +107,27 @@ pub(crate) async fn serve_telemetry(
     Ok(telemetry)
 }
 
+/// Lists DistributedLocks once before starting, so a missing CRD or missing RBAC is a
+/// clear error at start-up. An API server that is merely unreachable or overloaded
+/// (restarting, network blip, 5xx, 429) is waited for instead: exiting would only turn a
+/// blip into a crash loop, and nothing is held yet that could need the time.
+async fn wait_for_lock_api(api: &Api<DistributedLock>) -> Result<(), ControllerError> {
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code < 500 && status.code != 429 => {
+                return Err(ControllerError::Crd(kube::Error::Api(status)));
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?delay, "cannot reach the API server to list DistributedLocks yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
+    }
+}
+
 /// The controller with an already running telemetry endpoint.
 pub(crate) async fn run_with(
     client: kube::Client,
@@ -117,9 +138,7 @@ pub(crate) async fn run_with(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    api.list(&ListParams::default().limit(1))
-        .await
-        .map_err(ControllerError::Crd)?;
+    wait_for_lock_api(&api).await?;
 
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<DistributedLock>>();
     let ctx = Arc::new(Context::new(client, config, wake_tx, telemetry.clone()));

@@ -36,6 +36,19 @@ impl RenewPolicy {
             request_timeout: (lease / 4).max(Duration::from_millis(200)),
         }
     }
+
+    /// This policy, tightened where it would not keep up with the lease the backend
+    /// actually granted. A store may grant less than was asked (a ZooKeeper lease is
+    /// its session timeout): renewing on the requested interval would then come after
+    /// the holder deadline every time, and the lock would flap Held/Expiring.
+    pub fn within(self, granted: Duration) -> Self {
+        let fit = RenewPolicy::for_lease(granted);
+        RenewPolicy {
+            interval: self.interval.min(fit.interval),
+            retry: self.retry.min(fit.retry),
+            request_timeout: self.request_timeout.min(fit.request_timeout),
+        }
+    }
 }
 
 /// What the holder believes, published on a watch channel.
@@ -94,7 +107,7 @@ impl HeldLock {
         let holder = lease.holder().to_string();
         let task = HolderTask {
             backend: backend.clone(),
-            policy,
+            policy: policy.within(lease.record.lease),
             state: state_tx,
         };
         let task = tokio::spawn(task.run(lease, release_rx));
@@ -294,5 +307,25 @@ impl HolderTask {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renew_policy_within_a_shorter_granted_lease_renews_in_time() {
+        let asked = RenewPolicy {
+            interval: Duration::from_secs(10),
+            ..RenewPolicy::for_lease(Duration::from_secs(30))
+        };
+        let fitted = asked.within(Duration::from_secs(10));
+        assert!(fitted.interval <= Duration::from_secs(10) / 3);
+        assert!(fitted.request_timeout <= Duration::from_millis(2500));
+        // A lease at least as long as asked changes nothing.
+        let same = asked.within(Duration::from_secs(30));
+        assert_eq!(same.interval, Duration::from_secs(10));
+        assert_eq!(same.retry, asked.retry);
     }
 }
