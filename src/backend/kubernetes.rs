@@ -91,13 +91,13 @@ impl LeaseStore {
 
     /// The fence is `leaseTransitions`, an int32: a fence beyond it cannot be stored,
     /// and storing a smaller one would hand the same fence to two holders.
-    fn check_fence(&self, record: &LockRecord) -> Result<(), StoreError> {
+    fn check_fence(record: &LockRecord) -> Result<(), String> {
         if i32::try_from(record.fence.0).is_err() {
-            return Err(StoreError::Rejected(format!(
+            return Err(format!(
                 "fence {} does not fit leaseTransitions (an int32): the fence sequence of \
                  this Lease is exhausted; delete the Lease to start it again",
                 record.fence
-            )));
+            ));
         }
         Ok(())
     }
@@ -232,7 +232,7 @@ impl RecordStore for LeaseStore {
     }
 
     async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
-        self.check_fence(record)?;
+        Self::check_fence(record).map_err(StoreError::Rejected)?;
         let lease = self.to_lease(record, None);
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(l) => Ok(Version(l.metadata.resource_version.unwrap_or_default())),
@@ -245,7 +245,7 @@ impl RecordStore for LeaseStore {
         expected: &Version,
         record: &LockRecord,
     ) -> Result<Version, StoreError> {
-        self.check_fence(record)?;
+        Self::check_fence(record).map_err(StoreError::Rejected)?;
         // PUT with metadata.resourceVersion: the API server's compare-and-swap.
         let lease = self.to_lease(record, Some(expected));
         match self
