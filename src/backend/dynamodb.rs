@@ -286,7 +286,7 @@ impl DynamoStore {
             && let Some(item) = e.err().condition_failure_item()
         {
             return StoreError::Conflict {
-                current: item.map(|i| self.parse(i)),
+                current: item.map(|i| Box::new(self.parse(i))),
             };
         }
         classify(err, &self.url)

@@ -177,7 +177,7 @@ pub enum StoreError {
     /// The condition did not hold: the write certainly did not apply. Carries the
     /// current record when the store returned it for free (DynamoDB `ALL_OLD`).
     #[error("condition failed")]
-    Conflict { current: Option<Stored> },
+    Conflict { current: Option<Box<Stored>> },
     /// The write may or may not have applied (timeout, reset, 5xx, S3 409).
     #[error("outcome unknown: {0}")]
     Indeterminate(String),

@@ -248,7 +248,7 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                     // first try had landed. Keep it pending so the next look adopts it
                     // instead of reporting the lock held by ourselves.
                     st.pending = Some((record, sent));
-                    st.last_seen = current;
+                    st.last_seen = current.map(|c| *c);
                     continue;
                 }
                 Err(StoreError::Indeterminate(cause)) => {
