@@ -274,10 +274,13 @@ async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes(
         .await
         .unwrap();
     let path = format!("/{}/steady", support::unique("ctl"));
-    locks
-        .create(&PostParams::default(), &zk_lock("steady", &path))
-        .await
-        .unwrap();
+    let mut lock = zk_lock("steady", &path);
+    // ZooKeeper sessions are shared per server list and bound to the runtime that
+    // opened them, and every test has its own runtime: a spelling of its own.
+    let port = support::zookeeper::ZooKeeper::shared().nodes()[0].port();
+    lock.spec.backend.zookeeper.as_mut().unwrap().servers =
+        vec![format!("localhost:{port}"), format!("127.0.0.1:{port}")];
+    locks.create(&PostParams::default(), &lock).await.unwrap();
     let held = wait_held(&locks, "steady").await;
     let version = held.resource_version().unwrap();
     // Longer than one default renewInterval plus the session's holder deadline.

@@ -101,7 +101,10 @@ impl JobContext {
             action: reason.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &job.object_ref(&())).await {
+        // With the resourceVersion: see `report`.
+        let mut regarding = job.object_ref(&());
+        regarding.resource_version = job.resource_version();
+        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
             tracing::debug!(error = %e, "cannot publish event");
         }
     }
@@ -385,9 +388,14 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
             // The finalizer goes first: its patch is conditioned on the resourceVersion
             // this reconcile read, which the status write would change.
             remove_finalizer(&jobs, &job).await?;
-            set_status(&jobs, &job, &message).await?;
-            ctx.event(&job, EventType::Normal, "Released", message)
-                .await;
+            let patched = set_status(&jobs, &job, &message).await?;
+            ctx.event(
+                patched.as_ref().unwrap_or(&job),
+                EventType::Normal,
+                "Released",
+                message,
+            )
+            .await;
         }
         return Ok(Action::await_change());
     }
@@ -766,23 +774,30 @@ async fn report(
     if job.annotations().get(STATUS_ANNOTATION) == Some(&message) {
         return Ok(());
     }
-    set_status(jobs, job, &message).await?;
-    ctx.event(job, type_, reason, message).await;
+    // The Event refers to the Job as patched, resourceVersion included: kube's Recorder
+    // folds Events with the same reason about an equal object reference into one
+    // series that keeps the first note, so referring to the new version makes each
+    // change of text an Event of its own.
+    let patched = set_status(jobs, job, &message).await?;
+    ctx.event(patched.as_ref().unwrap_or(job), type_, reason, message)
+        .await;
     Ok(())
 }
 
-async fn set_status(jobs: &Api<Job>, job: &Job, message: &str) -> Result<(), JobError> {
+/// Writes the status annotation; the patched Job, or `None` when it already said that.
+async fn set_status(jobs: &Api<Job>, job: &Job, message: &str) -> Result<Option<Job>, JobError> {
     if job.annotations().get(STATUS_ANNOTATION).map(String::as_str) == Some(message) {
-        return Ok(());
+        return Ok(None);
     }
     let patch = json!({ "metadata": { "annotations": { STATUS_ANNOTATION: message } } });
-    jobs.patch(
-        &job.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await?;
-    Ok(())
+    let patched = jobs
+        .patch(
+            &job.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(Some(patched))
 }
 
 /// The finalizer keeps a deleted Job around until its lock is let go (no garbage

@@ -427,8 +427,9 @@ clientPort={client_port}
 clientPortAddress=127.0.0.1
 # Every test connects from 127.0.0.1; the default cap of 60 per address is too low.
 maxClientCnxns=0
-# mntr: the benchmarks count requests with zk_packets_received.
-4lw.commands.whitelist=srvr,mntr
+# Every four-letter command: tests look for watches (wchp), the benchmarks count
+# requests (mntr: zk_packets_received), readiness uses srvr.
+4lw.commands.whitelist=*
 # 4 MB transaction-log preallocation instead of 64 MB per node.
 preAllocSize=4096
 # Kill -9 keeps the page cache, so skipping fsync loses nothing a test can observe
