@@ -174,10 +174,19 @@ async fn hand_off_on_delete(
     let mut holder = sole_holder(locks, &names).await;
     while names.len() > 1 {
         let status = holder.status.clone().unwrap();
+        // Waiters learn the new holder when their next attempt reports it (woken by the
+        // release), which may be a moment after the new holder's status is written.
         for name in names.iter().filter(|n| **n != holder.name_any()) {
-            let waiter = locks.get(name).await.unwrap();
-            assert_eq!(waiter.acquired_condition().unwrap().reason, reason::WAITING);
-            assert_eq!(waiter.status.unwrap().holder, status.holder);
+            eventually(
+                &format!("{name} to wait on {:?}", status.holder),
+                TIMEOUT,
+                || async {
+                    let waiter = locks.get(name).await.unwrap();
+                    let waiting = waiter.acquired_condition()?.reason == reason::WAITING;
+                    (waiting && waiter.status?.holder == status.holder).then_some(())
+                },
+            )
+            .await;
         }
         let started = Instant::now();
         locks
