@@ -40,29 +40,7 @@ const CLUSTER: &str = "jobs-cluster";
 
 /// A client, the CRD, a fresh namespace, and a controller watching that namespace.
 async fn setup(prefix: &str) -> (Client, String) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
-        )
-        .with_test_writer()
-        .try_init();
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let namespace = plane.namespace(&client, prefix).await;
-    let config = ControllerConfig {
-        cluster_name: CLUSTER.into(),
-        namespace: Some(namespace.clone()),
-        ..Default::default()
-    };
-    let controller_client = client.clone();
-    tokio::spawn(async move {
-        if let Err(e) = controller::run(controller_client, config).await {
-            panic!("controller failed: {e}");
-        }
-    });
-    (client, namespace)
+    support::kube::namespace_with_controller(prefix, CLUSTER).await
 }
 
 fn lease_lock(name: &str, lease: &str) -> DistributedLock {

@@ -556,3 +556,32 @@ pub async fn install_lockwarden_crd(client: &Client) {
     })
     .await;
 }
+
+/// A client, the CRD, a fresh namespace on the shared control plane, and an in-process
+/// controller (cluster name `cluster`) watching only that namespace; test logs follow
+/// `RUST_LOG`.
+pub async fn namespace_with_controller(prefix: &str, cluster: &str) -> (Client, String) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_test_writer()
+        .try_init();
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_lockwarden_crd(&client).await;
+    let namespace = plane.namespace(&client, prefix).await;
+    let config = lockwarden::controller::ControllerConfig {
+        cluster_name: cluster.into(),
+        namespace: Some(namespace.clone()),
+        ..Default::default()
+    };
+    let controller_client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = lockwarden::controller::run(controller_client, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    (client, namespace)
+}
