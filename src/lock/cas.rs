@@ -136,82 +136,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                 Some(s) if matches!(&s.record, Ok(r) if r.state == LockState::Released) => Some(s),
                 _ => self.read().await?,
             };
-
-            // Rule 4 across attempts: an earlier write whose reply was lost landed.
-            if let (Some(cur), Some((pending, sent))) = (&current, &st.pending)
-                && matches!(&cur.record, Ok(r) if r.is_write_of(pending))
-            {
-                let mut lease = self.lease_from(pending.clone(), cur.version.clone(), *sent);
-                st.pending = None;
-                if !lease.is_valid() {
-                    // Sent too long ago to claim on its own: confirm with a renewal.
-                    self.renew(&mut lease).await?;
-                }
+            if let Some(lease) = self.adopt_pending(&mut st, current.as_ref()).await? {
                 return Ok(Attempt::Acquired(lease));
             }
-
-            let plan = match &current {
-                None => Plan::Create,
-                Some(Stored {
-                    record: Err(found),
-                    version,
-                }) => {
-                    if !req.force {
-                        return Err(LockError::Foreign {
-                            url: self.url(),
-                            found: found.clone(),
-                        });
-                    }
-                    // Nothing to continue from: a forced takeover of a foreign record
-                    // starts the fence sequence afresh.
-                    Plan::Replace {
-                        expected: version.clone(),
-                        fence: FenceToken::FIRST,
-                        forced_from: None,
-                    }
-                }
-                Some(Stored {
-                    record: Ok(r),
-                    version,
-                }) => {
-                    let takeover_after = self.margins.takeover_after(r.lease);
-                    // Only a record written by hand ends the fence sequence; taking
-                    // it over would reuse its fence, so that is refused.
-                    let next_fence = || {
-                        r.fence.checked_next().ok_or_else(|| LockError::Backend {
-                            url: self.url(),
-                            message: format!(
-                                "the stored record has the last fence ({}): no later holder \
-                                 could carry a higher one; delete the record to start again",
-                                r.fence
-                            ),
-                        })
-                    };
-                    if r.state == LockState::Released {
-                        Plan::Replace {
-                            expected: version.clone(),
-                            fence: next_fence()?,
-                            forced_from: None,
-                        }
-                    } else if req.force {
-                        Plan::Replace {
-                            expected: version.clone(),
-                            fence: next_fence()?,
-                            forced_from: Some(HeldBy::from_record(r)),
-                        }
-                    } else if st.observer.is_expired(version, takeover_after) {
-                        Plan::Replace {
-                            expected: version.clone(),
-                            fence: next_fence()?,
-                            forced_from: None,
-                        }
-                    } else {
-                        Plan::Busy(r.clone(), st.observer.remaining(version, takeover_after))
-                    }
-                }
-            };
-
-            let (expected, fence, forced_from) = match plan {
+            let (expected, fence, forced_from) = match self.plan(req, current.as_ref(), &mut st)? {
                 Plan::Busy(holder, remaining) => {
                     st.last_seen = current;
                     return Ok(Attempt::Busy {
@@ -227,49 +155,14 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                     forced_from,
                 } => (Some(expected), fence, forced_from),
             };
-
             let record =
                 LockRecord::new_acquisition(&req.holder, fence, req.lease, req.data.clone());
-            let sent = Instant::now();
-            let written = match &expected {
-                None => self.store.create(&record).await,
-                Some(v) => self.store.replace(v, &record).await,
-            };
-            match written {
-                Ok(version) => {
-                    st.pending = None;
-                    st.observer.forget();
-                    let mut lease = self.lease_from(record, version, sent);
+            match self.write_acquisition(&mut st, expected, record).await? {
+                Written::Acquired(mut lease) => {
                     lease.forced_from = forced_from;
                     return Ok(Attempt::Acquired(lease));
                 }
-                Err(StoreError::Conflict { current }) => {
-                    // Lost a race — or an SDK-level retry of this very write found the
-                    // first try had landed. Keep it pending so the next look adopts it
-                    // instead of reporting the lock held by ourselves.
-                    st.pending = Some((record, sent));
-                    st.last_seen = current.map(|c| *c);
-                    continue;
-                }
-                Err(StoreError::Indeterminate(cause)) => {
-                    st.pending = Some((record.clone(), sent));
-                    return match self.landed(&record).await {
-                        Ok(Some(version)) => {
-                            st.pending = None;
-                            st.observer.forget();
-                            let mut lease = self.lease_from(record, version, sent);
-                            lease.forced_from = forced_from;
-                            Ok(Attempt::Acquired(lease))
-                        }
-                        // Not there (yet): keep it pending, so a later attempt that
-                        // finds it adopts it instead of waiting on itself.
-                        Ok(None) => {
-                            Err(self.unavailable(format!("acquire outcome unknown: {cause}")))
-                        }
-                        Err(e) => Err(e),
-                    };
-                }
-                Err(e) => return Err(self.store_error(e)),
+                Written::LostRace => continue,
             }
         }
         // Every write lost a race; report whoever holds it now.
@@ -388,6 +281,137 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                     reason,
                 })
             }
+        }
+    }
+}
+
+/// How one conditional acquisition write ended, when it did not fail outright.
+enum Written {
+    Acquired(Lease),
+    /// The condition failed: someone else wrote first (or an SDK-level retry found
+    /// our first try had landed; it stays pending so the next look adopts it).
+    LostRace,
+}
+
+impl<S: RecordStore> CasLock<S> {
+    /// Rule 4 across attempts: an earlier acquisition write whose reply was lost is
+    /// found in the store, so it is ours.
+    async fn adopt_pending(
+        &self,
+        st: &mut ContenderState,
+        current: Option<&Stored>,
+    ) -> Result<Option<Lease>, LockError> {
+        let (Some(cur), Some((pending, sent))) = (current, &st.pending) else {
+            return Ok(None);
+        };
+        if !matches!(&cur.record, Ok(r) if r.is_write_of(pending)) {
+            return Ok(None);
+        }
+        let mut lease = self.lease_from(pending.clone(), cur.version.clone(), *sent);
+        st.pending = None;
+        if !lease.is_valid() {
+            // Sent too long ago to claim on its own: confirm with a renewal.
+            self.renew(&mut lease).await?;
+        }
+        Ok(Some(lease))
+    }
+
+    /// What to do about the record currently stored: rules 1 (observed expiry),
+    /// 3 (the next fence), 5 (force is a conditional write) and 6 (foreign records).
+    fn plan(
+        &self,
+        req: &AcquireRequest,
+        current: Option<&Stored>,
+        st: &mut ContenderState,
+    ) -> Result<Plan, LockError> {
+        let (record, version) = match current {
+            None => return Ok(Plan::Create),
+            Some(Stored { record, version }) => (record, version),
+        };
+        let r = match record {
+            Ok(r) => r,
+            Err(found) if !req.force => {
+                return Err(LockError::Foreign {
+                    url: self.url(),
+                    found: found.clone(),
+                });
+            }
+            // Nothing to continue from: a forced takeover of a foreign record starts
+            // the fence sequence afresh.
+            Err(_) => {
+                return Ok(Plan::Replace {
+                    expected: version.clone(),
+                    fence: FenceToken::FIRST,
+                    forced_from: None,
+                });
+            }
+        };
+        let takeover_after = self.margins.takeover_after(r.lease);
+        let forced_from = if r.state == LockState::Released {
+            None
+        } else if req.force {
+            Some(HeldBy::from_record(r))
+        } else if st.observer.is_expired(version, takeover_after) {
+            None
+        } else {
+            let remaining = st.observer.remaining(version, takeover_after);
+            return Ok(Plan::Busy(r.clone(), remaining));
+        };
+        // Only a record written by hand ends the fence sequence; taking it over would
+        // reuse its fence, so that is refused.
+        let fence = r.fence.checked_next().ok_or_else(|| LockError::Backend {
+            url: self.url(),
+            message: format!(
+                "the stored record has the last fence ({}): no later holder could carry a \
+                 higher one; delete the record to start again",
+                r.fence
+            ),
+        })?;
+        Ok(Plan::Replace {
+            expected: version.clone(),
+            fence,
+            forced_from,
+        })
+    }
+
+    /// The acquisition's one conditional write (create if absent, else replace the
+    /// version read), with rule 4 for a reply that never came.
+    async fn write_acquisition(
+        &self,
+        st: &mut ContenderState,
+        expected: Option<Version>,
+        record: LockRecord,
+    ) -> Result<Written, LockError> {
+        let sent = Instant::now();
+        let written = match &expected {
+            None => self.store.create(&record).await,
+            Some(v) => self.store.replace(v, &record).await,
+        };
+        match written {
+            Ok(version) => {
+                st.pending = None;
+                st.observer.forget();
+                Ok(Written::Acquired(self.lease_from(record, version, sent)))
+            }
+            Err(StoreError::Conflict { current }) => {
+                st.pending = Some((record, sent));
+                st.last_seen = current.map(|c| *c);
+                Ok(Written::LostRace)
+            }
+            Err(StoreError::Indeterminate(cause)) => {
+                st.pending = Some((record.clone(), sent));
+                match self.landed(&record).await? {
+                    Some(version) => {
+                        st.pending = None;
+                        st.observer.forget();
+                        Ok(Written::Acquired(self.lease_from(record, version, sent)))
+                    }
+                    // Not there (yet): keep it pending, so a later attempt that finds
+                    // it adopts it instead of waiting on itself.
+                    None => Err(self.unavailable(format!("acquire outcome unknown: {cause}"))),
+                }
+            }
+            Err(e) => Err(self.store_error(e)),
         }
     }
 }
