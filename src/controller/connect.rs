@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
@@ -31,18 +33,26 @@ pub enum ConnectFailure {
 
 /// Builds the backend of a lock in `lock_namespace`. Credentials are read only from a
 /// Secret in that namespace (a lock cannot borrow another namespace's credentials).
-pub async fn backend_for(
-    client: &kube::Client,
-    lock_namespace: &str,
-    address: &LockAddress,
-) -> Result<Arc<dyn LockBackend>, ConnectFailure> {
-    let mut options = address.connect_options.clone();
-    options.kube_client = Some(client.clone());
-    if let Some(secret) = &address.credentials_secret {
-        options.credentials = Some(read_credentials(client, lock_namespace, &secret.name).await?);
+///
+/// Boxed: the AWS SDK's futures nest deeply, and without erasing the type here the
+/// controller's whole future exceeds the compiler's default recursion limit wherever it
+/// is checked for `Send` (in every crate that spawns `controller::run`).
+pub fn backend_for<'a>(
+    client: &'a kube::Client,
+    lock_namespace: &'a str,
+    address: &'a LockAddress,
+) -> BoxFuture<'a, Result<Arc<dyn LockBackend>, ConnectFailure>> {
+    async move {
+        let mut options = address.connect_options.clone();
+        options.kube_client = Some(client.clone());
+        if let Some(secret) = &address.credentials_secret {
+            let credentials = read_credentials(client, lock_namespace, &secret.name).await?;
+            options.credentials = Some(credentials);
+        }
+        // TEMPORARY until H2's backend::connect lands: `crate::backend::connect`.
+        Ok(super::connect_shim::connect(&address.target, &options).await?)
     }
-    // TEMPORARY until H2's backend::connect lands: `crate::backend::connect`.
-    Ok(super::connect_shim::connect(&address.target, &options).await?)
+    .boxed()
 }
 
 /// Static AWS credentials from a Secret (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
