@@ -30,7 +30,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::connect::{ConnectFailure, backend_for};
-use super::holders::{Acquisition, HolderTask, Holders};
+use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired};
 use super::waiters::WaiterIndex;
 use super::{ControllerConfig, FINALIZER};
@@ -302,16 +302,14 @@ impl Reconciling<'_> {
     }
 
     fn start_holder(&self, backend: Arc<dyn LockBackend>, lease: Lease) -> HolderTask {
-        HolderTask::start(
-            backend,
-            lease,
-            self.policy(),
-            self.uid.clone(),
-            self.key().to_string(),
-            self.obj.clone(),
-            self.ctx.wake.clone(),
-            self.ctx.telemetry.renew_failures(),
-        )
+        let owner = Owner {
+            obj: self.obj.clone(),
+            uid: self.uid.clone(),
+            key: self.key().to_string(),
+            wake: self.ctx.wake.clone(),
+            renew_failures: self.ctx.telemetry.renew_failures(),
+        };
+        HolderTask::start(backend, lease, self.policy(), owner)
     }
 
     /// Phase: holding. Reports the holder task's state.
