@@ -18,6 +18,7 @@ pub mod backend_spec;
 pub mod conditions;
 pub mod distributed_lock;
 mod error;
+pub mod validated;
 mod validation;
 
 pub use crate::duration;
@@ -33,6 +34,7 @@ pub use distributed_lock::{
     DistributedLockStatus, LockPhase,
 };
 pub use error::SpecError;
+pub use validated::{LockAddress, ValidatedSpec};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

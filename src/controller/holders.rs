@@ -46,18 +46,30 @@ fn kind(state: &HolderState) -> u8 {
     }
 }
 
+/// Whom a holder task works for: the object (by reference and uid) and its key, where
+/// it reports transitions, and the counter of renewals that failed.
+pub struct Owner {
+    pub obj: ObjectRef<DistributedLock>,
+    pub uid: String,
+    pub key: String,
+    pub wake: UnboundedSender<ObjectRef<DistributedLock>>,
+    pub renew_failures: Counter,
+}
+
 impl HolderTask {
-    #[allow(clippy::too_many_arguments)]
     pub fn start(
         backend: Arc<dyn LockBackend>,
         lease: Lease,
         policy: RenewPolicy,
-        uid: String,
-        key: String,
-        obj: ObjectRef<DistributedLock>,
-        wake: UnboundedSender<ObjectRef<DistributedLock>>,
-        renew_failures: Counter,
+        owner: Owner,
     ) -> HolderTask {
+        let Owner {
+            obj,
+            uid,
+            key,
+            wake,
+            renew_failures,
+        } = owner;
         let acquisition = Acquisition {
             holder: lease.holder().to_string(),
             fence: lease.fence().0,

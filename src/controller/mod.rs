@@ -1,7 +1,11 @@
 //! The operator: a kube-runtime controller over `DistributedLock` (DESIGN.md §5).
 //!
-//! - [`reconcile`]: phase by phase — validate, resume, acquire (one attempt per
-//!   reconcile, jittered requeue while waiting), hold, release, finalizer cleanup.
+//! - [`reconcile`]: phase by phase — validate (into a [`crate::api::ValidatedSpec`]),
+//!   resume, acquire (one attempt per reconcile, jittered requeue while waiting), hold,
+//!   release, finalizer cleanup — each phase a method of one reconcile context.
+//! - [`connect`]: the one way to a backend: the lock's address plus the credentials
+//!   from its Secret, handed to the backend factory (the controller never names a store).
+//! - [`waiters`]: the locks waiting for their key, by object and by key.
 //! - [`holders`]: one [`holders::HolderTask`] per held lock, wrapping
 //!   [`crate::lock::HeldLock`]; it reports state *transitions* (not renewals) on a
 //!   channel that triggers a reconcile of its object.
@@ -15,11 +19,15 @@
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
 //! releases (which wake every lock waiting on the same backend key).
 
+pub mod connect;
+// TEMPORARY until H2's api::BackendSpec::target lands.
+pub(crate) mod connect_shim;
 pub mod holders;
 pub mod jobs;
 pub mod leader;
 pub mod reconcile;
 pub mod status;
+pub mod waiters;
 
 use std::sync::Arc;
 

@@ -1,19 +1,22 @@
-//! Reconcile, phase by phase:
+//! Reconcile, phase by phase, each phase a method of [`Reconciling`]:
 //!
-//! 1. finalizer (`lockwarden.io/release`): cleanup releases the lock (or stops waiting)
-//!    and wakes the waiters on the same key;
-//! 2. invalid spec → `Failed` / `InvalidSpec`;
-//! 3. a holder task exists → report its state (`Held`, `LeaseExpiring`, `Lost`), or
-//!    release it when `spec.release` is set (`Releasing` → `Released`);
-//! 4. `Held` in status but no task (a restart) → resume from `status.nonce`;
-//! 5. otherwise one acquisition attempt: `Held`, or `Waiting` with a jittered requeue
-//!    (woken early by a same-cluster release), or `Failed` after `acquireTimeout`.
+//! 1. finalizer (`lockwarden.io/release`): [`cleanup`] releases the lock (or stops
+//!    waiting) and wakes the waiters on the same key;
+//! 2. invalid spec → `Failed` / `InvalidSpec` ([`ValidatedSpec::of`] is the only check;
+//!    everything after it works with parsed values);
+//! 3. a holder task exists → [`hold`](Reconciling::hold): report its state (`Held`,
+//!    `LeaseExpiring`, `Lost`), or [`release`](Reconciling::release) it when
+//!    `spec.release` is set (`Releasing` → `Released`);
+//! 4. `Held` in status but no task (a restart) → [`resume`](Reconciling::resume) from
+//!    `status.nonce`;
+//! 5. otherwise [`acquire`](Reconciling::acquire), one attempt: `Held`, or `Waiting`
+//!    with a jittered requeue (woken early by a same-cluster release), or `Failed` after
+//!    `acquireTimeout`.
 //!
 //! `Lost` and `Failed` are final for the object's generation: changing the spec (or
 //! deleting and recreating the object) tries again.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::Api;
@@ -26,21 +29,21 @@ use rand::Rng;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
-use super::holders::{Acquisition, HolderTask, Holders};
+use super::connect::{ConnectFailure, backend_for};
+use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired};
+use super::waiters::WaiterIndex;
 use super::{ControllerConfig, FINALIZER};
 use crate::api::conditions::reason;
-use crate::api::{DistributedLock, LockPhase, SelectedBackend, SpecError};
-use crate::backend::{ConnectOptions, Target};
-use crate::lock::{AcquireRequest, Attempt, HolderState, LockBackend, LockError, RenewPolicy};
+use crate::api::{DistributedLock, LockAddress, LockPhase, SpecError, ValidatedSpec};
+use crate::lock::{
+    AcquireRequest, Attempt, HolderState, Lease, LockBackend, LockError, LockRecord, RenewPolicy,
+};
 use crate::telemetry::Telemetry;
 
 /// How long a held lock waits between reconciles when nothing happens (transitions
 /// arrive through the wake channel; this is only a safety net).
 const HELD_RESYNC: Duration = Duration::from_secs(300);
-/// Bounds of the waiting poll (cross-cluster holders are only seen by polling).
-const POLL_MIN: Duration = Duration::from_millis(100);
-const POLL_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -52,25 +55,14 @@ pub enum ReconcileError {
     Lock(#[from] LockError),
 }
 
-/// A lock waiting for its key: its backend (kept so that rule-1 observation of the
-/// holder's lease survives across attempts), when it started waiting, its poll.
-struct Waiter {
-    uid: String,
-    key: String,
-    backend: Arc<dyn LockBackend>,
-    since: Instant,
-    poll: Duration,
-}
-
 /// Everything reconciles share.
 pub struct Context {
     pub client: kube::Client,
     pub config: ControllerConfig,
     recorder: Recorder,
     holders: Holders,
-    waiters: Mutex<HashMap<ObjectRef<DistributedLock>, Waiter>>,
-    /// backend key → locks waiting on it, woken when a holder here lets go.
-    by_key: Mutex<HashMap<String, HashSet<ObjectRef<DistributedLock>>>>,
+    /// Locks waiting for their key, each with the backend it keeps between attempts.
+    waiters: WaiterIndex<Arc<dyn LockBackend>>,
     wake: UnboundedSender<ObjectRef<DistributedLock>>,
     pub telemetry: Arc<Telemetry>,
 }
@@ -91,8 +83,7 @@ impl Context {
             client,
             config,
             holders: Holders::default(),
-            waiters: Mutex::default(),
-            by_key: Mutex::default(),
+            waiters: WaiterIndex::default(),
             wake,
             telemetry,
         }
@@ -100,28 +91,9 @@ impl Context {
 
     /// Requeues every lock waiting on `key` (a same-cluster handoff).
     fn wake_waiters(&self, key: &str, except: &ObjectRef<DistributedLock>) {
-        let waiting: Vec<_> = self
-            .by_key
-            .lock()
-            .expect("by_key")
-            .get(key)
-            .map(|s| s.iter().filter(|o| *o != except).cloned().collect())
-            .unwrap_or_default();
-        for obj in waiting {
+        for obj in self.waiters.waiting_on(key, except) {
             let _ = self.wake.send(obj);
         }
-    }
-
-    fn stop_waiting(&self, obj: &ObjectRef<DistributedLock>) -> Option<Arc<dyn LockBackend>> {
-        let waiter = self.waiters.lock().expect("waiters").remove(obj)?;
-        let mut by_key = self.by_key.lock().expect("by_key");
-        if let Some(set) = by_key.get_mut(&waiter.key) {
-            set.remove(obj);
-            if set.is_empty() {
-                by_key.remove(&waiter.key);
-            }
-        }
-        Some(waiter.backend)
     }
 
     async fn event(&self, lock: &DistributedLock, type_: EventType, reason: &str, note: String) {
@@ -155,7 +127,7 @@ pub async fn reconcile(
     lock: Arc<DistributedLock>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
-    let ns = lock.namespace().unwrap_or_else(|| "default".into());
+    let ns = lock_namespace(&lock);
     let api = Api::<DistributedLock>::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, lock, |event| async {
         match event {
@@ -173,111 +145,12 @@ pub async fn reconcile(
     .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
 }
 
-/// Connects the backend a spec names. Credentials come only from a Secret in the
-/// lock's own namespace.
-async fn backend_for(
-    lock: &DistributedLock,
-    key: &str,
-    ctx: &Context,
-) -> Result<Arc<dyn LockBackend>, String> {
-    let target = Target::parse(key).map_err(|e| e.to_string())?;
-    let mut options = ConnectOptions {
-        kube_client: Some(ctx.client.clone()),
-        ..Default::default()
-    };
-    let secret = match lock.spec.backend.selected().map_err(|e| e.to_string())? {
-        SelectedBackend::S3(s) => {
-            options.endpoint = s.endpoint.clone().filter(|e| !e.is_empty());
-            options.region = s.region.clone();
-            options.force_path_style = s.force_path_style;
-            s.credentials_secret_ref.clone()
-        }
-        SelectedBackend::DynamoDb(d) => {
-            options.endpoint = d.endpoint.clone().filter(|e| !e.is_empty());
-            options.region = d.region.clone();
-            options.partition_key = Some(d.partition_key_name.clone());
-            options.sort_key = d
-                .sort_key
-                .as_ref()
-                .map(|s| (s.name.clone(), s.value.clone()));
-            options.create_table = d.create_table.unwrap_or(false);
-            d.credentials_secret_ref.clone()
-        }
-        SelectedBackend::ZooKeeper(_) | SelectedBackend::Kubernetes(_) => None,
-    };
-    if let Some(secret) = secret {
-        let ns = lock.namespace().unwrap_or_else(|| "default".into());
-        let api = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(ctx.client.clone(), &ns);
-        let s = api
-            .get(&secret.name)
-            .await
-            .map_err(|e| format!("credentials Secret {ns}/{}: {e}", secret.name))?;
-        let data = s.data.unwrap_or_default();
-        let field = |k: &str| {
-            data.get(k)
-                .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-        };
-        let (Some(id), Some(secret_key)) =
-            (field("AWS_ACCESS_KEY_ID"), field("AWS_SECRET_ACCESS_KEY"))
-        else {
-            return Err(format!(
-                "credentials Secret {ns}/{} lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY",
-                secret.name
-            ));
-        };
-        options.credentials = Some(aws_sdk_s3::config::Credentials::new(
-            id,
-            secret_key,
-            field("AWS_SESSION_TOKEN"),
-            None,
-            "lockwarden-secret",
-        ));
-    }
-    target.connect(&options).await.map_err(|e| e.to_string())
+fn lock_namespace(lock: &DistributedLock) -> String {
+    lock.namespace().unwrap_or_else(|| "default".into())
 }
 
-/// What every status of this lock carries.
-fn base(kind: &str, key: &str) -> Desired {
-    Desired {
-        backend: Some(kind.to_string()),
-        key: Some(key.to_string()),
-        ..Default::default()
-    }
-}
-
-fn held_status(kind: &str, key: &str, a: &Acquisition, state: &HolderState) -> Desired {
-    let acquired = match state {
-        HolderState::Expiring { last_error, .. } => (
-            false,
-            reason::LEASE_EXPIRING,
-            format!("renewals failing, not claiming the lock: {last_error}"),
-        ),
-        _ if a.forced_from.is_some() => (
-            true,
-            reason::FORCED,
-            format!(
-                "taken over by force from {}",
-                a.forced_from.as_ref().expect("checked")
-            ),
-        ),
-        _ => (
-            true,
-            reason::LEASE_HELD,
-            format!("held with fence {}", a.fence),
-        ),
-    };
-    Desired {
-        phase: Some(LockPhase::Held),
-        holder: Some(a.holder.clone()),
-        etag: Some(a.version.clone()),
-        fence: Some(a.fence as i64),
-        nonce: Some(a.nonce.clone()),
-        acquired_at: status::time(a.acquired_at),
-        acquired,
-        ..base(kind, key)
-    }
-}
-
+/// Writes `desired` if the stored status does not already say it, and counts the
+/// object in its phase.
 async fn write(
     api: &Api<DistributedLock>,
     ctx: &Context,
@@ -291,6 +164,23 @@ async fn write(
     }
     ctx.telemetry.set_phase(&uid, phase);
     Ok(())
+}
+
+/// Writes a `Failed` status (final for this generation); a Warning Event when the lock
+/// was not already `Failed`.
+async fn write_failed(
+    api: &Api<DistributedLock>,
+    ctx: &Context,
+    lock: &DistributedLock,
+    failed: Desired,
+) -> Result<Action, ReconcileError> {
+    let was_failed = lock.status.as_ref().and_then(|s| s.phase) == Some(LockPhase::Failed);
+    let message = failed.acquired.2.clone();
+    write(api, ctx, lock, failed).await?;
+    if !was_failed {
+        ctx.event(lock, EventType::Warning, "Failed", message).await;
+    }
+    Ok(Action::await_change())
 }
 
 /// Times one backend request for `lockwarden_backend_request_duration_seconds`.
@@ -307,32 +197,6 @@ async fn timed<T>(
     out
 }
 
-async fn fail(
-    api: &Api<DistributedLock>,
-    lock: &DistributedLock,
-    ctx: &Context,
-    desired: Desired,
-    why: &'static str,
-    message: String,
-) -> Result<Action, ReconcileError> {
-    let was_failed = lock.status.as_ref().and_then(|s| s.phase) == Some(LockPhase::Failed);
-    write(
-        api,
-        ctx,
-        lock,
-        Desired {
-            phase: Some(LockPhase::Failed),
-            acquired: (false, why, message.clone()),
-            ..desired
-        },
-    )
-    .await?;
-    if !was_failed {
-        ctx.event(lock, EventType::Warning, "Failed", message).await;
-    }
-    Ok(Action::await_change())
-}
-
 async fn apply(
     api: &Api<DistributedLock>,
     lock: Arc<DistributedLock>,
@@ -344,415 +208,394 @@ async fn apply(
     ctx.telemetry
         .set_phase(&uid, lock.status.as_ref().and_then(|s| s.phase));
 
-    // Phase: spec validation.
-    let checked: Result<(String, String), SpecError> = lock
-        .spec
-        .validate()
-        .and_then(|()| Ok((lock.backend_kind()?.to_string(), lock.lock_key()?)));
-    let (kind, key) = match checked {
-        Ok(k) => k,
-        Err(e) => {
-            ctx.stop_waiting(&obj);
-            if let Some(task) = ctx.holders.remove(&obj) {
-                let _ = task.release().await;
-            }
-            return fail(
-                api,
-                &lock,
-                ctx,
-                Desired::default(),
-                reason::INVALID_SPEC,
-                e.to_string(),
-            )
-            .await;
-        }
+    let spec = match ValidatedSpec::of(&lock, &ctx.config.cluster_name) {
+        Ok(spec) => spec,
+        Err(error) => return reject(api, ctx, &lock, &obj, error).await,
     };
-
-    // Phase: holding.
-    if let Some((state, acq, held_key)) = ctx.holders.get(&obj, &uid) {
-        if lock.spec.release {
-            write(
-                api,
-                ctx,
-                &lock,
-                Desired {
-                    phase: Some(LockPhase::Releasing),
-                    acquired: (false, reason::RELEASING, "releasing".into()),
-                    ..base(&kind, &key)
-                },
-            )
-            .await?;
-            let result = match ctx.holders.remove(&obj) {
-                Some(task) => timed(ctx, &kind, "release", task.release()).await,
-                None => Ok(()),
-            };
-            ctx.wake_waiters(&held_key, &obj);
-            let message = match &result {
-                Ok(()) => format!("released {key} (fence {})", acq.fence),
-                Err(e) => format!("released; the store said: {e}"),
-            };
-            write(
-                api,
-                ctx,
-                &lock,
-                Desired {
-                    phase: Some(LockPhase::Released),
-                    acquired: (false, reason::RELEASED, message.clone()),
-                    ..base(&kind, &key)
-                },
-            )
-            .await?;
-            ctx.event(&lock, EventType::Normal, "Released", message)
-                .await;
-            return Ok(Action::await_change());
-        }
-        return match state {
-            HolderState::Held { .. } | HolderState::Expiring { .. } => {
-                write(api, ctx, &lock, held_status(&kind, &key, &acq, &state)).await?;
-                Ok(Action::requeue(HELD_RESYNC))
-            }
-            HolderState::Lost(why) => {
-                ctx.holders.remove(&obj);
-                let message = format!("lock lost: {why}");
-                report_lost(api, ctx, &lock, &kind, &key, message).await
-            }
-            HolderState::Released => {
-                ctx.holders.remove(&obj);
-                write(
-                    api,
-                    ctx,
-                    &lock,
-                    Desired {
-                        phase: Some(LockPhase::Released),
-                        acquired: (false, reason::RELEASED, "released".into()),
-                        ..base(&kind, &key)
-                    },
-                )
-                .await?;
-                Ok(Action::await_change())
-            }
+    let this = Reconciling {
+        api,
+        ctx,
+        lock: &lock,
+        spec,
+        obj,
+        uid,
+    };
+    if let Some((state, acquisition, held_key)) = ctx.holders.get(&this.obj, &this.uid) {
+        return if lock.spec.release {
+            this.release(&acquisition, &held_key).await
+        } else {
+            this.hold(state, &acquisition).await
         };
     }
-
+    if lock.spec.release {
+        return this.release_unheld().await;
+    }
     let current = lock.status.clone().unwrap_or_default();
     let same_generation = current.observed_generation == lock.metadata.generation;
-
-    // Phase: released without holding (never acquired, or stopped waiting).
-    if lock.spec.release {
-        if let Some(backend) = ctx.stop_waiting(&obj) {
-            backend.abandon().await;
-        }
-        write(
-            api,
-            ctx,
-            &lock,
-            Desired {
-                phase: Some(LockPhase::Released),
-                acquired: (false, reason::RELEASED, "spec.release is set".into()),
-                ..base(&kind, &key)
-            },
-        )
-        .await?;
-        return Ok(Action::await_change());
-    }
-
-    // Lost and Failed are final for this generation.
     if same_generation && matches!(current.phase, Some(LockPhase::Lost | LockPhase::Failed)) {
         return Ok(Action::await_change());
     }
+    match (current.phase, current.nonce) {
+        (Some(LockPhase::Held), Some(nonce)) => this.resume(&nonce).await,
+        _ => this.acquire().await,
+    }
+}
 
-    let holder = lock.holder_identity(&ctx.config.cluster_name);
-    let lease = lock.spec.lease_duration().expect("validated");
-    let renew = lock.spec.renew_interval().expect("validated");
-    let policy = RenewPolicy {
-        interval: renew,
-        ..RenewPolicy::for_lease(lease)
-    };
+/// An invalid spec: stop waiting, let go of the lock if it is held, and fail.
+async fn reject(
+    api: &Api<DistributedLock>,
+    ctx: &Context,
+    lock: &DistributedLock,
+    obj: &ObjectRef<DistributedLock>,
+    error: SpecError,
+) -> Result<Action, ReconcileError> {
+    ctx.waiters.stop_waiting(obj);
+    if let Some(task) = ctx.holders.remove(obj) {
+        let _ = task.release().await;
+    }
+    let failed = Desired::default().failed(reason::INVALID_SPEC, error.to_string());
+    write_failed(api, ctx, lock, failed).await
+}
 
-    // Phase: resume after a restart.
-    if current.phase == Some(LockPhase::Held)
-        && let Some(nonce) = current.nonce.clone()
-    {
-        let backend = match backend_for(&lock, &key, ctx).await {
-            Ok(b) => b,
-            Err(e) => return backend_error(api, ctx, &lock, &kind, &key, e).await,
+/// One reconcile of a lock whose spec is valid.
+struct Reconciling<'a> {
+    api: &'a Api<DistributedLock>,
+    ctx: &'a Context,
+    lock: &'a DistributedLock,
+    spec: ValidatedSpec,
+    obj: ObjectRef<DistributedLock>,
+    uid: String,
+}
+
+impl Reconciling<'_> {
+    fn key(&self) -> &str {
+        &self.spec.address.key
+    }
+
+    fn kind(&self) -> &'static str {
+        self.spec.address.kind.as_str()
+    }
+
+    /// A status naming this lock's backend and key, to be completed.
+    fn status(&self) -> Desired {
+        Desired::for_key(self.kind(), self.key())
+    }
+
+    async fn write(&self, desired: Desired) -> Result<(), ReconcileError> {
+        write(self.api, self.ctx, self.lock, desired).await
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        self.ctx.event(self.lock, type_, reason, note).await
+    }
+
+    fn policy(&self) -> RenewPolicy {
+        RenewPolicy {
+            interval: self.spec.renew_interval,
+            ..RenewPolicy::for_lease(self.spec.lease)
+        }
+    }
+
+    async fn connect(&self) -> Result<Arc<dyn LockBackend>, ConnectFailure> {
+        let namespace = lock_namespace(self.lock);
+        backend_for(&self.ctx.client, &namespace, &self.spec.address).await
+    }
+
+    fn start_holder(&self, backend: Arc<dyn LockBackend>, lease: Lease) -> HolderTask {
+        let owner = Owner {
+            obj: self.obj.clone(),
+            uid: self.uid.clone(),
+            key: self.key().to_string(),
+            wake: self.ctx.wake.clone(),
+            renew_failures: self.ctx.telemetry.renew_failures(),
         };
-        return match backend.resume(&holder, &nonce).await {
-            Ok(resumed) => {
-                let task = HolderTask::start(
-                    backend,
-                    resumed,
-                    policy,
-                    uid,
-                    key.clone(),
-                    obj.clone(),
-                    ctx.wake.clone(),
-                    ctx.telemetry.renew_failures(),
-                );
-                task.settled(policy.request_timeout + policy.retry).await;
-                tracing::info!(lock = %obj, fence = task.acquisition.fence, "resumed held lock");
-                ctx.holders.insert(obj, task);
+        HolderTask::start(backend, lease, self.policy(), owner)
+    }
+
+    /// Phase: holding. Reports the holder task's state.
+    async fn hold(
+        &self,
+        state: HolderState,
+        acquisition: &Acquisition,
+    ) -> Result<Action, ReconcileError> {
+        match state {
+            HolderState::Held { .. } => {
+                self.write(self.status().held(acquisition, None)).await?;
                 Ok(Action::requeue(HELD_RESYNC))
             }
-            Err(e) if e.is_transient() => {
-                backend_error(api, ctx, &lock, &kind, &key, e.to_string()).await
+            HolderState::Expiring { last_error, .. } => {
+                let desired = self.status().held(acquisition, Some(last_error.as_str()));
+                self.write(desired).await?;
+                Ok(Action::requeue(HELD_RESYNC))
             }
+            HolderState::Lost(why) => {
+                self.ctx.holders.remove(&self.obj);
+                self.report_lost(format!("lock lost: {why}")).await
+            }
+            HolderState::Released => {
+                self.ctx.holders.remove(&self.obj);
+                let released = "released".to_string();
+                let desired =
+                    self.status()
+                        .not_held(LockPhase::Released, reason::RELEASED, released);
+                self.write(desired).await?;
+                Ok(Action::await_change())
+            }
+        }
+    }
+
+    /// Phase: `spec.release` while held. Releases, then wakes the locks waiting on the
+    /// key the task held.
+    async fn release(
+        &self,
+        acquisition: &Acquisition,
+        held_key: &str,
+    ) -> Result<Action, ReconcileError> {
+        let releasing =
+            self.status()
+                .not_held(LockPhase::Releasing, reason::RELEASING, "releasing".into());
+        self.write(releasing).await?;
+        let result = match self.ctx.holders.remove(&self.obj) {
+            Some(task) => timed(self.ctx, self.kind(), "release", task.release()).await,
+            None => Ok(()),
+        };
+        self.ctx.wake_waiters(held_key, &self.obj);
+        let message = match &result {
+            Ok(()) => format!("released {} (fence {})", self.key(), acquisition.fence),
+            Err(e) => format!("released; the store said: {e}"),
+        };
+        let released =
+            self.status()
+                .not_held(LockPhase::Released, reason::RELEASED, message.clone());
+        self.write(released).await?;
+        self.event(EventType::Normal, "Released", message).await;
+        Ok(Action::await_change())
+    }
+
+    /// Phase: `spec.release` without holding (never acquired, or stop waiting).
+    async fn release_unheld(&self) -> Result<Action, ReconcileError> {
+        if let Some(backend) = self.ctx.waiters.stop_waiting(&self.obj) {
+            backend.abandon().await;
+        }
+        let released = self.status().not_held(
+            LockPhase::Released,
+            reason::RELEASED,
+            "spec.release is set".into(),
+        );
+        self.write(released).await?;
+        Ok(Action::await_change())
+    }
+
+    /// Phase: `Held` in status but no holder task (the controller restarted): take the
+    /// acquisition back by its nonce.
+    async fn resume(&self, nonce: &str) -> Result<Action, ReconcileError> {
+        let backend = match self.connect().await {
+            Ok(backend) => backend,
+            Err(e) => return self.backend_error(e.to_string()).await,
+        };
+        match backend.resume(&self.spec.holder, nonce).await {
+            Ok(resumed) => {
+                let task = self.start_holder(backend, resumed);
+                let policy = self.policy();
+                task.settled(policy.request_timeout + policy.retry).await;
+                tracing::info!(lock = %self.obj, fence = task.acquisition.fence, "resumed held lock");
+                self.ctx.holders.insert(self.obj.clone(), task);
+                Ok(Action::requeue(HELD_RESYNC))
+            }
+            Err(e) if e.is_transient() => self.backend_error(e.to_string()).await,
             Err(e) => {
                 let message = format!("could not resume after restart: {e}");
-                report_lost(api, ctx, &lock, &kind, &key, message).await
+                self.report_lost(message).await
+            }
+        }
+    }
+
+    /// Phase: acquire, one attempt. A waiting lock keeps its backend between attempts.
+    async fn acquire(&self) -> Result<Action, ReconcileError> {
+        let waiters = &self.ctx.waiters;
+        let (backend, since) = match waiters.current(&self.obj, &self.uid, self.key()) {
+            Some(waiting) => waiting,
+            None => {
+                waiters.stop_waiting(&self.obj);
+                let backend = match self.connect().await {
+                    Ok(backend) => backend,
+                    Err(e) => return self.backend_error(e.to_string()).await,
+                };
+                let since = waiters.insert(&self.obj, &self.uid, self.key(), backend.clone());
+                (backend, since)
             }
         };
+        let request = AcquireRequest {
+            holder: self.spec.holder.clone(),
+            lease: self.spec.lease,
+            data: self.lock.spec.data.clone(),
+            force: self.lock.spec.force,
+        };
+        match timed(
+            self.ctx,
+            self.kind(),
+            "acquire",
+            backend.try_acquire(&request),
+        )
+        .await
+        {
+            Ok(Attempt::Acquired(lease)) => self.acquired(backend, lease, since).await,
+            Ok(Attempt::Busy {
+                holder,
+                retry_in,
+                queue_position,
+            }) => self.busy(&holder, retry_in, queue_position, since).await,
+            Err(LockError::Foreign { found, .. }) => {
+                waiters.stop_waiting(&self.obj);
+                let message = format!(
+                    "{} holds a record lockwarden does not own: {found} (set spec.force to overwrite)",
+                    self.key()
+                );
+                self.fail(reason::FOREIGN, message).await
+            }
+            Err(e) => self.backend_error(e.to_string()).await,
+        }
     }
 
-    // Phase: acquire (one attempt).
-    let existing = {
-        let waiters = ctx.waiters.lock().expect("waiters");
-        waiters
-            .get(&obj)
-            .filter(|w| w.uid == uid && w.key == key)
-            .map(|w| (w.backend.clone(), w.since))
-    };
-    let (backend, since) = match existing {
-        Some(b) => b,
-        None => {
-            ctx.stop_waiting(&obj);
-            let backend = match backend_for(&lock, &key, ctx).await {
-                Ok(b) => b,
-                Err(e) => return backend_error(api, ctx, &lock, &kind, &key, e).await,
-            };
-            let since = Instant::now();
-            ctx.waiters.lock().expect("waiters").insert(
-                obj.clone(),
-                Waiter {
-                    uid: uid.clone(),
-                    key: key.clone(),
-                    backend: backend.clone(),
-                    since,
-                    poll: POLL_MIN,
-                },
-            );
-            ctx.by_key
-                .lock()
-                .expect("by_key")
-                .entry(key.clone())
-                .or_default()
-                .insert(obj.clone());
-            (backend, since)
+    /// The attempt acquired: start holding, report, and tell what happened.
+    async fn acquired(
+        &self,
+        backend: Arc<dyn LockBackend>,
+        lease: Lease,
+        since: Instant,
+    ) -> Result<Action, ReconcileError> {
+        self.ctx.waiters.stop_waiting(&self.obj);
+        self.ctx.telemetry.observe_acquire(since.elapsed());
+        let task = self.start_holder(backend, lease);
+        let acq = task.acquisition.clone();
+        tracing::debug!(lock = %self.obj, key = %self.key(), fence = acq.fence, "acquired");
+        self.ctx.holders.insert(self.obj.clone(), task);
+        self.write(self.status().held(&acq, None)).await?;
+        let key = self.key();
+        if let Some(from) = &acq.forced_from {
+            let note = format!("took {key} over by force from {from}; fence {}", acq.fence);
+            self.event(EventType::Warning, "Forced", note).await;
         }
-    };
-    let req = AcquireRequest {
-        holder,
-        lease,
-        data: lock.spec.data.clone(),
-        force: lock.spec.force,
-    };
-    match timed(ctx, &kind, "acquire", backend.try_acquire(&req)).await {
-        Ok(Attempt::Acquired(acquired)) => {
-            ctx.stop_waiting(&obj);
-            ctx.telemetry.observe_acquire(since.elapsed());
-            let task = HolderTask::start(
-                backend,
-                acquired,
-                policy,
-                uid,
-                key.clone(),
-                obj.clone(),
-                ctx.wake.clone(),
-                ctx.telemetry.renew_failures(),
-            );
-            let acq = task.acquisition.clone();
-            tracing::debug!(lock = %obj, %key, fence = acq.fence, "acquired");
-            ctx.holders.insert(obj, task);
-            write(
-                api,
-                ctx,
-                &lock,
-                held_status(&kind, &key, &acq, &HolderState::Released),
-            )
-            .await?;
-            if let Some(from) = &acq.forced_from {
-                ctx.event(
-                    &lock,
-                    EventType::Warning,
-                    "Forced",
-                    format!("took {key} over by force from {from}; fence {}", acq.fence),
-                )
-                .await;
-            }
-            ctx.event(
-                &lock,
-                EventType::Normal,
-                "Acquired",
-                format!("acquired {key} as {} with fence {}", acq.holder, acq.fence),
-            )
-            .await;
-            Ok(Action::requeue(HELD_RESYNC))
-        }
-        Ok(Attempt::Busy {
-            holder,
-            retry_in,
-            queue_position,
-        }) => {
-            tracing::debug!(lock = %obj, holder = %holder.holder, ?retry_in, "busy");
-            let timeout = lock.spec.acquire_timeout().expect("validated");
-            let waited = since.elapsed();
-            if let Some(limit) = timeout
-                && waited >= limit
-            {
-                if let Some(b) = ctx.stop_waiting(&obj) {
-                    b.abandon().await;
-                }
-                return fail(
-                    api,
-                    &lock,
-                    ctx,
-                    base(&kind, &key),
-                    reason::ACQUIRE_TIMEOUT,
-                    format!(
-                        "gave up after {}s waiting for {key}, held by {} (fence {})",
-                        waited.as_secs(),
-                        holder.holder,
-                        holder.fence
-                    ),
-                )
-                .await;
-            }
-            write(
-                api,
-                ctx,
-                &lock,
-                Desired {
-                    phase: Some(LockPhase::Waiting),
-                    holder: Some(holder.holder.clone()),
-                    queue_position: queue_position.map(|p| p as i32),
-                    acquired: (
-                        false,
-                        reason::WAITING,
-                        format!("held by {} (fence {})", holder.holder, holder.fence),
-                    ),
-                    ..base(&kind, &key)
-                },
-            )
-            .await?;
-            let poll = {
-                let mut waiters = ctx.waiters.lock().expect("waiters");
-                match waiters.get_mut(&obj) {
-                    Some(w) => {
-                        let p = w.poll;
-                        w.poll = w.poll.mul_f64(1.5).min(POLL_MAX);
-                        p
-                    }
-                    None => POLL_MIN,
-                }
-            };
-            let mut pause = retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5)));
-            if let Some(limit) = timeout {
-                pause = pause.min(limit.saturating_sub(waited).max(Duration::from_millis(5)));
-            }
-            Ok(Action::requeue(jitter(pause)))
-        }
-        Err(LockError::Foreign { found, .. }) => {
-            ctx.stop_waiting(&obj);
-            fail(
-                api,
-                &lock,
-                ctx,
-                base(&kind, &key),
-                reason::FOREIGN,
-                format!("{key} holds a record lockwarden does not own: {found} (set spec.force to overwrite)"),
-            )
-            .await
-        }
-        Err(e) => backend_error(api, ctx, &lock, &kind, &key, e.to_string()).await,
+        let note = format!("acquired {key} as {} with fence {}", acq.holder, acq.fence);
+        self.event(EventType::Normal, "Acquired", note).await;
+        Ok(Action::requeue(HELD_RESYNC))
     }
-}
 
-/// The backend could not be reached or refused: not acquired, retried.
-/// Lost is final for this generation: status says why, and a Warning Event records it.
-async fn report_lost(
-    api: &Api<DistributedLock>,
-    ctx: &Context,
-    lock: &DistributedLock,
-    kind: &str,
-    key: &str,
-    message: String,
-) -> Result<Action, ReconcileError> {
-    write(
-        api,
-        ctx,
-        lock,
-        Desired {
-            phase: Some(LockPhase::Lost),
-            acquired: (false, reason::LOST, message.clone()),
-            ..base(kind, key)
-        },
-    )
-    .await?;
-    ctx.event(lock, EventType::Warning, "Lost", message).await;
-    Ok(Action::await_change())
-}
+    /// The attempt found the lock held: wait (and poll), or give up after
+    /// `acquireTimeout`.
+    async fn busy(
+        &self,
+        holder: &LockRecord,
+        retry_in: Option<Duration>,
+        queue_position: Option<u32>,
+        since: Instant,
+    ) -> Result<Action, ReconcileError> {
+        tracing::debug!(lock = %self.obj, holder = %holder.holder, ?retry_in, "busy");
+        let timeout = self.spec.acquire_timeout;
+        let waited = since.elapsed();
+        if let Some(limit) = timeout
+            && waited >= limit
+        {
+            if let Some(backend) = self.ctx.waiters.stop_waiting(&self.obj) {
+                backend.abandon().await;
+            }
+            let message = format!(
+                "gave up after {}s waiting for {}, held by {} (fence {})",
+                waited.as_secs(),
+                self.key(),
+                holder.holder,
+                holder.fence
+            );
+            return self.fail(reason::ACQUIRE_TIMEOUT, message).await;
+        }
+        let waiting = self
+            .status()
+            .waiting(&holder.holder, holder.fence, queue_position);
+        self.write(waiting).await?;
+        let poll = self.ctx.waiters.next_poll(&self.obj);
+        let mut pause = retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5)));
+        if let Some(limit) = timeout {
+            pause = pause.min(limit.saturating_sub(waited).max(Duration::from_millis(5)));
+        }
+        Ok(Action::requeue(jitter(pause)))
+    }
 
-async fn backend_error(
-    api: &Api<DistributedLock>,
-    ctx: &Context,
-    lock: &DistributedLock,
-    kind: &str,
-    key: &str,
-    message: String,
-) -> Result<Action, ReconcileError> {
-    let phase = match lock.status.as_ref().and_then(|s| s.phase) {
-        Some(LockPhase::Waiting) => LockPhase::Waiting,
-        _ => LockPhase::Pending,
-    };
-    write(
-        api,
-        ctx,
-        lock,
-        Desired {
-            phase: Some(phase),
-            acquired: (false, reason::BACKEND_ERROR, message),
-            ..base(kind, key)
-        },
-    )
-    .await?;
-    Ok(Action::requeue(jitter(Duration::from_secs(5))))
+    /// `Failed` for `why`: final for this generation.
+    async fn fail(&self, why: &'static str, message: String) -> Result<Action, ReconcileError> {
+        let failed = self.status().failed(why, message);
+        write_failed(self.api, self.ctx, self.lock, failed).await
+    }
+
+    /// Lost is final for this generation: status says why, and a Warning Event records it.
+    async fn report_lost(&self, message: String) -> Result<Action, ReconcileError> {
+        let lost = self
+            .status()
+            .not_held(LockPhase::Lost, reason::LOST, message.clone());
+        self.write(lost).await?;
+        self.event(EventType::Warning, "Lost", message).await;
+        Ok(Action::await_change())
+    }
+
+    /// The backend could not be reached or refused: not acquired, retried.
+    async fn backend_error(&self, message: String) -> Result<Action, ReconcileError> {
+        let phase = match self.lock.status.as_ref().and_then(|s| s.phase) {
+            Some(LockPhase::Waiting) => LockPhase::Waiting,
+            _ => LockPhase::Pending,
+        };
+        let desired = self
+            .status()
+            .not_held(phase, reason::BACKEND_ERROR, message);
+        self.write(desired).await?;
+        Ok(Action::requeue(jitter(Duration::from_secs(5))))
+    }
 }
 
 /// Finalizer cleanup: release (or stop waiting) before the object goes away.
+///
+/// Not a [`Reconciling`] method: it must work for a spec that is no longer valid (made
+/// invalid while the lock was held), so it needs only [`LockAddress`].
 async fn cleanup(lock: Arc<DistributedLock>, ctx: &Context) -> Result<Action, ReconcileError> {
     let obj = ObjectRef::from_obj(&*lock);
-    if let Some(backend) = ctx.stop_waiting(&obj) {
+    if let Some(backend) = ctx.waiters.stop_waiting(&obj) {
         backend.abandon().await;
     }
     if let Some(task) = ctx.holders.remove(&obj) {
-        let key = task.key.clone();
-        let fence = task.acquisition.fence;
-        let kind = lock
-            .backend_kind()
-            .map(|k| k.to_string())
-            .unwrap_or_default();
-        let result = timed(ctx, &kind, "release", task.release()).await;
-        tracing::debug!(lock = %obj, %key, "released before deletion; waking waiters");
-        ctx.wake_waiters(&key, &obj);
-        let note = match result {
-            Ok(()) => format!("released {key} (fence {fence}) before deletion"),
-            Err(e) => format!("deleting; release of {key} reported: {e}"),
-        };
-        ctx.event(&lock, EventType::Normal, "Released", note).await;
+        release_before_deletion(ctx, &lock, &obj, task).await;
     } else if let Some(status) = &lock.status
         && status.phase == Some(LockPhase::Held)
-        && let (Some(nonce), Ok(key)) = (status.nonce.clone(), lock.lock_key())
+        && let (Some(nonce), Ok(address)) = (status.nonce.as_deref(), LockAddress::of(&lock))
     {
         // Held before a restart and never resumed: release by nonce.
         let holder = lock.holder_identity(&ctx.config.cluster_name);
-        if let Ok(backend) = backend_for(&lock, &key, ctx).await
-            && let Ok(lease) = backend.resume(&holder, &nonce).await
+        let namespace = lock_namespace(&lock);
+        if let Ok(backend) = backend_for(&ctx.client, &namespace, &address).await
+            && let Ok(lease) = backend.resume(&holder, nonce).await
         {
             let _ = backend.release(&lease).await;
-            ctx.wake_waiters(&key, &obj);
+            ctx.wake_waiters(&address.key, &obj);
         }
     }
     ctx.telemetry
         .set_phase(&lock.uid().unwrap_or_default(), None);
     Ok(Action::await_change())
+}
+
+/// Releases a held lock whose object is being deleted, and wakes its waiters.
+async fn release_before_deletion(
+    ctx: &Context,
+    lock: &DistributedLock,
+    obj: &ObjectRef<DistributedLock>,
+    task: HolderTask,
+) {
+    let key = task.key.clone();
+    let fence = task.acquisition.fence;
+    let kind = lock.backend_kind().map(|k| k.as_str()).unwrap_or_default();
+    let result = timed(ctx, kind, "release", task.release()).await;
+    tracing::debug!(lock = %obj, %key, "released before deletion; waking waiters");
+    ctx.wake_waiters(&key, obj);
+    let note = match result {
+        Ok(()) => format!("released {key} (fence {fence}) before deletion"),
+        Err(e) => format!("deleting; release of {key} reported: {e}"),
+    };
+    ctx.event(lock, EventType::Normal, "Released", note).await;
 }

@@ -10,8 +10,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::api::conditions::{self, ACQUIRED};
+use super::holders::Acquisition;
+use crate::api::conditions::{self, ACQUIRED, reason};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
+use crate::lock::FenceToken;
 
 /// Now, in whole seconds.
 pub fn now() -> Time {
@@ -43,6 +45,78 @@ pub struct Desired {
     pub queue_position: Option<i32>,
     /// `Acquired` condition: status, reason, message.
     pub acquired: (bool, &'static str, String),
+}
+
+impl Desired {
+    /// What every status of a lock carries: its backend kind and key.
+    pub fn for_key(kind: &str, key: &str) -> Desired {
+        Desired {
+            backend: Some(kind.to_string()),
+            key: Some(key.to_string()),
+            ..Default::default()
+        }
+    }
+
+    /// Held by this controller. `renewals_failing` (the last renewal error) when the
+    /// holder deadline has passed: the lock is then not claimed.
+    pub fn held(self, a: &Acquisition, renewals_failing: Option<&str>) -> Desired {
+        let acquired = match (renewals_failing, &a.forced_from) {
+            (Some(last_error), _) => (
+                false,
+                reason::LEASE_EXPIRING,
+                format!("renewals failing, not claiming the lock: {last_error}"),
+            ),
+            (None, Some(from)) => (
+                true,
+                reason::FORCED,
+                format!("taken over by force from {from}"),
+            ),
+            (None, None) => (
+                true,
+                reason::LEASE_HELD,
+                format!("held with fence {}", a.fence),
+            ),
+        };
+        Desired {
+            phase: Some(LockPhase::Held),
+            holder: Some(a.holder.clone()),
+            etag: Some(a.version.clone()),
+            fence: Some(a.fence as i64),
+            nonce: Some(a.nonce.clone()),
+            acquired_at: time(a.acquired_at),
+            acquired,
+            ..self
+        }
+    }
+
+    /// Waiting for `holder`, who holds the lock with `fence`.
+    pub fn waiting(self, holder: &str, fence: FenceToken, queue_position: Option<u32>) -> Desired {
+        Desired {
+            phase: Some(LockPhase::Waiting),
+            holder: Some(holder.to_string()),
+            queue_position: queue_position.map(|p| p as i32),
+            acquired: (
+                false,
+                reason::WAITING,
+                format!("held by {holder} (fence {fence})"),
+            ),
+            ..self
+        }
+    }
+
+    /// Not held, in `phase`, for `why`.
+    pub fn not_held(self, phase: LockPhase, why: &'static str, message: String) -> Desired {
+        Desired {
+            phase: Some(phase),
+            acquired: (false, why, message),
+            ..self
+        }
+    }
+
+    /// `Failed`: final for this generation.
+    pub fn failed(self, why: &'static str, message: String) -> Desired {
+        self.not_held(LockPhase::Failed, why, message)
+    }
 }
 
 /// The status to write, or `None` when the stored one already says it all.
@@ -164,5 +238,153 @@ mod tests {
             serde_json::from_value(serde_json::to_value(&written).unwrap()).unwrap();
         lock.status = Some(stored);
         assert_eq!(next_status(&lock, desired()), None);
+    }
+
+    fn acquisition(forced_from: Option<&str>) -> Acquisition {
+        Acquisition {
+            holder: "c/ns/x".into(),
+            fence: 7,
+            nonce: "n".into(),
+            version: "v1".into(),
+            acquired_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+            forced_from: forced_from.map(|h| crate::lock::HeldBy {
+                holder: h.into(),
+                fence: FenceToken(6),
+                since: None,
+            }),
+        }
+    }
+
+    fn acquired_condition(
+        status: &DistributedLockStatus,
+    ) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        conditions::find_condition(&status.conditions, ACQUIRED).expect("Acquired condition")
+    }
+
+    fn stale(t: Option<Time>) -> Option<Time> {
+        t.map(|t| Time(t.0 - std::time::Duration::from_secs(3600)))
+    }
+
+    /// Renewals change neither the acquisition nor the phase, so a steady held lock
+    /// costs no status writes however old its `renewedAt` is.
+    #[test]
+    fn renewals_alone_cause_no_write() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(3);
+        let desired = || Desired::for_key("s3", "s3://b/k").held(&acquisition(None), None);
+        let mut stored = next_status(&lock, desired()).expect("first write");
+        stored.renewed_at = stale(stored.renewed_at.clone());
+        lock.status = Some(stored.clone());
+        assert_eq!(next_status(&lock, desired()), None);
+        // Something else changing does refresh renewedAt.
+        let expiring = Desired::for_key("s3", "s3://b/k").held(&acquisition(None), Some("timeout"));
+        let next = next_status(&lock, expiring).expect("a transition");
+        assert!(next.renewed_at > stored.renewed_at);
+    }
+
+    #[test]
+    fn the_condition_follows_phase_and_generation() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let base = || Desired::for_key("zookeeper", "zk://h:2181/l");
+        let mut waiting =
+            next_status(&lock, base().waiting("y", FenceToken(4), Some(2))).expect("first write");
+        assert_eq!(waiting.phase, Some(LockPhase::Waiting));
+        assert_eq!(waiting.holder.as_deref(), Some("y"));
+        assert_eq!(waiting.queue_position, Some(2));
+        let condition = acquired_condition(&waiting);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", reason::WAITING)
+        );
+        assert_eq!(condition.message, "held by y (fence 4)");
+        assert_eq!(condition.observed_generation, Some(1));
+        let long_ago = stale(Some(condition.last_transition_time.clone())).unwrap();
+        waiting.conditions[0].last_transition_time = long_ago.clone();
+        lock.status = Some(waiting);
+
+        // Same condition status, new message: written, transition time kept.
+        let moved = next_status(&lock, base().waiting("z", FenceToken(5), Some(1)))
+            .expect("a new holder is a change");
+        let condition = acquired_condition(&moved);
+        assert_eq!(condition.message, "held by z (fence 5)");
+        assert_eq!(condition.last_transition_time, long_ago);
+
+        // A new generation alone is a write, into the condition too.
+        lock.metadata.generation = Some(2);
+        let regenerated = next_status(&lock, base().waiting("y", FenceToken(4), Some(2)))
+            .expect("a new generation is a change");
+        assert_eq!(regenerated.observed_generation, Some(2));
+        assert_eq!(
+            acquired_condition(&regenerated).observed_generation,
+            Some(2)
+        );
+
+        // Acquired: the condition turns True with a new transition time; queue and
+        // renewedAt follow the phase.
+        let held = next_status(&lock, base().held(&acquisition(None), None)).expect("changed");
+        let condition = acquired_condition(&held);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", reason::LEASE_HELD)
+        );
+        assert_ne!(condition.last_transition_time, long_ago);
+        assert_eq!(held.queue_position, None);
+        assert_eq!(held.fence, Some(7));
+        assert_eq!(held.etag.as_deref(), Some("v1"));
+        assert!(held.renewed_at.is_some());
+
+        // Failed clears what belonged to the holder.
+        lock.status = Some(held);
+        let failed =
+            next_status(&lock, base().failed(reason::FOREIGN, "foreign".into())).expect("changed");
+        assert_eq!(failed.phase, Some(LockPhase::Failed));
+        assert_eq!(failed.fence, None);
+        assert_eq!(failed.nonce, None);
+        assert_eq!(failed.renewed_at, None);
+        assert_eq!(acquired_condition(&failed).status, "False");
+    }
+
+    #[test]
+    fn held_says_whether_it_can_be_relied_on() {
+        let base = || Desired::for_key("s3", "s3://b/k");
+        let held = base().held(&acquisition(None), None);
+        assert_eq!(
+            held.acquired,
+            (true, reason::LEASE_HELD, "held with fence 7".to_string())
+        );
+        assert_eq!(held.backend.as_deref(), Some("s3"));
+        assert_eq!(held.key.as_deref(), Some("s3://b/k"));
+        let forced = base().held(&acquisition(Some("other")), None);
+        assert_eq!(
+            (forced.acquired.0, forced.acquired.1),
+            (true, reason::FORCED)
+        );
+        assert!(
+            forced
+                .acquired
+                .2
+                .starts_with("taken over by force from other")
+        );
+        // Failing renewals win over everything: the lock is not claimed.
+        let expiring = base().held(&acquisition(Some("other")), Some("timed out"));
+        assert_eq!(
+            expiring.acquired,
+            (
+                false,
+                reason::LEASE_EXPIRING,
+                "renewals failing, not claiming the lock: timed out".to_string()
+            )
+        );
+        assert_eq!(expiring.phase, Some(LockPhase::Held));
+    }
+
+    #[test]
+    fn times_are_whole_seconds() {
+        assert_eq!(now().0.subsec_nanosecond(), 0);
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_999);
+        let whole = time(t).expect("representable");
+        assert_eq!(whole.0.subsec_nanosecond(), 0);
+        assert_eq!(whole.0.as_second(), 1_700_000_000);
     }
 }

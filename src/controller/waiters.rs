@@ -1,0 +1,218 @@
+//! The locks this controller is waiting to acquire, indexed by object and by key.
+//!
+//! A waiter keeps its backend across attempts (so that the rule-1 observation of the
+//! holder's lease survives from one attempt to the next), the time it started waiting
+//! (for `acquireTimeout` and the acquire-duration metric) and its poll interval. The
+//! index by key lets a release here wake every lock waiting on the same key at once
+//! instead of at its next poll.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kube::runtime::reflector::ObjectRef;
+use tokio::time::Instant;
+
+use crate::api::DistributedLock;
+
+/// Bounds of the waiting poll (cross-cluster holders are only seen by polling).
+pub const POLL_MIN: Duration = Duration::from_millis(100);
+pub const POLL_MAX: Duration = Duration::from_secs(2);
+
+type Obj = ObjectRef<DistributedLock>;
+
+/// One waiting lock. `B` is what it keeps between attempts (its backend).
+struct Waiter<B> {
+    uid: String,
+    key: String,
+    backend: B,
+    since: Instant,
+    poll: Duration,
+}
+
+struct Index<B> {
+    waiters: HashMap<Obj, Waiter<B>>,
+    /// key → locks waiting on it.
+    by_key: HashMap<String, HashSet<Obj>>,
+}
+
+impl<B> Default for Index<B> {
+    fn default() -> Self {
+        Index {
+            waiters: HashMap::new(),
+            by_key: HashMap::new(),
+        }
+    }
+}
+
+impl<B> Index<B> {
+    fn remove(&mut self, obj: &Obj) -> Option<Waiter<B>> {
+        let waiter = self.waiters.remove(obj)?;
+        if let Some(set) = self.by_key.get_mut(&waiter.key) {
+            set.remove(obj);
+            if set.is_empty() {
+                self.by_key.remove(&waiter.key);
+            }
+        }
+        Some(waiter)
+    }
+}
+
+/// Every lock waiting for its key, by object and by key.
+pub struct WaiterIndex<B> {
+    index: Mutex<Index<B>>,
+}
+
+impl<B> Default for WaiterIndex<B> {
+    fn default() -> Self {
+        WaiterIndex {
+            index: Mutex::default(),
+        }
+    }
+}
+
+impl<B: Clone> WaiterIndex<B> {
+    /// The backend and start time of `obj`'s wait, if it is waiting as this `uid` on
+    /// this `key` (a recreated object or a changed key starts a new wait).
+    pub fn current(&self, obj: &Obj, uid: &str, key: &str) -> Option<(B, Instant)> {
+        let index = self.index.lock().expect("waiters");
+        index
+            .waiters
+            .get(obj)
+            .filter(|w| w.uid == uid && w.key == key)
+            .map(|w| (w.backend.clone(), w.since))
+    }
+
+    /// Starts (or restarts) `obj`'s wait on `key`; returns when it started.
+    pub fn insert(&self, obj: &Obj, uid: &str, key: &str, backend: B) -> Instant {
+        let since = Instant::now();
+        let mut index = self.index.lock().expect("waiters");
+        index.remove(obj);
+        index.waiters.insert(
+            obj.clone(),
+            Waiter {
+                uid: uid.to_string(),
+                key: key.to_string(),
+                backend,
+                since,
+                poll: POLL_MIN,
+            },
+        );
+        index
+            .by_key
+            .entry(key.to_string())
+            .or_default()
+            .insert(obj.clone());
+        since
+    }
+
+    /// Ends `obj`'s wait; its backend, if it was waiting.
+    pub fn stop_waiting(&self, obj: &Obj) -> Option<B> {
+        let mut index = self.index.lock().expect("waiters");
+        index.remove(obj).map(|w| w.backend)
+    }
+
+    /// The locks waiting on `key`, except `except` (the one that let go).
+    pub fn waiting_on(&self, key: &str, except: &Obj) -> Vec<Obj> {
+        let index = self.index.lock().expect("waiters");
+        index
+            .by_key
+            .get(key)
+            .map(|s| s.iter().filter(|o| *o != except).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The pause before `obj`'s next attempt: [`POLL_MIN`] at first, then 1.5 times
+    /// longer each time, up to [`POLL_MAX`].
+    pub fn next_poll(&self, obj: &Obj) -> Duration {
+        let mut index = self.index.lock().expect("waiters");
+        match index.waiters.get_mut(obj) {
+            Some(w) => {
+                let poll = w.poll;
+                w.poll = w.poll.mul_f64(1.5).min(POLL_MAX);
+                poll
+            }
+            None => POLL_MIN,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(name: &str) -> Obj {
+        ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn waking_a_key_skips_the_one_that_let_go_and_other_keys() {
+        let waiters = WaiterIndex::<&str>::default();
+        waiters.insert(&obj("a"), "ua", "s3://b/k", "backend a");
+        waiters.insert(&obj("b"), "ub", "s3://b/k", "backend b");
+        waiters.insert(&obj("c"), "uc", "s3://b/other", "backend c");
+        let mut woken = waiters.waiting_on("s3://b/k", &obj("a"));
+        woken.sort_by_key(|o| o.name.clone());
+        assert_eq!(woken, vec![obj("b")]);
+        assert_eq!(
+            waiters.waiting_on("s3://b/other", &obj("a")),
+            vec![obj("c")]
+        );
+        assert!(waiters.waiting_on("s3://b/none", &obj("a")).is_empty());
+    }
+
+    #[test]
+    fn stop_waiting_returns_the_backend_and_drops_empty_keys() {
+        let waiters = WaiterIndex::<&str>::default();
+        waiters.insert(&obj("a"), "ua", "s3://b/k", "backend a");
+        assert_eq!(waiters.stop_waiting(&obj("a")), Some("backend a"));
+        assert_eq!(waiters.stop_waiting(&obj("a")), None);
+        let index = waiters.index.lock().unwrap();
+        assert!(index.waiters.is_empty());
+        assert!(index.by_key.is_empty(), "no empty set is left behind");
+    }
+
+    #[test]
+    fn a_new_uid_or_key_is_a_new_wait() {
+        let waiters = WaiterIndex::<&str>::default();
+        let since = waiters.insert(&obj("a"), "u1", "s3://b/k", "first");
+        assert_eq!(
+            waiters.current(&obj("a"), "u1", "s3://b/k"),
+            Some(("first", since))
+        );
+        // The object was deleted and recreated under the same name.
+        assert_eq!(waiters.current(&obj("a"), "u2", "s3://b/k"), None);
+        // Its key changed.
+        assert_eq!(waiters.current(&obj("a"), "u1", "s3://b/other"), None);
+
+        // Restarting the wait moves it to the new key; the old key forgets it.
+        waiters.insert(&obj("a"), "u2", "s3://b/other", "second");
+        assert!(waiters.waiting_on("s3://b/k", &obj("x")).is_empty());
+        assert_eq!(
+            waiters.waiting_on("s3://b/other", &obj("x")),
+            vec![obj("a")]
+        );
+        assert_eq!(
+            waiters
+                .current(&obj("a"), "u2", "s3://b/other")
+                .map(|c| c.0),
+            Some("second")
+        );
+        assert_eq!(waiters.index.lock().unwrap().by_key.len(), 1);
+    }
+
+    #[test]
+    fn the_poll_grows_to_its_bound() {
+        let waiters = WaiterIndex::<()>::default();
+        assert_eq!(waiters.next_poll(&obj("a")), POLL_MIN, "not waiting");
+        waiters.insert(&obj("a"), "u", "k", ());
+        let polls: Vec<_> = (0..12).map(|_| waiters.next_poll(&obj("a"))).collect();
+        assert_eq!(polls[0], POLL_MIN);
+        assert_eq!(polls[1], POLL_MIN.mul_f64(1.5));
+        assert!(polls.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(*polls.last().unwrap(), POLL_MAX);
+        // A new wait starts from the bottom again.
+        waiters.insert(&obj("a"), "u", "k", ());
+        assert_eq!(waiters.next_poll(&obj("a")), POLL_MIN);
+    }
+}
