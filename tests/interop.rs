@@ -624,17 +624,15 @@ fn zk_engine(path: &str) -> Arc<dyn LockBackend> {
 }
 
 fn kafkakit(path: &str, wait: &str) -> Foreign {
-    Foreign::spawn(
-        "kafkakit",
-        &[
-            "--servers",
-            &ZooKeeper::shared().connect_string(),
-            "--path",
-            path,
-            "--wait",
-            wait,
-        ],
-    )
+    kafkakit_with(path, wait, &[])
+}
+
+/// A kafka-kit contender with more settings (`--ttl MS`, `--owner O`).
+fn kafkakit_with(path: &str, wait: &str, extra: &[&str]) -> Foreign {
+    let servers = ZooKeeper::shared().connect_string();
+    let mut args = vec!["--servers", &servers, "--path", path, "--wait", wait];
+    args.extend_from_slice(extra);
+    Foreign::spawn("kafkakit", &args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -684,6 +682,7 @@ async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
     refused.expect("BUSY").await;
     let mut waiting = kafkakit(&path, "120s");
     waiting.expect("QUEUED").await;
+    waiting.expect("WAITING").await;
     assert_eq!(
         waiting.has_event().await,
         None,
@@ -710,6 +709,7 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     ));
     let mut k2 = kafkakit(&path, "300s");
     k2.expect("QUEUED").await;
+    k2.expect("WAITING").await;
     let l2 = zk_engine(&path);
     assert!(matches!(
         l2.try_acquire(&req).await,
@@ -717,6 +717,7 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     ));
     let mut k3 = kafkakit(&path, "300s");
     k3.expect("QUEUED").await;
+    k3.expect("WAITING").await;
 
     // K1 leaves: L1 is next, and nobody behind it gets the lock.
     k1.release().await;
@@ -758,6 +759,95 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     l2.release(&lease2).await.expect("release");
     k3.expect("ACQUIRED").await;
     k3.release().await;
+}
+
+/// kafka-kit contenders configured with a TTL purge the entry ahead of them once its
+/// `ttl_deadline` has passed, and count an entry without one as passed. lockwarden's
+/// entries carry a `ttl_deadline` that never passes (their liveness is the session's),
+/// so a TTL contender queues behind a live lockwarden holder like any other, and gets
+/// the lock when lockwarden lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
+    let path = format!("/{}", unique("interop-kk-ttl"));
+    let backend = zk_engine(&path);
+    let held = HeldLock::acquire(
+        backend.clone(),
+        &request("lockwarden-engine", Duration::from_secs(10)),
+        Wait::No,
+    )
+    .await
+    .expect("acquire");
+    let mut contender = kafkakit_with(&path, "120s", &["--ttl", "300", "--owner", "ttl-1"]);
+    contender.expect("QUEUED").await;
+    // Its first pass decides, reading our entry's data: PURGED (our entry taken for
+    // expired) or WAITING on it. It reads it again only when our entry changes.
+    contender.expect("WAITING").await;
+    assert_eq!(contender.has_event().await, None, "kafka-kit took a held lock");
+    assert_engine_sees_held(zk_engine(&path).as_ref(), "lockwarden-engine").await;
+    Cli::new()
+        .assert_sees_held(&zk_url(&path), "lockwarden-engine", &[])
+        .await;
+
+    held.release().await.expect("release: our entry is still ours");
+    contender.expect("ACQUIRED").await;
+    contender.release().await;
+}
+
+/// lockwarden's rule for a kafka-kit entry whose `ttl_deadline` has passed: it keeps
+/// the queue's semantics (the entry holds until it is deleted: by its owner, its
+/// session's end, or a kafka-kit contender with a TTL) and says so when it reports the
+/// holder. It never purges the entry itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
+    let path = format!("/{}", unique("interop-kk-expired"));
+    let url = zk_url(&path);
+    let mut holder = kafkakit_with(&path, "0s", &["--ttl", "200", "--owner", "kk-owner"]);
+    let entry = holder.expect("QUEUED").await;
+    holder.expect("ACQUIRED").await;
+
+    let backend = zk_engine(&path);
+    let passed = eventually("the kafka-kit holder's ttl_deadline to pass", TIMEOUT, || async {
+        match backend
+            .try_acquire(&request("lockwarden", Duration::from_secs(10)))
+            .await
+        {
+            Ok(Attempt::Busy { holder, .. }) if holder.holder.contains("ttl_deadline passed") => {
+                Some(holder.holder)
+            }
+            Ok(Attempt::Busy { .. }) => None,
+            Ok(Attempt::Acquired(_)) => panic!("lockwarden took a kafka-kit lock whose TTL passed"),
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
+    assert!(passed.contains(&entry) && passed.contains("kk-owner"), "{passed}");
+    Cli::new().assert_sees_held(&url, "ttl_deadline passed", &[]).await;
+
+    let waiting = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            acquire(
+                backend.as_ref(),
+                &request("lockwarden", Duration::from_secs(10)),
+                Wait::For(TIMEOUT),
+            )
+            .await
+        })
+    };
+    // A kafka-kit contender with a TTL behind lockwarden's waiting entry waits too:
+    // lockwarden's entry is live, the expired one is not the one just ahead of it.
+    let mut behind = kafkakit_with(&path, "120s", &["--ttl", "200", "--owner", "kk-behind"]);
+    behind.expect("QUEUED").await;
+    behind.expect("WAITING").await;
+    holder.release().await;
+    let lease = waiting
+        .await
+        .unwrap()
+        .expect("acquires once the kafka-kit holder leaves");
+    assert_eq!(behind.has_event().await, None, "kafka-kit took a held lock");
+    backend.release(&lease).await.expect("release");
+    behind.expect("ACQUIRED").await;
+    behind.release().await;
 }
 
 // ---------------------------------------------------------------------------------

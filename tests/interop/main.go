@@ -4,7 +4,7 @@
 //
 //	interop s3lock     --endpoint URL --bucket B --key K [--wait D]
 //	interop dynamolock --endpoint URL --table T --key K [--owner O] [--lease D] [--heartbeat D] [--wait D]
-//	interop kafkakit   --servers H:P[,H:P] --path /P [--wait D]
+//	interop kafkakit   --servers H:P[,H:P] --path /P [--wait D] [--ttl MS] [--owner O]
 //	interop leader     --kubeconfig F --namespace N --name L --identity I [--lease D] [--renew D] [--retry D]
 //	                   [--wait D] [--rounds N --hold D --marker FILE]
 //
@@ -14,6 +14,8 @@
 //	BUSY [holder]       one attempt (--wait 0) found the lock held
 //	TIMEOUT             --wait ran out
 //	QUEUED NAME         (kafkakit) our queue entry
+//	WAITING NAME        (kafkakit) watching NAME, the entry just ahead
+//	PURGED NAME         (kafkakit --ttl) deleted the entry ahead, its ttl_deadline passed
 //	RELEASED            released on request
 //	LOST                (leader) leadership ended without a release request
 //	HEARTBEAT-STOPPED   (dynamolock) heartbeats stopped on request
@@ -34,6 +36,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -315,22 +318,40 @@ func runDynamolock(args []string) {
 }
 
 // ---------------------------------------------------------------------------------
-// kafka-kit's ZooKeeper lock (github.com/DataDog/kafka-kit/v4/cluster/zookeeper,
-// TTL off), call for call:
+// kafka-kit's ZooKeeper lock (github.com/DataDog/kafka-kit/v4/cluster/zookeeper, as of
+// the version with lock TTLs: locking.go, locks.go, zookeeper.go), call for call:
 //   init:   create every component of the lock path as a persistent znode
-//   lock:   CreateProtectedEphemeralSequential("<path>/lock-") → _c_<guid>-lock-<seq>;
-//           list the children, take the integer after the last "-" of each name
-//           (names without one are ignored), sort; lowest = holder; else watch the
-//           entry just ahead (GetW) and look again when it changes
-//   unlock: Get our znode for its version, Delete it at that version
-// One deviation: when the entry ahead is already gone at GetW, this looks again
-// instead of waiting for a watch that never fires.
+//   lock:   CreateProtectedEphemeralSequential("<path>/lock-", data) → _c_<guid>-lock-<seq>,
+//           data = JSON {"timestamp", "ttl_deadline", "owner_id"}: Go time.Time values
+//           (RFC 3339) and the owner formatted with %v; ttl_deadline = now + TTL, where
+//           the config's TTL is an int of milliseconds (0: TTLs off)
+//   loop:   interval++; give up (ErrLockingFailed) once interval > 5 after any error;
+//           from the second pass on, sleep 50ms; list the children, take the integer
+//           after the last "-" of each name (names without one are ignored), sort;
+//           lowest = holder; else, with TTL > 0, Get the entry just ahead and decode
+//           its data into the JSON above (a decode error is an error of this pass); if
+//           now is not before its ttl_deadline (a missing field is the zero time: always
+//           passed) delete it (Get for the version, Delete at it) and look again; else
+//           GetW the entry ahead (an error is an error of this pass) and look again when
+//           it fires or the context ends (ErrLockingTimedOut)
+//   exit:   on every return but success, delete our own entry
+//   unlock: Get our znode for its version, Delete it at that version; 3 attempts, 125ms
+//           apart
+
+// kafkaKitLockMetadata is the JSON kafka-kit stores in each queue entry.
+type kafkaKitLockMetadata struct {
+	Timestamp   time.Time `json:"timestamp"`
+	TTLDeadline time.Time `json:"ttl_deadline"`
+	OwnerID     string    `json:"owner_id"`
+}
 
 func runKafkaKit(args []string) {
 	fs := flag.NewFlagSet("kafkakit", flag.ExitOnError)
 	servers := fs.String("servers", "", "host:port[,host:port]")
 	path := fs.String("path", "", "lock path")
 	wait := fs.Duration("wait", 0, "how long to wait in the queue (0: one look)")
+	ttl := fs.Int("ttl", 0, "ZooKeeperLockConfig.TTL in milliseconds (0: TTLs off)")
+	owner := fs.String("owner", "kafkakit-"+strconv.Itoa(os.Getpid()), "lock owner (owner_id)")
 	_ = fs.Parse(args)
 
 	conn, _, err := zk.Connect(strings.Split(*servers, ","), 10*time.Second, zk.WithLogInfo(false))
@@ -345,15 +366,22 @@ func runKafkaKit(args []string) {
 			fail(err)
 		}
 	}
-	node, err := conn.CreateProtectedEphemeralSequential(lockPath+"/lock-", nil, zk.WorldACL(zk.PermAll))
-	if err != nil {
-		fail(err)
-	}
-	mine, err := idFromZnode(node)
+	k := &kafkaKitLock{conn: conn, path: lockPath, ttl: *ttl}
+	meta, _ := json.Marshal(kafkaKitLockMetadata{
+		Timestamp:   time.Now(),
+		TTLDeadline: time.Now().Add(time.Duration(*ttl) * time.Millisecond),
+		OwnerID:     *owner,
+	})
+	node, err := conn.CreateProtectedEphemeralSequential(lockPath+"/lock-", meta, zk.WorldACL(zk.PermAll))
 	if err != nil {
 		fail(err)
 	}
 	emit("QUEUED %s", node[strings.LastIndex(node, "/")+1:])
+	mine, err := idFromZnode(node)
+	if err != nil {
+		_ = k.deleteZnode(node)
+		fail(err)
+	}
 
 	ctx := context.Background()
 	if *wait > 0 {
@@ -361,50 +389,54 @@ func runKafkaKit(args []string) {
 		ctx, cancel = context.WithTimeout(ctx, *wait)
 		defer cancel()
 	}
-	deleteZnode := func(p string) error {
-		_, st, err := conn.Get(p)
-		if err != nil {
-			return err
-		}
-		return conn.Delete(p, st.Version)
-	}
+	var interval int
+	var lockWaitingErr error
 	for {
-		children, _, err := conn.Children(lockPath)
+		interval++
+		if interval > 5 && lockWaitingErr != nil {
+			_ = k.deleteZnode(node)
+			fail(fmt.Errorf("locking failed: %w", lockWaitingErr))
+		}
+		if interval > 1 {
+			time.Sleep(50 * time.Millisecond)
+		}
+		ids, order, err := k.locks()
 		if err != nil {
+			_ = k.deleteZnode(node)
 			fail(err)
 		}
-		ids := map[int]string{}
-		var order []int
-		for _, c := range children {
-			id, err := idFromZnode(c)
-			if err != nil {
-				continue
-			}
-			ids[id] = lockPath + "/" + c
-			order = append(order, id)
-		}
-		sort.Ints(order)
 		if len(order) > 0 && order[0] == mine {
 			break
 		}
-		pos := sort.SearchInts(order, mine)
-		if pos == 0 || pos >= len(order) || order[pos] != mine {
-			fail(fmt.Errorf("our entry %s is not in the queue", node))
+		ahead, err := lockAhead(ids, order, mine)
+		if err != nil {
+			lockWaitingErr = err
+			continue
+		}
+		expired, err := k.expireIfPassed(ahead)
+		if err != nil {
+			lockWaitingErr = err
+			continue
+		}
+		if expired {
+			continue
 		}
 		if *wait == 0 {
-			_ = deleteZnode(node)
+			// This driver's one-look mode: what a Lock with an already ended context
+			// reports, without blocking on the watch.
+			_ = k.deleteZnode(node)
 			emit("BUSY %s", ids[order[0]])
 			os.Exit(3)
 		}
-		_, _, changed, err := conn.GetW(ids[order[pos-1]])
-		if errors.Is(err, zk.ErrNoNode) {
+		_, _, changed, err := conn.GetW(ahead)
+		if err != nil {
+			lockWaitingErr = err
 			continue
-		} else if err != nil {
-			fail(err)
 		}
+		emit("WAITING %s", ahead[strings.LastIndex(ahead, "/")+1:])
 		select {
 		case <-ctx.Done():
-			_ = deleteZnode(node)
+			_ = k.deleteZnode(node)
 			emit("TIMEOUT")
 			os.Exit(3)
 		case <-changed:
@@ -413,13 +445,83 @@ func runKafkaKit(args []string) {
 	emit("ACQUIRED %s", node[strings.LastIndex(node, "/")+1:])
 	waitFor(requests(), map[string]func() bool{
 		"release": func() bool {
-			if err := deleteZnode(node); err != nil {
+			var err error
+			for attempt := 0; attempt < 3; attempt++ {
+				if err = k.deleteZnode(node); err == nil {
+					break
+				}
+				time.Sleep(125 * time.Millisecond)
+			}
+			if err != nil {
 				fail(fmt.Errorf("unlock: %w", err))
 			}
 			emit("RELEASED")
 			return true
 		},
 	})
+}
+
+type kafkaKitLock struct {
+	conn *zk.Conn
+	path string
+	ttl  int
+}
+
+// locks lists the queue: sequence number → znode path, and the numbers ascending.
+func (k *kafkaKitLock) locks() (map[int]string, []int, error) {
+	children, _, err := k.conn.Children(k.path)
+	ids := map[int]string{}
+	var order []int
+	for _, c := range children {
+		id, err := idFromZnode(c)
+		if err != nil {
+			continue
+		}
+		ids[id] = k.path + "/" + c
+		order = append(order, id)
+	}
+	sort.Ints(order)
+	return ids, order, err
+}
+
+func lockAhead(ids map[int]string, order []int, mine int) (string, error) {
+	for i, id := range order {
+		if id == mine && i > 0 {
+			return ids[order[i-1]], nil
+		}
+	}
+	return "", errors.New("unable to determine which lock to enqueue behind")
+}
+
+// expireIfPassed purges the entry ahead when TTLs are on and its ttl_deadline passed.
+func (k *kafkaKitLock) expireIfPassed(ahead string) (bool, error) {
+	if k.ttl == 0 {
+		return false, nil
+	}
+	data, _, err := k.conn.Get(ahead)
+	if err != nil {
+		return false, fmt.Errorf("expire lock failed: %w", err)
+	}
+	var meta kafkaKitLockMetadata
+	if err := json.Unmarshal(data, &meta); err != nil {
+		return false, fmt.Errorf("expire lock failed: %w", err)
+	}
+	if time.Now().Before(meta.TTLDeadline) {
+		return false, nil
+	}
+	if err := k.deleteZnode(ahead); err != nil {
+		return false, fmt.Errorf("expire lock failed: %w", err)
+	}
+	emit("PURGED %s", ahead[strings.LastIndex(ahead, "/")+1:])
+	return true, nil
+}
+
+func (k *kafkaKitLock) deleteZnode(p string) error {
+	_, st, err := k.conn.Get(p)
+	if err != nil {
+		return err
+	}
+	return k.conn.Delete(p, st.Version)
 }
 
 func idFromZnode(s string) (int, error) {
