@@ -251,6 +251,134 @@ async fn locks_on_one_znode_hand_off_on_delete() {
     hand_off_on_delete(&locks, "ZooKeeper", |name| zk_lock(name, &path)).await;
 }
 
+/// Read requests (`getData`, `getChildren`, `exists`) the shared ZooKeeper has served
+/// under the top-level znode `/{top}` (its `mntr` per-namespace read statistics).
+fn zk_reads(top: &str) -> u64 {
+    let mntr = support::zookeeper::ZooKeeper::shared().nodes()[0]
+        .four_letter("mntr")
+        .expect("mntr");
+    let key = format!("zk_cnt_{top}_read_per_namespace");
+    mntr.lines()
+        .filter_map(|line| line.split_once('\t'))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+async fn patch_release(locks: &Api<DistributedLock>, name: &str) {
+    locks
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"release": true}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn wait_queued(locks: &Api<DistributedLock>, name: &str, position: i32) {
+    eventually(
+        &format!("{name} to wait at {position}"),
+        TIMEOUT,
+        || async {
+            let lock = locks.get(name).await.ok()?;
+            let status = lock.status?;
+            (status.phase == Some(LockPhase::Waiting) && status.queue_position == Some(position))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// ZooKeeper waiters wake on the store's watch of their predecessor instead of
+/// polling. Three locks wait in one queue — two on one controller, one on another
+/// controller (another namespace, another cluster name) — behind a holder that reads
+/// nothing (an engine lease, not renewed): while it holds, ZooKeeper serves no read at
+/// all under the lock's path. Then the hand-offs: from that holder (only the watch can
+/// wake the next one), within a controller (its release also wakes the waiter), and
+/// across controllers (again only the watch), each well before a waiter's fallback look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_waiters_wake_on_the_watch_without_polling() {
+    let (client, _ns, here) = setup("ctl-zk-watch").await;
+    let (_, other_ns) =
+        support::kube::namespace_with_controller("ctl-zk-watch", "other-cluster").await;
+    let there = Api::<DistributedLock>::namespaced(client.clone(), &other_ns);
+    let zk = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap();
+    let top = support::unique("zkwatch");
+    let path = format!("/{top}/db");
+    let port = zk.nodes()[0].port();
+    // Spellings of the servers no other test uses: sessions are bound to the runtime
+    // that opened them (see `zk_lock`).
+    let engine = lockwarden::backend::ZkSessions::new()
+        .lock(&format!("localhost:{port},127.0.0.1:{port}"), &path)
+        .unwrap();
+    let holding = match engine
+        .try_acquire(&AcquireRequest::new("engine", Duration::from_secs(10)))
+        .await
+    {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("the engine did not acquire a fresh path: {other:?}"),
+    };
+    let make = |name: &str| {
+        let mut lock = zk_lock(name, &path);
+        lock.spec.backend.zookeeper.as_mut().unwrap().servers =
+            vec![format!("127.0.0.1:{port}"), format!("localhost:{port}")];
+        lock
+    };
+    let create = PostParams::default();
+    here.create(&create, &make("first")).await.unwrap();
+    wait_queued(&here, "first", 0).await;
+    here.create(&create, &make("second")).await.unwrap();
+    wait_queued(&here, "second", 1).await;
+    there.create(&create, &make("third")).await.unwrap();
+    wait_queued(&there, "third", 2).await;
+
+    // A polling waiter looks at least every 2 s (its longest poll), each look a read
+    // of the queue; three times that without a read shows that no waiter polls.
+    let before = zk_reads(&top);
+    let quiet_until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < quiet_until {
+        let reads = zk_reads(&top);
+        assert_eq!(
+            reads,
+            before,
+            "{} reads under /{top} while the holder stayed: the waiters poll",
+            reads - before
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // From the engine: nothing but the watch wakes `first`.
+    let release_engine = async {
+        engine.release(&holding).await.expect("engine release");
+    };
+    hand_off_promptly(release_engine, &here, "first").await;
+    // Within a controller.
+    hand_off_promptly(patch_release(&here, "first"), &here, "second").await;
+    // Across controllers: nothing but the watch wakes `third`.
+    hand_off_promptly(patch_release(&here, "second"), &there, "third").await;
+}
+
+/// Runs `release` and waits for `next` to hold, well before a waiter's fallback look
+/// (30 s): it was woken by the release.
+async fn hand_off_promptly(
+    release: impl std::future::Future<Output = ()>,
+    locks: &Api<DistributedLock>,
+    next: &str,
+) {
+    let released = Instant::now();
+    release.await;
+    wait_held(locks, next).await;
+    let latency = released.elapsed();
+    assert!(
+        latency < Duration::from_secs(20),
+        "{next} acquired {latency:?} after the release: not woken by it"
+    );
+    eprintln!("ZooKeeper hand-off to {next} in {} ms", latency.as_millis());
+}
+
 /// The lease a ZooKeeper lock really gets is its session timeout (10 s), shorter than
 /// the default `leaseDuration` (30 s); renewing every `renewInterval` (10 s) would then
 /// come after the holder deadline each time and flap the status Held/LeaseExpiring.
@@ -934,6 +1062,70 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     stop.store(true, Ordering::SeqCst);
     let attempts = contender.await.expect("the contender never acquired");
     assert!(attempts > 0);
+}
+
+/// `acquireTimeout` counts from `status.waitingSince`: a controller SIGKILLed while
+/// the lock waits and started again after the timeout has passed fails the lock at its
+/// first look, instead of waiting a whole `acquireTimeout` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_timeout_survives_a_controller_restart() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-timeout-restart").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    // The key is held by someone else for the whole test.
+    let holder = CasLock::new(LeaseStore::new(client.clone(), &ns, "busy"));
+    let req = AcquireRequest::new("someone-else", Duration::from_secs(600));
+    assert!(matches!(
+        holder.try_acquire(&req).await,
+        Ok(Attempt::Acquired(_))
+    ));
+
+    let limit = Duration::from_secs(20);
+    let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let mut impatient = lease_lock("impatient", "busy", "30s", "10s");
+    impatient.spec.acquire_timeout = Some(format!("{}s", limit.as_secs()));
+    locks
+        .create(&PostParams::default(), &impatient)
+        .await
+        .unwrap();
+    let since = eventually("the lock to wait, with its start", TIMEOUT, || async {
+        let status = locks.get("impatient").await.ok()?.status?;
+        (status.phase == Some(LockPhase::Waiting)).then_some(status.waiting_since?)
+    })
+    .await;
+    controller.kill();
+
+    // Start again once the timeout has passed, counted from the recorded start.
+    let since = std::time::SystemTime::from(since.0);
+    let due = since + limit + Duration::from_secs(1);
+    if let Ok(left) = due.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(left).await;
+    }
+    let restarted = Instant::now();
+    let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let failed = eventually("the lock to fail", TIMEOUT, || async {
+        locks
+            .get("impatient")
+            .await
+            .ok()
+            .filter(|l| phase(l) == Some(LockPhase::Failed))
+    })
+    .await;
+    let after_restart = restarted.elapsed();
+    let cond = failed.acquired_condition().unwrap();
+    assert_eq!(cond.reason, reason::ACQUIRE_TIMEOUT, "{}", cond.message);
+    // A restarted clock would fail it `limit` after the restart at the earliest.
+    assert!(
+        after_restart < limit,
+        "failed {after_restart:?} after the restart: the wait started over"
+    );
+    eprintln!(
+        "failed {} ms after the restart: {}",
+        after_restart.as_millis(),
+        cond.message
+    );
 }
 
 /// HA: two `lockwarden controller --leader-elect` replicas, one active. SIGKILL the

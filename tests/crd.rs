@@ -912,6 +912,7 @@ async fn status_is_written_through_the_status_subresource() {
         renewed_at: Some(now.clone()),
         lease_expires_at: Some(now.clone()),
         queue_position: Some(0),
+        waiting_since: Some(now.clone()),
         observed_generation: generation,
         conditions: conds,
     };
@@ -931,6 +932,7 @@ async fn status_is_written_through_the_status_subresource() {
     let got = written.status.clone().expect("status set");
     assert_eq!(got.phase, Some(LockPhase::Held));
     assert_eq!(got.fence, Some(42));
+    assert!(got.waiting_since.is_some(), "waitingSince is kept");
     assert_eq!(got.key.as_deref(), Some("s3://locks/team/job"));
     assert_eq!(got.backend.as_deref(), Some("s3"));
     assert_eq!(

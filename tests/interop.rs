@@ -782,13 +782,19 @@ async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
     // Its first pass decides, reading our entry's data: PURGED (our entry taken for
     // expired) or WAITING on it. It reads it again only when our entry changes.
     contender.expect("WAITING").await;
-    assert_eq!(contender.has_event().await, None, "kafka-kit took a held lock");
+    assert_eq!(
+        contender.has_event().await,
+        None,
+        "kafka-kit took a held lock"
+    );
     assert_engine_sees_held(zk_engine(&path).as_ref(), "lockwarden-engine").await;
     Cli::new()
         .assert_sees_held(&zk_url(&path), "lockwarden-engine", &[])
         .await;
 
-    held.release().await.expect("release: our entry is still ours");
+    held.release()
+        .await
+        .expect("release: our entry is still ours");
     contender.expect("ACQUIRED").await;
     contender.release().await;
 }
@@ -806,22 +812,35 @@ async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
     holder.expect("ACQUIRED").await;
 
     let backend = zk_engine(&path);
-    let passed = eventually("the kafka-kit holder's ttl_deadline to pass", TIMEOUT, || async {
-        match backend
-            .try_acquire(&request("lockwarden", Duration::from_secs(10)))
-            .await
-        {
-            Ok(Attempt::Busy { holder, .. }) if holder.holder.contains("ttl_deadline passed") => {
-                Some(holder.holder)
+    let passed = eventually(
+        "the kafka-kit holder's ttl_deadline to pass",
+        TIMEOUT,
+        || async {
+            match backend
+                .try_acquire(&request("lockwarden", Duration::from_secs(10)))
+                .await
+            {
+                Ok(Attempt::Busy { holder, .. })
+                    if holder.holder.contains("ttl_deadline passed") =>
+                {
+                    Some(holder.holder)
+                }
+                Ok(Attempt::Busy { .. }) => None,
+                Ok(Attempt::Acquired(_)) => {
+                    panic!("lockwarden took a kafka-kit lock whose TTL passed")
+                }
+                Err(e) => panic!("{e}"),
             }
-            Ok(Attempt::Busy { .. }) => None,
-            Ok(Attempt::Acquired(_)) => panic!("lockwarden took a kafka-kit lock whose TTL passed"),
-            Err(e) => panic!("{e}"),
-        }
-    })
+        },
+    )
     .await;
-    assert!(passed.contains(&entry) && passed.contains("kk-owner"), "{passed}");
-    Cli::new().assert_sees_held(&url, "ttl_deadline passed", &[]).await;
+    assert!(
+        passed.contains(&entry) && passed.contains("kk-owner"),
+        "{passed}"
+    );
+    Cli::new()
+        .assert_sees_held(&url, "ttl_deadline passed", &[])
+        .await;
 
     let waiting = {
         let backend = backend.clone();

@@ -183,6 +183,10 @@ pub struct DistributedLockStatus {
     /// Position in the backend's waiting queue (ZooKeeper), 0 = next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i32>,
+    /// When this lock began waiting for its key (wall clock): `acquireTimeout` counts
+    /// from here, also across controller restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Time>,
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

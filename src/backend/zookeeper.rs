@@ -1182,6 +1182,10 @@ impl LockBackend for ZkLock {
         }
     }
 
+    fn watches_changes(&self) -> bool {
+        true
+    }
+
     /// Watches only our predecessor: resolves when it is deleted (or changes, or the
     /// session ends), or after `timeout`.
     async fn changed(&self, timeout: Duration) {

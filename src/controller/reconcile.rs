@@ -10,14 +10,15 @@
 //! 4. `Held` in status but no task (a restart) → [`resume`](Reconciling::resume) from
 //!    `status.nonce`;
 //! 5. otherwise [`acquire`](Reconciling::acquire), one attempt: `Held`, or `Waiting`
-//!    with a jittered requeue (woken early by a same-cluster release), or `Failed` after
-//!    `acquireTimeout`.
+//!    until woken — by a same-cluster release, by the store's watch where it has one
+//!    (ZooKeeper), else by a jittered poll — or `Failed` after `acquireTimeout`, counted
+//!    from `status.waitingSince` so that a controller restart does not extend it.
 //!
 //! `Lost` and `Failed` are final for the object's generation: changing the spec (or
 //! deleting and recreating the object) tries again.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -32,7 +33,7 @@ use tokio::time::Instant;
 use super::connect::{ConnectFailure, backend_for};
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired};
-use super::waiters::WaiterIndex;
+use super::waiters::{WaitStart, WaiterIndex};
 use super::{ControllerConfig, FINALIZER};
 use crate::api::conditions::reason;
 use crate::api::{DistributedLock, LockAddress, LockPhase, SpecError, ValidatedSpec};
@@ -44,6 +45,10 @@ use crate::telemetry::Telemetry;
 /// How long a held lock waits between reconciles when nothing happens (transitions
 /// arrive through the wake channel; this is only a safety net).
 const HELD_RESYNC: Duration = Duration::from_secs(300);
+
+/// How long a waiter on a store with watches (ZooKeeper) waits on its watch before it
+/// looks again anyway: only a safety net for a watch lost with a connection.
+const WATCH_RECHECK: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -257,6 +262,13 @@ async fn reject(
     write_failed(api, ctx, lock, failed).await
 }
 
+/// What an attempt that found the lock held reported.
+struct Busy<'a> {
+    holder: &'a LockRecord,
+    retry_in: Option<Duration>,
+    queue_position: Option<u32>,
+}
+
 /// One reconcile of a lock whose spec is valid.
 struct Reconciling<'a> {
     api: &'a Api<DistributedLock>,
@@ -410,6 +422,19 @@ impl Reconciling<'_> {
         }
     }
 
+    /// When this lock began waiting for its key: `status.waitingSince` if the status
+    /// says it is waiting for this key (written before a restart), else now.
+    fn wait_start(&self) -> WaitStart {
+        let kept = self.lock.status.as_ref().filter(|s| {
+            matches!(s.phase, Some(LockPhase::Waiting | LockPhase::Pending))
+                && s.key.as_deref() == Some(self.key())
+        });
+        match kept.and_then(|s| s.waiting_since.as_ref()) {
+            Some(since) => WaitStart::resumed(SystemTime::from(since.0)),
+            None => WaitStart::now(),
+        }
+    }
+
     /// Phase: acquire, one attempt. A waiting lock keeps its backend between attempts.
     async fn acquire(&self) -> Result<Action, ReconcileError> {
         let waiters = &self.ctx.waiters;
@@ -421,7 +446,8 @@ impl Reconciling<'_> {
                     Ok(backend) => backend,
                     Err(e) => return self.backend_error(e.to_string()).await,
                 };
-                let since = waiters.insert(&self.obj, &self.uid, self.key(), backend.clone());
+                let since = self.wait_start();
+                waiters.insert(&self.obj, &self.uid, self.key(), backend.clone(), since);
                 (backend, since)
             }
         };
@@ -444,7 +470,14 @@ impl Reconciling<'_> {
                 holder,
                 retry_in,
                 queue_position,
-            }) => self.busy(&holder, retry_in, queue_position, since).await,
+            }) => {
+                let busy = Busy {
+                    holder: &holder,
+                    retry_in,
+                    queue_position,
+                };
+                self.busy(&backend, busy, since).await
+            }
             Err(LockError::Foreign { found, .. }) => {
                 waiters.stop_waiting(&self.obj);
                 let message = format!(
@@ -462,7 +495,7 @@ impl Reconciling<'_> {
         &self,
         backend: Arc<dyn LockBackend>,
         lease: Lease,
-        since: Instant,
+        since: WaitStart,
     ) -> Result<Action, ReconcileError> {
         self.ctx.waiters.stop_waiting(&self.obj);
         self.ctx.telemetry.observe_acquire(since.elapsed());
@@ -481,15 +514,19 @@ impl Reconciling<'_> {
         Ok(Action::requeue(HELD_RESYNC))
     }
 
-    /// The attempt found the lock held: wait (and poll), or give up after
-    /// `acquireTimeout`.
+    /// The attempt found the lock held: wait — on the store's watch where it has one,
+    /// else polling — or give up after `acquireTimeout`.
     async fn busy(
         &self,
-        holder: &LockRecord,
-        retry_in: Option<Duration>,
-        queue_position: Option<u32>,
-        since: Instant,
+        backend: &Arc<dyn LockBackend>,
+        busy: Busy<'_>,
+        since: WaitStart,
     ) -> Result<Action, ReconcileError> {
+        let Busy {
+            holder,
+            retry_in,
+            queue_position,
+        } = busy;
         tracing::debug!(lock = %self.obj, holder = %holder.holder, ?retry_in, "busy");
         let timeout = self.spec.acquire_timeout;
         let waited = since.elapsed();
@@ -510,14 +547,34 @@ impl Reconciling<'_> {
         }
         let waiting = self
             .status()
-            .waiting(&holder.holder, holder.fence, queue_position);
+            .waiting(&holder.holder, holder.fence, queue_position)
+            .since(Some(since.wall));
         self.write(waiting).await?;
-        let poll = self.ctx.waiters.next_poll(&self.obj);
-        let mut pause = retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5)));
+        let mut pause = if backend.watches_changes() {
+            self.watch_for_change(backend);
+            WATCH_RECHECK
+        } else {
+            let poll = self.ctx.waiters.next_poll(&self.obj);
+            jitter(retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5))))
+        };
         if let Some(limit) = timeout {
             pause = pause.min(limit.saturating_sub(waited).max(Duration::from_millis(5)));
         }
-        Ok(Action::requeue(jitter(pause)))
+        Ok(Action::requeue(pause))
+    }
+
+    /// Wakes this lock when the store reports a change to what it waits on (its
+    /// predecessor in a ZooKeeper queue), once per change: no poll while the holder
+    /// stays. A same-cluster release also wakes it directly.
+    fn watch_for_change(&self, backend: &Arc<dyn LockBackend>) {
+        let (backend, obj, wake) = (backend.clone(), self.obj.clone(), self.ctx.wake.clone());
+        self.ctx.waiters.watch(&self.obj, move || {
+            tokio::spawn(async move {
+                backend.changed(WATCH_RECHECK).await;
+                let _ = wake.send(obj);
+            })
+            .abort_handle()
+        });
     }
 
     /// `Failed` for `why`: final for this generation.
@@ -536,15 +593,23 @@ impl Reconciling<'_> {
         Ok(Action::await_change())
     }
 
-    /// The backend could not be reached or refused: not acquired, retried.
+    /// The backend could not be reached or refused: not acquired, retried. A lock that
+    /// was waiting stays `Waiting`, and keeps the start of its wait.
     async fn backend_error(&self, message: String) -> Result<Action, ReconcileError> {
-        let phase = match self.lock.status.as_ref().and_then(|s| s.phase) {
-            Some(LockPhase::Waiting) => LockPhase::Waiting,
-            _ => LockPhase::Pending,
+        let current = self.lock.status.as_ref();
+        let (phase, since) = match current.and_then(|s| s.phase) {
+            Some(LockPhase::Waiting) => (
+                LockPhase::Waiting,
+                current.and_then(|s| s.waiting_since.clone()),
+            ),
+            _ => (LockPhase::Pending, None),
         };
-        let desired = self
-            .status()
-            .not_held(phase, reason::BACKEND_ERROR, message);
+        let desired = Desired {
+            waiting_since: since,
+            ..self
+                .status()
+                .not_held(phase, reason::BACKEND_ERROR, message)
+        };
         self.write(desired).await?;
         Ok(Action::requeue(jitter(Duration::from_secs(5))))
     }

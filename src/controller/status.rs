@@ -43,6 +43,9 @@ pub struct Desired {
     pub nonce: Option<String>,
     pub acquired_at: Option<Time>,
     pub queue_position: Option<i32>,
+    /// When the wait for the key began; kept while waiting (`acquireTimeout` counts
+    /// from it across restarts).
+    pub waiting_since: Option<Time>,
     /// `Acquired` condition: status, reason, message.
     pub acquired: (bool, &'static str, String),
 }
@@ -104,6 +107,14 @@ impl Desired {
         }
     }
 
+    /// Waiting since `started` (wall clock).
+    pub fn since(self, started: Option<SystemTime>) -> Desired {
+        Desired {
+            waiting_since: started.and_then(time),
+            ..self
+        }
+    }
+
     /// Not held, in `phase`, for `why`.
     pub fn not_held(self, phase: LockPhase, why: &'static str, message: String) -> Desired {
         Desired {
@@ -134,6 +145,7 @@ pub fn next_status(lock: &DistributedLock, desired: Desired) -> Option<Distribut
     next.nonce = desired.nonce;
     next.acquired_at = desired.acquired_at;
     next.queue_position = desired.queue_position;
+    next.waiting_since = desired.waiting_since;
     next.observed_generation = generation;
     next.lease_expires_at = None;
     if !held {

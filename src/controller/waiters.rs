@@ -1,16 +1,18 @@
 //! The locks this controller is waiting to acquire, indexed by object and by key.
 //!
 //! A waiter keeps its backend across attempts (so that the rule-1 observation of the
-//! holder's lease survives from one attempt to the next), the time it started waiting
-//! (for `acquireTimeout` and the acquire-duration metric) and its poll interval. The
-//! index by key lets a release here wake every lock waiting on the same key at once
-//! instead of at its next poll.
+//! holder's lease survives from one attempt to the next), when it started waiting
+//! (for `acquireTimeout` and the acquire-duration metric), its poll interval, and — on
+//! a store that can watch (ZooKeeper) — the task waiting on that watch. The index by
+//! key lets a release here wake every lock waiting on the same key at once instead of
+//! at its next poll.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use kube::runtime::reflector::ObjectRef;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::api::DistributedLock;
@@ -19,6 +21,41 @@ use crate::api::DistributedLock;
 pub const POLL_MIN: Duration = Duration::from_millis(100);
 pub const POLL_MAX: Duration = Duration::from_secs(2);
 
+/// When a wait began: by this process's clock, plus how long it had already lasted
+/// before this process took it over (a restart: the start is kept in status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitStart {
+    at: Instant,
+    before: Duration,
+    /// The wall-clock start, for status.
+    pub wall: SystemTime,
+}
+
+impl WaitStart {
+    pub fn now() -> WaitStart {
+        WaitStart {
+            at: Instant::now(),
+            before: Duration::ZERO,
+            wall: SystemTime::now(),
+        }
+    }
+
+    /// A wait that began at `wall` (read back from status after a restart). A start in
+    /// the future (clock skew between controllers) counts from now.
+    pub fn resumed(wall: SystemTime) -> WaitStart {
+        WaitStart {
+            at: Instant::now(),
+            before: SystemTime::now().duration_since(wall).unwrap_or_default(),
+            wall,
+        }
+    }
+
+    /// How long the lock has been waiting.
+    pub fn elapsed(&self) -> Duration {
+        self.before + self.at.elapsed()
+    }
+}
+
 type Obj = ObjectRef<DistributedLock>;
 
 /// One waiting lock. `B` is what it keeps between attempts (its backend).
@@ -26,8 +63,10 @@ struct Waiter<B> {
     uid: String,
     key: String,
     backend: B,
-    since: Instant,
+    since: WaitStart,
     poll: Duration,
+    /// The task waiting on the store's watch, if one is running.
+    watch: Option<AbortHandle>,
 }
 
 struct Index<B> {
@@ -48,6 +87,9 @@ impl<B> Default for Index<B> {
 impl<B> Index<B> {
     fn remove(&mut self, obj: &Obj) -> Option<Waiter<B>> {
         let waiter = self.waiters.remove(obj)?;
+        if let Some(watch) = &waiter.watch {
+            watch.abort();
+        }
         if let Some(set) = self.by_key.get_mut(&waiter.key) {
             set.remove(obj);
             if set.is_empty() {
@@ -72,9 +114,9 @@ impl<B> Default for WaiterIndex<B> {
 }
 
 impl<B: Clone> WaiterIndex<B> {
-    /// The backend and start time of `obj`'s wait, if it is waiting as this `uid` on
-    /// this `key` (a recreated object or a changed key starts a new wait).
-    pub fn current(&self, obj: &Obj, uid: &str, key: &str) -> Option<(B, Instant)> {
+    /// The backend and start of `obj`'s wait, if it is waiting as this `uid` on this
+    /// `key` (a recreated object or a changed key starts a new wait).
+    pub fn current(&self, obj: &Obj, uid: &str, key: &str) -> Option<(B, WaitStart)> {
         let index = self.index.lock().expect("waiters");
         index
             .waiters
@@ -83,9 +125,8 @@ impl<B: Clone> WaiterIndex<B> {
             .map(|w| (w.backend.clone(), w.since))
     }
 
-    /// Starts (or restarts) `obj`'s wait on `key`; returns when it started.
-    pub fn insert(&self, obj: &Obj, uid: &str, key: &str, backend: B) -> Instant {
-        let since = Instant::now();
+    /// Starts (or restarts) `obj`'s wait on `key`, begun at `since`.
+    pub fn insert(&self, obj: &Obj, uid: &str, key: &str, backend: B, since: WaitStart) {
         let mut index = self.index.lock().expect("waiters");
         index.remove(obj);
         index.waiters.insert(
@@ -96,6 +137,7 @@ impl<B: Clone> WaiterIndex<B> {
                 backend,
                 since,
                 poll: POLL_MIN,
+                watch: None,
             },
         );
         index
@@ -103,7 +145,20 @@ impl<B: Clone> WaiterIndex<B> {
             .entry(key.to_string())
             .or_default()
             .insert(obj.clone());
-        since
+    }
+
+    /// Runs `start_watch` for `obj` unless a watch task it started is still running;
+    /// the task is aborted when the wait ends. Returns whether one was started.
+    pub fn watch(&self, obj: &Obj, start_watch: impl FnOnce() -> AbortHandle) -> bool {
+        let mut index = self.index.lock().expect("waiters");
+        let Some(waiter) = index.waiters.get_mut(obj) else {
+            return false;
+        };
+        if waiter.watch.as_ref().is_some_and(|w| !w.is_finished()) {
+            return false;
+        }
+        waiter.watch = Some(start_watch());
+        true
     }
 
     /// Ends `obj`'s wait; its backend, if it was waiting.
@@ -148,9 +203,15 @@ mod tests {
     #[test]
     fn waking_a_key_skips_the_one_that_let_go_and_other_keys() {
         let waiters = WaiterIndex::<&str>::default();
-        waiters.insert(&obj("a"), "ua", "s3://b/k", "backend a");
-        waiters.insert(&obj("b"), "ub", "s3://b/k", "backend b");
-        waiters.insert(&obj("c"), "uc", "s3://b/other", "backend c");
+        waiters.insert(&obj("a"), "ua", "s3://b/k", "backend a", WaitStart::now());
+        waiters.insert(&obj("b"), "ub", "s3://b/k", "backend b", WaitStart::now());
+        waiters.insert(
+            &obj("c"),
+            "uc",
+            "s3://b/other",
+            "backend c",
+            WaitStart::now(),
+        );
         let mut woken = waiters.waiting_on("s3://b/k", &obj("a"));
         woken.sort_by_key(|o| o.name.clone());
         assert_eq!(woken, vec![obj("b")]);
@@ -164,7 +225,7 @@ mod tests {
     #[test]
     fn stop_waiting_returns_the_backend_and_drops_empty_keys() {
         let waiters = WaiterIndex::<&str>::default();
-        waiters.insert(&obj("a"), "ua", "s3://b/k", "backend a");
+        waiters.insert(&obj("a"), "ua", "s3://b/k", "backend a", WaitStart::now());
         assert_eq!(waiters.stop_waiting(&obj("a")), Some("backend a"));
         assert_eq!(waiters.stop_waiting(&obj("a")), None);
         let index = waiters.index.lock().unwrap();
@@ -175,7 +236,8 @@ mod tests {
     #[test]
     fn a_new_uid_or_key_is_a_new_wait() {
         let waiters = WaiterIndex::<&str>::default();
-        let since = waiters.insert(&obj("a"), "u1", "s3://b/k", "first");
+        let since = WaitStart::now();
+        waiters.insert(&obj("a"), "u1", "s3://b/k", "first", since);
         assert_eq!(
             waiters.current(&obj("a"), "u1", "s3://b/k"),
             Some(("first", since))
@@ -186,7 +248,7 @@ mod tests {
         assert_eq!(waiters.current(&obj("a"), "u1", "s3://b/other"), None);
 
         // Restarting the wait moves it to the new key; the old key forgets it.
-        waiters.insert(&obj("a"), "u2", "s3://b/other", "second");
+        waiters.insert(&obj("a"), "u2", "s3://b/other", "second", WaitStart::now());
         assert!(waiters.waiting_on("s3://b/k", &obj("x")).is_empty());
         assert_eq!(
             waiters.waiting_on("s3://b/other", &obj("x")),
@@ -205,14 +267,60 @@ mod tests {
     fn the_poll_grows_to_its_bound() {
         let waiters = WaiterIndex::<()>::default();
         assert_eq!(waiters.next_poll(&obj("a")), POLL_MIN, "not waiting");
-        waiters.insert(&obj("a"), "u", "k", ());
+        waiters.insert(&obj("a"), "u", "k", (), WaitStart::now());
         let polls: Vec<_> = (0..12).map(|_| waiters.next_poll(&obj("a"))).collect();
         assert_eq!(polls[0], POLL_MIN);
         assert_eq!(polls[1], POLL_MIN.mul_f64(1.5));
         assert!(polls.windows(2).all(|w| w[0] <= w[1]));
         assert_eq!(*polls.last().unwrap(), POLL_MAX);
         // A new wait starts from the bottom again.
-        waiters.insert(&obj("a"), "u", "k", ());
+        waiters.insert(&obj("a"), "u", "k", (), WaitStart::now());
         assert_eq!(waiters.next_poll(&obj("a")), POLL_MIN);
+    }
+
+    #[test]
+    fn a_resumed_wait_counts_the_time_before_the_restart() {
+        let started = SystemTime::now() - Duration::from_secs(90);
+        let resumed = WaitStart::resumed(started);
+        assert!(resumed.elapsed() >= Duration::from_secs(90));
+        assert!(resumed.elapsed() < Duration::from_secs(100));
+        assert_eq!(resumed.wall, started);
+        // A start in the future (another controller's clock ahead): from now.
+        let ahead = WaitStart::resumed(SystemTime::now() + Duration::from_secs(60));
+        assert!(ahead.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn one_watch_task_per_wait_aborted_when_the_wait_ends() {
+        let waiters = WaiterIndex::<()>::default();
+        let spawn = || tokio::spawn(std::future::pending::<()>()).abort_handle();
+        assert!(!waiters.watch(&obj("a"), spawn), "not waiting: no watch");
+        waiters.insert(&obj("a"), "u", "k", (), WaitStart::now());
+        assert!(waiters.watch(&obj("a"), spawn));
+        assert!(!waiters.watch(&obj("a"), spawn), "already watching");
+        let handle = waiters.index.lock().unwrap().waiters[&obj("a")]
+            .watch
+            .clone()
+            .unwrap();
+        waiters.stop_waiting(&obj("a"));
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !handle.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the watch task is aborted with its wait");
+
+        // A finished watch (it fired) is replaced by the next one.
+        waiters.insert(&obj("a"), "u", "k", (), WaitStart::now());
+        let fired = tokio::spawn(async {});
+        let fired_handle = fired.abort_handle();
+        fired.await.unwrap();
+        assert!(waiters.watch(&obj("a"), || fired_handle));
+        assert!(
+            waiters.watch(&obj("a"), spawn),
+            "the fired watch is replaced"
+        );
+        waiters.stop_waiting(&obj("a"));
     }
 }

@@ -149,6 +149,13 @@ pub trait LockBackend: Send + Sync {
     async fn changed(&self, timeout: Duration) {
         tokio::time::sleep(timeout).await
     }
+
+    /// Whether [`changed`](Self::changed) wakes on the store's own notification (a
+    /// watch) after a [`try_acquire`](Self::try_acquire) found the lock held, so a
+    /// waiter need not poll. `false`: it only sleeps.
+    fn watches_changes(&self) -> bool {
+        false
+    }
 }
 
 /// A store with conditional writes on a single record (S3, DynamoDB, Kubernetes Lease):
