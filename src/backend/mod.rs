@@ -3,6 +3,7 @@
 
 mod aws;
 pub mod dynamodb;
+mod kafka_kit;
 pub mod kubernetes;
 pub mod s3;
 pub mod target;

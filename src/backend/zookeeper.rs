@@ -45,9 +45,10 @@ use zookeeper_client::{
     Acls, Client, CreateMode, Error as ZkError, MultiReadResult, SessionState, Stat,
 };
 
+use super::kafka_kit;
 use crate::lock::{
-    AcquireRequest, Attempt, FenceToken, HeldBy, HolderDeadline, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, SafetyMargins, Stored, Version,
+    AcquireRequest, Attempt, FenceToken, ForeignRecord, HeldBy, HolderDeadline, Lease, LockBackend,
+    LockError, LockRecord, LockState, LostReason, SafetyMargins, Stored, Version,
 };
 
 /// Session timeout asked of the servers unless configured otherwise.
@@ -577,10 +578,14 @@ impl ZkLock {
     /// a description of whatever else is there.
     pub fn stored(name: &str, data: &[u8], stat: &Stat) -> Stored {
         Stored {
-            record: LockRecord::from_json(data).map(|mut record| {
-                record.fence = Generation::fence_of(stat);
-                record
-            }),
+            record: LockRecord::from_json(&kafka_kit::record_part(data))
+                .map(|mut record| {
+                    record.fence = Generation::fence_of(stat);
+                    record
+                })
+                .map_err(|found| {
+                    kafka_kit::describe(data, SystemTime::now()).map_or(found, ForeignRecord::new)
+                }),
             version: version_of(name, stat),
         }
     }
@@ -720,7 +725,7 @@ impl ZkLock {
                 ),
             ),
         };
-        let data = record.to_json();
+        let data = kafka_kit::entry_data(&record);
         let path = self.node(&prefix);
         let mode = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         for _ in 0..QUEUE_RETRIES {
@@ -1102,7 +1107,7 @@ impl LockBackend for ZkLock {
             let MultiReadResult::Data { data, stat } = result else {
                 continue;
             };
-            let Ok(mut record) = LockRecord::from_json(&data) else {
+            let Ok(mut record) = LockRecord::from_json(&kafka_kit::record_part(&data)) else {
                 continue;
             };
             if record.nonce != nonce {
