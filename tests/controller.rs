@@ -701,6 +701,7 @@ fn s3_lock(
             region: Some(support::moto::REGION.into()),
             endpoint: Some(endpoint),
             force_path_style: Some(true),
+            s3lock_compatible: None,
             credentials_secret_ref: Some(secret),
         }),
         ..Default::default()

@@ -1178,6 +1178,7 @@ fn s3_lock(name: &str, bucket: &str, endpoint: String, secret: &str) -> Distribu
             region: Some(support::moto::REGION.into()),
             endpoint: Some(endpoint),
             force_path_style: Some(true),
+            s3lock_compatible: None,
             credentials_secret_ref: Some(SecretRef {
                 name: secret.into(),
             }),

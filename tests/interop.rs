@@ -19,7 +19,9 @@ use aws_sdk_s3::config::Credentials;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use kube::api::{Api, DeleteParams, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
-use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend};
+use lockwarden::api::{
+    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, S3Backend, SecretRef,
+};
 use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
 use lockwarden::controller::{self, ControllerConfig};
 use lockwarden::lock::{
@@ -405,6 +407,127 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
         3,
         "s3lock treats lockwarden's release tombstone as a held lock"
     );
+}
+
+/// `lockwarden status` on a key lockwarden released without deleting it: free for
+/// lockwarden, but s3lock clients see it as held — the status says so and names the
+/// option that deletes on release. (With the option the key is absent after a release.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_a_released_s3_key_says_s3lock_sees_it_held_and_names_the_option() {
+    let (bucket, key, url) = s3_key().await;
+    let cli = Cli::new();
+    cli.lock(&url, "plain.lock", &[]).await;
+    cli.unlock("plain.lock").await;
+
+    let out = cli.run(&["status", &url, "-o", "json"]).await;
+    assert_eq!(out.code, 0, "{out:#?}");
+    let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "released", "{status}");
+    let note = status["note"].as_str().unwrap_or_default();
+    for says in [
+        "free for lockwarden",
+        "s3lock",
+        "as held",
+        "s3lockCompatible: true",
+        "--s3lock-compatible",
+    ] {
+        assert!(note.contains(says), "the note must say {says:?}: {status}");
+    }
+    let table = cli.run(&["status", &url]).await;
+    assert!(
+        table.stdout.contains("note: free for lockwarden"),
+        "{table:#?}"
+    );
+    // What it says is so.
+    assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
+
+    // Released with the option: nothing left, nothing to say.
+    cli.lock(&url, "compatible.lock", &["--s3lock-compatible"])
+        .await;
+    cli.unlock("compatible.lock").await;
+    let out = cli.run(&["status", &url, "-o", "json"]).await;
+    let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "absent", "{status}");
+    assert!(status.get("note").is_none(), "{status}");
+}
+
+/// `spec.backend.s3.s3lockCompatible: true`: a DistributedLock's release deletes the
+/// object, so an s3lock client waiting on the key gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_lock_with_s3lock_compatible_lets_s3lock_lock_after_its_release() {
+    let (bucket, key, _url) = s3_key().await;
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_lockwarden_crd(&client).await;
+    let ns = plane.namespace(&client, "interop-s3lock").await;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "aws"},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": moto::ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": moto::SECRET_ACCESS_KEY,
+        },
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the Secret");
+    let config = ControllerConfig {
+        cluster_name: "interop".into(),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    let controller_client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = controller::run(controller_client, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let lock = DistributedLock::new(
+        "compatible",
+        DistributedLockSpec {
+            backend: BackendSpec {
+                s3: Some(S3Backend {
+                    bucket: bucket.clone(),
+                    key: key.clone(),
+                    region: Some(moto::REGION.into()),
+                    endpoint: Some(Moto::shared().endpoint()),
+                    force_path_style: Some(true),
+                    credentials_secret_ref: Some(SecretRef { name: "aws".into() }),
+                    s3lock_compatible: Some(true),
+                }),
+                ..Default::default()
+            },
+            lease_duration: "30s".into(),
+            renew_interval: "10s".into(),
+            ..Default::default()
+        },
+    );
+    locks
+        .create(&PostParams::default(), &lock)
+        .await
+        .expect("create DistributedLock");
+    eventually("the DistributedLock to be Acquired", TIMEOUT, || async {
+        locks.get("compatible").await.ok().filter(|l| {
+            l.status
+                .as_ref()
+                .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
+        })
+    })
+    .await;
+    let mut waiting = s3lock(&bucket, &key, "120s");
+    assert_eq!(waiting.has_event().await, None, "s3lock took a held lock");
+    locks
+        .patch(
+            "compatible",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"release": true}})),
+        )
+        .await
+        .expect("set spec.release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
 }
 
 // ---------------------------------------------------------------------------------

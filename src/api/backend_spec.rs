@@ -55,6 +55,12 @@ pub struct S3Backend {
     /// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<SecretRef>,
+    /// Delete the object on release (after writing the release record), so
+    /// winebarrel/s3lock clients, which lock with `PUT If-None-Match: *`, can lock the
+    /// key after lockwarden. The fencing token then restarts at 1 after each release
+    /// (the object holding the counter is gone). Needs `s3:DeleteObject`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3lock_compatible: Option<bool>,
 }
 
 /// A lock item in DynamoDB.

@@ -111,10 +111,20 @@ where
     }
 }
 
+/// What a released record left in the bucket means to winebarrel/s3lock.
+const S3LOCK_SEES_HELD: &str = "free for lockwarden, but winebarrel/s3lock clients see this \
+key as held: their lock is a PUT If-None-Match: *, refused while any object is there. Release \
+with spec.backend.s3.s3lockCompatible: true (DistributedLock) or --s3lock-compatible (CLI) to \
+delete the object, or delete it by hand";
+
 #[async_trait]
 impl RecordStore for S3Store {
     fn url(&self) -> &str {
         &self.url
+    }
+
+    fn kept_tombstone_note(&self) -> Option<&'static str> {
+        Some(S3LOCK_SEES_HELD)
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {

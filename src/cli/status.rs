@@ -60,6 +60,10 @@ pub struct Status {
     /// What a foreign record looks like.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub found: Option<String>,
+    /// What users of other tools on this key should know (e.g. s3lock and a released
+    /// record).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
@@ -81,6 +85,7 @@ impl Status {
             renewed_at: None,
             data: None,
             found: None,
+            note: None,
         };
         let Some(stored) = stored else { return s };
         s.version = Some(stored.version.0);
@@ -160,8 +165,13 @@ impl Status {
                 .collect::<Vec<_>>()
                 .join("   ")
         };
+        let note = self
+            .note
+            .as_ref()
+            .map(|n| format!("note: {n}\n"))
+            .unwrap_or_default();
         format!(
-            "{}\n{}\n",
+            "{}\n{}\n{note}",
             line(header.iter().map(|h| h.to_string()).collect()),
             line(row)
         )
@@ -171,7 +181,11 @@ impl Status {
 pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let stored = backend.inspect().await?;
-    let status = Status::new(backend.url(), stored);
+    let note = stored.as_ref().and_then(|s| backend.note(s));
+    let status = Status {
+        note,
+        ..Status::new(backend.url(), stored)
+    };
     let text = match args.output {
         Some(Format::Json) => {
             serde_json::to_string_pretty(&status).expect("status serialises") + "\n"

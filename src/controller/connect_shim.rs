@@ -35,6 +35,7 @@ impl BackendSpecShim for BackendSpec {
                 options.endpoint = s.endpoint.clone().filter(|e| !e.is_empty());
                 options.region = s.region.clone();
                 options.force_path_style = s.force_path_style;
+                options.s3lock_compatible = s.s3lock_compatible.unwrap_or(false);
             }
             Ok(SelectedBackend::DynamoDb(d)) => {
                 options.endpoint = d.endpoint.clone().filter(|e| !e.is_empty());

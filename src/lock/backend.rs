@@ -156,6 +156,12 @@ pub trait LockBackend: Send + Sync {
     fn watches_changes(&self) -> bool {
         false
     }
+
+    /// What users of other tools on this key should know about `stored` (e.g. that
+    /// another library sees a released record as held). `None`: nothing.
+    fn note(&self, _stored: &Stored) -> Option<String> {
+        None
+    }
 }
 
 /// A store with conditional writes on a single record (S3, DynamoDB, Kubernetes Lease):
@@ -176,6 +182,12 @@ pub trait RecordStore: Send + Sync {
 
     /// Deletes the record only if its version is still `expected`.
     async fn delete(&self, expected: &Version) -> Result<(), StoreError>;
+
+    /// Said about a released record that stays in the store (no delete on release):
+    /// how other tools on the key see it. `None`: as free.
+    fn kept_tombstone_note(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// The outcome of a failed conditional write.

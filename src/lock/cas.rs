@@ -252,6 +252,14 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
         self.read().await
     }
 
+    fn note(&self, stored: &Stored) -> Option<String> {
+        let released = matches!(&stored.record, Ok(r) if r.state == LockState::Released);
+        (released && !self.delete_on_release)
+            .then(|| self.store.kept_tombstone_note())
+            .flatten()
+            .map(String::from)
+    }
+
     async fn resume(&self, holder: &str, nonce: &str) -> Result<Lease, LockError> {
         match self.read().await? {
             Some(Stored {

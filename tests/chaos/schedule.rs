@@ -723,6 +723,7 @@ fn lock_backend(backend: Backend, keys: &Keys, k: usize, c: usize, west_ns: &str
                 region: Some(REGION.into()),
                 endpoint: Some(paths.moto().endpoint()),
                 force_path_style: Some(true),
+                s3lock_compatible: None,
                 credentials_secret_ref: secret,
             }),
             ..Default::default()
