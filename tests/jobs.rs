@@ -772,6 +772,7 @@ fn controller_rules() -> serde_json::Value {
         {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks/status"],
          "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "verbs": ["get", "create", "update", "delete"]},

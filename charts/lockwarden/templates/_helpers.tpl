@@ -71,6 +71,11 @@ Secrets are never here: they get Roles of their own, only where locks live.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "update", "patch"]
+# A Job suspended after losing its lock restarts with a new fence in its pod
+# template, which the API server allows only once status.startTime is cleared.
+- apiGroups: ["batch"]
+  resources: ["jobs/status"]
+  verbs: ["patch"]
 # Per-Job locks are owned by their Job (blockOwnerDeletion, see above).
 - apiGroups: ["batch"]
   resources: ["jobs/finalizers"]
