@@ -681,3 +681,50 @@ pub async fn finish_pods(client: &Client, ns: &str, job: &str, succeeded: bool) 
     }
     running.len()
 }
+
+/// The Pods of Job `job` (the Job controller's label), terminating ones included.
+pub async fn job_pods(
+    client: &Client,
+    ns: &str,
+    job: &str,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    use kube::api::ListParams;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+        .await
+        .unwrap_or_else(|e| panic!("list the Pods of Job {job}: {e}"))
+        .items
+}
+
+/// Waits until Job `job` has Pods (made by the real Job controller), every one not
+/// terminating carrying `lockwarden.io/fence: fence` — what the workload reads through
+/// the downward API — and returns them.
+pub async fn wait_pods_with_fence(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    fence: i64,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    let want = fence.to_string();
+    super::eventually(
+        &format!("Pods of Job {job} with fence {fence}"),
+        TIMEOUT,
+        || async {
+            let live: Vec<_> = job_pods(client, ns, job)
+                .await
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let all_fenced = live.iter().all(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("lockwarden.io/fence"))
+                    == Some(&want)
+            });
+            (!live.is_empty() && all_fenced).then_some(live)
+        },
+    )
+    .await
+}
