@@ -845,7 +845,7 @@ fn controller_rules() -> serde_json::Value {
 
 /// The controller running as an identity with only [`controller_rules`] gates Jobs
 /// end to end: a named lock (claim, start, release) and a template queue (create,
-/// start, delete), with its Events recorded.
+/// start, stop on loss, restart, delete), with its Events recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_gating_works_with_the_documented_rbac() {
     let plane = ControlPlane::shared();
@@ -912,6 +912,25 @@ async fn job_gating_works_with_the_documented_rbac() {
     let named = wait_unsuspended(&jobs, "named-job").await;
     let queued = wait_unsuspended(&jobs, "queued-job").await;
     wait_event(&admin, &ns, "named-job", "Normal", "Started", "").await;
+    // The queued Job's key is taken by force: it is suspended, its own lock made anew,
+    // and it restarts with a higher fence once the forcer lets go. (With
+    // LOCKWARDEN_KUBE_FEATURE_GATES=MutableSchedulingDirectivesForSuspendedJobs=false,
+    // as before Kubernetes 1.36, the restart needs jobs/status to clear startTime.)
+    let mut forcer = lease_lock("forcer", "queue-key");
+    forcer.spec.force = true;
+    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    wait_event(&admin, &ns, "queued-job", "Warning", "Suspended", "").await;
+    let forced = wait_acquired(&locks, "forcer").await;
+    locks
+        .delete("forcer", &DeleteParams::default())
+        .await
+        .unwrap();
+    let restarted = eventually("the queued Job to restart", TIMEOUT, || async {
+        let job = jobs.get("queued-job").await.ok()?;
+        (!is_suspended(&job) && fence_of(&job) > forced.status.as_ref()?.fence?).then_some(job)
+    })
+    .await;
+    support::kube::wait_pods_with_fence(&admin, &ns, "queued-job", fence_of(&restarted)).await;
     finish(&jobs, "named-job", true).await;
     finish(&jobs, "queued-job", true).await;
     eventually("both locks let go", TIMEOUT, || async {

@@ -253,6 +253,9 @@ impl ControlPlane {
             .arg("--enable-priority-and-fairness=false")
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false");
+        if let Some(gates) = feature_gates() {
+            cmd.arg(format!("--feature-gates={gates}"));
+        }
         let apiserver_args: Vec<std::ffi::OsString> =
             cmd.get_args().map(|a| a.to_owned()).collect();
         let mut apiserver = ServerProcess::start("kube-apiserver", cmd, &dir);
@@ -290,6 +293,15 @@ impl ControlPlane {
 const CONTROLLERS: &str = "job,garbagecollector,namespace,serviceaccount,serviceaccount-token,\
                            replicaset,deployment";
 
+/// `LOCKWARDEN_KUBE_FEATURE_GATES`, passed to kube-apiserver and kube-controller-manager
+/// as `--feature-gates`: to run a test binary against the behaviour of an older release
+/// (e.g. `MutableSchedulingDirectivesForSuspendedJobs=false`, as before 1.36).
+fn feature_gates() -> Option<String> {
+    std::env::var("LOCKWARDEN_KUBE_FEATURE_GATES")
+        .ok()
+        .filter(|g| !g.is_empty())
+}
+
 /// Starts kube-controller-manager against the API server (admin kubeconfig) and waits
 /// until its port accepts connections. No leader election (one per control plane);
 /// it serves only on 127.0.0.1:`port`. Its informers may still be syncing when this
@@ -317,6 +329,9 @@ fn start_controller_manager(dir: &Path, pki: &Pki, kubeconfig: &Path, port: u16)
         .arg("--concurrent-job-syncs=10")
         .arg("--profiling=false")
         .arg("--v=1");
+    if let Some(gates) = feature_gates() {
+        cmd.arg(format!("--feature-gates={gates}"));
+    }
     let mut kcm = ServerProcess::start("kube-controller-manager", cmd, dir);
     wait_for_port(&mut kcm, port, STARTUP_TIMEOUT);
     eprintln!(

@@ -72,7 +72,8 @@ Secrets are never here: they get Roles of their own, only where locks live.
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "update", "patch"]
 # A Job suspended after losing its lock restarts with a new fence in its pod
-# template, which the API server allows only once status.startTime is cleared.
+# template, which before Kubernetes 1.36 the API server allows only once
+# status.startTime is cleared (1.36's Job controller clears it itself).
 - apiGroups: ["batch"]
   resources: ["jobs/status"]
   verbs: ["patch"]

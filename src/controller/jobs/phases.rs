@@ -318,8 +318,9 @@ impl<'a> Run<'a> {
             .as_ref()
             .is_some_and(|s| s.start_time.is_some())
         {
-            // A Job that ran keeps its pod template immutable while status.startTime
-            // is set; clearing it (as Kueue does) allows the new fence in.
+            // Before Kubernetes 1.36 a Job that ran keeps its pod template immutable
+            // while status.startTime is set (1.36's Job controller clears it on
+            // suspension); clearing it, as Kueue does, lets the new fence in.
             clear_start_time(&self.jobs, self.job).await?;
             return Ok(Action::await_change());
         }

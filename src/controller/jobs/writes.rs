@@ -98,9 +98,11 @@ async fn patch_finalizers(
 }
 
 /// Clears `status.startTime` of a suspended Job that ran before, conditioned on the
-/// resourceVersion read: while it is set, the API server keeps the pod template
-/// immutable, and the restart must put the new fence there. (The Job controller sets
-/// it again when the Job resumes.)
+/// resourceVersion read, as Kueue does: before Kubernetes 1.36 (feature gate
+/// `MutableSchedulingDirectivesForSuspendedJobs`, with which the Job controller clears
+/// it itself on suspension) the API server keeps the pod template of a Job with a
+/// `startTime` immutable, and the restart must put the new fence there. The Job
+/// controller sets it again when the Job resumes.
 pub(super) async fn clear_start_time(jobs: &Api<Job>, job: &Job) -> Result<(), JobError> {
     let patch = json!({
         "metadata": { "resourceVersion": job.resource_version() },
