@@ -102,8 +102,10 @@ pub struct JobContext {
     /// The Controller's cache of Jobs.
     jobs: Store<Job>,
     /// Job uid → when this controller first saw its lock not held while it ran (for
-    /// `lockwarden.io/lost-grace`). In memory: a restarted controller starts the grace
-    /// afresh, which only shortens nothing — the lock is then `Lost` or held again.
+    /// `lockwarden.io/lost-grace`). In memory, so a controller restarted while a lock
+    /// is `LeaseExpiring` starts the grace afresh (a known limit: the restart itself
+    /// usually takes longer than the takeover gap, and the resumed lock then reports
+    /// `Held` or `Lost`).
     not_held_since: Mutex<HashMap<String, Instant>>,
 }
 
