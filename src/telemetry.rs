@@ -321,4 +321,18 @@ mod tests {
                 .contains("lockwarden_locks{phase=\"Held\"} 1\n")
         );
     }
+
+    #[test]
+    fn jobs_stopped_is_shown_by_every_telemetry_of_the_process() {
+        // A reason no other test uses: the family is process-wide.
+        count_job_stopped("UnitTestReason");
+        count_job_stopped("UnitTestReason");
+        for telemetry in [Telemetry::new(), Telemetry::new()] {
+            let metrics = telemetry.encode();
+            assert!(
+                metrics.contains("lockwarden_jobs_stopped_total{reason=\"UnitTestReason\"} 2\n"),
+                "{metrics}"
+            );
+        }
+    }
 }
