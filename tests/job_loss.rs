@@ -481,8 +481,8 @@ async fn watch_stopped(
     name: String,
 ) -> tokio::task::JoinHandle<SystemTime> {
     enum Seen {
-        Job(watcher::Event<Job>),
-        Pod(watcher::Event<Pod>),
+        Job(Box<watcher::Event<Job>>),
+        Pod(Box<watcher::Event<Pod>>),
     }
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
@@ -492,12 +492,12 @@ async fn watch_stopped(
             jobs,
             watcher::Config::default().fields(&format!("metadata.name={name}")),
         )
-        .filter_map(|e| async move { e.ok().map(Seen::Job) });
+        .filter_map(|e| async move { e.ok().map(|e| Seen::Job(Box::new(e))) });
         let pod_events = watcher(
             pods,
             watcher::Config::default().labels(&format!("batch.kubernetes.io/job-name={name}")),
         )
-        .filter_map(|e| async move { e.ok().map(Seen::Pod) });
+        .filter_map(|e| async move { e.ok().map(|e| Seen::Pod(Box::new(e))) });
         let mut events = futures::stream::select(job_events.boxed(), pod_events.boxed());
         let (mut job_suspended, mut jobs_listed, mut pods_listed) = (false, false, false);
         // Pod name → terminating.
@@ -505,19 +505,23 @@ async fn watch_stopped(
         let mut ready = Some(ready_tx);
         while let Some(seen) = events.next().await {
             match seen {
-                Seen::Job(watcher::Event::Apply(j) | watcher::Event::InitApply(j)) => {
-                    job_suspended = suspended(&j);
-                }
-                Seen::Job(watcher::Event::InitDone) => jobs_listed = true,
-                Seen::Job(_) => {}
-                Seen::Pod(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => {
-                    live.insert(p.name_any(), p.metadata.deletion_timestamp.is_some());
-                }
-                Seen::Pod(watcher::Event::Delete(p)) => {
-                    live.remove(&p.name_any());
-                }
-                Seen::Pod(watcher::Event::Init) => live.clear(),
-                Seen::Pod(watcher::Event::InitDone) => pods_listed = true,
+                Seen::Job(event) => match *event {
+                    watcher::Event::Apply(j) | watcher::Event::InitApply(j) => {
+                        job_suspended = suspended(&j);
+                    }
+                    watcher::Event::InitDone => jobs_listed = true,
+                    _ => {}
+                },
+                Seen::Pod(event) => match *event {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        live.insert(p.name_any(), p.metadata.deletion_timestamp.is_some());
+                    }
+                    watcher::Event::Delete(p) => {
+                        live.remove(&p.name_any());
+                    }
+                    watcher::Event::Init => live.clear(),
+                    watcher::Event::InitDone => pods_listed = true,
+                },
             }
             if jobs_listed && pods_listed {
                 if let Some(tx) = ready.take() {
