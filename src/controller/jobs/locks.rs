@@ -37,39 +37,7 @@ pub(super) async fn claim(
     let ours = claim_of(job);
     match lock.annotations().get(CLAIM_ANNOTATION) {
         Some(c) if *c == ours => return Ok(Claim::Ours(Box::new(lock))),
-        Some(other) => {
-            let (other_name, other_uid) = other.split_once('/').unwrap_or((other, ""));
-            // Asked of the API server, not the cache: a Job missing from a cache that
-            // is still filling must not lose its claim.
-            let alive = jobs
-                .get_opt(other_name)
-                .await?
-                .is_some_and(|j| j.uid().as_deref() == Some(other_uid) && finished(&j).is_none());
-            if alive {
-                return Ok(Claim::Waiting(
-                    EventType::Normal,
-                    "Waiting",
-                    format!("waiting for lock {name}: claimed by Job {other_name}"),
-                ));
-            }
-            // The claimant is gone or finished without letting go (its finalizer was
-            // removed by hand): release and unclaim, then claim on a later pass.
-            let patch = json!({
-                "metadata": {
-                    "resourceVersion": lock.resource_version(),
-                    "annotations": { CLAIM_ANNOTATION: null },
-                },
-                "spec": { "release": true },
-            });
-            locks
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            return Ok(Claim::Waiting(
-                EventType::Normal,
-                "Waiting",
-                format!("waiting for lock {name}: released the stale claim of Job {other_name}"),
-            ));
-        }
+        Some(other) => return claimed_by_other(locks, jobs, &lock, other).await,
         None => {}
     }
     // Defence in depth: a claim removed by hand must not let a second Job run next to
@@ -117,6 +85,49 @@ pub(super) async fn claim(
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(Claim::Ours(Box::new(lock)))
+}
+
+/// The lock is claimed by another Job: wait while that Job lives and has not finished;
+/// otherwise (it is gone, or finished without letting go because its finalizer was
+/// removed by hand) release and unclaim the lock, to be claimed on a later pass.
+async fn claimed_by_other(
+    locks: &Api<DistributedLock>,
+    jobs: &Api<Job>,
+    lock: &DistributedLock,
+    other: &str,
+) -> Result<Claim, JobError> {
+    let name = lock.name_any();
+    let (other_name, other_uid) = other.split_once('/').unwrap_or((other, ""));
+    // Asked of the API server, not the cache: a Job missing from a cache that
+    // is still filling must not lose its claim.
+    let alive = jobs
+        .get_opt(other_name)
+        .await?
+        .is_some_and(|j| j.uid().as_deref() == Some(other_uid) && finished(&j).is_none());
+    if alive {
+        return Ok(Claim::Waiting(
+            EventType::Normal,
+            "Waiting",
+            format!("waiting for lock {name}: claimed by Job {other_name}"),
+        ));
+    }
+    // The claimant is gone or finished without letting go (its finalizer was
+    // removed by hand): release and unclaim, then claim on a later pass.
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": lock.resource_version(),
+            "annotations": { CLAIM_ANNOTATION: null },
+        },
+        "spec": { "release": true },
+    });
+    locks
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(Claim::Waiting(
+        EventType::Normal,
+        "Waiting",
+        format!("waiting for lock {name}: released the stale claim of Job {other_name}"),
+    ))
 }
 
 /// The Job's own lock, created from the template on first use; or why it cannot be.
