@@ -7,12 +7,16 @@
 //! - `lockwarden_renew_failures_total`: held locks whose renewals failed past the
 //!   holder deadline (`Expiring`) or that were lost while held;
 //! - `lockwarden_backend_request_duration_seconds{backend,operation}`: `try_acquire`
-//!   and `release` calls made by the controller.
+//!   and `release` calls made by the controller;
+//! - `lockwarden_jobs_stopped_total{reason}`: gated Jobs suspended because their lock
+//!   was no longer held (`reason`: the lock's `LeaseExpiring`, `Lost`, `LockDeleted`,
+//!   `NotHeld`), counted once per stop.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -36,6 +40,28 @@ struct PhaseLabels {
 struct BackendLabels {
     backend: String,
     operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+/// `lockwarden_jobs_stopped_total`, one family per process, registered by every
+/// [`Telemetry`]: the Job controller is started without a handle on the controller's
+/// `Telemetry` (a `Family` clone shares its counters, so each registry shows them).
+fn jobs_stopped() -> &'static Family<ReasonLabels, Counter> {
+    static JOBS_STOPPED: OnceLock<Family<ReasonLabels, Counter>> = OnceLock::new();
+    JOBS_STOPPED.get_or_init(Family::default)
+}
+
+/// Counts a gated Job stopped (suspended) because its lock was no longer held.
+pub fn count_job_stopped(reason: &str) {
+    jobs_stopped()
+        .get_or_create(&ReasonLabels {
+            reason: reason.to_string(),
+        })
+        .inc();
 }
 
 type HistogramFamily = Family<BackendLabels, Histogram, fn() -> Histogram>;
@@ -91,6 +117,11 @@ impl Telemetry {
             "lockwarden_backend_request_duration_seconds",
             "Duration of backend requests made by the controller",
             requests.clone(),
+        );
+        registry.register(
+            "lockwarden_jobs_stopped",
+            "Gated Jobs suspended because their lock was no longer held, by the lock's reason",
+            jobs_stopped().clone(),
         );
         Telemetry {
             registry,
@@ -289,5 +320,19 @@ mod tests {
                 .encode()
                 .contains("lockwarden_locks{phase=\"Held\"} 1\n")
         );
+    }
+
+    #[test]
+    fn jobs_stopped_is_shown_by_every_telemetry_of_the_process() {
+        // A reason no other test uses: the family is process-wide.
+        count_job_stopped("UnitTestReason");
+        count_job_stopped("UnitTestReason");
+        for telemetry in [Telemetry::new(), Telemetry::new()] {
+            let metrics = telemetry.encode();
+            assert!(
+                metrics.contains("lockwarden_jobs_stopped_total{reason=\"UnitTestReason\"} 2\n"),
+                "{metrics}"
+            );
+        }
     }
 }
