@@ -1,5 +1,5 @@
 //! `cargo bench --bench lockwarden`: lockwarden against real servers, next to the bare
-//! backend round trip measured in the same run (issue 7, DESIGN.md §8).
+//! backend round trip measured in the same run (issue 7, docs/design.md §8).
 //!
 //! Parts (`--only floor|engine|operator|scale`; `--quick` for fewer samples):
 //! 1. floor: one conditional write with the raw SDK/client per backend (latency and

@@ -5,7 +5,7 @@
 //! - stored values that are not lockwarden records, put into the real stores (moto
 //!   S3 and DynamoDB, ZooKeeper, kube-apiserver Leases): garbage, wrong types, huge
 //!   and absurd values. Acquire, inspect and `lockwarden lock` / `status` report them
-//!   (a foreign record is "held", DESIGN.md rule 6) and leave them byte for byte;
+//!   (a foreign record is "held", docs/design.md §3 rule 6) and leave them byte for byte;
 //! - HTTP answers no real server gives on demand (500, 503, 403, 301, bytes that are
 //!   not HTTP, a 200 with a garbage body), from a canned server: the error is
 //!   classified as the engine defines (unavailable vs refused) and no lock is
@@ -20,7 +20,6 @@ mod support;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,96 +33,14 @@ use lockwarden::lock::{
     AcquireRequest, Attempt, CasLock, ForeignRecord, LockBackend, LockError, Wait, acquire,
 };
 use serde_json::{Value, json};
+use support::cli::Cli;
 use support::kube::ControlPlane;
-use support::moto::{self, Moto};
+use support::moto::Moto;
 use support::zookeeper::ZooKeeper;
-use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_lockwarden");
-
-/// Generous: the machine is small and shared.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
-
-#[derive(Debug)]
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    /// Exit `code`, one error line naming every fragment, no panic.
-    fn expect(&self, code: i32, fragments: &[&str], case: &str) {
-        assert_ne!(self.code, 101, "{case}: panicked: {self:#?}");
-        assert!(
-            !self.stderr.contains("panicked"),
-            "{case}: panicked: {self:#?}"
-        );
-        assert_eq!(self.code, code, "{case}: exit code: {self:#?}");
-        // One error line; progress lines ("lockwarden: waiting for …") may precede it.
-        let errors: Vec<&str> = self
-            .stderr
-            .lines()
-            .filter(|l| l.starts_with("lockwarden: error: "))
-            .collect();
-        assert_eq!(
-            errors.len(),
-            1,
-            "{case}: expected a one-line error: {self:#?}"
-        );
-        assert!(
-            self.stderr.lines().all(|l| l.starts_with("lockwarden: ")),
-            "{case}: {self:#?}"
-        );
-        for fragment in fragments {
-            assert!(
-                self.stderr.contains(fragment),
-                "{case}: error lacks {fragment:?}: {self:#?}"
-            );
-        }
-        assert!(
-            self.stderr.len() < 4096,
-            "{case}: a {} byte error message",
-            self.stderr.len()
-        );
-    }
-}
-
-/// Runs the binary in `dir` with moto as the AWS endpoint (and `extra` environment).
-async fn lockwarden(dir: &Path, args: &[OsString], extra: &[(&str, String)]) -> Out {
-    let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .current_dir(dir)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("AWS_ENDPOINT_URL", Moto::shared().endpoint())
-        .env("AWS_REGION", moto::REGION)
-        .env("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID)
-        .env("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY)
-        .env("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-        .env(
-            "AWS_SHARED_CREDENTIALS_FILE",
-            "/nonexistent/aws-credentials",
-        )
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("USER", "tester")
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(COMMAND_TIMEOUT, cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("lockwarden {args:?} did not finish"))
-        .expect("run lockwarden");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-fn args(list: &[&str]) -> Vec<OsString> {
-    list.iter().map(OsString::from).collect()
+/// The binary with moto as the AWS endpoint and nothing else from the environment.
+fn cli() -> Cli {
+    Cli::aws().clearing_env()
 }
 
 fn request(holder: &str) -> AcquireRequest {
@@ -165,8 +82,8 @@ fn with(mut file: Value, field: &str, value: Value) -> Vec<u8> {
 async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
     let bucket = Moto::shared().new_bucket("bad-args").await;
     let good = format!("s3://{bucket}/k");
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+    let cli = cli();
+    let d = cli.dir();
 
     let files: Vec<(&str, Vec<u8>)> = vec![
         ("huge.lock", vec![b'x'; 10 << 20]),
@@ -281,7 +198,7 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["unlock", "--force", "binary.lock"], 1, vec!["not a lockwarden lock file"]),
     ];
     for (argv, code, fragments) in &cases {
-        let out = lockwarden(d, &args(argv), &[]).await;
+        let out = cli.run(argv).await;
         let case = format!(
             "{:?}",
             argv.iter()
@@ -295,7 +212,9 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
     let mut raw = b"s3://".to_vec();
     raw.extend_from_slice(&[0xff, 0xfe]);
     raw.extend_from_slice(b"/k");
-    let out = lockwarden(d, &[OsString::from("lock"), OsString::from_vec(raw)], &[]).await;
+    let out = cli
+        .run_os(&[OsString::from("lock"), OsString::from_vec(raw)])
+        .await;
     out.expect(2, &["UTF-8"], "non-UTF-8 URL");
 
     // Nothing reached the store, and no file was written or removed.
@@ -441,7 +360,7 @@ async fn s3_garbage_objects_are_reported_and_left_alone() {
         ("huge-field-name", huge_field, "unknown field"),
         ("ten-megabytes", ten_mb, "10485768 bytes"),
     ];
-    let dir = tempfile::tempdir().unwrap();
+    let cli = cli();
     for (name, body, fragment) in cases {
         let key = format!("locks/{name}");
         let url = format!("s3://{bucket}/{key}");
@@ -459,9 +378,9 @@ async fn s3_garbage_objects_are_reported_and_left_alone() {
         let stored = lock.inspect().await.unwrap().expect("a record");
         assert!(stored.record.is_err(), "{name}: {stored:?}");
 
-        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &[]).await;
+        let out = cli.run(&["lock", &url, "-o", "x.lock"]).await;
         out.expect(3, &[&url, "not a lockwarden lock", "--force"], name);
-        let out = lockwarden(dir.path(), &args(&["status", &url, "-o", "json"]), &[]).await;
+        let out = cli.run(&["status", &url, "-o", "json"]).await;
         assert_eq!(out.code, 0, "{name}: {out:#?}");
         let status: Value = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!(status["state"], "foreign", "{name}: {status}");
@@ -470,7 +389,7 @@ async fn s3_garbage_objects_are_reported_and_left_alone() {
         assert_eq!(after.etag, before.etag, "{name}: the object was rewritten");
         assert!(after.body == before.body, "{name}: the object changed");
     }
-    assert!(!dir.path().join("x.lock").exists());
+    assert!(!cli.path("x.lock").exists());
 }
 
 /// Records in lockwarden's format with absurd values: a lease of 584 million years,
@@ -479,7 +398,7 @@ async fn s3_garbage_objects_are_reported_and_left_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_records_with_absurd_values_are_reported_and_left_alone() {
     let bucket = Moto::shared().new_bucket("absurd-s3").await;
-    let dir = tempfile::tempdir().unwrap();
+    let cli = cli();
 
     // Held "forever", acquired and renewed in the far future.
     let key = "locks/forever";
@@ -504,16 +423,16 @@ async fn s3_records_with_absurd_values_are_reported_and_left_alone() {
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
-    let out = lockwarden(dir.path(), &args(&["lock", &url]), &[]).await;
+    let out = cli.run(&["lock", &url]).await;
     out.expect(3, &[&url, "lock already held by someone"], "forever");
-    let out = lockwarden(dir.path(), &args(&["lock", &url, "--wait", "1"]), &[]).await;
+    let out = cli.run(&["lock", &url, "--wait", "1"]).await;
     out.expect(3, &[&url, "gave up after waiting"], "forever --wait");
     for format in ["json", "yaml", "wide"] {
-        let out = lockwarden(dir.path(), &args(&["status", &url, "-o", format]), &[]).await;
+        let out = cli.run(&["status", &url, "-o", format]).await;
         assert_eq!(out.code, 0, "status -o {format}: {out:#?}");
         assert!(out.stdout.contains("someone"), "{out:#?}");
     }
-    let out = lockwarden(dir.path(), &args(&["status", &url]), &[]).await;
+    let out = cli.run(&["status", &url]).await;
     assert_eq!(out.code, 0, "status: {out:#?}");
     let after = s3_get(&bucket, key).await;
     assert_eq!((after.etag, after.body), (before.etag, before.body));
@@ -536,11 +455,11 @@ async fn s3_records_with_absurd_values_are_reported_and_left_alone() {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
-    let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "y.lock"]), &[]).await;
+    let out = cli.run(&["lock", &url, "-o", "y.lock"]).await;
     out.expect(1, &[&url, "fence"], "last fence");
     let after = s3_get(&bucket, key).await;
     assert_eq!((after.etag, after.body), (before.etag, before.body));
-    assert!(!dir.path().join("y.lock").exists());
+    assert!(!cli.path("y.lock").exists());
 }
 
 // ----- DynamoDB -------------------------------------------------------------------
@@ -648,7 +567,7 @@ async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
             "recordVersionNumber is null",
         ),
     ];
-    let dir = tempfile::tempdir().unwrap();
+    let cli = cli();
     for (name, mut item, fragment) in cases {
         item.insert("key".to_string(), s(name));
         client
@@ -671,9 +590,9 @@ async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
             other => panic!("{name}: expected a foreign record, got {other:?}"),
         }
         let url = format!("dynamodb://{table}/{name}");
-        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &[]).await;
+        let out = cli.run(&["lock", &url, "-o", "x.lock"]).await;
         out.expect(3, &[&url, "not a lockwarden lock"], name);
-        let out = lockwarden(dir.path(), &args(&["status", &url, "-o", "json"]), &[]).await;
+        let out = cli.run(&["status", &url, "-o", "json"]).await;
         assert_eq!(out.code, 0, "{name}: {out:#?}");
 
         let stored = client
@@ -691,7 +610,7 @@ async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
 // ----- ZooKeeper ------------------------------------------------------------------
 
 /// Queue entries another client left with garbage data: the lock is reported held
-/// by that entry (DESIGN.md rule 6: foreign entries are never deleted), and the entry
+/// by that entry (docs/design.md §3 rule 6: foreign entries are never deleted), and the entry
 /// is unchanged afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_garbage_queue_entries_are_reported_and_left_alone() {
@@ -701,7 +620,7 @@ async fn zookeeper_garbage_queue_entries_are_reported_and_left_alone() {
     let raw = zk.connect().await;
     let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
     let sessions = ZkSessions::new();
-    let dir = tempfile::tempdir().unwrap();
+    let cli = cli();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("binary", vec![0x00, 0xff, 0x13, 0x80]),
         (
@@ -749,7 +668,7 @@ async fn zookeeper_garbage_queue_entries_are_reported_and_left_alone() {
         }
         lock.abandon().await;
         let url = format!("zk://{}{path}", zk.connect_string());
-        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &[]).await;
+        let out = cli.run(&["lock", &url, "-o", "x.lock"]).await;
         out.expect(3, &[&url, "foreign queue entry"], name);
 
         let (data_after, stat_after) = raw.get_data(&entry).await.unwrap();
@@ -770,7 +689,7 @@ async fn zookeeper_garbage_queue_entries_are_reported_and_left_alone() {
         )
         .await;
     }
-    assert!(!dir.path().join("x.lock").exists());
+    assert!(!cli.path("x.lock").exists());
 }
 
 // ----- Kubernetes Lease -----------------------------------------------------------
@@ -784,7 +703,7 @@ async fn kubernetes_leases_with_odd_fields_are_reported_and_left_alone() {
     let namespace = cp.namespace(&client, "bad-lease").await;
     let api: Api<KubeLease> = Api::namespaced(client.clone(), &namespace);
     let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let dir = tempfile::tempdir().unwrap();
+    let cli = cli().with("KUBECONFIG", kubeconfig);
 
     let ours = |extra: Value| {
         let mut annotations = json!({
@@ -845,8 +764,7 @@ async fn kubernetes_leases_with_odd_fields_are_reported_and_left_alone() {
             other => panic!("{name}: expected a foreign record, got {other:?}"),
         }
         let url = format!("k8s://{namespace}/{name}");
-        let env = [("KUBECONFIG", kubeconfig.clone())];
-        let out = lockwarden(dir.path(), &args(&["lock", &url, "-o", "x.lock"]), &env).await;
+        let out = cli.run(&["lock", &url, "-o", "x.lock"]).await;
         out.expect(3, &[&url, "not a lockwarden lock"], name);
         let after = api.get(name).await.unwrap();
         assert_eq!(

@@ -8,163 +8,20 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
+use support::cli::{BIN, Cli, Out, TIMEOUT};
 use support::kube::ControlPlane;
-use support::moto::{self, Moto};
+use support::moto::Moto;
 use support::unique;
 use support::zookeeper::ZooKeeper;
 
-const BIN: &str = env!("CARGO_BIN_EXE_lockwarden");
-
-/// Generous: a loaded 2-core machine, JVMs and Python servers next to a cargo build.
-const TIMEOUT: Duration = Duration::from_secs(120);
-
-/// What one run of the binary produced.
-#[derive(Debug)]
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn ok(&self) -> &Self {
-        assert_eq!(self.code, 0, "expected success: {self:#?}");
-        self
-    }
-
-    fn code(&self, code: i32) -> &Self {
-        assert_eq!(self.code, code, "expected exit code {code}: {self:#?}");
-        self
-    }
-
-    /// Exactly one line on stderr, `lockwarden: error: …`, containing every `needle`.
-    fn one_line_error(&self, needles: &[&str]) -> &Self {
-        let lines: Vec<&str> = self.stderr.lines().collect();
-        assert_eq!(lines.len(), 1, "expected a one-line error: {self:#?}");
-        assert!(
-            lines[0].starts_with("lockwarden: error: "),
-            "expected `lockwarden: error: …`: {self:#?}"
-        );
-        for needle in needles {
-            assert!(
-                lines[0].contains(needle),
-                "error lacks {needle:?}: {self:#?}"
-            );
-        }
-        self
-    }
-}
-
-/// The binary, in a directory of its own, with one backend environment.
-struct Lw {
-    dir: tempfile::TempDir,
-    env: Vec<(&'static str, String)>,
-}
-
-impl Lw {
-    fn new() -> Lw {
-        let env = vec![
-            ("AWS_REGION", moto::REGION.to_string()),
-            ("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID.to_string()),
-            ("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY.to_string()),
-            // Nothing from the developer's own AWS setup, and no IMDS probing.
-            ("AWS_CONFIG_FILE", "/nonexistent/aws-config".to_string()),
-            (
-                "AWS_SHARED_CREDENTIALS_FILE",
-                "/nonexistent/aws-credentials".to_string(),
-            ),
-            ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
-            ("USER", "tester".to_string()),
-            ("KUBECONFIG", "/nonexistent/kubeconfig".to_string()),
-        ];
-        Lw {
-            dir: tempfile::tempdir().expect("temp dir"),
-            env,
-        }
-    }
-
-    fn with(mut self, name: &'static str, value: impl Into<String>) -> Lw {
-        self.env.retain(|(n, _)| *n != name);
-        self.env.push((name, value.into()));
-        self
-    }
-
-    /// With moto as the AWS endpoint.
-    fn aws() -> Lw {
-        Lw::new().with("AWS_ENDPOINT_URL", Moto::shared().endpoint())
-    }
-
-    /// With the shared control plane's admin kubeconfig.
-    fn kube() -> Lw {
-        Lw::new().with(
-            "KUBECONFIG",
-            ControlPlane::shared()
-                .kubeconfig_path()
-                .display()
-                .to_string(),
-        )
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .current_dir(self.dir.path())
-            .env_remove("AWS_PROFILE")
-            .env_remove("AWS_ENDPOINT_URL_S3")
-            .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
-            .env_remove("LOCKWARDEN_LOG")
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> Out {
-        let started = Instant::now();
-        let out = tokio::time::timeout(TIMEOUT, self.command(args).output())
-            .await
-            .unwrap_or_else(|_| panic!("lockwarden {args:?} did not finish within {TIMEOUT:?}"))
-            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
-        let out = Out {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        };
-        eprintln!(
-            "$ lockwarden {} -> {} in {:.1?}\n{}{}",
-            args.join(" "),
-            out.code,
-            started.elapsed(),
-            out.stdout,
-            out.stderr
-        );
-        out
-    }
-
-    fn spawn(&self, args: &[&str]) -> Child {
-        self.command(args).spawn().expect("spawn lockwarden")
-    }
-
-    fn read_json(&self, name: &str) -> Value {
-        let text =
-            std::fs::read_to_string(self.path(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON ({e}): {text}"))
-    }
-
+/// Assertions on the binary's lock files specific to these tests.
+impl Cli {
     /// `unlock FILE`, which must succeed; for a ZooKeeper lock, also waits until the
     /// process that kept its session has exited.
     async fn unlock(&self, name: &str) -> Out {
@@ -284,7 +141,7 @@ fn assert_next_fence(kind: Fences, before: u64, after: u64) {
 /// Acceptance, per backend: lock → a second lock fails with exit 3 → unlock → lock
 /// again with fence + 1; then `run` continues the sequence, passes the fence and the
 /// exit code, and releases.
-async fn lock_cycle(lw: &Lw, url: &str, fences: Fences) {
+async fn lock_cycle(lw: &Cli, url: &str, fences: Fences) {
     // lock
     let out = lw
         .run(&["lock", url, "-o", "first.lock", "--lease", "5m"])
@@ -389,7 +246,7 @@ async fn lock_cycle(lw: &Lw, url: &str, fences: Fences) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_lock_unlock_relock_and_run() {
     let bucket = Moto::shared().new_bucket("cli-cycle").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let url = format!("s3://{bucket}/locks/lock-object");
     lock_cycle(&lw, &url, Fences::PlusOne).await;
 }
@@ -397,7 +254,7 @@ async fn s3_lock_unlock_relock_and_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_lock_file_has_s3lock_fields_and_default_name() {
     let bucket = Moto::shared().new_bucket("cli-file").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let url = format!("s3://{bucket}/lock-object");
     let out = lw.run(&["lock", &url]).await;
     out.ok();
@@ -437,7 +294,7 @@ async fn s3_lock_file_has_s3lock_fields_and_default_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_lock_unlock_relock_and_run() {
     let table = Moto::shared().new_table("cli-cycle", "key").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let url = format!("dynamodb://{table}/db-migration");
     lock_cycle(&lw, &url, Fences::PlusOne).await;
 }
@@ -445,7 +302,7 @@ async fn dynamodb_lock_unlock_relock_and_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_custom_partition_key_is_remembered_by_the_lock_file() {
     let table = Moto::shared().new_table("cli-pk", "LockID").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let url = format!("dynamodb://{table}/x");
     lw.run(&["lock", &url, "--partition-key", "LockID"])
         .await
@@ -464,7 +321,7 @@ async fn dynamodb_custom_partition_key_is_remembered_by_the_lock_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_lock_unlock_relock_and_run() {
     let zk = ZooKeeper::shared();
-    let lw = Lw::new();
+    let lw = Cli::new();
     let url = format!(
         "zk://{}/lockwarden-cli/{}",
         zk.connect_string(),
@@ -478,14 +335,14 @@ async fn kubernetes_lock_unlock_relock_and_run() {
     let plane = ControlPlane::shared();
     let client = plane.client().await;
     let namespace = plane.namespace(&client, "cli").await;
-    let lw = Lw::kube();
+    let lw = Cli::kube();
     let url = format!("k8s://{namespace}/db-migration");
     lock_cycle(&lw, &url, Fences::PlusOne).await;
 }
 
 /// `--wait` acquires as soon as the holder unlocks (the delay is printed), and fails
 /// cleanly, with exit 3, when its deadline passes first.
-async fn wait_for_unlock(lw: &Lw, url: &str) {
+async fn wait_for_unlock(lw: &Cli, url: &str) {
     lw.run(&["lock", url, "-o", "holder.lock"]).await.ok();
     let holder = lw.read_json("holder.lock");
 
@@ -546,13 +403,13 @@ async fn wait_for_unlock(lw: &Lw, url: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline() {
     let bucket = Moto::shared().new_bucket("cli-wait").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     wait_for_unlock(&lw, &format!("s3://{bucket}/waited")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline() {
-    let lw = Lw::new();
+    let lw = Cli::new();
     let url = format!(
         "zk://{}/lockwarden-cli/{}",
         ZooKeeper::shared().connect_string(),
@@ -563,7 +420,7 @@ async fn zookeeper_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadli
 
 /// A lock stolen with `lock --force` by another process: `run` terminates its command
 /// (SIGTERM) and exits 4; the thief's lock is left alone.
-async fn stolen_while_running(lw: &Lw, url: &str, lease: &str) {
+async fn stolen_while_running(lw: &Cli, url: &str, lease: &str) {
     // The command records its pid, then waits; on SIGTERM it records that and exits.
     let script = "trap 'echo terminated > term.txt; exit 143' TERM; \
                   echo \"$LOCKWARDEN_FENCE\" > started.txt; \
@@ -625,13 +482,13 @@ async fn stolen_while_running(lw: &Lw, url: &str, lease: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_run_exits_4_and_terminates_its_command_when_the_lock_is_stolen() {
     let bucket = Moto::shared().new_bucket("cli-steal").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     stolen_while_running(&lw, &format!("s3://{bucket}/stolen"), "3s").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_run_exits_4_and_terminates_its_command_when_the_lock_is_stolen() {
-    let lw = Lw::new();
+    let lw = Cli::new();
     let url = format!(
         "zk://{}/lockwarden-cli/{}",
         ZooKeeper::shared().connect_string(),
@@ -643,7 +500,7 @@ async fn zookeeper_run_exits_4_and_terminates_its_command_when_the_lock_is_stole
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_passes_sigterm_to_its_command_and_releases() {
     let bucket = Moto::shared().new_bucket("cli-sigterm").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let url = format!("s3://{bucket}/terminated");
     let script = "trap 'echo terminated > term.txt; exit 143' TERM; \
                   echo started > started.txt; while true; do sleep 0.1; done";
@@ -668,7 +525,7 @@ async fn run_passes_sigterm_to_its_command_and_releases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_force_with_wait_takes_over_only_when_the_wait_runs_out() {
     let bucket = Moto::shared().new_bucket("cli-force-wait").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let url = format!("s3://{bucket}/forced");
     lw.run(&["lock", &url, "-o", "old.lock", "--holder", "old"])
         .await
@@ -698,7 +555,7 @@ async fn s3_force_with_wait_takes_over_only_when_the_wait_runs_out() {
 async fn run_of_a_held_lock_exits_3_without_running_the_command() {
     let plane = ControlPlane::shared();
     let namespace = plane.namespace(&plane.client().await, "cli-held").await;
-    let lw = Lw::kube();
+    let lw = Cli::kube();
     let url = format!("k8s://{namespace}/busy");
     lw.run(&["lock", &url, "-o", "a.lock"]).await.ok();
     let out = lw
@@ -717,7 +574,7 @@ async fn run_of_a_held_lock_exits_3_without_running_the_command() {
 /// `unlock` of a lock someone else took over: "lock mismatch", exit 3, and their lock
 /// stays held; `--force` only removes the stale file. Unlocking twice: "already
 /// unlocked", exit 1.
-async fn unlock_after_takeover(lw: &Lw, url: &str) {
+async fn unlock_after_takeover(lw: &Cli, url: &str) {
     lw.run(&["lock", url, "-o", "mine.lock", "--holder", "me"])
         .await
         .ok();
@@ -766,20 +623,20 @@ async fn unlock_after_takeover(lw: &Lw, url: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
     let table = Moto::shared().new_table("cli-mismatch", "key").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     unlock_after_takeover(&lw, &format!("dynamodb://{table}/contested")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
     let bucket = Moto::shared().new_bucket("cli-mismatch").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     unlock_after_takeover(&lw, &format!("s3://{bucket}/contested")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
-    let lw = Lw::new();
+    let lw = Cli::new();
     let url = format!(
         "zk://{}/lockwarden-cli/{}",
         ZooKeeper::shared().connect_string(),
@@ -793,7 +650,7 @@ async fn zookeeper_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_is_a_one_line_error_and_writes_nothing() {
     let bucket = Moto::shared().new_bucket("cli-malformed").await;
-    let lw = Lw::aws();
+    let lw = Cli::aws();
     let good = format!("s3://{bucket}/k");
     std::fs::write(lw.path("corrupt.lock"), "{ this is not json").unwrap();
     std::fs::write(lw.path("empty.lock"), "").unwrap();
@@ -1042,7 +899,7 @@ async fn malformed_input_is_a_one_line_error_and_writes_nothing() {
 async fn unreachable_backend_is_an_error_naming_the_url() {
     // Nothing listens on this port.
     let port = support::free_port();
-    let lw = Lw::new().with("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
+    let lw = Cli::new().with("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
     let url = "s3://some-bucket/k";
     let out = lw.run(&["status", url]).await;
     out.code(1).one_line_error(&[url]);

@@ -12,15 +12,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use lockwarden::api::conditions::{self, ACQUIRED, reason};
-use lockwarden::api::{
-    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase,
-};
+use lockwarden::api::{BackendSpec, DistributedLock, LockPhase};
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
 use serde_json::json;
 use support::eventually;
 use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
+use support::locks::{
+    acquired, aws_secret, lease_lock_timed, phase, s3_lock, timed, wait_acquired,
+};
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,52 +34,17 @@ async fn setup(prefix: &str) -> (Client, String, Api<DistributedLock>) {
     (client, namespace, locks)
 }
 
-fn lease_lock(name: &str, lease: &str, duration: &str, renew: &str) -> DistributedLock {
-    DistributedLock::new(
-        name,
-        DistributedLockSpec {
-            backend: BackendSpec {
-                kubernetes: Some(KubernetesBackend {
-                    lease_name: lease.into(),
-                    namespace: None,
-                }),
-                ..Default::default()
-            },
-            lease_duration: duration.into(),
-            renew_interval: renew.into(),
-            ..Default::default()
-        },
-    )
-}
-
-fn acquired(lock: &DistributedLock) -> bool {
-    lock.status
-        .as_ref()
-        .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
-}
-
-fn phase(lock: &DistributedLock) -> Option<LockPhase> {
-    lock.status.as_ref().and_then(|s| s.phase)
-}
-
-async fn wait_held(locks: &Api<DistributedLock>, name: &str) -> DistributedLock {
-    eventually(&format!("{name} to be Acquired"), TIMEOUT, || async {
-        locks.get(name).await.ok().filter(acquired)
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn created_lock_is_acquired_with_status() {
     let (_client, ns, locks) = setup("ctl-acquire").await;
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("db", "db-lease", "30s", "10s"),
+            &lease_lock_timed("db", "db-lease", "30s", "10s"),
         )
         .await
         .unwrap();
-    let lock = wait_held(&locks, "db").await;
+    let lock = wait_acquired(&locks, "db", TIMEOUT).await;
     let status = lock.status.clone().unwrap();
     assert_eq!(status.phase, Some(LockPhase::Held));
     assert_eq!(
@@ -212,7 +178,7 @@ async fn hand_off_on_delete(
 async fn locks_on_one_lease_hand_off_on_delete() {
     let (_client, _ns, locks) = setup("ctl-handoff").await;
     hand_off_on_delete(&locks, "Lease", |name| {
-        lease_lock(name, "shared", "30s", "10s")
+        lease_lock_timed(name, "shared", "30s", "10s")
     })
     .await;
 }
@@ -224,7 +190,7 @@ async fn locks_on_one_lease_hand_off_on_delete() {
 /// production).
 fn zk_lock(name: &str, path: &str) -> DistributedLock {
     let zk = support::zookeeper::ZooKeeper::shared();
-    let mut lock = lease_lock(name, "unused", "30s", "10s");
+    let mut lock = lease_lock_timed(name, "unused", "30s", "10s");
     lock.spec.backend = BackendSpec {
         zookeeper: Some(lockwarden::api::ZooKeeperBackend {
             servers: zk
@@ -269,7 +235,7 @@ async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes(
     lock.spec.backend.zookeeper.as_mut().unwrap().servers =
         vec![format!("localhost:{port}"), format!("127.0.0.1:{port}")];
     locks.create(&PostParams::default(), &lock).await.unwrap();
-    let held = wait_held(&locks, "steady").await;
+    let held = wait_acquired(&locks, "steady", TIMEOUT).await;
     let version = held.resource_version().unwrap();
     // Longer than one default renewInterval plus the session's holder deadline.
     let watch_until = Instant::now() + Duration::from_secs(14);
@@ -291,11 +257,11 @@ async fn release_true_releases_the_lease() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("job", "job-lease", "30s", "10s"),
+            &lease_lock_timed("job", "job-lease", "30s", "10s"),
         )
         .await
         .unwrap();
-    wait_held(&locks, "job").await;
+    wait_acquired(&locks, "job", TIMEOUT).await;
     locks
         .patch(
             "job",
@@ -335,11 +301,11 @@ async fn renewals_cause_no_status_writes() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("quiet", "quiet-lease", "3s", "1s"),
+            &lease_lock_timed("quiet", "quiet-lease", "3s", "1s"),
         )
         .await
         .unwrap();
-    let held = wait_held(&locks, "quiet").await;
+    let held = wait_acquired(&locks, "quiet", TIMEOUT).await;
     let version = held.resource_version().unwrap();
     let leases = Api::<Lease>::namespaced(client, &ns);
     // Watch the Lease being renewed several times; the lock object must not change.
@@ -373,12 +339,12 @@ async fn acquire_timeout_ends_in_failed() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("owner", "busy", "30s", "10s"),
+            &lease_lock_timed("owner", "busy", "30s", "10s"),
         )
         .await
         .unwrap();
-    wait_held(&locks, "owner").await;
-    let mut impatient = lease_lock("impatient", "busy", "30s", "10s");
+    wait_acquired(&locks, "owner", TIMEOUT).await;
+    let mut impatient = lease_lock_timed("impatient", "busy", "30s", "10s");
     impatient.spec.acquire_timeout = Some("2s".into());
     let started = Instant::now();
     locks
@@ -452,11 +418,11 @@ async fn restarted_controller_resumes_held_lock() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("keep", "keep-lease", "10s", "2s"),
+            &lease_lock_timed("keep", "keep-lease", "10s", "2s"),
         )
         .await
         .unwrap();
-    let held = wait_held(&locks, "keep").await;
+    let held = wait_acquired(&locks, "keep", TIMEOUT).await;
     let before = held.status.clone().unwrap();
     first.shutdown_background();
     let crashed_at = leases.get("keep-lease").await.unwrap().resource_version();
@@ -499,15 +465,15 @@ async fn force_takes_over_and_the_old_holder_is_lost() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("old", "contested", "6s", "1s"),
+            &lease_lock_timed("old", "contested", "6s", "1s"),
         )
         .await
         .unwrap();
-    let old = wait_held(&locks, "old").await;
-    let mut forcer = lease_lock("new", "contested", "6s", "1s");
+    let old = wait_acquired(&locks, "old", TIMEOUT).await;
+    let mut forcer = lease_lock_timed("new", "contested", "6s", "1s");
     forcer.spec.force = true;
     locks.create(&PostParams::default(), &forcer).await.unwrap();
-    let new = wait_held(&locks, "new").await;
+    let new = wait_acquired(&locks, "new", TIMEOUT).await;
     assert_eq!(new.acquired_condition().unwrap().reason, reason::FORCED);
     assert!(new.status.unwrap().fence > old.status.unwrap().fence);
     let lost = eventually("the old holder to be Lost", TIMEOUT, || async {
@@ -535,7 +501,7 @@ async fn force_takes_over_and_the_old_holder_is_lost() {
 async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, kind: &str) {
     let name = lock.name_any();
     locks.create(&PostParams::default(), &lock).await.unwrap();
-    let held = wait_held(locks, &name).await;
+    let held = wait_acquired(locks, &name, TIMEOUT).await;
     let status = held.status.unwrap();
     assert_eq!(status.phase, Some(LockPhase::Held));
     assert_eq!(status.backend.as_deref(), Some(kind));
@@ -554,49 +520,6 @@ async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, ki
     assert!(status.nonce.is_some(), "{status:?}");
 }
 
-/// A lock on `s3://bucket/key` reached through `endpoint` (moto or a proxy in front
-/// of it), with credentials from `secret`.
-fn s3_lock(
-    name: &str,
-    duration: &str,
-    renew: &str,
-    bucket: &str,
-    key: &str,
-    endpoint: String,
-    secret: lockwarden::api::SecretRef,
-) -> DistributedLock {
-    let mut lock = lease_lock(name, "unused", duration, renew);
-    lock.spec.backend = BackendSpec {
-        s3: Some(lockwarden::api::S3Backend {
-            bucket: bucket.into(),
-            key: key.into(),
-            region: Some(support::moto::REGION.into()),
-            endpoint: Some(endpoint),
-            force_path_style: Some(true),
-            credentials_secret_ref: Some(secret),
-        }),
-        ..Default::default()
-    };
-    lock
-}
-
-/// A Secret in the lock's namespace with the moto test credentials.
-async fn aws_secret(client: &Client, ns: &str) -> lockwarden::api::SecretRef {
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-        "metadata": {"name": "aws"},
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": support::moto::ACCESS_KEY_ID,
-            "AWS_SECRET_ACCESS_KEY": support::moto::SECRET_ACCESS_KEY,
-        },
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    lockwarden::api::SecretRef { name: "aws".into() }
-}
-
 /// S3 and DynamoDB (moto, credentials from a Secret in the lock's namespace) and
 /// ZooKeeper: each lock reaches Acquired=True with its status filled in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -612,16 +535,8 @@ async fn locks_on_every_backend_are_acquired() {
         .await
         .unwrap();
 
-    let s3 = s3_lock(
-        "on-s3",
-        "30s",
-        "10s",
-        &bucket,
-        "locks/db",
-        moto.endpoint(),
-        secret.clone(),
-    );
-    let mut dynamo = lease_lock("on-dynamodb", "unused", "30s", "10s");
+    let s3 = s3_lock("on-s3", &bucket, "locks/db", moto.endpoint(), &secret.name);
+    let mut dynamo = lease_lock_timed("on-dynamodb", "unused", "30s", "10s");
     dynamo.spec.backend = BackendSpec {
         dynamodb: Some(lockwarden::api::DynamoDbBackend {
             table,
@@ -633,7 +548,7 @@ async fn locks_on_every_backend_are_acquired() {
         }),
         ..Default::default()
     };
-    let mut zookeeper = lease_lock("on-zookeeper", "unused", "30s", "10s");
+    let mut zookeeper = lease_lock_timed("on-zookeeper", "unused", "30s", "10s");
     zookeeper.spec.backend = BackendSpec {
         zookeeper: Some(lockwarden::api::ZooKeeperBackend {
             servers: zk.connect_string().split(',').map(String::from).collect(),
@@ -684,15 +599,7 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
         tokio::spawn(controller::run(client.clone(), config));
         let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
         let secret = aws_secret(&client, &ns).await;
-        let lock = s3_lock(
-            "db",
-            "30s",
-            "10s",
-            &bucket,
-            "locks/db",
-            moto.endpoint(),
-            secret,
-        );
+        let lock = s3_lock("db", &bucket, "locks/db", moto.endpoint(), &secret.name);
         locks.create(&PostParams::default(), &lock).await.unwrap();
         apis.push(locks);
     }
@@ -749,17 +656,19 @@ async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
     let secret = aws_secret(&client, &ns).await;
     let bucket = moto.new_bucket("ctl-partition").await;
     let proxy = support::proxy::Proxy::start(moto.port());
-    let lock = s3_lock(
-        "partitioned",
+    let lock = timed(
+        s3_lock(
+            "partitioned",
+            &bucket,
+            "locks/partitioned",
+            proxy.endpoint(),
+            &secret.name,
+        ),
         "6s",
         "2s",
-        &bucket,
-        "locks/partitioned",
-        proxy.endpoint(),
-        secret,
     );
     locks.create(&PostParams::default(), &lock).await.unwrap();
-    let held = wait_held(&locks, "partitioned").await;
+    let held = wait_acquired(&locks, "partitioned", TIMEOUT).await;
     let fence = held.status.as_ref().and_then(|s| s.fence);
     let acquired_condition = |lock: &DistributedLock| {
         let status = lock.status.as_ref()?;
@@ -780,7 +689,7 @@ async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
         partitioned.elapsed()
     );
     proxy.set_mode(support::proxy::Mode::Pass);
-    let back = wait_held(&locks, "partitioned").await;
+    let back = wait_acquired(&locks, "partitioned", TIMEOUT).await;
     assert_eq!(
         back.status.as_ref().and_then(|s| s.fence),
         fence,
@@ -871,11 +780,11 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("db", "db-lease", "15s", "3s"),
+            &lease_lock_timed("db", "db-lease", "15s", "3s"),
         )
         .await
         .unwrap();
-    let before = wait_held(&locks, "db").await.status.unwrap();
+    let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
 
     // A contender on the same Lease, trying all along.
     let stop = Arc::new(AtomicBool::new(false));
@@ -923,7 +832,7 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
         "renewed by the new process {:?} after the restart",
         restarted.elapsed()
     );
-    let after = wait_held(&locks, "db").await.status.unwrap();
+    let after = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
     assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
     assert_eq!(after.fence, before.fence);
     let lease = leases.get("db-lease").await.unwrap();
@@ -965,11 +874,11 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("db", "db-lease", "20s", "4s"),
+            &lease_lock_timed("db", "db-lease", "20s", "4s"),
         )
         .await
         .unwrap();
-    let before = wait_held(&locks, "db").await.status.unwrap();
+    let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
 
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     let holder_of = |name: &'static str| {
@@ -1012,7 +921,7 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
         "standby {standby} renewed the lock {:?} after the leader was killed",
         killed_at.elapsed()
     );
-    let after = wait_held(&locks, "db").await.status.unwrap();
+    let after = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
     assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
     assert_eq!(after.fence, before.fence);
 }
@@ -1064,10 +973,10 @@ async fn controller_waits_for_an_unreachable_api_server_at_start() {
     locks
         .create(
             &PostParams::default(),
-            &lease_lock("late", "late-lease", "30s", "10s"),
+            &lease_lock_timed("late", "late-lease", "30s", "10s"),
         )
         .await
         .unwrap();
-    wait_held(&locks, "late").await;
+    wait_acquired(&locks, "late", TIMEOUT).await;
     controller.abort();
 }

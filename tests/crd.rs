@@ -972,22 +972,8 @@ async fn status_is_written_through_the_status_subresource() {
     assert_eq!(by_key.items.len(), 1);
 
     // Printer columns, via kubectl and the short name.
-    let plane = ControlPlane::shared();
-    let out = tokio::process::Command::new(support::tool("KUBECTL"))
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig_path())
-        .arg("--cache-dir")
-        .arg(plane.dir().join("kubectl-cache-crd"))
-        .args(["--request-timeout=60s", "get", "dlock", "-n", &namespace])
-        .output()
-        .await
-        .expect("run kubectl");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kubectl get dlock failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = support::kubectl::kubectl(&["get", "dlock", "-n", &namespace], None).await;
+    let stdout = support::kubectl::stdout_ok(&out, "get dlock");
     let mut lines = stdout.lines();
     let header: Vec<&str> = lines
         .next()

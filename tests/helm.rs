@@ -20,16 +20,15 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::Parser;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
+use lockwarden::api::DistributedLock;
 use lockwarden::api::conditions::{self, ACQUIRED, reason};
-use lockwarden::api::{
-    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, S3Backend, SecretRef,
-};
 use lockwarden::controller::{ControllerConfig, LeaderElectionArgs};
 use serde_json::{Value, json};
 use support::kube::{ControlPlane, client_from_kubeconfig, install_lockwarden_crd};
+use support::kubectl::{kubectl, kubectl_on};
+use support::locks::{aws_secret, lease_lock, s3_lock};
 use support::{eventually, repo_root, tool, unique, work_dir};
 
 /// Generous: the test machine is a loaded 2-core box.
@@ -443,31 +442,6 @@ fn non_default_values_render_what_they_say() {
 
 // ---------------------------------------------------------------------------
 // kubectl against the test API server
-
-async fn kubectl(args: &[&str], stdin: Option<&str>) -> Output {
-    kubectl_on(ControlPlane::shared(), args, stdin).await
-}
-
-async fn kubectl_on(plane: &ControlPlane, args: &[&str], stdin: Option<&str>) -> Output {
-    use tokio::io::AsyncWriteExt;
-    let mut cmd = tokio::process::Command::new(tool("KUBECTL"));
-    cmd.arg("--kubeconfig")
-        .arg(plane.kubeconfig_path())
-        .arg("--cache-dir")
-        .arg(plane.dir().join("kubectl-cache-helm"))
-        .arg("--request-timeout=60s")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("run kubectl");
-    let mut input = child.stdin.take().unwrap();
-    if let Some(stdin) = stdin {
-        input.write_all(stdin.as_bytes()).await.unwrap();
-    }
-    drop(input);
-    child.wait_with_output().await.expect("kubectl output")
-}
 
 /// `kubectl apply --server-side` of a manifest stream; returns kubectl's stderr
 /// (warnings). Panics with kubectl's message if it fails.
@@ -1153,56 +1127,6 @@ async fn start_controller_as(user: &str, args: ControllerArgs) -> tokio::task::J
     })
 }
 
-fn lease_lock(name: &str) -> DistributedLock {
-    DistributedLock::new(
-        name,
-        DistributedLockSpec {
-            backend: BackendSpec {
-                kubernetes: Some(KubernetesBackend {
-                    lease_name: format!("{name}-lease"),
-                    namespace: None,
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        },
-    )
-}
-
-fn s3_lock(name: &str, bucket: &str, endpoint: String, secret: &str) -> DistributedLock {
-    let mut lock = lease_lock(name);
-    lock.spec.backend = BackendSpec {
-        s3: Some(S3Backend {
-            bucket: bucket.into(),
-            key: format!("locks/{name}"),
-            region: Some(support::moto::REGION.into()),
-            endpoint: Some(endpoint),
-            force_path_style: Some(true),
-            credentials_secret_ref: Some(SecretRef {
-                name: secret.into(),
-            }),
-        }),
-        ..Default::default()
-    };
-    lock
-}
-
-async fn aws_secret(client: &Client, namespace: &str) -> String {
-    let secret: Secret = serde_json::from_value(json!({
-        "metadata": { "name": "aws" },
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": support::moto::ACCESS_KEY_ID,
-            "AWS_SECRET_ACCESS_KEY": support::moto::SECRET_ACCESS_KEY,
-        },
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    "aws".into()
-}
-
 /// Waits for the Acquired condition to be `status` with `reason`; returns the lock.
 async fn wait_acquired(
     client: &Client,
@@ -1262,7 +1186,7 @@ async fn controller_runs_cluster_wide_on_the_charts_rbac_alone() {
     let lease_name = args.election.leader_election_lease.clone();
     let controller = start_controller_as(&sa_user(release_ns, &release), args).await;
 
-    create(&client, other, &lease_lock("on-lease")).await;
+    create(&client, other, &lease_lock("on-lease", "on-lease-lease")).await;
     let held = wait_acquired(&client, other, "on-lease", "True", reason::LEASE_HELD).await;
     assert_eq!(
         held.status.unwrap().holder.as_deref(),
@@ -1280,7 +1204,13 @@ async fn controller_runs_cluster_wide_on_the_charts_rbac_alone() {
     create(
         &client,
         secret_ns,
-        &s3_lock("on-s3", &bucket, moto.endpoint(), &readable),
+        &s3_lock(
+            "on-s3",
+            &bucket,
+            "locks/on-s3",
+            moto.endpoint(),
+            &readable.name,
+        ),
     )
     .await;
     wait_acquired(&client, secret_ns, "on-s3", "True", reason::LEASE_HELD).await;
@@ -1289,7 +1219,13 @@ async fn controller_runs_cluster_wide_on_the_charts_rbac_alone() {
     create(
         &client,
         other,
-        &s3_lock("on-s3", &bucket, moto.endpoint(), &unreadable),
+        &s3_lock(
+            "on-s3",
+            &bucket,
+            "locks/on-s3",
+            moto.endpoint(),
+            &unreadable.name,
+        ),
     )
     .await;
     let refused = wait_acquired(&client, other, "on-s3", "False", reason::BACKEND_ERROR).await;
@@ -1325,7 +1261,12 @@ async fn controller_runs_namespace_scoped_on_the_charts_rbac_alone() {
     assert!(args.election.leader_elect);
     let controller = start_controller_as(&sa_user(release_ns, release), args).await;
 
-    create(&client, watch, &lease_lock("scoped-lock")).await;
+    create(
+        &client,
+        watch,
+        &lease_lock("scoped-lock", "scoped-lock-lease"),
+    )
+    .await;
     let held = wait_acquired(&client, watch, "scoped-lock", "True", reason::LEASE_HELD).await;
     assert_eq!(
         held.status.unwrap().holder.as_deref(),
