@@ -581,6 +581,23 @@ mod tests {
         }
     }
 
+    /// A store, and contender `a` holding the lock on it.
+    async fn held_by_a() -> (MemoryStore, CasLock<MemoryStore>, Lease) {
+        let store = store();
+        let a = contender(&store);
+        let lease = acquired(&a, &req("a")).await;
+        (store, a, lease)
+    }
+
+    /// `a` tries to acquire; its write lands, but the reply and the re-read after it
+    /// are lost, so the attempt fails as unavailable.
+    async fn acquire_landing_unseen(store: &MemoryStore, a: &CasLock<MemoryStore>) {
+        store.next_write(Fault::IndeterminateApplied);
+        // The first read finds the key free; the one after the write fails.
+        store.next_read(Fault::Pass).next_read(Fault::Unavailable);
+        assert!(a.try_acquire(&req("a")).await.unwrap_err().is_transient());
+    }
+
     fn lost(result: Result<(), LockError>) -> LostReason {
         match result {
             Err(LockError::Lost { reason, .. }) => reason,
@@ -647,9 +664,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule1_a_renewal_in_between_resets_the_observation() {
-        let store = store();
-        let a = contender(&store);
-        let mut a_lease = acquired(&a, &req("a")).await;
+        let (store, a, mut a_lease) = held_by_a().await;
         let b = contender(&store);
         busy(&b, &req("b")).await;
         sleep(TAKEOVER_AFTER * 2 / 3).await;
@@ -676,9 +691,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule1_takeover_is_conditioned_on_the_observed_version() {
-        let store = store();
-        let a = contender(&store);
-        let a_lease = acquired(&a, &req("a")).await;
+        let (store, _a, a_lease) = held_by_a().await;
         let b = contender(&store);
         busy(&b, &req("b")).await;
         sleep(TAKEOVER_AFTER + Duration::from_millis(20)).await;
@@ -695,10 +708,8 @@ mod tests {
 
     #[tokio::test]
     async fn rule2_holder_deadline_is_lease_less_drift_and_margin_after_sending() {
-        let store = store();
-        let a = contender(&store);
         let before = Instant::now();
-        let lease = acquired(&a, &req("a")).await;
+        let (_store, _a, lease) = held_by_a().await;
         let after = Instant::now();
         let deadline = lease.deadline.instant();
         assert!(deadline >= before + VALIDITY && deadline <= after + VALIDITY);
@@ -732,10 +743,8 @@ mod tests {
 
     #[tokio::test]
     async fn rule2_holder_gives_up_before_a_contender_may_take_over() {
-        let store = store();
-        let a = contender(&store);
         let before = Instant::now();
-        let a_lease = acquired(&a, &req("a")).await;
+        let (store, _a, a_lease) = held_by_a().await;
         let b = contender(&store);
         take_over(&b, "b", before).await;
         assert!(!a_lease.is_valid(), "two holders claim the lock at once");
@@ -775,9 +784,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule3_warm_acquire_after_release_is_one_write() {
-        let store = store();
-        let a = contender(&store);
-        let lease = acquired(&a, &req("a")).await;
+        let (store, a, lease) = held_by_a().await;
         a.release(&lease).await.unwrap();
         let (reads, writes) = store.requests();
         let again = acquired(&a, &req("a")).await;
@@ -825,10 +832,7 @@ mod tests {
         let store = store();
         let a = contender(&store);
         // The write lands, its reply is lost, and the re-read fails too.
-        store.next_write(Fault::IndeterminateApplied);
-        // The first read finds the key free; the one after the write fails.
-        store.next_read(Fault::Pass).next_read(Fault::Unavailable);
-        assert!(a.try_acquire(&req("a")).await.unwrap_err().is_transient());
+        acquire_landing_unseen(&store, &a).await;
         let ours = store.record();
         let lease = acquired(&a, &req("a")).await;
         assert_eq!(lease.nonce(), ours.nonce, "held by ourselves is ours");
@@ -840,10 +844,7 @@ mod tests {
     async fn rule4_acquire_adopted_after_its_deadline_is_confirmed_by_a_renewal() {
         let store = store();
         let a = contender(&store);
-        store.next_write(Fault::IndeterminateApplied);
-        // The first read finds the key free; the one after the write fails.
-        store.next_read(Fault::Pass).next_read(Fault::Unavailable);
-        assert!(a.try_acquire(&req("a")).await.unwrap_err().is_transient());
+        acquire_landing_unseen(&store, &a).await;
         let landed = store.stored().unwrap().version;
         sleep(VALIDITY).await;
 
@@ -856,9 +857,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule4_renewal_reply_lost_but_applied_is_confirmed() {
-        let store = store();
-        let a = contender(&store);
-        let mut lease = acquired(&a, &req("a")).await;
+        let (store, a, mut lease) = held_by_a().await;
         store.next_write(Fault::IndeterminateApplied);
         let before = Instant::now();
         a.renew(&mut lease).await.unwrap();
@@ -868,9 +867,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule4_renewal_reply_lost_not_applied_is_unavailable_then_retried() {
-        let store = store();
-        let a = contender(&store);
-        let mut lease = acquired(&a, &req("a")).await;
+        let (store, a, mut lease) = held_by_a().await;
         let version = lease.version.clone();
         store.next_write(Fault::IndeterminateNotApplied);
         assert!(a.renew(&mut lease).await.unwrap_err().is_transient());
@@ -882,9 +879,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule4_renewal_that_landed_unseen_is_adopted_by_the_next_renewal() {
-        let store = store();
-        let a = contender(&store);
-        let mut lease = acquired(&a, &req("a")).await;
+        let (store, a, mut lease) = held_by_a().await;
         store.next_write(Fault::IndeterminateApplied);
         store.next_read(Fault::Unavailable);
         assert!(a.renew(&mut lease).await.unwrap_err().is_transient());
@@ -897,9 +892,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule4_release_reply_lost_but_applied_is_released() {
-        let store = store();
-        let a = contender(&store);
-        let lease = acquired(&a, &req("a")).await;
+        let (store, a, lease) = held_by_a().await;
         store.next_write(Fault::IndeterminateApplied);
         a.release(&lease).await.unwrap();
         assert_eq!(store.record().state, LockState::Released);
@@ -907,9 +900,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule4_release_reply_lost_not_applied_is_retried() {
-        let store = store();
-        let a = contender(&store);
-        let lease = acquired(&a, &req("a")).await;
+        let (store, a, lease) = held_by_a().await;
         store.next_write(Fault::IndeterminateNotApplied);
         a.release(&lease).await.unwrap();
         let tombstone = store.record();
@@ -919,9 +910,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule4_release_from_a_renewal_that_landed_unseen() {
-        let store = store();
-        let a = contender(&store);
-        let mut lease = acquired(&a, &req("a")).await;
+        let (store, a, mut lease) = held_by_a().await;
         let before_renewal = lease.clone();
         store.next_write(Fault::IndeterminateApplied);
         store.next_read(Fault::Unavailable);
@@ -935,9 +924,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule5_force_takes_over_conditioned_on_the_version_read() {
-        let store = store();
-        let a = contender(&store);
-        let mut a_lease = acquired(&a, &req("a")).await;
+        let (store, a, mut a_lease) = held_by_a().await;
         let b = contender(&store);
         let b_lease = acquired(&b, &forced("b")).await;
         assert_eq!(b_lease.fence(), FenceToken(2));
@@ -982,9 +969,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule5_release_after_a_takeover_leaves_the_new_holder_alone() {
-        let store = store();
-        let a = contender(&store);
-        let a_lease = acquired(&a, &req("a")).await;
+        let (store, a, a_lease) = held_by_a().await;
         acquired(&contender(&store), &forced("b")).await;
         let b_version = store.stored().unwrap().version;
         match lost(a.release(&a_lease).await) {
@@ -1021,9 +1006,7 @@ mod tests {
 
     #[tokio::test]
     async fn rule6_holder_whose_record_became_foreign_has_lost_it() {
-        let store = store();
-        let a = contender(&store);
-        let mut lease = acquired(&a, &req("a")).await;
+        let (store, a, mut lease) = held_by_a().await;
         store.put(Err(ForeignRecord::new("garbage")));
         assert!(matches!(
             lost(a.renew(&mut lease).await),
@@ -1036,9 +1019,7 @@ mod tests {
 
     #[tokio::test]
     async fn resume_adopts_our_nonce_with_an_expired_deadline_until_renewed() {
-        let store = store();
-        let a = contender(&store);
-        let lease = acquired(&a, &req("a")).await;
+        let (store, _a, lease) = held_by_a().await;
         let restarted = contender(&store);
         let mut resumed = restarted.resume("a", lease.nonce()).await.unwrap();
         assert_eq!(resumed.fence(), lease.fence());

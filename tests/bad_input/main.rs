@@ -17,12 +17,9 @@ mod answers;
 #[path = "../support/canned.rs"]
 mod canned;
 mod command_line;
-mod dynamodb;
-mod kubernetes;
-mod s3;
+mod stores;
 #[path = "../support/mod.rs"]
 mod support;
-mod zookeeper;
 
 use std::collections::HashMap;
 use std::ffi::OsString;

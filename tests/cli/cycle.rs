@@ -185,13 +185,8 @@ async fn dynamodb_custom_partition_key_is_remembered_by_the_lock_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_lock_unlock_relock_and_run() {
-    let zk = ZooKeeper::shared();
     let lw = Cli::new();
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        zk.connect_string(),
-        unique("cycle")
-    );
+    let url = zk_url("cycle");
     lock_cycle(&lw, &url, Fences::Increasing).await;
 }
 

@@ -143,3 +143,12 @@ fn assert_next_fence(kind: Fences, before: u64, after: u64) {
         Fences::Increasing => assert!(after > before, "fence {after} must exceed {before}"),
     }
 }
+
+/// A fresh lock URL on the shared ZooKeeper server.
+fn zk_url(prefix: &str) -> String {
+    format!(
+        "zk://{}/lockwarden-cli/{}",
+        ZooKeeper::shared().connect_string(),
+        unique(prefix)
+    )
+}

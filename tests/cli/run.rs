@@ -74,11 +74,7 @@ async fn s3_run_exits_4_and_terminates_its_command_when_the_lock_is_stolen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_run_exits_4_and_terminates_its_command_when_the_lock_is_stolen() {
     let lw = Cli::new();
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        ZooKeeper::shared().connect_string(),
-        unique("steal")
-    );
+    let url = zk_url("steal");
     stolen_while_running(&lw, &url, "10s").await;
 }
 

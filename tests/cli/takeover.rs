@@ -97,10 +97,6 @@ async fn s3_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
     let lw = Cli::new();
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        ZooKeeper::shared().connect_string(),
-        unique("mismatch")
-    );
+    let url = zk_url("mismatch");
     unlock_after_takeover(&lw, &url).await;
 }

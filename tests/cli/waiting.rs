@@ -72,10 +72,6 @@ async fn s3_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline() {
     let lw = Cli::new();
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        ZooKeeper::shared().connect_string(),
-        unique("wait")
-    );
+    let url = zk_url("wait");
     wait_for_unlock(&lw, &url).await;
 }

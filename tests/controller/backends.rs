@@ -6,7 +6,7 @@ use super::*;
 /// Creates `lock` and checks it reaches Acquired=True with every status field set.
 async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, kind: &str) {
     let name = lock.name_any();
-    locks.create(&PostParams::default(), &lock).await.unwrap();
+    create(&locks, &lock).await;
     let held = wait_acquired(locks, &name, TIMEOUT).await;
     let status = held.status.unwrap();
     assert_eq!(status.phase, Some(LockPhase::Held));
@@ -31,15 +31,11 @@ async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, ki
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_every_backend_are_acquired() {
     let (client, ns, locks) = setup("ctl-backends").await;
-    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
-        .await
-        .unwrap();
+    let moto = shared_moto().await;
     let secret = aws_secret(&client, &ns).await;
     let bucket = moto.new_bucket("ctl").await;
     let table = moto.new_table("ctl", "key").await;
-    let zk = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
-        .await
-        .unwrap();
+    let zk = shared_zookeeper().await;
 
     let s3 = s3_lock("on-s3", &bucket, "locks/db", moto.endpoint(), &secret.name);
     let mut dynamo = lease_lock_timed("on-dynamodb", "unused", "30s", "10s");
@@ -89,9 +85,7 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
     let west_client = west.client().await;
     install_crd(&east_client).await;
     install_crd(&west_client).await;
-    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
-        .await
-        .unwrap();
+    let moto = shared_moto().await;
     let bucket = moto.new_bucket("ctl-clusters").await;
     let path = format!("s3://{bucket}/locks/db");
     let mut apis = Vec::new();
@@ -106,7 +100,7 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
         let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
         let secret = aws_secret(&client, &ns).await;
         let lock = s3_lock("db", &bucket, "locks/db", moto.endpoint(), &secret.name);
-        locks.create(&PostParams::default(), &lock).await.unwrap();
+        create(&locks, &lock).await;
         apis.push(locks);
     }
     let deadline = Instant::now() + TIMEOUT;
@@ -156,9 +150,7 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
     let (client, ns, locks) = setup("ctl-partition").await;
-    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
-        .await
-        .unwrap();
+    let moto = shared_moto().await;
     let secret = aws_secret(&client, &ns).await;
     let bucket = moto.new_bucket("ctl-partition").await;
     let proxy = support::proxy::Proxy::start(moto.port());
@@ -173,7 +165,7 @@ async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
         "6s",
         "2s",
     );
-    locks.create(&PostParams::default(), &lock).await.unwrap();
+    create(&locks, &lock).await;
     let held = wait_acquired(&locks, "partitioned", TIMEOUT).await;
     let fence = held.status.as_ref().and_then(|s| s.fence);
     let acquired_condition = |lock: &DistributedLock| {

@@ -107,9 +107,7 @@ async fn locks_on_one_lease_hand_off_on_delete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_one_znode_hand_off_on_delete() {
     let (_client, _ns, locks) = setup("ctl-zk-handoff").await;
-    tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
-        .await
-        .unwrap();
+    shared_zookeeper().await;
     let path = format!("/{}/db", support::unique("ctl"));
     hand_off_on_delete(&locks, "ZooKeeper", |name| zk_lock(name, &path)).await;
 }

@@ -6,13 +6,7 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn created_lock_is_acquired_with_status() {
     let (_client, ns, locks) = setup("ctl-acquire").await;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("db", "db-lease", "30s", "10s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("db", "db-lease", "30s", "10s")).await;
     let lock = wait_acquired(&locks, "db", TIMEOUT).await;
     let status = lock.status.clone().unwrap();
     assert_eq!(status.phase, Some(LockPhase::Held));
@@ -57,9 +51,7 @@ async fn created_lock_is_acquired_with_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes() {
     let (_client, _ns, locks) = setup("ctl-zk-steady").await;
-    tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
-        .await
-        .unwrap();
+    shared_zookeeper().await;
     let path = format!("/{}/steady", support::unique("ctl"));
     let mut lock = zk_lock("steady", &path);
     // ZooKeeper sessions are shared per server list and bound to the runtime that
@@ -67,7 +59,7 @@ async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes(
     let port = support::zookeeper::ZooKeeper::shared().nodes()[0].port();
     lock.spec.backend.zookeeper.as_mut().unwrap().servers =
         vec![format!("localhost:{port}"), format!("127.0.0.1:{port}")];
-    locks.create(&PostParams::default(), &lock).await.unwrap();
+    create(&locks, &lock).await;
     let held = wait_acquired(&locks, "steady", TIMEOUT).await;
     let version = held.resource_version().unwrap();
     // Longer than one default renewInterval plus the session's holder deadline.
@@ -87,13 +79,7 @@ async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_true_releases_the_lease() {
     let (client, ns, locks) = setup("ctl-release").await;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("job", "job-lease", "30s", "10s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("job", "job-lease", "30s", "10s")).await;
     wait_acquired(&locks, "job", TIMEOUT).await;
     locks
         .patch(
@@ -131,13 +117,11 @@ async fn release_true_releases_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewals_cause_no_status_writes() {
     let (client, ns, locks) = setup("ctl-quiet").await;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("quiet", "quiet-lease", "3s", "1s"),
-        )
-        .await
-        .unwrap();
+    create(
+        &locks,
+        &lease_lock_timed("quiet", "quiet-lease", "3s", "1s"),
+    )
+    .await;
     let held = wait_acquired(&locks, "quiet", TIMEOUT).await;
     let version = held.resource_version().unwrap();
     let leases = Api::<Lease>::namespaced(client, &ns);
@@ -169,13 +153,7 @@ async fn renewals_cause_no_status_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_timeout_ends_in_failed() {
     let (_client, _ns, locks) = setup("ctl-timeout").await;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("owner", "busy", "30s", "10s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("owner", "busy", "30s", "10s")).await;
     wait_acquired(&locks, "owner", TIMEOUT).await;
     let mut impatient = lease_lock_timed("impatient", "busy", "30s", "10s");
     impatient.spec.acquire_timeout = Some("2s".into());
@@ -220,17 +198,11 @@ async fn acquire_timeout_ends_in_failed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_takes_over_and_the_old_holder_is_lost() {
     let (client, ns, locks) = setup("ctl-force").await;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("old", "contested", "6s", "1s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("old", "contested", "6s", "1s")).await;
     let old = wait_acquired(&locks, "old", TIMEOUT).await;
     let mut forcer = lease_lock_timed("new", "contested", "6s", "1s");
     forcer.spec.force = true;
-    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    create(&locks, &forcer).await;
     let new = wait_acquired(&locks, "new", TIMEOUT).await;
     assert_eq!(new.acquired_condition().unwrap().reason, reason::FORCED);
     assert!(new.status.unwrap().fence > old.status.unwrap().fence);

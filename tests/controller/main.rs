@@ -62,3 +62,24 @@ fn zk_lock(name: &str, path: &str) -> DistributedLock {
     };
     lock
 }
+
+async fn create(locks: &Api<DistributedLock>, lock: &DistributedLock) {
+    locks
+        .create(&PostParams::default(), lock)
+        .await
+        .unwrap_or_else(|e| panic!("create {}: {e}", lock.name_any()));
+}
+
+/// The shared moto server, started off the async runtime (it blocks while starting).
+async fn shared_moto() -> &'static support::moto::Moto {
+    tokio::task::spawn_blocking(support::moto::Moto::shared)
+        .await
+        .unwrap()
+}
+
+/// The shared ZooKeeper server, started off the async runtime.
+async fn shared_zookeeper() -> &'static support::zookeeper::ZooKeeper {
+    tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap()
+}

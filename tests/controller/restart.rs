@@ -28,21 +28,12 @@ fn start_crashable_controller(namespace: &str) -> tokio::runtime::Runtime {
 /// nonce, and keeps renewing the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_controller_resumes_held_lock() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let ns = plane.namespace(&client, "ctl-resume").await;
+    let (client, ns) = crd_and_namespace("ctl-resume").await;
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
 
     let first = start_crashable_controller(&ns);
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("keep", "keep-lease", "10s", "2s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("keep", "keep-lease", "10s", "2s")).await;
     let held = wait_acquired(&locks, "keep", TIMEOUT).await;
     let before = held.status.clone().unwrap();
     first.shutdown_background();
@@ -124,18 +115,10 @@ impl Drop for ControllerProcess {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let ns = plane.namespace(&client, "ctl-sigkill").await;
+    let (client, ns) = crd_and_namespace("ctl-sigkill").await;
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
     let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("db", "db-lease", "15s", "3s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("db", "db-lease", "15s", "3s")).await;
     let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
 
     // A contender on the same Lease, trying all along.
@@ -163,30 +146,21 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
     controller.kill();
     // Read after the kill, so that only the new process can change it.
-    let version_at_kill = leases
-        .get("db-lease")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version;
+    let version_at_kill = lease_version(&leases, "db-lease").await;
     let restarted = Instant::now();
     let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
-    eventually(
+    lease_renewed(
+        &leases,
+        "db-lease",
+        &version_at_kill,
         "the restarted controller to renew the Lease",
-        TIMEOUT,
-        || async {
-            let lease = leases.get("db-lease").await.ok()?;
-            (lease.metadata.resource_version != version_at_kill).then_some(())
-        },
     )
     .await;
     eprintln!(
         "renewed by the new process {:?} after the restart",
         restarted.elapsed()
     );
-    let after = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
-    assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
-    assert_eq!(after.fence, before.fence);
+    assert_resumed(&locks, "db", &before).await;
     let lease = leases.get("db-lease").await.unwrap();
     assert_eq!(
         lease.spec.and_then(|s| s.holder_identity).as_deref(),
@@ -203,9 +177,7 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_replica_takes_over_and_resumes_held_locks() {
     let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let ns = plane.namespace(&client, "ctl-ha").await;
+    let (client, ns) = crd_and_namespace("ctl-ha").await;
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
     let replica = |identity: &str| {
         ControllerProcess::start_with(
@@ -223,13 +195,7 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
         )
     };
     let mut replicas = vec![("a", replica("a")), ("b", replica("b"))];
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("db", "db-lease", "20s", "4s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("db", "db-lease", "20s", "4s")).await;
     let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
 
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
@@ -251,12 +217,7 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
         .expect("a replica leads");
     let (_, mut killed) = replicas.remove(index);
     killed.kill();
-    let version_at_kill = leases
-        .get("db-lease")
-        .await
-        .unwrap()
-        .metadata
-        .resource_version;
+    let version_at_kill = lease_version(&leases, "db-lease").await;
     let killed_at = Instant::now();
 
     let standby = replicas[0].0;
@@ -264,18 +225,18 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
         (holder_of("lockwarden-controller").await.as_deref() == Some(standby)).then_some(())
     })
     .await;
-    eventually("the new leader to renew the held lock", TIMEOUT, || async {
-        let lease = leases.get("db-lease").await.ok()?;
-        (lease.metadata.resource_version != version_at_kill).then_some(())
-    })
+    lease_renewed(
+        &leases,
+        "db-lease",
+        &version_at_kill,
+        "the new leader to renew the held lock",
+    )
     .await;
     eprintln!(
         "standby {standby} renewed the lock {:?} after the leader was killed",
         killed_at.elapsed()
     );
-    let after = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
-    assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
-    assert_eq!(after.fence, before.fence);
+    assert_resumed(&locks, "db", &before).await;
 }
 
 /// An API server that cannot be reached when the controller starts (restarting, a
@@ -284,9 +245,7 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_waits_for_an_unreachable_api_server_at_start() {
     let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let ns = plane.namespace(&client, "ctl-api-down").await;
+    let (client, ns) = crd_and_namespace("ctl-api-down").await;
 
     let proxy = support::proxy::Proxy::start(plane.port());
     proxy.set_mode(support::proxy::Mode::Refuse);
@@ -322,13 +281,45 @@ async fn controller_waits_for_an_unreachable_api_server_at_start() {
 
     proxy.set_mode(support::proxy::Mode::Pass);
     let locks: Api<DistributedLock> = Api::namespaced(client, &ns);
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("late", "late-lease", "30s", "10s"),
-        )
-        .await
-        .unwrap();
+    create(
+        &locks,
+        &lease_lock_timed("late", "late-lease", "30s", "10s"),
+    )
+    .await;
     wait_acquired(&locks, "late", TIMEOUT).await;
     controller.abort();
+}
+
+async fn lease_version(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases.get(name).await.unwrap().metadata.resource_version
+}
+
+/// Waits until the Lease `name` is written after `version`: renewed by whoever holds it.
+async fn lease_renewed(leases: &Api<Lease>, name: &str, version: &Option<String>, what: &str) {
+    eventually(what, TIMEOUT, || async {
+        let lease = leases.get(name).await.ok()?;
+        (lease.metadata.resource_version != *version).then_some(())
+    })
+    .await;
+}
+
+/// The lock `name` is Acquired with the same acquisition as `before` (nonce and fence).
+async fn assert_resumed(
+    locks: &Api<DistributedLock>,
+    name: &str,
+    before: &lockwarden::api::DistributedLockStatus,
+) -> lockwarden::api::DistributedLockStatus {
+    let after = wait_acquired(locks, name, TIMEOUT).await.status.unwrap();
+    assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
+    assert_eq!(after.fence, before.fence);
+    after
+}
+
+/// A client, the CRD, and a fresh namespace — no controller: these tests run their own.
+async fn crd_and_namespace(prefix: &str) -> (Client, String) {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, prefix).await;
+    (client, ns)
 }

@@ -171,12 +171,7 @@ async fn controller_runs_namespace_scoped_on_the_charts_rbac_alone() {
     let (client, nss) = setup(&["helm-runns-rel", "helm-runns-watch"]).await;
     let (release_ns, watch) = (&nss[0], &nss[1]);
     let release = "scoped";
-    let manifests = render(
-        release,
-        release_ns,
-        Some(&ci_values("namespace-scoped-values.yaml")),
-        &[format!("watchNamespace={watch}")],
-    );
+    let manifests = render_namespace_scoped(release, release_ns, watch);
     apply(&manifests, "the namespace-scoped chart").await;
     let args = parse_deployment_args(&manifests);
     assert_eq!(args.config.namespace.as_deref(), Some(watch.as_str()));

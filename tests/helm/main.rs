@@ -116,6 +116,16 @@ fn render(release: &str, namespace: &str, values: Option<&Path>, sets: &[String]
     text(&out.stdout)
 }
 
+/// The chart with `ci/namespace-scoped-values.yaml`, watching `watch` only.
+fn render_namespace_scoped(release: &str, namespace: &str, watch: &str) -> String {
+    render(
+        release,
+        namespace,
+        Some(&ci_values("namespace-scoped-values.yaml")),
+        &[format!("watchNamespace={watch}")],
+    )
+}
+
 fn try_render(release: &str, namespace: &str, values: Option<&Path>, sets: &[String]) -> Output {
     let chart = chart_dir();
     let mut args: Vec<String> = vec![

@@ -245,12 +245,7 @@ async fn namespace_scoped_install_is_confined_to_its_namespace() {
     let (_client, nss) = setup(&["helm-ns-rel", "helm-ns-watch", "helm-ns-other"]).await;
     let (release_ns, watch, other) = (&nss[0], &nss[1], &nss[2]);
     let release = "scoped";
-    let manifests = render(
-        release,
-        release_ns,
-        Some(&ci_values("namespace-scoped-values.yaml")),
-        &[format!("watchNamespace={watch}")],
-    );
+    let manifests = render_namespace_scoped(release, release_ns, watch);
     let objs = objects(&manifests);
     assert!(of_kind(&objs, "ClusterRole").is_empty());
     apply(&manifests, "the namespace-scoped chart").await;
