@@ -6,7 +6,7 @@ use super::*;
 /// Creates `lock` and checks it reaches Acquired=True with every status field set.
 async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, kind: &str) {
     let name = lock.name_any();
-    create(&locks, &lock).await;
+    create(locks, &lock).await;
     let held = wait_acquired(locks, &name, TIMEOUT).await;
     let status = held.status.unwrap();
     assert_eq!(status.phase, Some(LockPhase::Held));
