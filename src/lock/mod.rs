@@ -15,6 +15,8 @@ pub mod cas;
 pub mod clock;
 pub mod error;
 pub mod held;
+#[cfg(test)]
+pub mod memory;
 pub mod record;
 
 pub use acquire::{Wait, acquire, acquire_with_progress};
