@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -47,23 +46,6 @@ struct ReasonLabels {
     reason: String,
 }
 
-/// `lockwarden_jobs_stopped_total`, one family per process, registered by every
-/// [`Telemetry`]: the Job controller is started without a handle on the controller's
-/// `Telemetry` (a `Family` clone shares its counters, so each registry shows them).
-fn jobs_stopped() -> &'static Family<ReasonLabels, Counter> {
-    static JOBS_STOPPED: OnceLock<Family<ReasonLabels, Counter>> = OnceLock::new();
-    JOBS_STOPPED.get_or_init(Family::default)
-}
-
-/// Counts a gated Job stopped (suspended) because its lock was no longer held.
-pub fn count_job_stopped(reason: &str) {
-    jobs_stopped()
-        .get_or_create(&ReasonLabels {
-            reason: reason.to_string(),
-        })
-        .inc();
-}
-
 type HistogramFamily = Family<BackendLabels, Histogram, fn() -> Histogram>;
 
 fn request_histogram() -> Histogram {
@@ -78,6 +60,7 @@ pub struct Telemetry {
     acquire: Histogram,
     renew_failures: Counter,
     requests: HistogramFamily,
+    jobs_stopped: Family<ReasonLabels, Counter>,
     /// Object (uid) → the phase counted for it in `locks`.
     phases: Mutex<HashMap<String, LockPhase>>,
     ready: AtomicBool,
@@ -118,10 +101,11 @@ impl Telemetry {
             "Duration of backend requests made by the controller",
             requests.clone(),
         );
+        let jobs_stopped = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "lockwarden_jobs_stopped",
             "Gated Jobs suspended because their lock was no longer held, by the lock's reason",
-            jobs_stopped().clone(),
+            jobs_stopped.clone(),
         );
         Telemetry {
             registry,
@@ -129,9 +113,19 @@ impl Telemetry {
             acquire,
             renew_failures,
             requests,
+            jobs_stopped,
             phases: Mutex::default(),
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// Counts a gated Job stopped (suspended) because its lock was no longer held.
+    pub fn count_job_stopped(&self, reason: &str) {
+        self.jobs_stopped
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Records the phase of the object `uid` (`None`: forget it, e.g. deleted).
@@ -323,16 +317,19 @@ mod tests {
     }
 
     #[test]
-    fn jobs_stopped_is_shown_by_every_telemetry_of_the_process() {
-        // A reason no other test uses: the family is process-wide.
-        count_job_stopped("UnitTestReason");
-        count_job_stopped("UnitTestReason");
-        for telemetry in [Telemetry::new(), Telemetry::new()] {
-            let metrics = telemetry.encode();
-            assert!(
-                metrics.contains("lockwarden_jobs_stopped_total{reason=\"UnitTestReason\"} 2\n"),
-                "{metrics}"
-            );
-        }
+    fn jobs_stopped_counts_by_reason() {
+        let telemetry = Telemetry::new();
+        telemetry.count_job_stopped("Lost");
+        telemetry.count_job_stopped("Lost");
+        telemetry.count_job_stopped("LeaseExpiring");
+        let metrics = telemetry.encode();
+        assert!(
+            metrics.contains("lockwarden_jobs_stopped_total{reason=\"Lost\"} 2\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("lockwarden_jobs_stopped_total{reason=\"LeaseExpiring\"} 1\n"),
+            "{metrics}"
+        );
     }
 }

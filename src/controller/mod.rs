@@ -169,7 +169,11 @@ pub(crate) async fn run_with(
     });
     let queue = futures::stream::select(from_watch, from_wakes);
 
-    let job_gating = jobs::run(ctx.client.clone(), ctx.config.clone());
+    let job_gating = jobs::run(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.telemetry.clone(),
+    );
     let locks = applier(
         |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
         reconcile::error_policy,

@@ -59,6 +59,7 @@ use tokio::time::Instant;
 
 use super::{ControllerConfig, FINALIZER};
 use crate::api::DistributedLock;
+use crate::telemetry::Telemetry;
 
 /// Job annotation: the Job claims the DistributedLock of this name (same namespace).
 pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
@@ -101,6 +102,7 @@ pub struct JobContext {
     recorder: Recorder,
     /// The Controller's cache of Jobs.
     jobs: Store<Job>,
+    pub telemetry: Arc<Telemetry>,
     /// Job uid → when this controller first saw its lock not held while it ran (for
     /// `lockwarden.io/lost-grace`). In memory, so a controller restarted while a lock
     /// is `LeaseExpiring` starts the grace afresh (a known limit: the restart itself
@@ -110,7 +112,12 @@ pub struct JobContext {
 }
 
 impl JobContext {
-    pub fn new(client: kube::Client, config: ControllerConfig, jobs: Store<Job>) -> Self {
+    pub fn new(
+        client: kube::Client,
+        config: ControllerConfig,
+        jobs: Store<Job>,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
         let reporter = Reporter {
             controller: config.reporter.clone(),
             instance: std::env::var("POD_NAME").ok(),
@@ -120,6 +127,7 @@ impl JobContext {
             client,
             config,
             jobs,
+            telemetry,
             not_held_since: Mutex::default(),
         }
     }
@@ -164,7 +172,7 @@ pub fn error_policy(_job: Arc<Job>, err: &JobError, _ctx: Arc<JobContext>) -> Ac
 }
 
 /// Runs the Job controller until its watch stream ends (it does not on its own).
-pub async fn run(client: kube::Client, config: ControllerConfig) {
+pub async fn run(client: kube::Client, config: ControllerConfig, telemetry: Arc<Telemetry>) {
     let (jobs, locks): (Api<Job>, Api<DistributedLock>) = match &config.namespace {
         Some(ns) => (
             Api::namespaced(client.clone(), ns),
@@ -174,7 +182,7 @@ pub async fn run(client: kube::Client, config: ControllerConfig) {
     };
     let controller = Controller::new(jobs, watcher::Config::default());
     let store = controller.store();
-    let ctx = Arc::new(JobContext::new(client, config, store.clone()));
+    let ctx = Arc::new(JobContext::new(client, config, store.clone(), telemetry));
     controller
         .watches(locks, watcher::Config::default(), move |lock| {
             jobs_of_lock(&lock, &store.state())

@@ -19,7 +19,6 @@ use super::{
     LOST_FENCE_ANNOTATION, STATUS_ANNOTATION, STOPPED_ANNOTATION, WAITING_RESYNC,
 };
 use crate::api::DistributedLock;
-use crate::telemetry;
 
 /// How the status of a running Job whose lock is no longer held begins (`ignore`).
 const NOT_HELD_PREFIX: &str = "running with fence";
@@ -251,7 +250,7 @@ impl<'a> Run<'a> {
                 &Patch::Merge(&patch),
             )
             .await?;
-        telemetry::count_job_stopped(reason);
+        self.ctx.telemetry.count_job_stopped(reason);
         self.ctx
             .forget_not_held(&self.job.uid().unwrap_or_default());
         tracing::warn!(
