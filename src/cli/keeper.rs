@@ -24,8 +24,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 
-use super::lock::{LockArgs, report_locked_lines};
+use super::args::LockArgs;
 use super::lockfile::{Keeper, LockFile};
+use super::output::report_locked_lines;
 use super::progress::Progress;
 use super::{CliError, exit, print_warning, sys};
 use crate::lock::{HeldLock, HolderState, RenewPolicy};

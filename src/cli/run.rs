@@ -14,9 +14,10 @@ use std::time::Duration;
 use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 
+use super::output::display_command;
 use super::progress::Progress;
-use super::{BackendArgs, CliError, default_holder, display_command, exit, print_warning, sys};
-use crate::backend::target::Target;
+use super::{BackendArgs, CliError, default_holder, exit, print_warning, sys};
+use crate::backend::Target;
 use crate::lock::{
     AcquireRequest, HeldLock, HolderState, LockState, LostReason, RenewPolicy, Stored,
 };

@@ -15,6 +15,7 @@ pub mod cas;
 pub mod clock;
 pub mod error;
 pub mod held;
+pub mod names;
 pub mod record;
 
 pub use acquire::{Wait, acquire, acquire_with_progress};
