@@ -254,8 +254,30 @@ async fn crd_admission_applies_the_store_limits() {
     let resource = ApiResource::erase::<DistributedLock>(&());
     let api = Api::<DynamicObject>::namespaced_with(client, &namespace, &resource);
 
+    let p = places(&support::unique_suffix());
+    let mut rows = rows(&p);
+    // The CRD has a chroot too: chroot and path together are one ZooKeeper path.
+    let chroot = format!("/{}", p.unique);
+    let path_bytes = names::ZOOKEEPER_PATH_MAX_BYTES - chroot.len();
+    for (what, bytes, refused_because) in [
+        ("ZooKeeper chroot + path of 1024 bytes", path_bytes, None),
+        (
+            "ZooKeeper chroot + path of 1025 bytes",
+            path_bytes + 1,
+            Some("at most 1024 bytes"),
+        ),
+    ] {
+        let path = padded("/", 'z', bytes);
+        rows.push(Row {
+            what: what.into(),
+            backend: json!({ "zookeeper": { "servers": [p.zk_servers], "chroot": chroot, "path": path } }),
+            field: "spec.backend.zookeeper.path",
+            url: format!("zk://{}{chroot}{path}", p.zk_servers),
+            refused_because,
+        });
+    }
     let mut failures = Vec::new();
-    for (i, row) in rows(&places(&support::unique_suffix())).iter().enumerate() {
+    for (i, row) in rows.iter().enumerate() {
         let spec = json!({ "backend": row.backend });
         // The Rust twin of the CEL rules agrees.
         let rust = serde_json::from_value::<DistributedLockSpec>(spec.clone())
@@ -353,12 +375,13 @@ async fn cli_url_parser_applies_the_store_limits() {
 
     let dir = tempfile::tempdir().expect("temp dir");
     let mut failures = Vec::new();
-    for row in rows(&p) {
-        let (code, stderr) = lockwarden(dir.path(), &["lock", &row.url, "-o", "row.lock"]).await;
+    for (i, row) in rows(&p).iter().enumerate() {
+        let file = format!("row-{i}.lock");
+        let (code, stderr) = lockwarden(dir.path(), &["lock", &row.url, "-o", &file]).await;
         match row.refused_because {
             // At the limit: the real store takes the key, and the lock comes back off.
             None if code == 0 => {
-                let (code, stderr) = lockwarden(dir.path(), &["unlock", "row.lock"]).await;
+                let (code, stderr) = lockwarden(dir.path(), &["unlock", &file]).await;
                 if code != 0 {
                     failures.push(format!("{}: unlock exited {code}: {stderr}", row.what));
                 } else {
