@@ -3,6 +3,8 @@
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::kind::BackendKind;
+
 use super::SpecError;
 use super::validation::*;
 use crate::backend::{ConnectOptions, Target};
@@ -216,44 +218,6 @@ pub struct SecretRef {
     pub name: String,
 }
 
-/// Which kind of store a lock lives in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BackendKind {
-    S3,
-    DynamoDb,
-    ZooKeeper,
-    Kubernetes,
-}
-
-impl BackendKind {
-    /// The field name in `spec.backend` and the `Backend` printer column value:
-    /// `s3`, `dynamodb`, `zookeeper`, `kubernetes`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::S3 => "s3",
-            BackendKind::DynamoDb => "dynamodb",
-            BackendKind::ZooKeeper => "zookeeper",
-            BackendKind::Kubernetes => "kubernetes",
-        }
-    }
-
-    /// The URL scheme of lock keys of this kind (`s3`, `dynamodb`, `zk`, `k8s`).
-    pub fn scheme(self) -> &'static str {
-        match self {
-            BackendKind::S3 => "s3",
-            BackendKind::DynamoDb => "dynamodb",
-            BackendKind::ZooKeeper => "zk",
-            BackendKind::Kubernetes => "k8s",
-        }
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The one backend a spec selects, borrowed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum SelectedBackend<'a> {
@@ -312,6 +276,11 @@ impl BackendSpec {
     /// ([`BackendSpec::validate`]): a target is never built from names a store refuses.
     pub fn target(&self, lock_namespace: &str) -> Result<Target, SpecError> {
         self.validate()?;
+        self.key(lock_namespace)
+    }
+
+    /// The lock's key, whether or not the names in it are valid (for `status.key`).
+    fn key(&self, lock_namespace: &str) -> Result<Target, SpecError> {
         Ok(match self.selected()? {
             SelectedBackend::S3(b) => Target::S3 {
                 bucket: b.bucket.clone(),
@@ -338,9 +307,10 @@ impl BackendSpec {
 
     /// The lock's key as a URL, in the same forms as the CLI: `s3://bucket/key`,
     /// `dynamodb://table/key`, `zk://host:port[,host:port…][/chroot]/path`,
-    /// `k8s://namespace/lease` (the [`Target`]'s display).
+    /// `k8s://namespace/lease` (the [`Target`]'s display). Only one backend must be
+    /// set: an invalid spec still has a key to show and index by.
     pub fn lock_url(&self, lock_namespace: &str) -> Result<String, SpecError> {
-        Ok(self.target(lock_namespace)?.to_string())
+        Ok(self.key(lock_namespace)?.to_string())
     }
 
     /// How to reach the store, from the spec: endpoint, region, path-style

@@ -5,7 +5,7 @@
 //! [`Target::parse`] checks a URL without touching the network: every mistake is a
 //! [`TargetError`] naming the URL and the expected form, and names and sizes are
 //! checked by [`crate::lock::names`], the rules the CRD applies too. Turning a
-//! [`Target`] into a backend is [`super::connect`]'s job.
+//! [`Target`] into a backend is [`connect`](crate::backend::connect())'s job.
 
 use std::fmt;
 

@@ -13,8 +13,8 @@
 //!
 //! Every command returns an exit code; see [`EXIT_CODES_HELP`].
 //!
-//! Shared pieces: [`args`] (flags and value parsers), [`errors`] ([`CliError`], exit
-//! codes), [`output`] (what commands print), [`logging`].
+//! Shared pieces: `args` (flags and value parsers), `errors` ([`CliError`], exit
+//! codes), `output` (what commands print), `logging`.
 
 mod args;
 pub mod completions;

@@ -33,9 +33,9 @@
 //! - Missing parents are created: ancestors as persistent znodes, the lock path itself
 //!   as a container znode, which the server deletes once its queue is empty.
 //!
-//! Modules: [`session`] (the shared sessions), [`queue`] (queue members, joining and
-//! forcing the queue), [`lock`] ([`ZkLock`], the [`LockBackend`] on top) and
-//! [`cleanup`] (deleting our znodes in the background).
+//! Modules: `session` (the shared sessions), `queue` (queue members, joining and
+//! forcing the queue), `lock` ([`ZkLock`], the [`LockBackend`] on top) and `cleanup`
+//! (deleting our znodes in the background).
 //!
 //! [`LockBackend`]: crate::lock::LockBackend
 //! [`LockRecord`]: crate::lock::LockRecord
