@@ -221,6 +221,9 @@ impl LockBackend for ZkLock {
 
     /// Joins the queue (or keeps our place in it) and reports the holder. The lease is
     /// the session timeout; `req.lease` does not apply to ZooKeeper.
+    ///
+    /// (Over 80 lines on purpose: one pass of the queue protocol per iteration, every
+    /// branch working on the contender state held under one lock for the whole call.)
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
         let mut st = self.state.lock().await;
         let mut forced_from = None;

@@ -214,6 +214,9 @@ impl ZkLock {
     }
 
     /// Puts this contender in the queue (or finds the entry a lost reply left).
+    ///
+    /// (Over 80 lines on purpose: each outcome of the create decides what `pending`
+    /// must remember, and reads best next to the create itself.)
     pub(super) async fn enqueue(
         &self,
         generation: &Arc<Generation>,
