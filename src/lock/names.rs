@@ -15,6 +15,8 @@
 //!   Java and so refused too). ZooKeeper bounds a path only by the request size
 //!   (`jute.maxbuffer`); lockwarden keeps lock paths (chroot included) within
 //!   [`ZOOKEEPER_PATH_MAX_BYTES`] so that the CRD's rules stay cheap to evaluate.
+//!   `/zookeeper` is not refused: the server lets clients create below it (3.9.5
+//!   refuses only `/zookeeper/config`, by its ACL, which a lock reports as an error).
 //! - Kubernetes: object names (Leases, Secrets, DistributedLocks) are DNS-1123
 //!   subdomains of at most 253 characters; namespaces DNS-1123 labels of at most 63.
 //!
