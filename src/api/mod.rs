@@ -18,6 +18,7 @@ pub mod backend_spec;
 pub mod conditions;
 pub mod distributed_lock;
 mod error;
+mod kind;
 pub mod validated;
 mod validation;
 

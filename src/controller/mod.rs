@@ -21,7 +21,6 @@
 
 pub mod connect;
 // TEMPORARY until H2's api::BackendSpec::target lands.
-pub(crate) mod connect_shim;
 pub mod holders;
 pub mod jobs;
 pub mod leader;

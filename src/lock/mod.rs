@@ -17,6 +17,7 @@ pub mod error;
 pub mod held;
 #[cfg(test)]
 pub mod memory;
+pub mod names;
 pub mod record;
 
 pub use acquire::{Wait, acquire, acquire_with_progress};
