@@ -671,6 +671,20 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     .await;
 }
 
+/// A DistributedLock name of exactly 253 characters (the Kubernetes limit), and one over.
+const NAME_AT_LIMIT: &str = concat!(
+    "a123456789b123456789c123456789d123456789e123456789f123456789g123456789h123456789",
+    "i123456789j123456789k123456789l123456789m123456789n123456789o123456789p123456789",
+    "q123456789r123456789s123456789t123456789u123456789v123456789w123456789x123456789",
+    "y123456789z12",
+);
+const NAME_OVER_LIMIT: &str = concat!(
+    "a123456789b123456789c123456789d123456789e123456789f123456789g123456789h123456789",
+    "i123456789j123456789k123456789l123456789m123456789n123456789o123456789p123456789",
+    "q123456789r123456789s123456789t123456789u123456789v123456789w123456789x123456789",
+    "y123456789z123",
+);
+
 /// (job, annotations, created suspended, Event reason, words in the Event)
 type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
 
@@ -719,7 +733,38 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
             &[(LOCK_ANNOTATION, "Not_A_Name")],
             true,
             "InvalidLockAnnotation",
-            "is not a DistributedLock name",
+            "invalid DistributedLock name",
+        ),
+        // The name limits are lock::names's, shared with the CRD and the CLI: 253
+        // characters is a name (so the lock is merely missing), 254 is not; nor is an
+        // empty label or a control character.
+        (
+            "name-at-limit",
+            &[(LOCK_ANNOTATION, NAME_AT_LIMIT)],
+            true,
+            "LockNotFound",
+            "does not exist",
+        ),
+        (
+            "name-over-limit",
+            &[(LOCK_ANNOTATION, NAME_OVER_LIMIT)],
+            true,
+            "InvalidLockAnnotation",
+            "a DNS-1123 subdomain: at most 253",
+        ),
+        (
+            "empty-label",
+            &[(LOCK_ANNOTATION, "a..b")],
+            true,
+            "InvalidLockAnnotation",
+            "invalid DistributedLock name \"a..b\"",
+        ),
+        (
+            "control-character",
+            &[(LOCK_ANNOTATION, "a\u{1}b")],
+            true,
+            "InvalidLockAnnotation",
+            "invalid DistributedLock name",
         ),
         (
             "no-lock",

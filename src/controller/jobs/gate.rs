@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use crate::api::conditions::{self, ACQUIRED, reason};
 use crate::api::{DistributedLock, LockPhase};
 use crate::duration::{format_duration, parse_duration};
-use crate::lock::SafetyMargins;
+use crate::lock::{SafetyMargins, names};
 
 use super::{
     FENCE_ANNOTATION, FINALIZER, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION,
@@ -138,19 +138,9 @@ pub fn gate(annotations: &BTreeMap<String, String>) -> Result<Option<Gate>, Stri
              DistributedLock in its own namespace (give the name alone)"
         ));
     }
-    // TODO(lock::names): swap for `crate::lock::names::kubernetes_name` once it lands,
-    // so the CRD, the CLI and Job gating share one rule.
-    let valid = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !valid {
-        return Err(format!(
-            "{which}: {name:?} is not a DistributedLock name (lowercase letters, digits, '-', '.')"
-        ));
+    // The same rule as the CRD's metadata.name and the CLI's Lease names.
+    if let Err(e) = names::kubernetes_name(name).map_err(|e| e.named("DistributedLock name")) {
+        return Err(format!("{which}: {e}"));
     }
     Ok(Some(gate(name.clone())))
 }

@@ -105,7 +105,7 @@ fn gate_annotations() {
     assert!(
         settings(&bad)
             .unwrap_err()
-            .contains("not a DistributedLock name")
+            .contains("invalid DistributedLock name")
     );
 }
 
