@@ -1,4 +1,4 @@
-//! Job gating (DESIGN.md §6) against a real kube-apiserver, with the controller running
+//! Job gating (docs/design.md §6) against a real kube-apiserver, with the controller running
 //! in-process, scoped to each test's own namespace; and every manifest in `examples/`
 //! applied with kubectl and driven to the state its opening comment promises.
 //!

@@ -1,5 +1,5 @@
 //! The `DistributedLock` API (`lockwarden.io/v1alpha1`): Rust types, the generated
-//! CustomResourceDefinition and its admission rules (DESIGN.md §4).
+//! CustomResourceDefinition and its admission rules (docs/design.md §4).
 //!
 //! - [`distributed_lock`]: [`DistributedLock`], its spec, status and [`LockPhase`].
 //! - [`backend_spec`]: `spec.backend` (exactly one of S3, DynamoDB, ZooKeeper, Lease),

@@ -1,5 +1,5 @@
 //! DynamoDB: one item per lock, every write a conditional `UpdateItem`
-//! (DESIGN.md §3 "DynamoDB").
+//! (docs/design.md §3 "DynamoDB").
 //!
 //! Attribute names and formats are those of cirello.io/dynamolock (v2.0.3, read from
 //! its source), so both exclude each other on a shared table: `key` (partition key,

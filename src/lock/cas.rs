@@ -1,5 +1,5 @@
 //! The lock protocol on a store with conditional writes (S3, DynamoDB, Kubernetes
-//! Lease). Every safety rule of DESIGN.md §3 for those stores is implemented here,
+//! Lease). Every safety rule of docs/design.md §3 for those stores is implemented here,
 //! once; the stores only translate reads and conditional writes.
 
 use async_trait::async_trait;

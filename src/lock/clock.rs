@@ -1,6 +1,6 @@
 //! Time-based safety decisions, made only on the local monotonic clock.
 //!
-//! Two rules of DESIGN.md §3 live here:
+//! Two rules of docs/design.md §3 live here:
 //! - rule 1, [`LeaseObserver`]: a contender may take over only after it has itself
 //!   seen the same record version, unchanged, for the whole lease plus a grace;
 //! - rule 2, [`HolderDeadline`]: a holder stops claiming the lock at

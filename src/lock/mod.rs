@@ -1,4 +1,4 @@
-//! The backend-neutral lock engine (DESIGN.md §3).
+//! The backend-neutral lock engine (docs/design.md §3).
 //!
 //! - [`record`]: the stored [`LockRecord`], [`FenceToken`], [`Version`].
 //! - [`clock`]: rule 1 ([`LeaseObserver`]) and rule 2 ([`HolderDeadline`]), on the

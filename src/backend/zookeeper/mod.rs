@@ -1,4 +1,4 @@
-//! ZooKeeper: a FIFO queue of ephemeral sequential znodes (DESIGN.md §3 "ZooKeeper").
+//! ZooKeeper: a FIFO queue of ephemeral sequential znodes (docs/design.md §3 "ZooKeeper").
 //!
 //! - Every contender creates `<path>/_c_<uuid>-lock-<seq>` (`EPHEMERAL_SEQUENTIAL`, the
 //!   Curator "protected" form kafka-kit also uses, so they all queue together). The
