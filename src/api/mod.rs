@@ -8,7 +8,7 @@
 //! - [`duration`]: Go-style duration strings.
 //!
 //! The CRD is generated from these types ([`crd`], [`crd_yaml`]); the copy in
-//! `crds/distributedlocks.lockwarden.io.yaml` is checked against it by `tests/crd.rs`
+//! `crds/distributedlocks.lockwarden.io.yaml` is checked against it by `tests/crd/`
 //! (`LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd` rewrites it).
 //!
 //! Every optional field is non-nullable in the schema, so the API server prunes an

@@ -1,6 +1,6 @@
 //! The admission rules of the CRD, twice: as CEL (`x-kubernetes-validations`, enforced
 //! by the API server) and as Rust (the same checks, for the CLI, the controller and
-//! unit tests). Keep the two in step: `tests/crd.rs` sends every invalid spec of its
+//! unit tests). Keep the two in step: `tests/crd/` sends every invalid spec of its
 //! table to a real API server and also through [`DistributedLockSpec::validate`].
 //!
 //! The name and size rules themselves live in [`crate::lock::names`], shared with the
