@@ -7,7 +7,10 @@
 //! - `lockwarden_renew_failures_total`: held locks whose renewals failed past the
 //!   holder deadline (`Expiring`) or that were lost while held;
 //! - `lockwarden_backend_request_duration_seconds{backend,operation}`: `try_acquire`
-//!   and `release` calls made by the controller.
+//!   and `release` calls made by the controller;
+//! - `lockwarden_jobs_stopped_total{reason}`: gated Jobs suspended because their lock
+//!   was no longer held (`reason`: the lock's `LeaseExpiring`, `Lost`, `LockDeleted`,
+//!   `NotHeld`), counted once per stop.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,6 +41,11 @@ struct BackendLabels {
     operation: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
 type HistogramFamily = Family<BackendLabels, Histogram, fn() -> Histogram>;
 
 fn request_histogram() -> Histogram {
@@ -52,6 +60,7 @@ pub struct Telemetry {
     acquire: Histogram,
     renew_failures: Counter,
     requests: HistogramFamily,
+    jobs_stopped: Family<ReasonLabels, Counter>,
     /// Object (uid) → the phase counted for it in `locks`.
     phases: Mutex<HashMap<String, LockPhase>>,
     ready: AtomicBool,
@@ -92,15 +101,31 @@ impl Telemetry {
             "Duration of backend requests made by the controller",
             requests.clone(),
         );
+        let jobs_stopped = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "lockwarden_jobs_stopped",
+            "Gated Jobs suspended because their lock was no longer held, by the lock's reason",
+            jobs_stopped.clone(),
+        );
         Telemetry {
             registry,
             locks,
             acquire,
             renew_failures,
             requests,
+            jobs_stopped,
             phases: Mutex::default(),
             ready: AtomicBool::new(false),
         }
+    }
+
+    /// Counts a gated Job stopped (suspended) because its lock was no longer held.
+    pub fn count_job_stopped(&self, reason: &str) {
+        self.jobs_stopped
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     /// Records the phase of the object `uid` (`None`: forget it, e.g. deleted).
@@ -288,6 +313,23 @@ mod tests {
             telemetry
                 .encode()
                 .contains("lockwarden_locks{phase=\"Held\"} 1\n")
+        );
+    }
+
+    #[test]
+    fn jobs_stopped_counts_by_reason() {
+        let telemetry = Telemetry::new();
+        telemetry.count_job_stopped("Lost");
+        telemetry.count_job_stopped("Lost");
+        telemetry.count_job_stopped("LeaseExpiring");
+        let metrics = telemetry.encode();
+        assert!(
+            metrics.contains("lockwarden_jobs_stopped_total{reason=\"Lost\"} 2\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("lockwarden_jobs_stopped_total{reason=\"LeaseExpiring\"} 1\n"),
+            "{metrics}"
         );
     }
 }

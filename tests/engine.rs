@@ -1,4 +1,4 @@
-//! The lock protocol's safety rules (DESIGN.md §3), one test per rule, run against the
+//! The lock protocol's safety rules (docs/design.md §3), one test per rule, run against the
 //! real stores: S3 and DynamoDB on moto, Leases on kube-apiserver. (ZooKeeper, a
 //! queue rather than a conditional-write store, has its own file.)
 

@@ -10,7 +10,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,24 +19,22 @@ use aws_sdk_s3::config::Credentials;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use kube::api::{Api, DeleteParams, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
-use lockwarden::api::{
-    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, S3Backend, SecretRef,
-};
+use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, S3Backend, SecretRef};
 use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
 use lockwarden::controller::{self, ControllerConfig};
 use lockwarden::lock::{
     AcquireRequest, Attempt, HeldLock, LockBackend, LockError, LockState, Wait, acquire,
 };
 use serde_json::Value;
+use support::cli::Cli;
 use support::eventually;
 use support::kube::{ControlPlane, install_lockwarden_crd};
+use support::locks::lease_lock_timed;
 use support::moto::{self, Moto};
 use support::unique;
 use support::zookeeper::ZooKeeper;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lockwarden");
 
 /// Generous: a loaded 2-core machine, JVMs and Python servers next to a cargo build.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -189,86 +187,8 @@ async fn assert_engine_sees_held(backend: &dyn LockBackend, by: &str) {
     backend.abandon().await;
 }
 
-/// The CLI, in its own directory, pointed at the test servers.
-struct Cli {
-    dir: tempfile::TempDir,
-    env: Vec<(&'static str, String)>,
-}
-
-#[derive(Debug)]
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
+/// The CLI with moto and the shared control plane; assertions of these tests.
 impl Cli {
-    fn new() -> Cli {
-        Cli {
-            dir: tempfile::tempdir().expect("temp dir"),
-            env: vec![
-                ("AWS_REGION", moto::REGION.to_string()),
-                ("AWS_ACCESS_KEY_ID", moto::ACCESS_KEY_ID.to_string()),
-                ("AWS_SECRET_ACCESS_KEY", moto::SECRET_ACCESS_KEY.to_string()),
-                ("AWS_CONFIG_FILE", "/nonexistent/aws-config".to_string()),
-                (
-                    "AWS_SHARED_CREDENTIALS_FILE",
-                    "/nonexistent/aws-credentials".to_string(),
-                ),
-                ("AWS_EC2_METADATA_DISABLED", "true".to_string()),
-                ("AWS_ENDPOINT_URL", Moto::shared().endpoint()),
-                ("USER", "tester".to_string()),
-                (
-                    "KUBECONFIG",
-                    ControlPlane::shared()
-                        .kubeconfig_path()
-                        .display()
-                        .to_string(),
-                ),
-            ],
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .current_dir(self.dir.path())
-            .env_remove("AWS_PROFILE")
-            .env_remove("AWS_ENDPOINT_URL_S3")
-            .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
-            .env_remove("LOCKWARDEN_LOG")
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> Out {
-        let out = tokio::time::timeout(TIMEOUT, self.command(args).output())
-            .await
-            .unwrap_or_else(|_| panic!("lockwarden {args:?} did not finish within {TIMEOUT:?}"))
-            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
-        let out = Out {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        };
-        eprintln!(
-            "$ lockwarden {} -> {}\n{}{}",
-            args.join(" "),
-            out.code,
-            out.stdout,
-            out.stderr
-        );
-        out
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
     /// `lock URL` fails with exit 3 naming the holder, writes no lock file, and
     /// `status URL` reports the lock held by that holder.
     async fn assert_sees_held(&self, url: &str, by: &str, extra: &[&str]) {
@@ -344,7 +264,7 @@ async fn s3lock_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock
 
     let backend = engine(&url, &aws_options(false)).await;
     assert_engine_sees_held(backend.as_ref(), &id).await;
-    let cli = Cli::new();
+    let cli = Cli::aws().with_kube();
     cli.assert_sees_held(&url, &id, &[]).await;
     // An s3lock lock has no lease: waiting past any lease does not take it over.
     let err = acquire(
@@ -391,7 +311,7 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
     s3.release().await;
 
     // CLI, s3lock-compatible: the lock file remembers the option for unlock.
-    let cli = Cli::new();
+    let cli = Cli::aws().with_kube();
     cli.lock(&url, "held.lock", &["--s3lock-compatible"]).await;
     assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
     let mut waiting = s3lock(&bucket, &key, "120s");
@@ -415,7 +335,7 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_of_a_released_s3_key_says_s3lock_sees_it_held_and_names_the_option() {
     let (bucket, key, url) = s3_key().await;
-    let cli = Cli::new();
+    let cli = Cli::aws();
     cli.lock(&url, "plain.lock", &[]).await;
     cli.unlock("plain.lock").await;
 
@@ -574,7 +494,10 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
 
     let backend = engine(&url, &aws_options(false)).await;
     assert_engine_sees_held(backend.as_ref(), &owner).await;
-    Cli::new().assert_sees_held(&url, &owner, &[]).await;
+    Cli::aws()
+        .with_kube()
+        .assert_sees_held(&url, &owner, &[])
+        .await;
     // Heartbeats keep it: a wait of two and a half leases does not take it over.
     let err = acquire(
         backend.as_ref(),
@@ -646,7 +569,7 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
     after.release().await;
 
     // The CLI's lock, likewise.
-    let cli = Cli::new();
+    let cli = Cli::aws().with_kube();
     cli.lock(&url, "held.lock", &["--lease", "5m"]).await;
     assert_eq!(dynamolock(&table, &key, "d4", "0s").exit_code().await, 3);
     cli.unlock("held.lock").await;
@@ -701,7 +624,7 @@ async fn dynamolock_takes_over_a_lockwarden_lock_that_is_no_longer_renewed() {
     taker.release().await;
 
     // A `lockwarden run` process that is killed while holding.
-    let cli = Cli::new();
+    let cli = Cli::aws().with_kube();
     let mut run = cli
         .command(&["run", &url, "--lease", "3s", "--", "sleep", "600"])
         .spawn()
@@ -768,7 +691,10 @@ async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unl
 
     let backend = zk_engine(&path);
     assert_engine_sees_held(backend.as_ref(), &entry).await;
-    Cli::new().assert_sees_held(&url, &entry, &[]).await;
+    Cli::aws()
+        .with_kube()
+        .assert_sees_held(&url, &entry, &[])
+        .await;
 
     let waiting = {
         let backend = backend.clone();
@@ -1041,7 +967,10 @@ async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
     elector.expect("ACQUIRED").await;
     let backend = engine(&url, &options).await;
     assert_engine_sees_held(backend.as_ref(), "go-leader-1").await;
-    Cli::new().assert_sees_held(&url, "go-leader-1", &[]).await;
+    Cli::aws()
+        .with_kube()
+        .assert_sees_held(&url, "go-leader-1", &[])
+        .await;
     elector.release().await;
     let held = HeldLock::acquire(
         backend.clone(),
@@ -1097,7 +1026,10 @@ async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() 
     while ours < ROUNDS {
         let name = format!("dlock-{ours}");
         locks
-            .create(&PostParams::default(), &dlock(&name, lease_name))
+            .create(
+                &PostParams::default(),
+                &lease_lock_timed(&name, lease_name, "4s", "1s"),
+            )
             .await
             .expect("create DistributedLock");
         let held = eventually(&format!("{name} to be Acquired"), TIMEOUT, || async {
@@ -1182,24 +1114,6 @@ async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() 
     }
     assert_eq!(go_rounds, ROUNDS, "every elector round led once");
     elector.send("quit").await;
-}
-
-fn dlock(name: &str, lease: &str) -> DistributedLock {
-    DistributedLock::new(
-        name,
-        DistributedLockSpec {
-            backend: BackendSpec {
-                kubernetes: Some(KubernetesBackend {
-                    lease_name: lease.into(),
-                    namespace: None,
-                }),
-                ..Default::default()
-            },
-            lease_duration: "4s".into(),
-            renew_interval: "1s".into(),
-            ..Default::default()
-        },
-    )
 }
 
 /// Creates the holder marker, which must not exist: if it does, the other side holds.

@@ -1,9 +1,12 @@
-//! Job gating (DESIGN.md §6) against a real kube-apiserver, with the controller running
+//! Job gating (docs/design.md §6) against a real kube-apiserver, with the controller running
 //! in-process, scoped to each test's own namespace; and every manifest in `examples/`
 //! applied with kubectl and driven to the state its opening comment promises.
 //!
-//! No kube-controller-manager runs here: Jobs never start pods, and a test marks a Job
-//! finished by writing its status subresource, as the job controller would.
+//! The shared control plane runs kube-controller-manager, so the real Job controller
+//! creates each started Job's Pods (they stay Pending: no scheduler or kubelet) and
+//! deletes them when a Job is suspended. Tests check the fence on those Pods, and
+//! finish a Job by setting its Pods' phase as a kubelet would; the Job controller then
+//! marks the Job `Complete` or `Failed`.
 
 mod support;
 
@@ -15,7 +18,6 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -25,8 +27,9 @@ use lockwarden::api::{
 };
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::jobs::{
-    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, STATUS_ANNOTATION,
-    TEMPLATE_ANNOTATION, per_job_lock_name,
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION,
+    LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
+    per_job_lock_name,
 };
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
@@ -108,47 +111,37 @@ fn fence_of(job: &Job) -> i64 {
 }
 
 async fn wait_unsuspended(jobs: &Api<Job>, name: &str) -> Job {
-    eventually(
+    let job = eventually(
         &format!("Job {name} to be unsuspended"),
         TIMEOUT,
         || async { jobs.get(name).await.ok().filter(|j| !is_suspended(j)) },
     )
-    .await
+    .await;
+    // Started for real: the Job controller made its Pods from the template, fence and
+    // all.
+    let client = jobs.clone().into_client();
+    let ns = job.namespace().unwrap();
+    support::kube::wait_pods_with_fence(&client, &ns, name, fence_of(&job)).await;
+    job
 }
 
-/// Marks a Job finished through its status subresource, as the job controller would
-/// (batch/v1 validation wants the interim condition, the times and the counts).
+/// Finishes a Job the way a cluster does: its Pods end (the test plays the kubelet,
+/// setting their phase), and the real Job controller marks the Job `Complete` or
+/// `Failed`. Waits for that condition.
 async fn finish(jobs: &Api<Job>, name: &str, succeeded: bool) {
-    let now = Timestamp::now().to_string();
-    let (interim, terminal, counts) = if succeeded {
-        ("SuccessCriteriaMet", "Complete", json!({"succeeded": 1}))
-    } else {
-        ("FailureTarget", "Failed", json!({"failed": 1}))
-    };
-    let mut status = json!({
-        "startTime": now,
-        "conditions": [
-            {"type": interim, "status": "True", "lastTransitionTime": now, "lastProbeTime": now,
-             "reason": if succeeded { "CompletionsReached" } else { "BackoffLimitExceeded" },
-             "message": "set by the test"},
-            {"type": terminal, "status": "True", "lastTransitionTime": now, "lastProbeTime": now,
-             "reason": if succeeded { "CompletionsReached" } else { "BackoffLimitExceeded" },
-             "message": "set by the test"},
-        ],
-    });
-    if succeeded {
-        status["completionTime"] = json!(now);
-    }
-    for (k, v) in counts.as_object().unwrap() {
-        status[k] = v.clone();
-    }
-    jobs.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": status })),
+    let client = jobs.clone().into_client();
+    let ns = jobs.get(name).await.unwrap().namespace().unwrap();
+    support::kube::finish_pods(&client, &ns, name, succeeded).await;
+    let want = if succeeded { "Complete" } else { "Failed" };
+    eventually(
+        &format!("the Job controller to mark Job {name} {want}"),
+        TIMEOUT,
+        || async {
+            let job = jobs.get(name).await.ok()?;
+            (lockwarden::controller::jobs::finished(&job) == Some(want)).then_some(())
+        },
     )
-    .await
-    .unwrap_or_else(|e| panic!("mark Job {name} finished: {e}"));
+    .await;
 }
 
 /// Watches the namespace's Jobs from now on and records a violation whenever two
@@ -464,6 +457,12 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
     );
     wait_event(&client, &ns, "migrate", "Normal", "Started", "").await;
     let first_fence = status.fence.unwrap();
+    // The Job controller's Pods carry it: what the workload reads.
+    let pods = support::kube::wait_pods_with_fence(&client, &ns, "migrate", first_fence).await;
+    for pod in &pods {
+        let a = pod.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(a.get(HOLDER_ANNOTATION), status.holder.as_ref(), "{a:?}");
+    }
 
     finish(&jobs, "migrate", true).await;
     let released = eventually("the named lock to be released", TIMEOUT, || async {
@@ -557,7 +556,9 @@ async fn two_jobs_naming_one_lock_take_turns() {
 /// The Lease is held by someone outside (the engine, as another cluster or a CLI
 /// would): the Job stays suspended, its status and an Event naming that holder; when
 /// the outsider lets go, the Job starts; when the lock is then taken over by force,
-/// the running Job gets a Warning.
+/// the running Job is suspended (its Pods deleted), waits for its named lock again —
+/// re-acquired although `Lost` is final for the lock's generation — and restarts with
+/// a fence above the forcer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     let (client, ns) = setup("jobs-elsewhere").await;
@@ -613,18 +614,76 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     let started = wait_unsuspended(&jobs, "blocked").await;
     assert!(fence_of(&started) > lease.fence().0 as i64);
 
-    // Taken over by force while the Job runs: the Job is told (it keeps running; the
-    // fence is what protects the resource).
+    // Taken over by force while the Job runs: by default (`on-lock-lost: suspend`) the
+    // Job is suspended, a Warning names the reason and the fence it ran with, and the
+    // real Job controller deletes its Pods.
+    let old = fence_of(&started);
     let mut forcer = lease_lock("forcer", "contested");
     forcer.spec.force = true;
     locks.create(&PostParams::default(), &forcer).await.unwrap();
-    let note = wait_event(&client, &ns, "blocked", "Warning", "LockNotHeld", "").await;
+    let note = wait_event(&client, &ns, "blocked", "Warning", "Suspended", "").await;
     assert!(
-        note.contains(&format!("running with fence {}", fence_of(&started)))
-            && note.contains("lock contested is Lost"),
+        note.contains(&format!("ran with fence {old}")) && note.contains("Lost"),
         "{note}"
     );
+    eventually("the Job suspended and its Pods gone", TIMEOUT, || async {
+        let job = jobs.get("blocked").await.ok()?;
+        let pods = support::kube::job_pods(&client, &ns, "blocked").await;
+        (is_suspended(&job)
+            && job.annotations().get(LOST_FENCE_ANNOTATION) == Some(&old.to_string())
+            && pods.iter().all(|p| p.metadata.deletion_timestamp.is_some()))
+        .then_some(())
+    })
+    .await;
+    let forced = wait_acquired(&locks, "forcer").await;
+    let forced_fence = forced.status.as_ref().unwrap().fence.unwrap();
+    assert!(forced_fence > old);
+
+    // The named lock, Lost (final for its generation), was let go and is claimed
+    // anew: a new acquisition, which waits for the forcer.
+    eventually("the Job to wait for the forcer", TIMEOUT, || async {
+        let job = jobs.get("blocked").await.ok()?;
+        let status = job.annotations().get(STATUS_ANNOTATION)?;
+        (is_suspended(&job) && status.contains(&format!("held by {CLUSTER}/{ns}/forcer")))
+            .then_some(())
+    })
+    .await;
+    // When the forcer lets go, the Job starts again, with a fence above both.
+    locks
+        .delete("forcer", &DeleteParams::default())
+        .await
+        .unwrap();
+    let again = wait_unsuspended(&jobs, "blocked").await;
+    assert!(
+        fence_of(&again) > forced_fence,
+        "restarted with fence {}, the forcer had {forced_fence}",
+        fence_of(&again)
+    );
+    assert!(!again.annotations().contains_key(LOST_FENCE_ANNOTATION));
+    wait_event(
+        &client,
+        &ns,
+        "blocked",
+        "Normal",
+        "Started",
+        &format!("fence {}", fence_of(&again)),
+    )
+    .await;
 }
+
+/// A DistributedLock name of exactly 253 characters (the Kubernetes limit), and one over.
+const NAME_AT_LIMIT: &str = concat!(
+    "a123456789b123456789c123456789d123456789e123456789f123456789g123456789h123456789",
+    "i123456789j123456789k123456789l123456789m123456789n123456789o123456789p123456789",
+    "q123456789r123456789s123456789t123456789u123456789v123456789w123456789x123456789",
+    "y123456789z12",
+);
+const NAME_OVER_LIMIT: &str = concat!(
+    "a123456789b123456789c123456789d123456789e123456789f123456789g123456789h123456789",
+    "i123456789j123456789k123456789l123456789m123456789n123456789o123456789p123456789",
+    "q123456789r123456789s123456789t123456789u123456789v123456789w123456789x123456789",
+    "y123456789z123",
+);
 
 /// (job, annotations, created suspended, Event reason, words in the Event)
 type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
@@ -674,7 +733,38 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
             &[(LOCK_ANNOTATION, "Not_A_Name")],
             true,
             "InvalidLockAnnotation",
-            "is not a DistributedLock name",
+            "invalid DistributedLock name",
+        ),
+        // The name limits are lock::names's, shared with the CRD and the CLI: 253
+        // characters is a name (so the lock is merely missing), 254 is not; nor is an
+        // empty label or a control character.
+        (
+            "name-at-limit",
+            &[(LOCK_ANNOTATION, NAME_AT_LIMIT)],
+            true,
+            "LockNotFound",
+            "does not exist",
+        ),
+        (
+            "name-over-limit",
+            &[(LOCK_ANNOTATION, NAME_OVER_LIMIT)],
+            true,
+            "InvalidLockAnnotation",
+            "a DNS-1123 subdomain: at most 253",
+        ),
+        (
+            "empty-label",
+            &[(LOCK_ANNOTATION, "a..b")],
+            true,
+            "InvalidLockAnnotation",
+            "invalid DistributedLock name \"a..b\"",
+        ),
+        (
+            "control-character",
+            &[(LOCK_ANNOTATION, "a\u{1}b")],
+            true,
+            "InvalidLockAnnotation",
+            "invalid DistributedLock name",
         ),
         (
             "no-lock",
@@ -696,6 +786,23 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
             false,
             "NotSuspended",
             "spec.suspend: true",
+        ),
+        (
+            "bad-policy",
+            &[
+                (LOCK_ANNOTATION, "good"),
+                (ON_LOCK_LOST_ANNOTATION, "pause"),
+            ],
+            true,
+            "InvalidLockAnnotation",
+            "lockwarden.io/on-lock-lost: \"pause\" is not one of suspend, fail, ignore",
+        ),
+        (
+            "long-grace",
+            &[(LOCK_ANNOTATION, "good"), (LOST_GRACE_ANNOTATION, "10s")],
+            true,
+            "InvalidLockAnnotation",
+            "past the point where another holder may acquire the lock",
         ),
     ];
     for (name, annotations, suspend, _, _) in rows {
@@ -749,7 +856,7 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
 
     // Deleting a running Job lets go of its claim: the lock is free for others.
     // Background propagation, as kubectl does (the API default for Jobs is to orphan
-    // their pods, which needs the garbage collector this API server lacks).
+    // their Pods).
     jobs.delete("fine", &DeleteParams::background())
         .await
         .unwrap();
@@ -772,6 +879,7 @@ fn controller_rules() -> serde_json::Value {
         {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks/status"],
          "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "verbs": ["get", "create", "update", "delete"]},
@@ -782,7 +890,7 @@ fn controller_rules() -> serde_json::Value {
 
 /// The controller running as an identity with only [`controller_rules`] gates Jobs
 /// end to end: a named lock (claim, start, release) and a template queue (create,
-/// start, delete), with its Events recorded.
+/// start, stop on loss, restart, delete), with its Events recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_gating_works_with_the_documented_rbac() {
     let plane = ControlPlane::shared();
@@ -849,6 +957,25 @@ async fn job_gating_works_with_the_documented_rbac() {
     let named = wait_unsuspended(&jobs, "named-job").await;
     let queued = wait_unsuspended(&jobs, "queued-job").await;
     wait_event(&admin, &ns, "named-job", "Normal", "Started", "").await;
+    // The queued Job's key is taken by force: it is suspended, its own lock made anew,
+    // and it restarts with a higher fence once the forcer lets go. (With
+    // LOCKWARDEN_KUBE_FEATURE_GATES=MutableSchedulingDirectivesForSuspendedJobs=false,
+    // as before Kubernetes 1.36, the restart needs jobs/status to clear startTime.)
+    let mut forcer = lease_lock("forcer", "queue-key");
+    forcer.spec.force = true;
+    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    wait_event(&admin, &ns, "queued-job", "Warning", "Suspended", "").await;
+    let forced = wait_acquired(&locks, "forcer").await;
+    locks
+        .delete("forcer", &DeleteParams::default())
+        .await
+        .unwrap();
+    let restarted = eventually("the queued Job to restart", TIMEOUT, || async {
+        let job = jobs.get("queued-job").await.ok()?;
+        (!is_suspended(&job) && fence_of(&job) > forced.status.as_ref()?.fence?).then_some(job)
+    })
+    .await;
+    support::kube::wait_pods_with_fence(&admin, &ns, "queued-job", fence_of(&restarted)).await;
     finish(&jobs, "named-job", true).await;
     finish(&jobs, "queued-job", true).await;
     eventually("both locks let go", TIMEOUT, || async {

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+use lockwarden::api::DistributedLockSpec;
 use lockwarden::backend::Target;
 use lockwarden::backend::dynamodb::parse_item;
 use lockwarden::backend::kubernetes::parse_lease;
@@ -18,6 +19,7 @@ use lockwarden::cli::lockfile::{Keeper, LockFile, SavedOptions};
 use lockwarden::duration::{format_duration, parse_duration};
 use lockwarden::lock::{FenceToken, ForeignRecord, LockRecord, LockState};
 use proptest::prelude::*;
+use serde_json::{Value, json};
 
 /// Go's largest duration, the top of the range `parse_duration` accepts.
 const MAX_NANOS: u64 = i64::MAX as u64;
@@ -209,6 +211,38 @@ proptest! {
             }
             let _ = parse_connect(text);
             let _ = sequence_of(text);
+        }
+    }
+
+    /// One set of name rules: a key the CLI's URL parser accepts is one the CRD's
+    /// rules (in Rust) accept, and the other way round, for every store.
+    #[test]
+    fn the_url_parser_and_the_crd_agree_on_every_key(
+        key in prop_oneof![
+            any::<String>(),
+            "[a-z0-9./-]{0,300}",
+            proptest::collection::vec(any::<char>(), 1000..1030).prop_map(String::from_iter),
+        ],
+    ) {
+        let spec = |backend: Value| {
+            serde_json::from_value::<DistributedLockSpec>(json!({ "backend": backend }))
+                .expect("a spec of the right shape")
+                .validate()
+                .is_ok()
+        };
+        let s3 = Target::parse(&format!("s3://bucket/{key}")).is_ok();
+        prop_assert_eq!(s3, spec(json!({ "s3": { "bucket": "bucket", "key": key } })), "s3 {:?}", key);
+        let ddb = Target::parse(&format!("dynamodb://table/{key}")).is_ok();
+        prop_assert_eq!(ddb, spec(json!({ "dynamodb": { "table": "table", "key": key } })), "dynamodb {:?}", key);
+        let path = format!("/{key}");
+        let zk = Target::parse(&format!("zk://h:1{path}")).is_ok();
+        prop_assert_eq!(zk, spec(json!({ "zookeeper": { "servers": ["h:1"], "path": path } })), "zk {:?}", key);
+        // A Lease name is one URL segment (and a namespace has no dots).
+        if !key.contains('/') {
+            let lease = Target::parse(&format!("k8s://ns/{key}")).is_ok();
+            prop_assert_eq!(lease, spec(json!({ "kubernetes": { "leaseName": key, "namespace": "ns" } })), "lease {:?}", key);
+            let ns = Target::parse(&format!("k8s://{key}/lease")).is_ok();
+            prop_assert_eq!(ns, spec(json!({ "kubernetes": { "leaseName": "lease", "namespace": key } })), "namespace {:?}", key);
         }
     }
 

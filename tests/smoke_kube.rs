@@ -192,22 +192,8 @@ async fn kubectl_lists_namespaces() {
     let client = plane.client().await;
     let namespace = plane.namespace(&client, "smoke-kubectl").await;
 
-    let out = tokio::process::Command::new(tool("KUBECTL"))
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig_path())
-        // Keep kubectl's discovery cache out of $HOME.
-        .arg("--cache-dir")
-        .arg(plane.dir().join("kubectl-cache"))
-        .args(["--request-timeout=60s", "get", "namespaces", "-o", "name"])
-        .output()
-        .await
-        .expect("run kubectl");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kubectl get namespaces failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = support::kubectl::kubectl_on(plane, &["get", "namespaces", "-o", "name"], None).await;
+    let stdout = support::kubectl::stdout_ok(&out, "get namespaces");
     let names: Vec<&str> = stdout.lines().collect();
     assert!(
         names.contains(&"namespace/default"),

@@ -3,8 +3,12 @@
 use kube::KubeSchema;
 use serde::{Deserialize, Serialize};
 
+pub use super::kind::BackendKind;
+
 use super::SpecError;
 use super::validation::*;
+use crate::backend::{ConnectOptions, Target};
+use crate::lock::names::{self, NameError};
 
 /// Where the lock is stored: exactly one of `s3`, `dynamodb`, `zookeeper` or
 /// `kubernetes`. The kind and the fields naming the lock cannot change after creation.
@@ -36,9 +40,14 @@ pub struct S3Backend {
     #[schemars(length(max = 63))]
     #[x_kube(validation = s3_bucket(), validation = immutable("bucket"))]
     pub bucket: String,
-    /// Object key of the lock record.
-    #[schemars(length(max = 1024))]
-    #[x_kube(validation = non_empty("key"), validation = immutable("key"))]
+    /// Object key of the lock record (at most 1,024 bytes of UTF-8).
+    #[schemars(length(max = names::S3_KEY_MAX_BYTES))]
+    #[x_kube(
+        validation = non_empty("key"),
+        validation = max_bytes("key", names::S3_KEY_MAX_BYTES),
+        validation = no_control_characters("key"),
+        validation = immutable("key")
+    )]
     pub key: String,
     /// AWS region; the usual AWS configuration chain when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,9 +82,14 @@ pub struct DynamoDbBackend {
     #[schemars(length(max = 255))]
     #[x_kube(validation = dynamodb_table(), validation = immutable("table"))]
     pub table: String,
-    /// Partition key value of the lock item.
-    #[schemars(length(max = 1024))]
-    #[x_kube(validation = non_empty("key"), validation = immutable("key"))]
+    /// Partition key value of the lock item (at most 2,048 bytes of UTF-8).
+    #[schemars(length(max = names::DYNAMODB_KEY_MAX_BYTES))]
+    #[x_kube(
+        validation = non_empty("key"),
+        validation = max_bytes("key", names::DYNAMODB_KEY_MAX_BYTES),
+        validation = no_control_characters("key"),
+        validation = immutable("key")
+    )]
     pub key: String,
     /// AWS region; the usual AWS configuration chain when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,9 +101,11 @@ pub struct DynamoDbBackend {
     pub endpoint: Option<String>,
     /// Name of the table's partition key attribute (a string attribute).
     #[serde(default = "default_partition_key_name")]
-    #[schemars(length(max = 255))]
+    #[schemars(length(max = names::DYNAMODB_ATTRIBUTE_NAME_MAX_BYTES))]
     #[x_kube(
         validation = non_empty("partitionKeyName"),
+        validation = max_bytes("partitionKeyName", names::DYNAMODB_ATTRIBUTE_NAME_MAX_BYTES),
+        validation = no_control_characters("partitionKeyName"),
         validation = immutable("partitionKeyName")
     )]
     pub partition_key_name: String,
@@ -128,12 +144,20 @@ fn default_partition_key_name() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct SortKey {
     /// Attribute name.
-    #[schemars(length(max = 255))]
-    #[x_kube(validation = non_empty("name"))]
+    #[schemars(length(max = names::DYNAMODB_ATTRIBUTE_NAME_MAX_BYTES))]
+    #[x_kube(
+        validation = non_empty("name"),
+        validation = max_bytes("name", names::DYNAMODB_ATTRIBUTE_NAME_MAX_BYTES),
+        validation = no_control_characters("name")
+    )]
     pub name: String,
-    /// Attribute value for this lock.
-    #[schemars(length(max = 1024))]
-    #[x_kube(validation = non_empty("value"))]
+    /// Attribute value for this lock (at most 1,024 bytes of UTF-8).
+    #[schemars(length(max = names::DYNAMODB_SORT_KEY_MAX_BYTES))]
+    #[x_kube(
+        validation = non_empty("value"),
+        validation = max_bytes("value", names::DYNAMODB_SORT_KEY_MAX_BYTES),
+        validation = no_control_characters("value")
+    )]
     pub value: String,
 }
 
@@ -141,20 +165,30 @@ pub struct SortKey {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::api::strip_nullable)]
-#[x_kube(validation = optional_immutable("chroot"))]
+#[x_kube(validation = optional_immutable("chroot"), validation = zk_full_path_size())]
 pub struct ZooKeeperBackend {
     /// The ensemble, as `host:port` entries.
     #[schemars(length(min = 1, max = 16), inner(length(max = 261)))]
     #[x_kube(validation = zk_servers())]
     pub servers: Vec<String>,
-    /// Absolute path of the lock (its queue lives under it), relative to `chroot`.
-    #[schemars(length(max = 1024))]
-    #[x_kube(validation = zk_path("path"), validation = immutable("path"))]
+    /// Absolute path of the lock (its queue lives under it), relative to `chroot`;
+    /// chroot and path together at most 1,024 bytes of UTF-8.
+    #[schemars(length(max = names::ZOOKEEPER_PATH_MAX_BYTES))]
+    #[x_kube(
+        validation = zk_path("path"),
+        validation = no_control_characters("path"),
+        validation = zk_path_characters("path"),
+        validation = immutable("path")
+    )]
     pub path: String,
     /// Absolute path every other path is relative to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024))]
-    #[x_kube(validation = zk_path("chroot"))]
+    #[schemars(length(max = names::ZOOKEEPER_PATH_MAX_BYTES))]
+    #[x_kube(
+        validation = zk_path("chroot"),
+        validation = no_control_characters("chroot"),
+        validation = zk_path_characters("chroot")
+    )]
     pub chroot: Option<String>,
     /// Requested session timeout (Go duration such as `10s`); the server may adjust it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,12 +204,12 @@ pub struct ZooKeeperBackend {
 #[x_kube(validation = optional_immutable("namespace"))]
 pub struct KubernetesBackend {
     /// Name of the Lease.
-    #[schemars(length(max = 253))]
+    #[schemars(length(max = names::KUBERNETES_NAME_MAX_LEN))]
     #[x_kube(validation = dns_subdomain("leaseName"), validation = immutable("leaseName"))]
     pub lease_name: String,
     /// Namespace of the Lease; the DistributedLock's own namespace when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 63))]
+    #[schemars(length(max = names::KUBERNETES_NAMESPACE_MAX_LEN))]
     #[x_kube(validation = dns_label("namespace"))]
     pub namespace: Option<String>,
 }
@@ -185,47 +219,9 @@ pub struct KubernetesBackend {
 #[serde(rename_all = "camelCase")]
 pub struct SecretRef {
     /// Name of the Secret.
-    #[schemars(length(max = 253))]
+    #[schemars(length(max = names::KUBERNETES_NAME_MAX_LEN))]
     #[x_kube(validation = dns_subdomain("name"))]
     pub name: String,
-}
-
-/// Which kind of store a lock lives in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BackendKind {
-    S3,
-    DynamoDb,
-    ZooKeeper,
-    Kubernetes,
-}
-
-impl BackendKind {
-    /// The field name in `spec.backend` and the `Backend` printer column value:
-    /// `s3`, `dynamodb`, `zookeeper`, `kubernetes`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BackendKind::S3 => "s3",
-            BackendKind::DynamoDb => "dynamodb",
-            BackendKind::ZooKeeper => "zookeeper",
-            BackendKind::Kubernetes => "kubernetes",
-        }
-    }
-
-    /// The URL scheme of lock keys of this kind (`s3`, `dynamodb`, `zk`, `k8s`).
-    pub fn scheme(self) -> &'static str {
-        match self {
-            BackendKind::S3 => "s3",
-            BackendKind::DynamoDb => "dynamodb",
-            BackendKind::ZooKeeper => "zk",
-            BackendKind::Kubernetes => "k8s",
-        }
-    }
-}
-
-impl std::fmt::Display for BackendKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// The one backend a spec selects, borrowed.
@@ -280,110 +276,148 @@ impl BackendSpec {
         self.selected().map(|b| b.kind())
     }
 
+    /// The lock's key as a [`Target`], the same value the CLI's URL parser produces
+    /// (no URL string in between). `lock_namespace` is the DistributedLock's namespace,
+    /// the Lease's when `kubernetes.namespace` is unset. The spec is validated first
+    /// ([`BackendSpec::validate`]): a target is never built from names a store refuses.
+    pub fn target(&self, lock_namespace: &str) -> Result<Target, SpecError> {
+        self.validate()?;
+        self.key(lock_namespace)
+    }
+
+    /// The lock's key, whether or not the names in it are valid (for `status.key`).
+    fn key(&self, lock_namespace: &str) -> Result<Target, SpecError> {
+        Ok(match self.selected()? {
+            SelectedBackend::S3(b) => Target::S3 {
+                bucket: b.bucket.clone(),
+                key: b.key.clone(),
+            },
+            SelectedBackend::DynamoDb(b) => Target::DynamoDb {
+                table: b.table.clone(),
+                key: b.key.clone(),
+            },
+            SelectedBackend::ZooKeeper(b) => Target::ZooKeeper {
+                servers: b.servers.clone(),
+                chroot: b.chroot.clone(),
+                path: b.path.clone(),
+            },
+            SelectedBackend::Kubernetes(b) => Target::Kubernetes {
+                namespace: b
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| lock_namespace.to_string()),
+                name: b.lease_name.clone(),
+            },
+        })
+    }
+
     /// The lock's key as a URL, in the same forms as the CLI: `s3://bucket/key`,
     /// `dynamodb://table/key`, `zk://host:port[,host:port…][/chroot]/path`,
-    /// `k8s://namespace/lease`. `lock_namespace` is the DistributedLock's namespace, the
-    /// Lease's when `kubernetes.namespace` is unset.
+    /// `k8s://namespace/lease` (the [`Target`]'s display). Only one backend must be
+    /// set: an invalid spec still has a key to show and index by.
     pub fn lock_url(&self, lock_namespace: &str) -> Result<String, SpecError> {
-        Ok(match self.selected()? {
-            SelectedBackend::S3(b) => format!("s3://{}/{}", b.bucket, b.key),
-            SelectedBackend::DynamoDb(b) => format!("dynamodb://{}/{}", b.table, b.key),
-            SelectedBackend::ZooKeeper(b) => format!(
-                "zk://{}{}{}",
-                b.servers.join(","),
-                b.chroot.as_deref().unwrap_or(""),
-                b.path
-            ),
-            SelectedBackend::Kubernetes(b) => format!(
-                "k8s://{}/{}",
-                b.namespace.as_deref().unwrap_or(lock_namespace),
-                b.lease_name
-            ),
-        })
+        Ok(self.key(lock_namespace)?.to_string())
+    }
+
+    /// How to reach the store, from the spec: endpoint, region, path-style
+    /// addressing, S3 delete-on-release (s3lock compatibility), the DynamoDB table layout and table creation, the ZooKeeper session
+    /// timeout. Everything but credentials (see [`BackendSpec::credentials_secret`]) and
+    /// the Kubernetes client, which the caller has.
+    pub fn connect_options(&self) -> ConnectOptions {
+        let mut options = ConnectOptions::default();
+        if let Some(s) = &self.s3 {
+            options.endpoint = s.endpoint.clone().filter(|e| !e.is_empty());
+            options.region = s.region.clone();
+            options.force_path_style = s.force_path_style;
+            options.s3lock_compatible = s.s3lock_compatible.unwrap_or(false);
+        }
+        if let Some(d) = &self.dynamodb {
+            options.endpoint = d.endpoint.clone().filter(|e| !e.is_empty());
+            options.region = d.region.clone();
+            options.partition_key = Some(d.partition_key_name.clone());
+            options.sort_key = d
+                .sort_key
+                .as_ref()
+                .map(|s| (s.name.clone(), s.value.clone()));
+            options.create_table = d.create_table.unwrap_or(false);
+        }
+        if let Some(z) = &self.zookeeper {
+            // Malformed values are refused by `validate`; none reaches here from it.
+            options.session_timeout = z
+                .session_timeout
+                .as_deref()
+                .and_then(|t| parse_field("spec.backend.zookeeper.sessionTimeout", t).ok());
+        }
+        options
+    }
+
+    /// The Secret with AWS credentials the selected backend names, if any.
+    pub fn credentials_secret(&self) -> Option<&SecretRef> {
+        match self.selected().ok()? {
+            SelectedBackend::S3(b) => b.credentials_secret_ref.as_ref(),
+            SelectedBackend::DynamoDb(b) => b.credentials_secret_ref.as_ref(),
+            SelectedBackend::ZooKeeper(_) | SelectedBackend::Kubernetes(_) => None,
+        }
     }
 
     /// The checks of the CRD's CEL rules for `spec.backend` at creation.
     pub fn validate(&self) -> Result<(), SpecError> {
-        let invalid = |field: &str, message: &str| {
-            Err(SpecError::Invalid {
-                field: format!("spec.backend.{field}"),
-                message: message.to_string(),
-            })
-        };
-        let secret = |field: &str, r: &Option<SecretRef>| match r {
-            Some(r) if !check_dns_subdomain(&r.name) => invalid(
-                &format!("{field}.credentialsSecretRef.name"),
-                "must be a valid Kubernetes object name",
-            ),
-            _ => Ok(()),
-        };
         match self.selected()? {
             SelectedBackend::S3(b) => {
-                if !check_s3_bucket(&b.bucket) {
-                    return invalid("s3.bucket", "must be a valid S3 bucket name");
-                }
-                if b.key.is_empty() || b.key.len() > 1024 {
-                    return invalid("s3.key", "must be 1-1024 characters");
-                }
-                secret("s3", &b.credentials_secret_ref)
+                check("s3.bucket", names::s3_bucket(&b.bucket))?;
+                check("s3.key", names::s3_key(&b.key))?;
+                check_secret("s3", &b.credentials_secret_ref)
             }
             SelectedBackend::DynamoDb(b) => {
-                if !check_dynamodb_table(&b.table) {
-                    return invalid("dynamodb.table", "must be a valid DynamoDB table name");
-                }
-                if b.key.is_empty() || b.key.len() > 1024 {
-                    return invalid("dynamodb.key", "must be 1-1024 characters");
-                }
-                if b.partition_key_name.is_empty() || b.partition_key_name.len() > 255 {
-                    return invalid("dynamodb.partitionKeyName", "must be 1-255 characters");
-                }
+                check("dynamodb.table", names::dynamodb_table(&b.table))?;
+                check("dynamodb.key", names::dynamodb_key(&b.key))?;
+                check(
+                    "dynamodb.partitionKeyName",
+                    names::dynamodb_attribute_name(&b.partition_key_name),
+                )?;
                 if let Some(s) = &b.sort_key {
-                    if s.name.is_empty() || s.name.len() > 255 {
-                        return invalid("dynamodb.sortKey.name", "must be 1-255 characters");
-                    }
-                    if s.value.is_empty() || s.value.len() > 1024 {
-                        return invalid("dynamodb.sortKey.value", "must be 1-1024 characters");
-                    }
+                    check(
+                        "dynamodb.sortKey.name",
+                        names::dynamodb_attribute_name(&s.name),
+                    )?;
+                    check(
+                        "dynamodb.sortKey.value",
+                        names::dynamodb_sort_key_value(&s.value),
+                    )?;
                 }
-                secret("dynamodb", &b.credentials_secret_ref)
+                check_secret("dynamodb", &b.credentials_secret_ref)
             }
             SelectedBackend::ZooKeeper(b) => {
                 if b.servers.is_empty() || b.servers.len() > 16 {
-                    return invalid("zookeeper.servers", "must list 1-16 host:port entries");
+                    return Err(invalid(
+                        "zookeeper.servers",
+                        "must list 1-16 host:port entries",
+                    ));
                 }
                 if let Some(bad) = b.servers.iter().find(|s| !check_host_port(s)) {
-                    return invalid(
+                    return Err(invalid(
                         "zookeeper.servers",
                         &format!("{bad:?} is not a host:port entry"),
-                    );
+                    ));
                 }
-                if !check_zk_path(&b.path) {
-                    return invalid("zookeeper.path", "must be an absolute ZooKeeper path");
+                check("zookeeper.path", names::zookeeper_path(&b.path))?;
+                if let Some(chroot) = &b.chroot {
+                    check("zookeeper.chroot", names::zookeeper_path(chroot))?;
                 }
-                if let Some(chroot) = &b.chroot
-                    && !check_zk_path(chroot)
-                {
-                    return invalid("zookeeper.chroot", "must be an absolute ZooKeeper path");
-                }
+                let full = format!("{}{}", b.chroot.as_deref().unwrap_or(""), b.path);
+                check("zookeeper.path", names::zookeeper_path(&full))?;
                 if let Some(t) = &b.session_timeout {
-                    super::distributed_lock::parse_field(
-                        "spec.backend.zookeeper.sessionTimeout",
-                        t,
-                    )?;
+                    parse_field("spec.backend.zookeeper.sessionTimeout", t)?;
                 }
                 Ok(())
             }
             SelectedBackend::Kubernetes(b) => {
-                if !check_dns_subdomain(&b.lease_name) {
-                    return invalid(
-                        "kubernetes.leaseName",
-                        "must be a valid Kubernetes object name",
-                    );
-                }
-                if let Some(ns) = &b.namespace
-                    && !check_dns_label(ns)
-                {
-                    return invalid("kubernetes.namespace", "must be a valid namespace name");
+                check(
+                    "kubernetes.leaseName",
+                    names::kubernetes_name(&b.lease_name),
+                )?;
+                if let Some(ns) = &b.namespace {
+                    check("kubernetes.namespace", names::kubernetes_namespace(ns))?;
                 }
                 Ok(())
             }
@@ -440,5 +474,29 @@ impl BackendSpec {
             }
         }
         Ok(())
+    }
+}
+
+/// `spec.backend.<field>` is invalid: `message`.
+fn invalid(field: &str, message: &str) -> SpecError {
+    SpecError::Invalid {
+        field: format!("spec.backend.{field}"),
+        message: message.to_string(),
+    }
+}
+
+/// A name rule's verdict on `spec.backend.<field>`.
+fn check(field: &str, verdict: Result<(), NameError>) -> Result<(), SpecError> {
+    verdict.map_err(|e| invalid(field, &e.to_string()))
+}
+
+/// `<backend>.credentialsSecretRef.name` is a Kubernetes object name.
+fn check_secret(backend: &str, secret: &Option<SecretRef>) -> Result<(), SpecError> {
+    match secret {
+        Some(r) => check(
+            &format!("{backend}.credentialsSecretRef.name"),
+            names::kubernetes_name(&r.name),
+        ),
+        None => Ok(()),
     }
 }

@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use super::SpecError;
 use super::backend_spec::{BackendKind, BackendSpec};
-use super::duration::{DurationError, parse_positive_duration};
 use super::validation::*;
 
 /// `spec.leaseDuration` when unset.
@@ -275,27 +274,6 @@ impl DistributedLockSpec {
     pub fn validate_update(&self, old: &DistributedLockSpec) -> Result<(), SpecError> {
         self.backend.validate_update(&old.backend)
     }
-}
-
-/// A positive duration field of the spec, with the CRD's length limit.
-pub(crate) fn parse_field(field: &'static str, value: &str) -> Result<Duration, SpecError> {
-    if value.len() > MAX_DURATION_LEN as usize {
-        return Err(SpecError::Invalid {
-            field: field.to_string(),
-            message: format!("must be at most {MAX_DURATION_LEN} characters"),
-        });
-    }
-    // Go accepts a leading '+'; the CRD's rule (and so this) does not.
-    let parsed = if value.starts_with('+') {
-        Err(DurationError::Malformed)
-    } else {
-        parse_positive_duration(value)
-    };
-    parsed.map_err(|reason| SpecError::Duration {
-        field,
-        value: value.to_string(),
-        reason,
-    })
 }
 
 impl DistributedLock {

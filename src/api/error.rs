@@ -1,7 +1,7 @@
 //! Why a `DistributedLock` spec cannot be used. Each error names the field.
 
-use super::backend_spec::BackendKind;
 use super::duration::DurationError;
+use super::kind::BackendKind;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {

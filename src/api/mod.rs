@@ -1,5 +1,5 @@
 //! The `DistributedLock` API (`lockwarden.io/v1alpha1`): Rust types, the generated
-//! CustomResourceDefinition and its admission rules (DESIGN.md §4).
+//! CustomResourceDefinition and its admission rules (docs/design.md §4).
 //!
 //! - [`distributed_lock`]: [`DistributedLock`], its spec, status and [`LockPhase`].
 //! - [`backend_spec`]: `spec.backend` (exactly one of S3, DynamoDB, ZooKeeper, Lease),
@@ -8,7 +8,7 @@
 //! - [`duration`]: Go-style duration strings.
 //!
 //! The CRD is generated from these types ([`crd`], [`crd_yaml`]); the copy in
-//! `crds/distributedlocks.lockwarden.io.yaml` is checked against it by `tests/crd.rs`
+//! `crds/distributedlocks.lockwarden.io.yaml` is checked against it by `tests/crd/`
 //! (`LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd` rewrites it).
 //!
 //! Every optional field is non-nullable in the schema, so the API server prunes an
@@ -18,6 +18,7 @@ pub mod backend_spec;
 pub mod conditions;
 pub mod distributed_lock;
 mod error;
+mod kind;
 pub mod validated;
 mod validation;
 

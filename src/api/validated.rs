@@ -5,10 +5,6 @@ use std::time::Duration;
 
 use super::{BackendKind, DistributedLock, SecretRef, SpecError};
 use crate::backend::{ConnectOptions, Target};
-// TEMPORARY until H2's api::BackendSpec::target lands: the shim's trait provides
-// `target`, `connect_options` and `credentials_secret` on `BackendSpec`.
-#[allow(unused_imports)]
-use crate::controller::connect_shim::BackendSpecShim;
 
 /// Where a lock lives and how to reach it (everything but the credentials themselves).
 ///

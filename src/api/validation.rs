@@ -1,15 +1,28 @@
 //! The admission rules of the CRD, twice: as CEL (`x-kubernetes-validations`, enforced
 //! by the API server) and as Rust (the same checks, for the CLI, the controller and
-//! unit tests). Keep the two in step: `tests/crd.rs` sends every invalid spec of its
+//! unit tests). Keep the two in step: `tests/crd/` sends every invalid spec of its
 //! table to a real API server and also through [`DistributedLockSpec::validate`].
+//!
+//! The name and size rules themselves live in [`crate::lock::names`], shared with the
+//! command-line URL parser: the CEL rules here are built from its constants and
+//! patterns, and the Rust checks call it.
 //!
 //! CEL notes: Kubernetes rejects rules whose estimated cost is too high, so every
 //! string a rule reads has a `maxLength` and every list a `maxItems`. Regexes avoid
-//! backslashes (`[.]` instead of `\.`) so they read the same in Rust, CEL and YAML.
+//! backslashes (`[.]` instead of `\.`) where they can, so they read the same in Rust,
+//! CEL and YAML; the character-class rules need them (`\p{Cc}`), and [`lit`] escapes
+//! them for CEL. Sizes in bytes are `size(bytes(self))`: `size(self)` and `maxLength`
+//! count characters.
 //!
 //! [`DistributedLockSpec::validate`]: super::DistributedLockSpec::validate
 
+use std::time::Duration;
+
 use kube::core::{Message, Reason, Rule};
+
+use super::SpecError;
+use super::duration::{DurationError, parse_positive_duration};
+use crate::lock::names;
 
 /// `Rule::message` for owned strings.
 trait RuleExt {
@@ -24,22 +37,8 @@ impl RuleExt for Rule {
 
 /// A Go duration (`time.ParseDuration`) without a sign: one or more `<number><unit>`.
 pub(crate) const DURATION_RE: &str = "^(([0-9]+([.][0-9]*)?|[.][0-9]+)(ns|us|µs|μs|ms|s|m|h))+$";
-/// S3 bucket names (general purpose buckets): 3–63 of `a-z 0-9 . -`, starting and
-/// ending with a letter or digit.
-const S3_BUCKET_RE: &str = "^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$";
-/// DynamoDB table names.
-const DYNAMODB_TABLE_RE: &str = "^[a-zA-Z0-9_.-]{3,255}$";
-/// An absolute ZooKeeper path: `/a/b`, no trailing slash, no empty segment.
-const ZK_PATH_RE: &str = "^(/[^/]+)+$";
-/// A `.` or `..` segment anywhere in a path.
-const ZK_DOT_SEGMENT_RE: &str = "/[.][.]?(/|$)";
 /// `host:port` with a DNS name, an IPv4 address or a bracketed IPv6 address.
 const HOST_PORT_RE: &str = "^([A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?([.][A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*|\\[[0-9A-Fa-f:.]+\\]):[1-9][0-9]{0,4}$";
-/// An RFC 1123 DNS subdomain (Kubernetes object names such as Leases and Secrets).
-const DNS_SUBDOMAIN_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
-/// An RFC 1123 DNS label (namespace names).
-const DNS_LABEL_RE: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
-
 /// The longest duration string accepted (also bounds the CEL cost of duration rules).
 pub(crate) const MAX_DURATION_LEN: u32 = 32;
 
@@ -154,26 +153,70 @@ pub(crate) fn non_empty(field: &str) -> Rule {
 pub(crate) fn s3_bucket() -> Rule {
     Rule::new(format!(
         "self.matches({}) && !self.contains('..')",
-        lit(S3_BUCKET_RE)
+        lit(&names::s3_bucket_pattern())
     ))
     .msg("bucket must be a valid S3 bucket name: 3-63 characters of lowercase letters, digits, '.' and '-', starting and ending with a letter or digit")
 }
 
 pub(crate) fn dynamodb_table() -> Rule {
-    Rule::new(format!("self.matches({})", lit(DYNAMODB_TABLE_RE))).msg(
+    Rule::new(format!(
+        "self.matches({})",
+        lit(names::DYNAMODB_TABLE_PATTERN)
+    ))
+    .msg(
         "table must be a valid DynamoDB table name: 3-255 characters of letters, digits, '_', '.' and '-'",
     )
+}
+
+/// On a string: at most `max` bytes of UTF-8 (the stores count bytes; `maxLength`
+/// counts characters).
+pub(crate) fn max_bytes(field: &str, max: usize) -> Rule {
+    Rule::new(format!("size(bytes(self)) <= {max}"))
+        .msg(format!("{field} must be at most {max} bytes (UTF-8)"))
+}
+
+/// On a string: no control characters (Unicode category Cc).
+pub(crate) fn no_control_characters(field: &str) -> Rule {
+    Rule::new(format!(
+        "!self.matches({})",
+        lit(names::CONTROL_CHARACTER_PATTERN)
+    ))
+    .msg(format!("{field} must not contain control characters"))
 }
 
 pub(crate) fn zk_path(field: &str) -> Rule {
     Rule::new(format!(
         "self.matches({}) && !self.matches({})",
-        lit(ZK_PATH_RE),
-        lit(ZK_DOT_SEGMENT_RE)
+        lit(names::ZOOKEEPER_PATH_PATTERN),
+        lit(names::ZOOKEEPER_DOT_SEGMENT_PATTERN)
     ))
     .msg(format!(
         "{field} must be an absolute ZooKeeper path such as /locks/name: no trailing '/', no empty, '.' or '..' segments"
     ))
+}
+
+/// On a ZooKeeper path: none of the characters ZooKeeper refuses besides the control
+/// characters.
+pub(crate) fn zk_path_characters(field: &str) -> Rule {
+    Rule::new(format!(
+        "!self.matches({})",
+        lit(names::ZOOKEEPER_BAD_CHARACTER_PATTERN)
+    ))
+    .msg(format!(
+        "{field} must not contain U+E000-U+F8FF, U+FFF0-U+FFFF or characters beyond U+FFFF (ZooKeeper refuses them)"
+    ))
+}
+
+/// On the ZooKeeper backend: chroot and path together stay within the path limit.
+pub(crate) fn zk_full_path_size() -> Rule {
+    let max = names::ZOOKEEPER_PATH_MAX_BYTES;
+    Rule::new(format!(
+        "size(bytes((has(self.chroot) ? self.chroot : '') + self.path)) <= {max}"
+    ))
+    .msg(format!(
+        "chroot and path together must be at most {max} bytes (UTF-8)"
+    ))
+    .field_path(".path")
 }
 
 pub(crate) fn zk_servers() -> Rule {
@@ -185,49 +228,22 @@ pub(crate) fn zk_servers() -> Rule {
 }
 
 pub(crate) fn dns_subdomain(field: &str) -> Rule {
-    Rule::new(format!("self.matches({})", lit(DNS_SUBDOMAIN_RE))).msg(format!(
+    Rule::new(format!(
+        "self.matches({})",
+        lit(names::DNS_SUBDOMAIN_PATTERN)
+    ))
+    .msg(format!(
         "{field} must be a valid Kubernetes object name (a lowercase RFC 1123 subdomain)"
     ))
 }
 
 pub(crate) fn dns_label(field: &str) -> Rule {
-    Rule::new(format!("self.matches({})", lit(DNS_LABEL_RE))).msg(format!(
+    Rule::new(format!("self.matches({})", lit(names::DNS_LABEL_PATTERN))).msg(format!(
         "{field} must be a valid namespace name (a lowercase RFC 1123 label)"
     ))
 }
 
 // ---- The same checks in Rust. ----
-
-fn is_alnum(b: u8) -> bool {
-    b.is_ascii_lowercase() || b.is_ascii_digit()
-}
-
-/// `S3_BUCKET_RE` and no `..`.
-pub(crate) fn check_s3_bucket(s: &str) -> bool {
-    let b = s.as_bytes();
-    (3..=63).contains(&b.len())
-        && is_alnum(b[0])
-        && is_alnum(b[b.len() - 1])
-        && b.iter().all(|&c| is_alnum(c) || c == b'.' || c == b'-')
-        && !s.contains("..")
-}
-
-/// `DYNAMODB_TABLE_RE`.
-pub(crate) fn check_dynamodb_table(s: &str) -> bool {
-    (3..=255).contains(&s.len())
-        && s.bytes()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
-}
-
-/// `ZK_PATH_RE` and no `.`/`..` segment.
-pub(crate) fn check_zk_path(s: &str) -> bool {
-    match s.strip_prefix('/') {
-        None => false,
-        Some(rest) => rest
-            .split('/')
-            .all(|seg| !seg.is_empty() && seg != "." && seg != ".."),
-    }
-}
 
 /// One RFC 1123 label, with `upper` letters allowed or not.
 fn check_label(s: &str, upper: bool) -> bool {
@@ -257,56 +273,30 @@ pub(crate) fn check_host_port(s: &str) -> bool {
     port_ok && host_ok
 }
 
-/// `DNS_SUBDOMAIN_RE`, at most 253 characters.
-pub(crate) fn check_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(|label| check_label(label, false))
-}
-
-/// `DNS_LABEL_RE`, at most 63 characters.
-pub(crate) fn check_dns_label(s: &str) -> bool {
-    s.len() <= 63 && check_label(s, false)
+/// A positive duration field of the spec, with the CRD's length limit.
+pub(crate) fn parse_field(field: &'static str, value: &str) -> Result<Duration, SpecError> {
+    if value.len() > MAX_DURATION_LEN as usize {
+        return Err(SpecError::Invalid {
+            field: field.to_string(),
+            message: format!("must be at most {MAX_DURATION_LEN} characters"),
+        });
+    }
+    // Go accepts a leading '+'; the CRD's rule (and so this) does not.
+    let parsed = if value.starts_with('+') {
+        Err(DurationError::Malformed)
+    } else {
+        parse_positive_duration(value)
+    };
+    parsed.map_err(|reason| SpecError::Duration {
+        field,
+        value: value.to_string(),
+        reason,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bucket_names() {
-        for ok in ["abc", "my-bucket.v2", "0ab", &"a".repeat(63)] {
-            assert!(check_s3_bucket(ok), "{ok}");
-        }
-        for bad in [
-            "ab",
-            "Abc",
-            "-abc",
-            "abc-",
-            "a_b",
-            "a..b",
-            &"a".repeat(64),
-            "",
-        ] {
-            assert!(!check_s3_bucket(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn table_names() {
-        assert!(check_dynamodb_table("Locks_v1.x-y"));
-        assert!(!check_dynamodb_table("ab"));
-        assert!(!check_dynamodb_table("a b c"));
-        assert!(!check_dynamodb_table(&"a".repeat(256)));
-    }
-
-    #[test]
-    fn zk_paths() {
-        for ok in ["/a", "/locks/db-1", "/a/.hidden", "/a/..x"] {
-            assert!(check_zk_path(ok), "{ok}");
-        }
-        for bad in ["", "/", "a/b", "/a/", "/a//b", "/a/./b", "/a/..", "/."] {
-            assert!(!check_zk_path(bad), "{bad}");
-        }
-    }
 
     #[test]
     fn host_ports() {
@@ -325,16 +315,6 @@ mod tests {
         ] {
             assert!(!check_host_port(bad), "{bad}");
         }
-    }
-
-    #[test]
-    fn dns_names() {
-        assert!(check_dns_subdomain("a.b-c.d"));
-        assert!(!check_dns_subdomain("A"));
-        assert!(!check_dns_subdomain("a..b"));
-        assert!(!check_dns_subdomain(""));
-        assert!(check_dns_label("ns-1"));
-        assert!(!check_dns_label("a.b"));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! DynamoDB: one item per lock, every write a conditional `UpdateItem`
-//! (DESIGN.md §3 "DynamoDB").
+//! (docs/design.md §3 "DynamoDB").
 //!
 //! Attribute names and formats are those of cirello.io/dynamolock (v2.0.3, read from
 //! its source), so both exclude each other on a shared table: `key` (partition key,
@@ -181,78 +181,11 @@ impl DynamoStore {
         condition: &str,
         expected: Option<&Version>,
     ) -> Result<Version, StoreError> {
-        let mut names = HashMap::from([
-            ("#pk".to_string(), self.layout.partition_key.clone()),
-            ("#owner".to_string(), OWNER.to_string()),
-            ("#lease".to_string(), LEASE.to_string()),
-            ("#rvn".to_string(), RVN.to_string()),
-            ("#lwrvn".to_string(), LOCKWARDEN_RVN.to_string()),
-            ("#rel".to_string(), RELEASED.to_string()),
-            ("#fence".to_string(), FENCE.to_string()),
-            ("#nonce".to_string(), NONCE.to_string()),
-            ("#acq".to_string(), ACQUIRED.to_string()),
-            ("#ren".to_string(), RENEWED.to_string()),
-            ("#data".to_string(), DATA.to_string()),
-        ]);
-        let mut values = HashMap::from([
-            (
-                ":owner".to_string(),
-                AttributeValue::S(record.holder.clone()),
-            ),
-            (
-                ":lease".to_string(),
-                AttributeValue::S(format_duration(record.lease)),
-            ),
-            (
-                ":rvn".to_string(),
-                AttributeValue::S(record.revision.clone()),
-            ),
-            (
-                ":fence".to_string(),
-                AttributeValue::N(record.fence.0.to_string()),
-            ),
-            (
-                ":nonce".to_string(),
-                AttributeValue::S(record.nonce.clone()),
-            ),
-            (
-                ":acq".to_string(),
-                AttributeValue::N(unix_ms(record.acquired_at).to_string()),
-            ),
-            (
-                ":ren".to_string(),
-                AttributeValue::N(unix_ms(record.renewed_at).to_string()),
-            ),
-        ]);
-        let mut set = vec![
-            "#owner = :owner",
-            "#lease = :lease",
-            "#rvn = :rvn",
-            "#lwrvn = :rvn",
-            "#fence = :fence",
-            "#nonce = :nonce",
-            "#acq = :acq",
-            "#ren = :ren",
-        ];
-        let mut remove = Vec::new();
-        // dynamolock: a present isReleased means released (see the module docs).
-        if record.state == LockState::Released {
-            set.push("#rel = :rel");
-            values.insert(":rel".into(), AttributeValue::S(RELEASED_MARK.to_string()));
-        } else {
-            remove.push("#rel");
-        }
-        match &record.data {
-            Some(d) => {
-                set.push("#data = :data");
-                values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
-            }
-            None => remove.push("#data"),
-        }
-        let mut update = format!("SET {}", set.join(", "));
-        if !remove.is_empty() {
-            update.push_str(&format!(" REMOVE {}", remove.join(", ")));
-        }
+        let UpdateOf {
+            expression,
+            mut names,
+            mut values,
+        } = update_of(record, &self.layout.partition_key);
         if let Some(v) = expected {
             values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
         }
@@ -265,7 +198,7 @@ impl DynamoStore {
             .update_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.item_key()))
-            .update_expression(update)
+            .update_expression(expression)
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
@@ -369,40 +302,97 @@ fn unix_ms(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// The `UpdateItem` that writes `record` in full: the expression and its attribute
+/// names and values (the caller adds its condition's).
+struct UpdateOf {
+    expression: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
+    let names = HashMap::from([
+        ("#pk".to_string(), partition_key.to_string()),
+        ("#owner".to_string(), OWNER.to_string()),
+        ("#lease".to_string(), LEASE.to_string()),
+        ("#rvn".to_string(), RVN.to_string()),
+        ("#lwrvn".to_string(), LOCKWARDEN_RVN.to_string()),
+        ("#rel".to_string(), RELEASED.to_string()),
+        ("#fence".to_string(), FENCE.to_string()),
+        ("#nonce".to_string(), NONCE.to_string()),
+        ("#acq".to_string(), ACQUIRED.to_string()),
+        ("#ren".to_string(), RENEWED.to_string()),
+        ("#data".to_string(), DATA.to_string()),
+    ]);
+    let mut values = HashMap::from([
+        (
+            ":owner".to_string(),
+            AttributeValue::S(record.holder.clone()),
+        ),
+        (
+            ":lease".to_string(),
+            AttributeValue::S(format_duration(record.lease)),
+        ),
+        (
+            ":rvn".to_string(),
+            AttributeValue::S(record.revision.clone()),
+        ),
+        (
+            ":fence".to_string(),
+            AttributeValue::N(record.fence.0.to_string()),
+        ),
+        (
+            ":nonce".to_string(),
+            AttributeValue::S(record.nonce.clone()),
+        ),
+        (
+            ":acq".to_string(),
+            AttributeValue::N(unix_ms(record.acquired_at).to_string()),
+        ),
+        (
+            ":ren".to_string(),
+            AttributeValue::N(unix_ms(record.renewed_at).to_string()),
+        ),
+    ]);
+    let mut set = vec![
+        "#owner = :owner",
+        "#lease = :lease",
+        "#rvn = :rvn",
+        "#lwrvn = :rvn",
+        "#fence = :fence",
+        "#nonce = :nonce",
+        "#acq = :acq",
+        "#ren = :ren",
+    ];
+    let mut remove = Vec::new();
+    // dynamolock: a present isReleased means released (see the module docs).
+    if record.state == LockState::Released {
+        set.push("#rel = :rel");
+        values.insert(":rel".into(), AttributeValue::S(RELEASED_MARK.to_string()));
+    } else {
+        remove.push("#rel");
+    }
+    match &record.data {
+        Some(d) => {
+            set.push("#data = :data");
+            values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
+        }
+        None => remove.push("#data"),
+    }
+    let mut expression = format!("SET {}", set.join(", "));
+    if !remove.is_empty() {
+        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+    }
+    UpdateOf {
+        expression,
+        names,
+        values,
+    }
+}
+
 /// Reads a lock item; an item without lockwarden's attributes (or with wrong types)
 /// is foreign. Public for the fuzzers (`fuzz/`).
 pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
-    fn s<'a>(
-        item: &'a HashMap<String, AttributeValue>,
-        name: &str,
-    ) -> Result<&'a String, ForeignRecord> {
-        match item.get(name) {
-            Some(AttributeValue::S(v)) => Ok(v),
-            Some(other) => Err(ForeignRecord::new(format!(
-                "attribute {name} is {}, expected a string",
-                kind(other)
-            ))),
-            None => Err(ForeignRecord::new(format!(
-                "attribute {name} is missing (not a lockwarden item)"
-            ))),
-        }
-    }
-    fn n(item: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, ForeignRecord> {
-        match item.get(name) {
-            Some(AttributeValue::N(v)) => v.parse().map_err(|_| {
-                ForeignRecord::new(format!(
-                    "attribute {name} is {v:?}, expected a non-negative integer"
-                ))
-            }),
-            Some(other) => Err(ForeignRecord::new(format!(
-                "attribute {name} is {}, expected a number",
-                kind(other)
-            ))),
-            None => Err(ForeignRecord::new(format!(
-                "attribute {name} is missing (not a lockwarden item)"
-            ))),
-        }
-    }
     let holder = s(item, OWNER)?.clone();
     let lease_text = s(item, LEASE)?;
     let lease = parse_duration(lease_text)
@@ -420,17 +410,7 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         // dynamolock: present means released, whatever the value.
         Some(_) => true,
     };
-    let data = match item.get(DATA) {
-        None => None,
-        Some(AttributeValue::B(b)) => Some(String::from_utf8_lossy(b.as_ref()).into_owned()),
-        Some(AttributeValue::S(v)) => Some(v.clone()),
-        Some(other) => {
-            return Err(ForeignRecord::new(format!(
-                "attribute {DATA} is {}, expected binary",
-                kind(other)
-            )));
-        }
-    };
+    let data = data(item)?;
     let rvn = s(item, RVN)?;
     let optional_ms =
         |name: &str| SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, name).unwrap_or(0));
@@ -481,6 +461,53 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         acquired_at: optional_ms(ACQUIRED),
         renewed_at: optional_ms(RENEWED),
     })
+}
+
+/// A string attribute of a lock item.
+fn s<'a>(
+    item: &'a HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<&'a String, ForeignRecord> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Ok(v),
+        Some(other) => Err(ForeignRecord::new(format!(
+            "attribute {name} is {}, expected a string",
+            kind(other)
+        ))),
+        None => Err(ForeignRecord::new(format!(
+            "attribute {name} is missing (not a lockwarden item)"
+        ))),
+    }
+}
+/// A non-negative integer attribute of a lock item.
+fn n(item: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, ForeignRecord> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v.parse().map_err(|_| {
+            ForeignRecord::new(format!(
+                "attribute {name} is {v:?}, expected a non-negative integer"
+            ))
+        }),
+        Some(other) => Err(ForeignRecord::new(format!(
+            "attribute {name} is {}, expected a number",
+            kind(other)
+        ))),
+        None => Err(ForeignRecord::new(format!(
+            "attribute {name} is missing (not a lockwarden item)"
+        ))),
+    }
+}
+
+/// The free text of a lock item (binary, or a string as older writers stored it).
+fn data(item: &HashMap<String, AttributeValue>) -> Result<Option<String>, ForeignRecord> {
+    match item.get(DATA) {
+        None => Ok(None),
+        Some(AttributeValue::B(b)) => Ok(Some(String::from_utf8_lossy(b.as_ref()).into_owned())),
+        Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
+        Some(other) => Err(ForeignRecord::new(format!(
+            "attribute {DATA} is {}, expected binary",
+            kind(other)
+        ))),
+    }
 }
 
 fn kind(v: &AttributeValue) -> &'static str {

@@ -1,4 +1,4 @@
-//! Kubernetes: a `coordination.k8s.io/v1` Lease per lock (DESIGN.md §3 "Kubernetes
+//! Kubernetes: a `coordination.k8s.io/v1` Lease per lock (docs/design.md §3 "Kubernetes
 //! Lease"), compatible with client-go leader election.
 //!
 //! - `holderIdentity`, `leaseDurationSeconds`, `acquireTime`, `renewTime` are the

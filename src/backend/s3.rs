@@ -1,4 +1,4 @@
-//! S3: one object per lock, every write a conditional PUT (DESIGN.md §3 "S3").
+//! S3: one object per lock, every write a conditional PUT (docs/design.md §3 "S3").
 //!
 //! - create: `PUT If-None-Match: *`; takeover, renew, release: `PUT If-Match: <etag>`.
 //! - The body is the JSON [`LockRecord`] with a fresh revision per write, so every

@@ -18,17 +18,19 @@ use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::Notify;
 
-use super::lock::{LockArgs, report_locked_lines};
+use super::args::LockArgs;
 use super::lockfile::{Keeper, LockFile};
+use super::output::report_locked_lines;
 use super::progress::Progress;
 use super::{CliError, exit, print_warning, sys};
-use crate::lock::{HeldLock, HolderState, RenewPolicy};
+use crate::lock::{HeldLock, HolderState, Lease, LockBackend, RenewPolicy};
 
 /// What the keeper tells the `lock` that started it, one JSON object per line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -140,38 +142,7 @@ fn send(message: &Message) -> bool {
 /// The keeper side: acquire, report, hold until unlocked, the lease's end or a signal.
 pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
     let parent_gone = Arc::new(AtomicBool::new(false));
-    let gone = Arc::new(Notify::new());
-    let acquired: Result<_, CliError> = async {
-        let backend = args.url.connect(&args.backend.options(None)).await?;
-        let on_busy = {
-            let (parent_gone, gone) = (parent_gone.clone(), gone.clone());
-            move |by: &crate::lock::HeldBy, queue: Option<u32>| {
-                let busy = Message::Busy {
-                    holder: by.holder.clone(),
-                    fence: by.fence.0,
-                    queue,
-                };
-                if !send(&busy) && !parent_gone.swap(true, Ordering::SeqCst) {
-                    gone.notify_one();
-                }
-            }
-        };
-        let request = args.request();
-        let acquiring = super::acquire(backend.as_ref(), &request, args.wait, on_busy);
-        let outcome = tokio::select! {
-            lease = acquiring => Some(lease?),
-            _ = gone.notified() => None,
-        };
-        match outcome {
-            Some(lease) => Ok(Some((backend, lease))),
-            None => {
-                backend.abandon().await;
-                Ok(None)
-            }
-        }
-    }
-    .await;
-    let (backend, lease) = match acquired {
+    let (backend, lease) = match acquire_reporting_progress(&args, &parent_gone).await {
         Ok(Some(acquired)) => acquired,
         // `lock` was interrupted: nobody to hand the lock to.
         Ok(None) => return Ok(exit::ERROR),
@@ -209,7 +180,48 @@ pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
         let _ = held.release().await;
         return Ok(exit::ERROR);
     }
+    Ok(hold(&args, held, session_timeout).await)
+}
 
+/// Acquires, telling the `lock` process about the queue as it goes; `None` when that
+/// process went away before the lock was ours (the queue entry is then abandoned).
+async fn acquire_reporting_progress(
+    args: &LockArgs,
+    parent_gone: &Arc<AtomicBool>,
+) -> Result<Option<(Arc<dyn LockBackend>, Lease)>, CliError> {
+    let gone = Arc::new(Notify::new());
+    let backend = args.url.connect(&args.backend.options(None)).await?;
+    let on_busy = {
+        let (parent_gone, gone) = (parent_gone.clone(), gone.clone());
+        move |by: &crate::lock::HeldBy, queue: Option<u32>| {
+            let busy = Message::Busy {
+                holder: by.holder.clone(),
+                fence: by.fence.0,
+                queue,
+            };
+            if !send(&busy) && !parent_gone.swap(true, Ordering::SeqCst) {
+                gone.notify_one();
+            }
+        }
+    };
+    let request = args.request();
+    let acquiring = super::acquire(backend.as_ref(), &request, args.wait, on_busy);
+    let outcome = tokio::select! {
+        lease = acquiring => Some(lease?),
+        _ = gone.notified() => None,
+    };
+    match outcome {
+        Some(lease) => Ok(Some((backend, lease))),
+        None => {
+            backend.abandon().await;
+            Ok(None)
+        }
+    }
+}
+
+/// Holds the lock until unlocked (our entry deleted), taken over, the session ends,
+/// the lease runs out or a signal says stop; releases it in the last two cases.
+async fn hold(args: &LockArgs, held: HeldLock, session_timeout: Duration) -> u8 {
     let signals = [
         SignalKind::terminate(),
         SignalKind::interrupt(),
@@ -218,7 +230,7 @@ pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
     .map(signal);
     let [Ok(mut term), Ok(mut int), Ok(mut hup)] = signals else {
         let _ = held.release().await;
-        return Ok(exit::ERROR);
+        return exit::ERROR;
     };
     let until = tokio::time::sleep(args.lease);
     tokio::pin!(until);
@@ -241,9 +253,9 @@ pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
                     // Unlocked (our entry deleted), taken over, or the session expired.
                     HolderState::Lost(_) | HolderState::Released => {
                         tracing::info!(url = %args.url, state = ?now, "the lock is gone; exiting");
-                        return Ok(exit::OK);
+                        return exit::OK;
                     }
-                    _ if changed.is_err() => return Ok(exit::OK),
+                    _ if changed.is_err() => return exit::OK,
                     // Disconnected: the session may still come back.
                     HolderState::Expiring { .. } => {
                         jeopardy.get_or_insert_with(tokio::time::Instant::now);
@@ -253,10 +265,10 @@ pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
             }
             _ = tokio::time::sleep_until(give_up.unwrap_or_else(tokio::time::Instant::now)), if give_up.is_some() => {
                 tracing::warn!(url = %args.url, "ZooKeeper unreachable for twice the session timeout; the lock is gone");
-                return Ok(exit::OK);
+                return exit::OK;
             }
         }
     }
     let _ = held.release().await;
-    Ok(exit::OK)
+    exit::OK
 }

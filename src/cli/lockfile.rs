@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::target::Target;
+use crate::backend::Target;
 use crate::lock::Lease;
 
 /// Format marker of lock files written by this build.

@@ -12,13 +12,16 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::process::Child;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use super::output::display_command;
 use super::progress::Progress;
-use super::{BackendArgs, CliError, default_holder, display_command, exit, print_warning, sys};
-use crate::backend::target::Target;
+use super::{BackendArgs, CliError, default_holder, exit, print_warning, sys};
+use crate::backend::Target;
 use crate::lock::{
-    AcquireRequest, HeldLock, HolderState, LockState, LostReason, RenewPolicy, Stored,
+    AcquireRequest, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason, RenewPolicy,
+    Stored,
 };
 
 /// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
@@ -68,19 +71,7 @@ pub struct RunArgs {
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
-    let req = AcquireRequest {
-        holder: args.holder.clone().unwrap_or_else(default_holder),
-        lease: args.lease,
-        data: args.data.clone(),
-        force: false,
-    };
-    let mut progress = Progress::new(&url, args.wait);
-    let lease = super::acquire(backend.as_ref(), &req, args.wait, |by, q| {
-        progress.busy(by, q)
-    })
-    .await;
-    progress.finish();
-    let lease = lease?;
+    let lease = acquire(&args, backend.as_ref()).await?;
 
     let policy = RenewPolicy::for_lease(lease.record.lease);
     let (fence, holder, nonce) = (
@@ -92,15 +83,9 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     tracing::info!(%url, %fence, %holder, "lock held; starting the command");
 
     // Handle signals before COMMAND exists, so none can kill us and orphan it.
-    let signals = [
-        SignalKind::terminate(),
-        SignalKind::hangup(),
-        SignalKind::interrupt(),
-    ]
-    .map(signal);
-    let (mut term, mut hup, mut int) = match signals {
-        [Ok(term), Ok(hup), Ok(int)] => (term, hup, int),
-        [Err(source), ..] | [_, Err(source), _] | [_, _, Err(source)] => {
+    let (mut term, mut hup, mut int) = match signals() {
+        Ok(signals) => signals,
+        Err(source) => {
             let _ = held.release().await;
             return Err(CliError::Io {
                 context: format!("{url}: cannot handle signals"),
@@ -169,53 +154,93 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             })
         }
         Err(state) => {
-            let mut reason = match &state {
-                HolderState::Lost(reason) => reason.to_string(),
-                HolderState::Expiring { last_error, .. } => {
-                    format!("not renewed in time ({last_error})")
-                }
-                HolderState::Released => "released".to_string(),
-                HolderState::Held { .. } => "lost".to_string(),
-            };
-            let mut action = match pid {
-                Some(pid) => format!("sent SIGTERM to {shown:?} (pid {pid})"),
-                None => format!("{shown:?} had already exited"),
-            };
-            forward(sys::SIGTERM);
-            let status = match tokio::time::timeout(args.grace, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    forward(sys::SIGKILL);
-                    action.push_str(&format!(
-                        ", then SIGKILL after {}",
-                        humantime::format_duration(args.grace)
-                    ));
-                    child.wait().await
-                }
-            };
-            if let Ok(status) = status {
-                action.push_str(&format!("; it exited with {}", describe(status)));
-            }
+            let action = terminate(&mut child, &shown, args.grace).await;
             // A lock in jeopardy (not renewed in time) may still be ours: give it back,
             // without waiting long for a backend that is not answering.
             let _ = tokio::time::timeout(Duration::from_secs(10), held.release()).await;
-            // Say who has it now, when the loss itself does not (ZooKeeper: our entry
-            // was deleted).
-            if !matches!(&state, HolderState::Lost(LostReason::TakenOver(_)))
-                && let Ok(Ok(Some(Stored { record: Ok(r), .. }))) =
-                    tokio::time::timeout(Duration::from_secs(5), backend.inspect()).await
-                && r.state == LockState::Held
-                && r.nonce != nonce
-            {
-                reason.push_str(&format!(" (now held by {} (fence {}))", r.holder, r.fence));
-            }
             Err(CliError::Lost {
                 url,
-                reason,
+                reason: loss_reason(&state, backend.as_ref(), &nonce).await,
                 action,
             })
         }
     }
+}
+
+/// Acquires the lock with progress on stderr.
+async fn acquire(args: &RunArgs, backend: &dyn LockBackend) -> Result<Lease, CliError> {
+    let req = AcquireRequest {
+        holder: args.holder.clone().unwrap_or_else(default_holder),
+        lease: args.lease,
+        data: args.data.clone(),
+        force: false,
+    };
+    let mut progress = Progress::new(backend.url(), args.wait);
+    let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;
+    progress.finish();
+    lease
+}
+
+/// SIGTERM, SIGHUP and SIGINT, handled by us from now on.
+fn signals() -> std::io::Result<(Signal, Signal, Signal)> {
+    Ok((
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::hangup())?,
+        signal(SignalKind::interrupt())?,
+    ))
+}
+
+/// Ends COMMAND after the lock was lost: SIGTERM, then SIGKILL after `grace`. Says
+/// what was done.
+async fn terminate(child: &mut Child, shown: &str, grace: Duration) -> String {
+    let pid = child.id();
+    let forward = |sig: i32| {
+        if let Some(pid) = pid {
+            let _ = sys::signal(pid, sig);
+        }
+    };
+    let mut action = match pid {
+        Some(pid) => format!("sent SIGTERM to {shown:?} (pid {pid})"),
+        None => format!("{shown:?} had already exited"),
+    };
+    forward(sys::SIGTERM);
+    let status = match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            forward(sys::SIGKILL);
+            action.push_str(&format!(
+                ", then SIGKILL after {}",
+                humantime::format_duration(grace)
+            ));
+            child.wait().await
+        }
+    };
+    if let Ok(status) = status {
+        action.push_str(&format!("; it exited with {}", describe(status)));
+    }
+    action
+}
+
+/// Why the lock was lost, and who has it now when the loss itself does not say
+/// (ZooKeeper: our entry was deleted).
+async fn loss_reason(state: &HolderState, backend: &dyn LockBackend, nonce: &str) -> String {
+    let mut reason = match state {
+        HolderState::Lost(reason) => reason.to_string(),
+        HolderState::Expiring { last_error, .. } => {
+            format!("not renewed in time ({last_error})")
+        }
+        HolderState::Released => "released".to_string(),
+        HolderState::Held { .. } => "lost".to_string(),
+    };
+    if !matches!(state, HolderState::Lost(LostReason::TakenOver(_)))
+        && let Ok(Ok(Some(Stored { record: Ok(r), .. }))) =
+            tokio::time::timeout(Duration::from_secs(5), backend.inspect()).await
+        && r.state == LockState::Held
+        && r.nonce != nonce
+    {
+        reason.push_str(&format!(" (now held by {} (fence {}))", r.holder, r.fence));
+    }
+    reason
 }
 
 /// The shell's convention: the exit status, or 128 + the signal that killed it.

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use super::{BackendArgs, CliError, exit};
-use crate::backend::target::Target;
+use crate::backend::Target;
 use crate::lock::{LockState, Stored};
 
 #[derive(Args, Debug)]

@@ -14,9 +14,8 @@ use clap::Args;
 
 use super::lockfile::LockFile;
 use super::{BackendArgs, CliError, exit, print_warning};
-use crate::backend::target::Target;
-use crate::backend::zookeeper::ZkSessions;
-use crate::lock::{LockBackend, LockError, LockState, LostReason, Stored, Version};
+use crate::backend::{ConnectError, RecordedAcquisition, release_recorded};
+use crate::lock::{LockError, LostReason, Version};
 
 #[derive(Args, Debug)]
 pub struct UnlockArgs {
@@ -36,12 +35,21 @@ pub struct UnlockArgs {
 pub async fn run(args: UnlockArgs) -> Result<u8, CliError> {
     let file = LockFile::read(&args.file)?;
     let target = file.target();
-    let backend = target
-        .connect(&args.backend.options(Some(&file.backend)))
-        .await?;
-    let result = match &target {
-        Target::ZooKeeper { .. } => unlock_zookeeper(&target, backend.as_ref(), &file).await,
-        _ => unlock_record(backend.as_ref(), &file).await,
+    let recorded = RecordedAcquisition {
+        holder: file.holder.clone(),
+        nonce: file.nonce.clone(),
+        version: Version(file.version.clone()),
+    };
+    let options = args.backend.options(Some(&file.backend));
+    let result = match release_recorded(&target, &options, &recorded).await {
+        Ok(()) => Ok(()),
+        Err(ConnectError::Lock(LockError::Lost { url, reason })) => Err(not_ours(&url, reason)),
+        Err(ConnectError::Lock(LockError::NotHeld { url, .. })) => Err(CliError::AlreadyUnlocked {
+            url,
+            detail: Some("released elsewhere".into()),
+        }),
+        Err(ConnectError::Lock(e)) => Err(e.into()),
+        Err(e) => Err(e.into()),
     };
     match result {
         Ok(()) => {
@@ -57,29 +65,6 @@ pub async fn run(args: UnlockArgs) -> Result<u8, CliError> {
             Ok(exit::OK)
         }
         Err(e) => Err(e),
-    }
-}
-
-/// Stores with one record (S3, DynamoDB, Kubernetes Lease): re-attach by nonce, then
-/// release with a write conditioned on the file's version.
-async fn unlock_record(backend: &dyn LockBackend, file: &LockFile) -> Result<(), CliError> {
-    let url = backend.url().to_string();
-    let mut lease = match backend.resume(&file.holder, &file.nonce).await {
-        Ok(lease) => lease,
-        Err(LockError::Lost { reason, .. }) => return Err(not_ours(&url, reason)),
-        Err(e) => return Err(e.into()),
-    };
-    // The first write is conditioned on what the file says; should the record have
-    // moved on within this same acquisition, the engine re-reads and follows it.
-    lease.version = Version(file.version.clone());
-    match backend.release(&lease).await {
-        Ok(()) => Ok(()),
-        Err(LockError::Lost { reason, .. }) => Err(not_ours(&url, reason)),
-        Err(LockError::NotHeld { .. }) => Err(CliError::AlreadyUnlocked {
-            url,
-            detail: Some("released elsewhere".into()),
-        }),
-        Err(e) => Err(e.into()),
     }
 }
 
@@ -110,90 +95,6 @@ fn not_ours(url: &str, reason: LostReason) -> CliError {
         LostReason::NotOurs => CliError::Mismatch {
             url,
             detail: "the stored record belongs to another acquisition".into(),
-        },
-    }
-}
-
-/// ZooKeeper: the lock is the keeper's znode; delete it, conditioned on the version
-/// in the file. The keeper notices at its next heartbeat and exits.
-async fn unlock_zookeeper(
-    target: &Target,
-    backend: &dyn LockBackend,
-    file: &LockFile,
-) -> Result<(), CliError> {
-    use zookeeper_client::Error as ZkError;
-    let Target::ZooKeeper {
-        servers,
-        chroot,
-        path,
-    } = target
-    else {
-        unreachable!("called for zk:// targets only");
-    };
-    let url = backend.url().to_string();
-    let (name, version) = file
-        .version
-        .rsplit_once(':')
-        .expect("checked by LockFile::read");
-    let version: i32 = version.parse().map_err(|_| CliError::Reported {
-        code: exit::ERROR,
-        message: format!(
-            "{url}: lock file version {:?} is not NAME:NUMBER",
-            file.version
-        ),
-    })?;
-    let node = format!("{}{path}/{name}", chroot.as_deref().unwrap_or(""));
-    let unavailable = |cause: String| {
-        CliError::Lock(LockError::Unavailable {
-            url: url.clone(),
-            cause,
-        })
-    };
-    let client = ZkSessions::global()
-        .get(&servers.join(","))?
-        .client()
-        .await?;
-    let mut uncertain = false;
-    for _ in 0..3 {
-        match client.delete(&node, Some(version)).await {
-            Ok(()) => return Ok(()),
-            Err(ZkError::NoNode) if uncertain => return Ok(()),
-            Err(ZkError::NoNode) => return Err(zk_gone(backend, &url, file).await),
-            Err(ZkError::BadVersion) => {
-                return Err(CliError::Mismatch {
-                    url,
-                    detail: format!("queue entry {name} was rewritten since it was locked"),
-                });
-            }
-            Err(e @ (ZkError::ConnectionLoss | ZkError::Timeout)) => {
-                tracing::debug!(url = %url, error = %e, "unlock outcome unknown; retrying");
-                uncertain = true;
-            }
-            Err(e) => return Err(unavailable(format!("deleting queue entry {name}: {e}"))),
-        }
-    }
-    Err(unavailable(format!(
-        "deleting queue entry {name}: no answer from ZooKeeper"
-    )))
-}
-
-/// Our entry is gone: released (already unlocked) or taken over (mismatch)?
-async fn zk_gone(backend: &dyn LockBackend, url: &str, file: &LockFile) -> CliError {
-    match backend.inspect().await {
-        Ok(Some(Stored { record: Ok(r), .. }))
-            if r.state == LockState::Held && r.nonce != file.nonce =>
-        {
-            CliError::Mismatch {
-                url: url.to_string(),
-                detail: format!(
-                    "the lock is now held by {} (fence {}); left it alone",
-                    r.holder, r.fence
-                ),
-            }
-        }
-        _ => CliError::AlreadyUnlocked {
-            url: url.to_string(),
-            detail: None,
         },
     }
 }

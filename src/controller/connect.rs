@@ -50,7 +50,7 @@ pub fn backend_for<'a>(
             options.credentials = Some(credentials);
         }
         // TEMPORARY until H2's backend::connect lands: `crate::backend::connect`.
-        Ok(super::connect_shim::connect(&address.target, &options).await?)
+        Ok(crate::backend::connect(&address.target, &options).await?)
     }
     .boxed()
 }

@@ -1,4 +1,4 @@
-//! The operator: a kube-runtime controller over `DistributedLock` (DESIGN.md §5).
+//! The operator: a kube-runtime controller over `DistributedLock` (docs/design.md §5).
 //!
 //! - [`reconcile`]: phase by phase — validate (into a [`crate::api::ValidatedSpec`]),
 //!   resume, acquire (one attempt per reconcile, jittered requeue while waiting), hold,
@@ -12,7 +12,7 @@
 //! - [`status`]: status built from what is known and written with server-side apply
 //!   (field manager `lockwarden`) only when it differs from the stored one.
 //!
-//! - [`jobs`]: a second controller over `batch/v1` Jobs gated on a lock (DESIGN.md §6),
+//! - [`jobs`]: a second controller over `batch/v1` Jobs gated on a lock (docs/design.md §6),
 //!   run next to the first under the same leader election and namespace scope.
 //!
 //! Wake-ups do not come from polling the API server: the queue of the applier is the
@@ -21,7 +21,6 @@
 
 pub mod connect;
 // TEMPORARY until H2's api::BackendSpec::target lands.
-pub(crate) mod connect_shim;
 pub mod holders;
 pub mod jobs;
 pub mod leader;
@@ -169,7 +168,11 @@ pub(crate) async fn run_with(
     });
     let queue = futures::stream::select(from_watch, from_wakes);
 
-    let job_gating = jobs::run(ctx.client.clone(), ctx.config.clone());
+    let job_gating = jobs::run(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.telemetry.clone(),
+    );
     let locks = applier(
         |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
         reconcile::error_policy,

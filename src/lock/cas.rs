@@ -1,5 +1,5 @@
 //! The lock protocol on a store with conditional writes (S3, DynamoDB, Kubernetes
-//! Lease). Every safety rule of DESIGN.md §3 for those stores is implemented here,
+//! Lease). Every safety rule of docs/design.md §3 for those stores is implemented here,
 //! once; the stores only translate reads and conditional writes.
 
 use async_trait::async_trait;
@@ -525,5 +525,557 @@ fn lost_reason(lease: &Lease, current: Option<&Stored>) -> Option<LostReason> {
             Some(LostReason::TakenOver(HeldBy::from_record(r)))
         }
         Some(_) => Some(LostReason::ReleasedElsewhere),
+    }
+}
+
+/// The rules of docs/design.md §3, one or more tests each, on the in-memory store.
+///
+/// Real time with short leases, not tokio's paused clock: the `test-util` feature
+/// would rebuild tokio and every crate above it. Each timing assertion is one-sided so
+/// it holds however slowly the test is scheduled: a contender's observation starts no
+/// earlier than an instant taken before its first read, and a holder's write is sent no
+/// earlier than an instant taken before the call (and no later than one taken after).
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{Instant, sleep, sleep_until};
+
+    use super::*;
+    use crate::lock::memory::{Fault, MemoryStore};
+    use crate::lock::record::ForeignRecord;
+
+    const LEASE: Duration = Duration::from_millis(300);
+    const MARGINS: SafetyMargins = SafetyMargins {
+        drift: 0.02,
+        margin: Duration::from_millis(30),
+        grace: Duration::from_millis(50),
+    };
+    /// Rule 1: lease + grace.
+    const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
+    /// Rule 2: lease × (1 − δ) − margin.
+    const VALIDITY: Duration = Duration::from_millis(264);
+
+    fn store() -> MemoryStore {
+        MemoryStore::new("mem://locks/key")
+    }
+
+    /// One contender (a process) on the store's key.
+    fn contender(store: &MemoryStore) -> CasLock<MemoryStore> {
+        CasLock::new(store.clone()).with_margins(MARGINS)
+    }
+
+    fn req(holder: &str) -> AcquireRequest {
+        AcquireRequest::new(holder, LEASE)
+    }
+
+    fn forced(holder: &str) -> AcquireRequest {
+        AcquireRequest {
+            force: true,
+            ..req(holder)
+        }
+    }
+
+    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{} should have acquired: {other:?}", req.holder),
+        }
+    }
+
+    async fn busy(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> LockRecord {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Busy { holder, .. }) => holder,
+            other => panic!("{} should have found the lock busy: {other:?}", req.holder),
+        }
+    }
+
+    /// Polls until `lock` takes the lock over, checking rule 1 on every answer: a
+    /// takeover only once `since` — taken before the version was first read — is
+    /// lease + grace in the past.
+    async fn take_over(lock: &CasLock<MemoryStore>, holder: &str, since: Instant) -> Lease {
+        let give_up = since + TAKEOVER_AFTER * 20;
+        loop {
+            let attempt = lock.try_acquire(&req(holder)).await.unwrap();
+            let observed_at_most = since.elapsed();
+            match attempt {
+                Attempt::Acquired(lease) => {
+                    assert!(
+                        observed_at_most >= TAKEOVER_AFTER,
+                        "took over after at most {observed_at_most:?} of observation; \
+                         rule 1 needs {TAKEOVER_AFTER:?}"
+                    );
+                    return lease;
+                }
+                Attempt::Busy { .. } => assert!(Instant::now() < give_up, "never took over"),
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A store, and contender `a` holding the lock on it.
+    async fn held_by_a() -> (MemoryStore, CasLock<MemoryStore>, Lease) {
+        let store = store();
+        let a = contender(&store);
+        let lease = acquired(&a, &req("a")).await;
+        (store, a, lease)
+    }
+
+    /// `a` tries to acquire; its write lands, but the reply and the re-read after it
+    /// are lost, so the attempt fails as unavailable.
+    async fn acquire_landing_unseen(store: &MemoryStore, a: &CasLock<MemoryStore>) {
+        store.next_write(Fault::IndeterminateApplied);
+        // The first read finds the key free; the one after the write fails.
+        store.next_read(Fault::Pass).next_read(Fault::Unavailable);
+        assert!(a.try_acquire(&req("a")).await.unwrap_err().is_transient());
+    }
+
+    fn lost(result: Result<(), LockError>) -> LostReason {
+        match result {
+            Err(LockError::Lost { reason, .. }) => reason,
+            other => panic!("expected Lost, got {other:?}"),
+        }
+    }
+
+    fn writes_by(store: &MemoryStore, holder: &str) -> usize {
+        store
+            .history()
+            .iter()
+            .flatten()
+            .filter(|s| matches!(&s.record, Ok(r) if r.holder == holder))
+            .count()
+    }
+
+    #[test]
+    fn the_test_constants_are_the_margins_formulas() {
+        assert_eq!(MARGINS.takeover_after(LEASE), TAKEOVER_AFTER);
+        assert_eq!(MARGINS.holder_validity(LEASE), VALIDITY);
+    }
+
+    // Rule 1: expiry is observed, not computed from timestamps.
+
+    #[tokio::test]
+    async fn rule1_expiry_is_observed_not_computed_from_stored_timestamps() {
+        let store = store();
+        // A record whose wall-clock times say it expired decades ago.
+        let mut ancient = LockRecord::new_acquisition("old", FenceToken(4), LEASE, None);
+        ancient.acquired_at = std::time::UNIX_EPOCH;
+        ancient.renewed_at = std::time::UNIX_EPOCH;
+        store.put(Ok(ancient));
+
+        let b = contender(&store);
+        let since = Instant::now();
+        assert_eq!(busy(&b, &req("b")).await.holder, "old");
+        let lease = take_over(&b, "b", since).await;
+        assert_eq!(lease.fence(), FenceToken(5));
+        assert_eq!(store.record().nonce, lease.nonce());
+    }
+
+    #[tokio::test]
+    async fn rule1_observation_starts_when_the_contender_first_sees_the_version() {
+        let store = store();
+        let a = contender(&store);
+        acquired(&a, &req("a")).await;
+        // A's lease is long over by anyone's clock, but B has not seen it yet.
+        sleep(TAKEOVER_AFTER * 2).await;
+
+        let b = contender(&store);
+        let since = Instant::now();
+        match b.try_acquire(&req("b")).await.unwrap() {
+            Attempt::Busy {
+                holder, retry_in, ..
+            } => {
+                assert_eq!(holder.holder, "a");
+                let retry_in = retry_in.expect("a CAS store knows when to look again");
+                assert!(retry_in <= TAKEOVER_AFTER && retry_in > TAKEOVER_AFTER / 2);
+            }
+            other => panic!("B took over on first sight: {other:?}"),
+        }
+        take_over(&b, "b", since).await;
+    }
+
+    #[tokio::test]
+    async fn rule1_a_renewal_in_between_resets_the_observation() {
+        let (store, a, mut a_lease) = held_by_a().await;
+        let b = contender(&store);
+        busy(&b, &req("b")).await;
+        sleep(TAKEOVER_AFTER * 2 / 3).await;
+
+        let renewed_from = Instant::now();
+        a.renew(&mut a_lease).await.unwrap();
+        // B's earlier observation of the old version must not count.
+        take_over(&b, "b", renewed_from).await;
+    }
+
+    #[tokio::test]
+    async fn rule1_a_restarted_contender_observes_afresh() {
+        let store = store();
+        acquired(&contender(&store), &req("a")).await;
+        let b = contender(&store);
+        busy(&b, &req("b")).await;
+        sleep(TAKEOVER_AFTER * 2 / 3).await;
+        drop(b);
+
+        let restarted = Instant::now();
+        let b_again = contender(&store);
+        take_over(&b_again, "b", restarted).await;
+    }
+
+    #[tokio::test]
+    async fn rule1_takeover_is_conditioned_on_the_observed_version() {
+        let (store, _a, a_lease) = held_by_a().await;
+        let b = contender(&store);
+        busy(&b, &req("b")).await;
+        sleep(TAKEOVER_AFTER + Duration::from_millis(20)).await;
+
+        // A's renewal lands just before B's takeover write.
+        let renewal = a_lease.record.renewed();
+        store.next_write(Fault::ConcurrentWrite(Ok(renewal.clone())));
+        assert_eq!(busy(&b, &req("b")).await.revision, renewal.revision);
+        assert!(store.record().is_write_of(&renewal));
+        assert_eq!(writes_by(&store, "b"), 0);
+    }
+
+    // Rule 2: the holder stops claiming before anyone else could take over.
+
+    #[tokio::test]
+    async fn rule2_holder_deadline_is_lease_less_drift_and_margin_after_sending() {
+        let before = Instant::now();
+        let (_store, _a, lease) = held_by_a().await;
+        let after = Instant::now();
+        let deadline = lease.deadline.instant();
+        assert!(deadline >= before + VALIDITY && deadline <= after + VALIDITY);
+        assert!(lease.is_valid());
+        sleep_until(after + VALIDITY).await;
+        assert!(!lease.is_valid(), "still claimed after its deadline");
+    }
+
+    #[tokio::test]
+    async fn rule2_deadline_counts_from_the_send_not_the_reply() {
+        let store = store();
+        let a = contender(&store);
+        let in_flight = Duration::from_millis(100);
+        store.next_write(Fault::Delay(in_flight));
+        let lease = acquired(&a, &req("a")).await;
+        let replied = Instant::now();
+        assert!(lease.deadline.instant() + in_flight <= replied + VALIDITY);
+
+        let mut lease = lease;
+        store.next_write(Fault::Delay(in_flight));
+        let before = Instant::now();
+        a.renew(&mut lease).await.unwrap();
+        let replied = Instant::now();
+        let deadline = lease.deadline.instant();
+        assert!(
+            deadline >= before + VALIDITY,
+            "a renewal moves the deadline"
+        );
+        assert!(deadline + in_flight <= replied + VALIDITY);
+    }
+
+    #[tokio::test]
+    async fn rule2_holder_gives_up_before_a_contender_may_take_over() {
+        let before = Instant::now();
+        let (store, _a, a_lease) = held_by_a().await;
+        let b = contender(&store);
+        take_over(&b, "b", before).await;
+        assert!(!a_lease.is_valid(), "two holders claim the lock at once");
+    }
+
+    // Rule 3: every acquisition increments the fence; release leaves a tombstone.
+
+    #[tokio::test]
+    async fn rule3_fence_increments_per_acquisition_and_survives_release() {
+        let store = store();
+        let (a, b) = (contender(&store), contender(&store));
+        let first = acquired(&a, &req("a")).await;
+        assert_eq!(first.fence(), FenceToken::FIRST);
+        a.release(&first).await.unwrap();
+        let tombstone = store.record();
+        assert_eq!(tombstone.state, LockState::Released);
+        assert_eq!(
+            (tombstone.fence, tombstone.nonce.as_str()),
+            (first.fence(), first.nonce())
+        );
+
+        let second = acquired(&b, &req("b")).await;
+        assert_eq!(second.fence(), FenceToken(2));
+        b.release(&second).await.unwrap();
+        assert_eq!(acquired(&a, &req("a")).await.fence(), FenceToken(3));
+    }
+
+    #[tokio::test]
+    async fn rule3_delete_on_release_resets_the_fence() {
+        let store = store();
+        let a = contender(&store).with_delete_on_release(true);
+        let first = acquired(&a, &req("a")).await;
+        a.release(&first).await.unwrap();
+        assert_eq!(store.stored(), None);
+        assert_eq!(acquired(&a, &req("a")).await.fence(), FenceToken::FIRST);
+    }
+
+    #[tokio::test]
+    async fn rule3_warm_acquire_after_release_is_one_write() {
+        let (store, a, lease) = held_by_a().await;
+        a.release(&lease).await.unwrap();
+        let (reads, writes) = store.requests();
+        let again = acquired(&a, &req("a")).await;
+        assert_eq!(store.requests(), (reads, writes + 1));
+        assert_eq!(again.fence(), FenceToken(2));
+    }
+
+    #[tokio::test]
+    async fn rule3_the_last_fence_is_never_reused() {
+        let store = store();
+        let last = LockRecord::new_acquisition("hand", FenceToken(u64::MAX), LEASE, None);
+        store.put(Ok(last.released()));
+        let err = contender(&store).try_acquire(&req("a")).await.unwrap_err();
+        assert!(matches!(err, LockError::Backend { .. }), "{err}");
+        assert_eq!(store.record().fence, FenceToken(u64::MAX));
+    }
+
+    // Rule 4: a write whose outcome is unknown is resolved by re-reading.
+
+    #[tokio::test]
+    async fn rule4_acquire_reply_lost_but_applied_is_ours() {
+        let store = store();
+        let a = contender(&store);
+        store.next_write(Fault::IndeterminateApplied);
+        let lease = acquired(&a, &req("a")).await;
+        let stored = store.stored().unwrap();
+        assert_eq!(lease.version, stored.version);
+        assert!(stored.record.unwrap().is_write_of(&lease.record));
+        assert!(lease.is_valid());
+    }
+
+    #[tokio::test]
+    async fn rule4_acquire_reply_lost_not_applied_is_unavailable_and_holds_nothing() {
+        let store = store();
+        let a = contender(&store);
+        store.next_write(Fault::IndeterminateNotApplied);
+        let err = a.try_acquire(&req("a")).await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert_eq!(store.stored(), None);
+        assert_eq!(acquired(&a, &req("a")).await.fence(), FenceToken::FIRST);
+    }
+
+    #[tokio::test]
+    async fn rule4_acquire_that_landed_unseen_is_adopted_not_reported_busy() {
+        let store = store();
+        let a = contender(&store);
+        // The write lands, its reply is lost, and the re-read fails too.
+        acquire_landing_unseen(&store, &a).await;
+        let ours = store.record();
+        let lease = acquired(&a, &req("a")).await;
+        assert_eq!(lease.nonce(), ours.nonce, "held by ourselves is ours");
+        assert_eq!(lease.fence(), FenceToken::FIRST);
+        assert!(lease.is_valid());
+    }
+
+    #[tokio::test]
+    async fn rule4_acquire_adopted_after_its_deadline_is_confirmed_by_a_renewal() {
+        let store = store();
+        let a = contender(&store);
+        acquire_landing_unseen(&store, &a).await;
+        let landed = store.stored().unwrap().version;
+        sleep(VALIDITY).await;
+
+        let before = Instant::now();
+        let lease = acquired(&a, &req("a")).await;
+        assert!(lease.is_valid() && lease.deadline.instant() >= before + VALIDITY);
+        assert_ne!(lease.version, landed, "confirmed by a fresh write");
+        assert_eq!(lease.version, store.stored().unwrap().version);
+    }
+
+    #[tokio::test]
+    async fn rule4_renewal_reply_lost_but_applied_is_confirmed() {
+        let (store, a, mut lease) = held_by_a().await;
+        store.next_write(Fault::IndeterminateApplied);
+        let before = Instant::now();
+        a.renew(&mut lease).await.unwrap();
+        assert_eq!(lease.version, store.stored().unwrap().version);
+        assert!(lease.deadline.instant() >= before + VALIDITY);
+    }
+
+    #[tokio::test]
+    async fn rule4_renewal_reply_lost_not_applied_is_unavailable_then_retried() {
+        let (store, a, mut lease) = held_by_a().await;
+        let version = lease.version.clone();
+        store.next_write(Fault::IndeterminateNotApplied);
+        assert!(a.renew(&mut lease).await.unwrap_err().is_transient());
+        assert_eq!(lease.version, version);
+        assert!(lease.unconfirmed.is_some(), "remembered in case it lands");
+        a.renew(&mut lease).await.unwrap();
+        assert_eq!(lease.version, store.stored().unwrap().version);
+    }
+
+    #[tokio::test]
+    async fn rule4_renewal_that_landed_unseen_is_adopted_by_the_next_renewal() {
+        let (store, a, mut lease) = held_by_a().await;
+        store.next_write(Fault::IndeterminateApplied);
+        store.next_read(Fault::Unavailable);
+        assert!(a.renew(&mut lease).await.unwrap_err().is_transient());
+        assert_ne!(lease.version, store.stored().unwrap().version);
+        // The next renewal's condition fails on our own landed write: not a loss.
+        a.renew(&mut lease).await.unwrap();
+        assert_eq!(lease.version, store.stored().unwrap().version);
+        assert_eq!(store.record().nonce, lease.nonce());
+    }
+
+    #[tokio::test]
+    async fn rule4_release_reply_lost_but_applied_is_released() {
+        let (store, a, lease) = held_by_a().await;
+        store.next_write(Fault::IndeterminateApplied);
+        a.release(&lease).await.unwrap();
+        assert_eq!(store.record().state, LockState::Released);
+    }
+
+    #[tokio::test]
+    async fn rule4_release_reply_lost_not_applied_is_retried() {
+        let (store, a, lease) = held_by_a().await;
+        store.next_write(Fault::IndeterminateNotApplied);
+        a.release(&lease).await.unwrap();
+        let tombstone = store.record();
+        assert_eq!(tombstone.state, LockState::Released);
+        assert_eq!(tombstone.nonce, lease.nonce());
+    }
+
+    #[tokio::test]
+    async fn rule4_release_from_a_renewal_that_landed_unseen() {
+        let (store, a, mut lease) = held_by_a().await;
+        let before_renewal = lease.clone();
+        store.next_write(Fault::IndeterminateApplied);
+        store.next_read(Fault::Unavailable);
+        assert!(a.renew(&mut lease).await.is_err());
+        // Released from the lease as it was before the renewal whose reply was lost.
+        a.release(&before_renewal).await.unwrap();
+        assert_eq!(store.record().state, LockState::Released);
+    }
+
+    // Rule 5: every write is conditional; force too.
+
+    #[tokio::test]
+    async fn rule5_force_takes_over_conditioned_on_the_version_read() {
+        let (store, a, mut a_lease) = held_by_a().await;
+        let b = contender(&store);
+        let b_lease = acquired(&b, &forced("b")).await;
+        assert_eq!(b_lease.fence(), FenceToken(2));
+        let from = b_lease
+            .forced_from
+            .expect("a forced takeover says from whom");
+        assert_eq!((from.holder.as_str(), from.fence), ("a", FenceToken(1)));
+        // A learns at its next renewal; its write conditioned on its version fails.
+        match lost(a.renew(&mut a_lease).await) {
+            LostReason::TakenOver(by) => assert_eq!(by.holder, "b"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.record().holder, "b");
+    }
+
+    #[tokio::test]
+    async fn rule5_force_replaces_the_record_it_read_not_one_it_did_not() {
+        let store = store();
+        let a = contender(&store);
+        acquired(&a, &req("a")).await;
+        // C slips in between B's read and B's forced write.
+        let c = LockRecord::new_acquisition("c", FenceToken(2), LEASE, None);
+        store.next_write(Fault::ConcurrentWrite(Ok(c.clone())));
+        let b_lease = acquired(&contender(&store), &forced("b")).await;
+        let from = b_lease.forced_from.clone().expect("forced");
+        assert_eq!(from.holder, "c", "B took over the record it re-read");
+        assert_eq!(b_lease.fence(), FenceToken(3));
+    }
+
+    #[tokio::test]
+    async fn rule5_force_fails_rather_than_overwrite_a_record_that_keeps_changing() {
+        let store = store();
+        acquired(&contender(&store), &req("a")).await;
+        for fence in 2..=(CONFLICT_RETRIES as u64 + 1) {
+            let other = LockRecord::new_acquisition("c", FenceToken(fence), LEASE, None);
+            store.next_write(Fault::ConcurrentWrite(Ok(other)));
+        }
+        let holder = busy(&contender(&store), &forced("b")).await;
+        assert_eq!(holder.holder, "c");
+        assert_eq!(writes_by(&store, "b"), 0, "never written blindly");
+    }
+
+    #[tokio::test]
+    async fn rule5_release_after_a_takeover_leaves_the_new_holder_alone() {
+        let (store, a, a_lease) = held_by_a().await;
+        acquired(&contender(&store), &forced("b")).await;
+        let b_version = store.stored().unwrap().version;
+        match lost(a.release(&a_lease).await) {
+            LostReason::TakenOver(by) => assert_eq!(by.holder, "b"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.stored().unwrap().version, b_version);
+    }
+
+    // Rule 6: foreign or corrupt records are reported, never overwritten unless forced.
+
+    #[tokio::test]
+    async fn rule6_foreign_record_is_reported_not_overwritten() {
+        let store = store();
+        let foreign = ForeignRecord::new("an s3lock UUID body");
+        let version = store.put(Err(foreign.clone()));
+        match contender(&store).try_acquire(&req("a")).await {
+            Err(LockError::Foreign { found, .. }) => assert_eq!(found, foreign),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(store.stored().unwrap().version, version);
+        assert_eq!(store.history().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn rule6_force_replaces_a_foreign_record_starting_the_fence_afresh() {
+        let store = store();
+        store.put(Err(ForeignRecord::new("garbage")));
+        let lease = acquired(&contender(&store), &forced("a")).await;
+        assert_eq!(lease.fence(), FenceToken::FIRST);
+        assert_eq!(lease.forced_from, None);
+        assert_eq!(store.record().nonce, lease.nonce());
+    }
+
+    #[tokio::test]
+    async fn rule6_holder_whose_record_became_foreign_has_lost_it() {
+        let (store, a, mut lease) = held_by_a().await;
+        store.put(Err(ForeignRecord::new("garbage")));
+        assert!(matches!(
+            lost(a.renew(&mut lease).await),
+            LostReason::Foreign(_)
+        ));
+        assert!(store.stored().unwrap().record.is_err(), "left alone");
+    }
+
+    // Resuming after a restart (docs/design.md §4): only our own nonce is adopted.
+
+    #[tokio::test]
+    async fn resume_adopts_our_nonce_with_an_expired_deadline_until_renewed() {
+        let (store, _a, lease) = held_by_a().await;
+        let restarted = contender(&store);
+        let mut resumed = restarted.resume("a", lease.nonce()).await.unwrap();
+        assert_eq!(resumed.fence(), lease.fence());
+        assert!(!resumed.is_valid(), "not claimed before a fresh write");
+        restarted.renew(&mut resumed).await.unwrap();
+        assert!(resumed.is_valid());
+
+        let err = restarted.resume("a", "another-nonce").await.unwrap_err();
+        assert!(matches!(err, LockError::Lost { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_store_is_transient_and_changes_nothing() {
+        let store = store();
+        let a = contender(&store);
+        store.next_read(Fault::Unavailable);
+        assert!(a.try_acquire(&req("a")).await.unwrap_err().is_transient());
+        store.next_write(Fault::Unavailable);
+        assert!(a.try_acquire(&req("a")).await.unwrap_err().is_transient());
+        assert!(store.history().is_empty());
+        let mut lease = acquired(&a, &req("a")).await;
+        store.next_write(Fault::Conflict);
+        // A refusal while the store still shows our version is not a loss.
+        assert!(a.renew(&mut lease).await.unwrap_err().is_transient());
+        a.renew(&mut lease).await.unwrap();
     }
 }

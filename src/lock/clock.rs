@@ -1,6 +1,6 @@
 //! Time-based safety decisions, made only on the local monotonic clock.
 //!
-//! Two rules of DESIGN.md §3 live here:
+//! Two rules of docs/design.md §3 live here:
 //! - rule 1, [`LeaseObserver`]: a contender may take over only after it has itself
 //!   seen the same record version, unchanged, for the whole lease plus a grace;
 //! - rule 2, [`HolderDeadline`]: a holder stops claiming the lock at
@@ -158,6 +158,37 @@ mod tests {
             o.observe_at(&v("b"), t0 + Duration::from_secs(5)),
             Duration::from_secs(1)
         );
+    }
+
+    #[test]
+    fn rule1_remaining_counts_down_from_the_first_sight_of_a_version() {
+        let mut o = LeaseObserver::new();
+        let after = Duration::from_secs(60);
+        // Not observed yet, or another version: the whole wait is ahead.
+        assert_eq!(o.remaining(&v("a"), after), after);
+        o.observe_at(&v("a"), Instant::now() - Duration::from_secs(20));
+        let left = o.remaining(&v("a"), after);
+        assert!(left <= Duration::from_secs(40) && left > Duration::from_secs(39));
+        assert_eq!(o.remaining(&v("b"), after), after);
+        assert!(o.is_expired(&v("a"), Duration::from_secs(20)));
+        // A restarted contender (forgetting) starts again.
+        o.forget();
+        assert!(!o.is_expired(&v("a"), Duration::from_secs(20)));
+    }
+
+    #[test]
+    fn rule2_deadline_is_lease_less_drift_and_margin_after_the_send() {
+        let m = SafetyMargins::default();
+        let sent = Instant::now() - Duration::from_secs(5);
+        let lease = Duration::from_secs(10);
+        let d = HolderDeadline::after_write(sent, lease, &m);
+        // 10 s × (1 − 0.02) − 250 ms
+        assert_eq!(d.instant(), sent + Duration::from_millis(9_550));
+        assert!(d.is_valid());
+        let stale = HolderDeadline::after_write(sent, Duration::from_secs(5), &m);
+        assert!(!stale.is_valid(), "sent 5 s ago with a 5 s lease");
+        assert!(!HolderDeadline::expired().is_valid());
+        assert_eq!(HolderDeadline::expired().remaining(), Duration::ZERO);
     }
 
     #[test]

@@ -313,6 +313,97 @@ impl HolderTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::memory::{Fault, MemoryStore};
+    use crate::lock::{AcquireRequest, Attempt, CasLock, LockRecord, LockState, SafetyMargins};
+
+    const LEASE: Duration = Duration::from_millis(600);
+    /// Generous: these tests wait for the holder task, which shares two cores.
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    fn margins() -> SafetyMargins {
+        SafetyMargins {
+            drift: 0.02,
+            margin: Duration::from_millis(30),
+            grace: Duration::from_millis(50),
+        }
+    }
+
+    /// A lock acquired on a fresh in-memory store, held by its holder task, and the
+    /// holder deadline of the acquisition.
+    async fn held(store: &MemoryStore) -> (HeldLock, Instant) {
+        let lock = CasLock::new(store.clone()).with_margins(margins());
+        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let deadline = lease.deadline.instant();
+        let held = HeldLock::hold(Arc::new(lock), lease, RenewPolicy::for_lease(LEASE));
+        (held, deadline)
+    }
+
+    async fn until(held: &HeldLock, what: impl Fn(&HolderState) -> bool) -> HolderState {
+        let mut state = held.watch();
+        timeout(PATIENCE, state.wait_for(|s| what(s)))
+            .await
+            .expect("state reached in time")
+            .expect("holder task alive")
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn rule2_holder_stops_claiming_at_its_deadline_while_renewals_fail() {
+        let store = MemoryStore::new("mem://held/failing");
+        let (held, deadline) = held(&store).await;
+        store.set_unreachable(true);
+        let state = until(&held, |s| !s.is_held()).await;
+        assert!(Instant::now() >= deadline, "gave up before its deadline");
+        assert!(matches!(state, HolderState::Expiring { .. }), "{state:?}");
+        // Nobody took over: a renewal that gets through makes it held again.
+        store.set_unreachable(false);
+        until(&held, HolderState::is_held).await;
+        held.release().await.unwrap();
+        assert_eq!(store.record().state, LockState::Released);
+    }
+
+    #[tokio::test]
+    async fn rule2_holder_stops_claiming_at_its_deadline_while_a_renewal_hangs() {
+        let store = MemoryStore::new("mem://held/hanging");
+        let (held, deadline) = held(&store).await;
+        // Each renewal hangs until the holder abandons it at its request timeout.
+        for _ in 0..8 {
+            store.next_write(Fault::Delay(Duration::from_secs(60)));
+        }
+        let state = until(&held, |s| !s.is_held()).await;
+        assert!(Instant::now() >= deadline, "gave up before its deadline");
+        assert!(matches!(state, HolderState::Expiring { .. }), "{state:?}");
+        until(&held, HolderState::is_held).await;
+    }
+
+    #[tokio::test]
+    async fn a_holder_learns_of_a_takeover_at_its_next_renewal() {
+        let store = MemoryStore::new("mem://held/taken");
+        let (held, _) = held(&store).await;
+        let other = LockRecord::new_acquisition("b", FenceToken(2), LEASE, None);
+        store.put(Ok(other));
+        match until(&held, |s| matches!(s, HolderState::Lost(_))).await {
+            HolderState::Lost(LostReason::TakenOver(by)) => assert_eq!(by.holder, "b"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+        assert_eq!(store.record().holder, "b", "the new holder is left alone");
+    }
+
+    #[tokio::test]
+    async fn dropping_a_held_lock_releases_it() {
+        let store = MemoryStore::new("mem://held/dropped");
+        let (held, _) = held(&store).await;
+        drop(held);
+        let give_up = Instant::now() + PATIENCE;
+        while store.record().state != LockState::Released {
+            assert!(Instant::now() < give_up, "not released after drop");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 
     #[test]
     fn renew_policy_within_a_shorter_granted_lease_renews_in_time() {

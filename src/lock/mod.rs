@@ -1,4 +1,4 @@
-//! The backend-neutral lock engine (DESIGN.md §3).
+//! The backend-neutral lock engine (docs/design.md §3).
 //!
 //! - [`record`]: the stored [`LockRecord`], [`FenceToken`], [`Version`].
 //! - [`clock`]: rule 1 ([`LeaseObserver`]) and rule 2 ([`HolderDeadline`]), on the
@@ -15,6 +15,9 @@ pub mod cas;
 pub mod clock;
 pub mod error;
 pub mod held;
+#[cfg(test)]
+pub mod memory;
+pub mod names;
 pub mod record;
 
 pub use acquire::{Wait, acquire, acquire_with_progress};

@@ -76,7 +76,7 @@ pub enum LockState {
     Released,
 }
 
-/// The record a backend stores for one lock key (DESIGN.md §3).
+/// The record a backend stores for one lock key (docs/design.md §3).
 ///
 /// `acquired_at` / `renewed_at` are wall-clock and informational only: no safety
 /// decision reads them (expiry is observed, see [`crate::lock::LeaseObserver`]).

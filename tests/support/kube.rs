@@ -1,5 +1,6 @@
-//! A real Kubernetes control plane for integration tests: etcd + kube-apiserver as
-//! child processes on free loopback ports (no kubelet, scheduler or controller-manager).
+//! A real Kubernetes control plane for integration tests: etcd, kube-apiserver and
+//! kube-controller-manager as child processes on free loopback ports (no kubelet or
+//! scheduler).
 //!
 //! `ControlPlane::shared()` starts one per test binary; every test then asks it for
 //! its own `kube::Client` (`client()`, because a client is bound to the tokio runtime
@@ -13,13 +14,16 @@
 //! Authorization is RBAC only, as in a real cluster, so a test can check the
 //! permissions a component really needs.
 //!
-//! What a missing controller-manager means for tests:
-//! - the `ServiceAccount` admission plugin is disabled (it rejects every Pod while the
-//!   token controller has not created the namespace's `default` ServiceAccount);
-//!   Pods can be created but never run.
-//! - deleting a namespace leaves it `Terminating` forever (no namespace controller), so
-//!   tests never delete theirs; each gets a unique one and the data dies with etcd.
-//! - no garbage collector: ownerReferences do not cascade.
+//! kube-controller-manager runs the Job, garbage-collector, namespace, service-account
+//! (and its token), ReplicaSet and Deployment controllers, so a Job creates real Pods
+//! and suspending it deletes them; ownerReferences cascade; a deleted namespace goes
+//! away. What is still missing, and what that means for tests:
+//! - no scheduler or kubelet: Pods stay `Pending` and never run; a test that needs a
+//!   Pod (and so its Job) to finish writes the Pod's status as a kubelet would
+//!   (`finish_pods`). An unscheduled Pod is deleted at once (no kubelet to wait for).
+//! - the `ServiceAccount` admission plugin stays disabled: it would reject a fresh
+//!   namespace's Pods until the service-account controller has created its `default`
+//!   ServiceAccount (a race every test would have to wait out).
 
 use super::{ServerProcess, free_port, tool, unique, wait_for_port, wait_until, work_dir};
 
@@ -47,8 +51,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// A running etcd + kube-apiserver pair. Dropping it kills both; the shared one lives
 /// in a `static` and dies with the test binary (PR_SET_PDEATHSIG, see `ServerProcess`).
 pub struct ControlPlane {
-    // Field order is drop order: the API server is killed before the etcd it uses, so
-    // it does not log a burst of etcd connection errors on the way down.
+    // Field order is drop order: the controller-manager, then the API server, then the
+    // etcd it uses, so none logs a burst of connection errors on the way down.
+    controller_manager: ServerProcess,
     apiserver: ServerProcess,
     etcd: ServerProcess,
     dir: PathBuf,
@@ -126,6 +131,12 @@ impl ControlPlane {
         wait_until_ready(&mut self.apiserver, &mut self.etcd, &self.kubeconfig);
     }
 
+    /// The kube-controller-manager process (Job, garbage-collector, namespace, …
+    /// controllers).
+    pub fn controller_manager(&self) -> &ServerProcess {
+        &self.controller_manager
+    }
+
     /// The etcd process behind the API server.
     pub fn etcd(&self) -> &ServerProcess {
         &self.etcd
@@ -178,8 +189,8 @@ impl ControlPlane {
         let dir = work_dir(&unique("kube"));
         let pki = Pki::generate(&dir);
 
-        let ports = distinct_free_ports(3);
-        let (etcd_port, peer_port, port) = (ports[0], ports[1], ports[2]);
+        let ports = distinct_free_ports(4);
+        let (etcd_port, peer_port, port, kcm_port) = (ports[0], ports[1], ports[2], ports[3]);
 
         // etcd: single member, plain HTTP on loopback (nothing else can reach it), and
         // as cheap as possible: no fsync (the data is throwaway), warnings-only log.
@@ -242,6 +253,9 @@ impl ControlPlane {
             .arg("--enable-priority-and-fairness=false")
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false");
+        if let Some(gates) = feature_gates() {
+            cmd.arg(format!("--feature-gates={gates}"));
+        }
         let apiserver_args: Vec<std::ffi::OsString> =
             cmd.get_args().map(|a| a.to_owned()).collect();
         let mut apiserver = ServerProcess::start("kube-apiserver", cmd, &dir);
@@ -255,8 +269,10 @@ impl ControlPlane {
             "[support] kube-apiserver ready at {url} after {:.1?}",
             started.elapsed()
         );
+        let controller_manager = start_controller_manager(&dir, &pki, &kubeconfig, kcm_port);
 
         ControlPlane {
+            controller_manager,
             apiserver_args,
             apiserver_starts: 1,
             apiserver,
@@ -268,6 +284,61 @@ impl ControlPlane {
             pki,
         }
     }
+}
+
+/// The controllers the tests rely on: Jobs create and delete Pods; the garbage
+/// collector cascades ownerReferences; namespaces can be deleted; every namespace gets
+/// its `default` ServiceAccount (and legacy token controller, which needs the signing
+/// key); ReplicaSets and Deployments run Pods for tests of workloads other than Jobs.
+const CONTROLLERS: &str = "job,garbagecollector,namespace,serviceaccount,serviceaccount-token,\
+                           replicaset,deployment";
+
+/// `LOCKWARDEN_KUBE_FEATURE_GATES`, passed to kube-apiserver and kube-controller-manager
+/// as `--feature-gates`: to run a test binary against the behaviour of an older release
+/// (e.g. `MutableSchedulingDirectivesForSuspendedJobs=false`, as before 1.36).
+fn feature_gates() -> Option<String> {
+    std::env::var("LOCKWARDEN_KUBE_FEATURE_GATES")
+        .ok()
+        .filter(|g| !g.is_empty())
+}
+
+/// Starts kube-controller-manager against the API server (admin kubeconfig) and waits
+/// until its port accepts connections. No leader election (one per control plane);
+/// it serves only on 127.0.0.1:`port`. Its informers may still be syncing when this
+/// returns: a Job created meanwhile is picked up once they are.
+fn start_controller_manager(dir: &Path, pki: &Pki, kubeconfig: &Path, port: u16) -> ServerProcess {
+    let started = Instant::now();
+    let mut cmd = Command::new(tool("KUBE_CONTROLLER_MANAGER"));
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!("--controllers={CONTROLLERS}"))
+        .arg("--leader-elect=false")
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={port}"))
+        // Its self-signed serving certificate goes here, not to /var/run/kubernetes.
+        .arg(format!("--cert-dir={}", dir.join("kcm-certs").display()))
+        // The token controller signs with the key the API server verifies with.
+        .arg(format!(
+            "--service-account-private-key-file={}",
+            pki.sa_private_key.display()
+        ))
+        .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
+        // Each controller uses the admin identity of --kubeconfig (no per-controller
+        // ServiceAccounts to wait for).
+        .arg("--use-service-account-credentials=false")
+        // Quicker reaction in tests; a real cluster's defaults only add latency here.
+        .arg("--concurrent-job-syncs=10")
+        .arg("--profiling=false")
+        .arg("--v=1");
+    if let Some(gates) = feature_gates() {
+        cmd.arg(format!("--feature-gates={gates}"));
+    }
+    let mut kcm = ServerProcess::start("kube-controller-manager", cmd, dir);
+    wait_for_port(&mut kcm, port, STARTUP_TIMEOUT);
+    eprintln!(
+        "[support] kube-controller-manager serving on 127.0.0.1:{port} after {:.1?}",
+        started.elapsed()
+    );
+    kcm
 }
 
 /// A client for any kubeconfig (e.g. one from `ControlPlane::user_kubeconfig`), bound
@@ -584,4 +655,91 @@ pub async fn namespace_with_controller(prefix: &str, cluster: &str) -> (Client, 
         }
     });
     (client, namespace)
+}
+
+/// Plays the kubelet for a Job's Pods (there is none): every Pod of Job `job` that is
+/// not terminal gets `phase: Succeeded` (or `Failed`) through the status subresource,
+/// so the real Job controller counts them and marks the Job `Complete` (or `Failed`).
+/// Waits until the Job has at least one Pod first. Returns how many Pods it finished.
+pub async fn finish_pods(client: &Client, ns: &str, job: &str, succeeded: bool) -> usize {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{ListParams, Patch, PatchParams};
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let selector = format!("batch.kubernetes.io/job-name={job}");
+    let running: Vec<String> =
+        super::eventually(&format!("Job {job} to have Pods"), TIMEOUT, || async {
+            let list = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .filter(|p| {
+                    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                    !matches!(phase, Some("Succeeded" | "Failed"))
+                })
+                .map(|p| p.metadata.name.clone().unwrap_or_default())
+                .collect();
+            (!names.is_empty()).then_some(names)
+        })
+        .await;
+    // The phase is all the Job controller reads (no podFailurePolicy in the tests).
+    let phase = if succeeded { "Succeeded" } else { "Failed" };
+    for name in &running {
+        let status = serde_json::json!({ "status": { "phase": phase } });
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("set Pod {name} of Job {job} to {phase}: {e}"));
+    }
+    running.len()
+}
+
+/// The Pods of Job `job` (the Job controller's label), terminating ones included.
+pub async fn job_pods(
+    client: &Client,
+    ns: &str,
+    job: &str,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    use kube::api::ListParams;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+        .await
+        .unwrap_or_else(|e| panic!("list the Pods of Job {job}: {e}"))
+        .items
+}
+
+/// Waits until Job `job` has Pods (made by the real Job controller), every one not
+/// terminating carrying `lockwarden.io/fence: fence` — what the workload reads through
+/// the downward API — and returns them.
+pub async fn wait_pods_with_fence(
+    client: &Client,
+    ns: &str,
+    job: &str,
+    fence: i64,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    let want = fence.to_string();
+    super::eventually(
+        &format!("Pods of Job {job} with fence {fence}"),
+        TIMEOUT,
+        || async {
+            let live: Vec<_> = job_pods(client, ns, job)
+                .await
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let all_fenced = live.iter().all(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("lockwarden.io/fence"))
+                    == Some(&want)
+            });
+            (!live.is_empty() && all_fenced).then_some(live)
+        },
+    )
+    .await
 }

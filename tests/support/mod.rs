@@ -11,7 +11,10 @@
 //! when they live in a `static` that is never dropped.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod kube;
+pub mod kubectl;
+pub mod locks;
 pub mod moto;
 pub mod proxy;
 pub mod zookeeper;

@@ -178,6 +178,23 @@ impl Moto {
         sdk_config_for(&self.endpoint()).await
     }
 
+    /// The keys of every object in `bucket`.
+    pub async fn object_keys(&self, bucket: &str) -> Vec<String> {
+        let listed = self
+            .s3_client()
+            .await
+            .list_objects_v2()
+            .bucket(bucket)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("list bucket {bucket}: {e}"));
+        listed
+            .contents()
+            .iter()
+            .filter_map(|o| o.key().map(String::from))
+            .collect()
+    }
+
     /// An S3 client for this server (path-style, us-east-1, static test credentials).
     pub async fn s3_client(&self) -> aws_sdk_s3::Client {
         s3_client_for(&self.endpoint()).await

@@ -71,6 +71,12 @@ Secrets are never here: they get Roles of their own, only where locks live.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "update", "patch"]
+# A Job suspended after losing its lock restarts with a new fence in its pod
+# template, which before Kubernetes 1.36 the API server allows only once
+# status.startTime is cleared (1.36's Job controller clears it itself).
+- apiGroups: ["batch"]
+  resources: ["jobs/status"]
+  verbs: ["patch"]
 # Per-Job locks are owned by their Job (blockOwnerDeletion, see above).
 - apiGroups: ["batch"]
   resources: ["jobs/finalizers"]

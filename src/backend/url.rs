@@ -1,35 +1,15 @@
-//! Lock URLs and the backends they name: the one place that turns
-//! `s3://bucket/key`, `dynamodb://table/key`, `zk://host:port[,host:port…]/path` or
-//! `k8s://namespace/lease` into a [`LockBackend`].
+//! Lock URLs, the pure grammar: `s3://bucket/key`, `dynamodb://table/key`,
+//! `zk://host:port[,host:port…]/path` and `k8s://namespace/lease` as a [`Target`], and
+//! back ([`fmt::Display`]).
 //!
-//! [`Target::parse`] checks a URL without touching the network (every mistake is a
-//! [`TargetError`] naming the expected form); [`Target::connect`] builds the store's
-//! client from the standard sources:
-//!
-//! - S3 and DynamoDB: the AWS SDK default chain (`AWS_ENDPOINT_URL`, `AWS_REGION`,
-//!   `AWS_PROFILE`, environment credentials, `~/.aws`, SSO, IRSA / Pod Identity, IMDS),
-//!   overridden by [`ConnectOptions`]. With a custom endpoint, S3 uses path-style
-//!   addressing unless told otherwise (S3-compatible servers rarely have the
-//!   wildcard DNS virtual-hosted addressing needs).
-//! - Kubernetes: `KUBECONFIG` / `~/.kube/config` / in-cluster service account
-//!   (`kube::Client::try_default`), or a given context or client.
-//! - ZooKeeper: the process-wide session of the ensemble ([`ZkSessions::global`]).
-//!
-//! Nothing here knows about the command-line tool or the operator; both use it.
+//! [`Target::parse`] checks a URL without touching the network: every mistake is a
+//! [`TargetError`] naming the URL and the expected form, and names and sizes are
+//! checked by [`crate::lock::names`], the rules the CRD applies too. Turning a
+//! [`Target`] into a backend is [`connect`](crate::backend::connect())'s job.
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
 
-use aws_config::BehaviorVersion;
-use aws_config::timeout::TimeoutConfig;
-use aws_sdk_s3::config::{Credentials, Region};
-
-use super::dynamodb::{DEFAULT_PARTITION_KEY, DynamoStore, TableLayout};
-use super::kubernetes::LeaseStore;
-use super::s3::S3Store;
-use super::zookeeper::ZkSessions;
-use crate::lock::{CasLock, LockBackend, LockError};
+use crate::lock::names::{self, NameError};
 
 /// The forms a lock URL may take, for error messages.
 pub const URL_FORMS: &str = "s3://BUCKET/KEY, dynamodb://TABLE/KEY, \
@@ -115,7 +95,8 @@ impl Target {
         }
     }
 
-    /// The canonical URL, as the backend's [`LockBackend::url`] reports it.
+    /// The canonical URL, as the backend's [`LockBackend::url`](crate::lock::LockBackend::url)
+    /// reports it.
     pub fn url(&self) -> String {
         self.to_string()
     }
@@ -139,70 +120,6 @@ impl Target {
     /// (a ZooKeeper session), rather than for its lease.
     pub fn is_session_bound(&self) -> bool {
         matches!(self, Target::ZooKeeper { .. })
-    }
-
-    /// Builds the backend for this lock. Network access happens only where a store
-    /// needs it to start (creating a DynamoDB table when asked, reading a kubeconfig's
-    /// exec credentials); the lock itself is not touched.
-    pub async fn connect(
-        &self,
-        options: &ConnectOptions,
-    ) -> Result<Arc<dyn LockBackend>, ConnectError> {
-        match self {
-            Target::S3 { bucket, key } => {
-                let client = s3_client(options).await;
-                Ok(Arc::new(
-                    CasLock::new(S3Store::new(client, bucket.clone(), key.clone()))
-                        .with_delete_on_release(options.s3lock_compatible),
-                ))
-            }
-            Target::DynamoDb { table, key } => {
-                let client = dynamodb_client(options).await;
-                let layout = TableLayout {
-                    table: table.clone(),
-                    partition_key: options
-                        .partition_key
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_PARTITION_KEY.to_string()),
-                    sort_key: options.sort_key.clone(),
-                };
-                let store = DynamoStore::new(client, layout, key.clone());
-                if options.create_table {
-                    store
-                        .ensure_table()
-                        .await
-                        .map_err(|e| ConnectError::Backend {
-                            url: self.url(),
-                            cause: e.to_string(),
-                        })?;
-                }
-                Ok(Arc::new(CasLock::new(store)))
-            }
-            Target::ZooKeeper {
-                servers,
-                chroot,
-                path,
-            } => {
-                let connect = format!("{}{}", servers.join(","), chroot.as_deref().unwrap_or(""));
-                Ok(Arc::new(ZkSessions::global().lock(&connect, path)?))
-            }
-            Target::Kubernetes { namespace, name } => {
-                let client = match &options.kube_client {
-                    Some(client) => client.clone(),
-                    None => {
-                        kube_client(options.kube_context.as_deref())
-                            .await
-                            .map_err(|cause| ConnectError::Kubernetes {
-                                url: self.url(),
-                                cause,
-                            })?
-                    }
-                };
-                Ok(Arc::new(CasLock::new(LeaseStore::new(
-                    client, namespace, name,
-                ))))
-            }
-        }
     }
 }
 
@@ -234,125 +151,6 @@ impl std::str::FromStr for Target {
     }
 }
 
-/// How to reach the store, beyond what the URL says. Everything is optional: the
-/// defaults come from the environment (see the module documentation).
-#[derive(Clone, Default)]
-pub struct ConnectOptions {
-    /// AWS endpoint (S3-compatible server, DynamoDB endpoint, a local emulator).
-    /// Default: `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3` / the profile, else AWS.
-    pub endpoint: Option<String>,
-    /// AWS region. Default: `AWS_REGION` / the profile.
-    pub region: Option<String>,
-    /// S3 path-style addressing. Default: on when a custom endpoint is configured.
-    pub force_path_style: Option<bool>,
-    /// Static AWS credentials (e.g. from a Kubernetes Secret). Default: the SDK chain.
-    pub credentials: Option<Credentials>,
-    /// Timeout of one AWS request attempt. Default 20 s.
-    pub request_timeout: Option<Duration>,
-    /// S3: delete the lock object after writing the release tombstone, so that
-    /// winebarrel/s3lock clients (which treat any object as held) can acquire the key
-    /// after lockwarden. The fence then restarts at 1 after every release.
-    pub s3lock_compatible: bool,
-    /// DynamoDB partition key attribute name. Default `key` (as dynamolock).
-    pub partition_key: Option<String>,
-    /// DynamoDB sort key attribute name and the value lock items use for it.
-    pub sort_key: Option<(String, String)>,
-    /// Create the DynamoDB table (on-demand billing) if it does not exist.
-    pub create_table: bool,
-    /// kubeconfig context to use instead of the current one.
-    pub kube_context: Option<String>,
-    /// A ready Kubernetes client (the operator's own); wins over `kube_context`.
-    pub kube_client: Option<kube::Client>,
-}
-
-impl fmt::Debug for ConnectOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ConnectOptions")
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("force_path_style", &self.force_path_style)
-            .field("s3lock_compatible", &self.s3lock_compatible)
-            .field("credentials", &self.credentials.as_ref().map(|_| "<set>"))
-            .field("request_timeout", &self.request_timeout)
-            .field("partition_key", &self.partition_key)
-            .field("sort_key", &self.sort_key)
-            .field("create_table", &self.create_table)
-            .field("kube_context", &self.kube_context)
-            .field("kube_client", &self.kube_client.as_ref().map(|_| "<set>"))
-            .finish()
-    }
-}
-
-/// A backend that could not be set up.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    #[error(
-        "{url}: no usable Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster service account): {cause}"
-    )]
-    Kubernetes { url: String, cause: String },
-
-    #[error("{url}: {cause}")]
-    Backend { url: String, cause: String },
-
-    #[error(transparent)]
-    Lock(#[from] LockError),
-}
-
-/// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
-/// hanging it; the SDK's standard retries (3 attempts) still apply.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
-
-async fn sdk_config(options: &ConnectOptions) -> aws_config::SdkConfig {
-    let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(
-        TimeoutConfig::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .operation_attempt_timeout(options.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT))
-            .build(),
-    );
-    if let Some(endpoint) = &options.endpoint {
-        loader = loader.endpoint_url(endpoint);
-    }
-    if let Some(region) = &options.region {
-        loader = loader.region(Region::new(region.clone()));
-    }
-    if let Some(credentials) = &options.credentials {
-        loader = loader.credentials_provider(credentials.clone());
-    }
-    loader.load().await
-}
-
-async fn s3_client(options: &ConnectOptions) -> aws_sdk_s3::Client {
-    let sdk = sdk_config(options).await;
-    let custom_endpoint = sdk.endpoint_url().is_some()
-        || std::env::var_os("AWS_ENDPOINT_URL_S3").is_some_and(|v| !v.is_empty());
-    let path_style = options.force_path_style.unwrap_or(custom_endpoint);
-    let config = aws_sdk_s3::config::Builder::from(&sdk)
-        .force_path_style(path_style)
-        .build();
-    aws_sdk_s3::Client::from_conf(config)
-}
-
-async fn dynamodb_client(options: &ConnectOptions) -> aws_sdk_dynamodb::Client {
-    aws_sdk_dynamodb::Client::new(&sdk_config(options).await)
-}
-
-async fn kube_client(context: Option<&str>) -> Result<kube::Client, String> {
-    let config = match context {
-        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
-        Some(context) => {
-            let options = kube::config::KubeConfigOptions {
-                context: Some(context.to_string()),
-                ..Default::default()
-            };
-            kube::Config::from_kubeconfig(&options)
-                .await
-                .map_err(|e| format!("context {context:?}: {e}"))?
-        }
-    };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
-}
-
 fn invalid(url: &str, why: impl Into<String>, expected: &'static str) -> TargetError {
     TargetError::Invalid {
         url: url.to_string(),
@@ -382,43 +180,15 @@ fn split_two<'a>(
     }
 }
 
-fn no_control_chars(
-    url: &str,
-    what: &str,
-    s: &str,
-    expected: &'static str,
-) -> Result<(), TargetError> {
-    if s.chars().any(char::is_control) {
-        return Err(invalid(
-            url,
-            format!("the {what} contains control characters"),
-            expected,
-        ));
-    }
-    Ok(())
+/// A name or key the store's rules refuse, in the URL's terms.
+fn bad_name(url: &str, error: NameError, expected: &'static str) -> TargetError {
+    invalid(url, error.to_string(), expected)
 }
 
 fn parse_s3(url: &str, rest: &str) -> Result<Target, TargetError> {
     let (bucket, key) = split_two(url, rest, "bucket", "key", S3_FORM)?;
-    // https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html
-    let ok_chars = bucket
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-');
-    let ok_ends = bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && bucket.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !(3..=63).contains(&bucket.len()) || !ok_chars || !ok_ends || bucket.contains("..") {
-        return Err(invalid(
-            url,
-            format!(
-                "invalid bucket name {bucket:?} (3-63 lowercase letters, digits, dots and hyphens, starting and ending with a letter or digit)"
-            ),
-            S3_FORM,
-        ));
-    }
-    if key.len() > 1024 {
-        return Err(invalid(url, "the key is longer than 1024 bytes", S3_FORM));
-    }
-    no_control_chars(url, "key", key, S3_FORM)?;
+    names::s3_bucket(bucket).map_err(|e| bad_name(url, e.named("bucket name"), S3_FORM))?;
+    names::s3_key(key).map_err(|e| bad_name(url, e, S3_FORM))?;
     Ok(Target::S3 {
         bucket: bucket.to_string(),
         key: key.to_string(),
@@ -427,26 +197,9 @@ fn parse_s3(url: &str, rest: &str) -> Result<Target, TargetError> {
 
 fn parse_dynamodb(url: &str, rest: &str) -> Result<Target, TargetError> {
     let (table, key) = split_two(url, rest, "table", "key", DYNAMODB_FORM)?;
-    let ok_chars = table
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    if !(3..=255).contains(&table.len()) || !ok_chars {
-        return Err(invalid(
-            url,
-            format!(
-                "invalid table name {table:?} (3-255 letters, digits, underscores, hyphens and dots)"
-            ),
-            DYNAMODB_FORM,
-        ));
-    }
-    if key.len() > 2048 {
-        return Err(invalid(
-            url,
-            "the key is longer than 2048 bytes",
-            DYNAMODB_FORM,
-        ));
-    }
-    no_control_chars(url, "key", key, DYNAMODB_FORM)?;
+    names::dynamodb_table(table)
+        .map_err(|e| bad_name(url, e.named("table name"), DYNAMODB_FORM))?;
+    names::dynamodb_key(key).map_err(|e| bad_name(url, e, DYNAMODB_FORM))?;
     Ok(Target::DynamoDb {
         table: table.to_string(),
         key: key.to_string(),
@@ -468,21 +221,7 @@ fn parse_zk(url: &str, rest: &str) -> Result<Target, TargetError> {
     if path.is_empty() || path == "/" {
         return Err(invalid(url, "no lock path after the servers", ZK_FORM));
     }
-    if path.ends_with('/') {
-        return Err(invalid(url, "the path must not end with /", ZK_FORM));
-    }
-    if path
-        .split('/')
-        .skip(1)
-        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
-    {
-        return Err(invalid(
-            url,
-            "the path has an empty, \".\" or \"..\" segment",
-            ZK_FORM,
-        ));
-    }
-    no_control_chars(url, "path", path, ZK_FORM)?;
+    names::zookeeper_path(path).map_err(|e| bad_name(url, e, ZK_FORM))?;
     Ok(Target::ZooKeeper {
         servers,
         chroot: None,
@@ -543,39 +282,10 @@ fn parse_zk_server(url: &str, server: &str) -> Result<String, TargetError> {
     Ok(format!("{host}:{port}"))
 }
 
-fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-}
-
-fn is_dns_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 fn parse_k8s(url: &str, rest: &str) -> Result<Target, TargetError> {
     let (namespace, name) = split_two(url, rest, "namespace", "Lease name", K8S_FORM)?;
-    if !is_dns_label(namespace) {
-        return Err(invalid(
-            url,
-            format!(
-                "invalid namespace {namespace:?} (a DNS label: at most 63 lowercase letters, digits and hyphens)"
-            ),
-            K8S_FORM,
-        ));
-    }
-    if !is_dns_subdomain(name) {
-        return Err(invalid(
-            url,
-            format!(
-                "invalid Lease name {name:?} (a DNS subdomain: lowercase letters, digits, hyphens and dots)"
-            ),
-            K8S_FORM,
-        ));
-    }
+    names::kubernetes_namespace(namespace).map_err(|e| bad_name(url, e, K8S_FORM))?;
+    names::kubernetes_name(name).map_err(|e| bad_name(url, e.named("Lease name"), K8S_FORM))?;
     Ok(Target::Kubernetes {
         namespace: namespace.to_string(),
         name: name.to_string(),

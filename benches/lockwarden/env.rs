@@ -1,0 +1,103 @@
+//! The servers and backends every part runs against, started as the tests start them.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------
+// Servers and backends
+
+pub(crate) struct Env {
+    pub(crate) moto: &'static Moto,
+    pub(crate) zk: &'static ZooKeeper,
+    pub(crate) plane: &'static ControlPlane,
+    pub(crate) client: Client,
+    pub(crate) s3: aws_sdk_s3::Client,
+    pub(crate) ddb: aws_sdk_dynamodb::Client,
+    pub(crate) aws_attempts: AttemptCounter,
+    pub(crate) bucket: String,
+    pub(crate) table: String,
+    pub(crate) ns: String,
+}
+
+impl Env {
+    pub(crate) async fn start() -> Env {
+        let (moto, zk, plane) = tokio::task::spawn_blocking(|| {
+            let plane = ControlPlane::shared();
+            (Moto::shared(), ZooKeeper::shared(), plane)
+        })
+        .await
+        .unwrap();
+        let client = plane.client().await;
+        install_lockwarden_crd(&client).await;
+        let ns = plane.namespace(&client, "bench").await;
+        let aws_attempts = AttemptCounter::default();
+        let sdk = support::moto::sdk_config_for(&moto.endpoint()).await;
+        let s3 = aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&sdk)
+                .force_path_style(true)
+                .interceptor(aws_attempts.clone())
+                .build(),
+        );
+        let ddb = aws_sdk_dynamodb::Client::from_conf(
+            aws_sdk_dynamodb::config::Builder::from(&sdk)
+                .interceptor(aws_attempts.clone())
+                .build(),
+        );
+        let bucket = moto.new_bucket("bench").await;
+        let table = moto.new_table("bench", "key").await;
+        Env {
+            moto,
+            zk,
+            plane,
+            client,
+            s3,
+            ddb,
+            aws_attempts,
+            bucket,
+            table,
+            ns,
+        }
+    }
+
+    pub(crate) fn engine(&self, kind: Kind, key: &str) -> Arc<dyn LockBackend> {
+        match kind {
+            Kind::S3 => Arc::new(CasLock::new(S3Store::new(
+                self.s3.clone(),
+                self.bucket.clone(),
+                format!("locks/{key}"),
+            ))),
+            Kind::DynamoDb => Arc::new(CasLock::new(DynamoStore::new(
+                self.ddb.clone(),
+                TableLayout::new(self.table.clone()),
+                key.to_string(),
+            ))),
+            Kind::Lease => Arc::new(CasLock::new(LeaseStore::new(
+                self.client.clone(),
+                &self.ns,
+                key,
+            ))),
+            Kind::ZooKeeper => Arc::new(
+                ZkSessions::global()
+                    .lock(&self.zk.connect_string(), &format!("/bench/{key}"))
+                    .expect("zk lock"),
+            ),
+        }
+    }
+
+    /// Cumulative count of requests that reached the backend's server (for deltas).
+    pub(crate) async fn round_trips(&self, kind: Kind) -> f64 {
+        match kind {
+            Kind::S3 | Kind::DynamoDb => self.aws_attempts.0.load(Ordering::Relaxed) as f64,
+            Kind::Lease => api_sum(&apiserver_counts(&self.client).await, "leases", false),
+            Kind::ZooKeeper => {
+                // Each `mntr` exchange is itself counted as a packet by the server.
+                static READS: AtomicU64 = AtomicU64::new(0);
+                let reads = READS.fetch_add(1, Ordering::Relaxed) as f64;
+                let zk = self.zk;
+                tokio::task::spawn_blocking(move || zk_packets(zk))
+                    .await
+                    .unwrap()
+                    - reads
+            }
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! Options and results: what the parts measure, collected in one [`Report`].
+
+use super::*;
+
+// ---------------------------------------------------------------------------------
+// Options and results
+
+#[derive(Clone, Debug)]
+pub(crate) struct Opts {
+    pub(crate) quick: bool,
+    pub(crate) only: Option<String>,
+}
+
+impl Opts {
+    pub(crate) fn runs(&self, part: &str) -> bool {
+        self.only
+            .as_deref()
+            .is_none_or(|o| o.split(',').any(|p| p == part))
+    }
+    /// Full count, or a fifth of it (at least 3) with --quick.
+    pub(crate) fn n(&self, full: usize) -> usize {
+        if self.quick { (full / 5).max(3) } else { full }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Floor {
+    pub(crate) n: usize,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) create_p50: f64,
+    pub(crate) ops_per_s: f64,
+    pub(crate) writers: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Row {
+    pub(crate) part: &'static str,
+    pub(crate) kind: Kind,
+    pub(crate) what: String,
+    pub(crate) n: usize,
+    pub(crate) p50: f64,
+    pub(crate) p99: f64,
+    pub(crate) round_trips: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ScaleRow {
+    pub(crate) kind: String,
+    pub(crate) path: String,
+    pub(crate) locks: usize,
+    pub(crate) interval_s: f64,
+    pub(crate) hold_s: f64,
+    pub(crate) acquire_all_s: f64,
+    pub(crate) renewals: f64,
+    pub(crate) renewals_expected: f64,
+    pub(crate) missed: f64,
+    pub(crate) cpu_per_1k_renewals_per_s: f64,
+    pub(crate) peak_rss_mb: f64,
+    pub(crate) rss_per_1k_mb: f64,
+    pub(crate) status_writes_per_renewal: Option<f64>,
+    pub(crate) note: String,
+}
+
+#[derive(Default)]
+pub(crate) struct Report {
+    pub(crate) floors: BTreeMap<Kind, Floor>,
+    pub(crate) rows: Vec<Row>,
+    pub(crate) throughput: Vec<(Kind, f64, f64, usize)>, // engine ops/s, raw ops/s, writers
+    pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
+    pub(crate) scale: Vec<ScaleRow>,
+    pub(crate) plots: Vec<(Kind, String, Vec<f64>)>,
+    pub(crate) notes: Vec<String>,
+    pub(crate) moto_capacity: Option<f64>,
+}
+
+pub(crate) type Shared = Arc<Mutex<Report>>;
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Nearest-rank percentile of unsorted samples.
+pub(crate) fn pct(samples: &[f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = samples.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+pub(crate) fn add_row(
+    report: &Shared,
+    part: &'static str,
+    kind: Kind,
+    what: &str,
+    samples: &[f64],
+    round_trips: Option<f64>,
+) {
+    let mut r = report.lock().unwrap();
+    r.rows.push(Row {
+        part,
+        kind,
+        what: what.to_string(),
+        n: samples.len(),
+        p50: pct(samples, 0.5),
+        p99: pct(samples, 0.99),
+        round_trips,
+    });
+    r.plots
+        .push((kind, format!("{part}: {what}"), samples.to_vec()));
+    eprintln!(
+        "[bench] {part} {} {what}: n={} p50={:.2} ms p99={:.2} ms rt={round_trips:?}",
+        kind.name(),
+        samples.len(),
+        pct(samples, 0.5),
+        pct(samples, 0.99)
+    );
+}
+
+pub(crate) fn note(report: &Shared, text: String) {
+    eprintln!("[bench] note: {text}");
+    report.lock().unwrap().notes.push(text);
+}

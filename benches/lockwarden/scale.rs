@@ -1,0 +1,524 @@
+//! Part 4, scale: one process holding 1,000 / 10,000 locks, and 1,000 through the
+//! `lockwarden controller` binary; CPU, RSS and missed renewals.
+
+use super::*;
+
+// ---------------------------------------------------------------------------------
+// Part 4: scale
+
+pub(crate) fn proc_cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may contain spaces): utime is field 14.
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    (utime + stime) / ticks
+}
+
+pub(crate) fn proc_status_kb(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `--scale-child KIND N INTERVAL_S HOLD_S ENDPOINT BUCKET`: holds N locks in this
+/// process the way the controller's holder tasks do (a HeldLock per lock plus a monitor
+/// of its state), then reports one JSON line.
+pub(crate) fn scale_child(args: &[String]) {
+    let kind = args[0].as_str();
+    let n: usize = args[1].parse().unwrap();
+    let interval = Duration::from_secs_f64(args[2].parse().unwrap());
+    let hold = Duration::from_secs_f64(args[3].parse().unwrap());
+    let endpoint = args[4].clone();
+    let bucket = args[5].clone();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let pid = std::process::id();
+    let rss_start = proc_status_kb(pid, "VmRSS:");
+    let out = rt.block_on(async move {
+        let attempts = AttemptCounter::default();
+        let s3 = if kind == "s3" {
+            let sdk = support::moto::sdk_config_for(&endpoint).await;
+            Some(aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(&sdk)
+                    .force_path_style(true)
+                    .interceptor(attempts.clone())
+                    .build(),
+            ))
+        } else {
+            None
+        };
+        let lease_len = interval * 3;
+        let zk_sessions = Arc::new(ZkSessions::with_session_timeout(lease_len));
+        let policy = RenewPolicy {
+            interval,
+            ..RenewPolicy::for_lease(lease_len)
+        };
+        let missed = Arc::new(AtomicU64::new(0));
+        let began = Instant::now();
+        let prefix = support::unique("scale");
+        let sem = Arc::new(tokio::sync::Semaphore::new(64));
+        let mut tasks = Vec::with_capacity(n);
+        for i in 0..n {
+            let backend: Arc<dyn LockBackend> = match &s3 {
+                Some(c) => Arc::new(CasLock::new(S3Store::new(
+                    c.clone(),
+                    bucket.clone(),
+                    format!("{prefix}/{i}"),
+                ))),
+                // The ZooKeeper lease is the session timeout: 30 s, so that a 10 s
+                // renew interval is below half of it (as for the other stores).
+                None => Arc::new(
+                    zk_sessions
+                        .lock(&endpoint, &format!("/{prefix}/{i}"))
+                        .unwrap(),
+                ),
+            };
+            let sem = sem.clone();
+            let missed = missed.clone();
+            tasks.push(tokio::spawn(async move {
+                let permit = sem.acquire_owned().await.unwrap();
+                let req = AcquireRequest::new(format!("bench/scale/{i}"), lease_len);
+                let lease = acquire_now(backend.as_ref(), &req.holder).await;
+                drop(permit);
+                let held = HeldLock::hold(backend, lease, policy);
+                let mut rx = held.watch();
+                // As controller::holders does: watch for transitions away from Held.
+                tokio::spawn(async move {
+                    let mut was_held = true;
+                    while rx.changed().await.is_ok() {
+                        let held_now = matches!(*rx.borrow_and_update(), HolderState::Held { .. });
+                        if was_held && !held_now {
+                            missed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        was_held = held_now;
+                    }
+                });
+                held
+            }));
+        }
+        let mut held = Vec::with_capacity(n);
+        for t in tasks {
+            held.push(t.await.unwrap());
+        }
+        let acquire_all = began.elapsed().as_secs_f64();
+        let rss_held = proc_status_kb(pid, "VmRSS:");
+        let zk_port = endpoint
+            .rsplit(':')
+            .next()
+            .unwrap_or("0")
+            .parse::<u16>()
+            .unwrap_or(0);
+        let count = |attempts: &AttemptCounter| -> f64 {
+            if kind == "s3" {
+                attempts.0.load(Ordering::Relaxed) as f64
+            } else {
+                zk_mntr_packets(zk_port)
+            }
+        };
+        let c0 = count(&attempts);
+        let cpu0 = proc_cpu_seconds(pid);
+        let t0 = Instant::now();
+        let perf = perf_record(pid, hold.as_secs_f64());
+        tokio::time::sleep(hold).await;
+        if let Some(mut perf) = perf {
+            let _ = tokio::task::spawn_blocking(move || perf.wait()).await;
+        }
+        let window = t0.elapsed().as_secs_f64();
+        let cpu1 = proc_cpu_seconds(pid);
+        let c1 = count(&attempts);
+        let still_held = held.iter().filter(|h| h.is_held()).count();
+        json!({
+            "acquire_all_s": acquire_all,
+            "window_s": window,
+            "cpu_s": cpu1 - cpu0,
+            "renewals": c1 - c0,
+            "missed": missed.load(Ordering::Relaxed),
+            "still_held": still_held,
+            "rss_start_kb": rss_start,
+            "rss_held_kb": rss_held,
+            "hwm_kb": proc_status_kb(pid, "VmHWM:"),
+        })
+    });
+    println!("{out}");
+    // Leave without releasing: ZooKeeper drops the entries with the session, and S3
+    // objects are just left behind in moto.
+    std::process::exit(0);
+}
+
+pub(crate) fn zk_mntr_packets(port: u16) -> f64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("mntr");
+    s.write_all(b"mntr").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.lines()
+        .find_map(|l| l.strip_prefix("zk_packets_received"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+pub(crate) fn run_scale_child(
+    kind: &str,
+    n: usize,
+    interval: f64,
+    hold: f64,
+    endpoint: &str,
+    bucket: &str,
+) -> Result<Value, String> {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--scale-child",
+            kind,
+            &n.to_string(),
+            &interval.to_string(),
+            &hold.to_string(),
+            endpoint,
+            bucket,
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok())
+        .ok_or_else(|| {
+            format!(
+                "scale child {kind} {n} printed no result (exit {:?})",
+                out.status
+            )
+        })
+}
+
+pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
+    let hold: f64 = if opts.quick { 12.0 } else { 25.0 };
+    let capacity = report.lock().unwrap().moto_capacity.unwrap_or(0.0);
+    let capacity = if capacity > 0.0 {
+        capacity
+    } else {
+        raw_throughput(&env, Kind::S3, WRITERS, 3.0).await
+    };
+    report.lock().unwrap().moto_capacity = Some(capacity);
+    let sizes: &[usize] = if opts.quick { &[1000] } else { &[1000, 10_000] };
+    let mut plans: Vec<(&str, usize, f64, String)> = Vec::new();
+    for &n in sizes {
+        plans.push(("zookeeper", n, 10.0, env.zk.connect_string()));
+    }
+    for &n in sizes {
+        // Renewals must stay under about half the server's measured capacity, and
+        // acquiring all (2 requests each) must fit the time budget.
+        let interval = (n as f64 / (0.5 * capacity)).max(10.0).ceil();
+        let acquire_estimate = 2.0 * n as f64 / capacity;
+        if acquire_estimate + hold.max(interval * 1.2) > 300.0 {
+            note(
+                &report,
+                format!(
+                    "scale s3 {n}: not run — moto-atomic measured {capacity:.0} conditional writes/s in this run, so acquiring {n} locks (2 requests each) takes ~{acquire_estimate:.0} s and renewing them needs an interval ≥ {interval:.0} s; beyond this run's time budget"
+                ),
+            );
+            continue;
+        }
+        plans.push(("s3", n, interval, env.moto.endpoint()));
+    }
+    // LOCKWARDEN_BENCH_SCALE=s3:200 runs only that (debugging aid).
+    if let Ok(only) = std::env::var("LOCKWARDEN_BENCH_SCALE") {
+        let (k, n) = only.split_once(':').unwrap_or((only.as_str(), "1000"));
+        let n: usize = n.parse().unwrap_or(1000);
+        let endpoint = if k == "s3" {
+            env.moto.endpoint()
+        } else {
+            env.zk.connect_string()
+        };
+        let interval = if k == "s3" {
+            (n as f64 / (0.5 * capacity)).max(10.0).ceil()
+        } else {
+            10.0
+        };
+        plans = vec![(
+            if k == "s3" { "s3" } else { "zookeeper" },
+            n,
+            interval,
+            endpoint,
+        )];
+        if k == "operator" {
+            plans.clear();
+            match scale_operator(&env, n, hold).await {
+                Ok(row) => report.lock().unwrap().scale.push(row),
+                Err(e) => note(
+                    &report,
+                    format!("scale operator kubernetes {n}: failed: {e}"),
+                ),
+            }
+        }
+    }
+    for (kind, n, interval, endpoint) in plans {
+        // Hold for at least 1.2 renewal intervals so every lock renews at least once.
+        let window = hold.max(interval * 1.2);
+        let (ep, bucket) = (endpoint.clone(), env.bucket.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            run_scale_child(kind, n, interval, window, &ep, &bucket)
+        })
+        .await
+        .unwrap();
+        match result {
+            Ok(v) => {
+                let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+                let renewals_per_s = f("renewals") / f("window_s");
+                let row = ScaleRow {
+                    kind: kind.into(),
+                    path: "engine (HeldLock + monitor per lock, one process)".into(),
+                    locks: n,
+                    interval_s: interval,
+                    hold_s: f("window_s"),
+                    acquire_all_s: f("acquire_all_s"),
+                    renewals: f("renewals"),
+                    renewals_expected: n as f64 * f("window_s") / interval,
+                    missed: f("missed"),
+                    cpu_per_1k_renewals_per_s: 100.0 * (f("cpu_s") / f("window_s"))
+                        / (renewals_per_s / 1000.0),
+                    peak_rss_mb: f("hwm_kb") / 1024.0,
+                    rss_per_1k_mb: (f("rss_held_kb") - f("rss_start_kb"))
+                        / 1024.0
+                        / (n as f64 / 1000.0),
+                    status_writes_per_renewal: None,
+                    note: format!(
+                        "still held at the end: {}; CPU {:.1} % of a core over the window",
+                        v["still_held"],
+                        100.0 * f("cpu_s") / f("window_s")
+                    ),
+                };
+                eprintln!("[bench] scale {row:?}");
+                report.lock().unwrap().scale.push(row);
+            }
+            Err(e) => note(&report, format!("scale {kind} {n}: failed: {e}")),
+        }
+    }
+    if std::env::var_os("LOCKWARDEN_BENCH_SCALE").is_some() {
+        return;
+    }
+    // 1,000 Lease locks through the `lockwarden controller` binary.
+    let n = if opts.quick { 300 } else { 1000 };
+    match scale_operator(&env, n, hold).await {
+        Ok(row) => report.lock().unwrap().scale.push(row),
+        Err(e) => note(
+            &report,
+            format!("scale operator kubernetes {n}: failed: {e}"),
+        ),
+    }
+}
+
+pub(crate) async fn scale_operator(
+    env: &Arc<Env>,
+    n: usize,
+    hold: f64,
+) -> Result<ScaleRow, String> {
+    let client = env.client.clone();
+    let ns = env.plane.namespace(&client, "bench-scale").await;
+    let metrics_port = support::free_port();
+    let mut child = KillOnDrop(start_controller_process(
+        env.plane.kubeconfig_path(),
+        "scale",
+        &ns,
+        metrics_port,
+    ));
+    let pid = child.0.id();
+    let api = locks_api(&client, &ns);
+    // Count Acquired objects with a watch of this namespace.
+    let acquired = Arc::new(AtomicU64::new(0));
+    let acq = acquired.clone();
+    let watch_api = api.clone();
+    let watch_task = tokio::spawn(async move {
+        let mut seen = std::collections::HashSet::new();
+        let mut events = watcher(watch_api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            // A failed poll (an overloaded API server) is retried by the watcher.
+            let Ok(l) = event else { continue };
+            if l.status
+                .as_ref()
+                .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
+                && seen.insert(l.name_any())
+            {
+                acq.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_start = proc_status_kb(pid, "VmRSS:");
+    let began = Instant::now();
+    let creates = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            let lock = DistributedLock::new(
+                &format!("s-{i}"),
+                DistributedLockSpec {
+                    backend: BackendSpec {
+                        kubernetes: Some(lockwarden::api::KubernetesBackend {
+                            lease_name: format!("s-{i}"),
+                            namespace: None,
+                        }),
+                        ..Default::default()
+                    },
+                    lease_duration: "30s".into(),
+                    renew_interval: "10s".into(),
+                    ..Default::default()
+                },
+            );
+            async move {
+                match api.create(&PostParams::default(), &lock).await {
+                    // A create the client retried after an overloaded reply.
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    r => r.map(|_| ()),
+                }
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    if let Some(Err(e)) = creates.into_iter().find(|r| r.is_err()) {
+        return Err(format!("create: {e}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while (acquired.load(Ordering::Relaxed) as usize) < n {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "only {} of {n} acquired after 600 s",
+                acquired.load(Ordering::Relaxed)
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let acquire_all = began.elapsed().as_secs_f64();
+    let rss_held = proc_status_kb(pid, "VmRSS:");
+    // Let the acquisition burst settle before measuring the steady state.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let m0 = apiserver_counts(&client).await;
+    let cpu0 = proc_cpu_seconds(pid);
+    let t0 = Instant::now();
+    let perf = perf_record(pid, hold);
+    tokio::time::sleep(Duration::from_secs_f64(hold)).await;
+    if let Some(mut perf) = perf {
+        let _ = tokio::task::spawn_blocking(move || perf.wait()).await;
+    }
+    let window = t0.elapsed().as_secs_f64();
+    let cpu1 = proc_cpu_seconds(pid);
+    let m1 = apiserver_counts(&client).await;
+    let hwm = proc_status_kb(pid, "VmHWM:");
+    let metrics = reqwest_metrics(metrics_port).await;
+    child.kill();
+    watch_task.abort();
+    let renewals = api_sum(&m1, "leases", true) - api_sum(&m0, "leases", true);
+    let mut writes: Vec<_> = m1
+        .iter()
+        .map(|(k, v)| (k.clone(), v - m0.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .collect();
+    writes.sort_by(|a, b| b.1.total_cmp(&a.1));
+    eprintln!("[bench] apiserver requests during the window: {writes:?}");
+    let status_writes =
+        api_sum(&m1, "distributedlocks", true) - api_sum(&m0, "distributedlocks", true);
+    let failures = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("lockwarden_renew_failures_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+    let renewals_per_s = renewals / window;
+    Ok(ScaleRow {
+        kind: "kubernetes".into(),
+        path: "operator (`lockwarden controller` process)".into(),
+        locks: n,
+        interval_s: 10.0,
+        hold_s: window,
+        acquire_all_s: acquire_all,
+        renewals,
+        renewals_expected: n as f64 * window / 10.0,
+        missed: failures,
+        cpu_per_1k_renewals_per_s: 100.0 * ((cpu1 - cpu0) / window) / (renewals_per_s / 1000.0),
+        peak_rss_mb: hwm / 1024.0,
+        rss_per_1k_mb: (rss_held - rss_start) / 1024.0 / (n as f64 / 1000.0),
+        status_writes_per_renewal: Some(if renewals > 0.0 {
+            status_writes / renewals
+        } else {
+            f64::NAN
+        }),
+        note: format!(
+            "acquire-all includes creating the objects ({n} creates, 8 in flight); CPU {:.1} % of a core over the window",
+            100.0 * (cpu1 - cpu0) / window
+        ),
+    })
+}
+
+/// With LOCKWARDEN_BENCH_PERF=FILE: samples process `pid` with `perf record -g` for
+/// `secs` (the steady-state window), for the profile in docs/benchmarks.md.
+pub(crate) fn perf_record(pid: u32, secs: f64) -> Option<std::process::Child> {
+    let out = std::env::var_os("LOCKWARDEN_BENCH_PERF")?;
+    Command::new("perf")
+        .args([
+            "record",
+            "-F",
+            "499",
+            "--call-graph",
+            "dwarf,16384",
+            "-p",
+            &pid.to_string(),
+            "-o",
+        ])
+        .arg(out)
+        .args(["--", "sleep", &format!("{}", secs.floor())])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()
+}
+
+/// A child process killed (SIGKILL) when dropped, on every return path.
+pub(crate) struct KillOnDrop(pub(crate) std::process::Child);
+
+impl KillOnDrop {
+    pub(crate) fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// GET http://127.0.0.1:PORT/metrics with a plain HTTP/1.0 request.
+pub(crate) async fn reqwest_metrics(port: u16) -> String {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap_or_default()
+}

@@ -1,0 +1,273 @@
+//! The connection factory: the one place that turns a [`Target`] and
+//! [`ConnectOptions`] into a [`LockBackend`], building each store's client from the
+//! standard sources:
+//!
+//! - S3 and DynamoDB: the AWS SDK default chain (`AWS_ENDPOINT_URL`, `AWS_REGION`,
+//!   `AWS_PROFILE`, environment credentials, `~/.aws`, SSO, IRSA / Pod Identity, IMDS),
+//!   overridden by [`ConnectOptions`]. With a custom endpoint, S3 uses path-style
+//!   addressing unless told otherwise (S3-compatible servers rarely have the
+//!   wildcard DNS virtual-hosted addressing needs).
+//! - Kubernetes: `KUBECONFIG` / `~/.kube/config` / in-cluster service account
+//!   (`kube::Client::try_default`), or a given context or client.
+//! - ZooKeeper: the process-wide session of the ensemble with the requested timeout
+//!   ([`ZkSessions::global`]).
+//!
+//! Nothing here knows about the command-line tool or the operator; both use it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{Credentials, Region};
+
+use super::dynamodb::{DEFAULT_PARTITION_KEY, DynamoStore, TableLayout};
+use super::kubernetes::LeaseStore;
+use super::s3::S3Store;
+use super::url::Target;
+use super::zookeeper::{ZkLock, ZkSessions};
+use crate::lock::{CasLock, LockBackend, LockError, Version};
+
+/// Builds the backend for the lock `target` names. Network access happens only where
+/// a store needs it to start (creating a DynamoDB table when asked, reading a
+/// kubeconfig's exec credentials); the lock itself is not touched.
+pub async fn connect(
+    target: &Target,
+    options: &ConnectOptions,
+) -> Result<Arc<dyn LockBackend>, ConnectError> {
+    match target {
+        Target::S3 { bucket, key } => {
+            let client = s3_client(options).await;
+            Ok(Arc::new(
+                CasLock::new(S3Store::new(client, bucket.clone(), key.clone()))
+                    .with_delete_on_release(options.s3lock_compatible),
+            ))
+        }
+        Target::DynamoDb { table, key } => {
+            let client = dynamodb_client(options).await;
+            let layout = TableLayout {
+                table: table.clone(),
+                partition_key: options
+                    .partition_key
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_PARTITION_KEY.to_string()),
+                sort_key: options.sort_key.clone(),
+            };
+            let store = DynamoStore::new(client, layout, key.clone());
+            if options.create_table {
+                store
+                    .ensure_table()
+                    .await
+                    .map_err(|e| ConnectError::Backend {
+                        url: target.url(),
+                        cause: e.to_string(),
+                    })?;
+            }
+            Ok(Arc::new(CasLock::new(store)))
+        }
+        Target::ZooKeeper { .. } => Ok(Arc::new(zookeeper_lock(target, options)?)),
+        Target::Kubernetes { namespace, name } => {
+            let client = match &options.kube_client {
+                Some(client) => client.clone(),
+                None => kube_client(options.kube_context.as_deref())
+                    .await
+                    .map_err(|cause| ConnectError::Kubernetes {
+                        url: target.url(),
+                        cause,
+                    })?,
+            };
+            Ok(Arc::new(CasLock::new(LeaseStore::new(
+                client, namespace, name,
+            ))))
+        }
+    }
+}
+
+impl Target {
+    /// [`connect`] for this lock.
+    pub async fn connect(
+        &self,
+        options: &ConnectOptions,
+    ) -> Result<Arc<dyn LockBackend>, ConnectError> {
+        connect(self, options).await
+    }
+}
+
+/// A ZooKeeper contender on the process-wide session of the ensemble that asks for
+/// `options.session_timeout`.
+fn zookeeper_lock(target: &Target, options: &ConnectOptions) -> Result<ZkLock, LockError> {
+    let Target::ZooKeeper {
+        servers,
+        chroot,
+        path,
+    } = target
+    else {
+        unreachable!("called for zk:// targets only");
+    };
+    let connect = format!("{}{}", servers.join(","), chroot.as_deref().unwrap_or(""));
+    ZkSessions::global().lock_with_timeout(&connect, path, options.session_timeout)
+}
+
+/// One acquisition as a lock file records it: enough for a process that did not make
+/// it to release it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedAcquisition {
+    pub holder: String,
+    pub nonce: String,
+    /// The version the acquisition's last write produced.
+    pub version: Version,
+}
+
+/// Releases `recorded` from a process that did not acquire it (`lockwarden unlock`),
+/// only if the lock still belongs to that acquisition:
+///
+/// - stores with one record (S3, DynamoDB, Kubernetes Lease): re-attach by nonce, then
+///   release with a write conditioned on the recorded version (should the record have
+///   moved on within the same acquisition, the engine re-reads and follows it);
+/// - ZooKeeper: the lock is a queue entry of another process's session (the keeper's);
+///   delete it, conditioned on the recorded version ([`ZkLock::release_entry`]).
+///
+/// A lock no longer this acquisition's is `Lock(LockError::Lost { reason })` (released,
+/// expired or taken over) or `Lock(LockError::NotHeld)` (released elsewhere).
+pub async fn release_recorded(
+    target: &Target,
+    options: &ConnectOptions,
+    recorded: &RecordedAcquisition,
+) -> Result<(), ConnectError> {
+    if let Target::ZooKeeper { .. } = target {
+        let lock = zookeeper_lock(target, options)?;
+        return Ok(lock
+            .release_entry(&recorded.version, &recorded.nonce)
+            .await?);
+    }
+    let backend = connect(target, options).await?;
+    let mut lease = backend.resume(&recorded.holder, &recorded.nonce).await?;
+    lease.version = recorded.version.clone();
+    Ok(backend.release(&lease).await?)
+}
+
+/// How to reach the store, beyond what the URL says. Everything is optional: the
+/// defaults come from the environment (see the module documentation).
+#[derive(Clone, Default)]
+pub struct ConnectOptions {
+    /// AWS endpoint (S3-compatible server, DynamoDB endpoint, a local emulator).
+    /// Default: `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3` / the profile, else AWS.
+    pub endpoint: Option<String>,
+    /// AWS region. Default: `AWS_REGION` / the profile.
+    pub region: Option<String>,
+    /// S3 path-style addressing. Default: on when a custom endpoint is configured.
+    pub force_path_style: Option<bool>,
+    /// Static AWS credentials (e.g. from a Kubernetes Secret). Default: the SDK chain.
+    pub credentials: Option<Credentials>,
+    /// Timeout of one AWS request attempt. Default 20 s.
+    pub request_timeout: Option<Duration>,
+    /// S3: delete the lock object after writing the release tombstone, so that
+    /// winebarrel/s3lock clients (which treat any object as held) can acquire the key
+    /// after lockwarden. The fence then restarts at 1 after every release.
+    pub s3lock_compatible: bool,
+    /// DynamoDB partition key attribute name. Default `key` (as dynamolock).
+    pub partition_key: Option<String>,
+    /// DynamoDB sort key attribute name and the value lock items use for it.
+    pub sort_key: Option<(String, String)>,
+    /// Create the DynamoDB table (on-demand billing) if it does not exist.
+    pub create_table: bool,
+    /// kubeconfig context to use instead of the current one.
+    pub kube_context: Option<String>,
+    /// A ready Kubernetes client (the operator's own); wins over `kube_context`.
+    pub kube_client: Option<kube::Client>,
+    /// ZooKeeper: the session timeout to ask the servers for (they clamp it to their
+    /// `minSessionTimeout ..= maxSessionTimeout`). Default
+    /// [`DEFAULT_SESSION_TIMEOUT`](super::zookeeper::DEFAULT_SESSION_TIMEOUT). Locks
+    /// asking for different timeouts get different sessions.
+    pub session_timeout: Option<Duration>,
+}
+
+impl fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("force_path_style", &self.force_path_style)
+            .field("s3lock_compatible", &self.s3lock_compatible)
+            .field("credentials", &self.credentials.as_ref().map(|_| "<set>"))
+            .field("request_timeout", &self.request_timeout)
+            .field("partition_key", &self.partition_key)
+            .field("sort_key", &self.sort_key)
+            .field("create_table", &self.create_table)
+            .field("kube_context", &self.kube_context)
+            .field("kube_client", &self.kube_client.as_ref().map(|_| "<set>"))
+            .field("session_timeout", &self.session_timeout)
+            .finish()
+    }
+}
+
+/// A backend that could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(
+        "{url}: no usable Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster service account): {cause}"
+    )]
+    Kubernetes { url: String, cause: String },
+
+    #[error("{url}: {cause}")]
+    Backend { url: String, cause: String },
+
+    #[error(transparent)]
+    Lock(#[from] LockError),
+}
+
+/// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
+/// hanging it; the SDK's standard retries (3 attempts) still apply.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn sdk_config(options: &ConnectOptions) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(
+        TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_attempt_timeout(options.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT))
+            .build(),
+    );
+    if let Some(endpoint) = &options.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(region) = &options.region {
+        loader = loader.region(Region::new(region.clone()));
+    }
+    if let Some(credentials) = &options.credentials {
+        loader = loader.credentials_provider(credentials.clone());
+    }
+    loader.load().await
+}
+
+async fn s3_client(options: &ConnectOptions) -> aws_sdk_s3::Client {
+    let sdk = sdk_config(options).await;
+    let custom_endpoint = sdk.endpoint_url().is_some()
+        || std::env::var_os("AWS_ENDPOINT_URL_S3").is_some_and(|v| !v.is_empty());
+    let path_style = options.force_path_style.unwrap_or(custom_endpoint);
+    let config = aws_sdk_s3::config::Builder::from(&sdk)
+        .force_path_style(path_style)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+async fn dynamodb_client(options: &ConnectOptions) -> aws_sdk_dynamodb::Client {
+    aws_sdk_dynamodb::Client::new(&sdk_config(options).await)
+}
+
+async fn kube_client(context: Option<&str>) -> Result<kube::Client, String> {
+    let config = match context {
+        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
+        Some(context) => {
+            let options = kube::config::KubeConfigOptions {
+                context: Some(context.to_string()),
+                ..Default::default()
+            };
+            kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| format!("context {context:?}: {e}"))?
+        }
+    };
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}

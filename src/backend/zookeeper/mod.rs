@@ -1,0 +1,93 @@
+//! ZooKeeper: a FIFO queue of ephemeral sequential znodes (docs/design.md §3 "ZooKeeper").
+//!
+//! - Every contender creates `<path>/_c_<uuid>-lock-<seq>` (`EPHEMERAL_SEQUENTIAL`, the
+//!   Curator "protected" form kafka-kit also uses, so they all queue together). The
+//!   child with the lowest *sequence suffix* holds the lock; every other one watches
+//!   only its predecessor. A contender keeps its znode across attempts, so waiters are
+//!   served in arrival order.
+//! - The znode's data is the JSON [`LockRecord`] (holder, nonce, lease = the session
+//!   timeout, data). The fence is the holder znode's `czxid`, which the ensemble
+//!   assigns from one cluster-wide, strictly increasing sequence; the record's own
+//!   `fence` field is not authoritative (it cannot be known before the create).
+//!   The [`Version`] is `"<znode name>:<data version>"`.
+//! - Liveness is the ZooKeeper session, not a timestamp: the server deletes the
+//!   ephemeral znode when the session expires. A renewal is one read (`exists` on our
+//!   znode): its answer proves the server heard from our session at or after the
+//!   moment we sent it, so the server cannot expire the session before
+//!   `t_sent + session timeout`, and the holder stops claiming the lock earlier, at
+//!   `t_sent + session timeout × (1 − δ) − margin` (rule 2). While the session is
+//!   disconnected, renewals fail fast and the holder runs out its deadline
+//!   (jeopardy); once the session is expired or closed, every lock on it is lost.
+//! - One session per ensemble is shared by every lock of a process ([`ZkSessions`]);
+//!   when it expires, the next acquisition opens a new one.
+//! - A create whose reply was lost (connection loss, timeout, cancelled future) may
+//!   have landed. Like Curator, the contender then looks for a child carrying its
+//!   own `_c_<uuid>` prefix before creating another, and reuses the same uuid when it
+//!   does create again, so a late duplicate is still recognised as ours and deleted.
+//! - Children that are not lockwarden records (another client's queue entries) are
+//!   queue members like any other: reported as the holder when they are first, never
+//!   deleted (unless `force`). Our entries also carry the fields kafka-kit reads, with
+//!   a TTL deadline that never passes (`kafka_kit`).
+//! - `force` deletes every entry ahead of ours, each conditioned on the version just
+//!   read; the old holder learns it at its next renewal (`Lost(EntryGone)`), and the
+//!   new fence (a later `czxid`) is higher.
+//! - Missing parents are created: ancestors as persistent znodes, the lock path itself
+//!   as a container znode, which the server deletes once its queue is empty.
+//!
+//! Modules: `session` (the shared sessions), `queue` (queue members, joining and
+//! forcing the queue), `lock` ([`ZkLock`], the [`LockBackend`] on top), `cleanup`
+//! (deleting our znodes in the background) and `kafka_kit` (what kafka-kit reads in a
+//! queue entry).
+//!
+//! [`LockBackend`]: crate::lock::LockBackend
+//! [`LockRecord`]: crate::lock::LockRecord
+//! [`Version`]: crate::lock::Version
+
+mod cleanup;
+mod kafka_kit;
+mod lock;
+mod queue;
+mod session;
+
+use std::time::Duration;
+
+use zookeeper_client::Error as ZkError;
+
+pub use lock::ZkLock;
+pub use queue::sequence_of;
+pub use session::{ZkSession, ZkSessions, parse_connect};
+
+/// Session timeout asked of the servers unless configured otherwise.
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The session is gone: nothing on it will ever succeed again.
+fn session_ended(e: &ZkError) -> bool {
+    matches!(
+        e,
+        ZkError::SessionExpired | ZkError::ClientClosed | ZkError::AuthFailed
+    )
+}
+
+/// A refusal that retrying will not change.
+fn permanent(e: &ZkError) -> bool {
+    matches!(
+        e,
+        ZkError::NoAuth
+            | ZkError::InvalidAcl
+            | ZkError::BadArguments(_)
+            | ZkError::NoChildrenForEphemerals
+            | ZkError::Unimplemented
+            | ZkError::QuotaExceeded
+            | ZkError::MarshallingError
+    )
+}
+
+/// The server answered a write with a definite "did not apply". Anything else that is
+/// not success (connection loss, timeout, I/O errors…) may have applied.
+fn definite(e: &ZkError) -> bool {
+    permanent(e)
+        || matches!(
+            e,
+            ZkError::NoNode | ZkError::NodeExists | ZkError::BadVersion | ZkError::NotEmpty
+        )
+}

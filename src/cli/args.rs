@@ -1,0 +1,385 @@
+//! Command-line arguments shared by several commands, and the value parsers: each
+//! error names the value and the expected form.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::lockfile::{self, LockFile};
+use super::sys;
+use crate::backend::{ConnectOptions, Target, TargetError};
+use crate::duration::{DurationError, parse_duration as parse_go_duration};
+use crate::lock::AcquireRequest;
+
+/// Options every command that talks to a backend accepts.
+#[derive(Args, Clone, Debug, Default)]
+#[command(next_help_heading = "Backend options")]
+pub struct BackendArgs {
+    /// AWS endpoint URL, e.g. an S3-compatible server [default: AWS_ENDPOINT_URL, else AWS]
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
+    pub endpoint: Option<String>,
+
+    /// AWS region [default: AWS_REGION / the profile's]
+    #[arg(long, value_name = "REGION", value_parser = parse_region)]
+    pub region: Option<String>,
+
+    /// S3 path-style addressing (on by default when a custom endpoint is set)
+    #[arg(long)]
+    pub path_style: bool,
+
+    /// S3: delete the object on release, so winebarrel/s3lock clients can lock the key
+    /// after us (the fencing token then restarts at 1 after each release)
+    #[arg(long)]
+    pub s3lock_compatible: bool,
+
+    /// DynamoDB partition key attribute name [default: key]
+    #[arg(long, value_name = "NAME", value_parser = parse_attribute_name)]
+    pub partition_key: Option<String>,
+
+    /// DynamoDB sort key: attribute name and the value lock items use
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_sort_key)]
+    pub sort_key: Option<(String, String)>,
+
+    /// Create the DynamoDB table (on-demand billing) if it does not exist
+    #[arg(long)]
+    pub create_table: bool,
+
+    /// kubeconfig context [default: the current context]
+    #[arg(long, value_name = "NAME")]
+    pub kube_context: Option<String>,
+
+    /// ZooKeeper session timeout to ask the servers for (they may adjust it); a lock
+    /// on ZooKeeper is lost this long after its holder stops being heard from [default: 10s]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub session_timeout: Option<Duration>,
+}
+
+impl BackendArgs {
+    /// These flags, falling back to `saved` (what a lock file recorded) for anything
+    /// not given.
+    pub fn options(&self, saved: Option<&lockfile::SavedOptions>) -> ConnectOptions {
+        let saved = saved.cloned().unwrap_or_default();
+        ConnectOptions {
+            endpoint: self.endpoint.clone().or(saved.endpoint),
+            region: self.region.clone().or(saved.region),
+            force_path_style: (self.path_style || saved.path_style).then_some(true),
+            s3lock_compatible: self.s3lock_compatible || saved.s3lock_compatible,
+            partition_key: self.partition_key.clone().or(saved.partition_key),
+            sort_key: self.sort_key.clone().or(saved.sort_key.and_then(|s| {
+                s.split_once('=')
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+            })),
+            create_table: self.create_table,
+            kube_context: self.kube_context.clone().or(saved.kube_context),
+            session_timeout: self.session_timeout,
+            ..ConnectOptions::default()
+        }
+    }
+
+    /// What a lock file records so `unlock` reaches the same store.
+    pub fn saved(&self) -> lockfile::SavedOptions {
+        lockfile::SavedOptions {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            path_style: self.path_style,
+            s3lock_compatible: self.s3lock_compatible,
+            partition_key: self.partition_key.clone(),
+            sort_key: self.sort_key.as_ref().map(|(n, v)| format!("{n}={v}")),
+            kube_context: self.kube_context.clone(),
+        }
+    }
+}
+
+/// Flags of the `lockwarden` command itself.
+#[derive(Args, Clone, Debug, Default)]
+pub struct GlobalArgs {
+    /// Log more to stderr (-v: info, -vv: debug); LOCKWARDEN_LOG takes a tracing filter
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Log line format: text, or json (one object per line, e.g. for the controller)
+    #[arg(
+        long,
+        value_enum,
+        env = "LOCKWARDEN_LOG_FORMAT",
+        default_value_t,
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Lease of a lock taken by `lock`. Nothing renews it once the command has exited, so
+/// it is long; `unlock` ends it earlier, `--lease` changes it.
+pub const DEFAULT_LEASE: &str = "1h";
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+The lock is not renewed once `lock` has exited: it stays held until `unlock` or until its \
+lease runs out (default 1h, unlike s3lock's locks, which never expire), after which another \
+`lock` may take it over. On ZooKeeper (zk://) a lock lives as long as a session, so `lock` \
+leaves a background process holding the session until `unlock` or the end of the lease.")]
+pub struct LockArgs {
+    /// The lock: s3://BUCKET/KEY, dynamodb://TABLE/KEY, zk://HOST:PORT[,HOST:PORT...]/PATH or k8s://NAMESPACE/LEASE-NAME
+    #[arg(value_name = "URL", value_parser = parse_target)]
+    pub url: Target,
+
+    /// Wait up to this long for the lock (seconds, or a duration such as 5m); 0 = do not wait
+    #[arg(short, long, value_name = "SECS", value_parser = parse_wait)]
+    pub wait: Option<Duration>,
+
+    /// Lock file to write [default: <last path segment>.lock]
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Take the lock over from its holder (a write conditioned on the version just read,
+    /// never a blind overwrite); with --wait, only once the wait has run out
+    #[arg(short, long)]
+    pub force: bool,
+
+    /// How long the lock stays held without `unlock`
+    #[arg(long, value_name = "DURATION", default_value = DEFAULT_LEASE, value_parser = parse_lease)]
+    pub lease: Duration,
+
+    /// Holder identity stored with the lock [default: user@host:pid]
+    #[arg(long, value_name = "ID", value_parser = parse_holder)]
+    pub holder: Option<String>,
+
+    /// Free text stored with the lock (shown by `status`)
+    #[arg(long, value_name = "TEXT")]
+    pub data: Option<String>,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Internal: be the process that keeps a ZooKeeper lock's session.
+    #[arg(long, hide = true)]
+    pub keeper: bool,
+}
+
+impl LockArgs {
+    pub fn output_path(&self) -> PathBuf {
+        self.output
+            .clone()
+            .unwrap_or_else(|| LockFile::default_path(&self.url))
+    }
+
+    pub fn request(&self) -> AcquireRequest {
+        AcquireRequest {
+            holder: self.holder.clone().unwrap_or_else(default_holder),
+            lease: self.lease,
+            data: self.data.clone(),
+            force: self.force,
+        }
+    }
+}
+
+/// `user@host:pid`, the default holder identity.
+pub fn default_holder() -> String {
+    format!(
+        "{}@{}:{}",
+        sys::username(),
+        sys::hostname(),
+        std::process::id()
+    )
+}
+
+/// A lock URL.
+pub fn parse_target(s: &str) -> Result<Target, TargetError> {
+    Target::parse(s)
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ValueError(String);
+
+/// The longest wait or lease: what the clock can add to now everywhere (68 years).
+const LONGEST: Duration = Duration::from_secs(i32::MAX as u64);
+
+/// A positive duration in Go's form, as everywhere else in lockwarden
+/// ([`crate::duration`]): `30s`, `5m`, `1h30m`, `1500ms`, `1.5h`.
+pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
+    let d = parse_go_duration(s.trim()).map_err(|e| {
+        ValueError(format!(
+            "{s:?} is not a duration ({e}): expected e.g. 30s, 5m, 1h30m"
+        ))
+    })?;
+    if d.is_zero() {
+        return Err(ValueError(format!(
+            "{s:?}: the duration must be greater than zero"
+        )));
+    }
+    Ok(d)
+}
+
+/// A lease: a duration of at least one second (backends store whole seconds or
+/// milliseconds, and renewals need time), at most 68 years.
+pub fn parse_lease(s: &str) -> Result<Duration, ValueError> {
+    const TOO_LONG: &str = "a lease must be at most 68 years";
+    let d = match parse_go_duration(s.trim()) {
+        Err(DurationError::Overflow) => {
+            return Err(ValueError(format!(
+                "{s:?} is not a duration lockwarden can use (out of range): {TOO_LONG}"
+            )));
+        }
+        _ => parse_duration(s)?,
+    };
+    if d < Duration::from_secs(1) {
+        return Err(ValueError(format!("{s:?}: a lease must be at least 1s")));
+    }
+    if d > LONGEST {
+        return Err(ValueError(format!("{s:?}: {TOO_LONG}")));
+    }
+    Ok(d)
+}
+
+/// `--wait`: whole seconds (as s3lock's `--wait=UINT`) or a duration; 0 = do not wait.
+/// At most 68 years, as a lease.
+pub fn parse_wait(s: &str) -> Result<Duration, ValueError> {
+    let t = s.trim();
+    let d = match t.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => parse_go_duration(t).map_err(|_| {
+            ValueError(format!(
+                "{s:?} is not a number of seconds or a duration: expected e.g. 10, 90s or 5m"
+            ))
+        })?,
+    };
+    if d > LONGEST {
+        return Err(ValueError(format!(
+            "{s:?}: a wait must be at most 68 years"
+        )));
+    }
+    Ok(d)
+}
+
+/// A holder identity: printable, non-empty, at most 256 characters.
+pub fn parse_holder(s: &str) -> Result<String, ValueError> {
+    if s.trim().is_empty() {
+        return Err(ValueError("the holder must not be empty".into()));
+    }
+    if s.chars().any(char::is_control) || s.chars().count() > 256 {
+        return Err(ValueError(format!(
+            "{s:?}: the holder must be printable and at most 256 characters"
+        )));
+    }
+    Ok(s.to_string())
+}
+
+fn parse_endpoint(s: &str) -> Result<String, ValueError> {
+    let ok = (s.starts_with("http://") || s.starts_with("https://"))
+        && s.split_once("://").is_some_and(|(_, h)| !h.is_empty());
+    if !ok {
+        return Err(ValueError(format!(
+            "{s:?} is not an endpoint URL: expected http(s)://HOST[:PORT]"
+        )));
+    }
+    Ok(s.to_string())
+}
+
+fn parse_region(s: &str) -> Result<String, ValueError> {
+    if s.is_empty()
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(ValueError(format!(
+            "{s:?} is not a region name: expected e.g. eu-west-1"
+        )));
+    }
+    Ok(s.to_string())
+}
+
+fn parse_attribute_name(s: &str) -> Result<String, ValueError> {
+    crate::lock::names::dynamodb_attribute_name(s).map_err(|e| {
+        ValueError(format!(
+            "{s:?}: an attribute name has 1-255 characters ({e})"
+        ))
+    })?;
+    Ok(s.to_string())
+}
+
+fn parse_sort_key(s: &str) -> Result<(String, String), ValueError> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() && !value.is_empty() => {
+            crate::lock::names::dynamodb_sort_key_value(value)
+                .map_err(|e| ValueError(format!("{s:?}: {e}")))?;
+            Ok((parse_attribute_name(name)?, value.to_string()))
+        }
+        _ => Err(ValueError(format!(
+            "{s:?}: expected NAME=VALUE, e.g. sk=lock"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_takes_seconds_or_durations() {
+        assert_eq!(parse_wait("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_wait("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_wait("1m30s").unwrap(), Duration::from_secs(90));
+        assert!(parse_wait("-5").is_err());
+        assert!(parse_wait("soon").is_err());
+        // Beyond what the clock can add to now (it panicked before).
+        assert!(
+            parse_wait("18446744073709551615")
+                .unwrap_err()
+                .to_string()
+                .contains("at most 68 years")
+        );
+    }
+
+    #[test]
+    fn leases_are_at_least_a_second() {
+        assert_eq!(parse_lease("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_lease("999ms").is_err());
+        assert!(parse_lease("0s").is_err());
+        assert!(parse_lease("100 years").is_err());
+        assert!(
+            parse_duration("10parsecs")
+                .unwrap_err()
+                .to_string()
+                .contains("30s, 5m")
+        );
+    }
+
+    #[test]
+    fn durations_are_go_durations() {
+        // Every form --help and the documentation show.
+        for (text, want) in [
+            ("30s", 30),
+            ("5m", 300),
+            ("1h30m", 5400),
+            ("90s", 90),
+            ("10s", 10),
+            ("1h", 3600),
+        ] {
+            assert_eq!(
+                parse_duration(text).unwrap(),
+                Duration::from_secs(want),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            parse_duration("1500ms").unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        // humantime's prose forms are gone with it: one syntax everywhere.
+        assert!(parse_duration("2days").is_err());
+        assert!(parse_duration("1h 30m").is_err());
+        let overflow = parse_lease("1000000000h").unwrap_err().to_string();
+        assert!(overflow.contains("at most 68 years"), "{overflow}");
+    }
+}

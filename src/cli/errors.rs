@@ -1,0 +1,201 @@
+//! Why a command failed ([`CliError`]) and the exit status each failure maps to.
+
+use std::time::Duration;
+
+use super::lockfile::LockFileError;
+use crate::backend::{ConnectError, TargetError};
+use crate::lock::{HeldBy, LockError};
+
+/// Exit codes of every command.
+pub mod exit {
+    /// Success (`run`: the command's own exit status instead).
+    pub const OK: u8 = 0;
+    /// The backend failed or refused, a lock file is missing or corrupt, the lock was
+    /// already unlocked, an I/O error.
+    pub const ERROR: u8 = 1;
+    /// The command line is malformed: URL, flag, duration.
+    pub const USAGE: u8 = 2;
+    /// The lock is held by someone else (at once, or still when `--wait` ran out;
+    /// `unlock`: lock mismatch, it was taken over).
+    pub const HELD: u8 = 3;
+    /// `run`: the lock was lost while the command ran; the command was terminated.
+    pub const LOST: u8 = 4;
+    /// `run`: the command could not be executed (permission denied).
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// `run`: the command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+/// The exit codes, as `lockwarden --help` shows them.
+pub const EXIT_CODES_HELP: &str = "\
+Exit status:
+  0    success (run: the exit status of COMMAND, 128+N if a signal N killed it)
+  1    error: backend unreachable or refusing, lock file missing or corrupt, already unlocked
+  2    usage error: malformed URL, flag or duration
+  3    the lock is held by someone else (also when --wait runs out; unlock: lock mismatch)
+  4    run: the lock was lost while COMMAND ran; COMMAND got SIGTERM (SIGKILL after --grace)
+  126  run: COMMAND could not be executed; 127: COMMAND not found
+
+Lock URLs:
+  s3://BUCKET/KEY                          S3 object (conditional writes)
+  dynamodb://TABLE/KEY                     DynamoDB item (dynamolock-compatible attributes)
+  zk://HOST:PORT[,HOST:PORT...]/PATH       ZooKeeper queue of ephemeral sequential znodes
+  k8s://NAMESPACE/LEASE-NAME               Kubernetes coordination.k8s.io/v1 Lease
+
+AWS settings come from the SDK's default chain (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE,
+credentials); Kubernetes from KUBECONFIG, ~/.kube/config or the in-cluster service account.";
+
+/// Why a command failed. The message names the lock URL (or the lock file) and the
+/// cause; [`CliError::exit_code`] says which exit status it maps to.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Usage(String),
+
+    #[error(transparent)]
+    Target(#[from] TargetError),
+
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+
+    #[error(transparent)]
+    LockFile(#[from] LockFileError),
+
+    #[error("{url}: lock already held by {}", held_by(by))]
+    Held { url: String, by: HeldBy },
+
+    #[error("{url}: lock already held{} (gave up after waiting {})", by.as_ref().map(|b| format!(" by {}", held_by(b))).unwrap_or_default(), humantime::format_duration(round(*waited)))]
+    TimedOut {
+        url: String,
+        waited: Duration,
+        by: Option<HeldBy>,
+    },
+
+    #[error(
+        "{url}: lock already held: the stored record is not a lockwarden lock ({found}); --force takes it over"
+    )]
+    Foreign { url: String, found: String },
+
+    #[error("{url}: already unlocked{}", detail.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    AlreadyUnlocked { url: String, detail: Option<String> },
+
+    #[error("{url}: lock mismatch: {detail}")]
+    Mismatch { url: String, detail: String },
+
+    #[error("{url}: lock lost while the command ran: {reason}; {action}")]
+    Lost {
+        url: String,
+        reason: String,
+        action: String,
+    },
+
+    #[error("{url}: cannot run {command:?}: {source}")]
+    Spawn {
+        url: String,
+        command: String,
+        source: std::io::Error,
+    },
+
+    #[error("{0}")]
+    Lock(LockError),
+
+    /// A message already formatted elsewhere (the ZooKeeper session keeper's), with
+    /// its exit code.
+    #[error("{message}")]
+    Reported { code: u8, message: String },
+
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}
+
+fn round(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64 / 100 * 100)
+}
+
+/// `holder (fence N) since T`: keeps s3lock's "lock already held" and names the fence.
+fn held_by(by: &HeldBy) -> String {
+    let mut s = format!("{} (fence {})", by.holder, by.fence);
+    if let Some(since) = by.since.filter(|t| *t > std::time::UNIX_EPOCH) {
+        s.push_str(&format!(" since {}", crate::lock::rfc3339(since)));
+    }
+    s
+}
+
+impl From<LockError> for CliError {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Held { url, by } => CliError::Held { url, by },
+            LockError::Timeout { url, waited, by } => CliError::TimedOut { url, waited, by },
+            LockError::Foreign { url, found } => CliError::Foreign {
+                url,
+                found: found.to_string(),
+            },
+            other => CliError::Lock(other),
+        }
+    }
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) | CliError::Target(_) => exit::USAGE,
+            CliError::Held { .. }
+            | CliError::TimedOut { .. }
+            | CliError::Foreign { .. }
+            | CliError::Mismatch { .. } => exit::HELD,
+            CliError::Lost { .. } => exit::LOST,
+            CliError::Spawn { source, .. } => match source.kind() {
+                std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+                _ => exit::CANNOT_EXECUTE,
+            },
+            CliError::Reported { code, .. } => *code,
+            CliError::Connect(_)
+            | CliError::LockFile(_)
+            | CliError::AlreadyUnlocked { .. }
+            | CliError::Lock(_)
+            | CliError::Io { .. } => exit::ERROR,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        let by = HeldBy {
+            holder: "h".into(),
+            fence: crate::lock::FenceToken(4),
+            since: None,
+        };
+        let held = CliError::from(LockError::Held {
+            url: "s3://b/k".into(),
+            by: by.clone(),
+        });
+        assert_eq!(held.exit_code(), exit::HELD);
+        assert_eq!(
+            held.to_string(),
+            "s3://b/k: lock already held by h (fence 4)"
+        );
+        let timed_out = CliError::from(LockError::Timeout {
+            url: "s3://b/k".into(),
+            waited: Duration::from_millis(2049),
+            by: Some(by),
+        });
+        assert_eq!(timed_out.exit_code(), exit::HELD);
+        assert!(
+            timed_out
+                .to_string()
+                .ends_with("(gave up after waiting 2s)")
+        );
+        let unavailable = CliError::from(LockError::Unavailable {
+            url: "s3://b/k".into(),
+            cause: "down".into(),
+        });
+        assert_eq!(unavailable.exit_code(), exit::ERROR);
+    }
+}

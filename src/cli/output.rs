@@ -1,0 +1,116 @@
+//! What commands print: one-line errors and warnings on stderr, s3lock's "has been
+//! locked" lines on stdout.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::Path;
+
+use super::exit;
+use crate::backend::Target;
+use crate::lock::Lease;
+
+/// Prints `lockwarden: error: …` on one line (a message with line breaks is joined).
+pub fn print_error(message: &str) {
+    let line = one_line(message);
+    let _ = writeln!(std::io::stderr(), "lockwarden: error: {line}");
+}
+
+/// Prints `lockwarden: warning: …`.
+pub fn print_warning(message: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "lockwarden: warning: {}",
+        one_line(message)
+    );
+}
+
+fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Renders a command-line parsing error as one line and returns its exit code. Help
+/// and version requests print as usual and succeed.
+pub fn report_parse_error(err: clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match err.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = err.print();
+            if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                exit::USAGE
+            } else {
+                exit::OK
+            }
+        }
+        _ => {
+            // clap renders "error: MESSAGE\n  details…\n\nUsage: …\n\nFor more information…".
+            let rendered = err.render().to_string();
+            let mut message = Vec::new();
+            let mut usage = None;
+            for line in rendered.lines() {
+                let line = line.trim();
+                if let Some(u) = line.strip_prefix("Usage: ") {
+                    usage = Some(u.to_string());
+                } else if line.is_empty() || line.starts_with("For more information") {
+                    continue;
+                } else if usage.is_none() {
+                    message.push(line.strip_prefix("error: ").unwrap_or(line).to_string());
+                }
+            }
+            let mut line = message.join(" ").replace(" tip: ", "; tip: ");
+            if let Some(usage) = usage {
+                line.push_str(&format!(" (usage: {usage})"));
+            }
+            print_error(&line);
+            exit::USAGE
+        }
+    }
+}
+
+/// The command line of `run`'s child, for messages.
+pub(super) fn display_command(command: &[OsString]) -> String {
+    const SHOWN: usize = 60;
+    let full = command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    if full.chars().count() <= SHOWN {
+        full
+    } else {
+        full.chars().take(SHOWN).chain(['…']).collect()
+    }
+}
+
+/// Prints s3lock's two lines, and a warning after a takeover.
+pub(super) fn report_locked(target: &Target, lease: &Lease, path: &Path) {
+    if let Some(from) = &lease.forced_from {
+        print_warning(&format!(
+            "{target}: took the lock over from {} (fence {})",
+            from.holder, from.fence
+        ));
+    }
+    report_locked_lines(target, path);
+}
+
+/// s3lock's `… has been locked` and `create FILE`.
+pub(super) fn report_locked_lines(target: &Target, path: &Path) {
+    println!("{target} has been locked");
+    println!("create {}", path.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_become_one_line() {
+        assert_eq!(one_line("a\n  b\n\nc"), "a b c");
+    }
+}

@@ -1,0 +1,293 @@
+//! The pure Job-gate decisions: annotations → settings, Job → phase, lock → standing,
+//! standing + settings → action.
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::json;
+
+use super::*;
+use crate::api::DistributedLockSpec;
+use crate::api::conditions::condition;
+
+fn job(annotations: serde_json::Value, spec: serde_json::Value) -> Job {
+    let mut spec = spec;
+    spec["template"] = json!({ "spec": { "containers": [] } });
+    serde_json::from_value(json!({
+        "metadata": { "name": "j", "uid": "0123456789ab", "annotations": annotations },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn gated(extra: &[(&str, &str)]) -> Job {
+    let mut annotations = json!({ LOCK_ANNOTATION: "db" });
+    for (k, v) in extra {
+        annotations[*k] = json!(v);
+    }
+    job(annotations, json!({ "suspend": true }))
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// A lock in `phase` with `fence`, its Acquired condition `acquired` for `reason`.
+fn lock(phase: LockPhase, fence: i64, acquired: bool, why: &str) -> DistributedLock {
+    let mut lock = DistributedLock::new("db", DistributedLockSpec::default());
+    lock.metadata.generation = Some(1);
+    lock.status = Some(crate::api::DistributedLockStatus {
+        phase: Some(phase),
+        fence: Some(fence),
+        holder: Some("c/ns/db".into()),
+        observed_generation: Some(1),
+        conditions: vec![condition(ACQUIRED, acquired, why, "msg", Some(1), now())],
+        ..Default::default()
+    });
+    lock
+}
+
+#[test]
+fn settings_default_to_suspend_without_grace() {
+    let s = settings(&gated(&[])).unwrap().unwrap();
+    assert_eq!(s.gate, Gate::Named("db".into()));
+    assert_eq!(s.on_lock_lost, OnLockLost::Suspend);
+    assert_eq!(s.lost_grace, Duration::ZERO);
+}
+
+#[test]
+fn on_lock_lost_values_and_a_bad_one() {
+    for (value, policy) in [
+        ("suspend", OnLockLost::Suspend),
+        ("fail", OnLockLost::Fail),
+        ("ignore", OnLockLost::Ignore),
+    ] {
+        let s = settings(&gated(&[(ON_LOCK_LOST_ANNOTATION, value)])).unwrap();
+        assert_eq!(s.unwrap().on_lock_lost, policy);
+    }
+    let err = settings(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")])).unwrap_err();
+    assert!(err.contains(ON_LOCK_LOST_ANNOTATION), "{err}");
+    assert!(err.contains("suspend, fail, ignore"), "{err}");
+}
+
+#[test]
+fn lost_grace_must_end_before_the_earliest_takeover() {
+    let max = max_lost_grace(&SafetyMargins::default());
+    // grace 250 ms × (1 − 0.02) + margin 250 ms
+    assert_eq!(max, Duration::from_millis(495));
+    let s = settings(&gated(&[(LOST_GRACE_ANNOTATION, "300ms")])).unwrap();
+    assert_eq!(s.unwrap().lost_grace, Duration::from_millis(300));
+    for too_long in ["495ms", "1s", "30s"] {
+        let err = settings(&gated(&[(LOST_GRACE_ANNOTATION, too_long)])).unwrap_err();
+        assert!(err.contains("another holder may acquire"), "{err}");
+        assert!(err.contains("495ms"), "{err}");
+    }
+    let err = settings(&gated(&[(LOST_GRACE_ANNOTATION, "soon")])).unwrap_err();
+    assert!(err.contains(LOST_GRACE_ANNOTATION), "{err}");
+}
+
+#[test]
+fn gate_annotations() {
+    assert_eq!(settings(&job(json!({}), json!({}))).unwrap(), None);
+    let both = job(
+        json!({ LOCK_ANNOTATION: "a", TEMPLATE_ANNOTATION: "b" }),
+        json!({}),
+    );
+    assert!(settings(&both).unwrap_err().contains("both"));
+    let other_ns = job(json!({ TEMPLATE_ANNOTATION: "ns/b" }), json!({}));
+    assert!(
+        settings(&other_ns)
+            .unwrap_err()
+            .contains("another namespace")
+    );
+    let bad = job(json!({ LOCK_ANNOTATION: "Not_A_Name" }), json!({}));
+    assert!(
+        settings(&bad)
+            .unwrap_err()
+            .contains("invalid DistributedLock name")
+    );
+}
+
+#[test]
+fn phases_of_a_job() {
+    assert_eq!(phase(&gated(&[])), JobPhase::Gated);
+    let unsuspended = job(
+        json!({ LOCK_ANNOTATION: "db" }),
+        json!({ "suspend": false }),
+    );
+    assert_eq!(phase(&unsuspended), JobPhase::NotSuspended);
+
+    let mut started = gated(&[]);
+    started.spec.as_mut().unwrap().suspend = Some(false);
+    started.spec.as_mut().unwrap().template.metadata =
+        Some(serde_json::from_value(json!({ "annotations": { FENCE_ANNOTATION: "7" } })).unwrap());
+    assert_eq!(phase(&started), JobPhase::Running);
+    assert_eq!(template_fence(&started), Some(7));
+
+    // Suspended after a loss: gated again, remembering the fence it lost.
+    let mut regated = started.clone();
+    regated.spec.as_mut().unwrap().suspend = Some(true);
+    regated
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(LOST_FENCE_ANNOTATION.into(), "7".into());
+    assert_eq!(phase(&regated), JobPhase::Gated);
+    assert_eq!(lost_fence(&regated), Some(7));
+
+    let mut stopped = regated.clone();
+    stopped
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(STOPPED_ANNOTATION.into(), "Lost".into());
+    assert_eq!(phase(&stopped), JobPhase::Stopped);
+
+    let mut finished_job = started.clone();
+    finished_job.status = Some(
+        serde_json::from_value(json!({ "conditions": [
+            { "type": "SuccessCriteriaMet", "status": "True" },
+        ]}))
+        .unwrap(),
+    );
+    assert_eq!(phase(&finished_job), JobPhase::Running, "not terminal yet");
+    finished_job.status = Some(
+        serde_json::from_value(json!({ "conditions": [
+            { "type": "Complete", "status": "True" },
+        ]}))
+        .unwrap(),
+    );
+    assert_eq!(phase(&finished_job), JobPhase::Finished);
+}
+
+#[test]
+fn standing_of_a_running_jobs_lock() {
+    let held_lock = lock(LockPhase::Held, 7, true, reason::LEASE_HELD);
+    assert_eq!(
+        standing(Some(&held_lock), "db", Some(7)),
+        LockStanding::Held
+    );
+    // Held, but with another fence: a new acquisition is not the one the Job ran with.
+    assert!(matches!(
+        standing(Some(&held_lock), "db", Some(6)),
+        LockStanding::NotHeld {
+            reason: "NotHeld",
+            may_recover: false,
+            ..
+        }
+    ));
+    let expiring = lock(LockPhase::Held, 7, false, reason::LEASE_EXPIRING);
+    assert!(matches!(
+        standing(Some(&expiring), "db", Some(7)),
+        LockStanding::NotHeld {
+            reason: reason::LEASE_EXPIRING,
+            may_recover: true,
+            ..
+        }
+    ));
+    let lost = lock(LockPhase::Lost, 7, false, reason::LOST);
+    assert!(matches!(
+        standing(Some(&lost), "db", Some(7)),
+        LockStanding::NotHeld {
+            reason: reason::LOST,
+            may_recover: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        standing(None, "db", Some(7)),
+        LockStanding::NotHeld {
+            reason: "LockDeleted",
+            ..
+        }
+    ));
+    // A spec edit not yet reported on (generation ahead) is not a loss.
+    let mut edited = held_lock.clone();
+    edited.metadata.generation = Some(2);
+    assert_eq!(standing(Some(&edited), "db", Some(7)), LockStanding::Held);
+}
+
+#[test]
+fn actions_for_a_lock_not_held() {
+    let settings = |policy, grace_ms| Settings {
+        gate: Gate::Named("db".into()),
+        on_lock_lost: policy,
+        lost_grace: Duration::from_millis(grace_ms),
+    };
+    let expiring = LockStanding::NotHeld {
+        reason: reason::LEASE_EXPIRING,
+        why: String::new(),
+        may_recover: true,
+    };
+    let lost = LockStanding::NotHeld {
+        reason: reason::LOST,
+        why: String::new(),
+        may_recover: false,
+    };
+    let zero = Duration::ZERO;
+    let s = settings(OnLockLost::Suspend, 0);
+    assert_eq!(
+        running_action(&LockStanding::Held, &s, zero),
+        RunningAction::Continue
+    );
+    assert_eq!(running_action(&expiring, &s, zero), RunningAction::Stop);
+    assert_eq!(
+        running_action(&expiring, &settings(OnLockLost::Fail, 0), zero),
+        RunningAction::Stop
+    );
+    assert_eq!(
+        running_action(&expiring, &settings(OnLockLost::Ignore, 300), zero),
+        RunningAction::Warn
+    );
+    // Grace rides out an expiring lease, not a lost one.
+    let graced = settings(OnLockLost::Suspend, 300);
+    assert_eq!(
+        running_action(&expiring, &graced, Duration::from_millis(100)),
+        RunningAction::WaitGrace(Duration::from_millis(200))
+    );
+    assert_eq!(
+        running_action(&expiring, &graced, Duration::from_millis(300)),
+        RunningAction::Stop
+    );
+    assert_eq!(running_action(&lost, &graced, zero), RunningAction::Stop);
+}
+
+#[test]
+fn an_old_acquisition_is_let_go_before_a_restart() {
+    assert!(is_old_acquisition(
+        &lock(LockPhase::Held, 7, true, reason::LEASE_HELD),
+        7
+    ));
+    assert!(is_old_acquisition(
+        &lock(LockPhase::Lost, 7, false, reason::LOST),
+        7
+    ));
+    assert!(!is_old_acquisition(
+        &lock(LockPhase::Held, 8, true, reason::LEASE_HELD),
+        7
+    ));
+    // Released (or waiting for a new acquisition): nothing left to let go.
+    assert!(!is_old_acquisition(
+        &lock(LockPhase::Released, 7, false, reason::RELEASED),
+        7
+    ));
+    assert!(!is_old_acquisition(
+        &lock(LockPhase::Waiting, 7, false, reason::WAITING),
+        7
+    ));
+}
+
+#[test]
+fn pods_of_a_suspended_job() {
+    let mut j = gated(&[]);
+    assert!(pods_gone(&j));
+    j.status = Some(serde_json::from_value(json!({ "active": 1 })).unwrap());
+    assert!(!pods_gone(&j));
+    j.status = Some(serde_json::from_value(json!({ "active": 0, "terminating": 1 })).unwrap());
+    assert!(!pods_gone(&j));
+    j.status = Some(serde_json::from_value(json!({ "active": 0 })).unwrap());
+    assert!(pods_gone(&j));
+}

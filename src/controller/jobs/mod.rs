@@ -1,0 +1,258 @@
+//! Job gating (docs/design.md §6, §6.1): a second controller, over `batch/v1` Jobs that
+//! carry `lockwarden.io/lock: NAME` (claim the existing DistributedLock NAME) or
+//! `lockwarden.io/lock-template: NAME` (a per-Job DistributedLock copied from NAME).
+//!
+//! It never talks to a backend: it only creates, claims, releases and deletes
+//! `DistributedLock` objects and reads their status, which the lock controller
+//! ([`super::reconcile`]) maintains. So it has no backend-kind branches at all.
+//!
+//! Reconcile dispatches on [`gate::phase`] to one phase function ([`phases`]):
+//!
+//! - deleted (our finalizer is set) → let the lock go, drop the finalizer;
+//! - bad annotations → Warning Event, the Job stays as it is (never started);
+//! - finished (`Complete` or `Failed`) → let the lock go, drop the finalizer;
+//! - running (started by us: the pod template carries `lockwarden.io/fence`) → watch
+//!   the lock; once it is no longer held, act on `lockwarden.io/on-lock-lost`:
+//!   `suspend` (default) suspends the Job — one patch conditioned on its
+//!   resourceVersion — so the Job controller deletes its Pods, lets the lock go and
+//!   gates the Job again; `fail` does the same and marks it stopped for good;
+//!   `ignore` only warns;
+//! - not suspended → Warning Event: it cannot be gated;
+//! - gated → add the finalizer; claim the named lock or create the per-Job lock; once
+//!   it is `Acquired=True` for this Job at its current generation with a fence (higher
+//!   than the one a stopped Job ran with), one write sets the pod-template annotations
+//!   (`lockwarden.io/fence`, `/holder`, `/lock`) *and* `spec.suspend=false`,
+//!   conditioned on the Job's resourceVersion; otherwise the Job stays suspended and
+//!   `lockwarden.io/status` (plus an Event when it changes) says why.
+//!
+//! "Let the lock go": a per-Job lock is deleted (its finalizer releases it in the
+//! store); a named lock gets `spec.release: true` and loses its claim in one write, so
+//! the next Job naming it re-acquires it (a new acquisition, a higher fence). A Job
+//! stopped after a loss is "the next Job" of its own lock: that is how it re-acquires
+//! although `Lost` is final for a lock's generation.
+//!
+//! Wake-ups: the Job watch, plus a watch on DistributedLocks mapped to the Jobs that
+//! own, claim or name each lock, so a lock's status change reconciles its Jobs.
+
+mod gate;
+mod locks;
+mod phases;
+mod writes;
+
+pub use gate::{
+    Gate, JobPhase, OnLockLost, Settings, finished, max_lost_grace, per_job_lock_name, settings,
+};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use tokio::time::Instant;
+
+use super::{ControllerConfig, FINALIZER};
+use crate::api::DistributedLock;
+use crate::telemetry::Telemetry;
+
+/// Job annotation: the Job claims the DistributedLock of this name (same namespace).
+pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
+/// Job annotation: the Job gets its own DistributedLock, spec copied from this one.
+pub const TEMPLATE_ANNOTATION: &str = "lockwarden.io/lock-template";
+/// Job annotation: what to do once a running Job's lock is no longer held
+/// (`suspend`, the default; `fail`; `ignore`).
+pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
+/// Job annotation: how long a lock past its holder deadline may stay so before the Job
+/// is stopped (a duration, less than [`max_lost_grace`]; zero by default).
+pub const LOST_GRACE_ANNOTATION: &str = "lockwarden.io/lost-grace";
+/// Job annotation, written by lockwarden: the fence a Job ran with when it was
+/// suspended after losing its lock; the Job waits for the lock again.
+pub const LOST_FENCE_ANNOTATION: &str = "lockwarden.io/lost-fence";
+/// Job annotation, written by lockwarden: why it stopped the Job for good
+/// (`on-lock-lost: fail`); such a Job is never unsuspended again.
+pub const STOPPED_ANNOTATION: &str = "lockwarden.io/stopped";
+/// Pod-template annotation: the fencing token the Job was started with.
+pub const FENCE_ANNOTATION: &str = "lockwarden.io/fence";
+/// Pod-template annotation: the holder identity written in the lock store.
+pub const HOLDER_ANNOTATION: &str = "lockwarden.io/holder";
+/// Job annotation: why the Job is (still) suspended, or what the controller did.
+pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
+/// DistributedLock annotation: `<job name>/<job uid>` of the Job that claims it.
+pub const CLAIM_ANNOTATION: &str = "lockwarden.io/claimed-by";
+
+/// Safety net for a waiting Job: lock changes arrive through the watch.
+const WAITING_RESYNC: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// What the Job controller's reconciles share.
+pub struct JobContext {
+    pub client: kube::Client,
+    pub config: ControllerConfig,
+    recorder: Recorder,
+    /// The Controller's cache of Jobs.
+    jobs: Store<Job>,
+    pub telemetry: Arc<Telemetry>,
+    /// Job uid → when this controller first saw its lock not held while it ran (for
+    /// `lockwarden.io/lost-grace`). In memory, so a controller restarted while a lock
+    /// is `LeaseExpiring` starts the grace afresh (a known limit: the restart itself
+    /// usually takes longer than the takeover gap, and the resumed lock then reports
+    /// `Held` or `Lost`).
+    not_held_since: Mutex<HashMap<String, Instant>>,
+}
+
+impl JobContext {
+    pub fn new(
+        client: kube::Client,
+        config: ControllerConfig,
+        jobs: Store<Job>,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: config.reporter.clone(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        JobContext {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            jobs,
+            telemetry,
+            not_held_since: Mutex::default(),
+        }
+    }
+
+    async fn event(&self, job: &Job, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        // With the resourceVersion: see `writes::report`.
+        let mut regarding = job.object_ref(&());
+        regarding.resource_version = job.resource_version();
+        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
+            tracing::debug!(error = %e, "cannot publish event");
+        }
+    }
+
+    /// How long the lock of Job `uid` has been seen not held (zero the first time).
+    fn not_held_for(&self, uid: &str) -> Duration {
+        let mut since = self.not_held_since.lock().expect("not_held_since");
+        since
+            .entry(uid.to_string())
+            .or_insert_with(Instant::now)
+            .elapsed()
+    }
+
+    fn forget_not_held(&self, uid: &str) {
+        self.not_held_since
+            .lock()
+            .expect("not_held_since")
+            .remove(uid);
+    }
+}
+
+pub fn error_policy(_job: Arc<Job>, err: &JobError, _ctx: Arc<JobContext>) -> Action {
+    tracing::debug!(error = %err, "job reconcile failed; retrying");
+    // Mostly a lost race on a resourceVersion precondition: retry soon.
+    Action::requeue(Duration::from_secs(1))
+}
+
+/// Runs the Job controller until its watch stream ends (it does not on its own).
+pub async fn run(client: kube::Client, config: ControllerConfig, telemetry: Arc<Telemetry>) {
+    let (jobs, locks): (Api<Job>, Api<DistributedLock>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let controller = Controller::new(jobs, watcher::Config::default());
+    let store = controller.store();
+    let ctx = Arc::new(JobContext::new(client, config, store.clone(), telemetry));
+    controller
+        .watches(locks, watcher::Config::default(), move |lock| {
+            jobs_of_lock(&lock, &store.state())
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((job, _)) => tracing::trace!(%job, "job reconciled"),
+                Err(e) => tracing::debug!(error = %e, "job reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// The Jobs a lock change concerns: its owner (a per-Job lock), its claimant, and every
+/// Job that names it, as its lock (waiting for the claim to go) or as its template
+/// (waiting for it to exist).
+pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<Job>> {
+    let ns = lock.namespace().unwrap_or_default();
+    let name = lock.name_any();
+    let mut refs: Vec<ObjectRef<Job>> = lock
+        .owner_references()
+        .iter()
+        .filter(|o| o.kind == "Job" && o.api_version == "batch/v1")
+        .map(|o| ObjectRef::new(&o.name).within(&ns))
+        .collect();
+    if let Some((job, _uid)) = lock
+        .annotations()
+        .get(CLAIM_ANNOTATION)
+        .and_then(|c| c.split_once('/'))
+    {
+        refs.push(ObjectRef::new(job).within(&ns));
+    }
+    refs.extend(
+        jobs.iter()
+            .filter(|j| {
+                let a = j.annotations();
+                j.namespace().as_deref() == Some(ns.as_str())
+                    && (a.get(LOCK_ANNOTATION) == Some(&name)
+                        || a.get(TEMPLATE_ANNOTATION) == Some(&name))
+            })
+            .map(|j| ObjectRef::from_obj(&**j)),
+    );
+    refs.sort_by(|a, b| a.name.cmp(&b.name));
+    refs.dedup();
+    refs
+}
+
+/// One reconcile of a Job: read its settings and phase, run that phase's function.
+pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, JobError> {
+    let run = phases::Run::new(&ctx, &job);
+    let phase = gate::phase(&job);
+    // Letting go needs only the lock's name: a bad policy annotation must not keep a
+    // deleted or finished Job's lock.
+    match (phase, gate::gate(job.annotations())) {
+        (JobPhase::Deleted, gate) => return run.on_deleted(gate.ok().flatten()).await,
+        (JobPhase::Finished, Ok(Some(gate))) => return run.on_finished(&gate).await,
+        _ => {}
+    }
+    let settings = match settings(&job) {
+        Ok(Some(settings)) => settings,
+        Ok(None) => return run.on_ungated().await,
+        Err(message) => return run.on_invalid(message).await,
+    };
+    match phase {
+        JobPhase::Stopped => run.on_stopped(&settings).await,
+        JobPhase::Running => run.on_running(&settings).await,
+        JobPhase::NotSuspended => run.on_not_suspended(&settings).await,
+        JobPhase::Gated => run.start_or_explain(&settings).await,
+        // Handled above (a finished Job always has a valid gate by now).
+        JobPhase::Deleted | JobPhase::Finished => Ok(Action::await_change()),
+    }
+}

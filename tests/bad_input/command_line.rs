@@ -1,0 +1,186 @@
+//! Command-line arguments and lock files the binary must refuse before touching a store.
+
+use super::*;
+
+/// A lock file with every field valid, as `lock` writes it; cases change one thing.
+fn good_lock_file(url: &str) -> Value {
+    json!({
+        "url": url,
+        "holder": "h",
+        "nonce": "0123456789abcdef0123456789abcdef",
+        "fence": 1,
+        "version": "\"etag\"",
+        "lease": "1h",
+        "acquiredAt": "2025-01-01T00:00:00Z",
+        "format": 1,
+    })
+}
+
+fn with(mut file: Value, field: &str, value: Value) -> Vec<u8> {
+    file[field] = value;
+    serde_json::to_vec(&file).unwrap()
+}
+
+// ----- command line ---------------------------------------------------------------
+
+/// Arguments the binary must refuse before touching a store: exit 2 (usage) or 1
+/// (lock file), a one-line message naming what is wrong, and the bucket stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
+    let bucket = Moto::shared().new_bucket("bad-args").await;
+    let good = format!("s3://{bucket}/k");
+    let cli = cli();
+    let d = cli.dir();
+
+    let files: Vec<(&str, Vec<u8>)> = vec![
+        ("huge.lock", vec![b'x'; 10 << 20]),
+        ("binary.lock", vec![0x00, 0xff, 0xfe, 0x13, 0x80, 0x7f]),
+        ("array.lock", b"[]".to_vec()),
+        ("deep.lock", "[".repeat(100_000).into_bytes()),
+        (
+            "fence-type.lock",
+            with(good_lock_file(&good), "fence", json!("three")),
+        ),
+        (
+            "fence-negative.lock",
+            with(good_lock_file(&good), "fence", json!(-1)),
+        ),
+        (
+            "fence-huge.lock",
+            with(good_lock_file(&good), "fence", json!(1e30)),
+        ),
+        (
+            "format-type.lock",
+            with(good_lock_file(&good), "format", json!("1")),
+        ),
+        (
+            "nonce-empty.lock",
+            with(good_lock_file(&good), "nonce", json!("")),
+        ),
+        (
+            "holder-empty.lock",
+            with(good_lock_file(&good), "holder", json!("")),
+        ),
+        (
+            "url-number.lock",
+            with(good_lock_file(&good), "url", json!(42)),
+        ),
+        (
+            "bucket-mismatch.lock",
+            with(good_lock_file(&good), "Bucket", json!("other-bucket")),
+        ),
+        (
+            "zk-version.lock",
+            serde_json::to_vec(&good_lock_file("zk://127.0.0.1:1/x")).unwrap(),
+        ),
+    ];
+    for (name, bytes) in &files {
+        std::fs::write(d.join(name), bytes).unwrap();
+    }
+    std::fs::create_dir(d.join("dir.lock")).unwrap();
+
+    let long_key = format!("s3://{bucket}/{}", "k".repeat(1025));
+    let long_holder = "h".repeat(257);
+    let long_table = format!("dynamodb://{}/k", "t".repeat(256));
+    let long_lease_name = format!("k8s://ns/{}", "a".repeat(254));
+    let long_namespace = format!("k8s://{}/x", "n".repeat(64));
+    let long_attribute = "p".repeat(256);
+    let tab_key = format!("s3://{bucket}/a\tb");
+    let g = good.as_str();
+
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+        // lock URLs
+        (vec!["lock", ""], 2, vec!["is not a lock URL"]),
+        (vec!["lock", &long_key], 2, vec!["longer than 1024 bytes", "s3://BUCKET/KEY"]),
+        (vec!["lock", &tab_key], 2, vec!["control characters"]),
+        (vec!["lock", "s3://a..b/k"], 2, vec!["invalid bucket name \"a..b\""]),
+        (vec!["lock", "s3://-bucket/k"], 2, vec!["invalid bucket name"]),
+        (vec!["lock", "dynamodb://ta$ble/k"], 2, vec!["invalid table name \"ta$ble\""]),
+        (vec!["status", &long_table], 2, vec!["invalid table name"]),
+        (vec!["lock", "zk://h:70000/x"], 2, vec!["invalid port \"70000\""]),
+        (vec!["lock", "zk://h:-1/x"], 2, vec!["invalid port \"-1\""]),
+        (vec!["lock", "zk://[::1/x"], 2, vec!["invalid server address"]),
+        (vec!["lock", "zk://h!:1/x"], 2, vec!["invalid server host \"h!\""]),
+        (vec!["lock", "zk://h:1/a/./b"], 2, vec!["\".\""]),
+        (vec!["lock", "zk://h:1/a\u{1}b"], 2, vec!["control characters"]),
+        (vec!["status", &long_lease_name], 2, vec!["invalid Lease name"]),
+        (vec!["status", &long_namespace], 2, vec!["invalid namespace"]),
+        // durations and numbers, including ones too large for the clock
+        (vec!["lock", g, "--lease", "1000000000h"], 2, vec!["--lease", "at most 68 years"]),
+        (vec!["lock", g, "--lease=-5s"], 2, vec!["--lease", "not a duration"]),
+        (vec!["lock", g, "--lease", "99999999999999999999999s"], 2, vec!["--lease", "not a duration"]),
+        (vec!["lock", g, "--wait", "18446744073709551615"], 2, vec!["--wait", "at most 68 years"]),
+        (vec!["lock", g, "--wait", "99999999999999999999999"], 2, vec!["--wait"]),
+        (vec!["lock", g, "--wait=-1"], 2, vec!["--wait", "10, 90s or 5m"]),
+        (vec!["run", g, "--grace", "0s", "--", "true"], 2, vec!["--grace", "greater than zero"]),
+        (vec!["run", g, "--lease", "1h", "--lease", "2h", "--", "true"], 2, vec!["--lease", "cannot be used multiple times"]),
+        // flags
+        (vec!["lock", g, "--holder", "a\u{7}b"], 2, vec!["--holder", "printable"]),
+        (vec!["lock", g, "--holder", &long_holder], 2, vec!["at most 256 characters"]),
+        (vec!["lock", g, "--holder", "   "], 2, vec!["holder must not be empty"]),
+        (vec!["lock", g, "--region", "EU_WEST_1"], 2, vec!["not a region name"]),
+        (vec!["lock", g, "--partition-key", ""], 2, vec!["1-255 characters"]),
+        (vec!["lock", g, "--partition-key", &long_attribute], 2, vec!["1-255 characters"]),
+        (vec!["lock", g, "--sort-key", "=v"], 2, vec!["NAME=VALUE"]),
+        (vec!["lock", g, "--endpoint", "ftp://x"], 2, vec!["http(s)://HOST[:PORT]"]),
+        (vec!["lock", g, "--endpoint", "http://"], 2, vec!["http(s)://HOST[:PORT]"]),
+        (vec!["lock", g, "--log-format", "xml"], 2, vec!["'xml'"]),
+        (vec!["lock", g, "-o", "/nonexistent-dir/x.lock"], 1, vec!["/nonexistent-dir"]),
+        // lock files
+        (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
+        (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),
+        (vec!["unlock", "array.lock"], 1, vec!["not a lockwarden lock file"]),
+        (vec!["unlock", "deep.lock"], 1, vec!["not a lockwarden lock file", "invalid type"]),
+        (vec!["unlock", "fence-type.lock"], 1, vec!["invalid type", "three"]),
+        (vec!["unlock", "fence-negative.lock"], 1, vec!["invalid value", "-1"]),
+        (vec!["unlock", "fence-huge.lock"], 1, vec!["not a lockwarden lock file"]),
+        (vec!["unlock", "format-type.lock"], 1, vec!["invalid type"]),
+        (vec!["unlock", "nonce-empty.lock"], 1, vec!["empty nonce"]),
+        (vec!["unlock", "holder-empty.lock"], 1, vec!["empty holder"]),
+        (vec!["unlock", "url-number.lock"], 1, vec!["invalid type"]),
+        (vec!["unlock", "bucket-mismatch.lock"], 1, vec!["Bucket/Key do not match the url"]),
+        (vec!["unlock", "zk-version.lock"], 1, vec!["not a ZooKeeper entry"]),
+        (vec!["unlock", "dir.lock"], 1, vec!["dir.lock"]),
+        (vec!["unlock", "--force", "binary.lock"], 1, vec!["not a lockwarden lock file"]),
+    ];
+    for (argv, code, fragments) in &cases {
+        let out = cli.run(argv).await;
+        let case = format!(
+            "{:?}",
+            argv.iter()
+                .map(|a| a.chars().take(60).collect::<String>())
+                .collect::<Vec<_>>()
+        );
+        out.expect(*code, fragments, &case);
+    }
+
+    // An argument that is not UTF-8 at all.
+    let mut raw = b"s3://".to_vec();
+    raw.extend_from_slice(&[0xff, 0xfe]);
+    raw.extend_from_slice(b"/k");
+    let out = cli
+        .run_os(&[OsString::from("lock"), OsString::from_vec(raw)])
+        .await;
+    out.expect(2, &["UTF-8"], "non-UTF-8 URL");
+
+    // Nothing reached the store, and no file was written or removed.
+    let written = Moto::shared().object_keys(&bucket).await;
+    assert!(written.is_empty(), "{written:?}");
+    for (name, bytes) in &files {
+        assert_eq!(
+            &std::fs::read(d.join(name)).unwrap(),
+            bytes,
+            "{name} changed"
+        );
+    }
+    let mut names: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut expected: Vec<String> = files.iter().map(|(n, _)| n.to_string()).collect();
+    expected.push("dir.lock".into());
+    expected.sort();
+    assert_eq!(names, expected);
+}

@@ -1,0 +1,389 @@
+//! The controller crashing, restarting, failing over (HA) and starting before its API
+//! server is reachable: held locks are resumed, never released or doubled.
+
+use super::*;
+
+/// Runs a controller on its own runtime, so that it can be killed the way a crash
+/// does: its tasks stop at once, nothing is released.
+fn start_crashable_controller(namespace: &str) -> tokio::runtime::Runtime {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(namespace.to_string()),
+        ..Default::default()
+    };
+    runtime.spawn(async move {
+        let client = ControlPlane::shared().client().await;
+        let _ = controller::run(client, config).await;
+    });
+    runtime
+}
+
+/// A controller that dies while holding a lock, replaced by another within the
+/// lease: the new one resumes the lock from `status.nonce`, with the same fence and
+/// nonce, and keeps renewing the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_controller_resumes_held_lock() {
+    let (client, ns) = crd_and_namespace("ctl-resume").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+
+    let first = start_crashable_controller(&ns);
+    create(&locks, &lease_lock_timed("keep", "keep-lease", "10s", "2s")).await;
+    let held = wait_acquired(&locks, "keep", TIMEOUT).await;
+    let before = held.status.clone().unwrap();
+    first.shutdown_background();
+    let crashed_at = leases.get("keep-lease").await.unwrap().resource_version();
+
+    let second = start_crashable_controller(&ns);
+    // The new controller renews the Lease: proof that it resumed (nobody else writes it).
+    let lease = eventually("the Lease to be renewed again", TIMEOUT, || async {
+        let lease = leases.get("keep-lease").await.ok()?;
+        (lease.resource_version() != crashed_at).then_some(lease)
+    })
+    .await;
+    let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get("lockwarden.io/nonce"),
+        before.nonce.as_ref(),
+        "the Lease no longer carries the resumed nonce"
+    );
+    assert_eq!(
+        lease.spec.as_ref().and_then(|s| s.holder_identity.clone()),
+        before.holder
+    );
+    let after = locks.get("keep").await.unwrap();
+    assert!(acquired(&after));
+    let status = after.status.clone().unwrap();
+    assert_eq!(status.fence, before.fence);
+    assert_eq!(status.nonce, before.nonce);
+    // Usually no status write at all; on a slow box the resumed lease may be shown
+    // LeaseExpiring until its first renewal lands, which is a real transition.
+    if after.resource_version() != held.resource_version() {
+        eprintln!("resuming wrote the status (a slow first renewal)");
+    }
+    second.shutdown_background();
+}
+
+/// A `lockwarden controller` process, killed (SIGKILL) on drop.
+struct ControllerProcess(std::process::Child);
+
+impl ControllerProcess {
+    fn start(kubeconfig: &std::path::Path, namespace: &str) -> Self {
+        Self::start_with(kubeconfig, namespace, &[])
+    }
+
+    fn start_with(kubeconfig: &std::path::Path, namespace: &str, extra: &[&str]) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_lockwarden"))
+            .args([
+                "controller",
+                "--cluster-name",
+                CLUSTER,
+                "--watch-namespace",
+                namespace,
+            ])
+            // Each process its own free port: several run side by side here.
+            .args(["--metrics-address", "127.0.0.1:0"])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start lockwarden controller");
+        ControllerProcess(child)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill(); // SIGKILL: nothing is released, nothing is flushed
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// SIGKILL the controller process while it holds a lock and start it again within the
+/// lease: the lock is still held with the same nonce and fence, the new process renews
+/// it, and a contender polling the Lease meanwhile never acquires it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
+    let plane = ControlPlane::shared();
+    let (client, ns) = crd_and_namespace("ctl-sigkill").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    create(&locks, &lease_lock_timed("db", "db-lease", "15s", "3s")).await;
+    let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
+
+    // A contender on the same Lease, trying all along.
+    let stop = Arc::new(AtomicBool::new(false));
+    let contender = {
+        let (client, ns, stop) = (client.clone(), ns.clone(), stop.clone());
+        tokio::spawn(async move {
+            let lock = CasLock::new(LeaseStore::new(client, &ns, "db-lease"));
+            let req = AcquireRequest::new("contender", Duration::from_secs(15));
+            let mut attempts = 0;
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(Attempt::Acquired(lease)) = lock.try_acquire(&req).await {
+                    panic!(
+                        "the contender acquired during the restart (fence {})",
+                        lease.fence()
+                    );
+                }
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            attempts
+        })
+    };
+
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    controller.kill();
+    // Read after the kill, so that only the new process can change it.
+    let version_at_kill = lease_version(&leases, "db-lease").await;
+    let restarted = Instant::now();
+    let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    lease_renewed(
+        &leases,
+        "db-lease",
+        &version_at_kill,
+        "the restarted controller to renew the Lease",
+    )
+    .await;
+    eprintln!(
+        "renewed by the new process {:?} after the restart",
+        restarted.elapsed()
+    );
+    assert_resumed(&locks, "db", &before).await;
+    let lease = leases.get("db-lease").await.unwrap();
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        before.holder.as_deref()
+    );
+    stop.store(true, Ordering::SeqCst);
+    let attempts = contender.await.expect("the contender never acquired");
+    assert!(attempts > 0);
+}
+
+/// HA: two `lockwarden controller --leader-elect` replicas, one active. SIGKILL the
+/// leader: the standby is elected and resumes the held lock (same nonce and fence)
+/// and renews it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_replica_takes_over_and_resumes_held_locks() {
+    let plane = ControlPlane::shared();
+    let (client, ns) = crd_and_namespace("ctl-ha").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let replica = |identity: &str| {
+        ControllerProcess::start_with(
+            plane.kubeconfig_path(),
+            &ns,
+            &[
+                "--leader-elect",
+                "--leader-election-namespace",
+                &ns,
+                "--leader-election-lease-duration",
+                "3s",
+                "--leader-election-identity",
+                identity,
+            ],
+        )
+    };
+    let mut replicas = vec![("a", replica("a")), ("b", replica("b"))];
+    create(&locks, &lease_lock_timed("db", "db-lease", "20s", "4s")).await;
+    let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
+
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    let holder_of = |name: &'static str| {
+        let leases = leases.clone();
+        async move {
+            leases
+                .get(name)
+                .await
+                .ok()
+                .and_then(|l| l.spec?.holder_identity)
+                .filter(|h| !h.is_empty())
+        }
+    };
+    let leader = eventually("a leader", TIMEOUT, || holder_of("lockwarden-controller")).await;
+    let index = replicas
+        .iter()
+        .position(|(id, _)| *id == leader)
+        .expect("a replica leads");
+    let (_, mut killed) = replicas.remove(index);
+    killed.kill();
+    let version_at_kill = lease_version(&leases, "db-lease").await;
+    let killed_at = Instant::now();
+
+    let standby = replicas[0].0;
+    eventually("the standby to be elected", TIMEOUT, || async {
+        (holder_of("lockwarden-controller").await.as_deref() == Some(standby)).then_some(())
+    })
+    .await;
+    lease_renewed(
+        &leases,
+        "db-lease",
+        &version_at_kill,
+        "the new leader to renew the held lock",
+    )
+    .await;
+    eprintln!(
+        "standby {standby} renewed the lock {:?} after the leader was killed",
+        killed_at.elapsed()
+    );
+    assert_resumed(&locks, "db", &before).await;
+}
+
+/// An API server that cannot be reached when the controller starts (restarting, a
+/// network blip) is waited for: the controller keeps trying and then works, instead of
+/// exiting with "is the CRD installed…" as if the CRD were missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_waits_for_an_unreachable_api_server_at_start() {
+    let plane = ControlPlane::shared();
+    let (client, ns) = crd_and_namespace("ctl-api-down").await;
+
+    let proxy = support::proxy::Proxy::start(plane.port());
+    proxy.set_mode(support::proxy::Mode::Refuse);
+    let kubeconfig = kube::config::Kubeconfig::read_from(plane.kubeconfig_path()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.cluster_url = format!("https://127.0.0.1:{}", proxy.port())
+        .parse()
+        .unwrap();
+    let through_proxy = Client::try_from(config).unwrap();
+    let controller = tokio::spawn(controller::run(
+        through_proxy,
+        ControllerConfig {
+            cluster_name: CLUSTER.into(),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+    ));
+
+    // A controller that gave up after the first refusal never connects twice.
+    eventually(
+        "the controller to retry the refused API server",
+        TIMEOUT,
+        || async { (proxy.accepted() >= 3).then_some(()) },
+    )
+    .await;
+    assert!(
+        !controller.is_finished(),
+        "the controller exited while the API server was unreachable: {:?}",
+        controller.await
+    );
+
+    proxy.set_mode(support::proxy::Mode::Pass);
+    let locks: Api<DistributedLock> = Api::namespaced(client, &ns);
+    create(
+        &locks,
+        &lease_lock_timed("late", "late-lease", "30s", "10s"),
+    )
+    .await;
+    wait_acquired(&locks, "late", TIMEOUT).await;
+    controller.abort();
+}
+
+/// `acquireTimeout` counts from `status.waitingSince`: a controller SIGKILLed while
+/// the lock waits and started again after the timeout has passed fails the lock at its
+/// first look, instead of waiting a whole `acquireTimeout` again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_timeout_survives_a_controller_restart() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-timeout-restart").await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    // The key is held by someone else for the whole test.
+    let holder = CasLock::new(LeaseStore::new(client.clone(), &ns, "busy"));
+    let req = AcquireRequest::new("someone-else", Duration::from_secs(600));
+    assert!(matches!(
+        holder.try_acquire(&req).await,
+        Ok(Attempt::Acquired(_))
+    ));
+
+    let limit = Duration::from_secs(20);
+    let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let mut impatient = lease_lock_timed("impatient", "busy", "30s", "10s");
+    impatient.spec.acquire_timeout = Some(format!("{}s", limit.as_secs()));
+    locks
+        .create(&PostParams::default(), &impatient)
+        .await
+        .unwrap();
+    let since = eventually("the lock to wait, with its start", TIMEOUT, || async {
+        let status = locks.get("impatient").await.ok()?.status?;
+        (status.phase == Some(LockPhase::Waiting)).then_some(status.waiting_since?)
+    })
+    .await;
+    controller.kill();
+
+    // Start again once the timeout has passed, counted from the recorded start.
+    let since = std::time::SystemTime::from(since.0);
+    let due = since + limit + Duration::from_secs(1);
+    if let Ok(left) = due.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(left).await;
+    }
+    let restarted = Instant::now();
+    let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let failed = eventually("the lock to fail", TIMEOUT, || async {
+        locks
+            .get("impatient")
+            .await
+            .ok()
+            .filter(|l| phase(l) == Some(LockPhase::Failed))
+    })
+    .await;
+    let after_restart = restarted.elapsed();
+    let cond = failed.acquired_condition().unwrap();
+    assert_eq!(cond.reason, reason::ACQUIRE_TIMEOUT, "{}", cond.message);
+    // A restarted clock would fail it `limit` after the restart at the earliest.
+    assert!(
+        after_restart < limit,
+        "failed {after_restart:?} after the restart: the wait started over"
+    );
+    eprintln!(
+        "failed {} ms after the restart: {}",
+        after_restart.as_millis(),
+        cond.message
+    );
+}
+
+async fn lease_version(leases: &Api<Lease>, name: &str) -> Option<String> {
+    leases.get(name).await.unwrap().metadata.resource_version
+}
+
+/// Waits until the Lease `name` is written after `version`: renewed by whoever holds it.
+async fn lease_renewed(leases: &Api<Lease>, name: &str, version: &Option<String>, what: &str) {
+    eventually(what, TIMEOUT, || async {
+        let lease = leases.get(name).await.ok()?;
+        (lease.metadata.resource_version != *version).then_some(())
+    })
+    .await;
+}
+
+/// The lock `name` is Acquired with the same acquisition as `before` (nonce and fence).
+async fn assert_resumed(
+    locks: &Api<DistributedLock>,
+    name: &str,
+    before: &lockwarden::api::DistributedLockStatus,
+) -> lockwarden::api::DistributedLockStatus {
+    let after = wait_acquired(locks, name, TIMEOUT).await.status.unwrap();
+    assert_eq!(after.nonce, before.nonce, "the same acquisition is resumed");
+    assert_eq!(after.fence, before.fence);
+    after
+}
+
+/// A client, the CRD, and a fresh namespace — no controller: these tests run their own.
+async fn crd_and_namespace(prefix: &str) -> (Client, String) {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, prefix).await;
+    (client, ns)
+}

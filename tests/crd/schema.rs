@@ -1,0 +1,71 @@
+//! The generated CRD: the file in `crds/` (and the chart's copy) is current; names,
+//! printer columns, list-map conditions.
+
+use super::*;
+
+/// `crds/` holds exactly what `crd_yaml()` generates. `LOCKWARDEN_UPDATE_CRDS=1`
+/// rewrites the file, and the Helm chart's copy of it, instead of failing.
+#[test]
+fn crd_file_is_up_to_date() {
+    let path = support::repo_root().join(CRD_PATH);
+    let generated = crd_yaml();
+    let parsed: CustomResourceDefinition =
+        serde_yaml_ng::from_str(&generated).expect("crd_yaml() is a CRD in YAML");
+    assert_eq!(parsed, crd(), "crd_yaml() does not read back as crd()");
+    if std::env::var_os("LOCKWARDEN_UPDATE_CRDS").is_some_and(|v| v == "1") {
+        let file_name = path.file_name().expect("CRD_PATH names a file");
+        let chart_copy = support::repo_root().join(CHART_CRD_DIR).join(file_name);
+        for target in [&path, &chart_copy] {
+            std::fs::write(target, &generated)
+                .unwrap_or_else(|e| panic!("cannot write {}: {e}", target.display()));
+            eprintln!("rewrote {}", target.display());
+        }
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == generated,
+        "{CRD_PATH} is out of date with src/api (or missing). Regenerate it (and the \
+         chart's copy in {CHART_CRD_DIR}/) with \
+         `LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date`"
+    );
+}
+
+#[test]
+fn crd_has_names_columns_and_list_map_conditions() {
+    let crd = crd();
+    assert_eq!(crd.metadata.name.as_deref(), Some(CRD_NAME));
+    assert_eq!(DistributedLock::crd_name(), CRD_NAME);
+    let names = &crd.spec.names;
+    assert_eq!(names.kind, "DistributedLock");
+    assert_eq!(
+        names.short_names.as_deref(),
+        Some(&["dlock".to_string()][..])
+    );
+    assert_eq!(
+        names.categories.as_deref(),
+        Some(&["lockwarden".to_string()][..])
+    );
+    assert_eq!(crd.spec.scope, "Namespaced");
+    let version = &crd.spec.versions[0];
+    assert_eq!(version.name, "v1alpha1");
+    assert!(version.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<&str> = version
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Backend", "Key", "Phase", "Holder", "Fence", "Age"]
+    );
+    let schema = serde_json::to_value(&version.schema).unwrap();
+    let conditions = &schema["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
+    assert_eq!(conditions["x-kubernetes-list-type"], json!("map"));
+    assert_eq!(conditions["x-kubernetes-list-map-keys"], json!(["type"]));
+    // Optional spec fields are not nullable: an explicit null is pruned, then defaulted.
+    let text = serde_json::to_string(&schema["openAPIV3Schema"]["properties"]["spec"]).unwrap();
+    assert!(!text.contains("nullable"), "nullable in spec schema");
+}

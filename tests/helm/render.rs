@@ -1,0 +1,274 @@
+//! `helm lint` and `helm template`: the chart's CRDs, default and non-default values,
+//! and values it must refuse.
+
+use super::*;
+
+// ---------------------------------------------------------------------------
+// CRDs
+
+/// The chart ships the CRD in `crds/` (installed by `helm install` before the
+/// templates); it must be byte for byte the generated top-level one.
+#[test]
+fn chart_crds_are_the_top_level_crds() {
+    let names = |dir: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let top = repo_root().join("crds");
+    let chart = chart_dir().join("crds");
+    assert_eq!(
+        names(&chart),
+        names(&top),
+        "{CHART}/crds/ and crds/ hold different files; copy them: `cp crds/* {CHART}/crds/` \
+         (`LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date` writes both)"
+    );
+    for name in names(&top) {
+        let a = std::fs::read(top.join(&name)).unwrap();
+        let b = std::fs::read(chart.join(&name)).unwrap();
+        assert!(
+            a == b,
+            "{CHART}/crds/{name} differs from crds/{name}; copy it: `cp crds/{name} {CHART}/crds/` \
+             or regenerate both with `LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date`"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// lint and template
+
+#[test]
+fn helm_lint_passes_for_default_and_every_ci_values_file() {
+    let chart = chart_dir().display().to_string();
+    let mut runs: Vec<Option<PathBuf>> = vec![None];
+    runs.extend(ci_values_files().into_iter().map(Some));
+    for values in runs {
+        let mut args = vec!["lint", "--strict", &chart, "--kube-version", kube_version()];
+        let file;
+        if let Some(v) = &values {
+            file = v.display().to_string();
+            args.extend(["--values", &file]);
+        }
+        let out = helm(&args);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "helm lint with values {values:?} failed:\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        // And it renders.
+        let rendered = render("lint", "lockwarden-system", values.as_deref(), &[]);
+        assert!(
+            of_kind(&objects(&rendered), "Deployment").len() == 1,
+            "values {values:?}: no Deployment rendered"
+        );
+    }
+}
+
+/// Values that would make a broken install are refused at render time, with a message
+/// naming the value.
+#[test]
+fn inconsistent_values_are_refused_with_a_message_naming_them() {
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["replicaCount=2", "leaderElection.enabled=false"],
+            "leaderElection.enabled",
+        ),
+        (
+            &["watchNamespace=team-a", "rbac.secretNamespaces={team-b}"],
+            "rbac.secretNamespaces",
+        ),
+        (
+            &["serviceMonitor.enabled=true", "service.enabled=false"],
+            "service.enabled",
+        ),
+        (&["logFormat=yaml"], "logFormat"),
+        (&["replicas=3"], "replicas"),
+    ];
+    for (sets, named) in cases {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let out = try_render("bad", "lockwarden-system", None, &sets);
+        let stderr = text(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(named),
+            "--set {sets:?}: expected a refusal naming {named}, got status {:?}:\n{stderr}",
+            out.status
+        );
+    }
+}
+
+/// Defaults: two replicas with leader election, restricted securityContext, probes,
+/// metrics Service on 8080, no ServiceMonitor or PDB, no Secret access, no wildcard.
+#[test]
+fn default_render_is_leader_elected_restricted_and_least_privilege() {
+    let objs = objects(&render("lw", "lockwarden-system", None, &[]));
+    let deployment = one(&objs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let args = args(deployment);
+    for want in [
+        "--leader-elect",
+        "--leader-election-namespace=lockwarden-system",
+        "--leader-election-lease=lw-lockwarden-leader",
+        "--metrics-address=0.0.0.0:8080",
+        "--log-format=json",
+        "--cluster-name=local",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    assert!(
+        !args.iter().any(|a| a.starts_with("--watch-namespace")),
+        "{args:?}"
+    );
+    let c = container(deployment);
+    assert_eq!(c["image"], "ghcr.io/lockwarden/lockwarden:0.1.0");
+    assert_eq!(
+        c["command"],
+        json!(["/usr/local/bin/lockwarden", "controller"])
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["ports"][0]["containerPort"], 8080);
+    assert!(c["resources"]["requests"].is_object(), "{c:#}");
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(pod["serviceAccountName"], "lw-lockwarden");
+
+    let service = one(&objs, "Service");
+    assert_eq!(service["spec"]["ports"][0]["port"], 8080);
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], "metrics");
+    assert!(of_kind(&objs, "ServiceMonitor").is_empty());
+    assert!(of_kind(&objs, "PodDisruptionBudget").is_empty());
+    // Cluster-wide mode without secretNamespaces: no Role at all, and no Secret in any rule.
+    assert!(of_kind(&objs, "Role").is_empty(), "{objs:#?}");
+    assert_no_wildcards_or_secrets_beyond_get(&objs);
+    let rendered = serde_json::to_string(&of_kind(&objs, "ClusterRole")).unwrap();
+    assert!(!rendered.contains("secrets"), "a ClusterRole names secrets");
+}
+
+/// No rule uses `*`, and Secrets only ever get `get`.
+fn assert_no_wildcards_or_secrets_beyond_get(objs: &[Value]) {
+    for role in objs
+        .iter()
+        .filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole")
+    {
+        for rule in role["rules"].as_array().unwrap() {
+            let s = rule.to_string();
+            assert!(
+                !s.contains("\"*\""),
+                "wildcard in {}: {rule}",
+                role["metadata"]["name"]
+            );
+            if rule["resources"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("secrets"))
+            {
+                assert_eq!(rule["verbs"], json!(["get"]), "secrets rule {rule}");
+            }
+        }
+    }
+}
+
+#[test]
+fn non_default_values_render_what_they_say() {
+    // Namespace-scoped: --watch-namespace, Roles only (no ClusterRole at all with the
+    // aggregated user roles off), leader election in the release namespace.
+    let objs = objects(&render(
+        "lw",
+        "lockwarden-system",
+        Some(&ci_values("namespace-scoped-values.yaml")),
+        &[],
+    ));
+    let deployment = one(&objs, "Deployment");
+    assert!(args(deployment).contains(&"--watch-namespace=team-locks".to_string()));
+    assert!(args(deployment).contains(&"--cluster-name=prod-eu-1".to_string()));
+    assert!(of_kind(&objs, "ClusterRole").is_empty(), "{objs:#?}");
+    assert!(of_kind(&objs, "ClusterRoleBinding").is_empty());
+    let role_namespaces: BTreeSet<&str> = of_kind(&objs, "Role")
+        .iter()
+        .map(|r| r["metadata"]["namespace"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        role_namespaces,
+        BTreeSet::from(["lockwarden-system", "team-locks"])
+    );
+    assert_no_wildcards_or_secrets_beyond_get(&objs);
+
+    // One replica, no leader election, no Service; scheduling values pass through.
+    let objs = objects(&render(
+        "lw",
+        "lockwarden-system",
+        Some(&ci_values("single-replica-values.yaml")),
+        &[],
+    ));
+    let deployment = one(&objs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert!(!args(deployment).iter().any(|a| a.starts_with("--leader")));
+    assert!(args(deployment).contains(&"--log-format=text".to_string()));
+    assert!(of_kind(&objs, "Service").is_empty());
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
+    assert_eq!(pod["tolerations"][0]["key"], "dedicated");
+    assert!(pod["affinity"]["podAntiAffinity"].is_object());
+    assert_eq!(
+        container(deployment)["image"],
+        "ghcr.io/lockwarden/lockwarden:dev"
+    );
+    assert_eq!(container(deployment)["imagePullPolicy"], "Always");
+    let pod_meta = &deployment["spec"]["template"]["metadata"];
+    assert_eq!(pod_meta["labels"]["team"], "payments");
+    assert_eq!(pod_meta["labels"]["app.kubernetes.io/name"], "lockwarden");
+    assert_eq!(pod_meta["annotations"]["example.com/owner"], "payments");
+
+    // ServiceMonitor and PDB.
+    let objs = objects(&render(
+        "lw",
+        "lockwarden-system",
+        Some(&ci_values("servicemonitor-values.yaml")),
+        &[],
+    ));
+    let monitor = one(&objs, "ServiceMonitor");
+    assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(endpoint["interval"], "15s");
+    let service = one(&objs, "Service");
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "ServiceMonitor selects the Service"
+        );
+    }
+    assert_eq!(one(&objs, "PodDisruptionBudget")["spec"]["minAvailable"], 2);
+    assert_eq!(one(&objs, "Deployment")["spec"]["replicas"], 3);
+
+    // Secrets: a get-only Role in each listed namespace, nothing else.
+    let objs = objects(&render(
+        "lw",
+        "lockwarden-system",
+        Some(&ci_values("secret-namespaces-values.yaml")),
+        &[],
+    ));
+    let secret_roles: BTreeSet<&str> = of_kind(&objs, "Role")
+        .iter()
+        .map(|r| r["metadata"]["namespace"].as_str().unwrap())
+        .collect();
+    assert_eq!(secret_roles, BTreeSet::from(["payments", "reporting"]));
+    assert_no_wildcards_or_secrets_beyond_get(&objs);
+    assert_eq!(
+        one(&objs, "ServiceAccount")["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::123456789012:role/lockwarden"
+    );
+}
