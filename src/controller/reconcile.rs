@@ -38,7 +38,8 @@ use super::{ControllerConfig, FINALIZER};
 use crate::api::conditions::reason;
 use crate::api::{DistributedLock, LockAddress, LockPhase, SpecError, ValidatedSpec};
 use crate::lock::{
-    AcquireRequest, Attempt, HolderState, Lease, LockBackend, LockError, LockRecord, RenewPolicy,
+    AcquireRequest, Attempt, CONNECT_TIMEOUT, HolderState, Lease, LockBackend, LockError,
+    LockRecord, RenewPolicy,
 };
 use crate::telemetry::Telemetry;
 
@@ -593,9 +594,33 @@ impl Reconciling<'_> {
         Ok(Action::await_change())
     }
 
+    /// Whether this lock is new (created less than [`CONNECT_TIMEOUT`] ago) and has
+    /// not reached its store yet: a store that is still starting is retried for that
+    /// long before the status says "backend unavailable", as the CLI does.
+    fn still_connecting(&self) -> bool {
+        let unreached = self.lock.status.as_ref().and_then(|s| s.phase).is_none()
+            || self.lock.status.as_ref().is_some_and(|s| {
+                s.phase == Some(LockPhase::Pending)
+                    && s.conditions
+                        .iter()
+                        .all(|c| c.reason != reason::BACKEND_ERROR)
+            });
+        let age = self
+            .lock
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| SystemTime::now().duration_since(SystemTime::from(t.0)).ok());
+        unreached && age.is_some_and(|age| age < CONNECT_TIMEOUT)
+    }
+
     /// The backend could not be reached or refused: not acquired, retried. A lock that
     /// was waiting stays `Waiting`, and keeps the start of its wait.
     async fn backend_error(&self, message: String) -> Result<Action, ReconcileError> {
+        if self.still_connecting() {
+            tracing::debug!(lock = %self.obj, %message, "store not reachable yet; retrying");
+            return Ok(Action::requeue(jitter(Duration::from_millis(500))));
+        }
         let current = self.lock.status.as_ref();
         let (phase, since) = match current.and_then(|s| s.phase) {
             Some(LockPhase::Waiting) => (

@@ -26,8 +26,16 @@ pub enum Wait {
 const POLL_MIN: Duration = Duration::from_millis(50);
 const POLL_MAX: Duration = Duration::from_secs(1);
 
-/// Acquires the lock, waiting as `wait` allows. `on_busy` is told about each attempt
-/// that found the lock held (holder and queue position), e.g. to show progress.
+/// How long an acquisition keeps trying a store it cannot reach yet (still starting,
+/// or a blip) before the store's first answer, also when it would not wait for a
+/// holder; a longer wait extends it. ZooKeeper's own clients (and kafka-kit) keep
+/// trying for their connect timeout in the same way.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Acquires the lock, waiting as `wait` allows, and for a store that cannot be reached
+/// yet for up to [`CONNECT_TIMEOUT`] (or the wait, if longer). `on_busy` is told about
+/// each attempt that found the lock held (holder and queue position), e.g. to show
+/// progress.
 pub async fn acquire_with_progress(
     backend: &dyn LockBackend,
     req: &AcquireRequest,
@@ -41,8 +49,12 @@ pub async fn acquire_with_progress(
         Wait::For(d) => started.checked_add(d),
         Wait::Forever => None,
     };
+    let connecting_until = started + CONNECT_TIMEOUT;
     let mut poll = POLL_MIN;
     let mut last_holder: Option<HeldBy> = None;
+    // Until the store answers once, an unreachable store is retried (see above).
+    let mut answered = false;
+    let mut unreachable: Option<LockError>;
     loop {
         let pause = match backend.try_acquire(req).await {
             Ok(Attempt::Acquired(lease)) => return Ok(lease),
@@ -51,6 +63,8 @@ pub async fn acquire_with_progress(
                 retry_in,
                 queue_position,
             }) => {
+                answered = true;
+                unreachable = None;
                 on_busy(&holder, queue_position);
                 let by = HeldBy::from_record(&holder);
                 if wait == Wait::No {
@@ -65,18 +79,29 @@ pub async fn acquire_with_progress(
                 // the next poll, whichever is first.
                 retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5)))
             }
-            Err(e) if e.is_transient() && wait != Wait::No => poll,
+            Err(e) if e.is_transient() && (wait != Wait::No || !answered) => {
+                unreachable = (!answered).then_some(e);
+                poll
+            }
             Err(e) => {
                 backend.abandon().await;
                 return Err(e);
             }
         };
         let jittered = pause.mul_f64(rand::rng().random_range(0.8..1.2));
-        let sleep = match deadline {
+        let until = match deadline {
+            Some(d) if !answered => Some(d.max(connecting_until)),
+            other => other,
+        };
+        let sleep = match until {
             Some(d) => {
                 let left = d.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     backend.abandon().await;
+                    if let Some(e) = unreachable {
+                        // Never reached: say so, not that a holder kept the lock.
+                        return Err(e);
+                    }
                     return Err(LockError::Timeout {
                         url: backend.url().to_string(),
                         waited: started.elapsed(),

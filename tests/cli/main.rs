@@ -6,6 +6,7 @@
 //! binary in its own temporary directory with the backend settings in its
 //! environment (AWS_ENDPOINT_URL, AWS_REGION, credentials, KUBECONFIG), as a user would.
 
+mod connecting;
 mod cycle;
 mod input;
 mod run;

@@ -223,3 +223,38 @@ async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
     assert!(taken.fence().0 as i64 > fence.unwrap_or(0));
     proxy.set_mode(support::proxy::Mode::Pass);
 }
+
+/// A lock created while its store does not serve yet (ZooKeeper behind a proxy that
+/// resets every connection): the controller keeps trying for its connect timeout
+/// without reporting `BackendError`, and acquires once the store serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_created_while_its_store_starts_is_acquired_without_a_backend_error() {
+    use support::proxy::{Mode, Proxy};
+    let (_client, _ns, locks) = setup("ctl-late-store").await;
+    let zk = shared_zookeeper().await;
+    let proxy = Proxy::start(zk.nodes()[0].port());
+    proxy.set_mode(Mode::Refuse);
+    let mut lock = zk_lock("late", &format!("/{}/db", support::unique("ctl-late")));
+    // The proxy's own port: a spelling no other test uses (sessions are per spelling).
+    lock.spec.backend.zookeeper.as_mut().unwrap().servers = vec![proxy.address()];
+    create(&locks, &lock).await;
+    let started = Instant::now();
+    loop {
+        let status = locks.get("late").await.unwrap().status.unwrap_or_default();
+        assert!(
+            status
+                .conditions
+                .iter()
+                .all(|c| c.reason != reason::BACKEND_ERROR),
+            "reported {:?} while the store was starting",
+            status.conditions
+        );
+        if proxy.accepted() > 0 && started.elapsed() >= Duration::from_secs(2) {
+            break;
+        }
+        assert!(started.elapsed() < TIMEOUT, "the controller never tried");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.set_mode(Mode::Pass);
+    wait_acquired(&locks, "late", TIMEOUT).await;
+}

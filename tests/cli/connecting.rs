@@ -1,0 +1,87 @@
+//! A store that begins serving only after `lock` started: the command keeps trying to
+//! reach it for its connect timeout (5 s; `--wait` extends it) instead of failing at
+//! once with "backend unavailable".
+
+use super::*;
+use support::proxy::{Mode, Proxy};
+
+/// Runs `lock URL` while `proxy` — the only way to the store — resets every
+/// connection (a server whose port is open but which does not serve yet); once the
+/// command has been turned away at least once and `refused_for` has passed since it
+/// started, the proxy starts passing. The command must then lock.
+async fn lock_while_the_store_starts(
+    lw: &Cli,
+    url: &str,
+    proxy: &Proxy,
+    extra: &[&str],
+    refused_for: Duration,
+) {
+    proxy.set_mode(Mode::Refuse);
+    let mut args = vec!["lock", url, "-o", "early.lock"];
+    args.extend_from_slice(extra);
+    let started = Instant::now();
+    let child = lw.spawn(&args);
+    eventually(
+        "the command to reach the store that is not serving",
+        || async { (proxy.accepted() > 0 && started.elapsed() >= refused_for).then_some(()) },
+    )
+    .await;
+    proxy.set_mode(Mode::Pass);
+    let out = finish(child, String::new()).await;
+    out.ok();
+    println!(
+        "{url}: locked {:.2?} after the start, {} connections turned away or passed",
+        started.elapsed(),
+        proxy.accepted()
+    );
+    lw.unlock("early.lock").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_reaches_a_zookeeper_that_starts_serving_after_the_command() {
+    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
+        .await
+        .unwrap();
+    let proxy = Proxy::start(zk.nodes()[0].port());
+    let url = format!(
+        "zk://{}/lockwarden-cli/{}",
+        proxy.address(),
+        unique("late-zk")
+    );
+    lock_while_the_store_starts(&Cli::new(), &url, &proxy, &[], Duration::ZERO).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_reaches_an_s3_endpoint_that_starts_serving_after_the_command() {
+    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
+    let bucket = moto.new_bucket("cli-late").await;
+    let proxy = Proxy::start(moto.port());
+    let endpoint = proxy.endpoint();
+    lock_while_the_store_starts(
+        &Cli::aws(),
+        &format!("s3://{bucket}/late"),
+        &proxy,
+        &["--endpoint", &endpoint],
+        // Longer than the AWS SDK's own retries of a failed connection, shorter than
+        // the connect timeout.
+        Duration::from_secs(3),
+    )
+    .await;
+}
+
+/// Longer than the connect timeout: `--wait` keeps the command trying.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_with_wait_reaches_a_dynamodb_endpoint_that_serves_after_the_connect_timeout() {
+    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
+    let table = moto.new_table("cli-late", "key").await;
+    let proxy = Proxy::start(moto.port());
+    let endpoint = proxy.endpoint();
+    lock_while_the_store_starts(
+        &Cli::aws(),
+        &format!("dynamodb://{table}/late"),
+        &proxy,
+        &["--endpoint", &endpoint, "--wait", "60s"],
+        Duration::from_secs(7),
+    )
+    .await;
+}
