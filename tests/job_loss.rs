@@ -49,7 +49,9 @@ use lockwarden::controller::jobs::{
 use lockwarden::lock::LockBackend;
 use serde_json::json;
 use support::eventually;
-use support::kube::{finish_pods, job_pods, namespace_with_controller, wait_pods_with_fence};
+use support::kube::{
+    finish_pods, job_pods, namespace_with_observed_controller, wait_pods_with_fence,
+};
 use support::proxy::{Mode, Proxy};
 
 /// Generous: the test machine is a loaded 2-core box.
@@ -58,6 +60,8 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// One namespace with its own in-process controller (its own cluster name).
 struct Side {
     client: Client,
+    /// The controller's metrics.
+    telemetry: std::sync::Arc<lockwarden::telemetry::Telemetry>,
     ns: String,
     cluster: &'static str,
     jobs: Api<Job>,
@@ -65,8 +69,9 @@ struct Side {
 }
 
 async fn side(prefix: &str, cluster: &'static str) -> Side {
-    let (client, ns) = namespace_with_controller(prefix, cluster).await;
+    let (client, ns, telemetry) = namespace_with_observed_controller(prefix, cluster).await;
     Side {
+        telemetry,
         jobs: Api::namespaced(client.clone(), &ns),
         locks: Api::namespaced(client.clone(), &ns),
         client,
@@ -628,7 +633,7 @@ async fn on_lock_lost_fail_stops_the_job_for_good() {
         .then_some(())
     })
     .await;
-    let metrics = lockwarden::telemetry::Telemetry::new().encode();
+    let metrics = side.telemetry.encode();
     assert!(
         metrics
             .lines()

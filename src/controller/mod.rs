@@ -135,8 +135,9 @@ async fn wait_for_lock_api(api: &Api<DistributedLock>) -> Result<(), ControllerE
     }
 }
 
-/// The controller with an already running telemetry endpoint.
-pub(crate) async fn run_with(
+/// The controller reporting into `telemetry` (the caller serves it, or reads it: an
+/// embedding process or a test).
+pub async fn run_with(
     client: kube::Client,
     config: ControllerConfig,
     telemetry: Arc<Telemetry>,
