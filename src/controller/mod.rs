@@ -20,6 +20,7 @@
 //! releases (which wake every lock waiting on the same backend key).
 
 pub mod connect;
+mod events;
 // TEMPORARY until H2's api::BackendSpec::target lands.
 pub mod holders;
 pub mod jobs;

@@ -758,3 +758,25 @@ pub async fn wait_pods_with_fence(
     )
     .await
 }
+
+/// A Job of one Pod that exits at once, with `annotations`, created suspended (the way a
+/// gated Job is) or not.
+pub fn job(
+    name: &str,
+    annotations: &[(&str, &str)],
+    suspend: bool,
+) -> k8s_openapi::api::batch::v1::Job {
+    let annotations: std::collections::BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "annotations": annotations },
+        "spec": {
+            "suspend": suspend,
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{ "name": "work", "image": "busybox:1.36", "command": ["true"] }],
+            }},
+        },
+    }))
+    .expect("a Job")
+}
