@@ -113,7 +113,7 @@ async fn claimed_by_other(
     }
     // The claimant is gone or finished without letting go (its finalizer was
     // removed by hand): release and unclaim, then claim on a later pass.
-    release_and_unclaim(locks, &lock).await?;
+    release_and_unclaim(locks, lock).await?;
     Ok(Claim::Waiting(
         EventType::Normal,
         "Waiting",
