@@ -49,7 +49,10 @@ use lockwarden::controller::jobs::{
 use lockwarden::lock::LockBackend;
 use serde_json::json;
 use support::eventually;
-use support::kube::{finish_pods, job_pods, namespace_with_controller, wait_pods_with_fence};
+use support::kube::{
+    finish_pods, job as gated_job, job_pods, namespace_with_observed_controller,
+    wait_pods_with_fence,
+};
 use support::proxy::{Mode, Proxy};
 
 /// Generous: the test machine is a loaded 2-core box.
@@ -58,6 +61,8 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// One namespace with its own in-process controller (its own cluster name).
 struct Side {
     client: Client,
+    /// The controller's metrics.
+    telemetry: std::sync::Arc<lockwarden::telemetry::Telemetry>,
     ns: String,
     cluster: &'static str,
     jobs: Api<Job>,
@@ -65,8 +70,9 @@ struct Side {
 }
 
 async fn side(prefix: &str, cluster: &'static str) -> Side {
-    let (client, ns) = namespace_with_controller(prefix, cluster).await;
+    let (client, ns, telemetry) = namespace_with_observed_controller(prefix, cluster).await;
     Side {
+        telemetry,
         jobs: Api::namespaced(client.clone(), &ns),
         locks: Api::namespaced(client.clone(), &ns),
         client,
@@ -165,22 +171,6 @@ fn fence(job: &Job) -> Option<i64> {
         .get(FENCE_ANNOTATION)?
         .parse()
         .ok()
-}
-
-fn gated_job(name: &str, annotations: &[(&str, &str)]) -> Job {
-    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
-    serde_json::from_value(json!({
-        "metadata": { "name": name, "annotations": annotations },
-        "spec": {
-            "suspend": true,
-            "backoffLimit": 0,
-            "template": { "spec": {
-                "restartPolicy": "Never",
-                "containers": [{ "name": "work", "image": "busybox:1.36", "command": ["true"] }],
-            }},
-        },
-    }))
-    .unwrap()
 }
 
 fn lock(name: &str, backend: BackendSpec, lease: &str, renew: &str) -> DistributedLock {
@@ -408,13 +398,19 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
     let (a_name, b_name) = (format!("a-{i}"), format!("b-{i}"));
     let on_template = [(TEMPLATE_ANNOTATION, template.as_str())];
     a.jobs
-        .create(&PostParams::default(), &gated_job(&a_name, &on_template))
+        .create(
+            &PostParams::default(),
+            &gated_job(&a_name, &on_template, true),
+        )
         .await
         .unwrap();
     let first = a.wait_running(&a_name, 0).await;
     let b_job = b
         .jobs
-        .create(&PostParams::default(), &gated_job(&b_name, &on_template))
+        .create(
+            &PostParams::default(),
+            &gated_job(&b_name, &on_template, true),
+        )
         .await
         .unwrap();
     let b_lock = per_job_lock_name(&b_job);
@@ -582,6 +578,7 @@ async fn running_job_on_lease(side: &Side, job: &str, policy: &str) -> i64 {
             &gated_job(
                 job,
                 &[(LOCK_ANNOTATION, "db"), (ON_LOCK_LOST_ANNOTATION, policy)],
+                true,
             ),
         )
         .await
@@ -629,7 +626,7 @@ async fn on_lock_lost_fail_stops_the_job_for_good() {
         .then_some(())
     })
     .await;
-    let metrics = lockwarden::telemetry::Telemetry::new().encode();
+    let metrics = side.telemetry.encode();
     assert!(
         metrics
             .lines()
@@ -645,7 +642,7 @@ async fn on_lock_lost_fail_stops_the_job_for_good() {
     side.jobs
         .create(
             &PostParams::default(),
-            &gated_job("next", &[(LOCK_ANNOTATION, "db")]),
+            &gated_job("next", &[(LOCK_ANNOTATION, "db")], true),
         )
         .await
         .unwrap();

@@ -21,10 +21,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use lockwarden::api::conditions::{self, ACQUIRED};
-use lockwarden::api::{
-    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase,
-};
+use lockwarden::api::{DistributedLock, LockPhase};
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION,
@@ -35,7 +32,8 @@ use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
 use serde_json::json;
 use support::eventually;
-use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
+use support::kube::{ControlPlane, install_lockwarden_crd as install_crd, job};
+use support::locks::{acquired, lease_lock, phase};
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -44,40 +42,6 @@ const CLUSTER: &str = "jobs-cluster";
 /// A client, the CRD, a fresh namespace, and a controller watching that namespace.
 async fn setup(prefix: &str) -> (Client, String) {
     support::kube::namespace_with_controller(prefix, CLUSTER).await
-}
-
-fn lease_lock(name: &str, lease: &str) -> DistributedLock {
-    DistributedLock::new(
-        name,
-        DistributedLockSpec {
-            backend: BackendSpec {
-                kubernetes: Some(KubernetesBackend {
-                    lease_name: lease.into(),
-                    namespace: None,
-                }),
-                ..Default::default()
-            },
-            lease_duration: "30s".into(),
-            renew_interval: "10s".into(),
-            ..Default::default()
-        },
-    )
-}
-
-fn job(name: &str, annotations: &[(&str, &str)], suspend: bool) -> Job {
-    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
-    serde_json::from_value(json!({
-        "metadata": { "name": name, "annotations": annotations },
-        "spec": {
-            "suspend": suspend,
-            "backoffLimit": 0,
-            "template": { "spec": {
-                "restartPolicy": "Never",
-                "containers": [{ "name": "work", "image": "busybox:1.36", "command": ["true"] }],
-            }},
-        },
-    }))
-    .unwrap()
 }
 
 fn is_suspended(job: &Job) -> bool {
@@ -90,16 +54,6 @@ fn template_annotations(job: &Job) -> BTreeMap<String, String> {
         .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.annotations.clone())
         .unwrap_or_default()
-}
-
-fn acquired(lock: &DistributedLock) -> bool {
-    lock.status
-        .as_ref()
-        .is_some_and(|s| conditions::is_true(&s.conditions, ACQUIRED))
-}
-
-fn phase(lock: &DistributedLock) -> Option<LockPhase> {
-    lock.status.as_ref().and_then(|s| s.phase)
 }
 
 fn fence_of(job: &Job) -> i64 {

@@ -45,6 +45,13 @@ async fn server_timeouts(zk: &ZooKeeper, path: &str) -> Option<Vec<u64>> {
     Some(timeouts)
 }
 
+/// The ensemble shared by this test binary (started off the async runtime).
+async fn zookeeper() -> &'static ZooKeeper {
+    tokio::task::spawn_blocking(ZooKeeper::shared)
+        .await
+        .expect("ZooKeeper starts")
+}
+
 async fn acquire(backend: &dyn LockBackend, holder: &str) {
     let request = AcquireRequest {
         holder: holder.into(),
@@ -60,9 +67,7 @@ async fn acquire(backend: &dyn LockBackend, holder: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_lock_with_a_4s_session_timeout_gets_a_4s_session() {
-    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
-        .await
-        .expect("ZooKeeper starts");
+    let zk = zookeeper().await;
     let path = format!("/session-timeout/{}", support::unique_suffix());
     let spec: DistributedLockSpec = serde_json::from_value(json!({
         "backend": { "zookeeper": {
@@ -97,9 +102,7 @@ async fn a_distributed_lock_with_a_4s_session_timeout_gets_a_4s_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_session_timeout_flag_reaches_zookeeper() {
-    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
-        .await
-        .expect("ZooKeeper starts");
+    let zk = zookeeper().await;
     let path = format!("/session-timeout/{}", support::unique_suffix());
     let url = format!("zk://{}{path}", zk.connect_string());
     let mut run = tokio::process::Command::new(BIN)
@@ -127,9 +130,7 @@ async fn the_operator_opens_the_session_timeout_a_distributed_lock_asks_for() {
     use kube::api::{Api, PostParams};
     use lockwarden::api::DistributedLock;
 
-    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
-        .await
-        .expect("ZooKeeper starts");
+    let zk = zookeeper().await;
     let (client, ns) =
         support::kube::namespace_with_controller("session-timeout", "session-cluster").await;
     let path = format!("/session-timeout/{}", support::unique_suffix());

@@ -112,45 +112,20 @@ mod tests {
         Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap())
     }
 
+    /// `Acquired=False`, waiting, with `message`, written at `secs`.
+    fn waiting(message: &str, secs: i64) -> Condition {
+        condition(ACQUIRED, false, reason::WAITING, message, Some(1), at(secs))
+    }
+
     #[test]
     fn set_keeps_transition_time_while_status_is_unchanged() {
         let mut conds = Vec::new();
-        assert!(set_condition(
-            &mut conds,
-            condition(
-                ACQUIRED,
-                false,
-                reason::WAITING,
-                "held by x",
-                Some(1),
-                at(10)
-            )
-        ));
+        assert!(set_condition(&mut conds, waiting("held by x", 10)));
         // Same status and content: no change, time kept.
-        assert!(!set_condition(
-            &mut conds,
-            condition(
-                ACQUIRED,
-                false,
-                reason::WAITING,
-                "held by x",
-                Some(1),
-                at(20)
-            )
-        ));
+        assert!(!set_condition(&mut conds, waiting("held by x", 20)));
         assert_eq!(conds[0].last_transition_time, at(10));
         // Same status, new message: a change, time still kept.
-        assert!(set_condition(
-            &mut conds,
-            condition(
-                ACQUIRED,
-                false,
-                reason::WAITING,
-                "held by y",
-                Some(1),
-                at(30)
-            )
-        ));
+        assert!(set_condition(&mut conds, waiting("held by y", 30)));
         assert_eq!(conds[0].last_transition_time, at(10));
         assert_eq!(conds[0].message, "held by y");
         // New status: new time.

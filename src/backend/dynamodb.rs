@@ -422,35 +422,34 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         }
         Some(_) => false,
     };
-    if !written_by_lockwarden {
+    let (nonce, fence, acquired_at, renewed_at) = if written_by_lockwarden {
+        (
+            s(item, NONCE)?.clone(),
+            FenceToken(n(item, FENCE)?),
+            optional_ms(ACQUIRED),
+            optional_ms(RENEWED),
+        )
+    } else {
         // Another client (dynamolock) wrote the item last: it holds (or released) it
         // under its ownerName. A fence lockwarden left behind (dynamolock copies
         // unknown attributes) is where the next lockwarden acquisition continues.
-        return Ok(LockRecord {
-            holder,
-            nonce: format!("{FOREIGN_NONCE_PREFIX}{rvn}"),
-            revision: rvn.clone(),
-            fence: FenceToken(if item.contains_key(FENCE) {
-                n(item, FENCE)?
-            } else {
-                0
-            }),
-            lease,
-            state: if released {
-                LockState::Released
-            } else {
-                LockState::Held
-            },
-            data,
-            acquired_at: SystemTime::UNIX_EPOCH,
-            renewed_at: SystemTime::UNIX_EPOCH,
-        });
-    }
+        let fence = if item.contains_key(FENCE) {
+            n(item, FENCE)?
+        } else {
+            0
+        };
+        (
+            format!("{FOREIGN_NONCE_PREFIX}{rvn}"),
+            FenceToken(fence),
+            SystemTime::UNIX_EPOCH,
+            SystemTime::UNIX_EPOCH,
+        )
+    };
     Ok(LockRecord {
         holder,
-        nonce: s(item, NONCE)?.clone(),
+        nonce,
         revision: rvn.clone(),
-        fence: FenceToken(n(item, FENCE)?),
+        fence,
         lease,
         state: if released {
             LockState::Released
@@ -458,8 +457,8 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             LockState::Held
         },
         data,
-        acquired_at: optional_ms(ACQUIRED),
-        renewed_at: optional_ms(RENEWED),
+        acquired_at,
+        renewed_at,
     })
 }
 

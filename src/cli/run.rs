@@ -20,8 +20,8 @@ use super::progress::Progress;
 use super::{BackendArgs, CliError, default_holder, exit, print_warning, sys};
 use crate::backend::Target;
 use crate::lock::{
-    AcquireRequest, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason, RenewPolicy,
-    Stored,
+    AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
+    RenewPolicy, Stored,
 };
 
 /// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
@@ -95,14 +95,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     };
 
     let shown = display_command(&args.command);
-    let mut child = match tokio::process::Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("LOCKWARDEN_FENCE", fence.to_string())
-        .env("LOCKWARDEN_HOLDER", &holder)
-        .env("LOCKWARDEN_URL", &url)
-        .env("LOCKWARDEN_NONCE", &nonce)
-        .spawn()
-    {
+    let mut child = match spawn(&args.command, fence, &holder, &url, &nonce) {
         Ok(child) => child,
         Err(source) => {
             if let Err(e) = held.release().await {
@@ -136,23 +129,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     };
 
     match outcome {
-        Ok(Ok(status)) => {
-            tracing::info!(%url, %status, "command exited; releasing");
-            if let Err(e) = held.release().await {
-                print_warning(&format!(
-                    "{e} (releasing after the command exited; the lease ends it in {})",
-                    humantime::format_duration(args.lease)
-                ));
-            }
-            Ok(exit_code(status))
-        }
-        Ok(Err(source)) => {
-            let _ = held.release().await;
-            Err(CliError::Io {
-                context: format!("{url}: waiting for {shown:?}"),
-                source,
-            })
-        }
+        Ok(waited) => finish(waited, held, &url, &shown, args.lease).await,
         Err(state) => {
             let action = terminate(&mut child, &shown, args.grace).await;
             // A lock in jeopardy (not renewed in time) may still be ours: give it back,
@@ -162,6 +139,52 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
                 url,
                 reason: loss_reason(&state, backend.as_ref(), &nonce).await,
                 action,
+            })
+        }
+    }
+}
+
+/// Starts COMMAND with the lock's fence, holder, URL and nonce in its environment.
+fn spawn(
+    command: &[OsString],
+    fence: FenceToken,
+    holder: &str,
+    url: &str,
+    nonce: &str,
+) -> std::io::Result<Child> {
+    tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("LOCKWARDEN_FENCE", fence.to_string())
+        .env("LOCKWARDEN_HOLDER", holder)
+        .env("LOCKWARDEN_URL", url)
+        .env("LOCKWARDEN_NONCE", nonce)
+        .spawn()
+}
+
+/// COMMAND ended while the lock was held: release it, and pass COMMAND's status on.
+async fn finish(
+    waited: std::io::Result<ExitStatus>,
+    held: HeldLock,
+    url: &str,
+    shown: &str,
+    lease: Duration,
+) -> Result<u8, CliError> {
+    match waited {
+        Ok(status) => {
+            tracing::info!(%url, %status, "command exited; releasing");
+            if let Err(e) = held.release().await {
+                print_warning(&format!(
+                    "{e} (releasing after the command exited; the lease ends it in {})",
+                    humantime::format_duration(lease)
+                ));
+            }
+            Ok(exit_code(status))
+        }
+        Err(source) => {
+            let _ = held.release().await;
+            Err(CliError::Io {
+                context: format!("{url}: waiting for {shown:?}"),
+                source,
             })
         }
     }

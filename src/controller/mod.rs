@@ -20,6 +20,7 @@
 //! releases (which wake every lock waiting on the same backend key).
 
 pub mod connect;
+mod events;
 // TEMPORARY until H2's api::BackendSpec::target lands.
 pub mod holders;
 pub mod jobs;
@@ -135,8 +136,9 @@ async fn wait_for_lock_api(api: &Api<DistributedLock>) -> Result<(), ControllerE
     }
 }
 
-/// The controller with an already running telemetry endpoint.
-pub(crate) async fn run_with(
+/// The controller reporting into `telemetry` (the caller serves it, or reads it: an
+/// embedding process or a test).
+pub async fn run_with(
     client: kube::Client,
     config: ControllerConfig,
     telemetry: Arc<Telemetry>,

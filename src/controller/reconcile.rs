@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -31,6 +31,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::connect::{ConnectFailure, backend_for};
+use super::events::Events;
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired};
 use super::waiters::{WaitStart, WaiterIndex};
@@ -65,7 +66,7 @@ pub enum ReconcileError {
 pub struct Context {
     pub client: kube::Client,
     pub config: ControllerConfig,
-    recorder: Recorder,
+    events: Events,
     holders: Holders,
     /// Locks waiting for their key, each with the backend it keeps between attempts.
     waiters: WaiterIndex<Arc<dyn LockBackend>>,
@@ -80,12 +81,8 @@ impl Context {
         wake: UnboundedSender<ObjectRef<DistributedLock>>,
         telemetry: Arc<Telemetry>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: config.reporter.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::new(client.clone(), &config),
             client,
             config,
             holders: Holders::default(),
@@ -103,16 +100,9 @@ impl Context {
     }
 
     async fn event(&self, lock: &DistributedLock, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: reason.to_string(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &lock.object_ref(&())).await {
-            tracing::debug!(error = %e, "cannot publish event");
-        }
+        self.events
+            .publish(&lock.object_ref(&()), type_, reason, note)
+            .await;
     }
 }
 

@@ -157,12 +157,12 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
             };
             let record =
                 LockRecord::new_acquisition(&req.holder, fence, req.lease, req.data.clone());
-            match self.write_acquisition(&mut st, expected, record).await? {
-                Written::Acquired(mut lease) => {
-                    lease.forced_from = forced_from;
-                    return Ok(Attempt::Acquired(lease));
-                }
-                Written::LostRace => continue,
+            // `None`: the condition failed — someone else wrote first (or an SDK-level
+            // retry found our first try had landed: it stays pending, so the next look
+            // adopts it).
+            if let Some(mut lease) = self.write_acquisition(&mut st, expected, record).await? {
+                lease.forced_from = forced_from;
+                return Ok(Attempt::Acquired(lease));
             }
         }
         // Every write lost a race; report whoever holds it now.
@@ -293,14 +293,6 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
     }
 }
 
-/// How one conditional acquisition write ended, when it did not fail outright.
-enum Written {
-    Acquired(Lease),
-    /// The condition failed: someone else wrote first (or an SDK-level retry found
-    /// our first try had landed; it stays pending so the next look adopts it).
-    LostRace,
-}
-
 impl<S: RecordStore> CasLock<S> {
     /// Rule 4 across attempts: an earlier acquisition write whose reply was lost is
     /// found in the store, so it is ours.
@@ -383,13 +375,13 @@ impl<S: RecordStore> CasLock<S> {
     }
 
     /// The acquisition's one conditional write (create if absent, else replace the
-    /// version read), with rule 4 for a reply that never came.
+    /// version read), with rule 4 for a reply that never came. `None`: lost a race.
     async fn write_acquisition(
         &self,
         st: &mut ContenderState,
         expected: Option<Version>,
         record: LockRecord,
-    ) -> Result<Written, LockError> {
+    ) -> Result<Option<Lease>, LockError> {
         let sent = Instant::now();
         let written = match &expected {
             None => self.store.create(&record).await,
@@ -399,12 +391,12 @@ impl<S: RecordStore> CasLock<S> {
             Ok(version) => {
                 st.pending = None;
                 st.observer.forget();
-                Ok(Written::Acquired(self.lease_from(record, version, sent)))
+                Ok(Some(self.lease_from(record, version, sent)))
             }
             Err(StoreError::Conflict { current }) => {
                 st.pending = Some((record, sent));
                 st.last_seen = current.map(|c| *c);
-                Ok(Written::LostRace)
+                Ok(None)
             }
             Err(StoreError::Indeterminate(cause)) => {
                 st.pending = Some((record.clone(), sent));
@@ -412,7 +404,7 @@ impl<S: RecordStore> CasLock<S> {
                     Some(version) => {
                         st.pending = None;
                         st.observer.forget();
-                        Ok(Written::Acquired(self.lease_from(record, version, sent)))
+                        Ok(Some(self.lease_from(record, version, sent)))
                     }
                     // Not there (yet): keep it pending, so a later attempt that finds
                     // it adopts it instead of waiting on itself.

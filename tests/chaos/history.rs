@@ -265,20 +265,6 @@ impl History {
         });
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn status(
-        &self,
-        lock: &str,
-        key: &str,
-        acquired: bool,
-        fence: u64,
-        nonce: &str,
-        holder: &str,
-        raw: Value,
-    ) {
-        self.status_at(self.now(), lock, key, acquired, fence, nonce, holder, raw);
-    }
-
     /// A status seen at `t`.
     #[allow(clippy::too_many_arguments)]
     pub fn status_at(

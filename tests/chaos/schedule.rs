@@ -475,7 +475,8 @@ pub async fn run(plan: Plan) -> Outcome {
                     let fence = status.fence.unwrap_or(0) as u64;
                     let id = format!("{cluster}/{name}");
                     latest.lock().unwrap().insert(id.clone(), (acquired, fence));
-                    history.status(
+                    history.status_at(
+                        history.now(),
                         &id,
                         &urls[k],
                         acquired,

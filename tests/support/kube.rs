@@ -632,6 +632,19 @@ pub async fn install_lockwarden_crd(client: &Client) {
 /// controller (cluster name `cluster`) watching only that namespace; test logs follow
 /// `RUST_LOG`.
 pub async fn namespace_with_controller(prefix: &str, cluster: &str) -> (Client, String) {
+    let (client, namespace, _) = namespace_with_observed_controller(prefix, cluster).await;
+    (client, namespace)
+}
+
+/// [`namespace_with_controller`], also returning the controller's metrics.
+pub async fn namespace_with_observed_controller(
+    prefix: &str,
+    cluster: &str,
+) -> (
+    Client,
+    String,
+    std::sync::Arc<lockwarden::telemetry::Telemetry>,
+) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -648,13 +661,15 @@ pub async fn namespace_with_controller(prefix: &str, cluster: &str) -> (Client, 
         namespace: Some(namespace.clone()),
         ..Default::default()
     };
-    let controller_client = client.clone();
+    let telemetry = std::sync::Arc::new(lockwarden::telemetry::Telemetry::new());
+    let (controller_client, observed) = (client.clone(), telemetry.clone());
     tokio::spawn(async move {
-        if let Err(e) = lockwarden::controller::run(controller_client, config).await {
+        if let Err(e) = lockwarden::controller::run_with(controller_client, config, observed).await
+        {
             panic!("controller failed: {e}");
         }
     });
-    (client, namespace)
+    (client, namespace, telemetry)
 }
 
 /// Plays the kubelet for a Job's Pods (there is none): every Pod of Job `job` that is
@@ -742,4 +757,26 @@ pub async fn wait_pods_with_fence(
         },
     )
     .await
+}
+
+/// A Job of one Pod that exits at once, with `annotations`, created suspended (the way a
+/// gated Job is) or not.
+pub fn job(
+    name: &str,
+    annotations: &[(&str, &str)],
+    suspend: bool,
+) -> k8s_openapi::api::batch::v1::Job {
+    let annotations: std::collections::BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "annotations": annotations },
+        "spec": {
+            "suspend": suspend,
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "restartPolicy": "Never",
+                "containers": [{ "name": "work", "image": "busybox:1.36", "command": ["true"] }],
+            }},
+        },
+    }))
+    .expect("a Job")
 }

@@ -26,8 +26,9 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The environment `scripts/testenv env` prints, read once per test binary.
@@ -131,6 +132,36 @@ fn spawn_from_keeper(cmd: Command) -> io::Result<Child> {
 
 /// A running server process. Killed (with its process group) on drop; its combined
 /// stdout/stderr stays in `log`.
+/// The process slot of a server that can be stopped and started again on its port.
+/// Claims the empty slot for a new start and numbers it (each start logs to a file of
+/// its own); panics if a process is still running there.
+pub fn claim_slot<'a>(
+    slot: &'a Mutex<Option<ServerProcess>>,
+    starts: &AtomicU32,
+    what: &str,
+) -> (MutexGuard<'a, Option<ServerProcess>>, u32) {
+    let guard = slot.lock().unwrap();
+    assert!(guard.is_none(), "{what} is already running");
+    (guard, starts.fetch_add(1, Ordering::Relaxed) + 1)
+}
+
+/// Whether a process in `slot` runs (it may have exited on its own).
+pub fn slot_is_running(slot: &Mutex<Option<ServerProcess>>) -> bool {
+    slot.lock()
+        .unwrap()
+        .as_mut()
+        .is_some_and(|s| s.is_running())
+}
+
+/// The log tail of the process in `slot`, if one runs (for failure messages).
+pub fn slot_log_tail(slot: &Mutex<Option<ServerProcess>>, lines: usize) -> String {
+    slot.lock()
+        .unwrap()
+        .as_ref()
+        .map(|s| s.log_tail(lines))
+        .unwrap_or_default()
+}
+
 pub struct ServerProcess {
     pub name: String,
     pub log: PathBuf,

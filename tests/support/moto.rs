@@ -20,7 +20,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,10 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_s3::config::{Credentials, Region};
 
-use super::{ServerProcess, free_port, tool, unique_suffix, wait_until, work_dir};
+use super::{
+    ServerProcess, claim_slot, free_port, slot_is_running, slot_log_tail, tool, unique_suffix,
+    wait_until, work_dir,
+};
 
 /// Region every test client uses (moto accepts any; this one needs no bucket
 /// LocationConstraint).
@@ -80,13 +83,11 @@ impl Moto {
 
     /// Starts the process on `self.port` and waits until it answers HTTP.
     fn start_process(&self) {
-        let mut slot = self.process.lock().unwrap();
-        assert!(
-            slot.is_none(),
-            "moto on port {} is already running",
-            self.port
+        let (mut slot, n) = claim_slot(
+            &self.process,
+            &self.starts,
+            &format!("moto on port {}", self.port),
         );
-        let n = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
         // LOCKWARDEN_MOTO_UNSERIALIZED=1 runs plain `moto_server`, e.g. to see whether
         // a newer moto passes the canary on its own.
         let mut cmd = if std::env::var_os("LOCKWARDEN_MOTO_UNSERIALIZED").is_some() {
@@ -147,11 +148,7 @@ impl Moto {
     }
 
     pub fn is_running(&self) -> bool {
-        self.process
-            .lock()
-            .unwrap()
-            .as_mut()
-            .is_some_and(|s| s.is_running())
+        slot_is_running(&self.process)
     }
 
     pub fn port(&self) -> u16 {
@@ -165,12 +162,7 @@ impl Moto {
 
     /// The server's current log file (for failure messages).
     pub fn log_tail(&self, lines: usize) -> String {
-        self.process
-            .lock()
-            .unwrap()
-            .as_ref()
-            .map(|s| s.log_tail(lines))
-            .unwrap_or_default()
+        slot_log_tail(&self.process, lines)
     }
 
     /// Shared AWS config pointing at this server (see [`sdk_config_for`]).

@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{ServerProcess, free_port, tool, unique_suffix, wait_until, work_dir};
+use super::{
+    ServerProcess, claim_slot, free_port, slot_is_running, slot_log_tail, tool, unique_suffix,
+    wait_until, work_dir,
+};
 
 pub const TICK_TIME: Duration = Duration::from_millis(250);
 /// The smallest session timeout the servers grant.
@@ -321,11 +324,7 @@ impl ZkNode {
     }
 
     pub fn is_running(&self) -> bool {
-        self.process
-            .lock()
-            .unwrap()
-            .as_mut()
-            .is_some_and(|s| s.is_running())
+        slot_is_running(&self.process)
     }
 
     pub fn is_paused(&self) -> bool {
@@ -352,22 +351,15 @@ impl ZkNode {
     }
 
     pub fn log_tail(&self, lines: usize) -> String {
-        self.process
-            .lock()
-            .unwrap()
-            .as_ref()
-            .map(|s| s.log_tail(lines))
-            .unwrap_or_default()
+        slot_log_tail(&self.process, lines)
     }
 
     fn spawn(&self) {
-        let mut slot = self.process.lock().unwrap();
-        assert!(
-            slot.is_none(),
-            "ZooKeeper node {} is already running",
-            self.id
+        let (mut slot, n) = claim_slot(
+            &self.process,
+            &self.starts,
+            &format!("ZooKeeper node {}", self.id),
         );
-        let n = self.starts.fetch_add(1, Ordering::Relaxed) + 1;
         let mut cmd = Command::new(tool("ZOOKEEPER_SERVER"));
         cmd.arg(&self.config);
         *slot = Some(ServerProcess::start(

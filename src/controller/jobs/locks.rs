@@ -113,16 +113,7 @@ async fn claimed_by_other(
     }
     // The claimant is gone or finished without letting go (its finalizer was
     // removed by hand): release and unclaim, then claim on a later pass.
-    let patch = json!({
-        "metadata": {
-            "resourceVersion": lock.resource_version(),
-            "annotations": { CLAIM_ANNOTATION: null },
-        },
-        "spec": { "release": true },
-    });
-    locks
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    release_and_unclaim(locks, lock).await?;
     Ok(Claim::Waiting(
         EventType::Normal,
         "Waiting",
@@ -256,20 +247,34 @@ pub(super) async fn let_go(
                 return Ok(None);
             }
             let fence = lock.status.as_ref().and_then(|s| s.fence);
-            let patch = json!({
-                "metadata": {
-                    "resourceVersion": lock.resource_version(),
-                    "annotations": { CLAIM_ANNOTATION: null },
-                },
-                "spec": { "release": true },
-            });
-            locks
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
+            release_and_unclaim(locks, &lock).await?;
             Ok(Some(match fence {
                 Some(f) => format!("released lock {name} (fence {f})"),
                 None => format!("released lock {name}"),
             }))
         }
     }
+}
+
+/// Lets a named lock go and drops its claim, in one write conditioned on the version
+/// read (a lost race is retried by the next reconcile).
+async fn release_and_unclaim(
+    locks: &Api<DistributedLock>,
+    lock: &DistributedLock,
+) -> Result<(), kube::Error> {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": lock.resource_version(),
+            "annotations": { CLAIM_ANNOTATION: null },
+        },
+        "spec": { "release": true },
+    });
+    locks
+        .patch(
+            &lock.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }

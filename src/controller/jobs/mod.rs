@@ -51,12 +51,13 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 
+use super::events::Events;
 use super::{ControllerConfig, FINALIZER};
 use crate::api::DistributedLock;
 use crate::telemetry::Telemetry;
@@ -99,7 +100,7 @@ pub enum JobError {
 pub struct JobContext {
     pub client: kube::Client,
     pub config: ControllerConfig,
-    recorder: Recorder,
+    events: Events,
     /// The Controller's cache of Jobs.
     jobs: Store<Job>,
     pub telemetry: Arc<Telemetry>,
@@ -118,12 +119,8 @@ impl JobContext {
         jobs: Store<Job>,
         telemetry: Arc<Telemetry>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: config.reporter.clone(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         JobContext {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::new(client.clone(), &config),
             client,
             config,
             jobs,
@@ -133,19 +130,10 @@ impl JobContext {
     }
 
     async fn event(&self, job: &Job, type_: EventType, reason: &str, note: String) {
-        let ev = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: reason.to_string(),
-            secondary: None,
-        };
         // With the resourceVersion: see `writes::report`.
         let mut regarding = job.object_ref(&());
         regarding.resource_version = job.resource_version();
-        if let Err(e) = self.recorder.publish(&ev, &regarding).await {
-            tracing::debug!(error = %e, "cannot publish event");
-        }
+        self.events.publish(&regarding, type_, reason, note).await;
     }
 
     /// How long the lock of Job `uid` has been seen not held (zero the first time).
