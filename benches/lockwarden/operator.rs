@@ -115,6 +115,7 @@ impl OperatorEnv {
                     region: Some(support::moto::REGION.into()),
                     endpoint: Some(env.moto.endpoint()),
                     force_path_style: Some(true),
+                    s3lock_compatible: None,
                     credentials_secret_ref: secret,
                 }),
                 ..Default::default()
