@@ -180,7 +180,8 @@ impl Status {
 
 pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
-    let stored = backend.inspect().await?;
+    // A store that is still starting is retried for the connect timeout, as `lock` does.
+    let stored = crate::lock::when_reachable(|| backend.inspect()).await?;
     let note = stored.as_ref().and_then(|s| backend.note(s));
     let status = Status {
         note,

@@ -117,6 +117,26 @@ pub async fn acquire_with_progress(
     }
 }
 
+/// Runs `request` (one look at the store, e.g. `inspect`) again while the store cannot
+/// be reached yet, for up to [`CONNECT_TIMEOUT`]; the last error after that.
+pub async fn when_reachable<T, F, Fut>(mut request: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LockError>>,
+{
+    let until = Instant::now() + CONNECT_TIMEOUT;
+    let mut pause = POLL_MIN;
+    loop {
+        match request().await {
+            Err(e) if e.is_transient() && Instant::now() + pause < until => {
+                tokio::time::sleep(pause).await;
+                pause = pause.mul_f64(1.5).min(POLL_MAX);
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Acquires the lock, waiting as `wait` allows.
 pub async fn acquire(
     backend: &dyn LockBackend,

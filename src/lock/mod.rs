@@ -20,7 +20,7 @@ pub mod memory;
 pub mod names;
 pub mod record;
 
-pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress};
+pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress, when_reachable};
 pub use backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, StoreError};
 pub use cas::CasLock;
 pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};

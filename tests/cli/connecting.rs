@@ -85,3 +85,29 @@ async fn lock_with_wait_reaches_a_dynamodb_endpoint_that_serves_after_the_connec
     )
     .await;
 }
+
+/// `status` too keeps trying a store that does not serve yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reaches_a_zookeeper_that_starts_serving_after_the_command() {
+    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
+        .await
+        .unwrap();
+    let proxy = Proxy::start(zk.nodes()[0].port());
+    proxy.set_mode(Mode::Refuse);
+    let url = format!(
+        "zk://{}/lockwarden-cli/{}",
+        proxy.address(),
+        unique("late-status")
+    );
+    let lw = Cli::new();
+    let child = lw.spawn(&["status", &url, "-o", "json"]);
+    eventually("status to reach the store that is not serving", || async {
+        (proxy.accepted() > 0).then_some(())
+    })
+    .await;
+    proxy.set_mode(Mode::Pass);
+    let out = finish(child, String::new()).await;
+    out.ok();
+    let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
+    assert_eq!(status["state"], "absent", "{status}");
+}
