@@ -21,14 +21,13 @@ use kube::api::{Api, DeleteParams, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, S3Backend, SecretRef};
 use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
-use lockwarden::controller::{self, ControllerConfig};
 use lockwarden::lock::{
     AcquireRequest, Attempt, HeldLock, LockBackend, LockError, LockState, Wait, acquire,
 };
 use serde_json::Value;
 use support::cli::Cli;
 use support::eventually;
-use support::kube::{ControlPlane, install_lockwarden_crd};
+use support::kube::ControlPlane;
 use support::locks::lease_lock_timed;
 use support::moto::{self, Moto};
 use support::unique;
@@ -376,33 +375,8 @@ async fn status_of_a_released_s3_key_says_s3lock_sees_it_held_and_names_the_opti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_lock_with_s3lock_compatible_lets_s3lock_lock_after_its_release() {
     let (bucket, key, _url) = s3_key().await;
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_lockwarden_crd(&client).await;
-    let ns = plane.namespace(&client, "interop-s3lock").await;
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "aws"},
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": moto::ACCESS_KEY_ID,
-            "AWS_SECRET_ACCESS_KEY": moto::SECRET_ACCESS_KEY,
-        },
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .expect("create the Secret");
-    let config = ControllerConfig {
-        cluster_name: "interop".into(),
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    let controller_client = client.clone();
-    tokio::spawn(async move {
-        if let Err(e) = controller::run(controller_client, config).await {
-            panic!("controller failed: {e}");
-        }
-    });
+    let (client, ns) = support::kube::namespace_with_controller("interop-s3lock", "interop").await;
+    support::locks::aws_secret(&client, &ns).await;
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
     let lock = DistributedLock::new(
         "compatible",
@@ -998,21 +972,7 @@ async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() {
     const ROUNDS: usize = 4;
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_lockwarden_crd(&client).await;
-    let ns = plane.namespace(&client, "interop-ha").await;
-    let config = ControllerConfig {
-        cluster_name: "interop".into(),
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    let controller_client = client.clone();
-    tokio::spawn(async move {
-        if let Err(e) = controller::run(controller_client, config).await {
-            panic!("controller failed: {e}");
-        }
-    });
+    let (client, ns) = support::kube::namespace_with_controller("interop-ha", "interop").await;
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
     let leases: Api<KubeLease> = Api::namespaced(client.clone(), &ns);
     let lease_name = "shared-lease";

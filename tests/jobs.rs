@@ -33,7 +33,7 @@ use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
 use serde_json::json;
 use support::eventually;
 use support::kube::{ControlPlane, install_lockwarden_crd as install_crd, job};
-use support::locks::{acquired, lease_lock, phase};
+use support::locks::{acquired, lease_lock, phase, wait_phase};
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -419,14 +419,7 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
     }
 
     finish(&jobs, "migrate", true).await;
-    let released = eventually("the named lock to be released", TIMEOUT, || async {
-        locks
-            .get("migration")
-            .await
-            .ok()
-            .filter(|l| phase(l) == Some(LockPhase::Released))
-    })
-    .await;
+    let released = wait_phase(&locks, "migration", LockPhase::Released, TIMEOUT).await;
     assert!(released.spec.release);
     assert!(!released.annotations().contains_key(CLAIM_ANNOTATION));
     let note = wait_event(&client, &ns, "migrate", "Normal", "Released", "").await;

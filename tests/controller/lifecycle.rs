@@ -89,14 +89,7 @@ async fn release_true_releases_the_lease() {
         )
         .await
         .unwrap();
-    let released = eventually("the lock to be Released", TIMEOUT, || async {
-        locks
-            .get("job")
-            .await
-            .ok()
-            .filter(|l| phase(l) == Some(LockPhase::Released))
-    })
-    .await;
+    let released = wait_phase(&locks, "job", LockPhase::Released, TIMEOUT).await;
     assert!(!acquired(&released));
     assert_eq!(
         released.acquired_condition().unwrap().reason,
@@ -162,14 +155,7 @@ async fn acquire_timeout_ends_in_failed() {
         .create(&PostParams::default(), &impatient)
         .await
         .unwrap();
-    let failed = eventually("the impatient lock to fail", TIMEOUT, || async {
-        locks
-            .get("impatient")
-            .await
-            .ok()
-            .filter(|l| phase(l) == Some(LockPhase::Failed))
-    })
-    .await;
+    let failed = wait_phase(&locks, "impatient", LockPhase::Failed, TIMEOUT).await;
     assert!(started.elapsed() >= Duration::from_secs(2));
     let cond = failed.acquired_condition().unwrap();
     assert_eq!(cond.reason, reason::ACQUIRE_TIMEOUT);
@@ -206,14 +192,7 @@ async fn force_takes_over_and_the_old_holder_is_lost() {
     let new = wait_acquired(&locks, "new", TIMEOUT).await;
     assert_eq!(new.acquired_condition().unwrap().reason, reason::FORCED);
     assert!(new.status.unwrap().fence > old.status.unwrap().fence);
-    let lost = eventually("the old holder to be Lost", TIMEOUT, || async {
-        locks
-            .get("old")
-            .await
-            .ok()
-            .filter(|l| phase(l) == Some(LockPhase::Lost))
-    })
-    .await;
+    let lost = wait_phase(&locks, "old", LockPhase::Lost, TIMEOUT).await;
     assert!(!acquired(&lost));
     assert_eq!(lost.acquired_condition().unwrap().reason, reason::LOST);
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client, &ns);

@@ -25,7 +25,7 @@ use serde_json::json;
 use support::eventually;
 use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 use support::locks::{
-    acquired, aws_secret, lease_lock_timed, phase, s3_lock, timed, wait_acquired,
+    acquired, aws_secret, lease_lock_timed, phase, s3_lock, timed, wait_acquired, wait_phase,
 };
 
 /// Generous: the test machine is a loaded 2-core box.

@@ -331,14 +331,7 @@ async fn acquire_timeout_survives_a_controller_restart() {
     }
     let restarted = Instant::now();
     let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
-    let failed = eventually("the lock to fail", TIMEOUT, || async {
-        locks
-            .get("impatient")
-            .await
-            .ok()
-            .filter(|l| phase(l) == Some(LockPhase::Failed))
-    })
-    .await;
+    let failed = wait_phase(&locks, "impatient", LockPhase::Failed, TIMEOUT).await;
     let after_restart = restarted.elapsed();
     let cond = failed.acquired_condition().unwrap();
     assert_eq!(cond.reason, reason::ACQUIRE_TIMEOUT, "{}", cond.message);

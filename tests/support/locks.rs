@@ -98,6 +98,23 @@ pub fn phase(lock: &DistributedLock) -> Option<LockPhase> {
     lock.status.as_ref().and_then(|s| s.phase)
 }
 
+/// Waits until the lock `name` is in `phase`; returns it.
+pub async fn wait_phase(
+    locks: &Api<DistributedLock>,
+    name: &str,
+    phase: LockPhase,
+    timeout: Duration,
+) -> DistributedLock {
+    super::eventually(&format!("{name} to be {phase}"), timeout, || async {
+        locks
+            .get(name)
+            .await
+            .ok()
+            .filter(|l| self::phase(l) == Some(phase))
+    })
+    .await
+}
+
 /// Waits until the lock `name` is Acquired; returns it.
 pub async fn wait_acquired(
     locks: &Api<DistributedLock>,
