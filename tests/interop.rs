@@ -22,7 +22,7 @@ use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, S3Backend, SecretRef};
 use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
 use lockwarden::lock::{
-    AcquireRequest, Attempt, HeldLock, LockBackend, LockError, LockState, Wait, acquire,
+    AcquireRequest, Attempt, HeldLock, Lease, LockBackend, LockError, LockState, Wait, acquire,
 };
 use serde_json::Value;
 use support::cli::Cli;
@@ -160,6 +160,24 @@ fn request(holder: &str, lease: Duration) -> AcquireRequest {
 }
 
 /// One attempt, which must find the lock held by a holder whose name contains `by`.
+/// `lockwarden` takes the key with a 30 s lease, waiting as `wait` says.
+async fn lockwarden_acquires(backend: &dyn LockBackend, wait: Wait, why: &str) -> Lease {
+    acquire(
+        backend,
+        &request("lockwarden", Duration::from_secs(30)),
+        wait,
+    )
+    .await
+    .expect(why)
+}
+
+/// Holds a key nobody holds yet (renewed in the background until released).
+async fn hold_free_key(backend: &Arc<dyn LockBackend>, holder: &str, lease: Duration) -> HeldLock {
+    HeldLock::acquire(backend.clone(), &request(holder, lease), Wait::No)
+        .await
+        .expect("acquire a free key")
+}
+
 async fn assert_engine_sees_held(backend: &dyn LockBackend, by: &str) {
     match backend
         .try_acquire(&request("lockwarden-probe", Duration::from_secs(30)))
@@ -276,13 +294,12 @@ async fn s3lock_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
 
     holder.release().await;
-    let lease = acquire(
+    let lease = lockwarden_acquires(
         backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(30)),
         Wait::For(TIMEOUT),
+        "lockwarden acquires once s3lock unlocked",
     )
-    .await
-    .expect("lockwarden acquires once s3lock unlocked");
+    .await;
     backend.release(&lease).await.expect("release");
 }
 
@@ -292,13 +309,7 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
 
     // Engine, s3lock-compatible: the release deletes the object.
     let backend = engine(&url, &aws_options(true)).await;
-    let held = HeldLock::acquire(
-        backend.clone(),
-        &request("lockwarden-engine", Duration::from_secs(30)),
-        Wait::No,
-    )
-    .await
-    .expect("acquire a free key");
+    let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(30)).await;
     assert_eq!(
         s3lock(&bucket, &key, "0s").exit_code().await,
         3,
@@ -484,13 +495,12 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
 
     holder.release().await;
     // Its release (isReleased = "1") is a free lock: no lease wait.
-    let lease = acquire(
+    let lease = lockwarden_acquires(
         backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(30)),
         Wait::No,
+        "lockwarden acquires at once after dynamolock released",
     )
-    .await
-    .expect("lockwarden acquires at once after dynamolock released");
+    .await;
     let first = lease.fence();
     backend.release(&lease).await.expect("release");
 
@@ -498,13 +508,7 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
     let mut again = dynamolock(&table, &key, &owner, "0s");
     again.expect("ACQUIRED").await;
     again.release().await;
-    let lease = acquire(
-        backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(30)),
-        Wait::No,
-    )
-    .await
-    .expect("acquire");
+    let lease = lockwarden_acquires(backend.as_ref(), Wait::No, "acquire").await;
     assert!(
         lease.fence() > first,
         "fence went from {first} to {}",
@@ -517,13 +521,7 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
 async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release() {
     let (table, key, url) = dynamo_key().await;
     let backend = engine(&url, &aws_options(false)).await;
-    let held = HeldLock::acquire(
-        backend.clone(),
-        &request("lockwarden-engine", Duration::from_secs(6)),
-        Wait::No,
-    )
-    .await
-    .expect("acquire a free key");
+    let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(6)).await;
     assert_eq!(
         dynamolock(&table, &key, "d1", "0s").exit_code().await,
         3,
@@ -561,13 +559,12 @@ async fn a_dynamolock_holder_that_stops_heartbeating_is_taken_over_after_its_lea
     assert_engine_sees_held(backend.as_ref(), "stalled").await;
     holder.send("stop-heartbeat").await;
     holder.expect("HEARTBEAT-STOPPED").await;
-    let lease = acquire(
+    let lease = lockwarden_acquires(
         backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(30)),
         Wait::For(TIMEOUT),
+        "lockwarden takes over once the lease ran out unrenewed",
     )
-    .await
-    .expect("lockwarden takes over once the lease ran out unrenewed");
+    .await;
     // The stalled holder's release is refused: it is no longer the owner.
     holder.send("release").await;
     let line = holder.next().await;

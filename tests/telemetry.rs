@@ -10,7 +10,6 @@ use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend};
 use lockwarden::controller::{self, ControllerConfig};
 use support::eventually;
-use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -54,10 +53,7 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_readiness() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let namespace = plane.namespace(&client, "telemetry").await;
+    let (client, namespace) = support::kube::namespace_with_crd("telemetry").await;
     let port = support::free_port();
     let config = ControllerConfig {
         cluster_name: "test-cluster".into(),

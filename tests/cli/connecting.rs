@@ -37,12 +37,17 @@ async fn lock_while_the_store_starts(
     lw.unlock("early.lock").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lock_reaches_a_zookeeper_that_starts_serving_after_the_command() {
+/// A proxy in front of the shared ZooKeeper: the store as the command sees it.
+async fn zookeeper_behind_a_proxy() -> Proxy {
     let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
         .await
         .unwrap();
-    let proxy = Proxy::start(zk.nodes()[0].port());
+    Proxy::start(zk.nodes()[0].port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_reaches_a_zookeeper_that_starts_serving_after_the_command() {
+    let proxy = zookeeper_behind_a_proxy().await;
     let url = format!(
         "zk://{}/lockwarden-cli/{}",
         proxy.address(),
@@ -89,10 +94,7 @@ async fn lock_with_wait_reaches_a_dynamodb_endpoint_that_serves_after_the_connec
 /// `status` too keeps trying a store that does not serve yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reaches_a_zookeeper_that_starts_serving_after_the_command() {
-    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
-        .await
-        .unwrap();
-    let proxy = Proxy::start(zk.nodes()[0].port());
+    let proxy = zookeeper_behind_a_proxy().await;
     proxy.set_mode(Mode::Refuse);
     let url = format!(
         "zk://{}/lockwarden-cli/{}",

@@ -374,9 +374,5 @@ async fn assert_resumed(
 
 /// A client, the CRD, and a fresh namespace — no controller: these tests run their own.
 async fn crd_and_namespace(prefix: &str) -> (Client, String) {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let ns = plane.namespace(&client, prefix).await;
-    (client, ns)
+    support::kube::namespace_with_crd(prefix).await
 }

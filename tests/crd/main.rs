@@ -20,18 +20,13 @@ use lockwarden::api::{
 };
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 
 /// The Helm chart's copy of the CRD (`tests/helm/` checks it equals `crds/`).
 const CHART_CRD_DIR: &str = "charts/lockwarden/crds";
 
 /// A client, the CRD installed, and a fresh namespace.
 async fn setup(prefix: &str) -> (Client, String) {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let namespace = plane.namespace(&client, prefix).await;
-    (client, namespace)
+    support::kube::namespace_with_crd(prefix).await
 }
 
 fn dynamic_api(client: &Client, namespace: &str) -> Api<DynamicObject> {

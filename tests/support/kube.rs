@@ -636,6 +636,16 @@ pub async fn namespace_with_controller(prefix: &str, cluster: &str) -> (Client, 
     (client, namespace)
 }
 
+/// A client of the shared control plane, the lockwarden CRD installed, and a fresh
+/// namespace (no controller: for tests that run their own).
+pub async fn namespace_with_crd(prefix: &str) -> (Client, String) {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_lockwarden_crd(&client).await;
+    let namespace = plane.namespace(&client, prefix).await;
+    (client, namespace)
+}
+
 /// [`namespace_with_controller`], also returning the controller's metrics.
 pub async fn namespace_with_observed_controller(
     prefix: &str,
@@ -652,10 +662,7 @@ pub async fn namespace_with_observed_controller(
         )
         .with_test_writer()
         .try_init();
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_lockwarden_crd(&client).await;
-    let namespace = plane.namespace(&client, prefix).await;
+    let (client, namespace) = namespace_with_crd(prefix).await;
     let config = lockwarden::controller::ControllerConfig {
         cluster_name: cluster.into(),
         namespace: Some(namespace.clone()),
