@@ -44,7 +44,7 @@ use lockwarden::controller::FINALIZER;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCE_ANNOTATION, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION,
     ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION, STOPPED_ANNOTATION, TEMPLATE_ANNOTATION,
-    per_job_lock_name,
+    per_job_lock_name, template_annotation,
 };
 use lockwarden::lock::LockBackend;
 use serde_json::json;
@@ -161,16 +161,7 @@ fn suspended(job: &Job) -> bool {
 }
 
 fn fence(job: &Job) -> Option<i64> {
-    job.spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(FENCE_ANNOTATION)?
-        .parse()
-        .ok()
+    template_annotation(job, FENCE_ANNOTATION)?.parse().ok()
 }
 
 fn lock(name: &str, backend: BackendSpec, lease: &str, renew: &str) -> DistributedLock {

@@ -206,6 +206,7 @@ pub fn lost_fence(job: &Job) -> Option<i64> {
     job.annotations().get(LOST_FENCE_ANNOTATION)?.parse().ok()
 }
 
+/// An annotation of the Job's pod template (where the fence goes).
 pub fn template_annotation<'a>(job: &'a Job, key: &str) -> Option<&'a String> {
     job.spec
         .as_ref()?

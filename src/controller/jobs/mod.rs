@@ -41,6 +41,7 @@ mod writes;
 
 pub use gate::{
     Gate, JobPhase, OnLockLost, Settings, finished, max_lost_grace, per_job_lock_name, settings,
+    template_annotation,
 };
 
 use std::collections::HashMap;
