@@ -790,13 +790,7 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
 async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
     let path = format!("/{}", unique("interop-kk-ttl"));
     let backend = zk_engine(&path);
-    let held = HeldLock::acquire(
-        backend.clone(),
-        &request("lockwarden-engine", Duration::from_secs(10)),
-        Wait::No,
-    )
-    .await
-    .expect("acquire");
+    let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(10)).await;
     let mut contender = kafkakit_with(&path, "120s", &["--ttl", "300", "--owner", "ttl-1"]);
     contender.expect("QUEUED").await;
     // Its first pass decides, reading our entry's data: PURGED (our entry taken for

@@ -36,8 +36,8 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use lockwarden::api::{
-    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase, S3Backend,
-    SecretRef, ZooKeeperBackend,
+    BackendSpec, DistributedLock, KubernetesBackend, LockPhase, S3Backend, SecretRef,
+    ZooKeeperBackend,
 };
 use lockwarden::backend::{ConnectOptions, Target};
 use lockwarden::controller::FINALIZER;
@@ -165,15 +165,7 @@ fn fence(job: &Job) -> Option<i64> {
 }
 
 fn lock(name: &str, backend: BackendSpec, lease: &str, renew: &str) -> DistributedLock {
-    DistributedLock::new(
-        name,
-        DistributedLockSpec {
-            backend,
-            lease_duration: lease.into(),
-            renew_interval: renew.into(),
-            ..Default::default()
-        },
-    )
+    support::locks::lock_on(name, backend, lease, renew)
 }
 
 fn lease_backend(lease: &str) -> BackendSpec {

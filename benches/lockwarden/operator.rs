@@ -154,15 +154,7 @@ impl OperatorEnv {
                 ..Default::default()
             },
         };
-        let mut lock = DistributedLock::new(
-            name,
-            DistributedLockSpec {
-                backend,
-                lease_duration: lease.into(),
-                renew_interval: renew.into(),
-                ..Default::default()
-            },
-        );
+        let mut lock = support::locks::lock_on(name, backend, lease, renew);
         lock.metadata.namespace = Some(ns.to_string());
         lock
     }

@@ -36,6 +36,21 @@ pub fn lease_lock_timed(name: &str, lease: &str, duration: &str, renew: &str) ->
     timed(lease_lock(name, lease), duration, renew)
 }
 
+/// A lock named `name` on `backend`, with this lease duration and renew interval.
+pub fn lock_on(name: &str, backend: BackendSpec, duration: &str, renew: &str) -> DistributedLock {
+    timed(
+        DistributedLock::new(
+            name,
+            DistributedLockSpec {
+                backend,
+                ..Default::default()
+            },
+        ),
+        duration,
+        renew,
+    )
+}
+
 /// `lock` with another lease duration and renew interval.
 pub fn timed(mut lock: DistributedLock, duration: &str, renew: &str) -> DistributedLock {
     lock.spec.lease_duration = duration.into();
