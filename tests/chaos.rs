@@ -3,7 +3,8 @@
 //! Each schedule (from a seed, printed) puts K locks on one backend and lets
 //! contenders fight over them: two `lockwarden controller` processes (on two API
 //! servers; for Leases, two namespaces of one) with one `DistributedLock` each per
-//! key, and engine clients (`HeldLock`) — all on the same keys. Every holder writes to
+//! key, engine clients (`HeldLock`), and `lockwarden run` / `lock` + `unlock` processes
+//! (tests/chaos/cli.rs) — all on the same keys. Every holder writes to
 //! a fenced register run by the harness while it claims the lock; faults are injected
 //! at random (SIGKILL/SIGSTOP of controllers, network faults per contender through the
 //! fault proxy, moto/ZooKeeper/API-server outages, ZooKeeper session expiry); the
@@ -15,6 +16,8 @@
 
 mod support;
 
+#[path = "chaos/cli.rs"]
+mod cli;
 #[path = "chaos/history.rs"]
 mod history;
 #[path = "chaos/schedule.rs"]
@@ -86,6 +89,8 @@ async fn chaos_schedules() {
     let mut violations = Vec::new();
     let (mut ops, mut acquisitions, mut writes, mut stale, mut claims, mut polls) =
         (0, 0, 0, 0, 0, 0);
+    // Claims of command-line holders, and schedules in which one held a lock.
+    let (mut cli_claims, mut cli_schedules) = (0, 0);
     let mut history_path = None;
     let mut slowest = Duration::ZERO;
     for i in 0..n {
@@ -104,16 +109,19 @@ async fn chaos_schedules() {
         writes += r.writes_accepted;
         stale += r.writes_rejected_stale_status;
         claims += r.claims;
+        cli_claims += r.cli_claims;
+        cli_schedules += usize::from(r.cli_claims > 0);
         polls += r.polls;
         slowest = slowest.max(outcome.wall);
         eprintln!(
             "[chaos] {}/{n} seed {} {backend}: {} violations, {} acquisitions, {} writes, \
-             liveness {:?} s, {:.1?}",
+             {} CLI claims, liveness {:?} s, {:.1?}",
             i + 1,
             outcome.plan.seed,
             r.violations.len(),
             r.acquisitions,
             r.writes_accepted,
+            r.cli_claims,
             r.liveness
                 .iter()
                 .map(|l| (l * 1000.0).round() / 1000.0)
@@ -134,7 +142,16 @@ async fn chaos_schedules() {
             faults: &faults,
             liveness: &liveness,
             violations: violations.len(),
-            counts: [ops, acquisitions, writes, stale, claims, polls],
+            counts: [
+                ops,
+                acquisitions,
+                writes,
+                stale,
+                claims,
+                polls,
+                cli_claims,
+                cli_schedules,
+            ],
             secrets: None,
             wall: started.elapsed(),
             slowest,
@@ -150,7 +167,16 @@ async fn chaos_schedules() {
         faults: &faults,
         liveness: &liveness,
         violations: violations.len(),
-        counts: [ops, acquisitions, writes, stale, claims, polls],
+        counts: [
+            ops,
+            acquisitions,
+            writes,
+            stale,
+            claims,
+            polls,
+            cli_claims,
+            cli_schedules,
+        ],
         secrets: Some(secrets_found.len()),
         wall: started.elapsed(),
         slowest,
@@ -182,8 +208,8 @@ struct Totals<'a> {
     liveness: &'a BTreeMap<&'static str, Vec<f64>>,
     violations: usize,
     /// operations, acquisitions, accepted writes, refused stale status writes,
-    /// claims, observer reads
-    counts: [usize; 6],
+    /// claims, observer reads, claims of CLI holders, schedules with a CLI claim
+    counts: [usize; 8],
     secrets: Option<usize>,
     wall: Duration,
     slowest: Duration,
@@ -213,7 +239,16 @@ fn summarize(t: &Totals) -> String {
             }),
         );
     }
-    let [ops, acquisitions, writes, stale, claims, polls] = t.counts;
+    let [
+        ops,
+        acquisitions,
+        writes,
+        stale,
+        claims,
+        polls,
+        cli_claims,
+        cli_schedules,
+    ] = t.counts;
     let summary = json!({
         "seed": t.base,
         "schedules_planned": t.n,
@@ -226,6 +261,8 @@ fn summarize(t: &Totals) -> String {
         "register_writes_accepted": writes,
         "stale_status_writes_rejected": stale,
         "claims": claims,
+        "cli_claims": cli_claims,
+        "schedules_where_a_cli_process_held_a_lock": cli_schedules,
         "observer_reads": polls,
         "violations": t.violations,
         "controller_processes_restarted_after_exiting_on_their_own":
@@ -302,6 +339,7 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
                 hold: (Duration::from_millis(300), Duration::from_millis(800)),
             },
         ],
+        clis: vec![],
         faults: vec![(
             Duration::from_millis(1200),
             Fault::Network {
@@ -343,6 +381,73 @@ async fn checker_catches_a_holder_that_ignores_its_deadline() {
     );
 }
 
+/// A plan on S3 with a `lockwarden run` and an engine client and no controllers: the
+/// `run` acquires first (its command writes for 9 s), is partitioned (blackhole) for
+/// 7 s, and the engine client takes over meanwhile.
+fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
+    Plan {
+        seed,
+        backend: Backend::S3,
+        keys: 1,
+        controllers: vec![],
+        engines: vec![EngineSpec {
+            slot: 0,
+            ignores_deadline: false,
+            start_after: Duration::from_secs(2),
+            hold: (Duration::from_millis(300), Duration::from_millis(800)),
+        }],
+        clis: vec![cli::CliSpec {
+            slot: 0,
+            start_after: Duration::ZERO,
+            lock_unlock_share: 0.0,
+            hold: (Duration::from_secs(9), Duration::from_secs(9)),
+            ignores_sigterm: broken,
+        }],
+        faults: vec![(
+            Duration::from_secs(3),
+            Fault::Network {
+                target: Contender::Cli(0),
+                mode: Mode::Blackhole,
+                lasts: Duration::from_secs(7),
+            },
+        )],
+    }
+}
+
+/// The same proof for command-line holders: `run` must stop its command when the lock
+/// is lost; a command that ignores SIGTERM (and so outlives the lock by `--grace`)
+/// overlaps the engine client that took over, and its writes are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(cli_partition_plan(3, false)).await;
+    assert!(
+        correct.report.violations.is_empty(),
+        "a correct `run` was reported: {:?}",
+        correct.report.violations
+    );
+    assert!(
+        correct.report.cli_claims > 0,
+        "the `run` never held the lock: the plan tested nothing"
+    );
+    let broken = schedule::run(cli_partition_plan(4, true)).await;
+    let v = &broken.report.violations;
+    eprintln!(
+        "violations reported for the broken command:\n{}",
+        v.join("\n")
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(c) overlapping claims") && v.contains("cli-0-broken")),
+        "the overlap of the broken command was not reported: {v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(a)") && v.contains("cli-0-broken")),
+        "the refused writes of the broken command were not reported: {v:?}"
+    );
+}
+
 /// The plan generator can draw every fault kind on the backends it applies to (and
 /// says which seed first does, to rerun one: `CHAOS_SEED=<seed> CHAOS_SCHEDULES=1`).
 #[test]
@@ -369,6 +474,7 @@ fn plans_cover_every_fault_kind() {
         "zookeeper-quorum-loss",
         "apiserver-sigstop",
         "apiserver-restart",
+        "cli-sigkill",
     ] {
         assert!(first.contains_key(kind), "no plan has a {kind} fault");
     }

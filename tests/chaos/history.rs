@@ -14,6 +14,9 @@ use tokio::time::Instant;
 pub enum Kind {
     /// An engine client: claims while its `HeldLock` says Held.
     Engine,
+    /// A command under `lockwarden run` (claims until `run` stops it), or the script
+    /// around `lockwarden lock` (claims within the lease it asked for).
+    Cli,
     /// A `DistributedLock`: claims while its status says Acquired=True (as watched),
     /// up to the deadline its controller must respect (see `controller_claims`).
     Controller,
@@ -105,6 +108,8 @@ pub struct Report {
     pub writes_rejected_stale_status: usize,
     pub acquisitions: usize,
     pub claims: usize,
+    /// Claims of command-line holders (`run`'s commands, scripts around `lock`).
+    pub cli_claims: usize,
     pub polls: usize,
     pub operations: usize,
     /// Per key: seconds from healing until some contender claimed the lock.
@@ -196,6 +201,24 @@ impl History {
             &mut inner,
             json!({"process": who, "op": "acquire", "key": key, "invoke": invoke, "complete": t,
                    "result": "ok", "fence": fence, "version": version, "nonce": nonce}),
+        );
+    }
+
+    /// An acquisition learned at `t` from what a holder was told (a command's
+    /// environment), for rule (b).
+    pub fn evidence(&self, key: &str, who: &str, t: f64, nonce: &str, fence: u64) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.evidence.push(Evidence {
+            key: key.into(),
+            t,
+            nonce: nonce.into(),
+            fence,
+            source: who.into(),
+        });
+        self.line(
+            &mut inner,
+            json!({"process": who, "op": "acquired", "key": key, "invoke": t, "complete": t,
+                   "result": "ok", "fence": fence, "nonce": nonce}),
         );
     }
 
@@ -431,9 +454,9 @@ impl History {
         };
         let mut violations = std::mem::take(&mut inner.violations);
 
-        // (a) The register accepted no stale fence, and no claiming engine holder was
-        // ever refused (a refusal means someone with a higher fence wrote while it
-        // still claimed the lock).
+        // (a) The register accepted no stale fence, and no claiming engine or CLI
+        // holder was ever refused (a refusal means someone with a higher fence wrote
+        // while it still claimed the lock).
         let mut hw: HashMap<&str, u64> = HashMap::new();
         for w in &inner.writes {
             let h = hw.entry(&w.key).or_insert(0);
@@ -446,7 +469,7 @@ impl History {
                 }
                 *h = (*h).max(w.fence);
                 report.writes_accepted += 1;
-            } else if w.kind == Kind::Engine {
+            } else if matches!(w.kind, Kind::Engine | Kind::Cli) {
                 violations.push(format!(
                     "seed {seed}: (a) {} wrote to {} with fence {} at {:.3}s while claiming the lock, \
                      but fence {} had already written",
@@ -499,6 +522,11 @@ impl History {
         let mut claims = inner.claims.clone();
         claims.extend(Self::controller_claims(&inner, end));
         report.claims = claims.len();
+        report.cli_claims = inner
+            .claims
+            .iter()
+            .filter(|c| c.who.starts_with("cli-"))
+            .count();
         for (i, a) in claims.iter().enumerate() {
             for b in &claims[i + 1..] {
                 if a.key != b.key || a.nonce == b.nonce {

@@ -23,8 +23,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
+use super::cli::{CliSpec, CliTarget};
 use super::history::{Claim, History, Kind, Report};
-use super::world::{ENGINE_SLOTS, SECRET_NAME, world};
+use super::world::{CLI_SLOTS, ENGINE_SLOTS, SECRET_NAME, world};
 use crate::support::moto::{ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY};
 use crate::support::proxy::Mode;
 
@@ -103,12 +104,18 @@ pub enum Fault {
     ApiServerPause {
         lasts: Duration,
     },
+    /// Every command of one CLI slot SIGKILLed with its process group (a `run` and
+    /// its command die together, as on a machine that dies).
+    CliKill {
+        slot: usize,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Contender {
     Engine(usize),
     Controller(usize),
+    Cli(usize),
 }
 
 impl Fault {
@@ -135,6 +142,7 @@ impl Fault {
             Fault::ZkNodeRestart { .. } => "zookeeper-node-restart".into(),
             Fault::ZkQuorumLoss { .. } => "zookeeper-quorum-loss".into(),
             Fault::ApiServerPause { .. } => "apiserver-sigstop".into(),
+            Fault::CliKill { .. } => "cli-sigkill".into(),
         }
     }
 }
@@ -159,6 +167,7 @@ pub struct Plan {
     /// DistributedLock each per key.
     pub controllers: Vec<usize>,
     pub engines: Vec<EngineSpec>,
+    pub clis: Vec<CliSpec>,
     pub faults: Vec<(Duration, Fault)>,
 }
 
@@ -256,7 +265,7 @@ impl Plan {
                     }
                     used_paths.push(target);
                     let session = match target {
-                        Contender::Engine(_) => LEASE,
+                        Contender::Engine(_) | Contender::Cli(_) => LEASE,
                         Contender::Controller(_) => CONTROLLER_ZK_SESSION,
                     };
                     Fault::SessionExpiry {
@@ -301,12 +310,48 @@ impl Plan {
             };
             faults.push((at, fault));
         }
+        // Command-line contenders and their faults from a side stream, so that adding
+        // them left the other draws of older seeds unchanged.
+        let mut side = StdRng::seed_from_u64(seed ^ 0x5eed_0003);
+        let clis: Vec<CliSpec> = (0..side.random_range(1..=CLI_SLOTS))
+            .map(|slot| CliSpec {
+                slot,
+                start_after: ms(side.random_range(0..500)),
+                lock_unlock_share: 0.3,
+                hold: (ms(200), ms(1500)),
+                ignores_sigterm: false,
+            })
+            .collect();
+        if side.random_bool(0.6) {
+            let slot = side.random_range(0..clis.len());
+            let at = ms(side.random_range(300..2000));
+            let fault = match side.random_range(0..3) {
+                0 => Some(Fault::CliKill { slot }),
+                1 if backend == Backend::ZooKeeper => Some(Fault::SessionExpiry {
+                    target: Contender::Cli(slot),
+                    lasts: LEASE + ms(side.random_range(1000..2000)),
+                }),
+                _ => Some(Fault::Network {
+                    target: Contender::Cli(slot),
+                    mode: match side.random_range(0..5) {
+                        0 => Mode::Blackhole,
+                        1 => Mode::Delay(ms(side.random_range(100..800))),
+                        2 => Mode::LoseRequests,
+                        3 => Mode::LoseReplies,
+                        _ => Mode::DropReplies,
+                    },
+                    lasts: ms(side.random_range(500..5000)),
+                }),
+            };
+            faults.extend(fault.map(|f| (at, f)));
+        }
         Plan {
             seed,
             backend,
             keys,
             controllers,
             engines,
+            clis,
             faults,
         }
     }
@@ -362,6 +407,7 @@ pub async fn run(plan: Plan) -> Outcome {
             .engines
             .iter()
             .chain(w.controllers.iter().map(|c| &c.paths))
+            .chain(w.clis.iter().map(|c| &c.paths))
         {
             match backend {
                 Backend::S3 | Backend::DynamoDb => {
@@ -402,16 +448,18 @@ pub async fn run(plan: Plan) -> Outcome {
     let keys = Keys { urls, ..keys };
     let history = Arc::new(History::new(plan.seed, backend == Backend::ZooKeeper));
     eprintln!(
-        "[chaos] schedule seed {} backend {} keys {} engines {} faults {:?}",
+        "[chaos] schedule seed {} backend {} keys {} engines {} CLI slots {} faults {:?}",
         plan.seed,
         backend.name(),
         plan.keys,
         plan.engines.len(),
+        plan.clis.len(),
         plan.faults
     );
     history.record(
         json!({"op": "plan", "backend": backend.name(), "keys": keys.urls,
-        "faults": format!("{:?}", plan.faults), "engines": format!("{:?}", plan.engines)}),
+        "faults": format!("{:?}", plan.faults), "engines": format!("{:?}", plan.engines),
+        "clis": format!("{:?}", plan.clis)}),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
@@ -586,7 +634,7 @@ pub async fn run(plan: Plan) -> Outcome {
     }
 
     // Engine contenders.
-    let mut engine_tasks = Vec::new();
+    let mut contender_tasks = Vec::new();
     for spec in &plan.engines {
         let sessions = Arc::new(ZkSessions::with_session_timeout(LEASE));
         for k in 0..plan.keys {
@@ -595,7 +643,32 @@ pub async fn run(plan: Plan) -> Outcome {
             let key = keys.urls[k].clone();
             let spec = spec.clone();
             let seed = plan.seed ^ ((spec.slot as u64) << 32) ^ (k as u64);
-            engine_tasks.push(tokio::spawn(engine(lock, key, spec, history, stop, seed)));
+            contender_tasks.push(tokio::spawn(engine(lock, key, spec, history, stop, seed)));
+        }
+    }
+
+    // Command-line contenders, writing through the register's door.
+    let register_stop = Arc::new(AtomicBool::new(false));
+    let (register, register_task) =
+        super::cli::serve_register(keys.urls.clone(), history.clone(), register_stop.clone()).await;
+    for spec in &plan.clis {
+        for k in 0..plan.keys {
+            let target = CliTarget::new(
+                backend,
+                spec.slot,
+                &keys.urls[k],
+                &format!("/chaos/{}", keys.names[k]),
+            );
+            let seed = plan.seed ^ (((spec.slot + 8) as u64) << 32) ^ (k as u64);
+            contender_tasks.push(tokio::spawn(super::cli::contender(
+                spec.clone(),
+                target,
+                k,
+                register,
+                history.clone(),
+                stop.clone(),
+                seed,
+            )));
         }
     }
 
@@ -657,9 +730,15 @@ pub async fn run(plan: Plan) -> Outcome {
     // A little more activity on the healed network.
     tokio::time::sleep(settle.min(ms(1000))).await;
     stop.store(true, Ordering::SeqCst);
-    for t in engine_tasks {
+    for t in contender_tasks {
         let _ = tokio::time::timeout(Duration::from_secs(30), t).await;
     }
+    // Nothing of the CLI slots outlives the schedule.
+    for slot in &w.clis {
+        slot.kill_all();
+    }
+    register_stop.store(true, Ordering::SeqCst);
+    let _ = tokio::time::timeout(Duration::from_secs(30), register_task).await;
     let end = history.now();
 
     // (e) After healing, each DistributedLock's status agrees with the store.
@@ -933,6 +1012,7 @@ async fn inject(fault: &Fault) {
     let paths_of = |c: Contender| match c {
         Contender::Engine(s) => &world().engines[s],
         Contender::Controller(c) => &world().controllers[c].paths,
+        Contender::Cli(s) => &world().clis[s].paths,
     };
     match fault {
         Fault::ControllerKill { controller, down } => {
@@ -1021,6 +1101,9 @@ async fn inject(fault: &Fault) {
             tokio::time::sleep(lasts).await;
             world().signal_west_apiserver(libc::SIGCONT);
         }
+        Fault::CliKill { slot } => {
+            world().clis[slot].kill_all();
+        }
     }
 }
 
@@ -1038,6 +1121,7 @@ async fn restart_moto(bucket: &str, objects: &[String], table: &str, items: &[St
         .engines
         .iter()
         .chain(w.controllers.iter().map(|c| &c.paths))
+        .chain(w.clis.iter().map(|c| &c.paths))
         .map(|p| p.moto())
         .collect();
     let modes: Vec<Mode> = proxies.iter().map(|p| p.mode()).collect();

@@ -188,6 +188,35 @@ impl Controller {
     }
 }
 
+/// A slot for command-line contenders: its proxies, a kubeconfig through its API
+/// proxy, and the process groups of its commands now running (for `cli-sigkill`).
+pub struct CliSlot {
+    pub paths: Paths,
+    pub kubeconfig: PathBuf,
+    running: Mutex<Vec<u32>>,
+}
+
+impl CliSlot {
+    pub fn started(&self, pid: Option<u32>) {
+        self.running.lock().unwrap().extend(pid);
+    }
+
+    pub fn ended(&self, pid: Option<u32>) {
+        self.running.lock().unwrap().retain(|p| Some(*p) != pid);
+    }
+
+    /// SIGKILL to the process group of every command of this slot now running: the
+    /// machine they run on dies (a `run` and its command together).
+    pub fn kill_all(&self) -> usize {
+        let running = self.running.lock().unwrap().clone();
+        for pid in &running {
+            // SAFETY: kill(2) with a negative pid signals that process group; plain integers.
+            unsafe { libc::kill(-(*pid as i32), libc::SIGKILL) };
+        }
+        running.len()
+    }
+}
+
 pub struct World {
     pub east: &'static ControlPlane,
     /// In a mutex: the API-server restart fault needs it mutably.
@@ -200,6 +229,8 @@ pub struct World {
     pub controllers: Vec<Controller>,
     /// Engine contenders' paths, by slot.
     pub engines: Vec<Paths>,
+    /// Command-line contenders' slots.
+    pub clis: Vec<CliSlot>,
     /// The fake AWS credentials in the Secret: (access key id, secret access key).
     pub secret_values: (String, String),
     pub dir: PathBuf,
@@ -208,6 +239,7 @@ pub struct World {
 }
 
 pub const ENGINE_SLOTS: usize = 2;
+pub const CLI_SLOTS: usize = 2;
 
 static WORLD: OnceLock<World> = OnceLock::new();
 
@@ -280,6 +312,26 @@ impl World {
             controllers.push(controller);
         }
         let engines = (0..ENGINE_SLOTS).map(|_| Paths::new(west.port())).collect();
+        let clis = (0..CLI_SLOTS)
+            .map(|slot| {
+                let paths = Paths::new(west.port());
+                let kubeconfig = dir.join(format!("cli-{slot}.kubeconfig"));
+                let text = std::fs::read_to_string(west.kubeconfig_path()).unwrap();
+                std::fs::write(
+                    &kubeconfig,
+                    text.replace(
+                        west.url(),
+                        &format!("https://127.0.0.1:{}", paths.api.port()),
+                    ),
+                )
+                .unwrap();
+                CliSlot {
+                    paths,
+                    kubeconfig,
+                    running: Mutex::new(Vec::new()),
+                }
+            })
+            .collect();
         let west_kubeconfig = west.kubeconfig_path().to_path_buf();
         eprintln!(
             "[chaos] world ready; logs and history under {}",
@@ -306,6 +358,7 @@ impl World {
             zookeeper: OnceLock::new(),
             controllers,
             engines,
+            clis,
             secret_values,
             dir,
             crash_restarts: AtomicU64::new(0),
@@ -349,7 +402,11 @@ impl World {
             c.paths.heal();
             c.ensure_running();
         }
-        for e in &self.engines {
+        for e in self
+            .engines
+            .iter()
+            .chain(self.clis.iter().map(|c| &c.paths))
+        {
             e.heal();
         }
     }

@@ -1,0 +1,395 @@
+//! Command-line contenders: `lockwarden run`, and `lockwarden lock` + `unlock`
+//! processes, fighting over the schedule's keys next to the engine clients and the
+//! controllers (docs/safety.md, "Fault-injection harness").
+//!
+//! - `run URL -- bash -c …`: the command writes to the fenced register over one TCP
+//!   connection to the harness (one line per write, carrying `LOCKWARDEN_FENCE` and
+//!   `LOCKWARDEN_NONCE` from its environment), every 100 ms for its hold, then exits
+//!   and `run` releases. A `run` that loses the lock must SIGTERM it before anyone
+//!   else can take the lock: the harness applies each line to the register as it
+//!   arrives, so a command still writing after a takeover shows up as a refused write
+//!   or an overlapping claim.
+//! - `lock URL` then `unlock FILE`: the harness, as the script around them, writes with
+//!   the fence from the lock file only while the lease it asked for is surely still
+//!   running (the holder deadline of rule 2, counted from before `lock` started), then
+//!   unlocks — sometimes late, after the lease, when the key may be someone else's and
+//!   `unlock` must leave it alone.
+//!
+//! Every process runs in a process group of its own, so the `cli-sigkill` fault kills a
+//! `run` and its command together, as a machine that dies would.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lockwarden::lock::SafetyMargins;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+
+use super::history::{Claim, History, Kind};
+use super::schedule::{Backend, LEASE};
+use super::world::world;
+use crate::support::cli::Cli;
+use crate::support::moto::REGION;
+
+#[derive(Clone, Debug)]
+pub struct CliSpec {
+    pub slot: usize,
+    pub start_after: Duration,
+    /// How often a round is `lock` + `unlock` instead of `run`.
+    pub lock_unlock_share: f64,
+    /// How long each hold lasts.
+    pub hold: (Duration, Duration),
+    /// Broken on purpose: `run`'s command ignores SIGTERM, so it outlives a lost lock
+    /// until `--grace` (5 s here) ends it with SIGKILL.
+    pub ignores_sigterm: bool,
+}
+
+/// The lock on key `k` as CLI slot `slot` names it: URL, backend flags, environment.
+pub struct CliTarget {
+    pub key: String,
+    pub url: String,
+    pub flags: Vec<String>,
+    pub cli: Cli,
+}
+
+impl CliTarget {
+    /// `key_url` is the key as the checker names it; on ZooKeeper the URL names the
+    /// slot's own proxies instead, with `zk_path`.
+    pub fn new(backend: Backend, slot: usize, key_url: &str, zk_path: &str) -> CliTarget {
+        let paths = &world().clis[slot];
+        let mut flags = Vec::new();
+        let mut cli = Cli::new();
+        let url = match backend {
+            Backend::Lease => {
+                cli = cli.with("KUBECONFIG", paths.kubeconfig.display().to_string());
+                key_url.to_string()
+            }
+            Backend::S3 | Backend::DynamoDb => {
+                flags.extend([
+                    "--endpoint".into(),
+                    paths.paths.moto().endpoint(),
+                    "--region".into(),
+                    REGION.into(),
+                ]);
+                if backend == Backend::S3 {
+                    flags.push("--path-style".into());
+                }
+                key_url.to_string()
+            }
+            Backend::ZooKeeper => {
+                flags.extend(["--session-timeout".into(), format!("{}s", LEASE.as_secs())]);
+                format!("zk://{}{zk_path}", paths.paths.zk_connect())
+            }
+        };
+        CliTarget {
+            key: key_url.to_string(),
+            url,
+            flags,
+            cli,
+        }
+    }
+}
+
+/// The register's door for CLI commands: a loopback listener; each connection is one
+/// command's writes, `w KEY-INDEX WHO NONCE FENCE` per line.
+pub async fn serve_register(
+    keys: Vec<String>,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        let mut connections = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let Ok(Ok((stream, _))) =
+                tokio::time::timeout(Duration::from_millis(200), listener.accept()).await
+            else {
+                continue;
+            };
+            let (keys, history) = (keys.clone(), history.clone());
+            connections.push(tokio::spawn(command_writes(stream, keys, history)));
+        }
+        for c in connections {
+            let _ = tokio::time::timeout(Duration::from_secs(30), c).await;
+        }
+    });
+    (port, task)
+}
+
+/// Applies one command's writes to the register as they arrive; its claim runs from
+/// its first write to its last.
+async fn command_writes(stream: tokio::net::TcpStream, keys: Vec<String>, history: Arc<History>) {
+    let mut lines = BufReader::new(stream).lines();
+    let mut claim: Option<Claim> = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let ["w", k, who, nonce, fence] = fields[..] else {
+            history.violation(format!(
+                "seed {}: a CLI command wrote a malformed line {line:?}",
+                history.seed
+            ));
+            continue;
+        };
+        let (Some(key), Ok(fence)) = (
+            k.parse::<usize>().ok().and_then(|k| keys.get(k)),
+            fence.parse::<u64>(),
+        ) else {
+            history.violation(format!(
+                "seed {}: a CLI command wrote an unknown key or fence: {line:?}",
+                history.seed
+            ));
+            continue;
+        };
+        let t = history.now();
+        if claim.is_none() {
+            // The command's environment is the acquisition's evidence (rule (b)).
+            history.evidence(key, who, t, nonce, fence);
+        }
+        history.write(key, who, Kind::Cli, fence);
+        let c = claim.get_or_insert_with(|| Claim {
+            key: key.clone(),
+            who: who.to_string(),
+            nonce: nonce.to_string(),
+            fence,
+            start: t,
+            end: t,
+        });
+        c.end = t;
+    }
+    if let Some(c) = claim {
+        history.claim(c);
+    }
+}
+
+/// The command `run` starts: writes to the register every 100 ms, `CHAOS_WRITES` times.
+const COMMAND: &str = r#"exec 3<>"/dev/tcp/127.0.0.1/$CHAOS_REGISTER" || exit 70
+for ((i = 0; i < CHAOS_WRITES; i++)); do
+  echo "w $CHAOS_KEY $CHAOS_WHO $LOCKWARDEN_NONCE $LOCKWARDEN_FENCE" >&3 || exit 71
+  sleep 0.1
+done"#;
+
+/// One CLI contender on key `k`: rounds of `run` (or `lock` + `unlock`) until `stop`.
+pub async fn contender(
+    spec: CliSpec,
+    target: CliTarget,
+    k: usize,
+    register: u16,
+    history: Arc<History>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    tokio::time::sleep(spec.start_after).await;
+    let mut round = 0;
+    while !stop.load(Ordering::SeqCst) {
+        round += 1;
+        let broken = if spec.ignores_sigterm { "-broken" } else { "" };
+        let who = format!("cli-{}{broken}-k{k}-{round}", spec.slot);
+        let hold_ms =
+            rng.random_range(spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64);
+        // Short and long waits: ZooKeeper queues and busy keys need the long ones.
+        let wait = [2, 4, 6][rng.random_range(0..3)];
+        if rng.random_bool(spec.lock_unlock_share) {
+            let late = rng.random_bool(0.25);
+            lock_then_unlock(&spec, &target, &who, (hold_ms, wait), late, &history).await;
+        } else {
+            run(&spec, &target, k, &who, (hold_ms, wait), register, &history).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..600))).await;
+    }
+}
+
+/// The lease CLI contenders ask for: the engine clients' (3 s).
+fn lease_flag() -> String {
+    format!("{}s", LEASE.as_secs())
+}
+
+async fn run(
+    spec: &CliSpec,
+    target: &CliTarget,
+    k: usize,
+    who: &str,
+    (hold_ms, wait): (u64, u64),
+    register: u16,
+    history: &History,
+) {
+    let (grace, command) = if spec.ignores_sigterm {
+        ("5s", format!("trap '' TERM\n{COMMAND}"))
+    } else {
+        ("1s", COMMAND.to_string())
+    };
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--lease".into(),
+        lease_flag(),
+        "--wait".into(),
+        wait.to_string(),
+        "--grace".into(),
+        grace.into(),
+        "--holder".into(),
+        who.into(),
+    ];
+    args.extend(target.flags.iter().cloned());
+    args.extend([target.url.clone(), "--".into()]);
+    args.extend(["bash".into(), "-c".into(), command]);
+    let mut cmd = target.cli.command(&args);
+    cmd.env("CHAOS_REGISTER", register.to_string())
+        .env("CHAOS_KEY", k.to_string())
+        .env("CHAOS_WHO", who)
+        .env("CHAOS_WRITES", (hold_ms / 100 + 1).to_string())
+        .process_group(0);
+    let invoke = history.now();
+    let Ok(child) = cmd.spawn() else {
+        history.failed(
+            &target.key,
+            who,
+            "run",
+            invoke,
+            "fail",
+            "cannot start lockwarden",
+        );
+        return;
+    };
+    let pid = child.id();
+    world().clis[spec.slot].started(pid);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await;
+    world().clis[spec.slot].ended(pid);
+    let (result, detail) = match out {
+        Ok(Ok(out)) => {
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            match out.status.code() {
+                Some(0) => ("ok", stderr),
+                // Busy for the whole --wait: a clean refusal.
+                Some(3) => ("fail", stderr),
+                // Lost while the command ran (the command was stopped), or the
+                // backend failed: an outcome the history records, not a violation.
+                Some(c) => ("unknown", format!("exit {c}: {stderr}")),
+                None => ("unknown", "killed".into()),
+            }
+        }
+        Ok(Err(e)) => ("unknown", e.to_string()),
+        Err(_) => ("unknown", "still running after 60 s".into()),
+    };
+    history.record(
+        json!({"process": who, "op": "run", "key": target.key, "invoke": invoke,
+        "complete": history.now(), "result": result, "detail": detail}),
+    );
+}
+
+/// `lock`, writes within the lease from the lock file, `unlock` (maybe late).
+async fn lock_then_unlock(
+    spec: &CliSpec,
+    target: &CliTarget,
+    who: &str,
+    (hold_ms, wait): (u64, u64),
+    late: bool,
+    history: &History,
+) {
+    let file = target.cli.path(&format!("{who}.lock"));
+    let file_arg = file.display().to_string();
+    let mut args: Vec<String> = vec![
+        "lock".into(),
+        "--lease".into(),
+        lease_flag(),
+        "--wait".into(),
+        wait.to_string(),
+        "--holder".into(),
+        who.into(),
+        "--output".into(),
+        file_arg.clone(),
+    ];
+    args.extend(target.flags.iter().cloned());
+    args.push(target.url.clone());
+    let invoke = history.now();
+    let (code, stderr) = run_to_end(spec, target, &args).await;
+    if code != Some(0) {
+        let result = if code == Some(3) { "fail" } else { "unknown" };
+        history.failed(&target.key, who, "lock", invoke, result, &stderr);
+        return;
+    }
+    let Some((nonce, fence)) = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| Some((v["nonce"].as_str()?.to_string(), v["fence"].as_u64()?)))
+    else {
+        history.violation(format!(
+            "seed {}: `lock` succeeded but its lock file {file_arg} has no nonce and fence",
+            history.seed
+        ));
+        return;
+    };
+    history.acquired(&target.key, who, invoke, &nonce, fence, "");
+    // The lease started after `invoke`: writes stop at its holder deadline from there.
+    let valid_until = invoke
+        + SafetyMargins::default()
+            .holder_validity(LEASE)
+            .as_secs_f64();
+    let until = (history.now() + hold_ms as f64 / 1000.0).min(valid_until);
+    let mut claim: Option<Claim> = None;
+    while history.now() < until {
+        let t = history.now();
+        history.write(&target.key, who, Kind::Cli, fence);
+        claim
+            .get_or_insert_with(|| Claim {
+                key: target.key.clone(),
+                who: who.to_string(),
+                nonce: nonce.clone(),
+                fence,
+                start: t,
+                end: t,
+            })
+            .end = t;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if let Some(c) = claim {
+        history.claim(c);
+    }
+    if late {
+        // Forgotten past the lease: the key may be someone else's by now.
+        let after_lease = invoke + LEASE.as_secs_f64() + 1.0 - history.now();
+        tokio::time::sleep(Duration::from_secs_f64(after_lease.max(0.0))).await;
+    }
+    let invoke = history.now();
+    let mut args = vec!["unlock".to_string(), file_arg];
+    args.extend(target.flags.iter().cloned());
+    let (code, stderr) = run_to_end(spec, target, &args).await;
+    // 0: released; 1: already unlocked (expired, released elsewhere); 3: taken over
+    // and left alone. Whether `unlock` let someone else's lock go shows in the
+    // other holder's claim and the observer's reads.
+    let result = match code {
+        Some(0) => "ok",
+        Some(1 | 3) => "fail",
+        _ => "unknown",
+    };
+    history.record(
+        json!({"process": who, "op": "unlock", "key": target.key, "invoke": invoke,
+        "complete": history.now(), "result": result, "detail": stderr, "late": late,
+        "fence": fence}),
+    );
+}
+
+/// Runs one short command to its end (killed after 60 s); its exit code and stderr.
+async fn run_to_end(spec: &CliSpec, target: &CliTarget, args: &[String]) -> (Option<i32>, String) {
+    let mut cmd = target.cli.command(args);
+    cmd.process_group(0);
+    let Ok(child) = cmd.spawn() else {
+        return (None, "cannot start lockwarden".into());
+    };
+    let pid = child.id();
+    world().clis[spec.slot].started(pid);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await;
+    world().clis[spec.slot].ended(pid);
+    match out {
+        Ok(Ok(out)) => (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ),
+        Ok(Err(e)) => (None, e.to_string()),
+        Err(_) => (None, "still running after 60 s".into()),
+    }
+}
