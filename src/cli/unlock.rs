@@ -14,8 +14,8 @@ use clap::Args;
 
 use super::lockfile::LockFile;
 use super::{BackendArgs, CliError, exit, print_warning};
-use crate::backend::{ConnectError, RecordedAcquisition, release_recorded};
-use crate::lock::{LockError, LostReason, Version};
+use crate::backend::{ConnectError, ConnectOptions, RecordedAcquisition, Target, release_recorded};
+use crate::lock::{LockError, LostReason, Version, when_reachable};
 
 #[derive(Args, Debug)]
 pub struct UnlockArgs {
@@ -41,7 +41,7 @@ pub async fn run(args: UnlockArgs) -> Result<u8, CliError> {
         version: Version(file.version.clone()),
     };
     let options = args.backend.options(Some(&file.backend));
-    let result = match release_recorded(&target, &options, &recorded).await {
+    let result = match release_when_reachable(&target, &options, &recorded).await {
         Ok(()) => Ok(()),
         Err(ConnectError::Lock(LockError::Lost { url, reason })) => Err(not_ours(&url, reason)),
         Err(ConnectError::Lock(LockError::NotHeld { url, .. })) => Err(CliError::AlreadyUnlocked {
@@ -66,6 +66,27 @@ pub async fn run(args: UnlockArgs) -> Result<u8, CliError> {
         }
         Err(e) => Err(e),
     }
+}
+
+/// [`release_recorded`], asked again while the store cannot be reached yet, for the
+/// connect timeout (as `lock` and `status` do): a store that is starting, or a
+/// ZooKeeper ensemble electing a leader, is not yet a reason to give up. The release
+/// is conditional on the recorded version, so asking again cannot release anyone
+/// else's lock.
+async fn release_when_reachable(
+    target: &Target,
+    options: &ConnectOptions,
+    recorded: &RecordedAcquisition,
+) -> Result<(), ConnectError> {
+    let attempt = || async {
+        match release_recorded(target, options, recorded).await {
+            Err(ConnectError::Lock(e)) if e.is_transient() => Err(e),
+            other => Ok(other),
+        }
+    };
+    when_reachable(attempt)
+        .await
+        .unwrap_or_else(|unreachable| Err(unreachable.into()))
 }
 
 /// Maps "this acquisition no longer holds the lock" to s3lock's two errors.

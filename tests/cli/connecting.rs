@@ -113,3 +113,31 @@ async fn status_reaches_a_zookeeper_that_starts_serving_after_the_command() {
     let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
     assert_eq!(status["state"], "absent", "{status}");
 }
+
+/// `unlock` too: the lock file's store refuses connections when the command starts
+/// (a ZooKeeper restarting), and serves a moment later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_reaches_a_zookeeper_that_starts_serving_after_the_command() {
+    let proxy = zookeeper_behind_a_proxy().await;
+    let url = format!(
+        "zk://{}/lockwarden-cli/{}",
+        proxy.address(),
+        unique("late-unlock")
+    );
+    let lw = Cli::new();
+    lw.run(&["lock", &url, "-o", "late.lock"]).await.ok();
+    let before = proxy.accepted();
+    proxy.set_mode(Mode::Refuse);
+    let child = lw.spawn(&["unlock", "late.lock"]);
+    eventually("unlock to reach the store that is not serving", || async {
+        (proxy.accepted() > before).then_some(())
+    })
+    .await;
+    proxy.set_mode(Mode::Pass);
+    let out = finish(child, String::new()).await;
+    out.ok();
+    assert!(out.stdout.contains("has been unlocked"), "{out:#?}");
+    let status = lw.run(&["status", &url, "-o", "json"]).await;
+    let status: Value = serde_json::from_str(&status.ok().stdout).expect("status JSON");
+    assert_eq!(status["state"], "absent", "{status}");
+}
