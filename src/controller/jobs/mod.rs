@@ -35,59 +35,42 @@
 //! own, claim or name each lock, so a lock's status change reconciles its Jobs.
 
 mod gate;
-mod locks;
 mod phases;
 mod writes;
 
+pub use super::gating::{
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, LOST_GRACE_ANNOTATION,
+    ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
+};
 pub use gate::{
     Gate, JobPhase, OnLockLost, Settings, finished, max_lost_grace, per_job_lock_name, settings,
     template_annotation,
 };
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use tokio::time::Instant;
 
 use super::events::Events;
+use super::gating::{self, Claimant, Kind, NotHeldSince};
 use super::{ControllerConfig, FINALIZER};
 use crate::api::DistributedLock;
 use crate::telemetry::Telemetry;
 
-/// Job annotation: the Job claims the DistributedLock of this name (same namespace).
-pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
-/// Job annotation: the Job gets its own DistributedLock, spec copied from this one.
-pub const TEMPLATE_ANNOTATION: &str = "lockwarden.io/lock-template";
-/// Job annotation: what to do once a running Job's lock is no longer held
-/// (`suspend`, the default; `fail`; `ignore`).
-pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
-/// Job annotation: how long a lock past its holder deadline may stay so before the Job
-/// is stopped (a duration, less than [`max_lost_grace`]; zero by default).
-pub const LOST_GRACE_ANNOTATION: &str = "lockwarden.io/lost-grace";
 /// Job annotation, written by lockwarden: the fence a Job ran with when it was
 /// suspended after losing its lock; the Job waits for the lock again.
 pub const LOST_FENCE_ANNOTATION: &str = "lockwarden.io/lost-fence";
 /// Job annotation, written by lockwarden: why it stopped the Job for good
 /// (`on-lock-lost: fail`); such a Job is never unsuspended again.
 pub const STOPPED_ANNOTATION: &str = "lockwarden.io/stopped";
-/// Pod-template annotation: the fencing token the Job was started with.
-pub const FENCE_ANNOTATION: &str = "lockwarden.io/fence";
-/// Pod-template annotation: the holder identity written in the lock store.
-pub const HOLDER_ANNOTATION: &str = "lockwarden.io/holder";
-/// Job annotation: why the Job is (still) suspended, or what the controller did.
-pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
-/// DistributedLock annotation: `<job name>/<job uid>` of the Job that claims it.
-pub const CLAIM_ANNOTATION: &str = "lockwarden.io/claimed-by";
-
 /// Safety net for a waiting Job: lock changes arrive through the watch.
 const WAITING_RESYNC: Duration = Duration::from_secs(60);
 
@@ -105,12 +88,8 @@ pub struct JobContext {
     /// The Controller's cache of Jobs.
     jobs: Store<Job>,
     pub telemetry: Arc<Telemetry>,
-    /// Job uid → when this controller first saw its lock not held while it ran (for
-    /// `lockwarden.io/lost-grace`). In memory, so a controller restarted while a lock
-    /// is `LeaseExpiring` starts the grace afresh (a known limit: the restart itself
-    /// usually takes longer than the takeover gap, and the resumed lock then reports
-    /// `Held` or `Lost`).
-    not_held_since: Mutex<HashMap<String, Instant>>,
+    /// For `lockwarden.io/lost-grace`.
+    not_held_since: NotHeldSince,
 }
 
 impl JobContext {
@@ -126,31 +105,21 @@ impl JobContext {
             config,
             jobs,
             telemetry,
-            not_held_since: Mutex::default(),
+            not_held_since: NotHeldSince::default(),
         }
     }
 
     async fn event(&self, job: &Job, type_: EventType, reason: &str, note: String) {
-        // With the resourceVersion: see `writes::report`.
-        let mut regarding = job.object_ref(&());
-        regarding.resource_version = job.resource_version();
-        self.events.publish(&regarding, type_, reason, note).await;
+        gating::event(&self.events, job, type_, reason, note).await;
     }
 
     /// How long the lock of Job `uid` has been seen not held (zero the first time).
     fn not_held_for(&self, uid: &str) -> Duration {
-        let mut since = self.not_held_since.lock().expect("not_held_since");
-        since
-            .entry(uid.to_string())
-            .or_insert_with(Instant::now)
-            .elapsed()
+        self.not_held_since.not_held_for(uid)
     }
 
     fn forget_not_held(&self, uid: &str) {
-        self.not_held_since
-            .lock()
-            .expect("not_held_since")
-            .remove(uid);
+        self.not_held_since.forget(uid);
     }
 }
 
@@ -198,12 +167,13 @@ pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<
         .filter(|o| o.kind == "Job" && o.api_version == "batch/v1")
         .map(|o| ObjectRef::new(&o.name).within(&ns))
         .collect();
-    if let Some((job, _uid)) = lock
+    if let Some(claimant) = lock
         .annotations()
         .get(CLAIM_ANNOTATION)
-        .and_then(|c| c.split_once('/'))
+        .map(|c| Claimant::parse(c))
+        && claimant.kind == Kind::Job
     {
-        refs.push(ObjectRef::new(job).within(&ns));
+        refs.push(ObjectRef::new(&claimant.name).within(&ns));
     }
     refs.extend(
         jobs.iter()

@@ -12,13 +12,24 @@ use super::gate::{
     self, Gate, LockStanding, OnLockLost, RunningAction, Settings, has_finalizer, held,
     not_held_reason, per_job_lock_name, template_fence,
 };
-use super::locks::{Claim, claim, let_go, own_lock};
-use super::writes::{add_finalizer, clear_start_time, remove_finalizer, report, set_status};
+use super::writes::clear_start_time;
 use super::{
     FENCE_ANNOTATION, HOLDER_ANNOTATION, JobContext, JobError, LOCK_ANNOTATION,
     LOST_FENCE_ANNOTATION, STATUS_ANNOTATION, STOPPED_ANNOTATION, WAITING_RESYNC,
 };
 use crate::api::DistributedLock;
+use crate::controller::gating::locks::{self, Claim, claim, own_lock};
+use crate::controller::gating::writes::{add_finalizer, remove_finalizer, report, set_status};
+
+/// Lets the Job's lock go (the shared way); a named lock the Job ran with even when
+/// its claim was removed by hand.
+async fn let_go(
+    locks: &Api<DistributedLock>,
+    job: &Job,
+    gate: &Gate,
+) -> Result<Option<String>, JobError> {
+    Ok(locks::let_go(locks, &gate::workload(job), gate, gate::running(job)).await?)
+}
 
 /// How the status of a running Job whose lock is no longer held begins (`ignore`).
 const NOT_HELD_PREFIX: &str = "running with fence";
@@ -55,7 +66,15 @@ impl<'a> Run<'a> {
         reason: &str,
         message: String,
     ) -> Result<(), JobError> {
-        report(&self.jobs, self.ctx, self.job, type_, reason, message).await
+        Ok(report(
+            &self.jobs,
+            &self.ctx.events,
+            self.job,
+            type_,
+            reason,
+            message,
+        )
+        .await?)
     }
 
     /// Deleted: let the lock go, then drop the finalizer.
@@ -164,7 +183,7 @@ impl<'a> Run<'a> {
             gate::running_action(&standing, settings, not_held_for),
             standing,
         ) {
-            (gate::RunningAction::Continue, _) => {
+            (RunningAction::Continue, _) => {
                 let warned = self
                     .job
                     .annotations()
@@ -333,10 +352,18 @@ impl<'a> Run<'a> {
         gate: &Gate,
         lock_name: &str,
     ) -> Result<Option<DistributedLock>, JobError> {
+        let workload = gate::workload(self.job);
         let claimed = match gate {
-            Gate::Named(name) => claim(&self.locks, &self.jobs, self.ctx, self.job, name).await?,
+            Gate::Named(name) => claim(&self.locks, &workload, name, self.in_use_by(name)).await?,
             Gate::Template(template) => {
-                own_lock(&self.locks, self.ctx, self.job, template, lock_name).await?
+                debug_assert_eq!(workload.own_lock_name(), lock_name);
+                own_lock(
+                    &self.locks,
+                    &self.ctx.config.cluster_name,
+                    &workload,
+                    template,
+                )
+                .await?
             }
         };
         match claimed {
@@ -346,6 +373,24 @@ impl<'a> Run<'a> {
                 Ok(None)
             }
         }
+    }
+
+    /// Another unfinished Job of the namespace that was started with the named lock
+    /// `name` (from the cache): a claim removed by hand must not let this one start.
+    fn in_use_by(&self, name: &str) -> Option<String> {
+        let ns = self.job.namespace();
+        self.ctx
+            .jobs
+            .state()
+            .iter()
+            .find(|j| {
+                j.namespace() == ns
+                    && j.uid() != self.job.uid()
+                    && j.annotations().get(LOCK_ANNOTATION).map(String::as_str) == Some(name)
+                    && gate::running(j)
+                    && gate::finished(j).is_none()
+            })
+            .map(|j| format!("Job {}", j.name_any()))
     }
 
     /// One write sets the fence, holder and lock on the pod template and unsuspends the
