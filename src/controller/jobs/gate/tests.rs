@@ -8,12 +8,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::*;
+use crate::api::DistributedLockSpec;
+use crate::api::conditions::condition;
 use crate::api::conditions::{ACQUIRED, reason};
 use crate::api::{DistributedLock, LockPhase};
 use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::lock::SafetyMargins;
-use crate::api::DistributedLockSpec;
-use crate::api::conditions::condition;
 
 fn job(annotations: serde_json::Value, spec: serde_json::Value) -> Job {
     let mut spec = spec;
