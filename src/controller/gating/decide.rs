@@ -12,33 +12,112 @@ use crate::api::{DistributedLock, LockPhase};
 use crate::duration::{format_duration, parse_duration};
 use crate::lock::{SafetyMargins, names};
 
-use super::{Kind, LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
+use super::{
+    Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION,
+    TEMPLATES_ANNOTATION,
+};
 
-/// The lock a workload asks for.
+/// One lock a workload asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Gate {
-    /// `lockwarden.io/lock`: an existing DistributedLock, claimed while the workload runs.
+    /// An existing DistributedLock, claimed while the workload runs.
     Named(String),
-    /// `lockwarden.io/lock-template`: a DistributedLock of its own, copied from this.
+    /// A DistributedLock of its own, copied from this template.
     Template(String),
 }
 
-/// The workload's gate from its annotations, `None` if it names no lock.
-pub fn gate(annotations: &BTreeMap<String, String>, kind: Kind) -> Result<Option<Gate>, String> {
+impl Gate {
+    /// The DistributedLock named in the annotation: the lock, or the template.
+    pub fn named(&self) -> &str {
+        match self {
+            Gate::Named(n) | Gate::Template(n) => n,
+        }
+    }
+}
+
+/// Every lock a workload asks for, in the order its annotations name them (one for
+/// `lockwarden.io/lock` or `lock-template`; a list for `locks` and `lock-templates`).
+/// They are *taken* in another order: see [`super::lockset`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSet(pub Vec<Gate>);
+
+impl LockSet {
+    pub fn one(gate: Gate) -> LockSet {
+        LockSet(vec![gate])
+    }
+
+    /// More than one lock: the workload carries `lockwarden.io/fences` instead of
+    /// `lockwarden.io/fence`, and its own locks' names say which template they come from.
+    pub fn several(&self) -> bool {
+        self.0.len() > 1
+    }
+
+    pub fn gates(&self) -> &[Gate] {
+        &self.0
+    }
+}
+
+/// The workload's locks from its annotations, `None` if it names none.
+///
+/// `lock` and `lock-template` name one lock each and exclude each other (as since Job
+/// gating began); `locks` and `lock-templates` are comma-separated lists that may be
+/// combined with each other, not with the single forms.
+pub fn locks(
+    annotations: &BTreeMap<String, String>,
+    kind: Kind,
+) -> Result<Option<LockSet>, String> {
     let kind = kind.as_str();
-    let (which, name, gate): (&str, &String, fn(String) -> Gate) = match (
-        annotations.get(LOCK_ANNOTATION),
-        annotations.get(TEMPLATE_ANNOTATION),
-    ) {
-        (None, None) => return Ok(None),
+    let get = |a: &str| annotations.get(a);
+    let single = match (get(LOCK_ANNOTATION), get(TEMPLATE_ANNOTATION)) {
         (Some(_), Some(_)) => {
             return Err(format!(
-                "both {LOCK_ANNOTATION} and {TEMPLATE_ANNOTATION} are set; a {kind} names one lock"
+                "both {LOCK_ANNOTATION} and {TEMPLATE_ANNOTATION} are set; a {kind} names one \
+                 lock with them (for several, list them in {LOCKS_ANNOTATION} and \
+                 {TEMPLATES_ANNOTATION})"
             ));
         }
-        (Some(n), None) => (LOCK_ANNOTATION, n, Gate::Named),
-        (None, Some(n)) => (TEMPLATE_ANNOTATION, n, Gate::Template),
+        (Some(n), None) => Some((LOCK_ANNOTATION, n, Gate::Named as fn(String) -> Gate)),
+        (None, Some(n)) => Some((TEMPLATE_ANNOTATION, n, Gate::Template as fn(String) -> Gate)),
+        (None, None) => None,
     };
+    let lists = [
+        (LOCKS_ANNOTATION, Gate::Named as fn(String) -> Gate),
+        (TEMPLATES_ANNOTATION, Gate::Template as fn(String) -> Gate),
+    ];
+    let listed: Vec<_> = lists
+        .iter()
+        .filter_map(|(a, g)| get(a).map(|v| (*a, v, *g)))
+        .collect();
+    if let (Some((single, ..)), Some((list, ..))) = (&single, listed.first()) {
+        return Err(format!(
+            "both {single} and {list} are set; name one lock with {single}, or list every \
+             lock in {LOCKS_ANNOTATION} / {TEMPLATES_ANNOTATION}"
+        ));
+    }
+    if let Some((which, name, gate)) = single {
+        return Ok(Some(LockSet::one(gate(lock_name(which, name, kind)?))));
+    }
+    let mut gates: Vec<Gate> = Vec::new();
+    for (which, value, gate) in listed {
+        for name in value.split(',').map(str::trim) {
+            if name.is_empty() {
+                return Err(format!(
+                    "{which}: {value:?} has an empty entry; give DistributedLock names \
+                     separated by commas, e.g. \"db,bucket\""
+                ));
+            }
+            if gates.iter().any(|g| g.named() == name) {
+                return Err(format!("{which}: {name:?} is named twice"));
+            }
+            gates.push(gate(lock_name(which, name, kind)?));
+        }
+    }
+    Ok((!gates.is_empty()).then_some(LockSet(gates)))
+}
+
+/// A DistributedLock name from annotation `which`: in the workload's own namespace,
+/// and valid as one.
+fn lock_name(which: &str, name: &str, kind: &str) -> Result<String, String> {
     if name.contains('/') {
         return Err(format!(
             "{which}: {name:?} names a lock in another namespace; a {kind} can only use a \
@@ -46,10 +125,22 @@ pub fn gate(annotations: &BTreeMap<String, String>, kind: Kind) -> Result<Option
         ));
     }
     // The same rule as the CRD's metadata.name and the CLI's Lease names.
-    if let Err(e) = names::kubernetes_name(name).map_err(|e| e.named("DistributedLock name")) {
-        return Err(format!("{which}: {e}"));
-    }
-    Ok(Some(gate(name.clone())))
+    names::kubernetes_name(name)
+        .map_err(|e| format!("{which}: {}", e.named("DistributedLock name")))?;
+    Ok(name.to_string())
+}
+
+/// Whether a workload with these annotations names DistributedLock `name` (as a lock
+/// or a template, alone or in a list): its changes concern the workload.
+pub fn names_lock(annotations: &BTreeMap<String, String>, name: &str) -> bool {
+    [LOCK_ANNOTATION, TEMPLATE_ANNOTATION]
+        .iter()
+        .any(|a| annotations.get(*a).map(String::as_str) == Some(name))
+        || [LOCKS_ANNOTATION, TEMPLATES_ANNOTATION].iter().any(|a| {
+            annotations
+                .get(*a)
+                .is_some_and(|v| v.split(',').any(|n| n.trim() == name))
+        })
 }
 
 /// The longest `lockwarden.io/lost-grace` that still stops the workload before another
@@ -225,5 +316,70 @@ pub fn running_action(
             RunningAction::WaitGrace(lost_grace - not_held_for)
         }
         LockStanding::NotHeld { .. } => RunningAction::Stop,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn several_locks_come_from_the_lists_in_annotation_order() {
+        let set = locks(
+            &annotations(&[
+                (LOCKS_ANNOTATION, "db, bucket"),
+                (TEMPLATES_ANNOTATION, "queue"),
+            ]),
+            Kind::Job,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            set.gates(),
+            [
+                Gate::Named("db".into()),
+                Gate::Named("bucket".into()),
+                Gate::Template("queue".into())
+            ]
+        );
+        assert!(set.several());
+        let one = locks(&annotations(&[(LOCKS_ANNOTATION, "db")]), Kind::Pod)
+            .unwrap()
+            .unwrap();
+        assert_eq!(one, LockSet::one(Gate::Named("db".into())));
+        assert!(!one.several());
+    }
+
+    #[test]
+    fn bad_lists_say_what_is_wrong() {
+        let err = |pairs: &[(&str, &str)]| locks(&annotations(pairs), Kind::Job).unwrap_err();
+        let e = err(&[(LOCK_ANNOTATION, "a"), (LOCKS_ANNOTATION, "b,c")]);
+        assert!(e.contains("both") && e.contains(LOCKS_ANNOTATION), "{e}");
+        let e = err(&[(LOCKS_ANNOTATION, "a,,b")]);
+        assert!(e.contains("empty entry"), "{e}");
+        let e = err(&[(LOCKS_ANNOTATION, "a,b"), (TEMPLATES_ANNOTATION, "a")]);
+        assert!(e.contains("\"a\" is named twice"), "{e}");
+        let e = err(&[(TEMPLATES_ANNOTATION, "ns/a")]);
+        assert!(e.contains("another namespace"), "{e}");
+        let e = err(&[(LOCKS_ANNOTATION, "Bad_Name")]);
+        assert!(e.contains("invalid DistributedLock name"), "{e}");
+    }
+
+    #[test]
+    fn a_workload_names_a_lock_alone_or_in_a_list() {
+        let a = annotations(&[(LOCKS_ANNOTATION, "db, bucket")]);
+        assert!(names_lock(&a, "bucket"));
+        assert!(!names_lock(&a, "buck"));
+        assert!(names_lock(
+            &annotations(&[(TEMPLATE_ANNOTATION, "q")]),
+            "q"
+        ));
     }
 }

@@ -129,17 +129,17 @@ async fn claimant_alive(
     })
 }
 
-/// The workload's own lock, created from the template on first use; or why it cannot
-/// be. Its holder identity is the workload's ([`Workload::holder`]) in `cluster`.
+/// The workload's own lock `name`, created from the template on first use; or why it
+/// cannot be. Its holder identity is the workload's ([`Workload::holder`]) in `cluster`.
 pub async fn own_lock(
     locks: &Api<DistributedLock>,
     cluster: &str,
     workload: &Workload,
     template: &str,
+    name: &str,
 ) -> Result<Claim, kube::Error> {
-    let name = workload.own_lock_name();
     let kind = workload.kind.as_str();
-    if let Some(lock) = locks.get_opt(&name).await? {
+    if let Some(lock) = locks.get_opt(name).await? {
         let owned = lock
             .owner_references()
             .iter()
@@ -185,7 +185,18 @@ pub async fn own_lock(
     // A template's force would make every workload take the key over from the previous.
     spec.force = false;
     spec.holder_identity = Some(workload.holder(cluster));
-    let mut lock = DistributedLock::new(&name, spec);
+    if let Err(e) = crate::lock::names::kubernetes_name(name) {
+        return Ok(Claim::Waiting(
+            EventType::Warning,
+            "LockNameInvalid",
+            format!(
+                "the {kind}'s own lock from template {template} would be named {name:?}, \
+                 which is not a valid DistributedLock name ({}); use shorter names",
+                e.named("name")
+            ),
+        ));
+    }
+    let mut lock = DistributedLock::new(name, spec);
     lock.metadata.namespace = Some(workload.namespace.clone());
     lock.metadata.annotations = Some([(CLAIM_ANNOTATION.to_string(), workload.claim())].into());
     lock.metadata.labels =
@@ -195,20 +206,20 @@ pub async fn own_lock(
     Ok(Claim::Ours(Box::new(lock)))
 }
 
-/// Lets the workload's lock go: deletes its own lock, releases and unclaims a named
-/// one. `ran` says whether the workload was started with the lock (a named lock it ran
-/// with is let go even when its claim was removed by hand). Returns what was done,
-/// `None` if there was nothing of this workload's to let go.
+/// Lets the workload's lock `name` go: deletes its own lock, releases and unclaims a
+/// named one. `ran` says whether the workload was started with the lock (a named lock
+/// it ran with is let go even when its claim was removed by hand). Returns what was
+/// done, `None` if there was nothing of this workload's to let go.
 pub async fn let_go(
     locks: &Api<DistributedLock>,
     workload: &Workload,
     gate: &Gate,
+    name: &str,
     ran: bool,
 ) -> Result<Option<String>, kube::Error> {
     match gate {
         Gate::Template(_) => {
-            let name = workload.own_lock_name();
-            let Some(lock) = locks.get_opt(&name).await? else {
+            let Some(lock) = locks.get_opt(name).await? else {
                 return Ok(None);
             };
             if !lock
@@ -226,7 +237,7 @@ pub async fn let_go(
                 }),
                 ..Default::default()
             };
-            match locks.delete(&name, &params).await {
+            match locks.delete(name, &params).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
                 Err(e) => return Err(e),
@@ -236,7 +247,7 @@ pub async fn let_go(
                 None => format!("deleted lock {name}"),
             }))
         }
-        Gate::Named(name) => {
+        Gate::Named(_) => {
             let Some(lock) = locks.get_opt(name).await? else {
                 return Ok(None);
             };

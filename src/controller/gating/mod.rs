@@ -10,6 +10,7 @@
 
 pub mod decide;
 pub mod locks;
+pub mod lockset;
 pub mod writes;
 
 use std::collections::HashMap;
@@ -27,6 +28,11 @@ use super::events::Events;
 pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
 /// Annotation: the workload gets its own DistributedLock, spec copied from this one.
 pub const TEMPLATE_ANNOTATION: &str = "lockwarden.io/lock-template";
+/// Annotation: the workload claims each of these DistributedLocks (comma-separated).
+pub const LOCKS_ANNOTATION: &str = "lockwarden.io/locks";
+/// Annotation: the workload gets its own DistributedLock from each of these templates
+/// (comma-separated).
+pub const TEMPLATES_ANNOTATION: &str = "lockwarden.io/lock-templates";
 /// Annotation: what to do once a running workload's lock is no longer held.
 pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
 /// Annotation: how long a lock past its holder deadline may stay so before the
@@ -36,6 +42,10 @@ pub const LOST_GRACE_ANNOTATION: &str = "lockwarden.io/lost-grace";
 /// Annotation written by lockwarden (a Job's pod template, a Pod): the fencing token
 /// the workload was started with.
 pub const FENCE_ANNOTATION: &str = "lockwarden.io/fence";
+/// Annotation written by lockwarden for a workload with several locks, instead of
+/// [`FENCE_ANNOTATION`]: `NAME=FENCE` per lock, comma-separated, in the order they were
+/// taken (e.g. `db=3,bucket=7`).
+pub const FENCES_ANNOTATION: &str = "lockwarden.io/fences";
 /// Annotation written by lockwarden next to the fence: the holder identity written in
 /// the lock store.
 pub const HOLDER_ANNOTATION: &str = "lockwarden.io/holder";
@@ -102,6 +112,17 @@ impl Workload {
     /// workload recreated under the same name never finds its predecessor's lock.
     pub fn own_lock_name(&self) -> String {
         format!("{}-{}", self.name, &self.uid[..self.uid.len().min(8)])
+    }
+
+    /// The name of DistributedLock `gate` is for this workload: a named lock's own
+    /// name; for a template, the workload's own lock — suffixed with the template's
+    /// name when the workload has several locks, so each template gets its own.
+    pub fn lock_name(&self, gate: &decide::Gate, several: bool) -> String {
+        match gate {
+            decide::Gate::Named(name) => name.clone(),
+            decide::Gate::Template(_) if !several => self.own_lock_name(),
+            decide::Gate::Template(template) => format!("{}-{template}", self.own_lock_name()),
+        }
     }
 
     /// The holder identity of the workload's own lock.

@@ -11,10 +11,10 @@ use kube::ResourceExt;
 use crate::api::conditions;
 
 pub use crate::controller::gating::decide::{
-    Gate, LockStanding, RunningAction, held, is_old_acquisition, max_lost_grace, not_held_reason,
-    standing,
+    Gate, LockSet, LockStanding, RunningAction, max_lost_grace,
 };
-use crate::controller::gating::{Kind, Workload, decide};
+use crate::controller::gating::lockset::{self, WorkloadLock};
+use crate::controller::gating::{FENCES_ANNOTATION, Kind, Workload, decide};
 
 use super::{
     FENCE_ANNOTATION, FINALIZER, LOST_FENCE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STOPPED_ANNOTATION,
@@ -49,7 +49,7 @@ impl OnLockLost {
 /// Everything a gated Job's annotations ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    pub gate: Gate,
+    pub locks: LockSet,
     pub on_lock_lost: OnLockLost,
     /// How long a lock that stopped being claimable (`LeaseExpiring`) may stay so
     /// before the Job is stopped; zero by default.
@@ -60,7 +60,7 @@ pub struct Settings {
 /// cannot be acted on.
 pub fn settings(job: &Job) -> Result<Option<Settings>, String> {
     let annotations = job.annotations();
-    let Some(gate) = gate(annotations)? else {
+    let Some(locks) = locks(annotations)? else {
         return Ok(None);
     };
     let on_lock_lost = match annotations.get(ON_LOCK_LOST_ANNOTATION) {
@@ -74,15 +74,15 @@ pub fn settings(job: &Job) -> Result<Option<Settings>, String> {
     };
     let lost_grace = decide::lost_grace(annotations, Kind::Job)?;
     Ok(Some(Settings {
-        gate,
+        locks,
         on_lock_lost,
         lost_grace,
     }))
 }
 
-/// The Job's gate from its annotations, `None` if it names no lock.
-pub fn gate(annotations: &BTreeMap<String, String>) -> Result<Option<Gate>, String> {
-    decide::gate(annotations, Kind::Job)
+/// The Job's locks from its annotations, `None` if it names none.
+pub fn locks(annotations: &BTreeMap<String, String>) -> Result<Option<LockSet>, String> {
+    decide::locks(annotations, Kind::Job)
 }
 
 /// Where a gated Job stands; decides which phase function reconciles it.
@@ -132,18 +132,40 @@ pub fn finished(job: &Job) -> Option<&'static str> {
     })
 }
 
-/// Started by lockwarden and not stopped since: its pod template carries the fence it
-/// was started with, and no loss has been recorded against it.
+/// Started by lockwarden and not stopped since: its pod template carries the fence (or
+/// fences) it was started with, and no loss has been recorded against it.
 pub fn running(job: &Job) -> bool {
-    template_annotation(job, FENCE_ANNOTATION).is_some()
+    (template_annotation(job, FENCE_ANNOTATION).is_some()
+        || template_annotation(job, FENCES_ANNOTATION).is_some())
         && !job.annotations().contains_key(LOST_FENCE_ANNOTATION)
         && !job.annotations().contains_key(STOPPED_ANNOTATION)
 }
 
-/// The fence the Job ran with before lockwarden stopped it after a loss: its restart
-/// must come with a higher one.
-pub fn lost_fence(job: &Job) -> Option<i64> {
-    job.annotations().get(LOST_FENCE_ANNOTATION)?.parse().ok()
+
+/// Per lock, the fence the Job ran with before lockwarden stopped it after a loss
+/// (`lockwarden.io/lost-fence`: a fence for one lock, `NAME=FENCE,…` for several).
+pub fn lost_fences(job: &Job, locks: &[WorkloadLock]) -> BTreeMap<String, i64> {
+    let Some(value) = job.annotations().get(LOST_FENCE_ANNOTATION) else {
+        return BTreeMap::new();
+    };
+    match (value.parse::<i64>(), locks) {
+        (Ok(fence), [only]) => BTreeMap::from([(only.name.clone(), fence)]),
+        _ => lockset::parse_fences(value)
+            .into_iter()
+            .map(|(n, f)| (n.to_string(), f))
+            .collect(),
+    }
+}
+
+/// The fences the Job's pod template carries, per lock.
+pub fn template_fences(job: &Job, locks: &[WorkloadLock]) -> Vec<(String, Option<i64>)> {
+    let annotations = job
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.clone())
+        .unwrap_or_default();
+    lockset::fences_of(&annotations, locks)
 }
 
 /// An annotation of the Job's pod template (where the fence goes).
@@ -158,10 +180,6 @@ pub fn template_annotation<'a>(job: &'a Job, key: &str) -> Option<&'a String> {
         .get(key)
 }
 
-/// The fence the Job's pod template carries.
-pub fn template_fence(job: &Job) -> Option<i64> {
-    template_annotation(job, FENCE_ANNOTATION)?.parse().ok()
-}
 
 pub fn suspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false)

@@ -1,6 +1,9 @@
 //! Job gating (docs/design.md §6, §6.1): a second controller, over `batch/v1` Jobs that
 //! carry `lockwarden.io/lock: NAME` (claim the existing DistributedLock NAME) or
-//! `lockwarden.io/lock-template: NAME` (a per-Job DistributedLock copied from NAME).
+//! `lockwarden.io/lock-template: NAME` (a per-Job DistributedLock copied from NAME) —
+//! or, for several locks, the lists `lockwarden.io/locks: A,B` and
+//! `lockwarden.io/lock-templates: T,U`, taken one at a time in one global order
+//! ([`crate::controller::gating::lockset`]).
 //!
 //! It never talks to a backend: it only creates, claims, releases and deletes
 //! `DistributedLock` objects and reads their status, which the lock controller
@@ -11,17 +14,19 @@
 //! - deleted (our finalizer is set) → let the lock go, drop the finalizer;
 //! - bad annotations → Warning Event, the Job stays as it is (never started);
 //! - finished (`Complete` or `Failed`) → let the lock go, drop the finalizer;
-//! - running (started by us: the pod template carries `lockwarden.io/fence`) → watch
-//!   the lock; once it is no longer held, act on `lockwarden.io/on-lock-lost`:
+//! - running (started by us: the pod template carries `lockwarden.io/fence` or
+//!   `/fences`) → watch the locks; once one is no longer held, act on `lockwarden.io/on-lock-lost`:
 //!   `suspend` (default) suspends the Job — one patch conditioned on its
 //!   resourceVersion — so the Job controller deletes its Pods, lets the lock go and
 //!   gates the Job again; `fail` does the same and marks it stopped for good;
 //!   `ignore` only warns;
 //! - not suspended → Warning Event: it cannot be gated;
-//! - gated → add the finalizer; claim the named lock or create the per-Job lock; once
-//!   it is `Acquired=True` for this Job at its current generation with a fence (higher
-//!   than the one a stopped Job ran with), one write sets the pod-template annotations
-//!   (`lockwarden.io/fence`, `/holder`, `/lock`) *and* `spec.suspend=false`,
+//! - gated → add the finalizer; claim each named lock or create each per-Job lock, the
+//!   next only once the previous is held; once all are `Acquired=True` for this Job at
+//!   their current generation with a fence (higher than the one a stopped Job ran
+//!   with), one write sets the pod-template annotations (`lockwarden.io/fence`,
+//!   `/holder`, `/lock`; for several locks `lockwarden.io/fences: A=3,B=7`) *and*
+//!   `spec.suspend=false`,
 //!   conditioned on the Job's resourceVersion; otherwise the Job stays suspended and
 //!   `lockwarden.io/status` (plus an Event when it changes) says why.
 //!
@@ -178,10 +183,8 @@ pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<
     refs.extend(
         jobs.iter()
             .filter(|j| {
-                let a = j.annotations();
                 j.namespace().as_deref() == Some(ns.as_str())
-                    && (a.get(LOCK_ANNOTATION) == Some(&name)
-                        || a.get(TEMPLATE_ANNOTATION) == Some(&name))
+                    && gating::decide::names_lock(j.annotations(), &name)
             })
             .map(|j| ObjectRef::from_obj(&**j)),
     );
@@ -196,9 +199,9 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
     let phase = gate::phase(&job);
     // Letting go needs only the lock's name: a bad policy annotation must not keep a
     // deleted or finished Job's lock.
-    match (phase, gate::gate(job.annotations())) {
-        (JobPhase::Deleted, gate) => return run.on_deleted(gate.ok().flatten()).await,
-        (JobPhase::Finished, Ok(Some(gate))) => return run.on_finished(&gate).await,
+    match (phase, gate::locks(job.annotations())) {
+        (JobPhase::Deleted, locks) => return run.on_deleted(locks.ok().flatten()).await,
+        (JobPhase::Finished, Ok(Some(locks))) => return run.on_finished(&locks).await,
         _ => {}
     }
     let settings = match settings(&job) {

@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate};
 use kube::ResourceExt;
 
 use super::{ON_LOCK_LOST_ANNOTATION, SCHEDULING_GATE};
-use crate::controller::gating::decide::{self, Gate, LockStanding, RunningAction};
-use crate::controller::gating::{FENCE_ANNOTATION, Kind, Workload};
+use crate::controller::gating::decide::{self, LockSet, LockStanding, RunningAction};
+use crate::controller::gating::lockset::{self, WorkloadLock};
+use crate::controller::gating::{FENCE_ANNOTATION, FENCES_ANNOTATION, Kind, Workload};
 
 /// What happens to an ungated Pod whose lock is no longer held
 /// (`lockwarden.io/on-lock-lost`).
@@ -34,11 +35,10 @@ impl OnLockLost {
     }
 }
 
-/// Everything a gated Pod's annotations ask for. (One lock; a list of them would
-/// replace `gate`.)
+/// Everything a gated Pod's annotations ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
-    pub gate: Gate,
+    pub locks: LockSet,
     pub on_lock_lost: OnLockLost,
     /// How long a lock past its holder deadline may stay so before the Pod is deleted.
     pub lost_grace: Duration,
@@ -48,7 +48,7 @@ pub struct Settings {
 /// cannot be acted on.
 pub fn settings(pod: &Pod) -> Result<Option<Settings>, String> {
     let annotations = pod.annotations();
-    let Some(gate) = decide::gate(annotations, Kind::Pod)? else {
+    let Some(locks) = decide::locks(annotations, Kind::Pod)? else {
         return Ok(None);
     };
     let on_lock_lost = match annotations.get(ON_LOCK_LOST_ANNOTATION) {
@@ -62,7 +62,7 @@ pub fn settings(pod: &Pod) -> Result<Option<Settings>, String> {
     };
     let lost_grace = decide::lost_grace(annotations, Kind::Pod)?;
     Ok(Some(Settings {
-        gate,
+        locks,
         on_lock_lost,
         lost_grace,
     }))
@@ -126,15 +126,16 @@ fn gates(pod: &Pod) -> &[PodSchedulingGate] {
         .unwrap_or_default()
 }
 
-/// Ungated by lockwarden: the fence annotation is there and the gate is gone (the one
-/// write that removes the gate adds the fence).
+/// Ungated by lockwarden: the fence (or fences) annotation is there and the gate is
+/// gone (the one write that removes the gate adds the fence).
 pub fn running(pod: &Pod) -> bool {
-    pod.annotations().contains_key(FENCE_ANNOTATION) && !has_gate(pod)
+    let a = pod.annotations();
+    (a.contains_key(FENCE_ANNOTATION) || a.contains_key(FENCES_ANNOTATION)) && !has_gate(pod)
 }
 
-/// The fence the Pod was ungated with.
-pub fn fence(pod: &Pod) -> Option<i64> {
-    pod.annotations().get(FENCE_ANNOTATION)?.parse().ok()
+/// The fence the Pod was ungated with, per lock.
+pub fn fences(pod: &Pod, locks: &[WorkloadLock]) -> Vec<(String, Option<i64>)> {
+    lockset::fences_of(pod.annotations(), locks)
 }
 
 /// Bound to a node: its containers may run until the kubelet reports a terminal phase.

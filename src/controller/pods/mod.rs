@@ -47,9 +47,7 @@ use kube::runtime::watcher;
 
 use super::ControllerConfig;
 use super::events::Events;
-use super::gating::{
-    CLAIM_ANNOTATION, Claimant, Kind, LOCK_ANNOTATION, NotHeldSince, TEMPLATE_ANNOTATION,
-};
+use super::gating::{CLAIM_ANNOTATION, Claimant, Kind, NotHeldSince};
 use crate::api::DistributedLock;
 use crate::telemetry::Telemetry;
 
@@ -146,10 +144,8 @@ pub fn pods_of_lock(lock: &DistributedLock, pods: &[Arc<Pod>]) -> Vec<ObjectRef<
     refs.extend(
         pods.iter()
             .filter(|p| {
-                let a = p.annotations();
                 p.namespace().as_deref() == Some(ns.as_str())
-                    && (a.get(LOCK_ANNOTATION) == Some(&name)
-                        || a.get(TEMPLATE_ANNOTATION) == Some(&name))
+                    && super::gating::decide::names_lock(p.annotations(), &name)
             })
             .map(|p| ObjectRef::from_obj(&**p)),
     );
@@ -165,10 +161,10 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, Po
     let phase = gate::phase(&pod);
     // Letting go needs only the lock's name: a bad policy annotation must not keep a
     // deleted or finished Pod's lock.
-    let named = super::gating::decide::gate(pod.annotations(), Kind::Pod);
+    let named = super::gating::decide::locks(pod.annotations(), Kind::Pod);
     match (phase, named) {
-        (PodPhase::Deleted, gate) => return run.on_deleted(gate.ok().flatten()).await,
-        (PodPhase::Finished, Ok(Some(gate))) => return run.on_finished(&gate).await,
+        (PodPhase::Deleted, locks) => return run.on_deleted(locks.ok().flatten()).await,
+        (PodPhase::Finished, Ok(Some(locks))) => return run.on_finished(&locks).await,
         (PodPhase::Finished, _) => return run.on_ungated().await,
         _ => {}
     }

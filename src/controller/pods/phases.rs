@@ -11,16 +11,14 @@ use serde_json::json;
 use super::gate::{self, Settings};
 use super::{PodContext, PodError, SCHEDULING_GATE, WAITING_RESYNC};
 use crate::api::DistributedLock;
-use crate::controller::gating::decide::{
-    self, Gate, LockStanding, RunningAction, held, not_held_reason,
-};
-use crate::controller::gating::locks::{self, Claim, claim, own_lock};
+use crate::controller::gating::decide::{self, LockSet, LockStanding, RunningAction, names_lock};
+use crate::controller::gating::lockset::{self, RanWith, Taker, Taking, WorkloadLock};
 use crate::controller::gating::writes::{
     add_finalizer, has_finalizer, remove_finalizer, report, set_status,
 };
-use crate::controller::gating::{
-    self, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, STATUS_ANNOTATION,
-};
+use crate::controller::gating::{self, LOCK_ANNOTATION, STATUS_ANNOTATION};
+
+use crate::controller::gating::lockset::{describe, fence_text};
 
 /// How the status of an ungated Pod whose lock is no longer held begins (`ignore`).
 const NOT_HELD_PREFIX: &str = "running with fence";
@@ -48,11 +46,8 @@ impl<'a> Run<'a> {
         self.pod.uid().unwrap_or_default()
     }
 
-    fn lock_name(&self, gate: &Gate) -> String {
-        match gate {
-            Gate::Named(name) => name.clone(),
-            Gate::Template(_) => gate::workload(self.pod).own_lock_name(),
-        }
+    fn locks(&self, set: &LockSet) -> Vec<WorkloadLock> {
+        lockset::named(set, &gate::workload(self.pod))
     }
 
     async fn report(
@@ -76,14 +71,18 @@ impl<'a> Run<'a> {
         gating::event(&self.ctx.events, pod, type_, reason, message).await;
     }
 
-    async fn let_go(&self, gate: &Gate) -> Result<Option<String>, PodError> {
+    /// Lets every lock of the Pod go; what was done, `None` if nothing.
+    async fn let_go(&self, set: &LockSet) -> Result<Option<String>, PodError> {
         let workload = gate::workload(self.pod);
-        Ok(locks::let_go(&self.locks, &workload, gate, gate::running(self.pod)).await?)
+        let locks = lockset::named(set, &workload);
+        let notes =
+            lockset::let_go_all(&self.locks, &workload, &locks, gate::running(self.pod)).await?;
+        Ok((!notes.is_empty()).then(|| notes.join("; ")))
     }
 
     /// Deleted: once nothing of the Pod can run any more, let the lock go and drop the
     /// finalizer.
-    pub async fn on_deleted(self, gate: Option<Gate>) -> Result<Action, PodError> {
+    pub async fn on_deleted(self, set: Option<LockSet>) -> Result<Action, PodError> {
         if !has_finalizer(self.pod) {
             self.ctx.not_held_since.forget(&self.uid());
             return Ok(Action::await_change());
@@ -95,8 +94,8 @@ impl<'a> Run<'a> {
             return Ok(Action::await_change());
         }
         self.ctx.not_held_since.forget(&self.uid());
-        if let Some(gate) = gate
-            && let Some(note) = self.let_go(&gate).await?
+        if let Some(set) = set
+            && let Some(note) = self.let_go(&set).await?
         {
             let message = format!("{note}: Pod deleted");
             self.event(self.pod, EventType::Normal, "Released", message)
@@ -107,7 +106,7 @@ impl<'a> Run<'a> {
     }
 
     /// `Succeeded` or `Failed`: let the lock go, drop the finalizer.
-    pub async fn on_finished(self, gate: &Gate) -> Result<Action, PodError> {
+    pub async fn on_finished(self, set: &LockSet) -> Result<Action, PodError> {
         self.ctx.not_held_since.forget(&self.uid());
         if !has_finalizer(self.pod) {
             return Ok(Action::await_change());
@@ -119,10 +118,10 @@ impl<'a> Run<'a> {
             .and_then(|s| s.phase.as_deref())
             .unwrap_or("finished")
             .to_lowercase();
-        let lock_name = self.lock_name(gate);
-        let message = match self.let_go(gate).await? {
+        let what = describe(&self.locks(set));
+        let message = match self.let_go(set).await? {
             Some(note) => format!("{note}: Pod {how}"),
-            None => format!("Pod {how}; lock {lock_name} was already let go"),
+            None => format!("Pod {how}; {what} was already let go"),
         };
         // The finalizer goes first: its patch is conditioned on the resourceVersion
         // this reconcile read, which the status write would change.
@@ -168,9 +167,9 @@ impl<'a> Run<'a> {
     /// A lock named but no gate, and never ungated by us: it was scheduled without
     /// waiting for the lock, which we cannot undo.
     pub async fn on_not_gated(self, settings: &Settings) -> Result<Action, PodError> {
-        let lock_name = self.lock_name(&settings.gate);
+        let lock_name = describe(&self.locks(&settings.locks));
         let message = format!(
-            "the Pod names lock {lock_name} but has no scheduling gate {SCHEDULING_GATE}, so \
+            "the Pod names {lock_name} but has no scheduling gate {SCHEDULING_GATE}, so \
              it was scheduled without waiting for the lock; create it with \
              spec.schedulingGates: [{{name: {SCHEDULING_GATE}}}] and lockwarden removes the \
              gate once the lock is held"
@@ -179,13 +178,12 @@ impl<'a> Run<'a> {
         Ok(Action::await_change())
     }
 
-    /// Ungated by us: watch the lock, and act on `on-lock-lost` once it is not held.
+    /// Ungated by us: watch the locks, and act on `on-lock-lost` once one is not held.
     pub async fn on_running(self, settings: &Settings) -> Result<Action, PodError> {
         let uid = self.uid();
-        let lock_name = self.lock_name(&settings.gate);
-        let lock = self.locks.get_opt(&lock_name).await?;
-        let fence = gate::fence(self.pod);
-        let standing = decide::standing(lock.as_ref(), &lock_name, fence);
+        let locks = self.locks(&settings.locks);
+        let fences = gate::fences(self.pod, &locks);
+        let standing = self.standing(&fences).await?;
         let not_held_for = match standing {
             LockStanding::Held => {
                 self.ctx.not_held_since.forget(&uid);
@@ -193,7 +191,7 @@ impl<'a> Run<'a> {
             }
             LockStanding::NotHeld { .. } => self.ctx.not_held_since.not_held_for(&uid),
         };
-        let fence_text = fence.map(|f| f.to_string()).unwrap_or_default();
+        let fence_text = fence_text(&fences);
         match (
             gate::running_action(&standing, settings, not_held_for),
             standing,
@@ -205,7 +203,8 @@ impl<'a> Run<'a> {
                     .get(STATUS_ANNOTATION)
                     .is_some_and(|s| s.starts_with(NOT_HELD_PREFIX));
                 if warned {
-                    let message = format!("holds lock {lock_name} again (fence {fence_text})");
+                    let what = describe(&locks);
+                    let message = format!("holds {what} again (fence {fence_text})");
                     self.report(EventType::Normal, "LockHeld", message).await?;
                 }
                 Ok(Action::await_change())
@@ -219,13 +218,27 @@ impl<'a> Run<'a> {
                 Ok(Action::await_change())
             }
             (RunningAction::Stop, LockStanding::NotHeld { reason, why, .. }) => {
-                self.delete(&lock_name, reason, &why, &fence_text).await
+                self.delete(&describe(&locks), reason, &why, &fence_text)
+                    .await
             }
             // `running_action` answers Warn and Stop only for a lock not held.
             (RunningAction::Warn | RunningAction::Stop, LockStanding::Held) => {
                 Ok(Action::await_change())
             }
         }
+    }
+
+    /// Held only if every lock the Pod was ungated with is still held with its fence:
+    /// the first one that is not decides.
+    async fn standing(&self, fences: &[(String, Option<i64>)]) -> Result<LockStanding, PodError> {
+        for (name, fence) in fences {
+            let lock = self.locks.get_opt(name).await?;
+            let standing = decide::standing(lock.as_ref(), name, *fence);
+            if standing != LockStanding::Held {
+                return Ok(standing);
+            }
+        }
+        Ok(LockStanding::Held)
     }
 
     /// `on-lock-lost: delete`: deletes the Pod with its grace period, conditioned on
@@ -240,7 +253,7 @@ impl<'a> Run<'a> {
         fence: &str,
     ) -> Result<Action, PodError> {
         let message = format!(
-            "deleted: it ran with fence {fence} and no longer holds lock {lock_name} \
+            "deleted: it ran with fence {fence} and no longer holds {lock_name} \
              ({reason}: {why}); its owner, if any, makes a new, gated Pod"
         );
         let params = DeleteParams {
@@ -265,52 +278,38 @@ impl<'a> Run<'a> {
         Ok(Action::await_change())
     }
 
-    /// Gated: claim or create the lock, and remove the gate once the lock is held for
-    /// this Pod, or say why not.
+    /// Gated: take the locks (claim or create each, one at a time in the global order),
+    /// and remove the gate once all are held for this Pod, or say why not.
     pub async fn start_or_explain(self, settings: &Settings) -> Result<Action, PodError> {
         if !has_finalizer(self.pod) {
             add_finalizer(&self.pods, self.pod).await?;
             // The patched Pod comes back through the watch.
             return Ok(Action::await_change());
         }
-        let lock_name = self.lock_name(&settings.gate);
-        let Some(lock) = self.lock_for(&settings.gate).await? else {
-            return Ok(Action::requeue(WAITING_RESYNC));
-        };
-        let Some((fence, holder)) = held(&lock) else {
-            let (message, problem) = not_held_reason(&lock);
-            let (type_, reason) = if problem {
-                (EventType::Warning, "LockFailed")
-            } else {
-                (EventType::Normal, "Waiting")
-            };
-            self.report(type_, reason, message).await?;
-            return Ok(Action::requeue(WAITING_RESYNC));
-        };
-        self.start(&lock_name, fence, holder).await
-    }
-
-    /// The named lock claimed for this Pod, or its own lock (created from the template
-    /// on first use); `None` after reporting why there is none to use yet.
-    async fn lock_for(&self, gate: &Gate) -> Result<Option<DistributedLock>, PodError> {
         let workload = gate::workload(self.pod);
-        let claimed = match gate {
-            Gate::Named(name) => claim(&self.locks, &workload, name, self.in_use_by(name)).await?,
-            Gate::Template(template) => {
-                own_lock(
-                    &self.locks,
-                    &self.ctx.config.cluster_name,
-                    &workload,
-                    template,
-                )
-                .await?
-            }
+        let ordered =
+            match lockset::in_take_order(&self.locks, &settings.locks, &workload).await? {
+                Ok(ordered) => ordered,
+                Err((type_, reason, message)) => {
+                    self.report(type_, reason, message).await?;
+                    return Ok(Action::requeue(WAITING_RESYNC));
+                }
+            };
+        // A Pod is never gated again after a loss (it is deleted): nothing lost to skip.
+        let lost = Default::default();
+        let in_use_by = |name: &str| self.in_use_by(name);
+        let taker = Taker {
+            api: &self.locks,
+            workload: &workload,
+            cluster: &self.ctx.config.cluster_name,
+            in_use_by: &in_use_by,
+            lost: &lost,
         };
-        match claimed {
-            Claim::Ours(lock) => Ok(Some(*lock)),
-            Claim::Waiting(type_, reason, message) => {
+        match taker.take(&ordered).await? {
+            Taking::Held(ran) => self.start(ran).await,
+            Taking::Waiting((type_, reason, message)) => {
                 self.report(type_, reason, message).await?;
-                Ok(None)
+                Ok(Action::requeue(WAITING_RESYNC))
             }
         }
     }
@@ -326,27 +325,25 @@ impl<'a> Run<'a> {
             .find(|p| {
                 p.namespace() == ns
                     && p.uid() != self.pod.uid()
-                    && p.annotations().get(LOCK_ANNOTATION).map(String::as_str) == Some(name)
+                    && names_lock(p.annotations(), name)
                     && gate::running(p)
                     && !gate::finished(p)
             })
             .map(|p| format!("Pod {}", p.name_any()))
     }
 
-    /// One write adds the fence and holder and removes the gate (other gates stay),
-    /// conditioned on the resourceVersion this reconcile read: no version of the Pod
-    /// is schedulable without its fence.
-    async fn start(self, lock_name: &str, fence: i64, holder: String) -> Result<Action, PodError> {
-        let message = format!("started holding lock {lock_name} (fence {fence}, holder {holder})");
+    /// One write adds the fence(s) (and the holder, for one lock) and removes the gate
+    /// (other gates stay), conditioned on the resourceVersion this reconcile read: no
+    /// version of the Pod is schedulable without its fence.
+    async fn start(self, ran: RanWith) -> Result<Action, PodError> {
+        let message = format!("started holding {}", ran.describe());
+        let mut annotations = ran.annotations();
+        annotations.insert(STATUS_ANNOTATION.into(), message.clone().into());
         let others = gate::other_gates(self.pod);
         let patch = json!({
             "metadata": {
                 "resourceVersion": self.pod.resource_version(),
-                "annotations": {
-                    STATUS_ANNOTATION: message,
-                    FENCE_ANNOTATION: fence.to_string(),
-                    HOLDER_ANNOTATION: holder,
-                },
+                "annotations": annotations,
             },
             "spec": {
                 "schedulingGates": if others.is_empty() { json!(null) } else { json!(others) },
@@ -360,7 +357,7 @@ impl<'a> Run<'a> {
                 &Patch::Merge(&patch),
             )
             .await?;
-        tracing::info!(pod = %self.pod.name_any(), fence, "removed the scheduling gate of a gated Pod");
+        tracing::info!(pod = %self.pod.name_any(), fences = ?ran.0, "removed the scheduling gate of a gated Pod");
         self.event(&patched, EventType::Normal, "Started", message)
             .await;
         Ok(Action::await_change())

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::*;
+use crate::controller::gating::decide::Gate;
 use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
 
 fn pod(annotations: serde_json::Value, gates: &[&str]) -> Pod {
@@ -22,7 +23,7 @@ fn settings_default_to_delete_and_take_the_shared_annotations() {
     let s = settings(&pod(json!({ LOCK_ANNOTATION: "db" }), &[SCHEDULING_GATE]))
         .unwrap()
         .unwrap();
-    assert_eq!(s.gate, Gate::Named("db".into()));
+    assert_eq!(s.locks, LockSet::one(Gate::Named("db".into())));
     assert_eq!(s.on_lock_lost, OnLockLost::Delete);
     assert_eq!(s.lost_grace, Duration::ZERO);
     let s = settings(&pod(
@@ -32,7 +33,7 @@ fn settings_default_to_delete_and_take_the_shared_annotations() {
     ))
     .unwrap()
     .unwrap();
-    assert_eq!(s.gate, Gate::Template("q".into()));
+    assert_eq!(s.locks, LockSet::one(Gate::Template("q".into())));
     assert_eq!(s.on_lock_lost, OnLockLost::Ignore);
     assert_eq!(s.lost_grace, Duration::from_millis(200));
     assert_eq!(settings(&pod(json!({}), &[SCHEDULING_GATE])), Ok(None));
@@ -69,7 +70,11 @@ fn phases_follow_the_gate_the_fence_and_the_pod_phase() {
 
     let mut running = pod(json!({ LOCK_ANNOTATION: "db", FENCE_ANNOTATION: "7" }), &[]);
     assert_eq!(phase(&running), PodPhase::Running);
-    assert_eq!(fence(&running), Some(7));
+    let db = [WorkloadLock {
+        gate: Gate::Named("db".into()),
+        name: "db".into(),
+    }];
+    assert_eq!(fences(&running, &db), [("db".to_string(), Some(7))]);
     // Gate still there: not ungated by us, whatever the annotations say.
     let fenced_but_gated = pod(
         json!({ LOCK_ANNOTATION: "db", FENCE_ANNOTATION: "7" }),
