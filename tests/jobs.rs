@@ -24,9 +24,9 @@ use kube::{Client, ResourceExt};
 use lockwarden::api::{DistributedLock, LockPhase};
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::jobs::{
-    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION,
-    LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
-    per_job_lock_name,
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
+    LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION,
+    TEMPLATE_ANNOTATION, per_job_lock_name,
 };
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
@@ -1035,7 +1035,7 @@ async fn every_example_reaches_the_state_its_comment_promises() {
             f.clone(),
         )
     });
-    assert!(files.len() >= 9, "{files:?}");
+    assert!(files.len() >= 10, "{files:?}");
     for file in &files {
         for line in std::fs::read_to_string(support::repo_root().join("examples").join(file))
             .unwrap()
@@ -1100,9 +1100,41 @@ async fn every_example_reaches_the_state_its_comment_promises() {
             "job-queue.yaml" => check_job_queue_example(&jobs, &locks).await,
             "job-kubectl-wait.yaml" => check_kubectl_wait_example(&client, &ns, &locks).await,
             "pod-gated.yaml" => check_pod_gated_example(&client, &ns, &locks).await,
+            "job-two-locks.yaml" => {
+                let job = wait_unsuspended_with_fences(&jobs, "load-warehouse").await;
+                let mut expected = Vec::new();
+                // Taken in key order: export-prefix's Lease key sorts first.
+                for name in ["export-prefix", "warehouse-table"] {
+                    let lock = wait_acquired(&locks, name).await;
+                    assert_eq!(
+                        lock.annotations().get(CLAIM_ANNOTATION),
+                        Some(&format!("load-warehouse/{}", job.uid().unwrap()))
+                    );
+                    expected.push(format!("{name}={}", lock.status.unwrap().fence.unwrap()));
+                }
+                assert_eq!(
+                    template_annotations(&job).get(FENCES_ANNOTATION),
+                    Some(&expected.join(","))
+                );
+            }
             other => panic!("examples/{other} has no check in tests/jobs.rs; add one"),
         }
     }
+}
+
+/// A Job with several locks once unsuspended: its pod template carries
+/// `lockwarden.io/fences` (and its Pods exist, made by the real Job controller).
+async fn wait_unsuspended_with_fences(jobs: &Api<Job>, name: &str) -> Job {
+    eventually(
+        &format!("Job {name} to be unsuspended with fences"),
+        TIMEOUT,
+        || async {
+            jobs.get(name).await.ok().filter(|j| {
+                !is_suspended(j) && template_annotations(j).contains_key(FENCES_ANNOTATION)
+            })
+        },
+    )
+    .await
 }
 
 async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) {

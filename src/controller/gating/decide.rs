@@ -377,9 +377,6 @@ mod tests {
         let a = annotations(&[(LOCKS_ANNOTATION, "db, bucket")]);
         assert!(names_lock(&a, "bucket"));
         assert!(!names_lock(&a, "buck"));
-        assert!(names_lock(
-            &annotations(&[(TEMPLATE_ANNOTATION, "q")]),
-            "q"
-        ));
+        assert!(names_lock(&annotations(&[(TEMPLATE_ANNOTATION, "q")]), "q"));
     }
 }

@@ -140,13 +140,13 @@ fn format_fences(locks: &[(String, i64, String)]) -> String {
 }
 
 /// The fence per lock a workload was started with, from its annotations
-/// (`lockwarden.io/fence` names the one lock of `locks`; `lockwarden.io/fences` each).
-/// A lock missing from them maps to `None`.
+/// (`lockwarden.io/fence` names the one lock of `locks`; `lockwarden.io/fences` each, in
+/// the order they were taken, which this keeps). A lock missing from them maps to `None`.
 pub fn fences_of(
     annotations: &BTreeMap<String, String>,
     locks: &[WorkloadLock],
 ) -> Vec<(String, Option<i64>)> {
-    let parsed: BTreeMap<&str, i64> = match (
+    let recorded: Vec<(&str, i64)> = match (
         annotations.get(FENCES_ANNOTATION),
         annotations.get(FENCE_ANNOTATION),
         locks,
@@ -155,19 +155,27 @@ pub fn fences_of(
         (None, Some(fence), [only]) => fence
             .parse()
             .ok()
-            .map(|f| BTreeMap::from([(only.name.as_str(), f)]))
+            .map(|f| vec![(only.name.as_str(), f)])
             .unwrap_or_default(),
-        _ => BTreeMap::new(),
+        _ => Vec::new(),
     };
-    locks
+    let mut out: Vec<(String, Option<i64>)> = recorded
         .iter()
-        .map(|l| (l.name.clone(), parsed.get(l.name.as_str()).copied()))
-        .collect()
+        .filter(|(name, _)| locks.iter().any(|l| l.name == *name))
+        .map(|(name, fence)| (name.to_string(), Some(*fence)))
+        .collect();
+    for lock in locks {
+        if !out.iter().any(|(name, _)| *name == lock.name) {
+            out.push((lock.name.clone(), None));
+        }
+    }
+    out
 }
 
-/// `db=3,bucket=7` → {db: 3, bucket: 7}; entries that do not parse are left out (a
-/// lock without its fence is not held for the workload, which is the safe reading).
-pub fn parse_fences(list: &str) -> BTreeMap<&str, i64> {
+/// `db=3,bucket=7` → [(db, 3), (bucket, 7)], in order; entries that do not parse are
+/// left out (a lock without its fence is not held for the workload, which is the safe
+/// reading).
+pub fn parse_fences(list: &str) -> Vec<(&str, i64)> {
     list.split(',')
         .filter_map(|e| {
             let (name, fence) = e.trim().split_once('=')?;
@@ -263,9 +271,7 @@ impl Taker<'_> {
 
     async fn claim(&self, lock: &WorkloadLock) -> Result<Claim, kube::Error> {
         match &lock.gate {
-            Gate::Named(name) => {
-                claim(self.api, self.workload, name, (self.in_use_by)(name)).await
-            }
+            Gate::Named(name) => claim(self.api, self.workload, name, (self.in_use_by)(name)).await,
             Gate::Template(template) => {
                 own_lock(self.api, self.cluster, self.workload, template, &lock.name).await
             }
@@ -291,7 +297,11 @@ fn progress(message: String, i: usize, ordered: &[WorkloadLock], held: &RanWith)
                 .join(", ")
         )
     };
-    format!("lock {} of {} in order: {message}{holding}", i + 1, ordered.len())
+    format!(
+        "lock {} of {} in order: {message}{holding}",
+        i + 1,
+        ordered.len()
+    )
 }
 
 /// Lets every lock of the workload go; what was done, for the Event.
@@ -339,14 +349,17 @@ mod tests {
 
     #[test]
     fn fences_read_back_per_lock_and_a_missing_one_is_none() {
-        let annotations =
-            BTreeMap::from([(FENCES_ANNOTATION.to_string(), "db=3, bucket=7,x=y".to_string())]);
-        let locks = [lock("bucket"), lock("db"), lock("other")];
+        let annotations = BTreeMap::from([(
+            FENCES_ANNOTATION.to_string(),
+            "db=3, bucket=7,x=y".to_string(),
+        )]);
+        // In the order taken (the annotation's), whatever order the locks come in.
+        let locks = [lock("bucket"), lock("other"), lock("db")];
         assert_eq!(
             fences_of(&annotations, &locks),
             [
-                ("bucket".to_string(), Some(7)),
                 ("db".to_string(), Some(3)),
+                ("bucket".to_string(), Some(7)),
                 ("other".to_string(), None)
             ]
         );

@@ -141,7 +141,6 @@ pub fn running(job: &Job) -> bool {
         && !job.annotations().contains_key(STOPPED_ANNOTATION)
 }
 
-
 /// Per lock, the fence the Job ran with before lockwarden stopped it after a loss
 /// (`lockwarden.io/lost-fence`: a fence for one lock, `NAME=FENCE,…` for several).
 pub fn lost_fences(job: &Job, locks: &[WorkloadLock]) -> BTreeMap<String, i64> {
@@ -179,7 +178,6 @@ pub fn template_annotation<'a>(job: &'a Job, key: &str) -> Option<&'a String> {
         .as_ref()?
         .get(key)
 }
-
 
 pub fn suspended(job: &Job) -> bool {
     job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false)

@@ -311,14 +311,13 @@ impl<'a> Run<'a> {
             return Ok(Action::await_change());
         }
         let workload = gate::workload(self.job);
-        let ordered =
-            match lockset::in_take_order(&self.locks, &settings.locks, &workload).await? {
-                Ok(ordered) => ordered,
-                Err((type_, reason, message)) => {
-                    self.report(type_, reason, message).await?;
-                    return Ok(Action::requeue(WAITING_RESYNC));
-                }
-            };
+        let ordered = match lockset::in_take_order(&self.locks, &settings.locks, &workload).await? {
+            Ok(ordered) => ordered,
+            Err((type_, reason, message)) => {
+                self.report(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
+        };
         let lost = gate::lost_fences(self.job, &ordered);
         let in_use_by = |name: &str| self.in_use_by(name);
         let taker = Taker {

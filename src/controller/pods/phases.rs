@@ -287,14 +287,13 @@ impl<'a> Run<'a> {
             return Ok(Action::await_change());
         }
         let workload = gate::workload(self.pod);
-        let ordered =
-            match lockset::in_take_order(&self.locks, &settings.locks, &workload).await? {
-                Ok(ordered) => ordered,
-                Err((type_, reason, message)) => {
-                    self.report(type_, reason, message).await?;
-                    return Ok(Action::requeue(WAITING_RESYNC));
-                }
-            };
+        let ordered = match lockset::in_take_order(&self.locks, &settings.locks, &workload).await? {
+            Ok(ordered) => ordered,
+            Err((type_, reason, message)) => {
+                self.report(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
+        };
         // A Pod is never gated again after a loss (it is deleted): nothing lost to skip.
         let lost = Default::default();
         let in_use_by = |name: &str| self.in_use_by(name);

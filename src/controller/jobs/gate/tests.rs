@@ -8,12 +8,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::json;
 
 use super::*;
-use crate::controller::gating::decide::{is_old_acquisition, standing};
-use crate::controller::gating::lockset::WorkloadLock;
 use crate::api::DistributedLockSpec;
 use crate::api::conditions::condition;
 use crate::api::conditions::{ACQUIRED, reason};
 use crate::api::{DistributedLock, LockPhase};
+use crate::controller::gating::decide::{is_old_acquisition, standing};
+use crate::controller::gating::lockset::WorkloadLock;
 use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::lock::SafetyMargins;
 
@@ -152,10 +152,7 @@ fn phases_of_a_job() {
         .unwrap()
         .insert(LOST_FENCE_ANNOTATION.into(), "7".into());
     assert_eq!(phase(&regated), JobPhase::Gated);
-    assert_eq!(
-        lost_fences(&regated, &db()),
-        [("db".to_string(), 7)].into()
-    );
+    assert_eq!(lost_fences(&regated, &db()), [("db".to_string(), 7)].into());
 
     let mut stopped = regated.clone();
     stopped
