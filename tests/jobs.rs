@@ -25,8 +25,8 @@ use lockwarden::api::{DistributedLock, LockPhase};
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
-    LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION,
-    TEMPLATE_ANNOTATION, per_job_lock_name,
+    LOCKS_ANNOTATION, LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
+    STATUS_ANNOTATION, TEMPLATE_ANNOTATION, per_job_lock_name,
 };
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
@@ -667,6 +667,27 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
             true,
             "InvalidLockAnnotation",
             "both lockwarden.io/lock and lockwarden.io/lock-template",
+        ),
+        (
+            "single-and-list",
+            &[(LOCK_ANNOTATION, "good"), (LOCKS_ANNOTATION, "good,other")],
+            true,
+            "InvalidLockAnnotation",
+            "both lockwarden.io/lock and lockwarden.io/locks",
+        ),
+        (
+            "empty-entry",
+            &[(LOCKS_ANNOTATION, "good,,other")],
+            true,
+            "InvalidLockAnnotation",
+            "has an empty entry",
+        ),
+        (
+            "missing-of-several",
+            &[(LOCKS_ANNOTATION, "good,absent")],
+            true,
+            "LockNotFound",
+            "DistributedLock absent does not exist",
         ),
         (
             "elsewhere",
