@@ -473,6 +473,82 @@ async fn pod_lock_is_let_go_when_the_pod_succeeds_or_is_deleted() {
     .await;
 }
 
+/// A Pod bound to a node may still be running its containers after it is deleted
+/// (their grace period): its lock is kept — the status annotation says so — until the
+/// kubelet reports a terminal phase (played here: there is no kubelet), then let go,
+/// and the finalizer dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
+    let (client, ns) = setup("pods-terminating").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    locks
+        .create(&PostParams::default(), &lease_lock("db", "db-key"))
+        .await
+        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &gated_pod("bound", &[(LOCK_ANNOTATION, "db")], true, true),
+    )
+    .await
+    .unwrap();
+    let pod = wait_ungated(&pods, "bound").await;
+    // Bound as the scheduler would (a gated Pod could not be).
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": { "name": "bound" },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": "node-1" },
+    });
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
+        "bound",
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .unwrap();
+    pods.delete("bound", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted Pod to say it keeps its lock",
+        TIMEOUT,
+        || async {
+            let p = pods.get("bound").await.ok()?;
+            p.annotations()
+                .get(STATUS_ANNOTATION)?
+                .contains("once its containers have stopped")
+                .then_some(())
+        },
+    )
+    .await;
+    let lock = locks.get("db").await.unwrap();
+    assert_eq!(phase(&lock), Some(LockPhase::Held));
+    assert_eq!(lock.status.as_ref().unwrap().fence, fence_of(&pod));
+    assert!(!lock.spec.release && lock.annotations().contains_key(CLAIM_ANNOTATION));
+
+    // The kubelet reports the containers stopped.
+    pods.patch_status(
+        "bound",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": { "phase": "Failed" } })),
+    )
+    .await
+    .unwrap();
+    // (A bound Pod's object goes when its kubelet deletes it for good: not here.)
+    eventually(
+        "the lock let go and the finalizer gone",
+        TIMEOUT,
+        || async {
+            let lock = locks.get("db").await.ok()?;
+            let pod = pods.get_opt("bound").await.ok()?;
+            let finalized = pod.is_none_or(|p| !p.finalizers().iter().any(|f| f == FINALIZER));
+            (finalized && lock.spec.release && !lock.annotations().contains_key(CLAIM_ANNOTATION))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 /// A running Pod on lock `db` (a Lease renewed every 2 s, so a takeover is noticed
 /// quickly) with `on-lock-lost: policy` (none: the default); the lock then taken over
 /// by force. Returns the Pod's fence.
