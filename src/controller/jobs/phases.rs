@@ -297,7 +297,7 @@ impl<'a> Run<'a> {
             return Ok(Action::await_change());
         }
         let lock_name = self.lock_name(&settings.gate);
-        let Some(lock) = self.lock_for(&settings.gate, &lock_name).await? else {
+        let Some(lock) = self.lock_for(&settings.gate).await? else {
             return Ok(Action::requeue(WAITING_RESYNC));
         };
         let lost_fence = gate::lost_fence(self.job);
@@ -347,16 +347,11 @@ impl<'a> Run<'a> {
 
     /// The named lock claimed for this Job, or its own lock (created from the template
     /// on first use); `None` after reporting why there is none to use yet.
-    async fn lock_for(
-        &self,
-        gate: &Gate,
-        lock_name: &str,
-    ) -> Result<Option<DistributedLock>, JobError> {
+    async fn lock_for(&self, gate: &Gate) -> Result<Option<DistributedLock>, JobError> {
         let workload = gate::workload(self.job);
         let claimed = match gate {
             Gate::Named(name) => claim(&self.locks, &workload, name, self.in_use_by(name)).await?,
             Gate::Template(template) => {
-                debug_assert_eq!(workload.own_lock_name(), lock_name);
                 own_lock(
                     &self.locks,
                     &self.ctx.config.cluster_name,
