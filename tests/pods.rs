@@ -29,7 +29,7 @@ use lockwarden::controller::gating::{
 };
 use lockwarden::controller::pods::has_gate;
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
-use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
+use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Lease, LockBackend};
 use serde_json::json;
 use support::eventually;
 use support::kube::{ControlPlane, gated_pod, install_lockwarden_crd as install_crd};
@@ -154,6 +154,46 @@ impl Drop for PodVersions {
     }
 }
 
+/// Another cluster's holder takes the Lease `key` directly in the store.
+async fn outsider_holds(client: &Client, ns: &str, key: &str) -> (CasLock<LeaseStore>, Lease) {
+    let outsider = CasLock::new(LeaseStore::new(client.clone(), ns, key));
+    let attempt = outsider
+        .try_acquire(&AcquireRequest::new(
+            "other-cluster/ops/nightly",
+            Duration::from_secs(60),
+        ))
+        .await
+        .unwrap();
+    match attempt {
+        Attempt::Acquired(lease) => (outsider, lease),
+        other => panic!("the outsider could not take the Lease: {other:?}"),
+    }
+}
+
+/// Every watched version of Pod `name` once the watch has seen it ungated: none
+/// without the gate lacks the fence, and the first one was gated.
+async fn assert_never_ungated_without_fence(versions: &PodVersions, name: &str) {
+    let all = eventually("the watch to see the ungated Pod", TIMEOUT, || async {
+        let all = versions.of(name);
+        all.iter().any(|p| !has_gate(p)).then_some(all)
+    })
+    .await;
+    let unfenced: Vec<_> = all
+        .iter()
+        .filter(|p| !has_gate(p) && fence_of(p).is_none())
+        .map(|p| p.resource_version())
+        .collect();
+    assert!(
+        unfenced.is_empty(),
+        "versions without the gate and without the fence: {unfenced:?}"
+    );
+    assert!(has_gate(&all[0]), "the watch saw the Pod created gated");
+    eprintln!(
+        "{} versions of the Pod watched; none ungated without its fence",
+        all.len()
+    );
+}
+
 /// A gated Pod naming a lock whose key another holder has: it keeps its gate, and says
 /// whom it waits for; once the holder releases, one write removes the gate and adds a
 /// fence above the holder's. A watch from before the Pod was created sees no version
@@ -163,18 +203,7 @@ async fn gated_pod_keeps_its_gate_while_its_lock_is_held_elsewhere() {
     let (client, ns) = setup("pods-elsewhere").await;
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let outsider = CasLock::new(LeaseStore::new(client.clone(), &ns, "contested"));
-    let lease = match outsider
-        .try_acquire(&AcquireRequest::new(
-            "other-cluster/ops/nightly",
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap()
-    {
-        Attempt::Acquired(lease) => lease,
-        other => panic!("the outsider could not take the Lease: {other:?}"),
-    };
+    let (outsider, lease) = outsider_holds(&client, &ns, "contested").await;
     locks
         .create(
             &PostParams::default(),
@@ -236,25 +265,7 @@ async fn gated_pod_keeps_its_gate_while_its_lock_is_held_elsewhere() {
     .await;
 
     // The watch has seen the ungated version too (the write that removed the gate).
-    let all = eventually("the watch to see the ungated Pod", TIMEOUT, || async {
-        let all = versions.of("blocked");
-        all.iter().any(|p| !has_gate(p)).then_some(all)
-    })
-    .await;
-    let unfenced: Vec<_> = all
-        .iter()
-        .filter(|p| !has_gate(p) && fence_of(p).is_none())
-        .map(|p| p.resource_version())
-        .collect();
-    assert!(
-        unfenced.is_empty(),
-        "versions without the gate and without the fence: {unfenced:?}"
-    );
-    assert!(has_gate(&all[0]), "the watch saw the Pod created gated");
-    eprintln!(
-        "{} versions of the Pod watched; none ungated without its fence",
-        all.len()
-    );
+    assert_never_ungated_without_fence(&versions, "blocked").await;
 }
 
 /// The Deployment of examples/pod-gated.yaml (3 replicas, one lock per Pod from one
@@ -277,86 +288,23 @@ async fn deployment_pods_are_ungated_one_at_a_time_over_three_hand_offs() {
         .unwrap();
 
     // Every version of every Pod, from before the Deployment exists.
-    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
     let versions = PodVersions::start(&pods).await;
-    let checker = {
-        let seen = versions.seen.clone();
-        let violations = violations.clone();
-        tokio::spawn(async move {
-            let mut checked = 0;
-            let mut free: BTreeMap<String, bool> = BTreeMap::new();
-            loop {
-                let next: Vec<Pod> = seen.lock().unwrap()[checked..].to_vec();
-                for pod in next {
-                    checked += 1;
-                    free.insert(pod.name_any(), released(&pod));
-                    let now: Vec<_> = free.iter().filter(|(_, f)| **f).map(|(n, _)| n).collect();
-                    if now.len() > 1 {
-                        violations
-                            .lock()
-                            .unwrap()
-                            .push(format!("{now:?} ungated at once"));
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-    };
     Api::<Deployment>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &deployment)
         .await
         .unwrap();
 
-    let selector = ListParams::default().labels("app=singleton");
     let mut last_fence = 0;
     let mut active: Option<String> = None;
     for hand_off in 0..=3 {
         let started = Instant::now();
-        let (pod, gated) = eventually(
-            &format!("hand-off {hand_off}: one Pod ungated, two gated"),
-            TIMEOUT,
-            || async {
-                let list = pods.list(&selector).await.ok()?.items;
-                let live: Vec<_> = list
-                    .into_iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .collect();
-                let (free, gated): (Vec<_>, Vec<_>) = live.into_iter().partition(released);
-                (free.len() == 1
-                    && gated.len() == 2
-                    && Some(free[0].name_any()) != active
-                    && fence_of(&free[0])? > last_fence)
-                    .then(|| (free[0].clone(), gated))
-            },
-        )
-        .await;
+        let pod = wait_next_active(&pods, active.as_deref(), last_fence).await;
         let fence = fence_of(&pod).unwrap();
         eprintln!(
             "hand-off {hand_off}: {} ungated with fence {fence} after {:?}",
             pod.name_any(),
             started.elapsed()
         );
-        // The waiting Pods name the active one's holder.
-        let holder = pod.annotations()[HOLDER_ANNOTATION].clone();
-        assert!(
-            holder.contains(&format!("/pod/{}/", pod.name_any())),
-            "{holder}"
-        );
-        for waiting in &gated {
-            let waiting = waiting.name_any();
-            eventually(
-                &format!("{waiting} to wait for {holder}"),
-                TIMEOUT,
-                || async {
-                    let p = pods.get(&waiting).await.ok()?;
-                    p.annotations()
-                        .get(STATUS_ANNOTATION)?
-                        .contains(&format!("held by {holder}"))
-                        .then_some(())
-                },
-            )
-            .await;
-        }
         last_fence = fence;
         active = Some(pod.name_any());
         if hand_off < 3 {
@@ -365,11 +313,81 @@ async fn deployment_pods_are_ungated_one_at_a_time_over_three_hand_offs() {
                 .unwrap();
         }
     }
-    checker.abort();
-    let seen = versions.seen.lock().unwrap().len();
-    let v = violations.lock().unwrap();
-    assert!(v.is_empty(), "two Pods ungated at once: {v:?}");
-    eprintln!("{seen} Pod versions watched; never two ungated at once");
+    assert_never_two_released(&versions, active.as_deref().unwrap()).await;
+}
+
+/// Waits until one Pod of the singleton Deployment other than `previous` is ungated
+/// with a fence above `above`, the two others gated and waiting for its holder;
+/// returns it.
+async fn wait_next_active(pods: &Api<Pod>, previous: Option<&str>, above: i64) -> Pod {
+    let selector = ListParams::default().labels("app=singleton");
+    let (pod, gated) = eventually(
+        &format!("one Pod other than {previous:?} ungated, two gated"),
+        TIMEOUT,
+        || async {
+            let list = pods.list(&selector).await.ok()?.items;
+            let (free, gated): (Vec<_>, Vec<_>) = list
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .partition(released);
+            (free.len() == 1
+                && gated.len() == 2
+                && Some(free[0].name_any().as_str()) != previous
+                && fence_of(&free[0])? > above)
+                .then(|| (free[0].clone(), gated))
+        },
+    )
+    .await;
+    // The waiting Pods name the active one's holder.
+    let holder = pod.annotations()[HOLDER_ANNOTATION].clone();
+    assert!(
+        holder.contains(&format!("/pod/{}/", pod.name_any())),
+        "{holder}"
+    );
+    for waiting in &gated {
+        let waiting = waiting.name_any();
+        eventually(
+            &format!("{waiting} to wait for {holder}"),
+            TIMEOUT,
+            || async {
+                let p = pods.get(&waiting).await.ok()?;
+                p.annotations()
+                    .get(STATUS_ANNOTATION)?
+                    .contains(&format!("held by {holder}"))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    pod
+}
+
+/// Goes through every watched Pod version in order, once the watch has seen `last`
+/// ungated, and fails if two Pods were ever ungated (and neither terminating nor
+/// finished) at once.
+async fn assert_never_two_released(versions: &PodVersions, last: &str) {
+    eventually("the watch to see the last hand-off", TIMEOUT, || async {
+        versions.of(last).iter().any(released).then_some(())
+    })
+    .await;
+    let seen = versions.seen.lock().unwrap().clone();
+    let mut free: BTreeMap<String, bool> = BTreeMap::new();
+    let mut violations = Vec::new();
+    for pod in &seen {
+        free.insert(pod.name_any(), released(pod));
+        let now: Vec<_> = free.iter().filter(|(_, f)| **f).map(|(n, _)| n).collect();
+        if now.len() > 1 {
+            violations.push(format!("{now:?} ungated at once"));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "two Pods ungated at once: {violations:?}"
+    );
+    eprintln!(
+        "{} Pod versions watched; never two ungated at once",
+        seen.len()
+    );
 }
 
 /// A Pod that succeeds lets its named lock go (released, unclaimed) and loses its
@@ -452,6 +470,82 @@ async fn pod_lock_is_let_go_when_the_pod_succeeds_or_is_deleted() {
         let lock_gone = locks.get_opt(&own).await.ok()?.is_none();
         (pod_gone && lock_gone).then_some(())
     })
+    .await;
+}
+
+/// A Pod bound to a node may still be running its containers after it is deleted
+/// (their grace period): its lock is kept — the status annotation says so — until the
+/// kubelet reports a terminal phase (played here: there is no kubelet), then let go,
+/// and the finalizer dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
+    let (client, ns) = setup("pods-terminating").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    locks
+        .create(&PostParams::default(), &lease_lock("db", "db-key"))
+        .await
+        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &gated_pod("bound", &[(LOCK_ANNOTATION, "db")], true, true),
+    )
+    .await
+    .unwrap();
+    let pod = wait_ungated(&pods, "bound").await;
+    // Bound as the scheduler would (a gated Pod could not be).
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": { "name": "bound" },
+        "target": { "apiVersion": "v1", "kind": "Node", "name": "node-1" },
+    });
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
+        "bound",
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .unwrap();
+    pods.delete("bound", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the deleted Pod to say it keeps its lock",
+        TIMEOUT,
+        || async {
+            let p = pods.get("bound").await.ok()?;
+            p.annotations()
+                .get(STATUS_ANNOTATION)?
+                .contains("once its containers have stopped")
+                .then_some(())
+        },
+    )
+    .await;
+    let lock = locks.get("db").await.unwrap();
+    assert_eq!(phase(&lock), Some(LockPhase::Held));
+    assert_eq!(lock.status.as_ref().unwrap().fence, fence_of(&pod));
+    assert!(!lock.spec.release && lock.annotations().contains_key(CLAIM_ANNOTATION));
+
+    // The kubelet reports the containers stopped.
+    pods.patch_status(
+        "bound",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": { "phase": "Failed" } })),
+    )
+    .await
+    .unwrap();
+    // (A bound Pod's object goes when its kubelet deletes it for good: not here.)
+    eventually(
+        "the lock let go and the finalizer gone",
+        TIMEOUT,
+        || async {
+            let lock = locks.get("db").await.ok()?;
+            let pod = pods.get_opt("bound").await.ok()?;
+            let finalized = pod.is_none_or(|p| !p.finalizers().iter().any(|f| f == FINALIZER));
+            (finalized && lock.spec.release && !lock.annotations().contains_key(CLAIM_ANNOTATION))
+                .then_some(())
+        },
+    )
     .await;
 }
 
@@ -540,19 +634,9 @@ async fn on_lock_lost_ignore_keeps_the_pod_with_a_warning() {
 /// (Pod, annotations, gated, labelled, Event reason, words in the Event)
 type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
 
-/// Bad input, one row each: a Warning Event saying what is wrong, and the Pod keeps its
-/// gate (no fence); a Pod gated without the label is never seen (it keeps its gate and
-/// is not touched); and the controller still ungates a good Pod afterwards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_gives_a_warning_and_leaves_the_pod_gated() {
-    let (client, ns) = setup("pods-bad").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    locks
-        .create(&PostParams::default(), &lease_lock("db", "db-key"))
-        .await
-        .unwrap();
-    let rows: &[BadRow] = &[
+/// One Pod per kind of bad input (a lock `db` exists in the namespace).
+fn bad_rows() -> Vec<BadRow<'static>> {
+    vec![
         (
             "no-lock",
             &[],
@@ -598,8 +682,23 @@ async fn bad_input_gives_a_warning_and_leaves_the_pod_gated() {
             "NotGated",
             "no scheduling gate",
         ),
-    ];
-    for (name, annotations, gated, _, _) in rows {
+    ]
+}
+
+/// Bad input, one row each: a Warning Event saying what is wrong, and the Pod keeps its
+/// gate (no fence); a Pod gated without the label is never seen (it keeps its gate and
+/// is not touched); and the controller still ungates a good Pod afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gives_a_warning_and_leaves_the_pod_gated() {
+    let (client, ns) = setup("pods-bad").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    locks
+        .create(&PostParams::default(), &lease_lock("db", "db-key"))
+        .await
+        .unwrap();
+    let rows = bad_rows();
+    for (name, annotations, gated, _, _) in &rows {
         pods.create(
             &PostParams::default(),
             &gated_pod(name, annotations, *gated, true),
@@ -613,7 +712,7 @@ async fn bad_input_gives_a_warning_and_leaves_the_pod_gated() {
     )
     .await
     .unwrap();
-    for (name, _, gated, reason, words) in rows {
+    for (name, _, gated, reason, words) in &rows {
         let note = wait_event(&client, &ns, name, "Warning", reason, words).await;
         eprintln!("{name}: {reason}: {note}");
         let pod = pods.get(name).await.unwrap();
@@ -650,19 +749,17 @@ fn pod_controller_rules() -> serde_json::Value {
     ])
 }
 
-/// The controller running as an identity with only [`pod_controller_rules`] gates Pods
-/// end to end: per-Pod locks from a template (create, ungate, delete on loss, let go)
-/// and a named lock (claim, ungate, release when the Pod succeeds).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pod_gating_works_with_the_documented_rbac() {
+/// A fresh namespace and a controller serving it as a user whose only permissions are
+/// `rules`, in a Role there; returns an admin client and the namespace.
+async fn controller_with_only(rules: serde_json::Value, prefix: &str) -> (Client, String) {
     let plane = ControlPlane::shared();
     let admin = plane.client().await;
     install_crd(&admin).await;
-    let ns = plane.namespace(&admin, "pods-rbac").await;
+    let ns = plane.namespace(&admin, prefix).await;
     let user = format!("lockwarden-controller-{ns}");
     let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
         "metadata": {"name": "lockwarden"},
-        "rules": pod_controller_rules(),
+        "rules": rules,
     }))
     .unwrap();
     let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
@@ -692,6 +789,15 @@ async fn pod_gating_works_with_the_documented_rbac() {
         }
     });
 
+    (admin, ns)
+}
+
+/// The controller running as an identity with only [`pod_controller_rules`] gates Pods
+/// end to end: per-Pod locks from a template (create, ungate, delete on loss, let go)
+/// and a named lock (claim, ungate, release when the Pod succeeds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_gating_works_with_the_documented_rbac() {
+    let (admin, ns) = controller_with_only(pod_controller_rules(), "pods-rbac").await;
     let locks: Api<DistributedLock> = Api::namespaced(admin.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
     locks

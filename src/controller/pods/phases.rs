@@ -89,8 +89,17 @@ impl<'a> Run<'a> {
         }
         if gate::may_still_run(self.pod) {
             // Bound to a node and not terminal: its containers get their grace period,
-            // and the kubelet's terminal phase comes through the watch.
-            tracing::debug!(pod = %self.pod.name_any(), "deleted Pod still terminating; keeping its lock");
+            // and the kubelet (since Kubernetes 1.27) reports a terminal phase once
+            // they have stopped, which comes through the watch.
+            if let Some(set) = &set {
+                let message = format!(
+                    "deleted; {} is let go once its containers have stopped (the \
+                     kubelet reports the Pod Succeeded or Failed)",
+                    describe(&self.locks(set))
+                );
+                self.report(EventType::Normal, "Terminating", message)
+                    .await?;
+            }
             return Ok(Action::await_change());
         }
         self.ctx.not_held_since.forget(&self.uid());
