@@ -11,6 +11,8 @@
 //! - `lockwarden_jobs_stopped_total{reason}`: gated Jobs suspended because their lock
 //!   was no longer held (`reason`: the lock's `LeaseExpiring`, `Lost`, `LockDeleted`,
 //!   `NotHeld`), counted once per stop.
+//! - `lockwarden_pods_deleted_total{reason}`: gated Pods deleted for the same reasons
+//!   (`lockwarden.io/on-lock-lost: delete`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -61,6 +63,7 @@ pub struct Telemetry {
     renew_failures: Counter,
     requests: HistogramFamily,
     jobs_stopped: Family<ReasonLabels, Counter>,
+    pods_deleted: Family<ReasonLabels, Counter>,
     /// Object (uid) → the phase counted for it in `locks`.
     phases: Mutex<HashMap<String, LockPhase>>,
     ready: AtomicBool,
@@ -107,6 +110,12 @@ impl Telemetry {
             "Gated Jobs suspended because their lock was no longer held, by the lock's reason",
             jobs_stopped.clone(),
         );
+        let pods_deleted = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "lockwarden_pods_deleted",
+            "Gated Pods deleted because their lock was no longer held, by the lock's reason",
+            pods_deleted.clone(),
+        );
         Telemetry {
             registry,
             locks,
@@ -114,6 +123,7 @@ impl Telemetry {
             renew_failures,
             requests,
             jobs_stopped,
+            pods_deleted,
             phases: Mutex::default(),
             ready: AtomicBool::new(false),
         }
@@ -122,6 +132,15 @@ impl Telemetry {
     /// Counts a gated Job stopped (suspended) because its lock was no longer held.
     pub fn count_job_stopped(&self, reason: &str) {
         self.jobs_stopped
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a gated Pod deleted because its lock was no longer held.
+    pub fn count_pod_deleted(&self, reason: &str) {
+        self.pods_deleted
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
             })

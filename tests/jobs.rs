@@ -24,9 +24,9 @@ use kube::{Client, ResourceExt};
 use lockwarden::api::{DistributedLock, LockPhase};
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::jobs::{
-    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION,
-    LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
-    per_job_lock_name,
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
+    LOCKS_ANNOTATION, LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
+    STATUS_ANNOTATION, TEMPLATE_ANNOTATION, per_job_lock_name,
 };
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
@@ -669,6 +669,27 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
             "both lockwarden.io/lock and lockwarden.io/lock-template",
         ),
         (
+            "single-and-list",
+            &[(LOCK_ANNOTATION, "good"), (LOCKS_ANNOTATION, "good,other")],
+            true,
+            "InvalidLockAnnotation",
+            "both lockwarden.io/lock and lockwarden.io/locks",
+        ),
+        (
+            "empty-entry",
+            &[(LOCKS_ANNOTATION, "good,,other")],
+            true,
+            "InvalidLockAnnotation",
+            "has an empty entry",
+        ),
+        (
+            "missing-of-several",
+            &[(LOCKS_ANNOTATION, "good,absent")],
+            true,
+            "LockNotFound",
+            "DistributedLock absent does not exist",
+        ),
+        (
             "elsewhere",
             &[(LOCK_ANNOTATION, "other-ns/good")],
             true,
@@ -816,7 +837,7 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
     .await;
 }
 
-/// The RBAC rules the controller (DistributedLock controller and Job gating, with the
+/// The RBAC rules the controller (DistributedLock controller, Job and Pod gating, with the
 /// Kubernetes-Lease backend) needs in a namespace it serves — the list in
 /// docs/architecture.md, which the Helm chart grants.
 fn controller_rules() -> serde_json::Value {
@@ -828,6 +849,8 @@ fn controller_rules() -> serde_json::Value {
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
+        {"apiGroups": [""], "resources": ["pods"],
+         "verbs": ["get", "list", "watch", "patch", "delete"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "verbs": ["get", "create", "update", "delete"]},
         {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
@@ -1033,7 +1056,7 @@ async fn every_example_reaches_the_state_its_comment_promises() {
             f.clone(),
         )
     });
-    assert!(files.len() >= 8, "{files:?}");
+    assert!(files.len() >= 10, "{files:?}");
     for file in &files {
         for line in std::fs::read_to_string(support::repo_root().join("examples").join(file))
             .unwrap()
@@ -1097,9 +1120,42 @@ async fn every_example_reaches_the_state_its_comment_promises() {
             }
             "job-queue.yaml" => check_job_queue_example(&jobs, &locks).await,
             "job-kubectl-wait.yaml" => check_kubectl_wait_example(&client, &ns, &locks).await,
+            "pod-gated.yaml" => check_pod_gated_example(&client, &ns, &locks).await,
+            "job-two-locks.yaml" => {
+                let job = wait_unsuspended_with_fences(&jobs, "load-warehouse").await;
+                let mut expected = Vec::new();
+                // Taken in key order: export-prefix's Lease key sorts first.
+                for name in ["export-prefix", "warehouse-table"] {
+                    let lock = wait_acquired(&locks, name).await;
+                    assert_eq!(
+                        lock.annotations().get(CLAIM_ANNOTATION),
+                        Some(&format!("load-warehouse/{}", job.uid().unwrap()))
+                    );
+                    expected.push(format!("{name}={}", lock.status.unwrap().fence.unwrap()));
+                }
+                assert_eq!(
+                    template_annotations(&job).get(FENCES_ANNOTATION),
+                    Some(&expected.join(","))
+                );
+            }
             other => panic!("examples/{other} has no check in tests/jobs.rs; add one"),
         }
     }
+}
+
+/// A Job with several locks once unsuspended: its pod template carries
+/// `lockwarden.io/fences` (and its Pods exist, made by the real Job controller).
+async fn wait_unsuspended_with_fences(jobs: &Api<Job>, name: &str) -> Job {
+    eventually(
+        &format!("Job {name} to be unsuspended with fences"),
+        TIMEOUT,
+        || async {
+            jobs.get(name).await.ok().filter(|j| {
+                !is_suspended(j) && template_annotations(j).contains_key(FENCES_ANNOTATION)
+            })
+        },
+    )
+    .await
 }
 
 async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) {
@@ -1134,6 +1190,66 @@ async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) 
     finish(jobs, &running.name_any(), true).await;
     let next = wait_unsuspended(jobs, &waiting.name_any()).await;
     assert!(fence_of(&next) > fence_of(&running));
+}
+
+/// One Pod of the Deployment ungated with its own lock's fence, and readable from the
+/// downward-API volume the container mounts; the other two gated, waiting for that
+/// Pod's holder; the template Released.
+async fn check_pod_gated_example(client: &Client, ns: &str, locks: &Api<DistributedLock>) {
+    use k8s_openapi::api::core::v1::Pod;
+    use lockwarden::controller::pods::has_gate;
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    let selector = ListParams::default().labels("app=singleton");
+    let (active, waiting) = eventually(
+        "one singleton Pod ungated, two waiting for its holder",
+        TIMEOUT,
+        || async {
+            let list = pods.list(&selector).await.ok()?.items;
+            let (free, gated): (Vec<Pod>, Vec<Pod>) = list
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .partition(|p| !has_gate(p));
+            let [active] = <[Pod; 1]>::try_from(free).ok()?;
+            let holder = active.annotations().get(HOLDER_ANNOTATION)?.clone();
+            let all_wait = gated.iter().all(|p| {
+                p.annotations()
+                    .get(STATUS_ANNOTATION)
+                    .is_some_and(|s| s.contains(&format!("held by {holder}")))
+            });
+            (gated.len() == 2 && all_wait).then_some((active, gated))
+        },
+    )
+    .await;
+    let uid = active.uid().unwrap();
+    let own = locks
+        .get(&format!("{}-{}", active.name_any(), &uid[..8]))
+        .await
+        .unwrap();
+    assert!(acquired(&own));
+    assert_eq!(
+        active.annotations().get(FENCE_ANNOTATION),
+        Some(&own.status.as_ref().unwrap().fence.unwrap().to_string())
+    );
+    assert_eq!(own.owner_references()[0].uid, uid);
+    // The container reads the fence from the downward-API volume at this path.
+    let spec = active.spec.as_ref().unwrap();
+    let volume = spec.volumes.as_ref().unwrap()[0]
+        .downward_api
+        .as_ref()
+        .unwrap();
+    let item = &volume.items.as_ref().unwrap()[0];
+    assert_eq!(
+        item.field_ref.as_ref().unwrap().field_path,
+        "metadata.annotations['lockwarden.io/fence']"
+    );
+    let mount = &spec.containers[0].volume_mounts.as_ref().unwrap()[0];
+    assert!(
+        spec.containers[0].command.as_ref().unwrap()[2]
+            .contains(&format!("{}/{}", mount.mount_path, item.path))
+    );
+    assert_eq!(waiting.len(), 2);
+    let template = locks.get("singleton").await.unwrap();
+    assert_eq!(phase(&template), Some(LockPhase::Released));
 }
 
 /// The lock is Acquired, and the example's ServiceAccount, with exactly the RBAC the

@@ -14,6 +14,10 @@
 //!
 //! - [`jobs`]: a second controller over `batch/v1` Jobs gated on a lock (docs/design.md §6),
 //!   run next to the first under the same leader election and namespace scope.
+//! - [`pods`]: a third, over Pods held back by the scheduling gate `lockwarden.io/lock`
+//!   (docs/design.md §6.1), watching only Pods labelled `lockwarden.io/gated=true`.
+//! - [`gating`]: what the Job and Pod gates share (annotations, lock standing, claiming
+//!   and letting go of locks, status and finalizer writes).
 //!
 //! Wake-ups do not come from polling the API server: the queue of the applier is the
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
@@ -22,9 +26,11 @@
 pub mod connect;
 mod events;
 // TEMPORARY until H2's api::BackendSpec::target lands.
+pub mod gating;
 pub mod holders;
 pub mod jobs;
 pub mod leader;
+pub mod pods;
 pub mod reconcile;
 pub mod status;
 pub mod waiters;
@@ -175,6 +181,11 @@ pub async fn run_with(
         ctx.config.clone(),
         ctx.telemetry.clone(),
     );
+    let pod_gating = pods::run(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.telemetry.clone(),
+    );
     let locks = applier(
         |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
         reconcile::error_policy,
@@ -189,6 +200,6 @@ pub async fn run_with(
             Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
     });
-    futures::future::join(locks, job_gating).await;
+    futures::future::join3(locks, job_gating, pod_gating).await;
     Ok(())
 }

@@ -77,10 +77,47 @@ async fn create(client: &Client, namespace: &str, lock: &DistributedLock) {
         .unwrap_or_else(|e| panic!("create {namespace}/{}: {e}", lock.name_any()));
 }
 
+/// Pod gating on the chart's RBAC: a gated Pod with a per-Pod lock (created from a
+/// template) is ungated with its lock's fence, and deleted once that lock is lost.
+async fn gated_pod_runs_and_stops(client: &Client, namespace: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    use lockwarden::controller::gating::{FENCE_ANNOTATION, TEMPLATE_ANNOTATION};
+    use lockwarden::controller::pods::has_gate;
+    let mut template = lease_lock("pod-template", "pod-key");
+    template.spec.release = true;
+    create(client, namespace, &template).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    let pod = support::kube::gated_pod(
+        "gated",
+        &[(TEMPLATE_ANNOTATION, "pod-template")],
+        true,
+        true,
+    );
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pod = eventually("the gated Pod to be ungated", TIMEOUT, || async {
+        let pod = pods.get("gated").await.ok()?;
+        (!has_gate(&pod) && pod.annotations().contains_key(FENCE_ANNOTATION)).then_some(pod)
+    })
+    .await;
+    let mut forcer = lease_lock("pod-forcer", "pod-key");
+    forcer.spec.force = true;
+    create(client, namespace, &forcer).await;
+    let uid = pod.uid();
+    eventually(
+        "the Pod deleted after its lock was lost",
+        TIMEOUT,
+        || async {
+            let now = pods.get_opt("gated").await.ok()?;
+            (now.is_none_or(|p| p.uid() != uid)).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Cluster-wide install: the controller, run with the chart's arguments and only its
 /// RBAC, leader-elected, acquires a Lease lock anywhere and an S3 lock whose Secret is
 /// in a `secretNamespaces` namespace; an S3 lock whose Secret is elsewhere fails
-/// with the API server's "forbidden" in its condition.
+/// with the API server's "forbidden" in its condition; it gates a Pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_runs_cluster_wide_on_the_charts_rbac_alone() {
     let _turn = CONTROLLER_TURN.lock().await;
@@ -159,12 +196,13 @@ async fn controller_runs_cluster_wide_on_the_charts_rbac_alone() {
         message.contains("forbidden") && message.contains("aws"),
         "expected the Secret read to be forbidden, got {message:?}"
     );
+    gated_pod_runs_and_stops(&client, other).await;
     controller.abort();
 }
 
 /// Namespace-scoped install: the controller with `--watch-namespace` and only the
 /// chart's Roles acquires a lock in its namespace, leader-elected in the release
-/// namespace.
+/// namespace, and gates a Pod there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_runs_namespace_scoped_on_the_charts_rbac_alone() {
     let _turn = CONTROLLER_TURN.lock().await;
@@ -202,5 +240,6 @@ async fn controller_runs_namespace_scoped_on_the_charts_rbac_alone() {
         }
     })
     .await;
+    gated_pod_runs_and_stops(&client, watch).await;
     controller.abort();
 }

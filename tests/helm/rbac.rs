@@ -63,6 +63,11 @@ fn needed_rows(scope: &Scope) -> Vec<Row> {
         subresource: Some("finalizers"),
         ..row("update", "jobs.batch", scope, true)
     });
+    // Pod gating: gated Pods are watched, patched (fence in, gate out) and deleted
+    // after a loss; a claimant Pod is looked up by name.
+    for verb in ["get", "list", "watch", "patch", "delete"] {
+        rows.push(row(verb, "pods", scope, true));
+    }
     for verb in ["create", "patch"] {
         rows.push(row(verb, "events.events.k8s.io", scope, true));
         rows.push(row(verb, "events", scope, true));
@@ -78,8 +83,11 @@ fn forbidden_rows(scope: &Scope) -> Vec<Row> {
         row("create", "secrets", scope, false),
         row("update", "secrets", scope, false),
         row("delete", "secrets", scope, false),
-        row("get", "pods", scope, false),
+        // Pods are only gated: never created or replaced, their status never written,
+        // never exec'd into.
         row("create", "pods", scope, false),
+        row("update", "pods", scope, false),
+        row("deletecollection", "pods", scope, false),
         row("list", "configmaps", scope, false),
         row("create", "deployments.apps", scope, false),
         row("list", "deployments.apps", scope, false),
@@ -100,6 +108,18 @@ fn forbidden_rows(scope: &Scope) -> Vec<Row> {
     rows.push(Row {
         subresource: Some("token"),
         ..row("create", "serviceaccounts", scope, false)
+    });
+    rows.push(Row {
+        subresource: Some("status"),
+        ..row("patch", "pods", scope, false)
+    });
+    rows.push(Row {
+        subresource: Some("exec"),
+        ..row("create", "pods", scope, false)
+    });
+    rows.push(Row {
+        subresource: Some("finalizers"),
+        ..row("update", "pods", scope, false)
     });
     rows
 }
@@ -299,8 +319,10 @@ async fn namespace_scoped_install_is_confined_to_its_namespace() {
         for verb in ["get", "list", "watch", "update", "patch"] {
             rows.push(row(verb, "distributedlocks.lockwarden.io", &scope, false));
             rows.push(row(verb, "jobs.batch", &scope, false));
+            rows.push(row(verb, "pods", &scope, false));
             rows.push(row(verb, "leases.coordination.k8s.io", &scope, false));
         }
+        rows.push(row("delete", "pods", &scope, false));
         rows.push(Row {
             subresource: Some("status"),
             ..row("patch", "distributedlocks.lockwarden.io", &scope, false)

@@ -787,3 +787,32 @@ pub fn job(
     }))
     .expect("a Job")
 }
+
+/// A Pod of one container with `annotations`, created with lockwarden's scheduling gate
+/// (`gated`) and its watch label (`labelled`), or without.
+pub fn gated_pod(
+    name: &str,
+    annotations: &[(&str, &str)],
+    gated: bool,
+    labelled: bool,
+) -> k8s_openapi::api::core::v1::Pod {
+    let annotations: std::collections::BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    let labels = if labelled {
+        serde_json::json!({ "lockwarden.io/gated": "true" })
+    } else {
+        serde_json::json!({})
+    };
+    let gates = if gated {
+        serde_json::json!([{ "name": "lockwarden.io/lock" }])
+    } else {
+        serde_json::json!([])
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "annotations": annotations, "labels": labels },
+        "spec": {
+            "schedulingGates": gates,
+            "containers": [{ "name": "work", "image": "busybox:1.36", "command": ["true"] }],
+        },
+    }))
+    .expect("a Pod")
+}

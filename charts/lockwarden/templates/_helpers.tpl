@@ -81,6 +81,14 @@ Secrets are never here: they get Roles of their own, only where locks live.
 - apiGroups: ["batch"]
   resources: ["jobs/finalizers"]
   verbs: ["update"]
+# Pod gating: watch Pods labelled lockwarden.io/gated=true (RBAC cannot limit a
+# watch to a label; the controller asks for that selector), add the fence and remove
+# the scheduling gate in one patch, delete a Pod whose lock is lost
+# (lockwarden.io/on-lock-lost: delete), and look a claimant Pod up by name. Never
+# create, update or exec.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 # The Kubernetes Lease backend (and, in the release namespace, leader election).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]

@@ -1,6 +1,9 @@
 //! Job gating (docs/design.md §6, §6.1): a second controller, over `batch/v1` Jobs that
 //! carry `lockwarden.io/lock: NAME` (claim the existing DistributedLock NAME) or
-//! `lockwarden.io/lock-template: NAME` (a per-Job DistributedLock copied from NAME).
+//! `lockwarden.io/lock-template: NAME` (a per-Job DistributedLock copied from NAME) —
+//! or, for several locks, the lists `lockwarden.io/locks: A,B` and
+//! `lockwarden.io/lock-templates: T,U`, taken one at a time in one global order
+//! ([`crate::controller::gating::lockset`]).
 //!
 //! It never talks to a backend: it only creates, claims, releases and deletes
 //! `DistributedLock` objects and reads their status, which the lock controller
@@ -11,17 +14,19 @@
 //! - deleted (our finalizer is set) → let the lock go, drop the finalizer;
 //! - bad annotations → Warning Event, the Job stays as it is (never started);
 //! - finished (`Complete` or `Failed`) → let the lock go, drop the finalizer;
-//! - running (started by us: the pod template carries `lockwarden.io/fence`) → watch
-//!   the lock; once it is no longer held, act on `lockwarden.io/on-lock-lost`:
+//! - running (started by us: the pod template carries `lockwarden.io/fence` or
+//!   `/fences`) → watch the locks; once one is no longer held, act on `lockwarden.io/on-lock-lost`:
 //!   `suspend` (default) suspends the Job — one patch conditioned on its
 //!   resourceVersion — so the Job controller deletes its Pods, lets the lock go and
 //!   gates the Job again; `fail` does the same and marks it stopped for good;
 //!   `ignore` only warns;
 //! - not suspended → Warning Event: it cannot be gated;
-//! - gated → add the finalizer; claim the named lock or create the per-Job lock; once
-//!   it is `Acquired=True` for this Job at its current generation with a fence (higher
-//!   than the one a stopped Job ran with), one write sets the pod-template annotations
-//!   (`lockwarden.io/fence`, `/holder`, `/lock`) *and* `spec.suspend=false`,
+//! - gated → add the finalizer; claim each named lock or create each per-Job lock, the
+//!   next only once the previous is held; once all are `Acquired=True` for this Job at
+//!   their current generation with a fence (higher than the one a stopped Job ran
+//!   with), one write sets the pod-template annotations (`lockwarden.io/fence`,
+//!   `/holder`, `/lock`; for several locks `lockwarden.io/fences: A=3,B=7`) *and*
+//!   `spec.suspend=false`,
 //!   conditioned on the Job's resourceVersion; otherwise the Job stays suspended and
 //!   `lockwarden.io/status` (plus an Event when it changes) says why.
 //!
@@ -35,59 +40,43 @@
 //! own, claim or name each lock, so a lock's status change reconciles its Jobs.
 
 mod gate;
-mod locks;
 mod phases;
 mod writes;
 
+pub use super::gating::{
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
+    LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION,
+    TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
+};
 pub use gate::{
     Gate, JobPhase, OnLockLost, Settings, finished, max_lost_grace, per_job_lock_name, settings,
     template_annotation,
 };
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
-use tokio::time::Instant;
 
 use super::events::Events;
+use super::gating::{self, Claimant, Kind, NotHeldSince};
 use super::{ControllerConfig, FINALIZER};
 use crate::api::DistributedLock;
 use crate::telemetry::Telemetry;
 
-/// Job annotation: the Job claims the DistributedLock of this name (same namespace).
-pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
-/// Job annotation: the Job gets its own DistributedLock, spec copied from this one.
-pub const TEMPLATE_ANNOTATION: &str = "lockwarden.io/lock-template";
-/// Job annotation: what to do once a running Job's lock is no longer held
-/// (`suspend`, the default; `fail`; `ignore`).
-pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
-/// Job annotation: how long a lock past its holder deadline may stay so before the Job
-/// is stopped (a duration, less than [`max_lost_grace`]; zero by default).
-pub const LOST_GRACE_ANNOTATION: &str = "lockwarden.io/lost-grace";
 /// Job annotation, written by lockwarden: the fence a Job ran with when it was
 /// suspended after losing its lock; the Job waits for the lock again.
 pub const LOST_FENCE_ANNOTATION: &str = "lockwarden.io/lost-fence";
 /// Job annotation, written by lockwarden: why it stopped the Job for good
 /// (`on-lock-lost: fail`); such a Job is never unsuspended again.
 pub const STOPPED_ANNOTATION: &str = "lockwarden.io/stopped";
-/// Pod-template annotation: the fencing token the Job was started with.
-pub const FENCE_ANNOTATION: &str = "lockwarden.io/fence";
-/// Pod-template annotation: the holder identity written in the lock store.
-pub const HOLDER_ANNOTATION: &str = "lockwarden.io/holder";
-/// Job annotation: why the Job is (still) suspended, or what the controller did.
-pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
-/// DistributedLock annotation: `<job name>/<job uid>` of the Job that claims it.
-pub const CLAIM_ANNOTATION: &str = "lockwarden.io/claimed-by";
-
 /// Safety net for a waiting Job: lock changes arrive through the watch.
 const WAITING_RESYNC: Duration = Duration::from_secs(60);
 
@@ -105,12 +94,8 @@ pub struct JobContext {
     /// The Controller's cache of Jobs.
     jobs: Store<Job>,
     pub telemetry: Arc<Telemetry>,
-    /// Job uid → when this controller first saw its lock not held while it ran (for
-    /// `lockwarden.io/lost-grace`). In memory, so a controller restarted while a lock
-    /// is `LeaseExpiring` starts the grace afresh (a known limit: the restart itself
-    /// usually takes longer than the takeover gap, and the resumed lock then reports
-    /// `Held` or `Lost`).
-    not_held_since: Mutex<HashMap<String, Instant>>,
+    /// For `lockwarden.io/lost-grace`.
+    not_held_since: NotHeldSince,
 }
 
 impl JobContext {
@@ -126,31 +111,21 @@ impl JobContext {
             config,
             jobs,
             telemetry,
-            not_held_since: Mutex::default(),
+            not_held_since: NotHeldSince::default(),
         }
     }
 
     async fn event(&self, job: &Job, type_: EventType, reason: &str, note: String) {
-        // With the resourceVersion: see `writes::report`.
-        let mut regarding = job.object_ref(&());
-        regarding.resource_version = job.resource_version();
-        self.events.publish(&regarding, type_, reason, note).await;
+        gating::event(&self.events, job, type_, reason, note).await;
     }
 
     /// How long the lock of Job `uid` has been seen not held (zero the first time).
     fn not_held_for(&self, uid: &str) -> Duration {
-        let mut since = self.not_held_since.lock().expect("not_held_since");
-        since
-            .entry(uid.to_string())
-            .or_insert_with(Instant::now)
-            .elapsed()
+        self.not_held_since.not_held_for(uid)
     }
 
     fn forget_not_held(&self, uid: &str) {
-        self.not_held_since
-            .lock()
-            .expect("not_held_since")
-            .remove(uid);
+        self.not_held_since.forget(uid);
     }
 }
 
@@ -198,20 +173,19 @@ pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<
         .filter(|o| o.kind == "Job" && o.api_version == "batch/v1")
         .map(|o| ObjectRef::new(&o.name).within(&ns))
         .collect();
-    if let Some((job, _uid)) = lock
+    if let Some(claimant) = lock
         .annotations()
         .get(CLAIM_ANNOTATION)
-        .and_then(|c| c.split_once('/'))
+        .map(|c| Claimant::parse(c))
+        && claimant.kind == Kind::Job
     {
-        refs.push(ObjectRef::new(job).within(&ns));
+        refs.push(ObjectRef::new(&claimant.name).within(&ns));
     }
     refs.extend(
         jobs.iter()
             .filter(|j| {
-                let a = j.annotations();
                 j.namespace().as_deref() == Some(ns.as_str())
-                    && (a.get(LOCK_ANNOTATION) == Some(&name)
-                        || a.get(TEMPLATE_ANNOTATION) == Some(&name))
+                    && gating::decide::names_lock(j.annotations(), &name)
             })
             .map(|j| ObjectRef::from_obj(&**j)),
     );
@@ -226,9 +200,9 @@ pub async fn reconcile(job: Arc<Job>, ctx: Arc<JobContext>) -> Result<Action, Jo
     let phase = gate::phase(&job);
     // Letting go needs only the lock's name: a bad policy annotation must not keep a
     // deleted or finished Job's lock.
-    match (phase, gate::gate(job.annotations())) {
-        (JobPhase::Deleted, gate) => return run.on_deleted(gate.ok().flatten()).await,
-        (JobPhase::Finished, Ok(Some(gate))) => return run.on_finished(&gate).await,
+    match (phase, gate::locks(job.annotations())) {
+        (JobPhase::Deleted, locks) => return run.on_deleted(locks.ok().flatten()).await,
+        (JobPhase::Finished, Ok(Some(locks))) => return run.on_finished(&locks).await,
         _ => {}
     }
     let settings = match settings(&job) {

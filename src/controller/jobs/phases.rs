@@ -9,16 +9,32 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::gate::{
-    self, Gate, LockStanding, OnLockLost, RunningAction, Settings, has_finalizer, held,
-    not_held_reason, per_job_lock_name, template_fence,
+    self, LockSet, LockStanding, OnLockLost, RunningAction, Settings, has_finalizer,
 };
-use super::locks::{Claim, claim, let_go, own_lock};
-use super::writes::{add_finalizer, clear_start_time, remove_finalizer, report, set_status};
+use super::writes::clear_start_time;
 use super::{
-    FENCE_ANNOTATION, HOLDER_ANNOTATION, JobContext, JobError, LOCK_ANNOTATION,
-    LOST_FENCE_ANNOTATION, STATUS_ANNOTATION, STOPPED_ANNOTATION, WAITING_RESYNC,
+    JobContext, JobError, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION, STATUS_ANNOTATION,
+    STOPPED_ANNOTATION, WAITING_RESYNC,
 };
 use crate::api::DistributedLock;
+use crate::controller::gating::decide::{self, names_lock};
+use crate::controller::gating::lockset::{
+    self, RanWith, Taker, Taking, WorkloadLock, describe, fence_text,
+};
+use crate::controller::gating::writes::{add_finalizer, remove_finalizer, report, set_status};
+
+/// Lets every lock of the Job go (the shared way); a named lock the Job ran with even
+/// when its claim was removed by hand. What was done, `None` if nothing.
+async fn let_go(
+    api: &Api<DistributedLock>,
+    job: &Job,
+    set: &LockSet,
+) -> Result<Option<String>, JobError> {
+    let workload = gate::workload(job);
+    let locks = lockset::named(set, &workload);
+    let notes = lockset::let_go_all(api, &workload, &locks, gate::running(job)).await?;
+    Ok((!notes.is_empty()).then(|| notes.join("; ")))
+}
 
 /// How the status of a running Job whose lock is no longer held begins (`ignore`).
 const NOT_HELD_PREFIX: &str = "running with fence";
@@ -42,11 +58,8 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn lock_name(&self, gate: &Gate) -> String {
-        match gate {
-            Gate::Named(name) => name.clone(),
-            Gate::Template(_) => per_job_lock_name(self.job),
-        }
+    fn locks(&self, set: &LockSet) -> Vec<WorkloadLock> {
+        lockset::named(set, &gate::workload(self.job))
     }
 
     async fn report(
@@ -55,18 +68,26 @@ impl<'a> Run<'a> {
         reason: &str,
         message: String,
     ) -> Result<(), JobError> {
-        report(&self.jobs, self.ctx, self.job, type_, reason, message).await
+        Ok(report(
+            &self.jobs,
+            &self.ctx.events,
+            self.job,
+            type_,
+            reason,
+            message,
+        )
+        .await?)
     }
 
     /// Deleted: let the lock go, then drop the finalizer.
-    pub async fn on_deleted(self, gate: Option<Gate>) -> Result<Action, JobError> {
+    pub async fn on_deleted(self, set: Option<LockSet>) -> Result<Action, JobError> {
         self.ctx
             .forget_not_held(&self.job.uid().unwrap_or_default());
         if !has_finalizer(self.job) {
             return Ok(Action::await_change());
         }
-        if let Some(gate) = gate
-            && let Some(note) = let_go(&self.locks, self.job, &gate).await?
+        if let Some(set) = set
+            && let Some(note) = let_go(&self.locks, self.job, &set).await?
         {
             let message = format!("{note}: Job deleted");
             self.ctx
@@ -93,7 +114,7 @@ impl<'a> Run<'a> {
     }
 
     /// `Complete` or `Failed`: let the lock go, drop the finalizer.
-    pub async fn on_finished(self, gate: &Gate) -> Result<Action, JobError> {
+    pub async fn on_finished(self, set: &LockSet) -> Result<Action, JobError> {
         self.ctx
             .forget_not_held(&self.job.uid().unwrap_or_default());
         if !has_finalizer(self.job) {
@@ -102,10 +123,10 @@ impl<'a> Run<'a> {
         let how = gate::finished(self.job)
             .unwrap_or("finished")
             .to_lowercase();
-        let lock_name = self.lock_name(gate);
-        let message = match let_go(&self.locks, self.job, gate).await? {
+        let what = describe(&self.locks(set));
+        let message = match let_go(&self.locks, self.job, set).await? {
             Some(note) => format!("{note}: Job {how}"),
-            None => format!("Job {how}; lock {lock_name} was already let go"),
+            None => format!("Job {how}; {what} was already let go"),
         };
         // The finalizer goes first: its patch is conditioned on the resourceVersion
         // this reconcile read, which the status write would change.
@@ -126,7 +147,7 @@ impl<'a> Run<'a> {
     /// dropped; the Job is never started again.
     pub async fn on_stopped(self, settings: &Settings) -> Result<Action, JobError> {
         if has_finalizer(self.job) {
-            let_go(&self.locks, self.job, &settings.gate).await?;
+            let_go(&self.locks, self.job, &settings.locks).await?;
             remove_finalizer(&self.jobs, self.job).await?;
         }
         Ok(Action::await_change())
@@ -134,9 +155,9 @@ impl<'a> Run<'a> {
 
     /// Not started and not suspended: it runs without the lock, which we cannot stop.
     pub async fn on_not_suspended(self, settings: &Settings) -> Result<Action, JobError> {
-        let lock_name = self.lock_name(&settings.gate);
+        let what = describe(&self.locks(&settings.locks));
         let message = format!(
-            "the Job names lock {lock_name} but is not suspended, so it runs without \
+            "the Job names {what} but is not suspended, so it runs without \
              waiting for the lock; create it with spec.suspend: true and lockwarden \
              starts it once the lock is held"
         );
@@ -145,13 +166,12 @@ impl<'a> Run<'a> {
         Ok(Action::await_change())
     }
 
-    /// Started by us: watch the lock, and act on `on-lock-lost` once it is not held.
+    /// Started by us: watch the locks, and act on `on-lock-lost` once one is not held.
     pub async fn on_running(self, settings: &Settings) -> Result<Action, JobError> {
         let uid = self.job.uid().unwrap_or_default();
-        let lock_name = self.lock_name(&settings.gate);
-        let lock = self.locks.get_opt(&lock_name).await?;
-        let fence = template_fence(self.job);
-        let standing = gate::standing(lock.as_ref(), &lock_name, fence);
+        let locks = self.locks(&settings.locks);
+        let fences = gate::template_fences(self.job, &locks);
+        let standing = self.standing(&fences).await?;
         let not_held_for = match standing {
             LockStanding::Held => {
                 self.ctx.forget_not_held(&uid);
@@ -159,12 +179,12 @@ impl<'a> Run<'a> {
             }
             LockStanding::NotHeld { .. } => self.ctx.not_held_for(&uid),
         };
-        let fence_text = fence.map(|f| f.to_string()).unwrap_or_default();
+        let fence_text = fence_text(&fences);
         match (
             gate::running_action(&standing, settings, not_held_for),
             standing,
         ) {
-            (gate::RunningAction::Continue, _) => {
+            (RunningAction::Continue, _) => {
                 let warned = self
                     .job
                     .annotations()
@@ -173,7 +193,8 @@ impl<'a> Run<'a> {
                 if warned {
                     // The lock came back (e.g. renewals recovered): say so instead of
                     // leaving the warning in place.
-                    let message = format!("holds lock {lock_name} again (fence {fence_text})");
+                    let what = describe(&locks);
+                    let message = format!("holds {what} again (fence {fence_text})");
                     self.report(EventType::Normal, "LockHeld", message).await?;
                 }
                 Ok(Action::await_change())
@@ -187,13 +208,26 @@ impl<'a> Run<'a> {
                 Ok(Action::await_change())
             }
             (RunningAction::Stop, LockStanding::NotHeld { reason, why, .. }) => {
-                self.stop(settings, reason, &why, fence).await
+                self.stop(settings, reason, &why, &fence_text).await
             }
             // `running_action` answers Warn and Stop only for a lock not held.
             (RunningAction::Warn | RunningAction::Stop, LockStanding::Held) => {
                 Ok(Action::await_change())
             }
         }
+    }
+
+    /// Held only if every lock the Job ran with is still held with its fence: the
+    /// first one that is not decides.
+    async fn standing(&self, fences: &[(String, Option<i64>)]) -> Result<LockStanding, JobError> {
+        for (name, fence) in fences {
+            let lock = self.locks.get_opt(name).await?;
+            let standing = decide::standing(lock.as_ref(), name, *fence);
+            if standing != LockStanding::Held {
+                return Ok(standing);
+            }
+        }
+        Ok(LockStanding::Held)
     }
 
     /// Suspends a running Job whose lock is no longer held — one patch, conditioned on
@@ -204,16 +238,15 @@ impl<'a> Run<'a> {
         settings: &Settings,
         reason: &str,
         why: &str,
-        fence: Option<i64>,
+        fence_text: &str,
     ) -> Result<Action, JobError> {
-        let lock_name = self.lock_name(&settings.gate);
-        let fence_text = fence.map(|f| f.to_string()).unwrap_or_else(|| "?".into());
+        let lock_name = describe(&self.locks(&settings.locks));
         let fail = settings.on_lock_lost == OnLockLost::Fail;
         let (message, event_reason) = if fail {
             (
                 format!(
                     "stopped for good (on-lock-lost: fail): it ran with fence {fence_text} \
-                     and no longer holds lock {lock_name} ({reason}: {why}); suspended, the \
+                     and no longer holds {lock_name} ({reason}: {why}); suspended, the \
                      lock released, never started again"
                 ),
                 "Stopped",
@@ -221,7 +254,7 @@ impl<'a> Run<'a> {
         } else {
             (
                 format!(
-                    "suspended: it ran with fence {fence_text} and no longer holds lock \
+                    "suspended: it ran with fence {fence_text} and no longer holds \
                      {lock_name} ({reason}: {why}); it starts again once it holds the lock, \
                      with a new fence"
                 ),
@@ -262,52 +295,52 @@ impl<'a> Run<'a> {
             .await;
         // Let the lock go now (the stopped or re-gated Job picks up from here if this
         // fails): a per-Job lock is deleted and made anew, a named one released.
-        let_go(&self.locks, &patched, &settings.gate).await?;
+        let_go(&self.locks, &patched, &settings.locks).await?;
         if fail {
             remove_finalizer(&self.jobs, &patched).await?;
         }
         Ok(Action::await_change())
     }
 
-    /// Suspended and not running: claim or create the lock, and start the Job once the
-    /// lock is held for it, or say why not.
+    /// Suspended and not running: take the locks (claim or create each, one at a time
+    /// in the global order), and start the Job once all are held for it, or say why not.
     pub async fn start_or_explain(self, settings: &Settings) -> Result<Action, JobError> {
         if !has_finalizer(self.job) {
             add_finalizer(&self.jobs, self.job).await?;
             // The patched Job comes back through the watch.
             return Ok(Action::await_change());
         }
-        let lock_name = self.lock_name(&settings.gate);
-        let Some(lock) = self.lock_for(&settings.gate, &lock_name).await? else {
-            return Ok(Action::requeue(WAITING_RESYNC));
+        let workload = gate::workload(self.job);
+        let ordered = match lockset::in_take_order(&self.locks, &settings.locks, &workload).await? {
+            Ok(ordered) => ordered,
+            Err((type_, reason, message)) => {
+                self.report(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
         };
-        let lost_fence = gate::lost_fence(self.job);
-        if let Some(lost) = lost_fence
-            && gate::is_old_acquisition(&lock, lost)
-        {
-            // Still the acquisition the Job lost: let it go, so the next is a new one.
-            let_go(&self.locks, self.job, &settings.gate).await?;
-            let message = format!(
-                "waiting for lock {lock_name}: letting go of the acquisition lost with fence {lost}"
-            );
-            self.report(EventType::Normal, "Waiting", message).await?;
-            return Ok(Action::requeue(WAITING_RESYNC));
-        }
-        let Some((fence, holder)) = held(&lock) else {
-            let (message, problem) = not_held_reason(&lock);
-            let (type_, reason) = if problem {
-                (EventType::Warning, "LockFailed")
-            } else {
-                (EventType::Normal, "Waiting")
-            };
-            self.report(type_, reason, message).await?;
-            return Ok(Action::requeue(WAITING_RESYNC));
+        let lost = gate::lost_fences(self.job, &ordered);
+        let in_use_by = |name: &str| self.in_use_by(name);
+        let taker = Taker {
+            api: &self.locks,
+            workload: &workload,
+            cluster: &self.ctx.config.cluster_name,
+            in_use_by: &in_use_by,
+            lost: &lost,
         };
-        if lost_fence.is_some() && !gate::pods_gone(self.job) {
+        let ran = match taker.take(&ordered).await? {
+            Taking::Held(ran) => ran,
+            Taking::Waiting((type_, reason, message)) => {
+                self.report(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
+        };
+        if !lost.is_empty() && !gate::pods_gone(self.job) {
             // The Job controller is still deleting the Pods of the run that lost the
             // lock; their end comes through the Job watch.
-            let message =
-                format!("holds lock {lock_name}; waiting for the Pods of the previous run to go");
+            let message = format!(
+                "holds {}; waiting for the Pods of the previous run to go",
+                describe(&ordered)
+            );
             self.report(EventType::Normal, "Waiting", message).await?;
             return Ok(Action::await_change());
         }
@@ -323,35 +356,36 @@ impl<'a> Run<'a> {
             clear_start_time(&self.jobs, self.job).await?;
             return Ok(Action::await_change());
         }
-        self.start(&lock_name, fence, holder).await
+        self.start(&ordered, ran).await
     }
 
-    /// The named lock claimed for this Job, or its own lock (created from the template
-    /// on first use); `None` after reporting why there is none to use yet.
-    async fn lock_for(
-        &self,
-        gate: &Gate,
-        lock_name: &str,
-    ) -> Result<Option<DistributedLock>, JobError> {
-        let claimed = match gate {
-            Gate::Named(name) => claim(&self.locks, &self.jobs, self.ctx, self.job, name).await?,
-            Gate::Template(template) => {
-                own_lock(&self.locks, self.ctx, self.job, template, lock_name).await?
-            }
-        };
-        match claimed {
-            Claim::Ours(lock) => Ok(Some(*lock)),
-            Claim::Waiting(type_, reason, message) => {
-                self.report(type_, reason, message).await?;
-                Ok(None)
-            }
+    /// Another unfinished Job of the namespace that was started with the named lock
+    /// `name` (from the cache): a claim removed by hand must not let this one start.
+    fn in_use_by(&self, name: &str) -> Option<String> {
+        let ns = self.job.namespace();
+        self.ctx
+            .jobs
+            .state()
+            .iter()
+            .find(|j| {
+                j.namespace() == ns
+                    && j.uid() != self.job.uid()
+                    && names_lock(j.annotations(), name)
+                    && gate::running(j)
+                    && gate::finished(j).is_none()
+            })
+            .map(|j| format!("Job {}", j.name_any()))
+    }
+
+    /// One write sets the fence(s) on the pod template (with the holder and the lock's
+    /// name for one lock) and unsuspends the Job, conditioned on the resourceVersion
+    /// this reconcile read.
+    async fn start(self, locks: &[WorkloadLock], ran: RanWith) -> Result<Action, JobError> {
+        let message = format!("started holding {}", ran.describe());
+        let mut template = ran.annotations();
+        if let [only] = locks {
+            template.insert(LOCK_ANNOTATION.into(), only.name.clone().into());
         }
-    }
-
-    /// One write sets the fence, holder and lock on the pod template and unsuspends the
-    /// Job, conditioned on the resourceVersion this reconcile read.
-    async fn start(self, lock_name: &str, fence: i64, holder: String) -> Result<Action, JobError> {
-        let message = format!("started holding lock {lock_name} (fence {fence}, holder {holder})");
         let patch = json!({
             "metadata": {
                 "resourceVersion": self.job.resource_version(),
@@ -359,11 +393,7 @@ impl<'a> Run<'a> {
             },
             "spec": {
                 "suspend": false,
-                "template": { "metadata": { "annotations": {
-                    FENCE_ANNOTATION: fence.to_string(),
-                    HOLDER_ANNOTATION: holder,
-                    LOCK_ANNOTATION: lock_name,
-                }}},
+                "template": { "metadata": { "annotations": template } },
             },
         });
         self.jobs
@@ -373,7 +403,7 @@ impl<'a> Run<'a> {
                 &Patch::Merge(&patch),
             )
             .await?;
-        tracing::info!(job = %self.job.name_any(), fence, "unsuspended gated Job");
+        tracing::info!(job = %self.job.name_any(), fences = ?ran.0, "unsuspended gated Job");
         self.ctx
             .event(self.job, EventType::Normal, "Started", message)
             .await;

@@ -10,6 +10,12 @@ use serde_json::json;
 use super::*;
 use crate::api::DistributedLockSpec;
 use crate::api::conditions::condition;
+use crate::api::conditions::{ACQUIRED, reason};
+use crate::api::{DistributedLock, LockPhase};
+use crate::controller::gating::decide::{is_old_acquisition, standing};
+use crate::controller::gating::lockset::WorkloadLock;
+use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
+use crate::lock::SafetyMargins;
 
 fn job(annotations: serde_json::Value, spec: serde_json::Value) -> Job {
     let mut spec = spec;
@@ -27,6 +33,14 @@ fn gated(extra: &[(&str, &str)]) -> Job {
         annotations[*k] = json!(v);
     }
     job(annotations, json!({ "suspend": true }))
+}
+
+/// The one lock of `gated()`.
+fn db() -> Vec<WorkloadLock> {
+    vec![WorkloadLock {
+        gate: Gate::Named("db".into()),
+        name: "db".into(),
+    }]
 }
 
 fn now() -> Time {
@@ -51,7 +65,7 @@ fn lock(phase: LockPhase, fence: i64, acquired: bool, why: &str) -> DistributedL
 #[test]
 fn settings_default_to_suspend_without_grace() {
     let s = settings(&gated(&[])).unwrap().unwrap();
-    assert_eq!(s.gate, Gate::Named("db".into()));
+    assert_eq!(s.locks, LockSet::one(Gate::Named("db".into())));
     assert_eq!(s.on_lock_lost, OnLockLost::Suspend);
     assert_eq!(s.lost_grace, Duration::ZERO);
 }
@@ -123,7 +137,10 @@ fn phases_of_a_job() {
     started.spec.as_mut().unwrap().template.metadata =
         Some(serde_json::from_value(json!({ "annotations": { FENCE_ANNOTATION: "7" } })).unwrap());
     assert_eq!(phase(&started), JobPhase::Running);
-    assert_eq!(template_fence(&started), Some(7));
+    assert_eq!(
+        template_fences(&started, &db()),
+        [("db".to_string(), Some(7))]
+    );
 
     // Suspended after a loss: gated again, remembering the fence it lost.
     let mut regated = started.clone();
@@ -135,7 +152,7 @@ fn phases_of_a_job() {
         .unwrap()
         .insert(LOST_FENCE_ANNOTATION.into(), "7".into());
     assert_eq!(phase(&regated), JobPhase::Gated);
-    assert_eq!(lost_fence(&regated), Some(7));
+    assert_eq!(lost_fences(&regated, &db()), [("db".to_string(), 7)].into());
 
     let mut stopped = regated.clone();
     stopped
@@ -213,7 +230,7 @@ fn standing_of_a_running_jobs_lock() {
 #[test]
 fn actions_for_a_lock_not_held() {
     let settings = |policy, grace_ms| Settings {
-        gate: Gate::Named("db".into()),
+        locks: LockSet::one(Gate::Named("db".into())),
         on_lock_lost: policy,
         lost_grace: Duration::from_millis(grace_ms),
     };

@@ -1,32 +1,34 @@
-//! The DistributedLock side of Job gating: claiming a named lock, creating a Job's own
-//! lock from its template, and letting either go.
+//! The DistributedLock side of gating, for any workload: claiming a named lock,
+//! creating a workload's own lock from its template, and letting either go.
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::gate::{Gate, claim_of, finished, per_job_lock_name, running};
-use super::{CLAIM_ANNOTATION, JobContext, JobError, LOCK_ANNOTATION};
+use super::decide::Gate;
+use super::{CLAIM_ANNOTATION, Claimant, Kind, Workload};
 use crate::api::{DistributedLock, LockPhase};
 
-pub(super) enum Claim {
+pub enum Claim {
     Ours(Box<DistributedLock>),
-    /// Not claimed for this Job (yet): the Event type and reason, and why.
+    /// Not claimed for this workload (yet): the Event type and reason, and why.
     Waiting(EventType, &'static str, String),
 }
 
-/// Claims the named lock for `job`: at most one Job holds the claim, written on the
-/// lock with its resourceVersion as the precondition so two Jobs cannot both win.
-pub(super) async fn claim(
+/// Claims the named lock for `workload`: at most one workload holds the claim, written
+/// on the lock with its resourceVersion as the precondition so two cannot both win.
+/// `in_use_by` names another unfinished workload (e.g. "Job x") that was started with
+/// this lock — the caller looks in its cache — as a defence against a claim removed by
+/// hand.
+pub async fn claim(
     locks: &Api<DistributedLock>,
-    jobs: &Api<Job>,
-    ctx: &JobContext,
-    job: &Job,
+    workload: &Workload,
     name: &str,
-) -> Result<Claim, JobError> {
+    in_use_by: Option<String>,
+) -> Result<Claim, kube::Error> {
     let Some(lock) = locks.get_opt(name).await? else {
         return Ok(Claim::Waiting(
             EventType::Warning,
@@ -34,29 +36,19 @@ pub(super) async fn claim(
             format!("DistributedLock {name} does not exist in this namespace; create it"),
         ));
     };
-    let ours = claim_of(job);
+    let ours = workload.claim();
     match lock.annotations().get(CLAIM_ANNOTATION) {
         Some(c) if *c == ours => return Ok(Claim::Ours(Box::new(lock))),
-        Some(other) => return claimed_by_other(locks, jobs, &lock, other).await,
+        Some(other) => return claimed_by_other(locks, &lock, other).await,
         None => {}
     }
-    // Defence in depth: a claim removed by hand must not let a second Job run next to
-    // one that was started with this lock and has not finished.
-    let ns = job.namespace();
-    if let Some(running) = ctx.jobs.state().iter().find(|j| {
-        j.namespace() == ns
-            && j.uid() != job.uid()
-            && j.annotations().get(LOCK_ANNOTATION).map(String::as_str) == Some(name)
-            && running(j)
-            && finished(j).is_none()
-    }) {
+    // Defence in depth: a claim removed by hand must not let a second workload run
+    // next to one that was started with this lock and has not finished.
+    if let Some(running) = in_use_by {
         return Ok(Claim::Waiting(
             EventType::Warning,
             "LockInUse",
-            format!(
-                "waiting for lock {name}: Job {} runs with it (its claim was removed)",
-                running.name_any()
-            ),
+            format!("waiting for lock {name}: {running} runs with it (its claim was removed)"),
         ));
     }
     let status = lock.status.clone().unwrap_or_default();
@@ -64,8 +56,8 @@ pub(super) async fn claim(
         && !(status.phase == Some(LockPhase::Released)
             && status.observed_generation == lock.metadata.generation)
     {
-        // Let go by the previous Job and not finished releasing: claiming now could
-        // hand this Job the previous Job's acquisition.
+        // Let go by the previous workload and not finished releasing: claiming now
+        // could hand this one the previous one's acquisition.
         return Ok(Claim::Waiting(
             EventType::Normal,
             "Waiting",
@@ -87,59 +79,76 @@ pub(super) async fn claim(
     Ok(Claim::Ours(Box::new(lock)))
 }
 
-/// The lock is claimed by another Job: wait while that Job lives and has not finished;
-/// otherwise (it is gone, or finished without letting go because its finalizer was
-/// removed by hand) release and unclaim the lock, to be claimed on a later pass.
+/// The lock is claimed by another workload: wait while that one lives and has not
+/// finished; otherwise (it is gone, or finished without letting go because its
+/// finalizer was removed by hand) release and unclaim the lock, to be claimed on a
+/// later pass.
 async fn claimed_by_other(
     locks: &Api<DistributedLock>,
-    jobs: &Api<Job>,
     lock: &DistributedLock,
     other: &str,
-) -> Result<Claim, JobError> {
+) -> Result<Claim, kube::Error> {
     let name = lock.name_any();
-    let (other_name, other_uid) = other.split_once('/').unwrap_or((other, ""));
-    // Asked of the API server, not the cache: a Job missing from a cache that
-    // is still filling must not lose its claim.
-    let alive = jobs
-        .get_opt(other_name)
-        .await?
-        .is_some_and(|j| j.uid().as_deref() == Some(other_uid) && finished(&j).is_none());
-    if alive {
+    let ns = lock.namespace().unwrap_or_default();
+    let claimant = Claimant::parse(other);
+    let kind = claimant.kind.as_str();
+    let other_name = &claimant.name;
+    if claimant_alive(locks.clone().into_client(), &ns, &claimant).await? {
         return Ok(Claim::Waiting(
             EventType::Normal,
             "Waiting",
-            format!("waiting for lock {name}: claimed by Job {other_name}"),
+            format!("waiting for lock {name}: claimed by {kind} {other_name}"),
         ));
     }
-    // The claimant is gone or finished without letting go (its finalizer was
-    // removed by hand): release and unclaim, then claim on a later pass.
     release_and_unclaim(locks, lock).await?;
     Ok(Claim::Waiting(
         EventType::Normal,
         "Waiting",
-        format!("waiting for lock {name}: released the stale claim of Job {other_name}"),
+        format!("waiting for lock {name}: released the stale claim of {kind} {other_name}"),
     ))
 }
 
-/// The Job's own lock, created from the template on first use; or why it cannot be.
-pub(super) async fn own_lock(
+/// Whether the claimant exists (same uid) and has not finished. Asked of the API
+/// server, not a cache: a workload missing from a cache that is still filling must not
+/// lose its claim.
+async fn claimant_alive(
+    client: kube::Client,
+    ns: &str,
+    claimant: &Claimant,
+) -> Result<bool, kube::Error> {
+    let same = |uid: Option<String>| uid.as_deref() == Some(claimant.uid.as_str());
+    Ok(match claimant.kind {
+        Kind::Job => Api::<Job>::namespaced(client, ns)
+            .get_opt(&claimant.name)
+            .await?
+            .is_some_and(|j| same(j.uid()) && crate::controller::jobs::finished(&j).is_none()),
+        Kind::Pod => Api::<Pod>::namespaced(client, ns)
+            .get_opt(&claimant.name)
+            .await?
+            .is_some_and(|p| same(p.uid()) && !crate::controller::pods::finished(&p)),
+    })
+}
+
+/// The workload's own lock `name`, created from the template on first use; or why it
+/// cannot be. Its holder identity is the workload's ([`Workload::holder`]) in `cluster`.
+pub async fn own_lock(
     locks: &Api<DistributedLock>,
-    ctx: &JobContext,
-    job: &Job,
+    cluster: &str,
+    workload: &Workload,
     template: &str,
     name: &str,
-) -> Result<Claim, JobError> {
-    let uid = job.uid().unwrap_or_default();
+) -> Result<Claim, kube::Error> {
+    let kind = workload.kind.as_str();
     if let Some(lock) = locks.get_opt(name).await? {
         let owned = lock
             .owner_references()
             .iter()
-            .any(|o| o.uid == uid && o.controller == Some(true));
+            .any(|o| o.uid == workload.uid && o.controller == Some(true));
         return Ok(if !owned {
             Claim::Waiting(
                 EventType::Warning,
                 "LockNameTaken",
-                format!("DistributedLock {name} exists and is not owned by this Job"),
+                format!("DistributedLock {name} exists and is not owned by this {kind}"),
             )
         } else if lock.metadata.deletion_timestamp.is_some() {
             // Let go after a loss: a new one is made once this one is gone.
@@ -167,52 +176,57 @@ pub(super) async fn own_lock(
             "TemplateNotReleased",
             format!(
                 "lock template {template} has spec.release: false, so it would hold the key \
-                 itself and every Job would wait for it forever; set release: true on a template"
+                 itself and every {kind} would wait for it forever; set release: true on a template"
             ),
         ));
     }
-    let ns = job.namespace().unwrap_or_default();
     let mut spec = template_lock.spec.clone();
     spec.release = false;
-    // A template's force would make every Job take the key over from the previous one.
+    // A template's force would make every workload take the key over from the previous.
     spec.force = false;
-    spec.holder_identity = Some(format!(
-        "{}/{ns}/job/{}/{uid}",
-        ctx.config.cluster_name,
-        job.name_any()
-    ));
+    spec.holder_identity = Some(workload.holder(cluster));
+    if let Err(e) = crate::lock::names::kubernetes_name(name) {
+        return Ok(Claim::Waiting(
+            EventType::Warning,
+            "LockNameInvalid",
+            format!(
+                "the {kind}'s own lock from template {template} would be named {name:?}, \
+                 which is not a valid DistributedLock name ({}); use shorter names",
+                e.named("name")
+            ),
+        ));
+    }
     let mut lock = DistributedLock::new(name, spec);
-    lock.metadata.namespace = Some(ns);
-    lock.metadata.annotations = Some([(CLAIM_ANNOTATION.to_string(), claim_of(job))].into());
+    lock.metadata.namespace = Some(workload.namespace.clone());
+    lock.metadata.annotations = Some([(CLAIM_ANNOTATION.to_string(), workload.claim())].into());
     lock.metadata.labels =
         Some([("lockwarden.io/template".to_string(), template.to_string())].into());
-    lock.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "batch/v1".into(),
-        kind: "Job".into(),
-        name: job.name_any(),
-        uid,
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }]);
+    lock.metadata.owner_references = Some(vec![workload.owner_reference()]);
     let lock = locks.create(&PostParams::default(), &lock).await?;
     Ok(Claim::Ours(Box::new(lock)))
 }
 
-/// Lets the Job's lock go: deletes a per-Job lock, releases and unclaims a named one.
-/// Returns what was done, `None` if there was nothing of this Job's to let go.
-pub(super) async fn let_go(
+/// Lets the workload's lock `name` go: deletes its own lock, releases and unclaims a
+/// named one. `ran` says whether the workload was started with the lock (a named lock
+/// it ran with is let go even when its claim was removed by hand). Returns what was
+/// done, `None` if there was nothing of this workload's to let go.
+pub async fn let_go(
     locks: &Api<DistributedLock>,
-    job: &Job,
+    workload: &Workload,
     gate: &Gate,
-) -> Result<Option<String>, JobError> {
-    let uid = job.uid().unwrap_or_default();
+    name: &str,
+    ran: bool,
+) -> Result<Option<String>, kube::Error> {
     match gate {
         Gate::Template(_) => {
-            let name = per_job_lock_name(job);
-            let Some(lock) = locks.get_opt(&name).await? else {
+            let Some(lock) = locks.get_opt(name).await? else {
                 return Ok(None);
             };
-            if !lock.owner_references().iter().any(|o| o.uid == uid) {
+            if !lock
+                .owner_references()
+                .iter()
+                .any(|o| o.uid == workload.uid)
+            {
                 return Ok(None);
             }
             let fence = lock.status.as_ref().and_then(|s| s.fence);
@@ -223,25 +237,25 @@ pub(super) async fn let_go(
                 }),
                 ..Default::default()
             };
-            match locks.delete(&name, &params).await {
+            match locks.delete(name, &params).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
             Ok(Some(match fence {
                 Some(f) => format!("deleted lock {name} (fence {f}), which releases it"),
                 None => format!("deleted lock {name}"),
             }))
         }
-        Gate::Named(name) => {
+        Gate::Named(_) => {
             let Some(lock) = locks.get_opt(name).await? else {
                 return Ok(None);
             };
-            // Ours, or unclaimed while this Job ran with it (the claim removed by hand):
-            // either way the next Job must get an acquisition of its own.
+            // Ours, or unclaimed while this workload ran with it (the claim removed by
+            // hand): either way the next one must get an acquisition of its own.
             let ours = match lock.annotations().get(CLAIM_ANNOTATION) {
-                Some(claim) => *claim == claim_of(job),
-                None => running(job) && !lock.spec.release,
+                Some(claim) => *claim == workload.claim(),
+                None => ran && !lock.spec.release,
             };
             if !ours {
                 return Ok(None);

@@ -1,0 +1,382 @@
+//! The pure decisions every gated workload shares: which lock its annotations name,
+//! whether that lock is held for it, and what to do about a running workload whose
+//! lock is not. No API calls here; unit-tested through the Job and Pod gates.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::ResourceExt;
+
+use crate::api::conditions::{self, ACQUIRED, reason};
+use crate::api::{DistributedLock, LockPhase};
+use crate::duration::{format_duration, parse_duration};
+use crate::lock::{SafetyMargins, names};
+
+use super::{
+    Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION,
+    TEMPLATES_ANNOTATION,
+};
+
+/// One lock a workload asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// An existing DistributedLock, claimed while the workload runs.
+    Named(String),
+    /// A DistributedLock of its own, copied from this template.
+    Template(String),
+}
+
+impl Gate {
+    /// The DistributedLock named in the annotation: the lock, or the template.
+    pub fn named(&self) -> &str {
+        match self {
+            Gate::Named(n) | Gate::Template(n) => n,
+        }
+    }
+}
+
+/// Every lock a workload asks for, in the order its annotations name them (one for
+/// `lockwarden.io/lock` or `lock-template`; a list for `locks` and `lock-templates`).
+/// They are *taken* in another order: see [`super::lockset`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockSet(pub Vec<Gate>);
+
+impl LockSet {
+    pub fn one(gate: Gate) -> LockSet {
+        LockSet(vec![gate])
+    }
+
+    /// More than one lock: the workload carries `lockwarden.io/fences` instead of
+    /// `lockwarden.io/fence`, and its own locks' names say which template they come from.
+    pub fn several(&self) -> bool {
+        self.0.len() > 1
+    }
+
+    pub fn gates(&self) -> &[Gate] {
+        &self.0
+    }
+}
+
+/// The workload's locks from its annotations, `None` if it names none.
+///
+/// `lock` and `lock-template` name one lock each and exclude each other (as since Job
+/// gating began); `locks` and `lock-templates` are comma-separated lists that may be
+/// combined with each other, not with the single forms.
+pub fn locks(
+    annotations: &BTreeMap<String, String>,
+    kind: Kind,
+) -> Result<Option<LockSet>, String> {
+    let kind = kind.as_str();
+    let get = |a: &str| annotations.get(a);
+    let single = match (get(LOCK_ANNOTATION), get(TEMPLATE_ANNOTATION)) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "both {LOCK_ANNOTATION} and {TEMPLATE_ANNOTATION} are set; a {kind} names one \
+                 lock with them (for several, list them in {LOCKS_ANNOTATION} and \
+                 {TEMPLATES_ANNOTATION})"
+            ));
+        }
+        (Some(n), None) => Some((LOCK_ANNOTATION, n, Gate::Named as fn(String) -> Gate)),
+        (None, Some(n)) => Some((TEMPLATE_ANNOTATION, n, Gate::Template as fn(String) -> Gate)),
+        (None, None) => None,
+    };
+    let lists = [
+        (LOCKS_ANNOTATION, Gate::Named as fn(String) -> Gate),
+        (TEMPLATES_ANNOTATION, Gate::Template as fn(String) -> Gate),
+    ];
+    let listed: Vec<_> = lists
+        .iter()
+        .filter_map(|(a, g)| get(a).map(|v| (*a, v, *g)))
+        .collect();
+    if let (Some((single, ..)), Some((list, ..))) = (&single, listed.first()) {
+        return Err(format!(
+            "both {single} and {list} are set; name one lock with {single}, or list every \
+             lock in {LOCKS_ANNOTATION} / {TEMPLATES_ANNOTATION}"
+        ));
+    }
+    if let Some((which, name, gate)) = single {
+        return Ok(Some(LockSet::one(gate(lock_name(which, name, kind)?))));
+    }
+    let mut gates: Vec<Gate> = Vec::new();
+    for (which, value, gate) in listed {
+        for name in value.split(',').map(str::trim) {
+            if name.is_empty() {
+                return Err(format!(
+                    "{which}: {value:?} has an empty entry; give DistributedLock names \
+                     separated by commas, e.g. \"db,bucket\""
+                ));
+            }
+            if gates.iter().any(|g| g.named() == name) {
+                return Err(format!("{which}: {name:?} is named twice"));
+            }
+            gates.push(gate(lock_name(which, name, kind)?));
+        }
+    }
+    Ok((!gates.is_empty()).then_some(LockSet(gates)))
+}
+
+/// A DistributedLock name from annotation `which`: in the workload's own namespace,
+/// and valid as one.
+fn lock_name(which: &str, name: &str, kind: &str) -> Result<String, String> {
+    if name.contains('/') {
+        return Err(format!(
+            "{which}: {name:?} names a lock in another namespace; a {kind} can only use a \
+             DistributedLock in its own namespace (give the name alone)"
+        ));
+    }
+    // The same rule as the CRD's metadata.name and the CLI's Lease names.
+    names::kubernetes_name(name)
+        .map_err(|e| format!("{which}: {}", e.named("DistributedLock name")))?;
+    Ok(name.to_string())
+}
+
+/// Whether a workload with these annotations names DistributedLock `name` (as a lock
+/// or a template, alone or in a list): its changes concern the workload.
+pub fn names_lock(annotations: &BTreeMap<String, String>, name: &str) -> bool {
+    [LOCK_ANNOTATION, TEMPLATE_ANNOTATION]
+        .iter()
+        .any(|a| annotations.get(*a).map(String::as_str) == Some(name))
+        || [LOCKS_ANNOTATION, TEMPLATES_ANNOTATION].iter().any(|a| {
+            annotations
+                .get(*a)
+                .is_some_and(|v| v.split(',').any(|n| n.trim() == name))
+        })
+}
+
+/// The longest `lockwarden.io/lost-grace` that still stops the workload before another
+/// holder may acquire the key.
+///
+/// The holder stops claiming at `sent + lease × (1 − δ) − margin` (rule 2); a contender
+/// that started observing the record no earlier than `sent` takes over at the soonest
+/// after `(lease + grace) × (1 − δ)` of real time (its clock may run δ fast). The gap
+/// between the two, `grace × (1 − δ) + margin`, does not depend on the lease: that is
+/// all a workload may wait past the holder deadline. (Its own stop then takes an API
+/// round trip or two, which comes out of the same gap: hence strictly less.)
+pub fn max_lost_grace(margins: &SafetyMargins) -> Duration {
+    margins.grace.mul_f64(1.0 - margins.drift) + margins.margin
+}
+
+/// `lockwarden.io/lost-grace` of a workload of `kind`: zero when absent.
+pub fn lost_grace(annotations: &BTreeMap<String, String>, kind: Kind) -> Result<Duration, String> {
+    let Some(value) = annotations.get(LOST_GRACE_ANNOTATION) else {
+        return Ok(Duration::ZERO);
+    };
+    let grace =
+        parse_duration(value).map_err(|e| format!("{LOST_GRACE_ANNOTATION}: {value:?}: {e}"))?;
+    let max = max_lost_grace(&SafetyMargins::default());
+    if grace >= max {
+        return Err(format!(
+            "{LOST_GRACE_ANNOTATION}: {value:?} would keep the {} running past the point \
+             where another holder may acquire the lock; it must be less than {} (the gap \
+             between the holder deadline and the earliest takeover)",
+            kind.as_str(),
+            format_duration(max)
+        ));
+    }
+    Ok(grace)
+}
+
+/// Acquired for its current spec, with a fence: what a workload may be started with.
+pub fn held(lock: &DistributedLock) -> Option<(i64, String)> {
+    let status = lock.status.as_ref()?;
+    let generation = lock.metadata.generation;
+    let condition = conditions::find_condition(&status.conditions, ACQUIRED)?;
+    (condition.status == conditions::TRUE
+        && condition.observed_generation == generation
+        && status.observed_generation == generation
+        && lock.metadata.deletion_timestamp.is_none())
+    .then_some(())?;
+    Some((status.fence?, status.holder.clone()?))
+}
+
+/// Whether `lock` still carries an acquisition a stopped workload ran with (fence at
+/// most `lost_fence`): it must be let go and acquired anew before the workload starts
+/// again.
+pub fn is_old_acquisition(lock: &DistributedLock, lost_fence: i64) -> bool {
+    let Some(status) = &lock.status else {
+        return false;
+    };
+    !lock.spec.release
+        && matches!(status.phase, Some(LockPhase::Held | LockPhase::Lost))
+        && status.fence.is_some_and(|f| f <= lost_fence)
+}
+
+/// Why a lock is not (yet) held, and whether that is a problem (Warning) rather than
+/// ordinary waiting.
+pub fn not_held_reason(lock: &DistributedLock) -> (String, bool) {
+    let name = lock.name_any();
+    let Some(status) = &lock.status else {
+        return (format!("waiting for lock {name}: not acquired yet"), false);
+    };
+    let message = conditions::find_condition(&status.conditions, ACQUIRED)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    match status.phase {
+        Some(LockPhase::Waiting) => {
+            let holder = status.holder.as_deref().unwrap_or("another holder");
+            let position = status
+                .queue_position
+                .map(|p| format!(", queue position {p}"))
+                .unwrap_or_default();
+            (
+                format!("waiting for lock {name}: held by {holder}{position}"),
+                false,
+            )
+        }
+        Some(phase @ (LockPhase::Failed | LockPhase::Lost)) => (
+            format!("lock {name} is {}: {message}", phase.as_str()),
+            true,
+        ),
+        _ if message.is_empty() => (format!("waiting for lock {name}: not acquired yet"), false),
+        _ => (format!("waiting for lock {name}: {message}"), false),
+    }
+}
+
+/// How a running workload's lock stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockStanding {
+    /// Held with the fence the workload was started with.
+    Held,
+    /// Not held. `reason` labels the metric and the Event (`LeaseExpiring`, `Lost`,
+    /// `LockDeleted`, `NotHeld`); `may_recover`: only the holder deadline passed (the
+    /// lock may come back if a renewal gets through), so `lost-grace` applies.
+    NotHeld {
+        reason: &'static str,
+        why: String,
+        may_recover: bool,
+    },
+}
+
+/// The standing of the lock a running workload was started with `fence`. Read from
+/// what the status says now, whatever generation it describes: a spec edit the lock
+/// controller has not reported on yet does not make the workload lose its lock.
+pub fn standing(lock: Option<&DistributedLock>, name: &str, fence: Option<i64>) -> LockStanding {
+    let Some(lock) = lock.filter(|l| l.metadata.deletion_timestamp.is_none()) else {
+        return LockStanding::NotHeld {
+            reason: "LockDeleted",
+            why: format!("lock {name} was deleted"),
+            may_recover: false,
+        };
+    };
+    let status = lock.status.clone().unwrap_or_default();
+    let acquired = conditions::find_condition(&status.conditions, ACQUIRED);
+    let same_fence = fence.is_some() && status.fence == fence;
+    if status.phase == Some(LockPhase::Held) && same_fence {
+        match acquired {
+            Some(c) if c.status == conditions::TRUE => return LockStanding::Held,
+            Some(c) if c.reason == reason::LEASE_EXPIRING => {
+                return LockStanding::NotHeld {
+                    reason: reason::LEASE_EXPIRING,
+                    why: format!("lock {name}: {}", c.message),
+                    may_recover: true,
+                };
+            }
+            _ => {}
+        }
+    }
+    let why = not_held_reason(lock).0;
+    let reason = if status.phase == Some(LockPhase::Lost) {
+        reason::LOST
+    } else {
+        "NotHeld"
+    };
+    LockStanding::NotHeld {
+        reason,
+        why,
+        may_recover: false,
+    }
+}
+
+/// What to do about a running workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunningAction {
+    /// The lock is held: nothing to do.
+    Continue,
+    /// `ignore`: warn that the lock is no longer held, keep running.
+    Warn,
+    /// Within `lost-grace`: look again after this long.
+    WaitGrace(Duration),
+    /// Stop the workload (as its `on-lock-lost` says).
+    Stop,
+}
+
+/// The decision for a running workload whose policy ignores a loss (`ignores`) or
+/// stops it after `lost_grace`: `not_held_for` is how long this controller has seen
+/// the lock not held (zero the first time).
+pub fn running_action(
+    standing: &LockStanding,
+    ignores: bool,
+    lost_grace: Duration,
+    not_held_for: Duration,
+) -> RunningAction {
+    match standing {
+        LockStanding::Held => RunningAction::Continue,
+        LockStanding::NotHeld { .. } if ignores => RunningAction::Warn,
+        LockStanding::NotHeld { may_recover, .. } if *may_recover && not_held_for < lost_grace => {
+            RunningAction::WaitGrace(lost_grace - not_held_for)
+        }
+        LockStanding::NotHeld { .. } => RunningAction::Stop,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn several_locks_come_from_the_lists_in_annotation_order() {
+        let set = locks(
+            &annotations(&[
+                (LOCKS_ANNOTATION, "db, bucket"),
+                (TEMPLATES_ANNOTATION, "queue"),
+            ]),
+            Kind::Job,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            set.gates(),
+            [
+                Gate::Named("db".into()),
+                Gate::Named("bucket".into()),
+                Gate::Template("queue".into())
+            ]
+        );
+        assert!(set.several());
+        let one = locks(&annotations(&[(LOCKS_ANNOTATION, "db")]), Kind::Pod)
+            .unwrap()
+            .unwrap();
+        assert_eq!(one, LockSet::one(Gate::Named("db".into())));
+        assert!(!one.several());
+    }
+
+    #[test]
+    fn bad_lists_say_what_is_wrong() {
+        let err = |pairs: &[(&str, &str)]| locks(&annotations(pairs), Kind::Job).unwrap_err();
+        let e = err(&[(LOCK_ANNOTATION, "a"), (LOCKS_ANNOTATION, "b,c")]);
+        assert!(e.contains("both") && e.contains(LOCKS_ANNOTATION), "{e}");
+        let e = err(&[(LOCKS_ANNOTATION, "a,,b")]);
+        assert!(e.contains("empty entry"), "{e}");
+        let e = err(&[(LOCKS_ANNOTATION, "a,b"), (TEMPLATES_ANNOTATION, "a")]);
+        assert!(e.contains("\"a\" is named twice"), "{e}");
+        let e = err(&[(TEMPLATES_ANNOTATION, "ns/a")]);
+        assert!(e.contains("another namespace"), "{e}");
+        let e = err(&[(LOCKS_ANNOTATION, "Bad_Name")]);
+        assert!(e.contains("invalid DistributedLock name"), "{e}");
+    }
+
+    #[test]
+    fn a_workload_names_a_lock_alone_or_in_a_list() {
+        let a = annotations(&[(LOCKS_ANNOTATION, "db, bucket")]);
+        assert!(names_lock(&a, "bucket"));
+        assert!(!names_lock(&a, "buck"));
+        assert!(names_lock(&annotations(&[(TEMPLATE_ANNOTATION, "q")]), "q"));
+    }
+}

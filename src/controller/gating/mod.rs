@@ -1,0 +1,239 @@
+//! What Job gating and Pod gating share (docs/design.md §6, §6.1): the annotations a
+//! workload names its lock with, the pure decisions about a lock's standing
+//! ([`decide`]), claiming, creating and letting go of DistributedLocks for a workload
+//! ([`locks`]), and the writes every gated object gets (status annotation with an
+//! Event, the release finalizer: [`writes`]).
+//!
+//! A gated object is described to this layer by a [`Workload`] (kind, name, uid,
+//! namespace); the kind decides only what a workload is called (claim, holder
+//! identity, owner reference) and how to ask whether a claimant still lives.
+
+pub mod decide;
+pub mod locks;
+pub mod lockset;
+pub mod writes;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Resource;
+use kube::runtime::events::EventType;
+use tokio::time::Instant;
+
+use super::events::Events;
+
+/// Annotation: the workload claims the DistributedLock of this name (same namespace).
+pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
+/// Annotation: the workload gets its own DistributedLock, spec copied from this one.
+pub const TEMPLATE_ANNOTATION: &str = "lockwarden.io/lock-template";
+/// Annotation: the workload claims each of these DistributedLocks (comma-separated).
+pub const LOCKS_ANNOTATION: &str = "lockwarden.io/locks";
+/// Annotation: the workload gets its own DistributedLock from each of these templates
+/// (comma-separated).
+pub const TEMPLATES_ANNOTATION: &str = "lockwarden.io/lock-templates";
+/// Annotation: what to do once a running workload's lock is no longer held.
+pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
+/// Annotation: how long a lock past its holder deadline may stay so before the
+/// workload is stopped (a duration, less than [`decide::max_lost_grace`]; zero by
+/// default).
+pub const LOST_GRACE_ANNOTATION: &str = "lockwarden.io/lost-grace";
+/// Annotation written by lockwarden (a Job's pod template, a Pod): the fencing token
+/// the workload was started with.
+pub const FENCE_ANNOTATION: &str = "lockwarden.io/fence";
+/// Annotation written by lockwarden for a workload with several locks, instead of
+/// [`FENCE_ANNOTATION`]: `NAME=FENCE` per lock, comma-separated, in the order they were
+/// taken (e.g. `db=3,bucket=7`).
+pub const FENCES_ANNOTATION: &str = "lockwarden.io/fences";
+/// Annotation written by lockwarden next to the fence: the holder identity written in
+/// the lock store.
+pub const HOLDER_ANNOTATION: &str = "lockwarden.io/holder";
+/// Annotation written by lockwarden: why the workload is (still) gated, or what the
+/// controller did.
+pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
+/// DistributedLock annotation: the workload that claims it ([`Workload::claim`]).
+pub const CLAIM_ANNOTATION: &str = "lockwarden.io/claimed-by";
+
+/// The kinds of workload lockwarden gates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Job,
+    Pod,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Job => "Job",
+            Kind::Pod => "Pod",
+        }
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Kind::Job => "batch/v1",
+            Kind::Pod => "v1",
+        }
+    }
+}
+
+/// A gated object as the shared layer sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub kind: Kind,
+    pub name: String,
+    pub uid: String,
+    pub namespace: String,
+}
+
+impl Workload {
+    pub fn of<K: Resource>(kind: Kind, obj: &K) -> Workload {
+        let meta = obj.meta();
+        Workload {
+            kind,
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+        }
+    }
+
+    /// What the lock's claim annotation says: `<job>/<uid>` for a Job (the format
+    /// since Job gating began), `pod/<pod>/<uid>` for a Pod. Names never contain `/`,
+    /// so the two cannot be confused.
+    pub fn claim(&self) -> String {
+        match self.kind {
+            Kind::Job => format!("{}/{}", self.name, self.uid),
+            Kind::Pod => format!("pod/{}/{}", self.name, self.uid),
+        }
+    }
+
+    /// The name of the workload's own lock: its name and the start of its uid, so a
+    /// workload recreated under the same name never finds its predecessor's lock.
+    pub fn own_lock_name(&self) -> String {
+        format!("{}-{}", self.name, &self.uid[..self.uid.len().min(8)])
+    }
+
+    /// The name of DistributedLock `gate` is for this workload: a named lock's own
+    /// name; for a template, the workload's own lock — suffixed with the template's
+    /// name when the workload has several locks, so each template gets its own.
+    pub fn lock_name(&self, gate: &decide::Gate, several: bool) -> String {
+        match gate {
+            decide::Gate::Named(name) => name.clone(),
+            decide::Gate::Template(_) if !several => self.own_lock_name(),
+            decide::Gate::Template(template) => format!("{}-{template}", self.own_lock_name()),
+        }
+    }
+
+    /// The holder identity of the workload's own lock.
+    pub fn holder(&self, cluster: &str) -> String {
+        let kind = self.kind.as_str().to_lowercase();
+        format!(
+            "{cluster}/{}/{kind}/{}/{}",
+            self.namespace, self.name, self.uid
+        )
+    }
+
+    /// The workload as the controlling owner of its own lock. `blockOwnerDeletion`
+    /// only for Jobs (as since Job gating began): where OwnerReferencesPermissionEnforcement
+    /// runs it needs `update` on the owner's finalizers, and a Pod's own finalizer
+    /// already keeps it until its lock is let go.
+    pub fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: self.kind.api_version().into(),
+            kind: self.kind.as_str().into(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(self.kind == Kind::Job),
+        }
+    }
+}
+
+/// Who a claim annotation names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claimant {
+    pub kind: Kind,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Claimant {
+    pub fn parse(claim: &str) -> Claimant {
+        // Two slashes only in a Pod's claim (a Job named "pod" claims as `pod/<uid>`).
+        let (kind, rest) = match claim.strip_prefix("pod/") {
+            Some(rest) if rest.contains('/') => (Kind::Pod, rest),
+            _ => (Kind::Job, claim),
+        };
+        let (name, uid) = rest.split_once('/').unwrap_or((rest, ""));
+        Claimant {
+            kind,
+            name: name.to_string(),
+            uid: uid.to_string(),
+        }
+    }
+}
+
+/// An Event about `obj`, referring to it with its resourceVersion: kube's Recorder
+/// folds Events with the same reason about an equal object reference into one series
+/// that keeps the first note, so referring to each new version makes each change of
+/// text an Event of its own.
+pub async fn event<K: Resource<DynamicType = ()>>(
+    events: &Events,
+    obj: &K,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let mut regarding = obj.object_ref(&());
+    regarding.resource_version = obj.meta().resource_version.clone();
+    events.publish(&regarding, type_, reason, note).await;
+}
+
+/// Workload uid → when this controller first saw its lock not held while it ran (for
+/// `lockwarden.io/lost-grace`). In memory, so a controller restarted while a lock is
+/// `LeaseExpiring` starts the grace afresh (a known limit: the restart itself usually
+/// takes longer than the takeover gap, and the resumed lock then reports `Held` or
+/// `Lost`).
+#[derive(Default)]
+pub struct NotHeldSince(Mutex<HashMap<String, Instant>>);
+
+impl NotHeldSince {
+    /// How long the lock of workload `uid` has been seen not held (zero the first time).
+    pub fn not_held_for(&self, uid: &str) -> Duration {
+        let mut since = self.0.lock().expect("not_held_since");
+        since
+            .entry(uid.to_string())
+            .or_insert_with(Instant::now)
+            .elapsed()
+    }
+
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().expect("not_held_since").remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claims_of_jobs_and_pods_parse_back_to_their_kind() {
+        for kind in [Kind::Job, Kind::Pod] {
+            let w = Workload {
+                kind,
+                name: "w-1".into(),
+                uid: "0123-4567".into(),
+                namespace: "ns".into(),
+            };
+            let c = Claimant::parse(&w.claim());
+            assert_eq!(
+                (c.kind, c.name.as_str(), c.uid.as_str()),
+                (kind, "w-1", "0123-4567")
+            );
+        }
+        // A Job named "pod" keeps the Job format: `pod/<uid>` has one slash only.
+        let job = Claimant::parse("pod/0123");
+        assert_eq!((job.kind, job.name.as_str()), (Kind::Job, "pod"));
+    }
+}
