@@ -1,0 +1,85 @@
+//! Which server plays S3 and which plays DynamoDB.
+//!
+//! Tests reach moto, versitygw and dynalite the same way, through their endpoint and
+//! the client helpers of `support::moto`. [`AwsServer`] names what a test needs of any
+//! of them; [`s3_shared`] and [`dynamodb_shared`] pick the shared server by
+//! environment variable, so the engine's semantics tests can be run against another
+//! store without changing the suite's default (moto):
+//!
+//! - `LOCKWARDEN_S3_SERVER`: `moto` (default) or `versitygw`;
+//! - `LOCKWARDEN_DYNAMODB_SERVER`: `moto` (default) or `dynalite`.
+
+use super::dynalite::Dynalite;
+use super::moto::Moto;
+use super::versitygw::VersityGw;
+
+/// A server speaking the S3 and/or the DynamoDB API on a loopback port.
+pub trait AwsServer: Send + Sync {
+    /// `http://127.0.0.1:PORT`.
+    fn endpoint(&self) -> String;
+    fn port(&self) -> u16;
+    /// Whether it answers one request at a time (moto-atomic), so that a test that
+    /// loads it should have a private one.
+    fn serializes_requests(&self) -> bool;
+}
+
+impl AwsServer for Moto {
+    fn endpoint(&self) -> String {
+        Moto::endpoint(self)
+    }
+    fn port(&self) -> u16 {
+        Moto::port(self)
+    }
+    fn serializes_requests(&self) -> bool {
+        true
+    }
+}
+
+impl AwsServer for VersityGw {
+    fn endpoint(&self) -> String {
+        VersityGw::endpoint(self)
+    }
+    fn port(&self) -> u16 {
+        VersityGw::port(self)
+    }
+    fn serializes_requests(&self) -> bool {
+        false
+    }
+}
+
+impl AwsServer for Dynalite {
+    fn endpoint(&self) -> String {
+        Dynalite::endpoint(self)
+    }
+    fn port(&self) -> u16 {
+        Dynalite::port(self)
+    }
+    fn serializes_requests(&self) -> bool {
+        false
+    }
+}
+
+fn chosen(variable: &str, allowed: &[&str]) -> String {
+    let name = std::env::var(variable).unwrap_or_else(|_| "moto".into());
+    assert!(
+        allowed.contains(&name.as_str()),
+        "{variable}={name:?}: expected one of {allowed:?}"
+    );
+    name
+}
+
+/// The shared S3 server of this test binary (`LOCKWARDEN_S3_SERVER`).
+pub fn s3_shared() -> &'static dyn AwsServer {
+    match chosen("LOCKWARDEN_S3_SERVER", &["moto", "versitygw"]).as_str() {
+        "versitygw" => VersityGw::shared(),
+        _ => Moto::shared(),
+    }
+}
+
+/// The shared DynamoDB server of this test binary (`LOCKWARDEN_DYNAMODB_SERVER`).
+pub fn dynamodb_shared() -> &'static dyn AwsServer {
+    match chosen("LOCKWARDEN_DYNAMODB_SERVER", &["moto", "dynalite"]).as_str() {
+        "dynalite" => Dynalite::shared(),
+        _ => Moto::shared(),
+    }
+}
