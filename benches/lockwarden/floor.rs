@@ -297,7 +297,7 @@ pub(crate) async fn part_floor(env: Arc<Env>, opts: Opts, report: Shared) {
         r.plots
             .push((kind, format!("floor: {}", kind.floor_op()), samples));
         if kind == Kind::S3 {
-            r.moto_capacity = Some(ops);
+            r.s3_capacity = Some((env.s3_server.name(), ops));
         }
         r.floors.insert(kind, floor);
     }

@@ -116,10 +116,10 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
         for s in &r.scale {
             let _ = writeln!(md, "\n- {} {} × {}: {}", s.kind, s.path, s.locks, s.note);
         }
-        if let Some(c) = r.moto_capacity {
+        if let Some((server, c)) = r.s3_capacity {
             let _ = writeln!(
                 md,
-                "- moto-atomic capacity measured in this run: {c:.0} conditional PUTs/s (8 writers); the S3 renew interval is lengthened so renewals stay under half of it."
+                "- {server} capacity measured in this run: {c:.0} conditional PUTs/s (8 writers); the S3 renew interval is lengthened so renewals stay under half of it."
             );
         }
         let growth = |kind: &str| {

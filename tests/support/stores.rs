@@ -8,6 +8,8 @@
 //!
 //! - `LOCKWARDEN_S3_SERVER`: `moto` (default) or `versitygw`;
 //! - `LOCKWARDEN_DYNAMODB_SERVER`: `moto` (default) or `dynalite`.
+//!
+//! `benches/lockwarden` reads the same two variables for its S3 and DynamoDB servers.
 
 use super::dynalite::Dynalite;
 use super::moto::Moto;
@@ -15,6 +17,8 @@ use super::versitygw::VersityGw;
 
 /// A server speaking the S3 and/or the DynamoDB API on a loopback port.
 pub trait AwsServer: Send + Sync {
+    /// What reports call it.
+    fn name(&self) -> &'static str;
     /// `http://127.0.0.1:PORT`.
     fn endpoint(&self) -> String;
     fn port(&self) -> u16;
@@ -24,6 +28,9 @@ pub trait AwsServer: Send + Sync {
 }
 
 impl AwsServer for Moto {
+    fn name(&self) -> &'static str {
+        "moto-atomic"
+    }
     fn endpoint(&self) -> String {
         Moto::endpoint(self)
     }
@@ -36,6 +43,9 @@ impl AwsServer for Moto {
 }
 
 impl AwsServer for VersityGw {
+    fn name(&self) -> &'static str {
+        "versitygw"
+    }
     fn endpoint(&self) -> String {
         VersityGw::endpoint(self)
     }
@@ -48,6 +58,9 @@ impl AwsServer for VersityGw {
 }
 
 impl AwsServer for Dynalite {
+    fn name(&self) -> &'static str {
+        "dynalite"
+    }
     fn endpoint(&self) -> String {
         Dynalite::endpoint(self)
     }
