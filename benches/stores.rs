@@ -5,7 +5,9 @@
 //! DynamoDB) and for 1 and 8 writers: each writer keeps one key of its own and chains
 //! conditional writes on it (S3 `PutObject If-Match` on the ETag the previous write
 //! returned; DynamoDB `UpdateItem` with `ConditionExpression v = :old`), for a fixed
-//! window; writes/s, per-write p50/p99 and errors are printed as a markdown table.
+//! window; writes/s, per-write p50/p99, errors, and the CPU time the server process
+//! and this client process spent per write are printed as a markdown table (the
+//! client's share shows when the client, not the server, is the limit).
 //! The writes are the floor's of `benches/lockwarden` (same body size, same
 //! expressions), so the figures compare with its part 1. No writer contends with
 //! another: this is the server's capacity, not the canary (`tests/canary.rs`), which
@@ -159,15 +161,34 @@ impl Chain {
     }
 }
 
+/// CPU time (user + system) of process `pid` so far, from /proc.
+fn cpu_seconds(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // Fields after the parenthesized command name; utime and stime are the 14th and
+    // 15th fields of the line, the 12th and 13th after it.
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields[11..13]
+        .iter()
+        .map(|f| f.parse::<f64>().unwrap_or(f64::NAN))
+        .sum();
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
 /// One measurement: `writers` chains writing for `window`.
 struct Measured {
     writes_per_s: f64,
+    /// CPU ms the server / this client spent per write.
+    server_cpu_ms: f64,
+    client_cpu_ms: f64,
     latencies_ms: Vec<f64>,
     errors: usize,
     first_error: Option<String>,
 }
 
-async fn measure(target: &Target, writers: usize, window: Duration) -> Measured {
+async fn measure(target: &Target, server_pid: &str, writers: usize, window: Duration) -> Measured {
     let mut chains = Vec::with_capacity(writers);
     for _ in 0..writers {
         let mut chain = Chain::start(target.clone()).await.expect("create the key");
@@ -175,6 +196,7 @@ async fn measure(target: &Target, writers: usize, window: Duration) -> Measured 
         chains.push(chain);
     }
     let stop = Arc::new(AtomicBool::new(false));
+    let cpu_before = (cpu_seconds(server_pid), cpu_seconds("self"));
     let began = Instant::now();
     let tasks: Vec<_> = chains
         .into_iter()
@@ -202,6 +224,8 @@ async fn measure(target: &Target, writers: usize, window: Duration) -> Measured 
     stop.store(true, Ordering::Relaxed);
     let mut m = Measured {
         writes_per_s: 0.0,
+        server_cpu_ms: 0.0,
+        client_cpu_ms: 0.0,
         latencies_ms: Vec::new(),
         errors: 0,
         first_error: None,
@@ -213,7 +237,10 @@ async fn measure(target: &Target, writers: usize, window: Duration) -> Measured 
         m.first_error = m.first_error.or(first_error);
     }
     // Over the window and the writes still in flight when it closed.
-    m.writes_per_s = m.latencies_ms.len() as f64 / began.elapsed().as_secs_f64();
+    let writes = m.latencies_ms.len() as f64;
+    m.writes_per_s = writes / began.elapsed().as_secs_f64();
+    m.server_cpu_ms = (cpu_seconds(server_pid) - cpu_before.0) * 1000.0 / writes;
+    m.client_cpu_ms = (cpu_seconds("self") - cpu_before.1) * 1000.0 / writes;
     m
 }
 
@@ -250,24 +277,27 @@ fn main() {
         (Dynalite::shared(), Api::DynamoDb),
     ];
     let mut table = String::from(
-        "| server | API | conditional write | writers | writes/s | p50 ms | p99 ms | n | errors |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| server | API | conditional write | writers | writes/s | p50 ms | p99 ms | n | errors | server CPU ms/write | client CPU ms/write |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     rt.block_on(async {
         for (server, api) in servers {
             let name = server.name();
             let target = Target::new(api, &server.endpoint()).await;
+            let pid = server.pid().expect("the server runs").to_string();
             for writers in WRITER_COUNTS {
-                let m = measure(&target, writers, window).await;
+                let m = measure(&target, &pid, writers, window).await;
                 let api_name = if api == Api::S3 { "S3" } else { "DynamoDB" };
                 let row = format!(
-                    "| {name} | {api_name} | {} | {writers} | {:.0} | {:.1} | {:.1} | {} | {} |",
+                    "| {name} | {api_name} | {} | {writers} | {:.0} | {:.1} | {:.1} | {} | {} | {:.2} | {:.2} |",
                     api.operation(),
                     m.writes_per_s,
                     pct(&m.latencies_ms, 0.5),
                     pct(&m.latencies_ms, 0.99),
                     m.latencies_ms.len(),
                     m.errors,
+                    m.server_cpu_ms,
+                    m.client_cpu_ms,
                 );
                 eprintln!("[stores] {row}");
                 if let Some(e) = m.first_error {

@@ -155,6 +155,11 @@ impl Moto {
         self.port
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.lock().unwrap().as_ref().map(|s| s.pid())
+    }
+
     /// `http://127.0.0.1:PORT`, for `endpoint_url` / a backend spec's `endpoint`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

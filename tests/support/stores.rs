@@ -22,6 +22,8 @@ pub trait AwsServer: Send + Sync {
     /// `http://127.0.0.1:PORT`.
     fn endpoint(&self) -> String;
     fn port(&self) -> u16;
+    /// The server's process id while it runs (benchmarks read its CPU time).
+    fn pid(&self) -> Option<u32>;
     /// Whether it answers one request at a time (moto-atomic), so that a test that
     /// loads it should have a private one.
     fn serializes_requests(&self) -> bool;
@@ -36,6 +38,9 @@ impl AwsServer for Moto {
     }
     fn port(&self) -> u16 {
         Moto::port(self)
+    }
+    fn pid(&self) -> Option<u32> {
+        Moto::pid(self)
     }
     fn serializes_requests(&self) -> bool {
         true
@@ -52,6 +57,9 @@ impl AwsServer for VersityGw {
     fn port(&self) -> u16 {
         VersityGw::port(self)
     }
+    fn pid(&self) -> Option<u32> {
+        Some(self.server.pid())
+    }
     fn serializes_requests(&self) -> bool {
         false
     }
@@ -66,6 +74,9 @@ impl AwsServer for Dynalite {
     }
     fn port(&self) -> u16 {
         Dynalite::port(self)
+    }
+    fn pid(&self) -> Option<u32> {
+        Some(self.server.pid())
     }
     fn serializes_requests(&self) -> bool {
         false

@@ -25,7 +25,7 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// One versitygw process on a loopback port; killed when dropped.
 pub struct VersityGw {
     port: u16,
-    server: ServerProcess,
+    pub(super) server: ServerProcess,
 }
 
 impl VersityGw {
