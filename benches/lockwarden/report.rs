@@ -73,6 +73,8 @@ pub(crate) struct Report {
     pub(crate) notes: Vec<String>,
     /// The S3 server's name and its measured conditional writes/s (8 writers).
     pub(crate) s3_capacity: Option<(&'static str, f64)>,
+    /// Which servers played S3 and DynamoDB (`support::stores`).
+    pub(crate) aws_servers: Option<(&'static str, &'static str)>,
 }
 
 pub(crate) type Shared = Arc<Mutex<Report>>;
