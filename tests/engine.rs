@@ -20,8 +20,8 @@ use lockwarden::lock::{
 };
 use rand::Rng;
 use support::kube::ControlPlane;
-use support::moto::{Moto, new_bucket_at, new_table_at};
-use support::stores::{AwsServer, dynamodb_shared, s3_shared};
+use support::moto::{new_bucket_at, new_table_at};
+use support::stores::{AwsServer, Choice, dynamodb_choice, dynamodb_shared, s3_choice, s3_shared};
 use tokio::time::Instant;
 
 /// One lock key on one store; every `handle()` is a new contender (own observer state).
@@ -73,17 +73,17 @@ impl Key {
 
     /// The key on a server of its own where the shared one answers one request at a
     /// time (moto-atomic), so that a test loading it neither slows the other tests
-    /// down nor waits for them; the server lives as long as the returned `Moto`.
+    /// down nor waits for them; the server lives as long as the returned one.
     async fn on_own_server_if_serialized(
-        shared: &'static dyn AwsServer,
+        server: Choice,
         on: impl AsyncFn(&dyn AwsServer) -> Key,
-    ) -> (Option<Moto>, Key) {
-        if shared.serializes_requests() {
-            let own = Moto::start();
-            let key = on(&own).await;
+    ) -> (Option<Box<dyn AwsServer>>, Key) {
+        if server.serializes_requests() {
+            let own = server.start();
+            let key = on(own.as_ref()).await;
             (Some(own), key)
         } else {
-            (None, on(shared).await)
+            (None, on(server.shared()).await)
         }
     }
 
@@ -462,17 +462,17 @@ macro_rules! rule_tests {
 rule_tests!(
     s3,
     Key::s3(),
-    Key::on_own_server_if_serialized(s3_shared(), Key::s3_on)
+    Key::on_own_server_if_serialized(s3_choice(), Key::s3_on)
 );
 
 /// The API server is not an emulator: the shared one serves the contention test too.
-async fn lease_for_contention() -> (Option<Moto>, Key) {
+async fn lease_for_contention() -> (Option<Box<dyn AwsServer>>, Key) {
     (None, Key::lease().await)
 }
 rule_tests!(
     dynamodb,
     Key::dynamo(),
-    Key::on_own_server_if_serialized(dynamodb_shared(), Key::dynamo_on)
+    Key::on_own_server_if_serialized(dynamodb_choice(), Key::dynamo_on)
 );
 rule_tests!(kubernetes, Key::lease(), lease_for_contention());
 

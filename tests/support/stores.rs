@@ -24,9 +24,6 @@ pub trait AwsServer: Send + Sync {
     fn port(&self) -> u16;
     /// The server's process id while it runs (benchmarks read its CPU time).
     fn pid(&self) -> Option<u32>;
-    /// Whether it answers one request at a time (moto-atomic), so that a test that
-    /// loads it should have a private one.
-    fn serializes_requests(&self) -> bool;
 }
 
 impl AwsServer for Moto {
@@ -41,9 +38,6 @@ impl AwsServer for Moto {
     }
     fn pid(&self) -> Option<u32> {
         Moto::pid(self)
-    }
-    fn serializes_requests(&self) -> bool {
-        true
     }
 }
 
@@ -60,9 +54,6 @@ impl AwsServer for VersityGw {
     fn pid(&self) -> Option<u32> {
         Some(self.server.pid())
     }
-    fn serializes_requests(&self) -> bool {
-        false
-    }
 }
 
 impl AwsServer for Dynalite {
@@ -78,32 +69,76 @@ impl AwsServer for Dynalite {
     fn pid(&self) -> Option<u32> {
         Some(self.server.pid())
     }
-    fn serializes_requests(&self) -> bool {
-        false
+}
+
+/// One of the servers, named but not started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    Moto,
+    VersityGw,
+    Dynalite,
+}
+
+impl Choice {
+    fn named(variable: &str, allowed: &[(&str, Choice)]) -> Choice {
+        let name = std::env::var(variable).unwrap_or_else(|_| "moto".into());
+        allowed
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, c)| *c)
+            .unwrap_or_else(|| {
+                let names: Vec<&str> = allowed.iter().map(|(n, _)| *n).collect();
+                panic!("{variable}={name:?}: expected one of {names:?}")
+            })
+    }
+
+    /// The server shared by this test binary, started on first use.
+    pub fn shared(self) -> &'static dyn AwsServer {
+        match self {
+            Choice::Moto => Moto::shared(),
+            Choice::VersityGw => VersityGw::shared(),
+            Choice::Dynalite => Dynalite::shared(),
+        }
+    }
+
+    /// A private server, stopped when dropped.
+    pub fn start(self) -> Box<dyn AwsServer> {
+        match self {
+            Choice::Moto => Box::new(Moto::start()),
+            Choice::VersityGw => Box::new(VersityGw::start()),
+            Choice::Dynalite => Box::new(Dynalite::start()),
+        }
+    }
+
+    /// Whether it answers one request at a time (moto-atomic), so that a test that
+    /// loads it should have a private one.
+    pub fn serializes_requests(self) -> bool {
+        self == Choice::Moto
     }
 }
 
-fn chosen(variable: &str, allowed: &[&str]) -> String {
-    let name = std::env::var(variable).unwrap_or_else(|_| "moto".into());
-    assert!(
-        allowed.contains(&name.as_str()),
-        "{variable}={name:?}: expected one of {allowed:?}"
-    );
-    name
+/// The S3 server (`LOCKWARDEN_S3_SERVER`), not started yet.
+pub fn s3_choice() -> Choice {
+    Choice::named(
+        "LOCKWARDEN_S3_SERVER",
+        &[("moto", Choice::Moto), ("versitygw", Choice::VersityGw)],
+    )
+}
+
+/// The DynamoDB server (`LOCKWARDEN_DYNAMODB_SERVER`), not started yet.
+pub fn dynamodb_choice() -> Choice {
+    Choice::named(
+        "LOCKWARDEN_DYNAMODB_SERVER",
+        &[("moto", Choice::Moto), ("dynalite", Choice::Dynalite)],
+    )
 }
 
 /// The shared S3 server of this test binary (`LOCKWARDEN_S3_SERVER`).
 pub fn s3_shared() -> &'static dyn AwsServer {
-    match chosen("LOCKWARDEN_S3_SERVER", &["moto", "versitygw"]).as_str() {
-        "versitygw" => VersityGw::shared(),
-        _ => Moto::shared(),
-    }
+    s3_choice().shared()
 }
 
 /// The shared DynamoDB server of this test binary (`LOCKWARDEN_DYNAMODB_SERVER`).
 pub fn dynamodb_shared() -> &'static dyn AwsServer {
-    match chosen("LOCKWARDEN_DYNAMODB_SERVER", &["moto", "dynalite"]).as_str() {
-        "dynalite" => Dynalite::shared(),
-        _ => Moto::shared(),
-    }
+    dynamodb_choice().shared()
 }
