@@ -7,6 +7,10 @@
 //! on one key, round after round, and any round without exactly one winner fails
 //! with a message naming the operation the emulator does not make atomic.
 //!
+//! The same races run against every server a test or benchmark may use: moto (as
+//! `scripts/moto-atomic` serializes it; `LOCKWARDEN_MOTO_UNSERIALIZED=1` shows plain
+//! moto failing), versitygw (S3) and dynalite (DynamoDB) — one module per server.
+//!
 //! Rounds: `LOCKWARDEN_CANARY_ROUNDS` (default 100).
 
 mod support;
@@ -18,8 +22,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_s3::primitives::ByteStream;
 use tokio::sync::Barrier;
 
+use support::dynalite::Dynalite;
 use support::moto::Moto;
 use support::unique;
+use support::versitygw::VersityGw;
 
 const WRITERS: usize = 8;
 
@@ -53,7 +59,7 @@ struct Tally {
 /// one write; the writers of a round are released together by a barrier. `verify`
 /// gets the round's winner and checks the stored state. Panics on any round without
 /// exactly one winner.
-async fn race<W, WF, V, VF>(operation: &str, write: W, verify: V) -> Tally
+async fn race<W, WF, V, VF>(server: &str, operation: &str, write: W, verify: V) -> Tally
 where
     W: Fn(usize, usize) -> WF + Send + Sync + 'static,
     WF: std::future::Future<Output = Result<Outcome, String>> + Send,
@@ -94,7 +100,7 @@ where
             .collect();
         assert!(
             winners.len() == 1,
-            "the emulator is not atomic for {operation}: round {round} of {rounds} had {} winners \
+            "{server} is not atomic for {operation}: round {round} of {rounds} had {} winners \
              among {WRITERS} concurrent conditional writes (outcomes: {outcomes:?}); lock tests \
              against it cannot be trusted",
             winners.len()
@@ -105,7 +111,7 @@ where
         verify(round, writer, tag).await;
     }
     eprintln!(
-        "[canary] {operation}: {rounds} rounds x {WRITERS} writers in {:?}: exactly one winner \
+        "[canary] {server}: {operation}: {rounds} rounds x {WRITERS} writers in {:?}: exactly one winner \
          every round; {} lost (412/condition failed), {} conflicts (409)",
         began.elapsed(),
         tally.lost,
@@ -132,12 +138,12 @@ fn body(round: usize, writer: usize) -> String {
 
 /// Separate clients (and so separate connection pools) per writer, so that the
 /// writes reach the server on parallel connections.
-async fn s3_clients(moto: &Moto) -> Arc<Vec<aws_sdk_s3::Client>> {
+async fn s3_clients(endpoint: &str) -> Arc<Vec<aws_sdk_s3::Client>> {
     let mut clients = Vec::new();
     for _ in 0..WRITERS {
         // No retries: a retried write could turn one attempt's win into a 412 and
         // hide (or fake) a double win.
-        let config = support::moto::s3_config_for(&moto.endpoint())
+        let config = support::moto::s3_config_for(endpoint)
             .await
             .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
             .build();
@@ -159,11 +165,9 @@ async fn s3_body(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> (String, S
     (String::from_utf8_lossy(&bytes).into_owned(), etag)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn s3_put_if_none_match_has_exactly_one_winner() {
-    let moto = Moto::shared();
-    let bucket = moto.new_bucket("canary").await;
-    let clients = s3_clients(moto).await;
+async fn s3_put_if_none_match_has_exactly_one_winner(server: &str, endpoint: &str) {
+    let bucket = support::moto::new_bucket_at(endpoint, "canary").await;
+    let clients = s3_clients(endpoint).await;
     let prefix = unique("create");
 
     let (b, p, c) = (bucket.clone(), prefix.clone(), clients.clone());
@@ -195,19 +199,17 @@ async fn s3_put_if_none_match_has_exactly_one_winner() {
             assert_eq!(
                 stored,
                 body(round, writer),
-                "the emulator is not atomic for S3 PutObject If-None-Match: round {round}: the \
-                 stored object is not the winner's"
+                "{server} is not atomic for S3 PutObject If-None-Match: round {round}: the stored \
+                 object is not the winner's"
             );
         }
     };
-    race("S3 PutObject If-None-Match: *", write, verify).await;
+    race(server, "S3 PutObject If-None-Match: *", write, verify).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn s3_put_if_match_has_exactly_one_winner() {
-    let moto = Moto::shared();
-    let bucket = moto.new_bucket("canary").await;
-    let clients = s3_clients(moto).await;
+async fn s3_put_if_match_has_exactly_one_winner(server: &str, endpoint: &str) {
+    let bucket = support::moto::new_bucket_at(endpoint, "canary").await;
+    let clients = s3_clients(endpoint).await;
     let key = unique("swap");
 
     let first = clients[0]
@@ -260,22 +262,20 @@ async fn s3_put_if_match_has_exactly_one_winner() {
             assert_eq!(
                 (stored.as_str(), stored_etag.as_str()),
                 (body(round, writer).as_str(), etag.as_str()),
-                "the emulator is not atomic for S3 PutObject If-Match: round {round}: the stored \
+                "{server} is not atomic for S3 PutObject If-Match: round {round}: the stored \
                  object is not the winner's"
             );
             *current.lock().unwrap() = etag;
         }
     };
-    race("S3 PutObject If-Match: <etag>", write, verify).await;
+    race(server, "S3 PutObject If-Match: <etag>", write, verify).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn dynamodb_conditional_update_has_exactly_one_winner() {
-    let moto = Moto::shared();
-    let table = moto.new_table("canary", "key").await;
+async fn dynamodb_conditional_update_has_exactly_one_winner(server: &str, endpoint: &str) {
+    let table = support::moto::new_table_at(endpoint, "canary", "key").await;
     let mut clients = Vec::new();
     for _ in 0..WRITERS {
-        let config = support::moto::dynamodb_config_for(&moto.endpoint())
+        let config = support::moto::dynamodb_config_for(endpoint)
             .await
             .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
             .build();
@@ -339,15 +339,55 @@ async fn dynamodb_conditional_update_has_exactly_one_winner() {
                     Some(&AttributeValue::N((round + 1).to_string())),
                     Some(&AttributeValue::S(body(round, writer)))
                 ),
-                "the emulator is not atomic for DynamoDB conditional UpdateItem: round {round}: \
+                "{server} is not atomic for DynamoDB conditional UpdateItem: round {round}: \
                  the stored item is not the winner's"
             );
         }
     };
     race(
+        server,
         "DynamoDB UpdateItem ConditionExpression version = :current",
         write,
         verify,
     )
     .await;
 }
+
+/// One module per server; each test races the named server's shared instance.
+macro_rules! canary_tests {
+    ($server:ident, $shared:expr, [$($test:ident),+ $(,)?]) => {
+        mod $server {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $test() {
+                    let endpoint = $shared.endpoint();
+                    super::$test(stringify!($server), &endpoint).await
+                }
+            )+
+        }
+    };
+}
+
+canary_tests!(
+    moto,
+    Moto::shared(),
+    [
+        s3_put_if_none_match_has_exactly_one_winner,
+        s3_put_if_match_has_exactly_one_winner,
+        dynamodb_conditional_update_has_exactly_one_winner,
+    ]
+);
+canary_tests!(
+    versitygw,
+    VersityGw::shared(),
+    [
+        s3_put_if_none_match_has_exactly_one_winner,
+        s3_put_if_match_has_exactly_one_winner,
+    ]
+);
+canary_tests!(
+    dynalite,
+    Dynalite::shared(),
+    [dynamodb_conditional_update_has_exactly_one_winner]
+);

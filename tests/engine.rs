@@ -1,6 +1,9 @@
 //! The lock protocol's safety rules (docs/design.md §3), one test per rule, run against the
 //! real stores: S3 and DynamoDB on moto, Leases on kube-apiserver. (ZooKeeper, a
 //! queue rather than a conditional-write store, has its own file.)
+//!
+//! `LOCKWARDEN_S3_SERVER=versitygw` / `LOCKWARDEN_DYNAMODB_SERVER=dynalite` run the S3 /
+//! DynamoDB cases against those servers instead (`support::stores`).
 
 mod support;
 
@@ -17,7 +20,8 @@ use lockwarden::lock::{
 };
 use rand::Rng;
 use support::kube::ControlPlane;
-use support::moto::Moto;
+use support::moto::{new_bucket_at, new_table_at};
+use support::stores::{AwsServer, Choice, dynamodb_choice, dynamodb_shared, s3_choice, s3_shared};
 use tokio::time::Instant;
 
 /// One lock key on one store; every `handle()` is a new contender (own observer state).
@@ -42,27 +46,57 @@ enum Key {
 
 impl Key {
     async fn s3() -> Key {
-        Key::s3_on(Moto::shared()).await
+        Key::s3_on(s3_shared()).await
     }
 
-    async fn s3_on(moto: &Moto) -> Key {
+    async fn s3_on(server: &dyn AwsServer) -> Key {
+        let endpoint = server.endpoint();
         Key::S3 {
-            endpoint: moto.endpoint(),
-            bucket: moto.new_bucket("engine").await,
+            bucket: new_bucket_at(&endpoint, "engine").await,
+            endpoint,
             key: support::unique("locks/k"),
         }
     }
 
     async fn dynamo() -> Key {
-        Key::dynamo_on(Moto::shared()).await
+        Key::dynamo_on(dynamodb_shared()).await
     }
 
-    async fn dynamo_on(moto: &Moto) -> Key {
+    async fn dynamo_on(server: &dyn AwsServer) -> Key {
+        let endpoint = server.endpoint();
         Key::Dynamo {
-            endpoint: moto.endpoint(),
-            table: moto.new_table("engine", "key").await,
+            table: new_table_at(&endpoint, "engine", "key").await,
+            endpoint,
             key: support::unique("k"),
         }
+    }
+
+    /// The key on a server of its own where the shared one answers one request at a
+    /// time (moto-atomic), so that a test loading it neither slows the other tests
+    /// down nor waits for them; the server lives as long as the returned one.
+    async fn on_own_server_if_serialized(
+        server: Choice,
+        on: impl AsyncFn(&dyn AwsServer) -> Key,
+    ) -> (Option<Box<dyn AwsServer>>, Key) {
+        if server.serializes_requests() {
+            let own = server.start();
+            let key = on(own.as_ref()).await;
+            (Some(own), key)
+        } else {
+            (None, on(server.shared()).await)
+        }
+    }
+
+    /// The port of the server behind this key (to put a fault proxy in front of it).
+    fn server_port(&self) -> u16 {
+        let (Key::S3 { endpoint, .. } | Key::Dynamo { endpoint, .. }) = self else {
+            panic!("a Lease key has no AWS server")
+        };
+        endpoint
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {endpoint}"))
     }
 
     async fn lease() -> Key {
@@ -390,7 +424,7 @@ async fn force_takeover_is_conditional(key: Key) {
 }
 
 macro_rules! rule_tests {
-    ($backend:ident, $key:expr, $contention_key:path) => {
+    ($backend:ident, $key:expr, $contention_key:expr) => {
         mod $backend {
             use super::*;
 
@@ -398,8 +432,7 @@ macro_rules! rule_tests {
             async fn mutual_exclusion_under_contention() {
                 // Its own server where it is an emulator that serves one request at a
                 // time, so the other tests neither slow it down nor wait for it.
-                let own = Moto::start();
-                let key = $contention_key(&own).await;
+                let (_own, key) = $contention_key.await;
                 super::mutual_exclusion_under_contention(key).await
             }
 
@@ -426,20 +459,27 @@ macro_rules! rule_tests {
     };
 }
 
-rule_tests!(s3, Key::s3(), Key::s3_on);
+rule_tests!(
+    s3,
+    Key::s3(),
+    Key::on_own_server_if_serialized(s3_choice(), Key::s3_on)
+);
 
 /// The API server is not an emulator: the shared one serves the contention test too.
-async fn lease_for_contention(_: &Moto) -> Key {
-    Key::lease().await
+async fn lease_for_contention() -> (Option<Box<dyn AwsServer>>, Key) {
+    (None, Key::lease().await)
 }
-rule_tests!(dynamodb, Key::dynamo(), Key::dynamo_on);
-rule_tests!(kubernetes, Key::lease(), lease_for_contention);
+rule_tests!(
+    dynamodb,
+    Key::dynamo(),
+    Key::on_own_server_if_serialized(dynamodb_choice(), Key::dynamo_on)
+);
+rule_tests!(kubernetes, Key::lease(), lease_for_contention());
 
 /// Rule 4: the store applied our acquisition but the reply never came back. The
 /// engine must end up holding the lock (it finds its own nonce), not wait on itself.
 async fn lost_reply_acquire_finds_its_own_nonce(key: Key) {
-    let upstream_port = Moto::shared().port();
-    let proxy = support::proxy::Proxy::start(upstream_port);
+    let proxy = support::proxy::Proxy::start(key.server_port());
     let through_proxy = key.via(proxy.endpoint());
     let lock = through_proxy.handle().await;
     let req = request("lost-reply", Duration::from_secs(30));
@@ -497,7 +537,7 @@ async fn dynamodb_lost_reply_acquire_finds_its_own_nonce() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_lost_reply_renewal_is_recognised_as_ours() {
     let key = Key::s3().await;
-    let proxy = support::proxy::Proxy::start(Moto::shared().port());
+    let proxy = support::proxy::Proxy::start(key.server_port());
     let lock = key.via(proxy.endpoint()).handle().await;
     let mut lease = acquire(
         lock.as_ref(),
@@ -518,9 +558,9 @@ async fn s3_lost_reply_renewal_is_recognised_as_ours() {
 /// Rule 6: foreign or corrupt records are reported, never overwritten without force.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_foreign_records_are_reported_not_overwritten() {
-    let moto = Moto::shared();
-    let client = moto.s3_client().await;
-    let bucket = moto.new_bucket("foreign").await;
+    let endpoint = s3_shared().endpoint();
+    let client = support::moto::s3_client_for(&endpoint).await;
+    let bucket = new_bucket_at(&endpoint, "foreign").await;
     for (name, body) in [
         (
             "s3lock-uuid",
@@ -582,9 +622,9 @@ async fn s3_foreign_records_are_reported_not_overwritten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_foreign_records_are_reported_not_overwritten() {
-    let moto = Moto::shared();
-    let client = moto.dynamodb_client().await;
-    let table = moto.new_table("foreign", "key").await;
+    let endpoint = dynamodb_shared().endpoint();
+    let client = support::moto::dynamodb_client_for(&endpoint).await;
+    let table = new_table_at(&endpoint, "foreign", "key").await;
     let item = [
         ("key", AttributeValue::S("wrong-types".into())),
         ("ownerName", AttributeValue::N("7".into())),
@@ -662,7 +702,7 @@ async fn kubernetes_foreign_records_are_reported_not_overwritten() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_holder_stops_claiming_before_the_lease_can_expire_for_others() {
     let key = Key::s3().await;
-    let proxy = support::proxy::Proxy::start(Moto::shared().port());
+    let proxy = support::proxy::Proxy::start(key.server_port());
     let lease_len = Duration::from_secs(3);
     let holder = key.via(proxy.endpoint()).handle().await;
     let lease = acquire(
@@ -716,9 +756,9 @@ async fn s3_holder_stops_claiming_before_the_lease_can_expire_for_others() {
 /// the next acquisition starts the fence sequence again at 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_delete_on_release_removes_the_record_and_resets_the_fence() {
-    let moto = Moto::shared();
-    let client = moto.s3_client().await;
-    let bucket = moto.new_bucket("delete").await;
+    let endpoint = s3_shared().endpoint();
+    let client = support::moto::s3_client_for(&endpoint).await;
+    let bucket = new_bucket_at(&endpoint, "delete").await;
     let lock =
         CasLock::new(S3Store::new(client.clone(), &bucket, "k")).with_delete_on_release(true);
     let req = request("deleter", Duration::from_secs(30));
@@ -741,8 +781,7 @@ async fn s3_delete_on_release_removes_the_record_and_resets_the_fence() {
 /// A table with a custom partition key name and a sort key, created by lockwarden.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_custom_partition_key_sort_key_and_table_creation() {
-    let moto = Moto::shared();
-    let client = moto.dynamodb_client().await;
+    let client = support::moto::dynamodb_client_for(&dynamodb_shared().endpoint()).await;
     let layout = TableLayout {
         table: support::unique("created"),
         partition_key: "lockName".into(),

@@ -6,7 +6,10 @@ use super::*;
 // Servers and backends
 
 pub(crate) struct Env {
-    pub(crate) moto: &'static Moto,
+    /// moto-atomic unless `LOCKWARDEN_S3_SERVER` / `LOCKWARDEN_DYNAMODB_SERVER` name
+    /// another server (`support::stores`).
+    pub(crate) s3_server: &'static dyn AwsServer,
+    pub(crate) dynamodb_server: &'static dyn AwsServer,
     pub(crate) zk: &'static ZooKeeper,
     pub(crate) plane: &'static ControlPlane,
     pub(crate) client: Client,
@@ -20,9 +23,9 @@ pub(crate) struct Env {
 
 impl Env {
     pub(crate) async fn start() -> Env {
-        let (moto, zk, plane) = tokio::task::spawn_blocking(|| {
+        let (s3_server, dynamodb_server, zk, plane) = tokio::task::spawn_blocking(|| {
             let plane = ControlPlane::shared();
-            (Moto::shared(), ZooKeeper::shared(), plane)
+            (s3_shared(), dynamodb_shared(), ZooKeeper::shared(), plane)
         })
         .await
         .unwrap();
@@ -30,22 +33,24 @@ impl Env {
         install_lockwarden_crd(&client).await;
         let ns = plane.namespace(&client, "bench").await;
         let aws_attempts = AttemptCounter::default();
-        let sdk = support::moto::sdk_config_for(&moto.endpoint()).await;
+        let sdk = support::moto::sdk_config_for(&s3_server.endpoint()).await;
         let s3 = aws_sdk_s3::Client::from_conf(
             aws_sdk_s3::config::Builder::from(&sdk)
                 .force_path_style(true)
                 .interceptor(aws_attempts.clone())
                 .build(),
         );
+        let sdk = support::moto::sdk_config_for(&dynamodb_server.endpoint()).await;
         let ddb = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(&sdk)
                 .interceptor(aws_attempts.clone())
                 .build(),
         );
-        let bucket = moto.new_bucket("bench").await;
-        let table = moto.new_table("bench", "key").await;
+        let bucket = new_bucket_at(&s3_server.endpoint(), "bench").await;
+        let table = new_table_at(&dynamodb_server.endpoint(), "bench", "key").await;
         Env {
-            moto,
+            s3_server,
+            dynamodb_server,
             zk,
             plane,
             client,

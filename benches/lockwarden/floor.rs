@@ -263,6 +263,7 @@ pub(crate) const WRITERS: usize = 8;
 pub(crate) async fn part_floor(env: Arc<Env>, opts: Opts, report: Shared) {
     let n = opts.n(200);
     let secs = if opts.quick { 3.0 } else { 6.0 };
+    report.lock().unwrap().aws_servers = Some((env.s3_server.name(), env.dynamodb_server.name()));
     for kind in KINDS {
         let mut chain = RawChain::new(&env, kind, &support::unique("lat")).await;
         for i in 0..5 {
@@ -297,7 +298,7 @@ pub(crate) async fn part_floor(env: Arc<Env>, opts: Opts, report: Shared) {
         r.plots
             .push((kind, format!("floor: {}", kind.floor_op()), samples));
         if kind == Kind::S3 {
-            r.moto_capacity = Some(ops);
+            r.s3_capacity = Some((env.s3_server.name(), ops));
         }
         r.floors.insert(kind, floor);
     }

@@ -53,7 +53,8 @@ use lockwarden::lock::{
 };
 use serde_json::{Value, json};
 use support::kube::{ControlPlane, install_lockwarden_crd};
-use support::moto::Moto;
+use support::moto::{new_bucket_at, new_table_at};
+use support::stores::{AwsServer, dynamodb_shared, s3_shared};
 use support::zookeeper::ZooKeeper;
 use tokio::sync::Notify;
 

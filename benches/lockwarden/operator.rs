@@ -113,7 +113,7 @@ impl OperatorEnv {
                     bucket: env.bucket.clone(),
                     key: format!("op/{key}"),
                     region: Some(support::moto::REGION.into()),
-                    endpoint: Some(env.moto.endpoint()),
+                    endpoint: Some(env.s3_server.endpoint()),
                     force_path_style: Some(true),
                     s3lock_compatible: None,
                     credentials_secret_ref: secret,
@@ -125,7 +125,7 @@ impl OperatorEnv {
                     table: env.table.clone(),
                     key: format!("op-{key}"),
                     region: Some(support::moto::REGION.into()),
-                    endpoint: Some(env.moto.endpoint()),
+                    endpoint: Some(env.dynamodb_server.endpoint()),
                     credentials_secret_ref: secret,
                     ..Default::default()
                 }),

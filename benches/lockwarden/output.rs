@@ -26,7 +26,7 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
     let when = humantime::format_rfc3339_seconds(SystemTime::now());
     let _ = writeln!(
         md,
-        "Run {when}, `{}`, {build} build, {:.1} min, on this machine ({} CPUs). Every figure is from this one run; \
+        "Run {when}, `{}`, {build} build, {:.1} min, on this machine ({} CPUs){}. Every figure is from this one run; \
          the floor is the bare conditional write with the raw SDK/client on the same server, measured first.\n",
         if opts.quick {
             "scripts/bench --quick"
@@ -36,7 +36,10 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
         elapsed.as_secs_f64() / 60.0,
         std::thread::available_parallelism()
             .map(|n| n.get())
-            .unwrap_or(0)
+            .unwrap_or(0),
+        r.aws_servers
+            .map(|(s3, ddb)| format!("; S3 on {s3}, DynamoDB on {ddb}"))
+            .unwrap_or_default()
     );
     md.push_str("### Floor (part 1)\n\n| backend | raw conditional write | n | p50 ms | p99 ms | create-if-absent p50 ms | throughput, writes/s |\n|---|---|---|---|---|---|---|\n");
     for (kind, f) in &r.floors {
@@ -116,10 +119,10 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
         for s in &r.scale {
             let _ = writeln!(md, "\n- {} {} × {}: {}", s.kind, s.path, s.locks, s.note);
         }
-        if let Some(c) = r.moto_capacity {
+        if let Some((server, c)) = r.s3_capacity {
             let _ = writeln!(
                 md,
-                "- moto-atomic capacity measured in this run: {c:.0} conditional PUTs/s (8 writers); the S3 renew interval is lengthened so renewals stay under half of it."
+                "- {server} capacity measured in this run: {c:.0} conditional PUTs/s (8 writers); the S3 renew interval is lengthened so renewals stay under half of it."
             );
         }
         let growth = |kind: &str| {

@@ -71,7 +71,10 @@ pub(crate) struct Report {
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) plots: Vec<(Kind, String, Vec<f64>)>,
     pub(crate) notes: Vec<String>,
-    pub(crate) moto_capacity: Option<f64>,
+    /// The S3 server's name and its measured conditional writes/s (8 writers).
+    pub(crate) s3_capacity: Option<(&'static str, f64)>,
+    /// Which servers played S3 and DynamoDB (`support::stores`).
+    pub(crate) aws_servers: Option<(&'static str, &'static str)>,
 }
 
 pub(crate) type Shared = Arc<Mutex<Report>>;

@@ -209,13 +209,13 @@ pub(crate) fn run_scale_child(
 
 pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
     let hold: f64 = if opts.quick { 12.0 } else { 25.0 };
-    let capacity = report.lock().unwrap().moto_capacity.unwrap_or(0.0);
+    let capacity = report.lock().unwrap().s3_capacity.map_or(0.0, |(_, c)| c);
     let capacity = if capacity > 0.0 {
         capacity
     } else {
         raw_throughput(&env, Kind::S3, WRITERS, 3.0).await
     };
-    report.lock().unwrap().moto_capacity = Some(capacity);
+    report.lock().unwrap().s3_capacity = Some((env.s3_server.name(), capacity));
     let sizes: &[usize] = if opts.quick { &[1000] } else { &[1000, 10_000] };
     let mut plans: Vec<(&str, usize, f64, String)> = Vec::new();
     for &n in sizes {
@@ -230,19 +230,20 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
             note(
                 &report,
                 format!(
-                    "scale s3 {n}: not run — moto-atomic measured {capacity:.0} conditional writes/s in this run, so acquiring {n} locks (2 requests each) takes ~{acquire_estimate:.0} s and renewing them needs an interval ≥ {interval:.0} s; beyond this run's time budget"
+                    "scale s3 {n}: not run — {} measured {capacity:.0} conditional writes/s in this run, so acquiring {n} locks (2 requests each) takes ~{acquire_estimate:.0} s and renewing them needs an interval ≥ {interval:.0} s; beyond this run's time budget",
+                    env.s3_server.name()
                 ),
             );
             continue;
         }
-        plans.push(("s3", n, interval, env.moto.endpoint()));
+        plans.push(("s3", n, interval, env.s3_server.endpoint()));
     }
     // LOCKWARDEN_BENCH_SCALE=s3:200 runs only that (debugging aid).
     if let Ok(only) = std::env::var("LOCKWARDEN_BENCH_SCALE") {
         let (k, n) = only.split_once(':').unwrap_or((only.as_str(), "1000"));
         let n: usize = n.parse().unwrap_or(1000);
         let endpoint = if k == "s3" {
-            env.moto.endpoint()
+            env.s3_server.endpoint()
         } else {
             env.zk.connect_string()
         };

@@ -1,7 +1,7 @@
 //! Test support: real servers on free loopback ports, started by the test binary.
 //!
 //! Every integration test binary includes this module (`mod support;`). Servers are
-//! real processes (kube-apiserver + etcd, moto, ZooKeeper) installed by
+//! real processes (kube-apiserver + etcd, moto, ZooKeeper, versitygw, dynalite) installed by
 //! `scripts/testenv`; a test whose server is missing fails with a message naming that
 //! script — it never passes by skipping.
 //!
@@ -12,16 +12,19 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod dynalite;
 pub mod kube;
 pub mod kubectl;
 pub mod locks;
 pub mod moto;
 pub mod proxy;
+pub mod stores;
+pub mod versitygw;
 pub mod zookeeper;
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -246,6 +249,22 @@ pub fn wait_for_port(server: &mut ServerProcess, port: u16, timeout: Duration) {
         &format!("port {port} to accept connections"),
         || TcpStream::connect(("127.0.0.1", port)).is_ok(),
     );
+}
+
+/// Whether something on `port` answers `GET path` with an HTTP status line (any
+/// status: an S3 server refuses the unsigned request, and that is an answer).
+pub fn http_answers(port: u16, path: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
 }
 
 /// Polls `ready` every 50 ms until it holds; panics with the log tail if the server

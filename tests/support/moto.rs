@@ -16,8 +16,6 @@
 //! pool belongs to the tokio runtime it was first used on, and every `#[tokio::test]`
 //! has its own runtime.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::AtomicU32;
@@ -27,13 +25,13 @@ use std::time::{Duration, Instant};
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
 };
 use aws_sdk_s3::config::{Credentials, Region};
 
 use super::{
-    ServerProcess, claim_slot, free_port, slot_is_running, slot_log_tail, tool, unique_suffix,
-    wait_until, work_dir,
+    ServerProcess, claim_slot, free_port, http_answers, slot_is_running, slot_log_tail, tool,
+    unique_suffix, wait_until, work_dir,
 };
 
 /// Region every test client uses (moto accepts any; this one needs no bucket
@@ -99,8 +97,10 @@ impl Moto {
         let began = Instant::now();
         let mut server = ServerProcess::start(&format!("moto-{n}"), cmd, &self.dir);
         let port = self.port;
+        // A bare TCP connect is not enough: werkzeug binds before moto's backends are
+        // importable.
         wait_until(&mut server, STARTUP_TIMEOUT, "moto to answer HTTP", || {
-            http_answers(port)
+            http_answers(port, "/moto-api/")
         });
         eprintln!(
             "[support] moto ready on port {port} after {:?}",
@@ -155,6 +155,11 @@ impl Moto {
         self.port
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.lock().unwrap().as_ref().map(|s| s.pid())
+    }
+
     /// `http://127.0.0.1:PORT`, for `endpoint_url` / a backend spec's `endpoint`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
@@ -199,46 +204,72 @@ impl Moto {
 
     /// Creates a bucket with a unique name starting with `prefix` and returns its name.
     pub async fn new_bucket(&self, prefix: &str) -> String {
-        let name = format!("{prefix}-{}", unique_suffix()).to_lowercase();
-        self.s3_client()
-            .await
-            .create_bucket()
-            .bucket(&name)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("create bucket {name}: {e:?}"));
-        name
+        new_bucket_at(&self.endpoint(), prefix).await
     }
 
     /// Creates an on-demand table with a unique name starting with `prefix`, whose
     /// partition key is the string attribute `partition_key` (no sort key), and
-    /// returns its name. moto creates tables ACTIVE at once; no waiting needed.
+    /// returns its name.
     pub async fn new_table(&self, prefix: &str, partition_key: &str) -> String {
-        let name = format!("{prefix}-{}", unique_suffix());
-        self.dynamodb_client()
-            .await
-            .create_table()
+        new_table_at(&self.endpoint(), prefix, partition_key).await
+    }
+}
+
+/// Creates a bucket with a unique name starting with `prefix` on the S3 server at
+/// `endpoint` and returns its name.
+pub async fn new_bucket_at(endpoint: &str, prefix: &str) -> String {
+    let name = format!("{prefix}-{}", unique_suffix()).to_lowercase();
+    s3_client_for(endpoint)
+        .await
+        .create_bucket()
+        .bucket(&name)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create bucket {name} at {endpoint}: {e:?}"));
+    name
+}
+
+/// Creates an on-demand table with a unique name starting with `prefix` on the
+/// DynamoDB server at `endpoint`, whose partition key is the string attribute
+/// `partition_key` (no sort key), and returns its name once it is ACTIVE (moto creates
+/// tables ACTIVE at once; dynalite after a moment).
+pub async fn new_table_at(endpoint: &str, prefix: &str, partition_key: &str) -> String {
+    let name = format!("{prefix}-{}", unique_suffix());
+    let client = dynamodb_client_for(endpoint).await;
+    client
+        .create_table()
+        .table_name(&name)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(
+            AttributeDefinition::builder()
+                .attribute_name(partition_key)
+                .attribute_type(ScalarAttributeType::S)
+                .build()
+                .expect("attribute definition"),
+        )
+        .key_schema(
+            KeySchemaElement::builder()
+                .attribute_name(partition_key)
+                .key_type(KeyType::Hash)
+                .build()
+                .expect("key schema"),
+        )
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("create table {name} at {endpoint}: {e:?}"));
+    let what = format!("table {name} at {endpoint} to be ACTIVE");
+    super::eventually(&what, Duration::from_secs(60), || async {
+        let described = client
+            .describe_table()
             .table_name(&name)
-            .billing_mode(BillingMode::PayPerRequest)
-            .attribute_definitions(
-                AttributeDefinition::builder()
-                    .attribute_name(partition_key)
-                    .attribute_type(ScalarAttributeType::S)
-                    .build()
-                    .expect("attribute definition"),
-            )
-            .key_schema(
-                KeySchemaElement::builder()
-                    .attribute_name(partition_key)
-                    .key_type(KeyType::Hash)
-                    .build()
-                    .expect("key schema"),
-            )
             .send()
             .await
-            .unwrap_or_else(|e| panic!("create table {name}: {e:?}"));
-        name
-    }
+            .unwrap_or_else(|e| panic!("describe table {name} at {endpoint}: {e:?}"));
+        let status = described.table().and_then(|t| t.table_status());
+        (status == Some(&TableStatus::Active)).then_some(())
+    })
+    .await;
+    name
 }
 
 /// AWS config for any endpoint (moto itself, or a fault proxy in front of it):
@@ -283,22 +314,4 @@ pub async fn s3_client_for(endpoint: &str) -> aws_sdk_s3::Client {
 
 pub async fn dynamodb_client_for(endpoint: &str) -> aws_sdk_dynamodb::Client {
     aws_sdk_dynamodb::Client::from_conf(dynamodb_config_for(endpoint).await.build())
-}
-
-/// Whether something on `port` answers an HTTP request with a status line. A bare
-/// TCP connect is not enough: werkzeug binds before moto's backends are importable.
-fn http_answers(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
-    if stream
-        .write_all(b"GET /moto-api/ HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
 }
