@@ -6,8 +6,8 @@ use super::*;
 // Servers and backends
 
 pub(crate) struct Env {
-    /// moto-atomic unless `LOCKWARDEN_S3_SERVER` / `LOCKWARDEN_DYNAMODB_SERVER` name
-    /// another server (`support::stores`).
+    /// As `LOCKWARDEN_S3_SERVER` / `LOCKWARDEN_DYNAMODB_SERVER` say (`support::stores`;
+    /// moto-atomic when unset; `scripts/bench` sets versitygw and dynalite).
     pub(crate) s3_server: &'static dyn AwsServer,
     pub(crate) dynamodb_server: &'static dyn AwsServer,
     pub(crate) zk: &'static ZooKeeper,
