@@ -300,20 +300,29 @@ pub enum RunningAction {
     Stop,
 }
 
-/// The decision for a running workload whose policy ignores a loss (`ignores`) or
-/// stops it after `lost_grace`: `not_held_for` is how long this controller has seen
-/// the lock not held (zero the first time).
+/// What a workload's annotations say about losing its lock: ignore it
+/// (`on-lock-lost: ignore`), or stop the workload — after `lost_grace` if the lock may
+/// still recover. (How a workload is stopped is its kind's own.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LossPolicy {
+    pub ignores: bool,
+    pub lost_grace: Duration,
+}
+
+/// The decision for a running workload under `policy`: `not_held_for` is how long this
+/// controller has seen the lock not held (zero the first time).
 pub fn running_action(
     standing: &LockStanding,
-    ignores: bool,
-    lost_grace: Duration,
+    policy: LossPolicy,
     not_held_for: Duration,
 ) -> RunningAction {
     match standing {
         LockStanding::Held => RunningAction::Continue,
-        LockStanding::NotHeld { .. } if ignores => RunningAction::Warn,
-        LockStanding::NotHeld { may_recover, .. } if *may_recover && not_held_for < lost_grace => {
-            RunningAction::WaitGrace(lost_grace - not_held_for)
+        LockStanding::NotHeld { .. } if policy.ignores => RunningAction::Warn,
+        LockStanding::NotHeld { may_recover, .. }
+            if *may_recover && not_held_for < policy.lost_grace =>
+        {
+            RunningAction::WaitGrace(policy.lost_grace - not_held_for)
         }
         LockStanding::NotHeld { .. } => RunningAction::Stop,
     }

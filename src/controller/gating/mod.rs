@@ -11,18 +11,21 @@
 pub mod decide;
 pub mod locks;
 pub mod lockset;
+pub mod running;
 pub mod writes;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::Resource;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 use tokio::time::Instant;
 
 use super::events::Events;
+use crate::api::DistributedLock;
 
 /// Annotation: the workload claims the DistributedLock of this name (same namespace).
 pub const LOCK_ANNOTATION: &str = "lockwarden.io/lock";
@@ -172,6 +175,68 @@ impl Claimant {
             uid: uid.to_string(),
         }
     }
+}
+
+/// The workloads of `kind` a change of `lock` concerns: its owner (a workload's own
+/// lock), its claimant, and every cached workload of the lock's namespace that names it
+/// as a lock (waiting for the claim to go) or a template (waiting for it to exist).
+pub fn workloads_of_lock<K>(
+    kind: Kind,
+    lock: &DistributedLock,
+    cached: &[Arc<K>],
+) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let ns = lock.namespace().unwrap_or_default();
+    let name = lock.name_any();
+    let mut refs: Vec<ObjectRef<K>> = lock
+        .owner_references()
+        .iter()
+        .filter(|o| o.kind == kind.as_str() && o.api_version == kind.api_version())
+        .map(|o| ObjectRef::new(&o.name).within(&ns))
+        .collect();
+    if let Some(claimant) = lock
+        .annotations()
+        .get(CLAIM_ANNOTATION)
+        .map(|c| Claimant::parse(c))
+        && claimant.kind == kind
+    {
+        refs.push(ObjectRef::new(&claimant.name).within(&ns));
+    }
+    refs.extend(
+        cached
+            .iter()
+            .filter(|w| {
+                w.namespace().as_deref() == Some(ns.as_str())
+                    && decide::names_lock(w.annotations(), &name)
+            })
+            .map(|w| ObjectRef::from_obj(&**w)),
+    );
+    refs.sort_by(|a, b| a.name.cmp(&b.name));
+    refs.dedup();
+    refs
+}
+
+/// Another workload of `kind` in `this` one's namespace (from the cache) that was
+/// started with the named lock `name` and has not finished (`started_and_running`): a
+/// claim removed by hand must not let `this` start next to it. "Job x" or "Pod x".
+pub fn in_use_by<K: Resource<DynamicType = ()>>(
+    kind: Kind,
+    cached: &[Arc<K>],
+    this: &K,
+    name: &str,
+    started_and_running: impl Fn(&K) -> bool,
+) -> Option<String> {
+    cached
+        .iter()
+        .find(|w| {
+            w.namespace() == this.namespace()
+                && w.uid() != this.uid()
+                && decide::names_lock(w.annotations(), name)
+                && started_and_running(w)
+        })
+        .map(|w| format!("{} {}", kind.as_str(), w.name_any()))
 }
 
 /// An Event about `obj`, referring to it with its resourceVersion: kube's Recorder

@@ -10,9 +10,7 @@ use kube::ResourceExt;
 
 use crate::api::conditions;
 
-pub use crate::controller::gating::decide::{
-    Gate, LockSet, LockStanding, RunningAction, max_lost_grace,
-};
+pub use crate::controller::gating::decide::{Gate, LockSet, LossPolicy, max_lost_grace};
 use crate::controller::gating::lockset::{self, WorkloadLock};
 use crate::controller::gating::{FENCES_ANNOTATION, Kind, Workload, decide};
 
@@ -54,6 +52,16 @@ pub struct Settings {
     /// How long a lock that stopped being claimable (`LeaseExpiring`) may stay so
     /// before the Job is stopped; zero by default.
     pub lost_grace: Duration,
+}
+
+impl Settings {
+    /// What the Job's annotations say about losing its lock.
+    pub fn loss_policy(&self) -> LossPolicy {
+        LossPolicy {
+            ignores: self.on_lock_lost == OnLockLost::Ignore,
+            lost_grace: self.lost_grace,
+        }
+    }
 }
 
 /// The Job's settings, `None` for a Job that names no lock, or why its annotations
@@ -205,21 +213,6 @@ pub fn per_job_lock_name(job: &Job) -> String {
 /// The Job as the shared gating layer sees it.
 pub fn workload(job: &Job) -> Workload {
     Workload::of(Kind::Job, job)
-}
-
-/// The decision for a running Job: `not_held_for` is how long this controller has
-/// seen the lock not held (zero the first time).
-pub fn running_action(
-    standing: &LockStanding,
-    settings: &Settings,
-    not_held_for: Duration,
-) -> RunningAction {
-    decide::running_action(
-        standing,
-        settings.on_lock_lost == OnLockLost::Ignore,
-        settings.lost_grace,
-        not_held_for,
-    )
 }
 
 #[cfg(test)]

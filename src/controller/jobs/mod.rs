@@ -66,7 +66,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::events::Events;
-use super::gating::{self, Claimant, Kind, NotHeldSince};
+use super::gating::{self, Kind, NotHeldSince};
 use super::{ControllerConfig, FINALIZER};
 use crate::api::DistributedLock;
 use crate::telemetry::Telemetry;
@@ -119,11 +119,6 @@ impl JobContext {
         gating::event(&self.events, job, type_, reason, note).await;
     }
 
-    /// How long the lock of Job `uid` has been seen not held (zero the first time).
-    fn not_held_for(&self, uid: &str) -> Duration {
-        self.not_held_since.not_held_for(uid)
-    }
-
     fn forget_not_held(&self, uid: &str) {
         self.not_held_since.forget(uid);
     }
@@ -161,37 +156,9 @@ pub async fn run(client: kube::Client, config: ControllerConfig, telemetry: Arc<
         .await;
 }
 
-/// The Jobs a lock change concerns: its owner (a per-Job lock), its claimant, and every
-/// Job that names it, as its lock (waiting for the claim to go) or as its template
-/// (waiting for it to exist).
+/// The Jobs a lock change concerns (see [`gating::workloads_of_lock`]).
 pub fn jobs_of_lock(lock: &DistributedLock, jobs: &[Arc<Job>]) -> Vec<ObjectRef<Job>> {
-    let ns = lock.namespace().unwrap_or_default();
-    let name = lock.name_any();
-    let mut refs: Vec<ObjectRef<Job>> = lock
-        .owner_references()
-        .iter()
-        .filter(|o| o.kind == "Job" && o.api_version == "batch/v1")
-        .map(|o| ObjectRef::new(&o.name).within(&ns))
-        .collect();
-    if let Some(claimant) = lock
-        .annotations()
-        .get(CLAIM_ANNOTATION)
-        .map(|c| Claimant::parse(c))
-        && claimant.kind == Kind::Job
-    {
-        refs.push(ObjectRef::new(&claimant.name).within(&ns));
-    }
-    refs.extend(
-        jobs.iter()
-            .filter(|j| {
-                j.namespace().as_deref() == Some(ns.as_str())
-                    && gating::decide::names_lock(j.annotations(), &name)
-            })
-            .map(|j| ObjectRef::from_obj(&**j)),
-    );
-    refs.sort_by(|a, b| a.name.cmp(&b.name));
-    refs.dedup();
-    refs
+    gating::workloads_of_lock(Kind::Job, lock, jobs)
 }
 
 /// One reconcile of a Job: read its settings and phase, run that phase's function.

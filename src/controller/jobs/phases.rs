@@ -8,20 +8,17 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use super::gate::{
-    self, LockSet, LockStanding, OnLockLost, RunningAction, Settings, has_finalizer,
-};
+use super::gate::{self, LockSet, OnLockLost, Settings, has_finalizer};
 use super::writes::clear_start_time;
 use super::{
     JobContext, JobError, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION, STATUS_ANNOTATION,
     STOPPED_ANNOTATION, WAITING_RESYNC,
 };
 use crate::api::DistributedLock;
-use crate::controller::gating::decide::{self, names_lock};
-use crate::controller::gating::lockset::{
-    self, RanWith, Taker, Taking, WorkloadLock, describe, fence_text,
-};
+use crate::controller::gating::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
+use crate::controller::gating::running::{Running, Step};
 use crate::controller::gating::writes::{add_finalizer, remove_finalizer, report, set_status};
+use crate::controller::gating::{self, Kind};
 
 /// Lets every lock of the Job go (the shared way); a named lock the Job ran with even
 /// when its claim was removed by hand. What was done, `None` if nothing.
@@ -35,9 +32,6 @@ async fn let_go(
     let notes = lockset::let_go_all(api, &workload, &locks, gate::running(job)).await?;
     Ok((!notes.is_empty()).then(|| notes.join("; ")))
 }
-
-/// How the status of a running Job whose lock is no longer held begins (`ignore`).
-const NOT_HELD_PREFIX: &str = "running with fence";
 
 /// One reconcile of one Job.
 pub(super) struct Run<'a> {
@@ -171,63 +165,33 @@ impl<'a> Run<'a> {
         let uid = self.job.uid().unwrap_or_default();
         let locks = self.locks(&settings.locks);
         let fences = gate::template_fences(self.job, &locks);
-        let standing = self.standing(&fences).await?;
-        let not_held_for = match standing {
-            LockStanding::Held => {
-                self.ctx.forget_not_held(&uid);
-                Default::default()
-            }
-            LockStanding::NotHeld { .. } => self.ctx.not_held_for(&uid),
+        let running = Running {
+            api: &self.locks,
+            locks: &locks,
+            fences: &fences,
+            annotations: self.job.annotations(),
+            uid: &uid,
+            policy: settings.loss_policy(),
         };
-        let fence_text = fence_text(&fences);
-        match (
-            gate::running_action(&standing, settings, not_held_for),
-            standing,
-        ) {
-            (RunningAction::Continue, _) => {
-                let warned = self
-                    .job
-                    .annotations()
-                    .get(STATUS_ANNOTATION)
-                    .is_some_and(|s| s.starts_with(NOT_HELD_PREFIX));
-                if warned {
-                    // The lock came back (e.g. renewals recovered): say so instead of
-                    // leaving the warning in place.
-                    let what = describe(&locks);
-                    let message = format!("holds {what} again (fence {fence_text})");
-                    self.report(EventType::Normal, "LockHeld", message).await?;
-                }
+        match running.step(&self.ctx.not_held_since).await? {
+            Step::Continue(None) => Ok(Action::await_change()),
+            Step::Continue(Some(message)) => {
+                self.report(EventType::Normal, "LockHeld", message).await?;
                 Ok(Action::await_change())
             }
-            (RunningAction::WaitGrace(left), _) => Ok(Action::requeue(left)),
-            (RunningAction::Warn, LockStanding::NotHeld { why, .. }) => {
-                let message =
-                    format!("{NOT_HELD_PREFIX} {fence_text} but no longer holds the lock: {why}");
+            Step::WaitGrace(left) => Ok(Action::requeue(left)),
+            Step::Warn(message) => {
                 self.report(EventType::Warning, "LockNotHeld", message)
                     .await?;
                 Ok(Action::await_change())
             }
-            (RunningAction::Stop, LockStanding::NotHeld { reason, why, .. }) => {
-                self.stop(settings, reason, &why, &fence_text).await
-            }
-            // `running_action` answers Warn and Stop only for a lock not held.
-            (RunningAction::Warn | RunningAction::Stop, LockStanding::Held) => {
-                Ok(Action::await_change())
-            }
+            Step::Stop {
+                reason,
+                why,
+                locks,
+                fences,
+            } => self.stop(settings, reason, &why, &locks, &fences).await,
         }
-    }
-
-    /// Held only if every lock the Job ran with is still held with its fence: the
-    /// first one that is not decides.
-    async fn standing(&self, fences: &[(String, Option<i64>)]) -> Result<LockStanding, JobError> {
-        for (name, fence) in fences {
-            let lock = self.locks.get_opt(name).await?;
-            let standing = decide::standing(lock.as_ref(), name, *fence);
-            if standing != LockStanding::Held {
-                return Ok(standing);
-            }
-        }
-        Ok(LockStanding::Held)
     }
 
     /// Suspends a running Job whose lock is no longer held — one patch, conditioned on
@@ -238,9 +202,9 @@ impl<'a> Run<'a> {
         settings: &Settings,
         reason: &str,
         why: &str,
+        lock_name: &str,
         fence_text: &str,
     ) -> Result<Action, JobError> {
-        let lock_name = describe(&self.locks(&settings.locks));
         let fail = settings.on_lock_lost == OnLockLost::Fail;
         let (message, event_reason) = if fail {
             (
@@ -359,22 +323,11 @@ impl<'a> Run<'a> {
         self.start(&ordered, ran).await
     }
 
-    /// Another unfinished Job of the namespace that was started with the named lock
-    /// `name` (from the cache): a claim removed by hand must not let this one start.
+    /// Another unfinished Job started with the named lock `name` (from the cache): a
+    /// claim removed by hand must not let this one start.
     fn in_use_by(&self, name: &str) -> Option<String> {
-        let ns = self.job.namespace();
-        self.ctx
-            .jobs
-            .state()
-            .iter()
-            .find(|j| {
-                j.namespace() == ns
-                    && j.uid() != self.job.uid()
-                    && names_lock(j.annotations(), name)
-                    && gate::running(j)
-                    && gate::finished(j).is_none()
-            })
-            .map(|j| format!("Job {}", j.name_any()))
+        let started = |j: &Job| gate::running(j) && gate::finished(j).is_none();
+        gating::in_use_by(Kind::Job, &self.ctx.jobs.state(), self.job, name, started)
     }
 
     /// One write sets the fence(s) on the pod template (with the holder and the lock's

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate};
 use kube::ResourceExt;
 
 use super::{ON_LOCK_LOST_ANNOTATION, SCHEDULING_GATE};
-use crate::controller::gating::decide::{self, LockSet, LockStanding, RunningAction};
+use crate::controller::gating::decide::{self, LockSet, LossPolicy};
 use crate::controller::gating::lockset::{self, WorkloadLock};
 use crate::controller::gating::{FENCE_ANNOTATION, FENCES_ANNOTATION, Kind, Workload};
 
@@ -42,6 +42,16 @@ pub struct Settings {
     pub on_lock_lost: OnLockLost,
     /// How long a lock past its holder deadline may stay so before the Pod is deleted.
     pub lost_grace: Duration,
+}
+
+impl Settings {
+    /// What the Pod's annotations say about losing its lock.
+    pub fn loss_policy(&self) -> LossPolicy {
+        LossPolicy {
+            ignores: self.on_lock_lost == OnLockLost::Ignore,
+            lost_grace: self.lost_grace,
+        }
+    }
 }
 
 /// The Pod's settings, `None` for a Pod that names no lock, or why its annotations
@@ -153,20 +163,6 @@ pub fn may_still_run(pod: &Pod) -> bool {
 /// The Pod as the shared gating layer sees it.
 pub fn workload(pod: &Pod) -> Workload {
     Workload::of(Kind::Pod, pod)
-}
-
-/// The decision for an ungated Pod whose lock stands so.
-pub fn running_action(
-    standing: &LockStanding,
-    settings: &Settings,
-    not_held_for: Duration,
-) -> RunningAction {
-    decide::running_action(
-        standing,
-        settings.on_lock_lost == OnLockLost::Ignore,
-        settings.lost_grace,
-        not_held_for,
-    )
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ use kube::runtime::watcher;
 
 use super::ControllerConfig;
 use super::events::Events;
-use super::gating::{CLAIM_ANNOTATION, Claimant, Kind, NotHeldSince};
+use super::gating::{Kind, NotHeldSince};
 use crate::api::DistributedLock;
 use crate::telemetry::Telemetry;
 
@@ -122,36 +122,9 @@ pub async fn run(client: kube::Client, config: ControllerConfig, telemetry: Arc<
         .await;
 }
 
-/// The Pods a lock change concerns: its owner (a per-Pod lock), its claimant, and
-/// every gated Pod that names it, as its lock or as its template.
+/// The Pods a lock change concerns (see [`super::gating::workloads_of_lock`]).
 pub fn pods_of_lock(lock: &DistributedLock, pods: &[Arc<Pod>]) -> Vec<ObjectRef<Pod>> {
-    let ns = lock.namespace().unwrap_or_default();
-    let name = lock.name_any();
-    let mut refs: Vec<ObjectRef<Pod>> = lock
-        .owner_references()
-        .iter()
-        .filter(|o| o.kind == "Pod" && o.api_version == "v1")
-        .map(|o| ObjectRef::new(&o.name).within(&ns))
-        .collect();
-    if let Some(claimant) = lock
-        .annotations()
-        .get(CLAIM_ANNOTATION)
-        .map(|c| Claimant::parse(c))
-        && claimant.kind == Kind::Pod
-    {
-        refs.push(ObjectRef::new(&claimant.name).within(&ns));
-    }
-    refs.extend(
-        pods.iter()
-            .filter(|p| {
-                p.namespace().as_deref() == Some(ns.as_str())
-                    && super::gating::decide::names_lock(p.annotations(), &name)
-            })
-            .map(|p| ObjectRef::from_obj(&**p)),
-    );
-    refs.sort_by(|a, b| a.name.cmp(&b.name));
-    refs.dedup();
-    refs
+    super::gating::workloads_of_lock(Kind::Pod, lock, pods)
 }
 
 /// One reconcile of a labelled Pod: read its settings and phase, run that phase's

@@ -11,17 +11,13 @@ use serde_json::json;
 use super::gate::{self, Settings};
 use super::{PodContext, PodError, SCHEDULING_GATE, WAITING_RESYNC};
 use crate::api::DistributedLock;
-use crate::controller::gating::decide::{self, LockSet, LockStanding, RunningAction, names_lock};
-use crate::controller::gating::lockset::{self, RanWith, Taker, Taking, WorkloadLock};
+use crate::controller::gating::decide::LockSet;
+use crate::controller::gating::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
+use crate::controller::gating::running::{Running, Step};
 use crate::controller::gating::writes::{
     add_finalizer, has_finalizer, remove_finalizer, report, set_status,
 };
-use crate::controller::gating::{self, LOCK_ANNOTATION, STATUS_ANNOTATION};
-
-use crate::controller::gating::lockset::{describe, fence_text};
-
-/// How the status of an ungated Pod whose lock is no longer held begins (`ignore`).
-const NOT_HELD_PREFIX: &str = "running with fence";
+use crate::controller::gating::{self, Kind, LOCK_ANNOTATION, STATUS_ANNOTATION};
 
 /// One reconcile of one Pod.
 pub(super) struct Run<'a> {
@@ -192,62 +188,33 @@ impl<'a> Run<'a> {
         let uid = self.uid();
         let locks = self.locks(&settings.locks);
         let fences = gate::fences(self.pod, &locks);
-        let standing = self.standing(&fences).await?;
-        let not_held_for = match standing {
-            LockStanding::Held => {
-                self.ctx.not_held_since.forget(&uid);
-                Default::default()
-            }
-            LockStanding::NotHeld { .. } => self.ctx.not_held_since.not_held_for(&uid),
+        let running = Running {
+            api: &self.locks,
+            locks: &locks,
+            fences: &fences,
+            annotations: self.pod.annotations(),
+            uid: &uid,
+            policy: settings.loss_policy(),
         };
-        let fence_text = fence_text(&fences);
-        match (
-            gate::running_action(&standing, settings, not_held_for),
-            standing,
-        ) {
-            (RunningAction::Continue, _) => {
-                let warned = self
-                    .pod
-                    .annotations()
-                    .get(STATUS_ANNOTATION)
-                    .is_some_and(|s| s.starts_with(NOT_HELD_PREFIX));
-                if warned {
-                    let what = describe(&locks);
-                    let message = format!("holds {what} again (fence {fence_text})");
-                    self.report(EventType::Normal, "LockHeld", message).await?;
-                }
+        match running.step(&self.ctx.not_held_since).await? {
+            Step::Continue(None) => Ok(Action::await_change()),
+            Step::Continue(Some(message)) => {
+                self.report(EventType::Normal, "LockHeld", message).await?;
                 Ok(Action::await_change())
             }
-            (RunningAction::WaitGrace(left), _) => Ok(Action::requeue(left)),
-            (RunningAction::Warn, LockStanding::NotHeld { why, .. }) => {
-                let message =
-                    format!("{NOT_HELD_PREFIX} {fence_text} but no longer holds the lock: {why}");
+            Step::WaitGrace(left) => Ok(Action::requeue(left)),
+            Step::Warn(message) => {
                 self.report(EventType::Warning, "LockNotHeld", message)
                     .await?;
                 Ok(Action::await_change())
             }
-            (RunningAction::Stop, LockStanding::NotHeld { reason, why, .. }) => {
-                self.delete(&describe(&locks), reason, &why, &fence_text)
-                    .await
-            }
-            // `running_action` answers Warn and Stop only for a lock not held.
-            (RunningAction::Warn | RunningAction::Stop, LockStanding::Held) => {
-                Ok(Action::await_change())
-            }
+            Step::Stop {
+                reason,
+                why,
+                locks,
+                fences,
+            } => self.delete(&locks, reason, &why, &fences).await,
         }
-    }
-
-    /// Held only if every lock the Pod was ungated with is still held with its fence:
-    /// the first one that is not decides.
-    async fn standing(&self, fences: &[(String, Option<i64>)]) -> Result<LockStanding, PodError> {
-        for (name, fence) in fences {
-            let lock = self.locks.get_opt(name).await?;
-            let standing = decide::standing(lock.as_ref(), name, *fence);
-            if standing != LockStanding::Held {
-                return Ok(standing);
-            }
-        }
-        Ok(LockStanding::Held)
     }
 
     /// `on-lock-lost: delete`: deletes the Pod with its grace period, conditioned on
@@ -322,22 +289,11 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Another unfinished gated Pod of the namespace ungated with the named lock `name`
-    /// (from the cache): a claim removed by hand must not let this one start.
+    /// Another unfinished gated Pod ungated with the named lock `name` (from the
+    /// cache): a claim removed by hand must not let this one start.
     fn in_use_by(&self, name: &str) -> Option<String> {
-        let ns = self.pod.namespace();
-        self.ctx
-            .pods
-            .state()
-            .iter()
-            .find(|p| {
-                p.namespace() == ns
-                    && p.uid() != self.pod.uid()
-                    && names_lock(p.annotations(), name)
-                    && gate::running(p)
-                    && !gate::finished(p)
-            })
-            .map(|p| format!("Pod {}", p.name_any()))
+        let started = |p: &Pod| gate::running(p) && !gate::finished(p);
+        gating::in_use_by(Kind::Pod, &self.ctx.pods.state(), self.pod, name, started)
     }
 
     /// One write adds the fence(s) (and the holder, for one lock) and removes the gate

@@ -12,10 +12,16 @@ use crate::api::DistributedLockSpec;
 use crate::api::conditions::condition;
 use crate::api::conditions::{ACQUIRED, reason};
 use crate::api::{DistributedLock, LockPhase};
+use crate::controller::gating::decide::{LockStanding, RunningAction};
 use crate::controller::gating::decide::{is_old_acquisition, standing};
 use crate::controller::gating::lockset::WorkloadLock;
 use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::lock::SafetyMargins;
+
+/// The decision for a running workload with these settings.
+fn running_action(standing: &LockStanding, s: &Settings, not_held_for: Duration) -> RunningAction {
+    crate::controller::gating::decide::running_action(standing, s.loss_policy(), not_held_for)
+}
 
 fn job(annotations: serde_json::Value, spec: serde_json::Value) -> Job {
     let mut spec = spec;

@@ -7,7 +7,13 @@ use serde_json::json;
 
 use super::*;
 use crate::controller::gating::decide::Gate;
+use crate::controller::gating::decide::{LockStanding, RunningAction};
 use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
+
+/// The decision for a running workload with these settings.
+fn running_action(standing: &LockStanding, s: &Settings, not_held_for: Duration) -> RunningAction {
+    crate::controller::gating::decide::running_action(standing, s.loss_policy(), not_held_for)
+}
 
 fn pod(annotations: serde_json::Value, gates: &[&str]) -> Pod {
     let gates: Vec<_> = gates.iter().map(|g| json!({ "name": g })).collect();
