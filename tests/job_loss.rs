@@ -31,8 +31,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::api::events::v1::Event as KubeEvent;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use lockwarden::api::{
@@ -115,27 +114,7 @@ impl Side {
     }
 
     async fn wait_event(&self, name: &str, type_: &str, reason: &str, words: &str) -> String {
-        let events = Api::<KubeEvent>::namespaced(self.client.clone(), &self.ns);
-        eventually(
-            &format!("a {type_} {reason} Event on {name} saying {words:?}"),
-            TIMEOUT,
-            || async {
-                events
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .find(|e| {
-                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                            && e.type_.as_deref() == Some(type_)
-                            && e.reason.as_deref() == Some(reason)
-                            && e.note.as_deref().is_some_and(|n| n.contains(words))
-                    })?
-                    .note
-            },
-        )
-        .await
+        support::kube::wait_event(&self.client, &self.ns, name, type_, reason, words).await
     }
 
     /// A Secret `aws` with moto's test credentials.

@@ -12,12 +12,10 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -32,8 +30,9 @@ use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
 use serde_json::json;
 use support::eventually;
-use support::kube::{ControlPlane, install_lockwarden_crd as install_crd, job};
+use support::kube::{ControlPlane, install_lockwarden_crd as install_crd, job, wait_event};
 use support::locks::{acquired, lease_lock, phase, wait_phase};
+use support::overlap::OverlapWatch;
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -98,82 +97,14 @@ async fn finish(jobs: &Api<Job>, name: &str, succeeded: bool) {
     .await;
 }
 
-/// Watches the namespace's Jobs from now on and records a violation whenever two
-/// unfinished Jobs are unsuspended at once (each object version is seen in order).
-struct OverlapWatch {
-    violations: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
+/// Unsuspended and not finished: a Job that may be running.
+fn job_runs(job: &Job) -> bool {
+    !is_suspended(job) && lockwarden::controller::jobs::finished(job).is_none()
 }
 
-impl OverlapWatch {
-    fn start(jobs: Api<Job>) -> OverlapWatch {
-        let violations = Arc::new(Mutex::new(Vec::new()));
-        let seen = violations.clone();
-        let task = tokio::spawn(async move {
-            let mut running: BTreeMap<String, bool> = BTreeMap::new();
-            let mut stream = watcher(jobs, watcher::Config::default())
-                .applied_objects()
-                .boxed();
-            while let Some(Ok(job)) = stream.next().await {
-                let finished = lockwarden::controller::jobs::finished(&job).is_some();
-                running.insert(job.name_any(), !is_suspended(&job) && !finished);
-                let now: Vec<_> = running
-                    .iter()
-                    .filter(|(_, r)| **r)
-                    .map(|(n, _)| n)
-                    .collect();
-                if now.len() > 1 {
-                    seen.lock()
-                        .unwrap()
-                        .push(format!("{now:?} unsuspended at once"));
-                }
-            }
-        });
-        OverlapWatch { violations, task }
-    }
-
-    fn assert_none(self) {
-        self.task.abort();
-        let v = self.violations.lock().unwrap();
-        assert!(v.is_empty(), "two Jobs ran at once: {v:?}");
-    }
-}
-
-async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
-    let events = Api::<Event>::namespaced(client.clone(), ns);
-    let list = events.list(&ListParams::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .collect()
-}
-
-/// Waits for an Event about `name` with `reason` and `type_` whose note contains
-/// `words` (a Job may wait for several reasons in turn), returns its note.
-async fn wait_event(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    type_: &str,
-    reason: &str,
-    words: &str,
-) -> String {
-    eventually(
-        &format!("a {type_} {reason} Event on {name} saying {words:?}"),
-        TIMEOUT,
-        || async {
-            events_for(client, ns, name)
-                .await
-                .into_iter()
-                .find(|e| {
-                    e.type_.as_deref() == Some(type_)
-                        && e.reason.as_deref() == Some(reason)
-                        && e.note.as_deref().is_some_and(|n| n.contains(words))
-                })
-                .and_then(|e| e.note)
-        },
-    )
-    .await
+/// Never two Jobs of the namespace running at once, from now on.
+fn overlap_watch(jobs: Api<Job>) -> OverlapWatch {
+    OverlapWatch::start(vec![jobs], watcher::Config::default(), job_runs)
 }
 
 /// Two Jobs on one template: each gets its own lock (copied spec, unique holder, owned
@@ -185,7 +116,7 @@ async fn template_queued_jobs_run_one_at_a_time() {
     let (client, ns) = setup("jobs-queue").await;
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let watch = OverlapWatch::start(jobs.clone());
+    let watch = overlap_watch(jobs.clone());
 
     let mut template = lease_lock("batch", "batch-key");
     template.spec.release = true;
@@ -446,7 +377,7 @@ async fn two_jobs_naming_one_lock_take_turns() {
     let (client, ns) = setup("jobs-named").await;
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let watch = OverlapWatch::start(jobs.clone());
+    let watch = overlap_watch(jobs.clone());
     locks
         .create(&PostParams::default(), &lease_lock("shared", "shared-key"))
         .await

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -32,7 +31,7 @@ use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Lease, LockBackend};
 use serde_json::json;
 use support::eventually;
-use support::kube::{ControlPlane, gated_pod, install_lockwarden_crd as install_crd};
+use support::kube::{ControlPlane, gated_pod, install_lockwarden_crd as install_crd, wait_event};
 use support::locks::{lease_lock, lease_lock_timed, phase, wait_acquired};
 
 /// Generous: the test machine is a loaded 2-core box.
@@ -62,43 +61,6 @@ async fn wait_ungated(pods: &Api<Pod>, name: &str) -> Pod {
     eventually(&format!("Pod {name} to be ungated"), TIMEOUT, || async {
         pods.get(name).await.ok().filter(|p| !has_gate(p))
     })
-    .await
-}
-
-async fn events_for(client: &Client, ns: &str, name: &str) -> Vec<Event> {
-    let events = Api::<Event>::namespaced(client.clone(), ns);
-    let list = events.list(&ListParams::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .collect()
-}
-
-/// Waits for an Event about `name` with `reason` and `type_` whose note contains
-/// `words`; returns its note.
-async fn wait_event(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    type_: &str,
-    reason: &str,
-    words: &str,
-) -> String {
-    eventually(
-        &format!("a {type_} {reason} Event on {name} saying {words:?}"),
-        TIMEOUT,
-        || async {
-            events_for(client, ns, name)
-                .await
-                .into_iter()
-                .find(|e| {
-                    e.type_.as_deref() == Some(type_)
-                        && e.reason.as_deref() == Some(reason)
-                        && e.note.as_deref().is_some_and(|n| n.contains(words))
-                })
-                .and_then(|e| e.note)
-        },
-    )
     .await
 }
 

@@ -11,14 +11,12 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use lockwarden::backend::LeaseStore;
@@ -33,6 +31,7 @@ use serde_json::json;
 use support::eventually;
 use support::kube::{ControlPlane, gated_pod, job};
 use support::locks::{lease_lock_timed, phase, wait_acquired};
+use support::overlap::OverlapWatch;
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -211,57 +210,13 @@ async fn a_job_takes_its_locks_in_key_order_and_a_loss_of_either_suspends_it() {
     assert!(new["alpha"] > forced.fence().0 as i64, "{new:?}");
 }
 
-/// Records a violation whenever two of the watched Pods are free to run at once
-/// (ungated, not finished, not being deleted).
-struct OverlapWatch {
-    violations: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl OverlapWatch {
-    fn start(pods: Vec<Api<Pod>>, label: &str) -> OverlapWatch {
-        let violations = Arc::new(Mutex::new(Vec::new()));
-        let running: Arc<Mutex<BTreeMap<String, bool>>> = Arc::default();
-        let mut streams = Vec::new();
-        for api in pods {
-            streams.push(
-                watcher(api, watcher::Config::default().labels(label))
-                    .applied_objects()
-                    .boxed(),
-            );
-        }
-        let seen = violations.clone();
-        let task = tokio::spawn(async move {
-            let mut all = futures::stream::select_all(streams);
-            while let Some(Ok(pod)) = all.next().await {
-                let ended = matches!(
-                    pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                    Some("Succeeded" | "Failed")
-                );
-                let free = !has_gate(&pod) && !ended && pod.metadata.deletion_timestamp.is_none();
-                let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-                let mut running = running.lock().unwrap();
-                running.insert(key, free);
-                let now: Vec<_> = running
-                    .iter()
-                    .filter(|(_, r)| **r)
-                    .map(|(n, _)| n)
-                    .collect();
-                if now.len() > 1 {
-                    seen.lock()
-                        .unwrap()
-                        .push(format!("{now:?} ungated at once"));
-                }
-            }
-        });
-        OverlapWatch { violations, task }
-    }
-
-    fn assert_none(self) {
-        self.task.abort();
-        let v = self.violations.lock().unwrap();
-        assert!(v.is_empty(), "two workloads ran at once: {v:?}");
-    }
+/// Ungated, not finished, not being deleted: a Pod free to run.
+fn pod_runs(pod: &Pod) -> bool {
+    let ended = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    !has_gate(pod) && !ended && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// Plays the kubelet: the Pod's containers ended.
@@ -307,7 +262,11 @@ async fn opposite_orders_never_deadlock_across_two_controllers() {
         Api::namespaced(client.clone(), &ns_a),
         Api::namespaced(client.clone(), &ns_b),
     );
-    let watch = OverlapWatch::start(vec![pods_a.clone(), pods_b.clone()], &label);
+    let watch = OverlapWatch::start(
+        vec![pods_a.clone(), pods_b.clone()],
+        watcher::Config::default().labels(&label),
+        pod_runs,
+    );
     let mut rounds = Vec::new();
     for round in 0..ROUNDS {
         let started = Instant::now();

@@ -816,3 +816,39 @@ pub fn gated_pod(
     }))
     .expect("a Pod")
 }
+
+/// Waits (up to 90 s) for an Event in `ns` about object `name` with this `type_` and
+/// `reason` whose note contains `words` (a workload may report several reasons in
+/// turn); returns its note.
+pub async fn wait_event(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    type_: &str,
+    reason: &str,
+    words: &str,
+) -> String {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::ListParams;
+    let events = Api::<Event>::namespaced(client.clone(), ns);
+    super::eventually(
+        &format!("a {type_} {reason} Event on {name} saying {words:?}"),
+        Duration::from_secs(90),
+        || async {
+            events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                        && e.type_.as_deref() == Some(type_)
+                        && e.reason.as_deref() == Some(reason)
+                        && e.note.as_deref().is_some_and(|n| n.contains(words))
+                })?
+                .note
+        },
+    )
+    .await
+}

@@ -17,6 +17,7 @@ pub mod kube;
 pub mod kubectl;
 pub mod locks;
 pub mod moto;
+pub mod overlap;
 pub mod proxy;
 pub mod stores;
 pub mod versitygw;
