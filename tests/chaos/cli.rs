@@ -148,7 +148,7 @@ async fn command_writes(stream: tokio::net::TcpStream, keys: Vec<String>, histor
         let t = history.now();
         if claim.is_none() {
             // The command's environment is the acquisition's evidence (rule (b)).
-            history.evidence(key, who, t, nonce, fence);
+            history.acquired(key, who, t, nonce, fence, "");
         }
         history.write(key, who, Kind::Cli, fence);
         let c = claim.get_or_insert_with(|| Claim {

@@ -204,24 +204,6 @@ impl History {
         );
     }
 
-    /// An acquisition learned at `t` from what a holder was told (a command's
-    /// environment), for rule (b).
-    pub fn evidence(&self, key: &str, who: &str, t: f64, nonce: &str, fence: u64) {
-        let mut inner = self.inner.lock().unwrap();
-        inner.evidence.push(Evidence {
-            key: key.into(),
-            t,
-            nonce: nonce.into(),
-            fence,
-            source: who.into(),
-        });
-        self.line(
-            &mut inner,
-            json!({"process": who, "op": "acquired", "key": key, "invoke": t, "complete": t,
-                   "result": "ok", "fence": fence, "nonce": nonce}),
-        );
-    }
-
     /// An operation that failed or whose outcome is unknown.
     pub fn failed(&self, key: &str, who: &str, op: &str, invoke: f64, result: &str, error: &str) {
         let t = self.now();
