@@ -23,7 +23,7 @@ use lockwarden::backend::LeaseStore;
 use lockwarden::controller::gating::lockset::parse_fences;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCES_ANNOTATION, LOCKS_ANNOTATION, LOST_FENCE_ANNOTATION,
-    STATUS_ANNOTATION, TEMPLATES_ANNOTATION,
+    STATUS_ANNOTATION, TEMPLATES_ANNOTATION, template_annotation,
 };
 use lockwarden::controller::pods::has_gate;
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
@@ -41,15 +41,7 @@ fn is_suspended(job: &Job) -> bool {
 }
 
 fn template_fences(job: &Job) -> Option<String> {
-    job.spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(FENCES_ANNOTATION)
-        .cloned()
+    template_annotation(job, FENCES_ANNOTATION).cloned()
 }
 
 /// A lock on Lease `lease` (in `lease_ns`, or the lock's own namespace), created
