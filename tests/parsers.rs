@@ -60,6 +60,7 @@ fn record() -> impl Strategy<Value = LockRecord> {
                     data,
                     acquired_at: SystemTime::UNIX_EPOCH + Duration::from_millis(acquired),
                     renewed_at: SystemTime::UNIX_EPOCH + Duration::from_millis(renewed),
+                    set: None,
                 }
             },
         )

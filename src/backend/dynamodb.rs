@@ -39,7 +39,8 @@ use aws_sdk_dynamodb::types::{
 use super::aws::{describe, status_and_code};
 use crate::duration::{format_duration, parse_duration};
 use crate::lock::{
-    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored, Version,
+    FenceToken, ForeignRecord, HolderSet, LockRecord, LockState, RecordStore, StoreError, Stored,
+    Version,
 };
 
 pub const DEFAULT_PARTITION_KEY: &str = "key";
@@ -59,6 +60,8 @@ const RELEASED_MARK: &str = "1";
 const FOREIGN_NONCE_PREFIX: &str = "foreign-rvn:";
 const ACQUIRED: &str = "acquiredAtMs";
 const RENEWED: &str = "renewedAtMs";
+/// The holder set of a key with more than one permit (JSON); absent on mutexes.
+const HOLDERS: &str = "holders";
 
 /// Where the lock items live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -323,6 +326,7 @@ fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
         ("#acq".to_string(), ACQUIRED.to_string()),
         ("#ren".to_string(), RENEWED.to_string()),
         ("#data".to_string(), DATA.to_string()),
+        ("#holders".to_string(), HOLDERS.to_string()),
     ]);
     let mut values = HashMap::from([
         (
@@ -379,6 +383,13 @@ fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
         }
         None => remove.push("#data"),
     }
+    match &record.set {
+        Some(holders) => {
+            set.push("#holders = :holders");
+            values.insert(":holders".into(), AttributeValue::S(holders.to_json()));
+        }
+        None => remove.push("#holders"),
+    }
     let mut expression = format!("SET {}", set.join(", "));
     if !remove.is_empty() {
         expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
@@ -422,12 +433,23 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         }
         Some(_) => false,
     };
-    let (nonce, fence, acquired_at, renewed_at) = if written_by_lockwarden {
+    let (nonce, fence, acquired_at, renewed_at, set) = if written_by_lockwarden {
+        let set = match item.get(HOLDERS) {
+            None => None,
+            Some(AttributeValue::S(json)) => Some(HolderSet::from_json(json)?),
+            Some(v) => {
+                return Err(ForeignRecord::new(format!(
+                    "attribute {HOLDERS} is {}, expected a string",
+                    kind(v)
+                )));
+            }
+        };
         (
             s(item, NONCE)?.clone(),
             FenceToken(n(item, FENCE)?),
             optional_ms(ACQUIRED),
             optional_ms(RENEWED),
+            set,
         )
     } else {
         // Another client (dynamolock) wrote the item last: it holds (or released) it
@@ -443,6 +465,7 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             FenceToken(fence),
             SystemTime::UNIX_EPOCH,
             SystemTime::UNIX_EPOCH,
+            None,
         )
     };
     Ok(LockRecord {
@@ -459,6 +482,7 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         data,
         acquired_at,
         renewed_at,
+        set,
     })
 }
 

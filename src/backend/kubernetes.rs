@@ -21,7 +21,8 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use crate::lock::{
-    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored, Version,
+    FenceToken, ForeignRecord, HolderSet, LockRecord, LockState, RecordStore, StoreError, Stored,
+    Version,
 };
 
 const NONCE: &str = "lockwarden.io/nonce";
@@ -30,6 +31,8 @@ const LEASE_MS: &str = "lockwarden.io/lease-ms";
 const STATE: &str = "lockwarden.io/state";
 const DATA: &str = "lockwarden.io/data";
 const HOLDER: &str = "lockwarden.io/holder";
+/// The holder set of a key with more than one permit (JSON); absent on mutexes.
+const HOLDERS: &str = "lockwarden.io/holders";
 
 /// One lock as a Lease in a namespace.
 pub struct LeaseStore {
@@ -61,6 +64,9 @@ impl LeaseStore {
         ]);
         if let Some(d) = &record.data {
             annotations.insert(DATA.to_string(), d.clone());
+        }
+        if let Some(set) = &record.set {
+            annotations.insert(HOLDERS.to_string(), set.to_json());
         }
         KubeLease {
             metadata: ObjectMeta {
@@ -162,6 +168,7 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
         data: None,
         acquired_at,
         renewed_at,
+        set: None,
     };
     let Some(nonce) = annotations.get(NONCE) else {
         // A Lease written by another client (client-go leader election).
@@ -208,6 +215,10 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
         data: annotations.get(DATA).cloned(),
         acquired_at,
         renewed_at,
+        set: annotations
+            .get(HOLDERS)
+            .map(|json| HolderSet::from_json(json))
+            .transpose()?,
     })
 }
 

@@ -44,6 +44,7 @@ pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord>
                 data: None,
                 acquired_at: std::time::SystemTime::UNIX_EPOCH,
                 renewed_at: std::time::SystemTime::UNIX_EPOCH,
+                set: None,
             }),
             None => Err(not_ours),
         }

@@ -178,6 +178,7 @@ impl LockArgs {
             lease: self.lease,
             data: self.data.clone(),
             force: self.force,
+            permits: Default::default(),
         }
     }
 }

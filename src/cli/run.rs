@@ -197,6 +197,7 @@ async fn acquire(args: &RunArgs, backend: &dyn LockBackend) -> Result<Lease, Cli
         lease: args.lease,
         data: args.data.clone(),
         force: false,
+        permits: Default::default(),
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;

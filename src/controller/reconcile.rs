@@ -447,6 +447,7 @@ impl Reconciling<'_> {
             lease: self.spec.lease,
             data: self.lock.spec.data.clone(),
             force: self.lock.spec.force,
+            permits: Default::default(),
         };
         match timed(
             self.ctx,

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 
 use super::clock::{HolderDeadline, SafetyMargins};
 use super::error::LockError;
+use super::permits::Permits;
 use super::record::{FenceToken, LockRecord, Stored, Version};
 
 /// What an acquisition asks for.
@@ -17,6 +18,9 @@ pub struct AcquireRequest {
     /// Take over a lock held by someone else, with a write conditioned on the version
     /// just read (never a blind overwrite).
     pub force: bool,
+    /// The key's permits and how this holder takes it (docs/design.md §6.2); a mutex
+    /// unless asked otherwise.
+    pub permits: Permits,
 }
 
 impl AcquireRequest {
@@ -26,6 +30,7 @@ impl AcquireRequest {
             lease,
             data: None,
             force: false,
+            permits: Permits::MUTEX,
         }
     }
 }

@@ -80,6 +80,18 @@ pub enum LockError {
 
     #[error("{url}: {message}")]
     Backend { url: String, message: String },
+
+    /// Every lock on one key must name the same permits (docs/design.md §6.2).
+    #[error(
+        "{url}: the key is held with {stored} permit{} but this lock asks for {requested}: \
+         every lock on one key must name the same permits",
+        if *stored == 1 { "" } else { "s" }
+    )]
+    PermitsDisagree {
+        url: String,
+        stored: u32,
+        requested: u32,
+    },
 }
 
 impl LockError {

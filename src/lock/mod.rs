@@ -7,6 +7,8 @@
 //!   [`RecordStore`] for stores with conditional writes on one record.
 //! - [`cas`]: [`CasLock`], the whole protocol (fencing, observed expiry, lost-reply
 //!   resolution, conditional force) on top of any [`RecordStore`].
+//! - [`permits`]: more than one holder per key ([`Permits`], [`Mode`], [`HolderSet`]);
+//!   [`semaphore`]: the protocol for such keys on a [`RecordStore`].
 //! - [`acquire`]: waiting with a deadline; [`held`]: a lock renewed in the background.
 
 pub mod acquire;
@@ -18,6 +20,7 @@ pub mod held;
 #[cfg(test)]
 pub mod memory;
 pub mod names;
+pub mod permits;
 pub mod record;
 
 pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress, when_reachable};
@@ -26,4 +29,5 @@ pub use cas::CasLock;
 pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
+pub use permits::{HolderSet, Mode, Permits, SetEntry};
 pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version, rfc3339};

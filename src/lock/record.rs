@@ -5,6 +5,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::permits::HolderSet;
+
 /// A fencing token: strictly increasing per key across acquisitions.
 ///
 /// A resource protected by a lock rejects writes carrying a fence lower than the
@@ -93,6 +95,11 @@ pub struct LockRecord {
     pub data: Option<String>,
     pub acquired_at: SystemTime,
     pub renewed_at: SystemTime,
+    /// `Some` on a key with more than one permit (docs/design.md §6.2): the holders
+    /// themselves. The fields above then summarise the set for other tools (the first
+    /// holder's name, the last fence granted, `Held` while anyone holds a permit).
+    /// Exclusive locks leave it `None`, so their stored format is unchanged.
+    pub set: Option<HolderSet>,
 }
 
 impl LockRecord {
@@ -114,6 +121,7 @@ impl LockRecord {
             data,
             acquired_at: now,
             renewed_at: now,
+            set: None,
         }
     }
 
@@ -210,6 +218,10 @@ struct RecordDocument {
     data: Option<String>,
     acquired_at_ms: u64,
     renewed_at_ms: u64,
+    /// Only on keys with more than one permit; older builds read such a body as
+    /// foreign, so they see the key as held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    holders: Option<HolderSet>,
 }
 
 const FORMAT_VERSION: u32 = 1;
@@ -238,6 +250,7 @@ impl LockRecord {
             data: self.data.clone(),
             acquired_at_ms: to_unix_ms(self.acquired_at),
             renewed_at_ms: to_unix_ms(self.renewed_at),
+            holders: self.set.clone(),
         };
         serde_json::to_vec(&doc).expect("record serialises")
     }
@@ -253,6 +266,10 @@ impl LockRecord {
                 "lockwarden record format {} is not supported (this build reads format {FORMAT_VERSION})",
                 doc.lockwarden
             )));
+        }
+        if let Some(set) = &doc.holders {
+            // The same bounds as a holder set read on its own.
+            HolderSet::from_json(&set.to_json())?;
         }
         if doc.nonce.is_empty() || doc.lease_ms == 0 {
             return Err(ForeignRecord::from_bytes(
@@ -270,6 +287,7 @@ impl LockRecord {
             data: doc.data,
             acquired_at: from_unix_ms(doc.acquired_at_ms),
             renewed_at: from_unix_ms(doc.renewed_at_ms),
+            set: doc.holders,
         })
     }
 }

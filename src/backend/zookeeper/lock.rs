@@ -143,6 +143,7 @@ impl ZkLock {
                 data: None,
                 acquired_at: wall_clock(stat.ctime),
                 renewed_at: wall_clock(stat.mtime),
+                set: None,
             },
         }
     }
