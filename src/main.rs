@@ -32,7 +32,7 @@ enum Command {
     Unlock(cli::unlock::UnlockArgs),
     /// Run a command while holding a lock, renewed in the background
     Run(cli::run::RunArgs),
-    /// Show a lock's holder, fence, version and lease without acquiring it
+    /// Show a lock's holder (every holder of a key with permits), fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
     /// Run the DistributedLock operator (uses KUBECONFIG or the in-cluster service account)
     Controller {
