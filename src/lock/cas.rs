@@ -17,15 +17,15 @@ const CONFLICT_RETRIES: usize = 3;
 
 /// A lock on one key of a [`RecordStore`].
 pub struct CasLock<S> {
-    store: S,
-    margins: SafetyMargins,
-    delete_on_release: bool,
-    state: Mutex<ContenderState>,
+    pub(super) store: S,
+    pub(super) margins: SafetyMargins,
+    pub(super) delete_on_release: bool,
+    pub(super) state: Mutex<ContenderState>,
 }
 
 /// What a contender remembers between attempts.
 #[derive(Default)]
-struct ContenderState {
+pub(super) struct ContenderState {
     /// The last record seen or written, so a warm acquire of a released key is one
     /// conditional write. Only ever used as the *condition* of a write.
     last_seen: Option<Stored>,
@@ -33,6 +33,8 @@ struct ContenderState {
     observer: LeaseObserver,
     /// Rule 4: an acquisition write whose outcome we never learned.
     pending: Option<(LockRecord, Instant)>,
+    /// The same for a key with more than one permit (`semaphore`).
+    pub(super) set: super::semaphore::SetContender,
 }
 
 impl<S: RecordStore> CasLock<S> {
@@ -62,18 +64,18 @@ impl<S: RecordStore> CasLock<S> {
         &self.store
     }
 
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         self.store.url().to_string()
     }
 
-    fn unavailable(&self, cause: impl std::fmt::Display) -> LockError {
+    pub(super) fn unavailable(&self, cause: impl std::fmt::Display) -> LockError {
         LockError::Unavailable {
             url: self.url(),
             cause: cause.to_string(),
         }
     }
 
-    fn store_error(&self, e: StoreError) -> LockError {
+    pub(super) fn store_error(&self, e: StoreError) -> LockError {
         match e {
             StoreError::Rejected(message) => LockError::Backend {
                 url: self.url(),
@@ -86,7 +88,7 @@ impl<S: RecordStore> CasLock<S> {
         }
     }
 
-    async fn read(&self) -> Result<Option<Stored>, LockError> {
+    pub(super) async fn read(&self) -> Result<Option<Stored>, LockError> {
         self.store.read().await.map_err(|e| self.store_error(e))
     }
 
@@ -127,6 +129,9 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
+        if !req.permits.is_mutex() {
+            return self.try_acquire_permit(req).await;
+        }
         let mut st = self.state.lock().await;
         for _ in 0..CONFLICT_RETRIES {
             // A cached absent/released state is safe to act on: the write is
@@ -177,6 +182,9 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
     }
 
     async fn renew(&self, lease: &mut Lease) -> Result<(), LockError> {
+        if lease.record.set.is_some() {
+            return self.renew_permit(lease).await;
+        }
         match self.renew_once(lease).await? {
             Renewed::Yes => Ok(()),
             // The record had moved on to a later write of ours whose reply was lost:
@@ -191,6 +199,9 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
     }
 
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+        if lease.record.set.is_some() {
+            return self.release_permit(lease).await;
+        }
         let tombstone = lease.record.released();
         let outcome = self.store.replace(&lease.version, &tombstone).await;
         let version = match outcome {
@@ -252,6 +263,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
         self.read().await
     }
 
+    async fn abandon(&self) {
+        self.abandon_permit().await
+    }
+
     fn note(&self, stored: &Stored) -> Option<String> {
         let released = matches!(&stored.record, Ok(r) if r.state == LockState::Released);
         (released && !self.delete_on_release)
@@ -261,7 +276,14 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
     }
 
     async fn resume(&self, holder: &str, nonce: &str) -> Result<Lease, LockError> {
-        match self.read().await? {
+        let current = self.read().await?;
+        if let Some(lease) = current
+            .as_ref()
+            .and_then(|s| self.resume_permit(holder, nonce, s))
+        {
+            return Ok(lease);
+        }
+        match current {
             Some(Stored {
                 record: Ok(r),
                 version,
@@ -346,6 +368,14 @@ impl<S: RecordStore> CasLock<S> {
                 });
             }
         };
+        // A key with more than one permit in use: every lock on it must agree.
+        if let Some(set) = r.set.as_ref().filter(|s| !s.holders.is_empty()) {
+            return Err(LockError::PermitsDisagree {
+                url: self.url(),
+                stored: set.permits,
+                requested: 1,
+            });
+        }
         let takeover_after = self.margins.takeover_after(r.lease);
         let forced_from = if r.state == LockState::Released {
             None

@@ -8,7 +8,7 @@
 //! - [`cas`]: [`CasLock`], the whole protocol (fencing, observed expiry, lost-reply
 //!   resolution, conditional force) on top of any [`RecordStore`].
 //! - [`permits`]: more than one holder per key ([`Permits`], [`Mode`], [`HolderSet`]);
-//!   [`semaphore`]: the protocol for such keys on a [`RecordStore`].
+//!   `semaphore`: the protocol for such keys on a [`RecordStore`] (used by [`CasLock`]).
 //! - [`acquire`]: waiting with a deadline; [`held`]: a lock renewed in the background.
 
 pub mod acquire;
@@ -22,6 +22,7 @@ pub mod memory;
 pub mod names;
 pub mod permits;
 pub mod record;
+mod semaphore;
 
 pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress, when_reachable};
 pub use backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, StoreError};

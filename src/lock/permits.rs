@@ -172,6 +172,10 @@ impl SetEntry {
 pub struct HolderSet {
     /// The key's permits, as the first holder of the current set named them.
     pub permits: u32,
+    /// The last fence granted on the key (rule 3): the next grant takes the one after
+    /// it, whoever has released since.
+    #[serde(default)]
+    pub last_fence: FenceToken,
     /// In grant order (so fences increase along it).
     pub holders: Vec<SetEntry>,
     /// An exclusive contender first in line: while it is live, no new shared holder is

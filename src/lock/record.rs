@@ -11,7 +11,9 @@ use super::permits::HolderSet;
 ///
 /// A resource protected by a lock rejects writes carrying a fence lower than the
 /// highest it has seen, so a holder that was paused past its lease cannot corrupt it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct FenceToken(pub u64);
 

@@ -1,0 +1,866 @@
+//! Keys with more than one permit on a store with conditional writes (S3, DynamoDB,
+//! Kubernetes Lease), docs/design.md §6.2: the [`HolderSet`] lives in the key's one
+//! record, and every change to it is one conditional write of the whole record.
+//!
+//! The rules of §3 hold per holder entry:
+//! - rule 1: a contender reclaims a permit only after it has itself seen that entry's
+//!   revision unchanged for the entry's lease plus the grace. A renewal rewrites only
+//!   the renewing holder's entry, so renewals of different holders never make each
+//!   other look expired, although every one of them changes the record's version;
+//! - rule 2: a holder's deadline counts from the send time of the last write that
+//!   carried its renewed entry;
+//! - rule 3: every grant takes the key's next fence (the record's `fence` is the last
+//!   one granted), so fences increase strictly across all grants;
+//! - rule 4: a write whose reply was lost is resolved by reading the set: our nonce
+//!   (acquisition) or our new revision (renewal) in it means it landed.
+//!
+//! A renewal or release that loses a write race to another holder re-reads the set and
+//! tries again, the renewal only while the holder deadline allows.
+//!
+//! Writers are not starved: an exclusive contender that cannot be granted registers as
+//! the set's `waiting_writer` (one slot, first come) and refreshes that entry on every
+//! attempt; while it is live, no new shared holder is admitted.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use super::backend::{AcquireRequest, Attempt, Lease, RecordStore, StoreError};
+use super::cas::CasLock;
+use super::clock::HolderDeadline;
+use super::error::{LockError, LostReason};
+use super::permits::{HolderSet, Mode, SetEntry};
+use super::record::{FenceToken, LockRecord, LockState, Stored, Version, random_id};
+
+/// How many times one call re-reads after losing a write race to another holder.
+const SET_RETRIES: usize = 8;
+
+/// What a contender for a permit remembers between attempts.
+#[derive(Default)]
+pub(super) struct SetContender {
+    /// Rule 1 per entry: the revision each entry (by nonce) was last seen with, and
+    /// since when on our clock.
+    observed: HashMap<String, (String, Instant)>,
+    /// Rule 4: our acquisition entry whose write's outcome we never learned.
+    pending: Option<(SetEntry, Instant)>,
+    /// Our registration as the waiting writer, reused across attempts so others see
+    /// one live entry.
+    waiting: Option<SetEntry>,
+}
+
+impl SetContender {
+    /// Records the entries of `set` as seen now and returns the nonces of those seen
+    /// unchanged for their lease plus the grace.
+    fn expired(
+        &mut self,
+        set: &HolderSet,
+        takeover_after: impl Fn(Duration) -> Duration,
+    ) -> Vec<String> {
+        let now = Instant::now();
+        let entries = set.holders.iter().chain(set.waiting_writer.iter());
+        let mut seen = HashMap::new();
+        let mut expired = Vec::new();
+        for e in entries {
+            let since = match self.observed.get(&e.nonce) {
+                Some((revision, since)) if *revision == e.revision => *since,
+                _ => now,
+            };
+            if now.saturating_duration_since(since) >= takeover_after(e.lease()) {
+                expired.push(e.nonce.clone());
+            }
+            seen.insert(e.nonce.clone(), (e.revision.clone(), since));
+        }
+        self.observed = seen;
+        expired
+    }
+
+    /// How long until the first live entry of `set` could be seen expired.
+    fn next_expiry(
+        &self,
+        set: &HolderSet,
+        takeover_after: impl Fn(Duration) -> Duration,
+    ) -> Duration {
+        set.holders
+            .iter()
+            .chain(set.waiting_writer.iter())
+            .map(|e| match self.observed.get(&e.nonce) {
+                Some((_, since)) => takeover_after(e.lease()).saturating_sub(since.elapsed()),
+                None => takeover_after(e.lease()),
+            })
+            .min()
+            .unwrap_or_default()
+    }
+}
+
+/// The record as a set, and the version a write must name (`None`: create).
+struct Current {
+    set: HolderSet,
+    version: Option<Version>,
+}
+
+/// The record a set is stored as. The summary fields are for other tools and older
+/// builds: held while anyone holds a permit, by the first holder, with the last fence.
+pub(super) fn record_of(set: HolderSet) -> LockRecord {
+    let now = SystemTime::now();
+    let summary = set.holders.first().cloned();
+    LockRecord {
+        holder: holder_summary(&set),
+        // A fresh id per write: the body (and so an S3 ETag) is unique per write.
+        nonce: format!("set:{}", random_id()),
+        revision: random_id(),
+        fence: set.last_fence,
+        lease: set
+            .holders
+            .iter()
+            .map(SetEntry::lease)
+            .max()
+            .or(set.waiting_writer.as_ref().map(SetEntry::lease))
+            .unwrap_or(Duration::from_secs(1)),
+        state: if set.holders.is_empty() {
+            LockState::Released
+        } else {
+            LockState::Held
+        },
+        data: None,
+        acquired_at: summary.as_ref().map_or(now, SetEntry::acquired_at),
+        renewed_at: now,
+        set: Some(set),
+    }
+}
+
+/// "a", "a and b", "a, b and 3 more".
+fn holder_summary(set: &HolderSet) -> String {
+    let names: Vec<&str> = set.holders.iter().map(|h| h.holder.as_str()).collect();
+    match names.as_slice() {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [a, b] => format!("{a} and {b}"),
+        [a, b, rest @ ..] => format!("{a}, {b} and {} more", rest.len()),
+    }
+}
+
+/// A holder's view of the record: its own entry in the lock-record fields (so
+/// `Lease::fence`, `nonce`, `holder` are its own), the whole set in `set`.
+pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet) -> LockRecord {
+    LockRecord {
+        holder: entry.holder.clone(),
+        nonce: entry.nonce.clone(),
+        revision: entry.revision.clone(),
+        fence: entry.fence,
+        lease: entry.lease(),
+        state: LockState::Held,
+        data: entry.data.clone(),
+        acquired_at: entry.acquired_at(),
+        renewed_at: entry.renewed_at(),
+        set: Some(set.clone()),
+    }
+}
+
+/// Whether `set` admits a new holder in `mode` now, with `us` the nonce of our
+/// waiting-writer registration, if any.
+fn admits(set: &HolderSet, mode: Mode, us: Option<&str>) -> bool {
+    let writer_ahead = set
+        .waiting_writer
+        .as_ref()
+        .is_some_and(|w| Some(w.nonce.as_str()) != us);
+    match mode {
+        Mode::Exclusive => set.holders.is_empty() && !writer_ahead,
+        Mode::Shared => {
+            !writer_ahead
+                && set.holders.iter().all(|h| h.mode == Mode::Shared)
+                && (set.holders.len() as u32) < set.permits
+        }
+    }
+}
+
+impl<S: RecordStore> CasLock<S> {
+    /// Reads the key as a set of holders for a contender asking for `req.permits`.
+    fn as_set(&self, req: &AcquireRequest, stored: Option<&Stored>) -> Result<Current, LockError> {
+        let permits = req.permits.total;
+        let Some(stored) = stored else {
+            return Ok(Current {
+                set: HolderSet {
+                    permits,
+                    ..HolderSet::default()
+                },
+                version: None,
+            });
+        };
+        let r = match &stored.record {
+            Ok(r) => r,
+            Err(found) => {
+                return Err(LockError::Foreign {
+                    url: self.url(),
+                    found: found.clone(),
+                });
+            }
+        };
+        let mut set = match &r.set {
+            Some(set) if set.permits == permits => set.clone(),
+            Some(set) if !set.holders.is_empty() => {
+                return Err(LockError::PermitsDisagree {
+                    url: self.url(),
+                    stored: set.permits,
+                    requested: permits,
+                });
+            }
+            // Nobody holds it: the permits are whatever the next holder names.
+            Some(set) => HolderSet {
+                permits,
+                waiting_writer: set.waiting_writer.clone(),
+                ..HolderSet::default()
+            },
+            None if r.state == LockState::Held => {
+                return Err(LockError::PermitsDisagree {
+                    url: self.url(),
+                    stored: 1,
+                    requested: permits,
+                });
+            }
+            None => HolderSet {
+                permits,
+                ..HolderSet::default()
+            },
+        };
+        // A released mutex record (or an older set) continues the key's fences.
+        set.last_fence = set.last_fence.max(r.fence);
+        Ok(Current {
+            set,
+            version: Some(stored.version.clone()),
+        })
+    }
+
+    /// One attempt at a permit (docs/design.md §6.2).
+    pub(super) async fn try_acquire_permit(
+        &self,
+        req: &AcquireRequest,
+    ) -> Result<Attempt, LockError> {
+        if req.force {
+            return Err(LockError::Backend {
+                url: self.url(),
+                message: "force is not supported on a key with more than one permit: \
+                          release the holders instead"
+                    .into(),
+            });
+        }
+        let mut st = self.state.lock().await;
+        let takeover_after = |lease| self.margins.takeover_after(lease);
+        for _ in 0..SET_RETRIES {
+            let stored = self.read().await?;
+            if let Some(lease) = self
+                .adopt_pending_permit(&mut st.set, stored.as_ref())
+                .await?
+            {
+                return Ok(Attempt::Acquired(lease));
+            }
+            let Current { mut set, version } = self.as_set(req, stored.as_ref())?;
+            // Rule 1 per entry: drop the holders (and a waiting writer) seen unchanged for
+            // their lease; the write below is conditioned on the version that showed them.
+            let expired = st.set.expired(&set, takeover_after);
+            set.holders.retain(|h| !expired.contains(&h.nonce));
+            if set
+                .waiting_writer
+                .as_ref()
+                .is_some_and(|w| expired.contains(&w.nonce))
+            {
+                set.waiting_writer = None;
+            }
+            let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
+            let mode = req.permits.mode;
+            if admits(&set, mode, ours.as_deref()) {
+                let last = set.last_fence;
+                let fence = last.checked_next().ok_or_else(|| LockError::Backend {
+                    url: self.url(),
+                    message: format!(
+                        "the stored record has the last fence ({last}): no later holder could \
+                         carry a higher one; delete the record to start again"
+                    ),
+                })?;
+                let entry = SetEntry::new(&req.holder, fence, req.lease, mode, req.data.clone());
+                if set.waiting_writer.as_ref().map(|w| &w.nonce) == ours.as_ref() {
+                    set.waiting_writer = None;
+                }
+                set.holders.push(entry.clone());
+                set.last_fence = fence;
+                match self
+                    .write_grant(&mut st.set, version.as_ref(), set, entry)
+                    .await?
+                {
+                    Some(lease) => {
+                        st.set.waiting = None;
+                        return Ok(Attempt::Acquired(lease));
+                    }
+                    None => continue,
+                }
+            }
+            // Not admitted. An exclusive contender takes (or keeps refreshing) the
+            // waiting-writer slot when it is free or already ours.
+            let slot_free = set.waiting_writer.is_none()
+                || set.waiting_writer.as_ref().map(|w| &w.nonce) == ours.as_ref();
+            if mode == Mode::Exclusive && slot_free {
+                let waiting = match st.set.waiting.take() {
+                    Some(w) => w.renewed(),
+                    None => SetEntry::new(&req.holder, FenceToken(0), req.lease, mode, None),
+                };
+                set.waiting_writer = Some(waiting.clone());
+                let record = record_of(set.clone());
+                match self.write_set(version.as_ref(), &record).await {
+                    Ok(_) => st.set.waiting = Some(waiting),
+                    Err(StoreError::Conflict { .. }) => {
+                        st.set.waiting = Some(waiting);
+                        continue;
+                    }
+                    // Unknown or failed: the registration may be there; keep its nonce so
+                    // the next attempt refreshes rather than duplicates it.
+                    Err(_) => st.set.waiting = Some(waiting),
+                }
+            }
+            let holder = record_of(set.clone());
+            // Refresh the registration well within its lease; otherwise wake when the
+            // first entry could be seen expired.
+            let retry_in = st.set.next_expiry(&set, takeover_after).min(req.lease / 3);
+            return Ok(Attempt::Busy {
+                holder,
+                retry_in: Some(retry_in),
+                queue_position: None,
+            });
+        }
+        Err(self.unavailable("the holder set kept changing while acquiring a permit"))
+    }
+
+    /// Creates the record or replaces `version` with it.
+    async fn write_set(
+        &self,
+        version: Option<&Version>,
+        record: &LockRecord,
+    ) -> Result<Version, StoreError> {
+        match version {
+            None => self.store.create(record).await,
+            Some(v) => self.store.replace(v, record).await,
+        }
+    }
+
+    /// The grant's one conditional write, with rule 4 for a lost reply. `None`: lost a
+    /// race (re-read and decide again).
+    async fn write_grant(
+        &self,
+        st: &mut SetContender,
+        version: Option<&Version>,
+        set: HolderSet,
+        entry: SetEntry,
+    ) -> Result<Option<Lease>, LockError> {
+        let record = record_of(set);
+        let sent = Instant::now();
+        match self.write_set(version, &record).await {
+            Ok(version) => {
+                st.pending = None;
+                Ok(Some(self.permit_lease(&entry, &record, version, sent)))
+            }
+            Err(StoreError::Conflict { .. }) => {
+                st.pending = Some((entry, sent));
+                Ok(None)
+            }
+            Err(StoreError::Indeterminate(cause)) => {
+                st.pending = Some((entry, sent));
+                let stored = self.read().await?;
+                match self.adopt_pending_permit(st, stored.as_ref()).await? {
+                    Some(lease) => Ok(Some(lease)),
+                    None => Err(self.unavailable(format!("acquire outcome unknown: {cause}"))),
+                }
+            }
+            Err(e) => Err(self.store_error(e)),
+        }
+    }
+
+    fn permit_lease(
+        &self,
+        entry: &SetEntry,
+        record: &LockRecord,
+        version: Version,
+        sent: Instant,
+    ) -> Lease {
+        let set = record.set.clone().unwrap_or_default();
+        let deadline = HolderDeadline::after_write(sent, entry.lease(), &self.margins);
+        Lease::new(entry_view(entry, &set), version, deadline)
+    }
+
+    /// Rule 4 across attempts: an acquisition whose reply was lost, found in the set.
+    async fn adopt_pending_permit(
+        &self,
+        st: &mut SetContender,
+        stored: Option<&Stored>,
+    ) -> Result<Option<Lease>, LockError> {
+        let Some((pending, sent)) = &st.pending else {
+            return Ok(None);
+        };
+        let Some(Stored {
+            record: Ok(record),
+            version,
+        }) = stored
+        else {
+            return Ok(None);
+        };
+        let Some(entry) = record.set.as_ref().and_then(|s| s.entry(&pending.nonce)) else {
+            return Ok(None);
+        };
+        let same_write = entry.revision == pending.revision;
+        let mut lease = self.permit_lease(entry, record, version.clone(), *sent);
+        st.pending = None;
+        if !same_write || !lease.is_valid() {
+            // Not provably the write we sent then: confirm with a renewal.
+            lease.deadline = HolderDeadline::expired();
+            self.renew_permit(&mut lease).await?;
+        }
+        Ok(Some(lease))
+    }
+
+    /// Renews our entry: one conditional write when the set has not changed since our
+    /// last write; otherwise re-read and retry within the holder deadline.
+    pub(super) async fn renew_permit(&self, lease: &mut Lease) -> Result<(), LockError> {
+        let mut base = lease.record.set.clone().unwrap_or_default();
+        let mut version = lease.version.clone();
+        let mut ours = lease.record.revision.clone();
+        for _ in 0..SET_RETRIES {
+            let Some(entry) = base
+                .holders
+                .iter()
+                .find(|h| h.nonce == lease.record.nonce)
+                .cloned()
+            else {
+                return Err(self.lost(LostReason::EntryGone));
+            };
+            // An earlier renewal of ours whose reply was lost landed: its send time
+            // counts for the deadline only if it is the one we remembered.
+            if entry.revision != ours {
+                match lease.unconfirmed.take() {
+                    Some((pending, sent)) if pending.revision == entry.revision => {
+                        lease.deadline =
+                            HolderDeadline::after_write(sent, entry.lease(), &self.margins);
+                    }
+                    _ => {}
+                }
+            }
+            let renewed = entry.renewed();
+            let mut set = base.clone();
+            for h in set.holders.iter_mut().filter(|h| h.nonce == renewed.nonce) {
+                *h = renewed.clone();
+            }
+            let record = record_of(set.clone());
+            let sent = Instant::now();
+            match self.store.replace(&version, &record).await {
+                Ok(v) => {
+                    lease.confirm(entry_view(&renewed, &set), v, sent, &self.margins);
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. }) => {}
+                Err(StoreError::Indeterminate(cause)) => {
+                    lease.unconfirmed = Some((entry_view(&renewed, &set), sent));
+                    let (s, v) = self.read_set().await?;
+                    if s.entry(&renewed.nonce)
+                        .is_some_and(|e| e.revision == renewed.revision)
+                    {
+                        lease.confirm(entry_view(&renewed, &s), v, sent, &self.margins);
+                        return Ok(());
+                    }
+                    if v == version {
+                        return Err(self.unavailable(format!("renewal outcome unknown: {cause}")));
+                    }
+                }
+                Err(e) => return Err(self.store_error(e)),
+            }
+            // Someone else wrote the set in between: read it and try again, as long as
+            // we may still claim our permit.
+            if !lease.is_valid() {
+                return Err(self.unavailable("renewal kept losing races past the holder deadline"));
+            }
+            let (s, v) = self.read_set().await?;
+            ours = entry.revision.clone();
+            base = s;
+            version = v;
+        }
+        Err(self.unavailable("the holder set kept changing while renewing"))
+    }
+
+    /// Reads the set for a holder; the key no longer being a set means the permit is lost.
+    async fn read_set(&self) -> Result<(HolderSet, Version), LockError> {
+        match self.read().await? {
+            Some(Stored {
+                record: Ok(LockRecord { set: Some(set), .. }),
+                version,
+            }) => Ok((set, version)),
+            None => Err(self.lost(LostReason::Deleted)),
+            Some(Stored {
+                record: Err(found), ..
+            }) => Err(self.lost(LostReason::Foreign(found))),
+            Some(Stored { record: Ok(r), .. }) if r.state == LockState::Held => {
+                Err(self.lost(LostReason::TakenOver(super::error::HeldBy::from_record(&r))))
+            }
+            Some(_) => Err(self.lost(LostReason::ReleasedElsewhere)),
+        }
+    }
+
+    fn lost(&self, reason: LostReason) -> LockError {
+        LockError::Lost {
+            url: self.url(),
+            reason,
+        }
+    }
+
+    /// Removes our entry, retrying when another holder wrote the set first.
+    pub(super) async fn release_permit(&self, lease: &Lease) -> Result<(), LockError> {
+        let mut base = lease.record.set.clone().unwrap_or_default();
+        let mut version = lease.version.clone();
+        for _ in 0..SET_RETRIES {
+            if base.entry(&lease.record.nonce).is_none() {
+                return Err(LockError::NotHeld { url: self.url() });
+            }
+            let mut set = base.clone();
+            set.holders.retain(|h| h.nonce != lease.record.nonce);
+            let empty = set.holders.is_empty() && set.waiting_writer.is_none();
+            match self.store.replace(&version, &record_of(set)).await {
+                Ok(v) => {
+                    if empty && self.delete_on_release {
+                        // s3lockCompatible: no object while nobody holds the key. A
+                        // failed delete leaves a released record, still free.
+                        let _ = self.store.delete(&v).await;
+                    }
+                    return Ok(());
+                }
+                Err(StoreError::Conflict { .. }) | Err(StoreError::Indeterminate(_)) => {}
+                Err(e) => return Err(self.store_error(e)),
+            }
+            // Another write (or ours, unseen) came first: look again.
+            let (s, v) = match self.read_set().await {
+                Ok(found) => found,
+                Err(LockError::Lost { .. }) => return Err(LockError::NotHeld { url: self.url() }),
+                Err(e) => return Err(e),
+            };
+            base = s;
+            version = v;
+        }
+        Err(self.unavailable("the holder set kept changing while releasing"))
+    }
+
+    /// Re-attaches to a permit by its nonce.
+    pub(super) fn resume_permit(
+        &self,
+        holder: &str,
+        nonce: &str,
+        stored: &Stored,
+    ) -> Option<Lease> {
+        let Ok(record) = &stored.record else {
+            return None;
+        };
+        let set = record.set.as_ref()?;
+        let entry = set.entry(nonce).filter(|e| e.holder == holder)?;
+        Some(Lease::new(
+            entry_view(entry, set),
+            stored.version.clone(),
+            HolderDeadline::expired(),
+        ))
+    }
+
+    /// Gives up waiting: takes our waiting-writer registration back out of the set.
+    pub(super) async fn abandon_permit(&self) {
+        let mut st = self.state.lock().await;
+        let Some(waiting) = st.set.waiting.take() else {
+            return;
+        };
+        for _ in 0..SET_RETRIES {
+            let Ok(Some(Stored {
+                record: Ok(record),
+                version,
+            })) = self.read().await
+            else {
+                return;
+            };
+            let Some(mut set) = record.set.clone() else {
+                return;
+            };
+            if set.waiting_writer.as_ref().map(|w| &w.nonce) != Some(&waiting.nonce) {
+                return;
+            }
+            set.waiting_writer = None;
+            match self.store.replace(&version, &record_of(set)).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                _ => return,
+            }
+        }
+    }
+}
+
+/// The rules of docs/design.md §3, per holder entry (§6.2), on the in-memory store.
+/// Real time with short leases and one-sided timing assertions, as in `cas`'s tests.
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::{Instant, sleep};
+
+    use super::*;
+    use crate::lock::backend::LockBackend;
+    use crate::lock::clock::SafetyMargins;
+    use crate::lock::memory::{Fault, MemoryStore};
+    use crate::lock::permits::Permits;
+
+    const LEASE: Duration = Duration::from_millis(300);
+    const MARGINS: SafetyMargins = SafetyMargins {
+        drift: 0.02,
+        margin: Duration::from_millis(30),
+        grace: Duration::from_millis(50),
+    };
+    /// Rule 1: lease + grace.
+    const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
+
+    fn contender(store: &MemoryStore) -> CasLock<MemoryStore> {
+        CasLock::new(store.clone()).with_margins(MARGINS)
+    }
+
+    fn req(holder: &str, permits: u32, mode: Mode) -> AcquireRequest {
+        AcquireRequest {
+            permits: Permits {
+                total: permits,
+                mode,
+            },
+            ..AcquireRequest::new(holder, LEASE)
+        }
+    }
+
+    fn shared(holder: &str) -> AcquireRequest {
+        req(holder, 3, Mode::Shared)
+    }
+
+    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{} should have acquired: {other:?}", req.holder),
+        }
+    }
+
+    async fn busy(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> LockRecord {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Busy { holder, .. }) => holder,
+            other => panic!("{} should have been refused: {other:?}", req.holder),
+        }
+    }
+
+    fn holders(store: &MemoryStore) -> Vec<String> {
+        let set = store.record().set.expect("a holder set");
+        set.holders.iter().map(|h| h.holder.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn rule3_every_grant_takes_the_next_fence_and_permits_are_never_exceeded() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let locks: Vec<_> = (0..4).map(|_| contender(&store)).collect();
+        let a = acquired(&locks[0], &shared("a")).await;
+        let b = acquired(&locks[1], &shared("b")).await;
+        let c = acquired(&locks[2], &shared("c")).await;
+        assert_eq!(
+            [a.fence(), b.fence(), c.fence()],
+            [FenceToken(1), FenceToken(2), FenceToken(3)]
+        );
+        let seen = busy(&locks[3], &shared("d")).await;
+        assert_eq!(seen.set.as_ref().map(HolderSet::in_use), Some(3));
+        assert_eq!(seen.holder, "a, b and 1 more");
+        locks[1].release(&b).await.unwrap();
+        let d = acquired(&locks[3], &shared("d")).await;
+        // b's fence (2) is gone from the set; the grant still takes the key's next.
+        assert_eq!(d.fence(), FenceToken(4));
+        assert_eq!(holders(&store), ["a", "c", "d"]);
+        assert_eq!(store.record().fence, FenceToken(4));
+        assert_eq!(store.record().state, LockState::Held);
+    }
+
+    #[tokio::test]
+    async fn rule1_per_entry_a_dead_holders_permit_is_reclaimed_only_after_its_observed_lease() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let (la, lb, lc) = (contender(&store), contender(&store), contender(&store));
+        let _dead = acquired(&la, &req("a", 2, Mode::Shared)).await;
+        let mut b = acquired(&lb, &req("b", 2, Mode::Shared)).await;
+        let since = Instant::now();
+        let c = loop {
+            // b keeps renewing throughout: every renewal changes the record's version,
+            // which must not make a's entry (or b's) look younger or older.
+            lb.renew(&mut b).await.unwrap();
+            match lc.try_acquire(&req("c", 2, Mode::Shared)).await.unwrap() {
+                Attempt::Acquired(lease) => break lease,
+                Attempt::Busy { .. } => {}
+            }
+            assert!(since.elapsed() < TAKEOVER_AFTER * 20, "never reclaimed");
+            sleep(Duration::from_millis(20)).await;
+        };
+        let observed_at_most = since.elapsed();
+        assert!(
+            observed_at_most >= TAKEOVER_AFTER,
+            "reclaimed after at most {observed_at_most:?}; rule 1 needs {TAKEOVER_AFTER:?}"
+        );
+        assert_eq!(holders(&store), ["b", "c"], "only the dead holder's permit");
+        lb.renew(&mut b).await.expect("b still holds its permit");
+        assert_eq!(c.fence(), FenceToken(3));
+    }
+
+    #[tokio::test]
+    async fn renewals_of_other_holders_do_not_make_an_entry_look_expired() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let (la, lb, lc) = (contender(&store), contender(&store), contender(&store));
+        let mut a = acquired(&la, &req("a", 2, Mode::Shared)).await;
+        let mut b = acquired(&lb, &req("b", 2, Mode::Shared)).await;
+        let until = Instant::now() + TAKEOVER_AFTER * 3;
+        while Instant::now() < until {
+            la.renew(&mut a).await.unwrap();
+            lb.renew(&mut b).await.unwrap();
+            busy(&lc, &req("c", 2, Mode::Shared)).await;
+            sleep(Duration::from_millis(30)).await;
+        }
+        assert_eq!(holders(&store), ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_renewal_that_loses_a_race_re_reads_and_retries() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let (la, lb) = (contender(&store), contender(&store));
+        let mut a = acquired(&la, &shared("a")).await;
+        let mut b = acquired(&lb, &shared("b")).await;
+        // a's lease still names the version before b's grant: its first write conflicts.
+        la.renew(&mut a).await.unwrap();
+        lb.renew(&mut b).await.unwrap();
+        la.renew(&mut a).await.unwrap();
+        let set = store.record().set.unwrap();
+        assert_eq!(set.entry(a.nonce()).unwrap().revision, a.record.revision);
+        assert_eq!(set.entry(b.nonce()).unwrap().revision, b.record.revision);
+        assert_eq!(store.stored().unwrap().version, a.version);
+    }
+
+    #[tokio::test]
+    async fn rule4_a_lost_acquisition_reply_is_resolved_by_the_nonce_in_the_set() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let la = contender(&store);
+        store.next_write(Fault::IndeterminateApplied);
+        store.next_read(Fault::Pass).next_read(Fault::Unavailable);
+        assert!(
+            la.try_acquire(&shared("a"))
+                .await
+                .unwrap_err()
+                .is_transient()
+        );
+        assert_eq!(holders(&store), ["a"], "the write landed");
+        let lease = acquired(&la, &shared("a")).await;
+        assert_eq!(holders(&store), ["a"], "adopted, not a second permit");
+        assert_eq!(lease.fence(), FenceToken(1));
+        assert!(lease.is_valid());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_blocks_new_readers_until_it_has_had_its_turn() {
+        let store = MemoryStore::new("mem://locks/rw");
+        let (lr1, lw, lr2) = (contender(&store), contender(&store), contender(&store));
+        let r1 = acquired(&lr1, &shared("r1")).await;
+        busy(&lw, &req("w", 3, Mode::Exclusive)).await;
+        assert_eq!(
+            store.record().set.unwrap().waiting_writer.map(|w| w.holder),
+            Some("w".to_string())
+        );
+        busy(&lr2, &shared("r2")).await;
+        lr1.release(&r1).await.unwrap();
+        let w = acquired(&lw, &req("w", 3, Mode::Exclusive)).await;
+        assert_eq!(store.record().set.unwrap().waiting_writer, None);
+        assert_eq!(store.record().set.unwrap().in_use(), 3);
+        busy(&lr2, &shared("r2")).await;
+        lw.release(&w).await.unwrap();
+        let r2 = acquired(&lr2, &shared("r2")).await;
+        assert!(r2.fence() > w.fence() && w.fence() > r1.fence());
+    }
+
+    #[tokio::test]
+    async fn a_dead_waiting_writer_stops_blocking_readers_after_its_observed_lease() {
+        let store = MemoryStore::new("mem://locks/rw");
+        let (lr1, lw, lr2) = (contender(&store), contender(&store), contender(&store));
+        let _r1 = acquired(&lr1, &shared("r1")).await;
+        busy(&lw, &req("w", 3, Mode::Exclusive)).await;
+        let since = Instant::now();
+        loop {
+            match lr2.try_acquire(&shared("r2")).await.unwrap() {
+                Attempt::Acquired(_) => break,
+                Attempt::Busy { .. } => sleep(Duration::from_millis(20)).await,
+            }
+            assert!(since.elapsed() < TAKEOVER_AFTER * 20, "never admitted");
+        }
+        assert!(since.elapsed() >= TAKEOVER_AFTER);
+    }
+
+    #[tokio::test]
+    async fn abandoning_takes_the_waiting_writer_registration_back() {
+        let store = MemoryStore::new("mem://locks/rw");
+        let (lr1, lw) = (contender(&store), contender(&store));
+        let _r1 = acquired(&lr1, &shared("r1")).await;
+        busy(&lw, &req("w", 3, Mode::Exclusive)).await;
+        lw.abandon().await;
+        assert_eq!(store.record().set.unwrap().waiting_writer, None);
+        acquired(&contender(&store), &shared("r2")).await;
+    }
+
+    #[tokio::test]
+    async fn every_lock_on_a_key_must_name_the_same_permits() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let held = acquired(&contender(&store), &shared("a")).await;
+        let disagree = |r: Result<Attempt, LockError>| match r {
+            Err(LockError::PermitsDisagree {
+                stored, requested, ..
+            }) => (stored, requested),
+            other => panic!("expected PermitsDisagree, got {other:?}"),
+        };
+        let two = contender(&store)
+            .try_acquire(&req("b", 2, Mode::Shared))
+            .await;
+        assert_eq!(disagree(two), (3, 2));
+        let mutex = contender(&store)
+            .try_acquire(&AcquireRequest::new("m", LEASE))
+            .await;
+        let err = mutex.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("held with 3 permits but this lock asks for 1"),
+            "{err}"
+        );
+        contender(&store).release(&held).await.unwrap();
+        // Nobody holds it: a mutex takes it, continuing the fences; a semaphore is refused.
+        let m = acquired(&contender(&store), &AcquireRequest::new("m", LEASE)).await;
+        assert_eq!(m.fence(), FenceToken(2));
+        assert!(
+            m.record.set.is_none(),
+            "a mutex keeps the plain record format"
+        );
+        let sem = contender(&store).try_acquire(&shared("b")).await;
+        assert_eq!(disagree(sem), (1, 3));
+    }
+
+    #[tokio::test]
+    async fn a_released_mutex_key_continues_its_fences_as_a_semaphore() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let lock = contender(&store);
+        let m = acquired(&lock, &AcquireRequest::new("m", LEASE)).await;
+        lock.release(&m).await.unwrap();
+        let s = acquired(&lock, &shared("s")).await;
+        assert_eq!(s.fence(), FenceToken(2));
+    }
+
+    #[tokio::test]
+    async fn resume_finds_a_permit_by_its_nonce() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let a = acquired(&contender(&store), &shared("a")).await;
+        let mut resumed = contender(&store).resume("a", a.nonce()).await.unwrap();
+        assert_eq!(resumed.fence(), a.fence());
+        assert!(!resumed.is_valid(), "valid only after its first renewal");
+        contender(&store).renew(&mut resumed).await.unwrap();
+        assert!(resumed.is_valid());
+        contender(&store).release(&resumed).await.unwrap();
+        assert!(store.record().set.unwrap().holders.is_empty());
+        assert_eq!(store.record().state, LockState::Released);
+        assert!(matches!(
+            contender(&store).release(&resumed).await,
+            Err(LockError::NotHeld { .. })
+        ));
+    }
+}
