@@ -387,6 +387,7 @@ mod tests {
             permits: 3,
             holders: vec![entry("a", 7), entry("b", 8)],
             waiting_writer: None,
+            last_fence: FenceToken(8),
         });
         Stored {
             record: Ok(record),
