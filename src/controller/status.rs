@@ -460,4 +460,57 @@ mod tests {
         assert_eq!(whole.0.subsec_nanosecond(), 0);
         assert_eq!(whole.0.as_second(), 1_700_000_000);
     }
+
+    #[test]
+    fn a_key_with_permits_reports_its_holders_and_permits_in_use() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let occupancy = Occupancy {
+            holders: 2,
+            in_use: 2,
+            permits: 3,
+        };
+        let semaphore = Acquisition {
+            occupancy: Some(occupancy),
+            ..acquisition(None)
+        };
+        let held = next_status(
+            &lock,
+            Desired::for_key("s3", "s3://b/k").held(&semaphore, None),
+        )
+        .expect("first write");
+        assert_eq!((held.holders, held.permits_in_use), (Some(2), Some(2)));
+        assert_eq!(held.fence, Some(7), "the lock's own fence");
+        assert_eq!(
+            acquired_condition(&held).message,
+            "held with fence 7 (2 holders, 2 of 3 permits in use)"
+        );
+
+        let full = Occupancy {
+            holders: 3,
+            in_use: 3,
+            permits: 3,
+        };
+        let waiting =
+            Desired::for_key("s3", "s3://b/k").waiting_for_permit("a", FenceToken(9), None, full);
+        let waiting = next_status(&lock, waiting).expect("a change");
+        assert_eq!(waiting.phase, Some(LockPhase::Waiting));
+        assert_eq!(
+            (waiting.holders, waiting.permits_in_use),
+            (Some(3), Some(3))
+        );
+        assert_eq!(
+            acquired_condition(&waiting).message,
+            "no permit free: 3 holders, 3 of 3 permits in use (latest fence 9)"
+        );
+
+        // A mutex's status has neither (as before).
+        lock.status = Some(waiting);
+        let mutex = next_status(
+            &lock,
+            Desired::for_key("s3", "s3://b/k").held(&acquisition(None), None),
+        )
+        .expect("a change");
+        assert_eq!((mutex.holders, mutex.permits_in_use), (None, None));
+    }
 }
