@@ -33,8 +33,21 @@ use super::error::{LockError, LostReason};
 use super::permits::{HolderSet, Mode, SetEntry};
 use super::record::{FenceToken, LockRecord, LockState, Stored, Version, random_id};
 
-/// How many times one call re-reads after losing a write race to another holder.
+/// How many times one acquisition attempt re-reads after losing a write race before it
+/// reports the key busy (the caller tries again later).
 const SET_RETRIES: usize = 8;
+
+/// How long a release keeps retrying after losing write races to other holders. A
+/// release that never lands is not unsafe (the entry expires), only slower for others.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A short random pause after losing a write race, growing with the number of losses,
+/// so that holders writing the one record at once spread out instead of colliding again.
+async fn back_off(losses: u32) {
+    let ceiling = 2u64.saturating_pow(losses.min(6)).min(50);
+    let pause = rand::random_range(0..=ceiling);
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+}
 
 /// What a contender for a permit remembers between attempts.
 #[derive(Default)]
@@ -246,7 +259,8 @@ impl<S: RecordStore> CasLock<S> {
         }
         let mut st = self.state.lock().await;
         let takeover_after = |lease| self.margins.takeover_after(lease);
-        for _ in 0..SET_RETRIES {
+        let mut last_seen = None;
+        for attempt in 0..SET_RETRIES as u32 {
             let stored = self.read().await?;
             if let Some(lease) = self
                 .adopt_pending_permit(&mut st.set, stored.as_ref())
@@ -255,6 +269,7 @@ impl<S: RecordStore> CasLock<S> {
                 return Ok(Attempt::Acquired(lease));
             }
             let Current { mut set, version } = self.as_set(req, stored.as_ref())?;
+            last_seen = Some(set.clone());
             // Rule 1 per entry: drop the holders (and a waiting writer) seen unchanged for
             // their lease; the write below is conditioned on the version that showed them.
             let expired = st.set.expired(&set, takeover_after);
@@ -309,6 +324,7 @@ impl<S: RecordStore> CasLock<S> {
                     Ok(_) => st.set.waiting = Some(waiting),
                     Err(StoreError::Conflict { .. }) => {
                         st.set.waiting = Some(waiting);
+                        back_off(attempt).await;
                         continue;
                     }
                     // Unknown or failed: the registration may be there; keep its nonce so
@@ -326,7 +342,13 @@ impl<S: RecordStore> CasLock<S> {
                 queue_position: None,
             });
         }
-        Err(self.unavailable("the holder set kept changing while acquiring a permit"))
+        // Every write lost a race: busy for now, as the last set read showed.
+        let holder = record_of(last_seen.unwrap_or_default());
+        Ok(Attempt::Busy {
+            holder,
+            retry_in: Some(Duration::from_millis(50)),
+            queue_position: None,
+        })
     }
 
     /// Creates the record or replaces `version` with it.
@@ -421,7 +443,8 @@ impl<S: RecordStore> CasLock<S> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
         let mut ours = lease.record.revision.clone();
-        for _ in 0..SET_RETRIES {
+        let mut losses = 0;
+        loop {
             let Some(entry) = base
                 .holders
                 .iter()
@@ -474,12 +497,13 @@ impl<S: RecordStore> CasLock<S> {
             if !lease.is_valid() {
                 return Err(self.unavailable("renewal kept losing races past the holder deadline"));
             }
+            losses += 1;
+            back_off(losses).await;
             let (s, v) = self.read_set().await?;
             ours = entry.revision.clone();
             base = s;
             version = v;
         }
-        Err(self.unavailable("the holder set kept changing while renewing"))
     }
 
     /// Reads the set for a holder; the key no longer being a set means the permit is lost.
@@ -511,7 +535,9 @@ impl<S: RecordStore> CasLock<S> {
     pub(super) async fn release_permit(&self, lease: &Lease) -> Result<(), LockError> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
-        for _ in 0..SET_RETRIES {
+        let give_up = Instant::now() + RELEASE_PATIENCE;
+        let mut losses = 0;
+        while Instant::now() < give_up {
             if base.entry(&lease.record.nonce).is_none() {
                 return Err(LockError::NotHeld { url: self.url() });
             }
@@ -531,6 +557,8 @@ impl<S: RecordStore> CasLock<S> {
                 Err(e) => return Err(self.store_error(e)),
             }
             // Another write (or ours, unseen) came first: look again.
+            losses += 1;
+            back_off(losses).await;
             let (s, v) = match self.read_set().await {
                 Ok(found) => found,
                 Err(LockError::Lost { .. }) => return Err(LockError::NotHeld { url: self.url() }),
