@@ -59,6 +59,10 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
     for (part, title) in [
         ("engine", "Engine (part 2)"),
         ("operator", "Operator end to end (part 3)"),
+        (
+            "permits",
+            "Permits (part 5): one permit among other holders of the key",
+        ),
     ] {
         let _ = writeln!(
             md,

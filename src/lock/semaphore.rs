@@ -22,6 +22,7 @@
 //! attempt; while it is live, no new shared holder is admitted.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -33,8 +34,34 @@ use super::error::{LockError, LostReason};
 use super::permits::{HolderSet, Mode, SetEntry};
 use super::record::{FenceToken, LockRecord, LockState, Stored, Version, random_id};
 
-/// How many times one call re-reads after losing a write race to another holder.
+/// How many times one acquisition attempt re-reads after losing a write race before it
+/// reports the key busy (the caller tries again later).
 const SET_RETRIES: usize = 8;
+
+/// How long a release keeps retrying after losing write races to other holders. A
+/// release that never lands is not unsafe (the entry expires), only slower for others.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Conditional writes of a holder set that lost a race to another writer, in this
+/// process: each costs one more read and write. Counted for the benchmarks.
+static LOST_WRITE_RACES: AtomicU64 = AtomicU64::new(0);
+
+/// How many conditional writes of holder sets have lost a race in this process.
+pub fn lost_write_races() -> u64 {
+    LOST_WRITE_RACES.load(Ordering::Relaxed)
+}
+
+fn lost_a_race() {
+    LOST_WRITE_RACES.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A short random pause after losing a write race, growing with the number of losses,
+/// so that holders writing the one record at once spread out instead of colliding again.
+async fn back_off(losses: u32) {
+    let ceiling = 2u64.saturating_pow(losses.min(6)).min(50);
+    let pause = rand::random_range(0..=ceiling);
+    tokio::time::sleep(Duration::from_millis(pause)).await;
+}
 
 /// What a contender for a permit remembers between attempts.
 #[derive(Default)]
@@ -246,7 +273,8 @@ impl<S: RecordStore> CasLock<S> {
         }
         let mut st = self.state.lock().await;
         let takeover_after = |lease| self.margins.takeover_after(lease);
-        for _ in 0..SET_RETRIES {
+        let mut last_seen = None;
+        for attempt in 0..SET_RETRIES as u32 {
             let stored = self.read().await?;
             if let Some(lease) = self
                 .adopt_pending_permit(&mut st.set, stored.as_ref())
@@ -255,6 +283,7 @@ impl<S: RecordStore> CasLock<S> {
                 return Ok(Attempt::Acquired(lease));
             }
             let Current { mut set, version } = self.as_set(req, stored.as_ref())?;
+            last_seen = Some(set.clone());
             // Rule 1 per entry: drop the holders (and a waiting writer) seen unchanged for
             // their lease; the write below is conditioned on the version that showed them.
             let expired = st.set.expired(&set, takeover_after);
@@ -308,7 +337,9 @@ impl<S: RecordStore> CasLock<S> {
                 match self.write_set(version.as_ref(), &record).await {
                     Ok(_) => st.set.waiting = Some(waiting),
                     Err(StoreError::Conflict { .. }) => {
+                        lost_a_race();
                         st.set.waiting = Some(waiting);
+                        back_off(attempt).await;
                         continue;
                     }
                     // Unknown or failed: the registration may be there; keep its nonce so
@@ -326,7 +357,13 @@ impl<S: RecordStore> CasLock<S> {
                 queue_position: None,
             });
         }
-        Err(self.unavailable("the holder set kept changing while acquiring a permit"))
+        // Every write lost a race: busy for now, as the last set read showed.
+        let holder = record_of(last_seen.unwrap_or_default());
+        Ok(Attempt::Busy {
+            holder,
+            retry_in: Some(Duration::from_millis(50)),
+            queue_position: None,
+        })
     }
 
     /// Creates the record or replaces `version` with it.
@@ -358,6 +395,7 @@ impl<S: RecordStore> CasLock<S> {
                 Ok(Some(self.permit_lease(&entry, &record, version, sent)))
             }
             Err(StoreError::Conflict { .. }) => {
+                lost_a_race();
                 st.pending = Some((entry, sent));
                 Ok(None)
             }
@@ -421,7 +459,8 @@ impl<S: RecordStore> CasLock<S> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
         let mut ours = lease.record.revision.clone();
-        for _ in 0..SET_RETRIES {
+        let mut losses = 0;
+        loop {
             let Some(entry) = base
                 .holders
                 .iter()
@@ -453,7 +492,7 @@ impl<S: RecordStore> CasLock<S> {
                     lease.confirm(entry_view(&renewed, &set), v, sent, &self.margins);
                     return Ok(());
                 }
-                Err(StoreError::Conflict { .. }) => {}
+                Err(StoreError::Conflict { .. }) => lost_a_race(),
                 Err(StoreError::Indeterminate(cause)) => {
                     lease.unconfirmed = Some((entry_view(&renewed, &set), sent));
                     let (s, v) = self.read_set().await?;
@@ -474,12 +513,13 @@ impl<S: RecordStore> CasLock<S> {
             if !lease.is_valid() {
                 return Err(self.unavailable("renewal kept losing races past the holder deadline"));
             }
+            losses += 1;
+            back_off(losses).await;
             let (s, v) = self.read_set().await?;
             ours = entry.revision.clone();
             base = s;
             version = v;
         }
-        Err(self.unavailable("the holder set kept changing while renewing"))
     }
 
     /// Reads the set for a holder; the key no longer being a set means the permit is lost.
@@ -511,7 +551,9 @@ impl<S: RecordStore> CasLock<S> {
     pub(super) async fn release_permit(&self, lease: &Lease) -> Result<(), LockError> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
-        for _ in 0..SET_RETRIES {
+        let give_up = Instant::now() + RELEASE_PATIENCE;
+        let mut losses = 0;
+        while Instant::now() < give_up {
             if base.entry(&lease.record.nonce).is_none() {
                 return Err(LockError::NotHeld { url: self.url() });
             }
@@ -527,10 +569,13 @@ impl<S: RecordStore> CasLock<S> {
                     }
                     return Ok(());
                 }
-                Err(StoreError::Conflict { .. }) | Err(StoreError::Indeterminate(_)) => {}
+                Err(StoreError::Conflict { .. }) => lost_a_race(),
+                Err(StoreError::Indeterminate(_)) => {}
                 Err(e) => return Err(self.store_error(e)),
             }
             // Another write (or ours, unseen) came first: look again.
+            losses += 1;
+            back_off(losses).await;
             let (s, v) = match self.read_set().await {
                 Ok(found) => found,
                 Err(LockError::Lost { .. }) => return Err(LockError::NotHeld { url: self.url() }),

@@ -13,6 +13,7 @@
 
 pub mod cli;
 pub mod dynalite;
+pub mod keys;
 pub mod kube;
 pub mod kubectl;
 pub mod locks;

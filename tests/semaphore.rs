@@ -1,0 +1,373 @@
+//! Keys with more than one holder (docs/design.md §6.2) on every store, against the real
+//! servers: a counting semaphore (permits 3, 12 contenders × 50 acquisitions) and a
+//! shared/exclusive lock (8 readers, 2 writers). One checker records every hold and
+//! judges both while they happen and afterwards, from the recorded intervals.
+//!
+//! Each hold's interval runs from just after the grant returned to just before the
+//! release was sent, so it lies inside the time the store counted the permit as taken:
+//! more overlapping intervals than permits would mean the store granted too many.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockwarden::lock::{AcquireRequest, Attempt, Lease, LockBackend, Mode, Permits};
+use rand::Rng;
+use support::keys::Key;
+use support::stores::{dynamodb_choice, s3_choice};
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep};
+
+/// How long any one contender may wait for a permit before the test gives up: far
+/// beyond anything a loaded 2-core machine needs.
+const GIVE_UP: Duration = Duration::from_secs(120);
+
+/// The stated bound for a writer among 8 readers: from its first attempt to its grant.
+const WRITER_BOUND: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    fence: u64,
+    mode: Mode,
+    /// When the contender began asking for this permit: its grant was written later.
+    asked: Instant,
+    start: Instant,
+    end: Instant,
+}
+
+/// Every hold, and the holders right now.
+#[derive(Default)]
+struct Holds {
+    state: Mutex<HoldState>,
+}
+
+#[derive(Default)]
+struct HoldState {
+    live: Vec<(u64, Mode)>,
+    done: Vec<Hold>,
+    most_shared_at_once: usize,
+}
+
+impl Holds {
+    /// A grant just returned: no more than `permits` shared holders, and an exclusive
+    /// one alone.
+    fn enter(&self, lease: &Lease, permits: u32, mode: Mode) -> Instant {
+        assert!(
+            lease.is_valid(),
+            "granted a lease already past its deadline"
+        );
+        let mut st = self.state.lock().unwrap();
+        let fence = lease.fence().0;
+        let conflict = match mode {
+            Mode::Exclusive => !st.live.is_empty(),
+            Mode::Shared => {
+                st.live.len() >= permits as usize
+                    || st.live.iter().any(|(_, m)| *m == Mode::Exclusive)
+            }
+        };
+        assert!(
+            !conflict,
+            "{mode} grant with fence {fence} while {:?} held the key (permits {permits})",
+            st.live
+        );
+        st.live.push((fence, mode));
+        if mode == Mode::Shared {
+            st.most_shared_at_once = st.most_shared_at_once.max(st.live.len());
+        }
+        Instant::now()
+    }
+
+    fn exit(&self, lease: &Lease, mode: Mode, asked: Instant, start: Instant) {
+        let mut st = self.state.lock().unwrap();
+        let fence = lease.fence().0;
+        st.live.retain(|(f, _)| *f != fence);
+        st.done.push(Hold {
+            fence,
+            mode,
+            asked,
+            start,
+            end: Instant::now(),
+        });
+    }
+
+    /// The recorded intervals, judged afterwards: never more than `permits` at once (an
+    /// exclusive hold counting as all of them), fences distinct, and a hold that ended
+    /// before another contender began asking has the lower fence (grants are ordered by
+    /// fence in the store; the moment a contender learns of its grant can be later, so
+    /// the comparison is with when it asked).
+    fn check(&self, permits: u32) -> Vec<Hold> {
+        let st = self.state.lock().unwrap();
+        let holds = st.done.clone();
+        let mut fences: Vec<u64> = holds.iter().map(|h| h.fence).collect();
+        fences.sort_unstable();
+        fences.dedup();
+        if fences.len() != holds.len() {
+            let mut seen = std::collections::HashMap::new();
+            for h in &holds {
+                if let Some(first) = seen.insert(h.fence, *h) {
+                    panic!("two grants shared fence {}: {first:?} and {h:?}", h.fence);
+                }
+            }
+        }
+        let mut events: Vec<(Instant, i64)> = Vec::new();
+        for h in &holds {
+            let weight = match h.mode {
+                Mode::Exclusive => permits as i64,
+                Mode::Shared => 1,
+            };
+            events.push((h.start, weight));
+            events.push((h.end, -weight));
+        }
+        // At equal instants, ends first: an interval is closed at its release.
+        events.sort_by_key(|(t, w)| (*t, *w));
+        let mut in_use = 0;
+        for (t, w) in &events {
+            in_use += w;
+            assert!(
+                in_use <= permits as i64,
+                "{in_use} permits in use at {t:?} (permits {permits})"
+            );
+        }
+        let mut by_asked = holds.clone();
+        by_asked.sort_by_key(|h| h.asked);
+        let mut ended: Vec<&Hold> = holds.iter().collect();
+        ended.sort_by_key(|h| h.end);
+        // For each hold, every hold that ended before it was asked for has a lower
+        // fence: the highest such fence, swept in order of asking.
+        let (mut i, mut highest_ended) = (0, 0);
+        for h in &by_asked {
+            while i < ended.len() && ended[i].end < h.asked {
+                highest_ended = highest_ended.max(ended[i].fence);
+                i += 1;
+            }
+            assert!(
+                h.fence > highest_ended,
+                "fence {} asked for after fence {highest_ended} was released",
+                h.fence
+            );
+        }
+        holds
+    }
+
+    fn most_shared_at_once(&self) -> usize {
+        self.state.lock().unwrap().most_shared_at_once
+    }
+}
+
+fn request(holder: &str, permits: u32, mode: Mode) -> AcquireRequest {
+    AcquireRequest {
+        permits: Permits {
+            total: permits,
+            mode,
+        },
+        ..AcquireRequest::new(holder, Duration::from_secs(60))
+    }
+}
+
+/// Waits for a permit: tries, and on "busy" waits for a release in this process (as the
+/// controller's same-cluster index would tell it), the store's own notification, or a
+/// short poll. Returns the lease and how long it took.
+async fn take(
+    lock: &dyn LockBackend,
+    req: &AcquireRequest,
+    released: &Notify,
+) -> (Lease, Duration) {
+    let started = Instant::now();
+    loop {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => return (lease, started.elapsed()),
+            Ok(Attempt::Busy { retry_in, .. }) => {
+                let poll = retry_in
+                    .unwrap_or(Duration::MAX)
+                    .min(Duration::from_secs(1));
+                tokio::select! {
+                    _ = released.notified() => {}
+                    _ = lock.changed(poll) => {}
+                }
+            }
+            Err(e) if e.is_transient() => sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("{}: {e}", req.holder),
+        }
+        assert!(
+            started.elapsed() < GIVE_UP,
+            "{} never got a permit",
+            req.holder
+        );
+    }
+}
+
+/// One contender: `rounds` times take a permit, hold it for `hold`, release.
+async fn contend(
+    key: Key,
+    req: AcquireRequest,
+    rounds: usize,
+    hold: std::ops::Range<u64>,
+    holds: Arc<Holds>,
+    released: Arc<Notify>,
+) -> Vec<Duration> {
+    let lock = key.handle().await;
+    let mut waits = Vec::new();
+    for _ in 0..rounds {
+        let asked = Instant::now();
+        let (lease, waited) = take(lock.as_ref(), &req, &released).await;
+        waits.push(waited);
+        let start = holds.enter(&lease, req.permits.total, req.permits.mode);
+        let ms = rand::rng().random_range(hold.clone());
+        sleep(Duration::from_millis(ms)).await;
+        holds.exit(&lease, req.permits.mode, asked, start);
+        lock.release(&lease)
+            .await
+            .unwrap_or_else(|e| panic!("{}: release: {e}", req.holder));
+        released.notify_one();
+    }
+    waits
+}
+
+const PERMITS: u32 = 3;
+const CONTENDERS: usize = 12;
+const ACQUISITIONS_EACH: usize = 50;
+
+/// Permits 3, 12 contenders × 50 acquisitions: never more than 3 holders at once, and
+/// fences strictly increasing across all grants.
+async fn never_more_holders_than_permits(key: Key) {
+    let holds = Arc::new(Holds::default());
+    let released = Arc::new(Notify::new());
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..CONTENDERS)
+        .map(|c| {
+            let req = request(&format!("contender-{c}"), PERMITS, Mode::Shared);
+            tokio::spawn(contend(
+                key.clone(),
+                req,
+                ACQUISITIONS_EACH,
+                5..15,
+                holds.clone(),
+                released.clone(),
+            ))
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("contender panicked");
+    }
+    let all = holds.check(PERMITS);
+    assert_eq!(all.len(), CONTENDERS * ACQUISITIONS_EACH);
+    let most = holds.most_shared_at_once();
+    eprintln!(
+        "{} grants in {:?}; at most {most} holders at once",
+        all.len(),
+        started.elapsed()
+    );
+    assert!(
+        most >= 2,
+        "the permits were never shared (at most {most} at once)"
+    );
+}
+
+const READERS: usize = 8;
+const WRITERS: usize = 2;
+/// Readers coexist up to all of them; a writer takes every permit.
+const RW_PERMITS: u32 = READERS as u32;
+
+/// 8 readers and 2 writers on one key: a writer never overlaps anyone, readers are seen
+/// together, and every writer gets in within [`WRITER_BOUND`].
+async fn writers_are_alone_and_readers_share(key: Key) {
+    let holds = Arc::new(Holds::default());
+    let released = Arc::new(Notify::new());
+    let readers: Vec<_> = (0..READERS)
+        .map(|r| {
+            let req = request(&format!("reader-{r}"), RW_PERMITS, Mode::Shared);
+            tokio::spawn(contend(
+                key.clone(),
+                req,
+                10,
+                20..60,
+                holds.clone(),
+                released.clone(),
+            ))
+        })
+        .collect();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let req = request(&format!("writer-{w}"), RW_PERMITS, Mode::Exclusive);
+            tokio::spawn(contend(
+                key.clone(),
+                req,
+                5,
+                5..15,
+                holds.clone(),
+                released.clone(),
+            ))
+        })
+        .collect();
+    for r in readers {
+        r.await.expect("reader panicked");
+    }
+    let mut writer_waits = Vec::new();
+    for w in writers {
+        writer_waits.extend(w.await.expect("writer panicked"));
+    }
+    let all = holds.check(RW_PERMITS);
+    assert_eq!(all.len(), READERS * 10 + WRITERS * 5);
+    let longest = writer_waits.iter().max().copied().unwrap_or_default();
+    let most = holds.most_shared_at_once();
+    eprintln!("longest writer wait {longest:?}; at most {most} readers together");
+    assert!(most >= 2, "readers were never observed together");
+    assert!(
+        longest <= WRITER_BOUND,
+        "a writer waited {longest:?}, more than the stated {WRITER_BOUND:?}"
+    );
+}
+
+/// The key on a server of its own when the shared one serializes requests (moto).
+async fn s3_key() -> (Option<Box<dyn support::stores::AwsServer>>, Key) {
+    Key::on_own_server_if_serialized(s3_choice(), Key::s3_on).await
+}
+
+async fn dynamodb_key() -> (Option<Box<dyn support::stores::AwsServer>>, Key) {
+    Key::on_own_server_if_serialized(dynamodb_choice(), Key::dynamo_on).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_three_holders_of_three_permits_on_s3() {
+    let (_server, key) = s3_key().await;
+    never_more_holders_than_permits(key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_three_holders_of_three_permits_on_dynamodb() {
+    let (_server, key) = dynamodb_key().await;
+    never_more_holders_than_permits(key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_three_holders_of_three_permits_on_leases() {
+    never_more_holders_than_permits(Key::lease().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_three_holders_of_three_permits_on_zookeeper() {
+    never_more_holders_than_permits(Key::zookeeper()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_are_alone_and_readers_share_on_s3() {
+    let (_server, key) = s3_key().await;
+    writers_are_alone_and_readers_share(key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_are_alone_and_readers_share_on_dynamodb() {
+    let (_server, key) = dynamodb_key().await;
+    writers_are_alone_and_readers_share(key).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_are_alone_and_readers_share_on_leases() {
+    writers_are_alone_and_readers_share(Key::lease().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_are_alone_and_readers_share_on_zookeeper() {
+    writers_are_alone_and_readers_share(Key::zookeeper()).await;
+}
