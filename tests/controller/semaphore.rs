@@ -93,6 +93,7 @@ async fn two_permits_among_five(prefix: &str, locks: &Api<DistributedLock>, back
         }
         let (gone, _) = held.iter().next().map(|(n, f)| (n.clone(), *f)).unwrap();
         let latest = *held.values().max().unwrap();
+        let started = Instant::now();
         locks.delete(&gone, &DeleteParams::default()).await.unwrap();
         remaining.retain(|n| *n != gone);
         let stayed: Vec<String> = held.keys().filter(|n| **n != gone).cloned().collect();
@@ -119,6 +120,11 @@ async fn two_permits_among_five(prefix: &str, locks: &Api<DistributedLock>, back
             .iter()
             .find(|(n, _)| !held.contains_key(*n))
             .expect("a waiter took the permit");
+        // Woken by the release (same controller), not by its poll: printed, not asserted.
+        eprintln!(
+            "{prefix}: {gone}'s permit went to {newcomer} in {} ms",
+            started.elapsed().as_millis()
+        );
         assert!(
             *fence > latest,
             "{newcomer}'s fence {fence} must exceed every earlier grant ({latest})"
