@@ -47,6 +47,7 @@ mod cleanup;
 mod kafka_kit;
 mod lock;
 mod queue;
+mod semaphore;
 mod session;
 
 use std::time::Duration;
