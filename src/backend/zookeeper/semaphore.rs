@@ -289,6 +289,85 @@ mod tests {
         assert_eq!(verdict(&[S, S, S, S, S], shared(3)), waiting(3, &[0, 1, 2]));
     }
 
+    fn stat(czxid: i64) -> Stat {
+        Stat {
+            czxid,
+            mzxid: czxid,
+            pzxid: czxid,
+            ctime: 1_700_000_000_000,
+            mtime: 1_700_000_000_000,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 7,
+            data_length: 0,
+            num_children: 0,
+        }
+    }
+
+    /// A queue member as `members` reads it, written by a contender asking `permits`.
+    fn member(seq: i64, holder: &str, permits: Permits) -> Member {
+        let record = LockRecord::new_acquisition(
+            holder,
+            crate::lock::FenceToken(0),
+            std::time::Duration::from_secs(10),
+            None,
+        );
+        let data = super::super::kafka_kit::entry_data(&entry_record(record, permits));
+        let name = format!("_c_{holder}-lock-{seq:010}");
+        let stat = stat(100 + seq);
+        Member {
+            stored: ZkLock::stored(&name, &data, &stat),
+            name,
+            stat,
+        }
+    }
+
+    #[test]
+    fn an_entry_says_its_permits_and_mode_and_reads_back_with_its_czxid() {
+        let reader = member(1, "r", shared(3));
+        let record = reader.stored.record.as_ref().expect("a lockwarden record");
+        assert_eq!(record.fence, crate::lock::FenceToken(101));
+        let set = record.set.as_ref().expect("a holder set");
+        assert_eq!((set.permits, set.holders.len()), (3, 1));
+        assert_eq!(set.holders[0].nonce, record.nonce, "the same acquisition");
+        assert_eq!(set.holders[0].fence, record.fence);
+        assert_eq!((reader.mode(), reader.permits()), (S, Some(3)));
+        assert_eq!(permits_of(record), shared(3));
+        let writer = member(2, "w", writer(3));
+        assert_eq!((writer.mode(), writer.permits()), (X, Some(3)));
+        let mutex = member(3, "m", Permits::MUTEX);
+        assert_eq!(
+            mutex.stored.record.as_ref().unwrap().set,
+            None,
+            "today's record"
+        );
+        assert_eq!((mutex.mode(), mutex.permits()), (X, Some(1)));
+        assert_eq!(disagreement(&[reader, writer, mutex], shared(3)), Some(1));
+    }
+
+    #[test]
+    fn the_summary_lists_the_granted_entries_and_the_writer_first_in_line() {
+        let queue = [
+            member(1, "r1", shared(3)),
+            member(2, "r2", shared(3)),
+            member(3, "w", writer(3)),
+            member(4, "r3", shared(3)),
+        ];
+        let stored = summary(&queue, 3).expect("a holder");
+        let record = stored.record.unwrap();
+        assert_eq!(record.holder, "r1");
+        assert_eq!(stored.version.0, format!("{}:0", queue[0].name));
+        let set = record.set.unwrap();
+        let holders: Vec<_> = set
+            .holders
+            .iter()
+            .map(|h| (h.holder.as_str(), h.fence.0))
+            .collect();
+        assert_eq!(holders, [("r1", 101), ("r2", 102)]);
+        assert_eq!(set.waiting_writer.map(|w| w.holder), Some("w".to_string()));
+    }
+
     #[test]
     fn a_writer_waits_for_everyone_ahead_and_blocks_readers_behind() {
         assert_eq!(verdict(&[], writer(3)), Verdict::Granted);
