@@ -1037,6 +1037,59 @@ async fn disagreeing_permits_are_refused_and_the_contender_leaves_the_queue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_finds_a_permit_granted_behind_another_holder() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-resume");
+    let sessions = ZkSessions::new();
+    let first = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let second = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let first_lease = expect_granted(&first, &permit_request("first", 2)).await;
+    let second_lease = expect_granted(&second, &permit_request("second", 2)).await;
+
+    // The second entry is not first in the queue, and holds a permit all the same.
+    let resumer = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let mut resumed = resumer
+        .resume("second", second_lease.nonce())
+        .await
+        .expect("resume a permit");
+    assert_eq!(resumed.fence(), second_lease.fence());
+    assert_eq!(resumed.version, second_lease.version);
+    assert_eq!(resumed.record.set, second_lease.record.set);
+    resumer.renew(&mut resumed).await.expect("renew");
+    assert!(resumed.is_valid());
+    resumer.release(&resumed).await.expect("release");
+    first.release(&first_lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_is_refused_with_permits_and_nothing_is_queued() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-force");
+    let sessions = ZkSessions::new();
+    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let lease = expect_granted(&holder, &permit_request("holder", 2)).await;
+    let forcer = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let mut req = permit_request("forcer", 2);
+    req.force = true;
+    match forcer.try_acquire(&req).await {
+        Err(LockError::Backend { message, .. }) => {
+            assert!(
+                message.contains("force is not supported with permits > 1"),
+                "{message}"
+            )
+        }
+        other => panic!("force with permits: {other:?}"),
+    }
+    assert_eq!(forcer.queue_entry().await, None);
+    let raw = raw_client().await;
+    assert_eq!(
+        children(&raw, &path).await,
+        vec![holder.queue_entry().await.unwrap()]
+    );
+    holder.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_queue_entry_counts_as_a_writer() {
     let zk = ZooKeeper::shared();
     let path = lock_path("permits-foreign");

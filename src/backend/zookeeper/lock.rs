@@ -304,8 +304,8 @@ impl LockBackend for ZkLock {
     /// branch working on the contender state held under one lock for the whole call.)
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
         if req.force && !req.permits.is_mutex() {
-            // Deleting entries ahead would hand out more permits than the key has only
-            // if it took exactly the right ones; not worth the risk.
+            // Force deletes every entry ahead of ours: on a key with permits that takes
+            // away permits others hold in good standing, so it is refused.
             return Err(LockError::Backend {
                 url: self.url.clone(),
                 message: "force is not supported with permits > 1".into(),
@@ -563,14 +563,15 @@ impl LockBackend for ZkLock {
             .members(&generation, &queue)
             .await
             .map_err(|e| self.error("reading the queue", e))?;
-        let ours = members
-            .iter()
-            .position(|m| matches!(&m.stored.record, Ok(r) if r.nonce == nonce));
-        if let Some(position) = ours {
-            let member = &members[position];
-            let Ok(record) = member.stored.record.clone() else {
-                unreachable!("matched a lockwarden record above");
-            };
+        let ours =
+            members
+                .iter()
+                .enumerate()
+                .find_map(|(position, member)| match &member.stored.record {
+                    Ok(record) if record.nonce == nonce => Some((position, member, record.clone())),
+                    _ => None,
+                });
+        if let Some((position, member, record)) = ours {
             let stat = member.stat;
             if stat.ephemeral_owner != generation.id {
                 // Made by another session (ours before a restart): it cannot be
