@@ -695,16 +695,36 @@ fn watched_on_server(zk: &ZooKeeper, paths: &[String]) -> bool {
     paths.iter().all(|p| listed.contains(p.as_str()))
 }
 
+/// A grant seen by [`acquire_by_watch`].
+struct Grant {
+    lease: Lease,
+    /// The grant cannot have happened before: the start of the last attempt that found
+    /// the permit not granted (the entries ahead of ours only ever leave), or of the
+    /// first.
+    not_before: Instant,
+    /// Our entry was in the queue by then: the first attempt had returned.
+    queued: Instant,
+}
+
 /// Acquires by hand, waiting on `changed` with a timeout far beyond the test's
-/// deadlines (only a watch wakes it in time). Returns the lease and an instant before
-/// which the grant cannot have happened: the start of the last attempt that found the
-/// permit not granted (the entries ahead of ours only ever leave), or of the first.
-async fn acquire_by_watch(lock: &ZkLock, req: &AcquireRequest) -> (Lease, Instant) {
+/// deadlines: only a watch wakes it in time.
+async fn acquire_by_watch(lock: &ZkLock, req: &AcquireRequest) -> Grant {
     let mut not_before = Instant::now();
+    let mut queued = None;
     loop {
         let attempt_began = Instant::now();
-        match lock.try_acquire(req).await {
-            Ok(Attempt::Acquired(lease)) => return (lease, not_before),
+        let attempt = lock.try_acquire(req).await;
+        if attempt.is_ok() {
+            queued.get_or_insert_with(Instant::now);
+        }
+        match attempt {
+            Ok(Attempt::Acquired(lease)) => {
+                return Grant {
+                    lease,
+                    not_before,
+                    queued: queued.unwrap_or(not_before),
+                };
+            }
             Ok(Attempt::Busy { .. }) => {
                 not_before = attempt_began;
                 let began = Instant::now();
@@ -834,7 +854,9 @@ async fn permits_3_never_more_than_3_holders_and_fences_follow_the_grants() {
         tasks.push(tokio::spawn(async move {
             let req = permit_request(&format!("contender-{i}"), PERMITS as u32);
             for _ in 0..ROUNDS {
-                let (lease, not_before) = acquire_by_watch(&lock, &req).await;
+                let Grant {
+                    lease, not_before, ..
+                } = acquire_by_watch(&lock, &req).await;
                 let acquired = Instant::now();
                 let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
                 assert!(
@@ -939,17 +961,19 @@ async fn a_waiting_writer_excludes_readers_before_and_after_it() {
     expect_waiting(&r3, &r3_req).await;
 
     r2.release(&r2_lease).await.unwrap();
-    let (w_lease, _) = tokio::time::timeout(PROMPTLY, acquire_by_watch(&w, &w_req))
+    let w_lease = tokio::time::timeout(PROMPTLY, acquire_by_watch(&w, &w_req))
         .await
-        .expect("the writer is granted once the readers left");
+        .expect("the writer is granted once the readers left")
+        .lease;
     let (by, position) = expect_waiting(&r3, &r3_req).await;
     assert_eq!(by.holder, "writer", "the writer holds alone");
     assert_eq!(position, Some(0));
 
     w.release(&w_lease).await.unwrap();
-    let (r3_lease, _) = tokio::time::timeout(PROMPTLY, acquire_by_watch(&r3, &r3_req))
+    let r3_lease = tokio::time::timeout(PROMPTLY, acquire_by_watch(&r3, &r3_req))
         .await
-        .expect("the reader is granted once the writer left");
+        .expect("the reader is granted once the writer left")
+        .lease;
     assert!(
         r1_lease.fence() < r2_lease.fence()
             && r2_lease.fence() < w_lease.fence()
@@ -1133,9 +1157,10 @@ async fn a_foreign_queue_entry_counts_as_a_writer() {
     raw.delete(&format!("{path}/{foreign}"), None)
         .await
         .unwrap();
-    let (second, _) = tokio::time::timeout(PROMPTLY, acquire_by_watch(&reader_2, &second_req))
+    let second = tokio::time::timeout(PROMPTLY, acquire_by_watch(&reader_2, &second_req))
         .await
-        .expect("granted once the kafka-kit lock is gone");
+        .expect("granted once the kafka-kit lock is gone")
+        .lease;
     assert!(second.fence() > first.fence());
     reader_2.release(&second).await.unwrap();
 }
@@ -1195,4 +1220,113 @@ async fn a_permit_lost_with_its_session_is_granted_to_a_waiter() {
     proxy.set_mode(Mode::Pass);
     steady.release(&steady_lease).await.unwrap();
     waiter.release(&granted).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_share_writers_are_alone_and_no_writer_waits_past_one_turn_of_the_others() {
+    const READERS: usize = 8;
+    const WRITERS: usize = 2;
+    const PERMITS: u32 = 8;
+    const ROUNDS: usize = 20;
+    /// One hold, seen from the contender.
+    struct Hold {
+        who: usize,
+        writer: bool,
+        queued: Instant,
+        acquired: Instant,
+    }
+    let zk = ZooKeeper::shared();
+    let path = lock_path("readers-writers");
+    let registries = [ZkSessions::new(), ZkSessions::new()];
+    // (readers, writers) holding now, and the most readers seen together.
+    let holding = Arc::new(Mutex::new((0usize, 0usize)));
+    let most_readers = Arc::new(AtomicUsize::new(0));
+    let holds = Arc::new(Mutex::new(Vec::<Hold>::new()));
+    let started = Instant::now();
+
+    let mut tasks = Vec::new();
+    for i in 0..READERS + WRITERS {
+        let writer = i >= READERS;
+        let lock = registries[i % 2].lock(&zk.connect_string(), &path).unwrap();
+        let (holding, most_readers, holds) = (holding.clone(), most_readers.clone(), holds.clone());
+        tasks.push(tokio::spawn(async move {
+            let req = if writer {
+                writer_request(&format!("writer-{i}"), PERMITS)
+            } else {
+                permit_request(&format!("reader-{i}"), PERMITS)
+            };
+            for _ in 0..ROUNDS {
+                let grant = acquire_by_watch(&lock, &req).await;
+                let acquired = Instant::now();
+                {
+                    let mut now = holding.lock().unwrap();
+                    assert_eq!(now.1, 0, "{} granted while a writer holds", req.holder);
+                    if writer {
+                        assert_eq!(now.0, 0, "{} granted while readers hold", req.holder);
+                        now.1 += 1;
+                    } else {
+                        now.0 += 1;
+                        most_readers.fetch_max(now.0, Ordering::SeqCst);
+                    }
+                }
+                let hold = rand::rng().random_range(1_000..10_000);
+                tokio::time::sleep(Duration::from_micros(hold)).await;
+                {
+                    let mut now = holding.lock().unwrap();
+                    if writer {
+                        now.1 -= 1;
+                    } else {
+                        now.0 -= 1;
+                    }
+                }
+                holds.lock().unwrap().push(Hold {
+                    who: i,
+                    writer,
+                    queued: grant.queued,
+                    acquired,
+                });
+                lock.release(&grant.lease)
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: release: {e}", req.holder));
+            }
+        }));
+    }
+    tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(tasks))
+        .await
+        .expect("contenders did not finish within 2 minutes")
+        .into_iter()
+        .for_each(|r| r.expect("contender task"));
+
+    let holds = holds.lock().unwrap();
+    let most_readers = most_readers.load(Ordering::SeqCst);
+    eprintln!(
+        "{} grants in {:?}; at most {most_readers} readers together",
+        holds.len(),
+        started.elapsed()
+    );
+    assert!(most_readers >= 2, "readers never held together");
+    // The bound on a writer's wait (FIFO): once its entry is queued, every other
+    // contender is granted at most once before it (its entry then ahead of the
+    // writer's; any later one queues behind the writer, readers included).
+    for writer in holds.iter().filter(|h| h.writer) {
+        let mut before: Vec<usize> = holds
+            .iter()
+            .filter(|h| {
+                h.who != writer.who && writer.queued < h.acquired && h.acquired < writer.acquired
+            })
+            .map(|h| h.who)
+            .collect();
+        before.sort();
+        let times = before.len();
+        before.dedup();
+        assert_eq!(
+            times,
+            before.len(),
+            "writer-{} waited {:?} while others were granted more than once each: {before:?}",
+            writer.who,
+            writer.acquired - writer.queued
+        );
+    }
+    let raw = raw_client().await;
+    assert!(children(&raw, &path).await.is_empty(), "every entry left");
 }
