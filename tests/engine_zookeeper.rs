@@ -888,7 +888,7 @@ async fn permits_3_never_more_than_3_holders_and_fences_follow_the_grants() {
         .into_iter()
         .for_each(|r| r.expect("contender task"));
 
-    let holds = holds.lock().unwrap();
+    let holds = std::mem::take(&mut *holds.lock().unwrap());
     assert_eq!(holds.len(), CONTENDERS * ROUNDS);
     let most = most.load(Ordering::SeqCst);
     eprintln!(
@@ -1297,7 +1297,7 @@ async fn readers_share_writers_are_alone_and_no_writer_waits_past_one_turn_of_th
         .into_iter()
         .for_each(|r| r.expect("contender task"));
 
-    let holds = holds.lock().unwrap();
+    let holds = std::mem::take(&mut *holds.lock().unwrap());
     let most_readers = most_readers.load(Ordering::SeqCst);
     eprintln!(
         "{} grants in {:?}; at most {most_readers} readers together",
