@@ -14,11 +14,13 @@
 //!   [`HolderSet`] with this contender alone in it (permits and mode), which is how
 //!   other lockwarden contenders check that every lock on the key names the same
 //!   permits (a lockwarden mutex entry names 1); a contender behind one that disagrees
-//!   is refused (`PermitsDisagree`) and leaves the queue. A waiter watches what blocks
-//!   it: its predecessor (a writer), the nearest writer ahead, or the N entries that
-//!   hold the permits. The fence is still the entry's `czxid`: grants follow the
-//!   queue order, so fences increase along them. `inspect` reports every granted
-//!   lockwarden entry as a holder; `force` is refused on such keys.
+//!   is refused (`PermitsDisagree`) and leaves the queue. (So a waiting contender,
+//!   mutexes too, reads every entry ahead of it, in one multi-read where the holder's
+//!   entry alone was read before.) A waiter watches what blocks it: its predecessor
+//!   (a writer), the nearest writer ahead, or the N entries that hold the permits.
+//!   The fence is still the entry's `czxid`: grants follow the queue order, so fences
+//!   increase along them. `inspect` reports every granted lockwarden entry as a
+//!   holder; `force` is refused on such keys.
 //! - The znode's data is the JSON [`LockRecord`] (holder, nonce, lease = the session
 //!   timeout, data). The fence is the holder znode's `czxid`, which the ensemble
 //!   assigns from one cluster-wide, strictly increasing sequence; the record's own
