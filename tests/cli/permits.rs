@@ -1,5 +1,5 @@
-//! `--permits N` and `--shared` (docs/design.md §6.2): two `lock --permits 2` succeed,
-//! a third is refused as held; `status` lists both holders with their fences; a lock
+//! `--permits N` and `--shared` (docs/design.md §6.2), on S3, a Lease and ZooKeeper:
+//! two `lock --permits 2` succeed, a third is refused as held; `status` lists both holders with their fences; a lock
 //! with other permits is refused naming both numbers; `unlock` frees one permit.
 
 use super::*;
@@ -127,8 +127,11 @@ async fn two_permits(lw: &Cli, url: &str) {
         "run released its permit"
     );
     lw.unlock("b.lock").await;
+    // Nobody holds it: a released set (no permit in use) or, on ZooKeeper, no entry.
     let status = lw.status(url).await;
-    assert_eq!(status["permitsInUse"].as_u64(), Some(0), "{status}");
+    assert_ne!(status["state"], "held", "{status}");
+    assert_eq!(status["permitsInUse"].as_u64().unwrap_or(0), 0, "{status}");
+    assert!(status.get("holders").is_none(), "{status}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,4 +148,11 @@ async fn kubernetes_two_permits_two_holders_a_third_is_held() {
     let namespace = plane.namespace(&client, "cli-permits").await;
     let lw = Cli::kube();
     two_permits(&lw, &format!("k8s://{namespace}/loads")).await;
+}
+
+/// ZooKeeper: `lock` leaves a keeper per permit (it is started with the same flags).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_two_permits_two_holders_a_third_is_held() {
+    let lw = Cli::new();
+    two_permits(&lw, &zk_url("permits")).await;
 }
