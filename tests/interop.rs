@@ -778,6 +778,45 @@ async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
     waiting.release().await;
 }
 
+/// Permit holders are entries of the same queue: kafka-kit, which takes the first entry
+/// as the holder, waits while any of them is ahead and acquires once all are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_kit_waits_behind_the_holders_of_a_semaphore_key() {
+    let path = format!("/{}", unique("interop-kk-sem"));
+    let mut held = Vec::new();
+    for holder in ["lockwarden-permit-1", "lockwarden-permit-2"] {
+        let req = AcquireRequest {
+            permits: Permits::semaphore(3),
+            ..request(holder, Duration::from_secs(10))
+        };
+        held.push(
+            HeldLock::acquire(zk_engine(&path), &req, Wait::No)
+                .await
+                .expect("a permit of a free key"),
+        );
+    }
+    let mut refused = kafkakit(&path, "0s");
+    refused.expect("QUEUED").await;
+    refused.expect("BUSY").await;
+    let mut waiting = kafkakit(&path, "120s");
+    waiting.expect("QUEUED").await;
+    waiting.expect("WAITING").await;
+    let second = held.pop().expect("two holders");
+    held.pop()
+        .expect("two holders")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(
+        waiting.has_event().await,
+        None,
+        "kafka-kit acquired while a permit was held"
+    );
+    second.release().await.expect("release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     let path = format!("/{}", unique("interop-fifo"));
