@@ -758,8 +758,12 @@ async fn permits_3_grant_three_at_once_and_a_release_wakes_the_fourth_by_watch()
         let lease = expect_granted(&locks[i], &reqs[i]).await;
         let set = lease.record.set.as_ref().expect("a permit says so");
         assert_eq!(set.permits, 3);
-        assert_eq!(set.holders[0].mode, PermitMode::Shared);
-        assert_eq!(set.holders[0].fence, lease.fence());
+        // Every holder granted so far, ours last.
+        assert_eq!(set.holders.len(), i + 1, "{set:?}");
+        let own = set.holders.last().unwrap();
+        assert_eq!(own.mode, PermitMode::Shared);
+        assert_eq!(own.fence, lease.fence());
+        assert_eq!(own.nonce, lease.nonce());
         held.push(lease);
     }
     assert!(
@@ -1078,7 +1082,12 @@ async fn resume_finds_a_permit_granted_behind_another_holder() {
         .expect("resume a permit");
     assert_eq!(resumed.fence(), second_lease.fence());
     assert_eq!(resumed.version, second_lease.version);
-    assert_eq!(resumed.record.set, second_lease.record.set);
+    let own = |lease: &Lease| {
+        let set = lease.record.set.as_ref().expect("a permit says so");
+        set.entry(lease.nonce()).cloned()
+    };
+    assert_eq!(own(&resumed), own(&second_lease));
+    assert!(own(&resumed).is_some());
     resumer.renew(&mut resumed).await.expect("renew");
     assert!(resumed.is_valid());
     resumer.release(&resumed).await.expect("release");

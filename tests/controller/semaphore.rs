@@ -35,21 +35,11 @@ async fn holders(locks: &Api<DistributedLock>, names: &[String]) -> BTreeMap<Str
     held
 }
 
-/// Whether the waiters' status counts every holder of the key. On ZooKeeper it does
-/// not yet: the engine's busy answer carries only the entry at the head of the queue,
-/// not the granted entries (its `inspect` does), so a waiter sees one holder.
-#[derive(Clone, Copy, PartialEq)]
-enum WaiterCounts {
-    AllHolders,
-    HeadOnly,
-}
-
 /// Waits until exactly [`PERMITS`] of `names` hold and every other one is Waiting with
 /// the key's permits all in use; returns the holders with their fences.
 async fn two_hold_the_rest_wait(
     locks: &Api<DistributedLock>,
     names: &[String],
-    counts: WaiterCounts,
 ) -> BTreeMap<String, i64> {
     eventually(
         &format!("{PERMITS} of {names:?} to hold and the rest to wait"),
@@ -62,13 +52,8 @@ async fn two_hold_the_rest_wait(
             for name in names.iter().filter(|n| !held.contains_key(*n)) {
                 let lock = locks.get(name).await.ok()?;
                 let status = lock.status.as_ref()?;
-                let full = match counts {
-                    WaiterCounts::AllHolders => {
-                        status.permits_in_use == Some(PERMITS as u32)
-                            && status.holders == Some(PERMITS as u32)
-                    }
-                    WaiterCounts::HeadOnly => status.permits_in_use.is_some(),
-                };
+                let full = status.permits_in_use == Some(PERMITS as u32)
+                    && status.holders == Some(PERMITS as u32);
                 if phase(&lock) != Some(LockPhase::Waiting) || !full {
                     return None;
                 }
@@ -83,12 +68,7 @@ async fn two_hold_the_rest_wait(
 /// once (a watch of every status), exactly two hold while the others wait, and each
 /// deletion of a holder hands its permit to one waiter with a higher fence, until
 /// every lock has held.
-async fn two_permits_among_five(
-    prefix: &str,
-    locks: &Api<DistributedLock>,
-    backend: BackendSpec,
-    counts: WaiterCounts,
-) {
+async fn two_permits_among_five(prefix: &str, locks: &Api<DistributedLock>, backend: BackendSpec) {
     let watch = OverlapWatch::at_most(
         PERMITS,
         vec![locks.clone()],
@@ -103,7 +83,7 @@ async fn two_permits_among_five(
     }
     let mut remaining = names.clone();
     let mut held_once = BTreeMap::new();
-    let mut held = two_hold_the_rest_wait(locks, &remaining, counts).await;
+    let mut held = two_hold_the_rest_wait(locks, &remaining).await;
     let first_grants: Vec<i64> = held.values().copied().collect();
     assert_ne!(first_grants[0], first_grants[1], "one fence per grant");
     // Hand permits over until every lock has held one.
@@ -126,7 +106,7 @@ async fn two_permits_among_five(
                 let now = if waiting == 0 {
                     holders(locks, &remaining).await
                 } else {
-                    two_hold_the_rest_wait(locks, &remaining, counts).await
+                    two_hold_the_rest_wait(locks, &remaining).await
                 };
                 (now.len() == PERMITS).then_some(now)
             },
@@ -171,7 +151,7 @@ async fn two_permits_among_five_locks_on_a_lease() {
         }),
         ..Default::default()
     };
-    two_permits_among_five("lease", &locks, backend, WaiterCounts::AllHolders).await;
+    two_permits_among_five("lease", &locks, backend).await;
 }
 
 /// S3 (moto).
@@ -188,7 +168,7 @@ async fn two_permits_among_five_locks_on_s3() {
         moto.endpoint(),
         &secret.name,
     );
-    two_permits_among_five("s3", &locks, lock.spec.backend, WaiterCounts::AllHolders).await;
+    two_permits_among_five("s3", &locks, lock.spec.backend).await;
 }
 
 /// DynamoDB (moto).
@@ -209,7 +189,7 @@ async fn two_permits_among_five_locks_on_dynamodb() {
         }),
         ..Default::default()
     };
-    two_permits_among_five("ddb", &locks, backend, WaiterCounts::AllHolders).await;
+    two_permits_among_five("ddb", &locks, backend).await;
 }
 
 /// ZooKeeper (the first two entries of the queue hold; waiters watch the entries
@@ -220,7 +200,7 @@ async fn two_permits_among_five_locks_on_zookeeper() {
     shared_zookeeper().await;
     let path = format!("/{}/nightly", support::unique("ctl-sem"));
     let backend = zk_lock("unused", &path).spec.backend;
-    two_permits_among_five("zk", &locks, backend, WaiterCounts::HeadOnly).await;
+    two_permits_among_five("zk", &locks, backend).await;
 }
 
 /// A lock naming other permits than the key is held with goes Failed (reason

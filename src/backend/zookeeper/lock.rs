@@ -225,7 +225,20 @@ impl ZkLock {
         match (semaphore::verdict(&modes, req.permits), st.entry.as_ref()) {
             (_, None) => Err(self.unavailable("our queue entry was forgotten meanwhile; retrying")),
             (Verdict::Granted, Some(entry)) => {
-                let record = semaphore::fenced(entry.record.clone(), &entry.stat);
+                let mut record = semaphore::fenced(entry.record.clone(), &entry.stat);
+                // A permit's lease carries every holder granted so far: the granted
+                // entries ahead of ours, and ours (the controller shows the counts).
+                if let Some(own) = record.set.as_ref().and_then(|s| s.holders.first().cloned()) {
+                    let mut set = semaphore::summary(ahead, req.permits.total)
+                        .and_then(|s| s.record.ok())
+                        .and_then(|r| r.set)
+                        .unwrap_or_default();
+                    set.permits = req.permits.total;
+                    set.waiting_writer = None;
+                    set.last_fence = set.last_fence.max(own.fence);
+                    set.holders.push(own);
+                    record.set = Some(set);
+                }
                 let version = version_of(&entry.name, &entry.stat);
                 st.watched.clear();
                 let deadline = HolderDeadline::after_write(sent, generation.timeout, &self.margins);
@@ -234,12 +247,20 @@ impl ZkLock {
             (Verdict::Waiting { departures, watch }, Some(_)) => {
                 // The head of the queue is granted, whatever wrote it.
                 let head = &ahead[0];
-                let holder = Self::holder_record(
-                    &head.name,
-                    head.stored.clone(),
-                    &head.stat,
-                    generation.timeout,
-                );
+                // On a semaphore key, the holders granted ahead of us (the counts a
+                // waiting DistributedLock shows); otherwise the head, whatever wrote it.
+                let holder = (!req.permits.is_mutex())
+                    .then(|| semaphore::summary(ahead, req.permits.total))
+                    .flatten()
+                    .and_then(|s| s.record.ok())
+                    .unwrap_or_else(|| {
+                        Self::holder_record(
+                            &head.name,
+                            head.stored.clone(),
+                            &head.stat,
+                            generation.timeout,
+                        )
+                    });
                 st.watched = watch.into_iter().map(|k| ahead[k].name.clone()).collect();
                 Ok(Attempt::Busy {
                     holder,

@@ -186,6 +186,12 @@ pub(super) fn summary(members: &[Member], permits: u32) -> Option<Stored> {
             break;
         }
     }
+    set.last_fence = set
+        .holders
+        .iter()
+        .map(|h| h.fence)
+        .max()
+        .unwrap_or_default();
     record.set = Some(set);
     Some(Stored {
         record: Ok(record),
