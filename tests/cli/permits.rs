@@ -156,3 +156,118 @@ async fn zookeeper_two_permits_two_holders_a_third_is_held() {
     let lw = Cli::new();
     two_permits(&lw, &zk_url("permits")).await;
 }
+
+/// A `lockwarden run` holding a permit is SIGKILLed with its command (no release): a
+/// waiter takes that permit only once the dead holder's lease has elapsed since its last
+/// renewal (rule 1 per entry, on the waiter's clock), and the other holder keeps its own.
+///
+/// The times compared are wall-clock times from the store, on one machine, at second
+/// resolution: the dead entry's last `renewedAt` (written before its last renewal was
+/// sent) and the waiter's `acquiredAt` (taken before its grant was sent). With a 6 s
+/// lease a correct waiter shows at least 6.25 s between them, so at least 5 s after
+/// truncation; one that took the permit at the kill would show at most the renewal
+/// interval (2 s) plus a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_run_s_permit_is_taken_only_after_its_lease() {
+    const LEASE_S: u64 = 6;
+    let bucket = Moto::shared().new_bucket("cli-permit-kill").await;
+    let lw = Cli::aws();
+    let url = format!("s3://{bucket}/loads");
+    let lease = format!("{LEASE_S}s");
+    lw.run(&[
+        "lock",
+        &url,
+        "--permits",
+        "2",
+        "--lease",
+        "5m",
+        "-o",
+        "b.lock",
+        "--holder",
+        "b",
+    ])
+    .await
+    .ok();
+    let mut cmd = lw.command(&[
+        "run",
+        &url,
+        "--permits",
+        "2",
+        "--lease",
+        &lease,
+        "--holder",
+        "doomed",
+        "--",
+        "sh",
+        "-c",
+        "echo started > started.txt; sleep 600",
+    ]);
+    cmd.process_group(0);
+    let runner = cmd.spawn().expect("spawn run");
+    let started = lw.path("started.txt");
+    eventually("the command under `run` to start", || async {
+        started.exists().then_some(())
+    })
+    .await;
+    // Let it renew a few times, then kill `run` and its command together.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let pid = runner.id().expect("run's pid") as i32;
+    // SAFETY: kill(2) on the process group of a child of this test.
+    assert_eq!(unsafe { libc::kill(-pid, libc::SIGKILL) }, 0);
+    drop(runner);
+
+    // The dead holder's entry as it stays: its last renewal.
+    let status = lw.status(&url).await;
+    let entry = |status: &Value, who: &str| {
+        status["holders"]
+            .as_array()
+            .and_then(|hs| hs.iter().find(|h| h["holder"] == who).cloned())
+    };
+    let dead = entry(&status, "doomed").unwrap_or_else(|| panic!("no doomed entry: {status}"));
+    let last_renewed = dead["renewedAt"]
+        .as_str()
+        .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+        .unwrap_or_else(|| panic!("no renewedAt: {dead}"));
+
+    let out = lw
+        .run(&[
+            "lock",
+            &url,
+            "--permits",
+            "2",
+            "--wait",
+            "90s",
+            "--lease",
+            "30s",
+            "-o",
+            "c.lock",
+            "--holder",
+            "c",
+        ])
+        .await;
+    out.ok();
+    let acquired = humantime::parse_rfc3339_weak(
+        lw.read_json("c.lock")["acquiredAt"]
+            .as_str()
+            .expect("acquiredAt"),
+    )
+    .expect("an RFC 3339 time");
+    let waited = acquired
+        .duration_since(last_renewed)
+        .unwrap_or_default()
+        .as_secs();
+    println!("the waiter's grant came {waited} s (truncated) after the dead holder's last renewal");
+    assert!(
+        waited >= LEASE_S - 1,
+        "the permit was taken {waited} s after the dead holder's last renewal; its lease is {LEASE_S} s"
+    );
+    let status = lw.status(&url).await;
+    assert!(entry(&status, "doomed").is_none(), "{status}");
+    assert!(
+        entry(&status, "b").is_some(),
+        "the other holder lost its permit: {status}"
+    );
+    assert!(entry(&status, "c").is_some(), "{status}");
+    lw.unlock("c.lock").await;
+    lw.unlock("b.lock").await;
+}
