@@ -230,35 +230,15 @@ impl Status {
                 dash(self.data.clone().or(self.found.clone())),
             ]);
         }
-        let widths: Vec<usize> = header
-            .iter()
-            .zip(&row)
-            .map(|(h, v)| h.chars().count().max(v.chars().count()))
-            .collect();
-        let line = |cells: Vec<String>| {
-            let last = cells.len() - 1;
-            cells
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    if i == last {
-                        c.clone()
-                    } else {
-                        format!("{c:<w$}", w = widths[i])
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("   ")
-        };
         let note = self
             .note
             .as_ref()
             .map(|n| format!("note: {n}\n"))
             .unwrap_or_default();
+        let header = header.iter().map(|h| h.to_string()).collect();
         format!(
-            "{}\n{}\n{}{note}",
-            line(header.iter().map(|h| h.to_string()).collect()),
-            line(row),
+            "{}{note}{}",
+            columns(&[header, row]),
             self.holders_table(wide)
         )
     }

@@ -560,7 +560,7 @@ fn lost_reason(lease: &Lease, current: Option<&Stored>) -> Option<LostReason> {
 /// earlier than an instant taken before its first read, and a holder's write is sent no
 /// earlier than an instant taken before the call (and no later than one taken after).
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use tokio::time::{Instant, sleep, sleep_until};
@@ -569,14 +569,14 @@ mod tests {
     use crate::lock::memory::{Fault, MemoryStore};
     use crate::lock::record::ForeignRecord;
 
-    const LEASE: Duration = Duration::from_millis(300);
-    const MARGINS: SafetyMargins = SafetyMargins {
+    pub(crate) const LEASE: Duration = Duration::from_millis(300);
+    pub(crate) const MARGINS: SafetyMargins = SafetyMargins {
         drift: 0.02,
         margin: Duration::from_millis(30),
         grace: Duration::from_millis(50),
     };
     /// Rule 1: lease + grace.
-    const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
+    pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
     /// Rule 2: lease × (1 − δ) − margin.
     const VALIDITY: Duration = Duration::from_millis(264);
 

@@ -645,18 +645,9 @@ mod tests {
 
     use super::*;
     use crate::lock::backend::LockBackend;
-    use crate::lock::clock::SafetyMargins;
+    use crate::lock::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER};
     use crate::lock::memory::{Fault, MemoryStore};
     use crate::lock::permits::Permits;
-
-    const LEASE: Duration = Duration::from_millis(300);
-    const MARGINS: SafetyMargins = SafetyMargins {
-        drift: 0.02,
-        margin: Duration::from_millis(30),
-        grace: Duration::from_millis(50),
-    };
-    /// Rule 1: lease + grace.
-    const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
 
     fn contender(store: &MemoryStore) -> CasLock<MemoryStore> {
         CasLock::new(store.clone()).with_margins(MARGINS)
