@@ -237,23 +237,67 @@ async fn sdk_config(options: &ConnectOptions) -> aws_config::SdkConfig {
     }
     if let Some(credentials) = &options.credentials {
         loader = loader.credentials_provider(credentials.clone());
+    } else if env_credentials_present() {
+        // The default chain would use them first anyway; naming that provider skips
+        // building the rest of the chain, whose web-identity step sets up an STS
+        // client (and with it TLS and the system's root certificates) on every start:
+        // most of a short command's CPU time (issue 18).
+        loader = loader.credentials_provider(
+            aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+        );
     }
     loader.load().await
 }
 
+/// Whether `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` are both set: the first
+/// source of the SDK's default credential chain.
+fn env_credentials_present() -> bool {
+    ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+}
+
+/// The endpoint a service's requests go to, when one is configured: the service's own
+/// variable (`AWS_ENDPOINT_URL_S3`, …) first, as the SDK resolves it, then the general one.
+fn service_endpoint(sdk: &aws_config::SdkConfig, variable: &str) -> Option<String> {
+    std::env::var(variable)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| sdk.endpoint_url().map(str::to_string))
+}
+
+/// For a service reached over plain HTTP (a local or on-premises server), an HTTP client
+/// without TLS. The SDK's default client reads and parses the system's root certificates
+/// when it starts, which was the largest part of a short `lockwarden lock`'s CPU time
+/// (issue 18), for an endpoint that never uses them. Only the service client gets it:
+/// credential providers (SSO, STS, IMDS) keep the default client.
+fn plain_http_client(
+    endpoint: Option<&str>,
+) -> Option<aws_smithy_runtime_api::client::http::SharedHttpClient> {
+    endpoint
+        .filter(|e| e.starts_with("http://"))
+        .map(|_| aws_smithy_http_client::Builder::new().build_http())
+}
+
 async fn s3_client(options: &ConnectOptions) -> aws_sdk_s3::Client {
     let sdk = sdk_config(options).await;
-    let custom_endpoint = sdk.endpoint_url().is_some()
-        || std::env::var_os("AWS_ENDPOINT_URL_S3").is_some_and(|v| !v.is_empty());
-    let path_style = options.force_path_style.unwrap_or(custom_endpoint);
-    let config = aws_sdk_s3::config::Builder::from(&sdk)
-        .force_path_style(path_style)
-        .build();
-    aws_sdk_s3::Client::from_conf(config)
+    let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
+    let path_style = options.force_path_style.unwrap_or(endpoint.is_some());
+    let mut config = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(path_style);
+    if let Some(client) = plain_http_client(endpoint.as_deref()) {
+        config = config.http_client(client);
+    }
+    aws_sdk_s3::Client::from_conf(config.build())
 }
 
 async fn dynamodb_client(options: &ConnectOptions) -> aws_sdk_dynamodb::Client {
-    aws_sdk_dynamodb::Client::new(&sdk_config(options).await)
+    let sdk = sdk_config(options).await;
+    let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
+    let mut config = aws_sdk_dynamodb::config::Builder::from(&sdk);
+    if let Some(client) = plain_http_client(endpoint.as_deref()) {
+        config = config.http_client(client);
+    }
+    aws_sdk_dynamodb::Client::from_conf(config.build())
 }
 
 async fn kube_client(context: Option<&str>) -> Result<kube::Client, String> {
