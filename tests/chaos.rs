@@ -510,7 +510,9 @@ async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
     // The holder named after the holders in flight is the one whose permit was taken.
     assert!(
         v.iter().any(|v| v.contains("(p) 3 permits in flight")
-            && v.split("; ").nth(1).is_some_and(|flagged| flagged.starts_with("engine-0-c0-broken"))),
+            && v.split("; ")
+                .nth(1)
+                .is_some_and(|flagged| flagged.starts_with("engine-0-c0-broken"))),
         "the third holder at once (the broken one) was not reported: {v:?}"
     );
     assert!(
@@ -781,7 +783,10 @@ fn permit_rules_on_synthetic_histories() {
     assert_eq!(rules(&h), ["seed 12: (p", "seed 12: (r"]);
     let flagged = check(&h);
     assert!(
-        flagged[0].split("; ").nth(1).is_some_and(|f| f.starts_with("b (fence 2")),
+        flagged[0]
+            .split("; ")
+            .nth(1)
+            .is_some_and(|f| f.starts_with("b (fence 2")),
         "{flagged:?}"
     );
     assert!(flagged[1].contains("b wrote"), "{flagged:?}");
@@ -822,9 +827,13 @@ fn permit_rules_on_synthetic_histories() {
             end: 5.0,
         });
     }
-    let found = h.check(0.0, 20.0, &[key.clone(), mutex.clone()], 60.0).violations;
+    let found = h
+        .check(0.0, 20.0, &[key.clone(), mutex.clone()], 60.0)
+        .violations;
     assert!(
-        found.iter().any(|v| v.contains("(c)") && v.contains(&mutex)),
+        found
+            .iter()
+            .any(|v| v.contains("(c)") && v.contains(&mutex)),
         "{found:?}"
     );
     assert!(!found.iter().any(|v| v.contains("(p)")), "{found:?}");

@@ -702,7 +702,8 @@ impl History {
     ///   for the permit it got has the lower fence.
     fn permit_fence_order(inner: &Inner, seed: u64, violations: &mut Vec<String>) {
         for key in inner.permits.keys() {
-            let evidence: Vec<&Evidence> = inner.evidence.iter().filter(|e| &e.key == key).collect();
+            let evidence: Vec<&Evidence> =
+                inner.evidence.iter().filter(|e| &e.key == key).collect();
             let mut nonce_of: BTreeMap<u64, &str> = BTreeMap::new();
             let mut twice: Vec<(u64, &str)> = Vec::new();
             let mut first_seen: HashMap<&str, (f64, u64)> = HashMap::new();
@@ -748,7 +749,8 @@ impl History {
                     }
                 }
             }
-            let mut seen: Vec<(f64, u64, &str)> = first_seen.iter().map(|(n, (t, f))| (*t, *f, *n)).collect();
+            let mut seen: Vec<(f64, u64, &str)> =
+                first_seen.iter().map(|(n, (t, f))| (*t, *f, *n)).collect();
             seen.sort_by(|a, b| a.0.total_cmp(&b.0));
             for asked in evidence.iter().filter(|e| e.invoke.is_some()) {
                 let invoke = asked.invoke.unwrap_or_default();
@@ -780,7 +782,9 @@ impl History {
             // fence -> (writer, weight, first, last)
             let mut claims: BTreeMap<u64, (&str, u32, f64, f64)> = BTreeMap::new();
             for w in inner.writes.iter().filter(|w| &w.key == key) {
-                let c = claims.entry(w.fence).or_insert((&w.writer, w.weight, w.t, w.t));
+                let c = claims
+                    .entry(w.fence)
+                    .or_insert((&w.writer, w.weight, w.t, w.t));
                 c.2 = c.2.min(w.t);
                 c.3 = c.3.max(w.t);
             }
@@ -820,7 +824,12 @@ impl History {
                         .count();
                     let holders: Vec<String> = live
                         .iter()
-                        .map(|f| format!("{} (fence {f}, {} permits, [{:.3}s, {:.3}s])", claims[f].0, claims[f].1, claims[f].2, claims[f].3))
+                        .map(|f| {
+                            format!(
+                                "{} (fence {f}, {} permits, [{:.3}s, {:.3}s])",
+                                claims[f].0, claims[f].1, claims[f].2, claims[f].3
+                            )
+                        })
                         .collect();
                     violations.push(format!(
                         "seed {seed}: (p) {in_use} permits in flight on {key} (permits {permits}) at \
@@ -855,7 +864,11 @@ impl History {
             .copied()
             .filter(|f| shown.is_some_and(|p| !p.entries.iter().any(|(_, e)| e == f)))
             .collect();
-        let mut rest: Vec<u64> = live.iter().copied().filter(|f| !reclaimed.contains(f)).collect();
+        let mut rest: Vec<u64> = live
+            .iter()
+            .copied()
+            .filter(|f| !reclaimed.contains(f))
+            .collect();
         rest.sort_unstable();
         let weight = |fs: &[u64]| fs.iter().map(|f| claims[f].1).sum::<u32>();
         while weight(&rest) > permits && !rest.is_empty() {

@@ -16,7 +16,8 @@ use lockwarden::api::{
 };
 use lockwarden::backend::{ConnectOptions, LeaseStore, Target, ZkSessions};
 use lockwarden::lock::{
-    AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Mode as LockMode, Permits, Wait,
+    AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Mode as LockMode,
+    Permits, Wait,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -604,7 +605,10 @@ pub async fn run(plan: Plan) -> Outcome {
                 {
                     if semaphore {
                         let record = found.and_then(|s| s.record.ok());
-                        let set = record.as_ref().and_then(|r| r.set.clone()).unwrap_or_default();
+                        let set = record
+                            .as_ref()
+                            .and_then(|r| r.set.clone())
+                            .unwrap_or_default();
                         let last = set.last_fence.0.max(record.map_or(0, |r| r.fence.0));
                         let entries = set.holders.iter().map(|h| (h.nonce.clone(), h.fence.0));
                         history.set_poll(&key, invoke, last, entries.collect());
