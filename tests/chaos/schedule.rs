@@ -604,14 +604,14 @@ pub async fn run(plan: Plan) -> Outcome {
                     tokio::time::timeout(Duration::from_secs(1), backend_obj.inspect()).await
                 {
                     if semaphore {
-                        let record = found.and_then(|s| s.record.ok());
-                        let set = record
-                            .as_ref()
-                            .and_then(|r| r.set.clone())
-                            .unwrap_or_default();
-                        let last = set.last_fence.0.max(record.map_or(0, |r| r.fence.0));
-                        let entries = set.holders.iter().map(|h| (h.nonce.clone(), h.fence.0));
-                        history.set_poll(&key, invoke, last, entries.collect());
+                        // No record (yet, or while a moto restart restores it): nothing
+                        // to check, and not a holder set without holders.
+                        if let Some(record) = found.and_then(|s| s.record.ok()) {
+                            let set = record.set.clone().unwrap_or_default();
+                            let last = set.last_fence.0.max(record.fence.0);
+                            let entries = set.holders.iter().map(|h| (h.nonce.clone(), h.fence.0));
+                            history.set_poll(&key, invoke, last, entries.collect());
+                        }
                     } else {
                         let record = found.and_then(|s| {
                             let r = s.record.ok()?;
