@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams};
-use lockwarden::lock::Permits;
+use lockwarden::lock::{Mode as LockMode, Permits};
 use schedule::{Backend, Contender, EngineSpec, Fault, Plan};
 use serde_json::json;
 use support::proxy::Mode;
@@ -622,6 +622,63 @@ fn plans_cover_every_fault_kind() {
         "cli-sigkill",
     ] {
         assert!(first.contains_key(kind), "no plan has a {kind} fault");
+    }
+}
+
+/// Semaphore plans stay within their stated bounds (docs/safety.md, "Semaphore
+/// schedules") and draw every store that has semaphores, exclusive contenders and
+/// every fault kind that reaches engine contenders.
+#[test]
+fn semaphore_plans_stay_within_their_bounds() {
+    let mut backends = BTreeMap::new();
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    let mut exclusive_keys = 0;
+    for seed in 0..3000 {
+        let plan = Plan::semaphore_from_seed(seed, None);
+        *backends.entry(plan.backend.name()).or_insert(0) += 1;
+        assert!((1..=2).contains(&plan.keys) && plan.permits.len() == plan.keys);
+        assert!(plan.controllers.is_empty() && plan.clis.is_empty());
+        for (k, &n) in plan.permits.iter().enumerate() {
+            assert!((2..=4).contains(&n), "seed {seed}: {n} permits");
+            let on_key: Vec<&EngineSpec> =
+                plan.engines.iter().filter(|e| e.key == Some(k)).collect();
+            let count = on_key.len() as u32;
+            assert!(
+                (2 * n..=3 * n).contains(&count),
+                "seed {seed}: {count} contenders for {n}"
+            );
+            assert!(on_key.iter().all(|e| e.permits.total == n));
+            let exclusive = on_key
+                .iter()
+                .filter(|e| e.permits.mode == LockMode::Exclusive)
+                .count();
+            assert!(exclusive <= 2, "seed {seed}");
+            exclusive_keys += usize::from(exclusive > 0);
+        }
+        for (_, fault) in &plan.faults {
+            kinds.entry(fault.kind()).or_insert(seed);
+        }
+    }
+    eprintln!(
+        "backends {backends:?}, keys with exclusive contenders {exclusive_keys}, first seed per fault kind {kinds:?}"
+    );
+    assert_eq!(backends.len(), 3, "{backends:?}");
+    assert!(exclusive_keys > 0);
+    for kind in [
+        "network-blackhole",
+        "network-delay",
+        "network-one-way-loss-requests",
+        "network-one-way-loss-replies",
+        "network-forward-then-drop-reply",
+        "moto-sigstop",
+        "moto-restart",
+        "apiserver-sigstop",
+        "apiserver-restart",
+    ] {
+        assert!(
+            kinds.contains_key(kind),
+            "no semaphore plan has a {kind} fault"
+        );
     }
 }
 
