@@ -32,7 +32,7 @@ enum Command {
     Unlock(cli::unlock::UnlockArgs),
     /// Run a command while holding a lock, renewed in the background
     Run(cli::run::RunArgs),
-    /// Show a lock's holder, fence, version and lease without acquiring it
+    /// Show a lock's holder (every holder of a key with permits), fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
     /// Run the DistributedLock operator (uses KUBECONFIG or the in-cluster service account)
     Controller {
@@ -75,7 +75,15 @@ fn main() -> ExitCode {
         Err(e) => return ExitCode::from(cli::report_parse_error(e)),
     };
     cli::init_logging(&cli.global);
-    let result = tokio::runtime::Builder::new_multi_thread()
+    // The controller serves many locks at once: threads for each core. Every other
+    // command does one thing and exits: a single-threaded runtime starts faster and
+    // uses less memory (issue 18: a CLI lighter than the Go tools).
+    let mut runtime = if matches!(cli.command, Command::Controller { .. }) {
+        tokio::runtime::Builder::new_multi_thread()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let result = runtime
         .enable_all()
         .build()
         .context("cannot start the async runtime")

@@ -1,17 +1,18 @@
 //! The ZooKeeper backend against a real ZooKeeper: the queue recipe (mutual exclusion,
 //! FIFO, handoff by watch), session liveness (renewal, expiry, jeopardy), foreign queue
-//! members, lost replies and resume.
+//! members, lost replies and resume; and keys with more than one holder (semaphores,
+//! shared/exclusive).
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockwarden::backend::{ZkLock, ZkSessions};
 use lockwarden::lock::{
     AcquireRequest, Attempt, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, RenewPolicy, Wait, acquire,
+    LockRecord, LockState, LostReason, Mode as PermitMode, Permits, RenewPolicy, Wait, acquire,
 };
 use rand::Rng;
 use tokio::time::Instant;
@@ -638,4 +639,598 @@ async fn resume_finds_the_acquisition_only_on_its_own_live_session() {
         }) => {}
         other => panic!("renewing a released entry: {other:?}"),
     }
+}
+
+// ---------------------------------------------------------------- more than one holder
+
+/// A holder of one of `permits` permits (shared).
+fn permit_request(holder: &str, permits: u32) -> AcquireRequest {
+    AcquireRequest {
+        permits: Permits::semaphore(permits),
+        ..request(holder)
+    }
+}
+
+/// A writer on a key with `permits` permits: alone while it holds.
+fn writer_request(holder: &str, permits: u32) -> AcquireRequest {
+    AcquireRequest {
+        permits: Permits {
+            total: permits,
+            mode: PermitMode::Exclusive,
+        },
+        ..request(holder)
+    }
+}
+
+async fn expect_granted(lock: &ZkLock, req: &AcquireRequest) -> Lease {
+    match lock.try_acquire(req).await {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!(
+            "{}: expected a permit of {}, got {other:?}",
+            req.holder,
+            lock.url()
+        ),
+    }
+}
+
+/// `(first holder, queue position)` of a busy attempt.
+async fn expect_waiting(lock: &ZkLock, req: &AcquireRequest) -> (LockRecord, Option<u32>) {
+    match lock.try_acquire(req).await {
+        Ok(Attempt::Busy {
+            holder,
+            queue_position,
+            ..
+        }) => (holder, queue_position),
+        other => panic!(
+            "{}: expected to wait for {}, got {other:?}",
+            req.holder,
+            lock.url()
+        ),
+    }
+}
+
+/// Whether the server has a watch on each of these znodes (`wchp`: watches by path).
+fn watched_on_server(zk: &ZooKeeper, paths: &[String]) -> bool {
+    let listed = zk.node(0).four_letter("wchp").unwrap_or_default();
+    paths.iter().all(|p| listed.contains(p.as_str()))
+}
+
+/// A grant seen by [`acquire_by_watch`].
+struct Grant {
+    lease: Lease,
+    /// Our entry was in the queue by then: the first attempt had returned.
+    queued: Instant,
+}
+
+/// Acquires by hand, waiting on `changed` with a timeout far beyond the test's
+/// deadlines: only a watch wakes it in time.
+async fn acquire_by_watch(lock: &ZkLock, req: &AcquireRequest) -> Grant {
+    let started = Instant::now();
+    let mut queued = None;
+    loop {
+        let attempt = lock.try_acquire(req).await;
+        if attempt.is_ok() {
+            queued.get_or_insert_with(Instant::now);
+        }
+        match attempt {
+            Ok(Attempt::Acquired(lease)) => {
+                return Grant {
+                    lease,
+                    queued: queued.unwrap_or(started),
+                };
+            }
+            Ok(Attempt::Busy { .. }) => {
+                let began = Instant::now();
+                lock.changed(PROMPTLY).await;
+                assert!(
+                    began.elapsed() < PROMPTLY,
+                    "{}: woken by the timeout, not by a watch",
+                    req.holder
+                );
+            }
+            Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(e) => panic!("{}: {e}", req.holder),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_3_grant_three_at_once_and_a_release_wakes_the_fourth_by_watch() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-3");
+    let registries = [ZkSessions::new(), ZkSessions::new()];
+    let locks: Vec<Arc<ZkLock>> = (0..4)
+        .map(|i| Arc::new(registries[i % 2].lock(&zk.connect_string(), &path).unwrap()))
+        .collect();
+    let reqs: Vec<AcquireRequest> = (0..4)
+        .map(|i| permit_request(&format!("holder-{i}"), 3))
+        .collect();
+
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let lease = expect_granted(&locks[i], &reqs[i]).await;
+        let set = lease.record.set.as_ref().expect("a permit says so");
+        assert_eq!(set.permits, 3);
+        // Every holder granted so far, ours last.
+        assert_eq!(set.holders.len(), i + 1, "{set:?}");
+        let own = set.holders.last().unwrap();
+        assert_eq!(own.mode, PermitMode::Shared);
+        assert_eq!(own.fence, lease.fence());
+        assert_eq!(own.nonce, lease.nonce());
+        held.push(lease);
+    }
+    assert!(
+        held[0].fence() < held[1].fence() && held[1].fence() < held[2].fence(),
+        "fences in grant order: {:?}",
+        held.iter().map(Lease::fence).collect::<Vec<_>>()
+    );
+    let (first, position) = expect_waiting(&locks[3], &reqs[3]).await;
+    assert_eq!(first.holder, "holder-0");
+    assert_eq!(first.fence, held[0].fence());
+    assert_eq!(position, Some(0), "the next release lets it in");
+
+    // status: every holder with its fence.
+    let stored = locks[3].inspect().await.unwrap().expect("held");
+    let record = stored.record.expect("a lockwarden record");
+    let set = record.set.expect("a semaphore key shows its holders");
+    assert_eq!(set.permits, 3);
+    assert_eq!(
+        set.holders
+            .iter()
+            .map(|h| (h.holder.as_str(), h.fence))
+            .collect::<Vec<_>>(),
+        held.iter()
+            .map(|l| (l.holder(), l.fence()))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(set.waiting_writer, None);
+
+    // The waiter blocks on watches (on the three holders' entries): released the
+    // middle one, it wakes long before its timeout.
+    const NEVER: Duration = Duration::from_secs(600);
+    let sleeper = locks[3].clone();
+    let woke = tokio::spawn(async move {
+        let began = Instant::now();
+        sleeper.changed(NEVER).await;
+        began.elapsed()
+    });
+    let mut holders = Vec::new();
+    for lock in &locks[..3] {
+        holders.push(format!("{path}/{}", lock.queue_entry().await.unwrap()));
+    }
+    eventually("the waiter's watches on the holders", PROMPTLY, || {
+        let found = watched_on_server(zk, &holders);
+        async move { found.then_some(()) }
+    })
+    .await;
+    locks[1].release(&held[1]).await.expect("release");
+    let waited = tokio::time::timeout(PROMPTLY, woke)
+        .await
+        .expect("the release woke the waiter")
+        .expect("waiter task");
+    assert!(waited < NEVER, "woken by the watch, not the timeout");
+    let fourth = expect_granted(&locks[3], &reqs[3]).await;
+    assert!(fourth.fence() > held[2].fence(), "fences keep increasing");
+
+    for (lock, lease) in [
+        (&locks[0], &held[0]),
+        (&locks[2], &held[2]),
+        (&locks[3], &fourth),
+    ] {
+        lock.release(lease).await.expect("release");
+    }
+    assert!(locks[0].inspect().await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_excludes_readers_before_and_after_it() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("shared-exclusive");
+    let sessions = ZkSessions::new();
+    let lock = || sessions.lock(&zk.connect_string(), &path).unwrap();
+    let (r1, r2, r3, w) = (lock(), lock(), lock(), lock());
+    let (r1_req, r2_req, r3_req) = (
+        permit_request("reader-1", 3),
+        permit_request("reader-2", 3),
+        permit_request("reader-3", 3),
+    );
+    let w_req = writer_request("writer", 3);
+
+    let r1_lease = expect_granted(&r1, &r1_req).await;
+    let r2_lease = expect_granted(&r2, &r2_req).await;
+    let (first, position) = expect_waiting(&w, &w_req).await;
+    assert_eq!(first.holder, "reader-1");
+    assert_eq!(position, Some(1), "both readers must leave first");
+    // A permit is free, but the writer queued first: the reader waits behind it.
+    let (_, position) = expect_waiting(&r3, &r3_req).await;
+    assert_eq!(position, Some(2), "the readers, then the writer");
+
+    let stored = r1.inspect().await.unwrap().expect("held");
+    let set = stored.record.unwrap().set.expect("a holder set");
+    let names: Vec<&str> = set.holders.iter().map(|h| h.holder.as_str()).collect();
+    assert_eq!(names, ["reader-1", "reader-2"]);
+    let waiting = set.waiting_writer.expect("the writer waits first in line");
+    assert_eq!(
+        (waiting.holder.as_str(), waiting.mode),
+        ("writer", PermitMode::Exclusive)
+    );
+
+    r1.release(&r1_lease).await.unwrap();
+    assert_eq!(expect_waiting(&w, &w_req).await.1, Some(0));
+    expect_waiting(&r3, &r3_req).await;
+
+    r2.release(&r2_lease).await.unwrap();
+    let w_lease = tokio::time::timeout(PROMPTLY, acquire_by_watch(&w, &w_req))
+        .await
+        .expect("the writer is granted once the readers left")
+        .lease;
+    let (by, position) = expect_waiting(&r3, &r3_req).await;
+    assert_eq!(by.holder, "writer", "the writer holds alone");
+    assert_eq!(position, Some(0));
+
+    w.release(&w_lease).await.unwrap();
+    let r3_lease = tokio::time::timeout(PROMPTLY, acquire_by_watch(&r3, &r3_req))
+        .await
+        .expect("the reader is granted once the writer left")
+        .lease;
+    assert!(
+        r1_lease.fence() < r2_lease.fence()
+            && r2_lease.fence() < w_lease.fence()
+            && w_lease.fence() < r3_lease.fence(),
+        "fences in grant order"
+    );
+    r3.release(&r3_lease).await.unwrap();
+}
+
+/// The permits disagree; the contender's entry is gone afterwards, the holder's kept.
+async fn expect_disagreement(
+    raw: &Client,
+    path: &str,
+    holder: &ZkLock,
+    contender: &ZkLock,
+    req: &AcquireRequest,
+    stored_permits: u32,
+) {
+    match contender.try_acquire(req).await {
+        Err(e @ LockError::PermitsDisagree { .. }) => {
+            let LockError::PermitsDisagree {
+                stored, requested, ..
+            } = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!((*stored, *requested), (stored_permits, req.permits.total));
+            let message = e.to_string();
+            assert!(
+                message.contains(&format!("held with {stored_permits} permit"))
+                    && message.contains(&format!("asks for {}", req.permits.total)),
+                "{message}"
+            );
+        }
+        other => panic!("{}: expected PermitsDisagree, got {other:?}", req.holder),
+    }
+    assert_eq!(contender.queue_entry().await, None);
+    assert_eq!(
+        children(raw, path).await,
+        vec![holder.queue_entry().await.expect("the holder stays queued")],
+        "only the holder's entry is left"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disagreeing_permits_are_refused_and_the_contender_leaves_the_queue() {
+    let zk = ZooKeeper::shared();
+    let raw = raw_client().await;
+    let sessions = ZkSessions::new();
+
+    // A semaphore of 3, and a contender asking for 2.
+    let path = lock_path("disagree-sem");
+    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let lease = expect_granted(&holder, &permit_request("three", 3)).await;
+    let contender = sessions.lock(&zk.connect_string(), &path).unwrap();
+    expect_disagreement(
+        &raw,
+        &path,
+        &holder,
+        &contender,
+        &permit_request("two", 2),
+        3,
+    )
+    .await;
+    // A mutex contender on the semaphore key likewise.
+    expect_disagreement(&raw, &path, &holder, &contender, &request("mutex"), 3).await;
+    holder.release(&lease).await.unwrap();
+
+    // A mutex holder, and a semaphore contender.
+    let path = lock_path("disagree-mutex");
+    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let lease = expect_acquired(&holder, "mutex").await;
+    assert_eq!(lease.record.set, None, "a mutex record is unchanged");
+    let contender = sessions.lock(&zk.connect_string(), &path).unwrap();
+    expect_disagreement(
+        &raw,
+        &path,
+        &holder,
+        &contender,
+        &permit_request("two", 2),
+        1,
+    )
+    .await;
+    holder.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_finds_a_permit_granted_behind_another_holder() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-resume");
+    let sessions = ZkSessions::new();
+    let first = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let second = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let first_lease = expect_granted(&first, &permit_request("first", 2)).await;
+    let second_lease = expect_granted(&second, &permit_request("second", 2)).await;
+
+    // The second entry is not first in the queue, and holds a permit all the same.
+    let resumer = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let mut resumed = resumer
+        .resume("second", second_lease.nonce())
+        .await
+        .expect("resume a permit");
+    assert_eq!(resumed.fence(), second_lease.fence());
+    assert_eq!(resumed.version, second_lease.version);
+    let own = |lease: &Lease| {
+        let set = lease.record.set.as_ref().expect("a permit says so");
+        set.entry(lease.nonce()).cloned()
+    };
+    assert_eq!(own(&resumed), own(&second_lease));
+    assert!(own(&resumed).is_some());
+    resumer.renew(&mut resumed).await.expect("renew");
+    assert!(resumed.is_valid());
+    resumer.release(&resumed).await.expect("release");
+    first.release(&first_lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_is_refused_with_permits_and_nothing_is_queued() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-force");
+    let sessions = ZkSessions::new();
+    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let lease = expect_granted(&holder, &permit_request("holder", 2)).await;
+    let forcer = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let mut req = permit_request("forcer", 2);
+    req.force = true;
+    match forcer.try_acquire(&req).await {
+        Err(LockError::Backend { message, .. }) => {
+            assert!(
+                message.contains("force is not supported with permits > 1"),
+                "{message}"
+            )
+        }
+        other => panic!("force with permits: {other:?}"),
+    }
+    assert_eq!(forcer.queue_entry().await, None);
+    let raw = raw_client().await;
+    assert_eq!(
+        children(&raw, &path).await,
+        vec![holder.queue_entry().await.unwrap()]
+    );
+    holder.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_queue_entry_counts_as_a_writer() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-foreign");
+    let sessions = ZkSessions::new();
+    let (reader_1, reader_2) = (
+        sessions.lock(&zk.connect_string(), &path).unwrap(),
+        sessions.lock(&zk.connect_string(), &path).unwrap(),
+    );
+    let first = expect_granted(&reader_1, &permit_request("reader-1", 3)).await;
+
+    // A kafka-kit contender queues behind the reader: it waits for it, as for any
+    // holder, and a reader behind it waits for the kafka-kit lock.
+    let raw = raw_client().await;
+    let foreign_prefix = format!("_c_{}-lock-", uuid::Uuid::new_v4());
+    let (_, sequence) = raw
+        .create(
+            &format!("{path}/{foreign_prefix}"),
+            format!(
+                r#"{{"timestamp":"2026-01-01T00:00:00Z","ttl_deadline":"{}","owner_id":"kafka-kit-3"}}"#,
+                "9999-01-01T00:00:00Z"
+            )
+            .as_bytes(),
+            &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let foreign = format!("{foreign_prefix}{sequence}");
+    let second_req = permit_request("reader-2", 3);
+    let (by, position) = expect_waiting(&reader_2, &second_req).await;
+    assert_eq!(by.holder, "reader-1");
+    assert_eq!(position, Some(1), "the reader, then the kafka-kit lock");
+
+    reader_1.release(&first).await.unwrap();
+    let (by, position) = expect_waiting(&reader_2, &second_req).await;
+    assert!(
+        by.holder.contains(&foreign) && by.holder.contains("kafka-kit-3"),
+        "{}",
+        by.holder
+    );
+    assert_eq!(position, Some(0));
+    raw.delete(&format!("{path}/{foreign}"), None)
+        .await
+        .unwrap();
+    let second = tokio::time::timeout(PROMPTLY, acquire_by_watch(&reader_2, &second_req))
+        .await
+        .expect("granted once the kafka-kit lock is gone")
+        .lease;
+    assert!(second.fence() > first.fence());
+    reader_2.release(&second).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_lost_with_its_session_is_granted_to_a_waiter() {
+    const SESSION: Duration = Duration::from_secs(2);
+    let zk = ZooKeeper::shared();
+    let path = lock_path("permits-expiry");
+    // One holder reaches ZooKeeper through a proxy that will partition it away.
+    let proxy = Proxy::start(zk.node(0).port());
+    let cut_off_sessions = ZkSessions::with_session_timeout(SESSION);
+    let cut_off: Arc<ZkLock> = Arc::new(cut_off_sessions.lock(&proxy.address(), &path).unwrap());
+    let sessions = ZkSessions::new();
+    let (steady, waiter) = (
+        sessions.lock(&zk.connect_string(), &path).unwrap(),
+        sessions.lock(&zk.connect_string(), &path).unwrap(),
+    );
+
+    let lease = acquire(&*cut_off, &permit_request("cut-off", 2), Wait::No)
+        .await
+        .expect("first permit");
+    let cut_off_fence = lease.fence();
+    let held = HeldLock::hold(cut_off.clone(), lease, RenewPolicy::for_lease(SESSION));
+    let steady_lease = expect_granted(&steady, &permit_request("steady", 2)).await;
+    let waiter_req = permit_request("waiter", 2);
+    assert_eq!(expect_waiting(&waiter, &waiter_req).await.1, Some(0));
+
+    proxy.set_mode(Mode::Blackhole);
+    let partitioned = Instant::now();
+    let granted = acquire(&waiter, &waiter_req, Wait::For(PROMPTLY))
+        .await
+        .expect("the waiter gets the permit of the expired session");
+    let state = held.state();
+    assert!(
+        !state.is_held(),
+        "granted while the cut-off holder still claims its permit: {state:?}"
+    );
+    assert!(granted.fence() > cut_off_fence.max(steady_lease.fence()));
+    eprintln!(
+        "waiter granted {:?} after the partition (session timeout {SESSION:?})",
+        partitioned.elapsed()
+    );
+    let mut states = held.watch();
+    let lost = tokio::time::timeout(
+        PROMPTLY,
+        states.wait_for(|s| matches!(s, HolderState::Lost(_))),
+    )
+    .await
+    .expect("the cut-off holder learns its session expired")
+    .expect("holder state channel")
+    .clone();
+    assert_eq!(lost, HolderState::Lost(LostReason::SessionExpired));
+    // The other permit was never in question.
+    let mut steady_lease = steady_lease;
+    steady.renew(&mut steady_lease).await.expect("still held");
+    proxy.set_mode(Mode::Pass);
+    steady.release(&steady_lease).await.unwrap();
+    waiter.release(&granted).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_share_writers_are_alone_and_no_writer_waits_past_one_turn_of_the_others() {
+    const READERS: usize = 8;
+    const WRITERS: usize = 2;
+    const PERMITS: u32 = 8;
+    const ROUNDS: usize = 20;
+    /// One hold, seen from the contender.
+    struct Hold {
+        who: usize,
+        writer: bool,
+        queued: Instant,
+        acquired: Instant,
+    }
+    let zk = ZooKeeper::shared();
+    let path = lock_path("readers-writers");
+    let registries = [ZkSessions::new(), ZkSessions::new()];
+    // (readers, writers) holding now, and the most readers seen together.
+    let holding = Arc::new(Mutex::new((0usize, 0usize)));
+    let most_readers = Arc::new(AtomicUsize::new(0));
+    let holds = Arc::new(Mutex::new(Vec::<Hold>::new()));
+    let started = Instant::now();
+
+    let mut tasks = Vec::new();
+    for i in 0..READERS + WRITERS {
+        let writer = i >= READERS;
+        let lock = registries[i % 2].lock(&zk.connect_string(), &path).unwrap();
+        let (holding, most_readers, holds) = (holding.clone(), most_readers.clone(), holds.clone());
+        tasks.push(tokio::spawn(async move {
+            let req = if writer {
+                writer_request(&format!("writer-{i}"), PERMITS)
+            } else {
+                permit_request(&format!("reader-{i}"), PERMITS)
+            };
+            for _ in 0..ROUNDS {
+                let grant = acquire_by_watch(&lock, &req).await;
+                let acquired = Instant::now();
+                {
+                    let mut now = holding.lock().unwrap();
+                    assert_eq!(now.1, 0, "{} granted while a writer holds", req.holder);
+                    if writer {
+                        assert_eq!(now.0, 0, "{} granted while readers hold", req.holder);
+                        now.1 += 1;
+                    } else {
+                        now.0 += 1;
+                        most_readers.fetch_max(now.0, Ordering::SeqCst);
+                    }
+                }
+                let hold = rand::rng().random_range(1_000..10_000);
+                tokio::time::sleep(Duration::from_micros(hold)).await;
+                {
+                    let mut now = holding.lock().unwrap();
+                    if writer {
+                        now.1 -= 1;
+                    } else {
+                        now.0 -= 1;
+                    }
+                }
+                holds.lock().unwrap().push(Hold {
+                    who: i,
+                    writer,
+                    queued: grant.queued,
+                    acquired,
+                });
+                lock.release(&grant.lease)
+                    .await
+                    .unwrap_or_else(|e| panic!("{}: release: {e}", req.holder));
+            }
+        }));
+    }
+    tokio::time::timeout(Duration::from_secs(120), futures::future::join_all(tasks))
+        .await
+        .expect("contenders did not finish within 2 minutes")
+        .into_iter()
+        .for_each(|r| r.expect("contender task"));
+
+    let holds = std::mem::take(&mut *holds.lock().unwrap());
+    let most_readers = most_readers.load(Ordering::SeqCst);
+    eprintln!(
+        "{} grants in {:?}; at most {most_readers} readers together",
+        holds.len(),
+        started.elapsed()
+    );
+    assert!(most_readers >= 2, "readers never held together");
+    // The bound on a writer's wait (FIFO): once its entry is queued, every other
+    // contender is granted at most once before it (its entry then ahead of the
+    // writer's; any later one queues behind the writer, readers included).
+    for writer in holds.iter().filter(|h| h.writer) {
+        let mut before: Vec<usize> = holds
+            .iter()
+            .filter(|h| {
+                h.who != writer.who && writer.queued < h.acquired && h.acquired < writer.acquired
+            })
+            .map(|h| h.who)
+            .collect();
+        before.sort();
+        let times = before.len();
+        before.dedup();
+        assert_eq!(
+            times,
+            before.len(),
+            "writer-{} waited {:?} while others were granted more than once each: {before:?}",
+            writer.who,
+            writer.acquired - writer.queued
+        );
+    }
+    let raw = raw_client().await;
+    assert!(children(&raw, &path).await.is_empty(), "every entry left");
 }

@@ -22,7 +22,8 @@ use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, S3Backend, SecretRef};
 use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
 use lockwarden::lock::{
-    AcquireRequest, Attempt, HeldLock, Lease, LockBackend, LockError, LockState, Wait, acquire,
+    AcquireRequest, Attempt, HeldLock, Lease, LockBackend, LockError, LockState, Permits, Wait,
+    acquire,
 };
 use serde_json::Value;
 use support::cli::Cli;
@@ -169,6 +170,27 @@ async fn lockwarden_acquires(backend: &dyn LockBackend, wait: Wait, why: &str) -
     )
     .await
     .expect(why)
+}
+
+/// Two holders of a key with three permits (docs/design.md §6.2), renewed in the
+/// background until released: what the seed tools must see as a held lock.
+async fn hold_two_permits(url: &str, options: &ConnectOptions, lease: Duration) -> [HeldLock; 2] {
+    let mut held = Vec::new();
+    for holder in ["lockwarden-permit-1", "lockwarden-permit-2"] {
+        let backend = engine(url, options).await;
+        let req = AcquireRequest {
+            permits: Permits::semaphore(3),
+            ..request(holder, lease)
+        };
+        held.push(
+            HeldLock::acquire(backend, &req, Wait::No)
+                .await
+                .expect("a permit of a free key"),
+        );
+    }
+    let second = held.pop().expect("two holders");
+    let first = held.pop().expect("two holders");
+    [first, second]
 }
 
 /// Holds a key nobody holds yet (renewed in the background until released).
@@ -337,6 +359,26 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
         3,
         "s3lock treats lockwarden's release tombstone as a held lock"
     );
+}
+
+/// A key with several permits is one object holding the whole holder set: s3lock sees
+/// it as held while anyone holds a permit, and, with `s3lockCompatible`, can lock once
+/// the last holder has let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3lock_sees_a_semaphore_key_as_held_until_its_last_holder_lets_go() {
+    let (bucket, key, url) = s3_key().await;
+    let [first, second] = hold_two_permits(&url, &aws_options(true), Duration::from_secs(30)).await;
+    assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
+    first.release().await.expect("release");
+    assert_eq!(
+        s3lock(&bucket, &key, "0s").exit_code().await,
+        3,
+        "one permit is still held"
+    );
+    second.release().await.expect("release");
+    let mut s3 = s3lock(&bucket, &key, "0s");
+    s3.expect("ACQUIRED").await;
+    s3.release().await;
 }
 
 /// `lockwarden status` on a key lockwarden released without deleting it: free for
@@ -550,6 +592,29 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
     after.release().await;
 }
 
+/// dynamolock sees a key with several permits as held by its first holder, also when it
+/// waits past the lease (every renewal of any holder writes a new version), and takes it
+/// once every holder has let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamolock_sees_a_semaphore_key_as_held_until_its_last_holder_lets_go() {
+    let (table, key, url) = dynamo_key().await;
+    let [first, second] = hold_two_permits(&url, &aws_options(false), Duration::from_secs(6)).await;
+    assert_eq!(dynamolock(&table, &key, "d1", "0s").exit_code().await, 3);
+    let mut waiting = dynamolock(&table, &key, "d2", "10s");
+    assert_eq!(waiting.next().await, "TIMEOUT");
+    assert!(first.is_held() && second.is_held());
+    first.release().await.expect("release");
+    assert_eq!(
+        dynamolock(&table, &key, "d3", "0s").exit_code().await,
+        3,
+        "one permit is still held"
+    );
+    second.release().await.expect("release");
+    let mut after = dynamolock(&table, &key, "d4", "0s");
+    after.expect("ACQUIRED").await;
+    after.release().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dynamolock_holder_that_stops_heartbeating_is_taken_over_after_its_lease() {
     let (table, key, url) = dynamo_key().await;
@@ -709,6 +774,45 @@ async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
         "kafka-kit acquired a held lock"
     );
     held.release().await.expect("release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+}
+
+/// Permit holders are entries of the same queue: kafka-kit, which takes the first entry
+/// as the holder, waits while any of them is ahead and acquires once all are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_kit_waits_behind_the_holders_of_a_semaphore_key() {
+    let path = format!("/{}", unique("interop-kk-sem"));
+    let mut held = Vec::new();
+    for holder in ["lockwarden-permit-1", "lockwarden-permit-2"] {
+        let req = AcquireRequest {
+            permits: Permits::semaphore(3),
+            ..request(holder, Duration::from_secs(10))
+        };
+        held.push(
+            HeldLock::acquire(zk_engine(&path), &req, Wait::No)
+                .await
+                .expect("a permit of a free key"),
+        );
+    }
+    let mut refused = kafkakit(&path, "0s");
+    refused.expect("QUEUED").await;
+    refused.expect("BUSY").await;
+    let mut waiting = kafkakit(&path, "120s");
+    waiting.expect("QUEUED").await;
+    waiting.expect("WAITING").await;
+    let second = held.pop().expect("two holders");
+    held.pop()
+        .expect("two holders")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(
+        waiting.has_event().await,
+        None,
+        "kafka-kit acquired while a permit was held"
+    );
+    second.release().await.expect("release");
     waiting.expect("ACQUIRED").await;
     waiting.release().await;
 }
@@ -952,6 +1056,29 @@ async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
     let mut waiting = leader(&ns, &name, "go-leader-3", &[]);
     assert_eq!(waiting.has_event().await, None);
     held.release().await.expect("release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+}
+
+/// client-go reads a Lease holding a holder set by its `holderIdentity` (the holders'
+/// names): it cannot lead while anyone holds a permit, and leads once all let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_cannot_lead_a_lease_that_holds_permits() {
+    let ns = kube_namespace("interop-lease").await;
+    let name = unique("lease");
+    let url = format!("k8s://{ns}/{name}");
+    let options = ConnectOptions {
+        kube_client: Some(ControlPlane::shared().client().await),
+        ..Default::default()
+    };
+    let [first, second] = hold_two_permits(&url, &options, Duration::from_secs(4)).await;
+    let mut refused = leader(&ns, &name, "go-leader-1", &["--wait", "10s"]);
+    assert_eq!(refused.next().await, "TIMEOUT");
+    first.release().await.expect("release");
+    let mut refused = leader(&ns, &name, "go-leader-2", &["--wait", "6s"]);
+    assert_eq!(refused.next().await, "TIMEOUT", "one permit is still held");
+    second.release().await.expect("release");
+    let mut waiting = leader(&ns, &name, "go-leader-3", &[]);
     waiting.expect("ACQUIRED").await;
     waiting.release().await;
 }

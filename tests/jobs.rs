@@ -275,6 +275,80 @@ async fn template_queued_jobs_run_one_at_a_time() {
     watch.assert_none();
 }
 
+/// A lock template with `permits: 2` and six Jobs (docs/design.md §6.2): the Jobs' own
+/// locks inherit the permits, two Jobs run at once, each finish lets one more start,
+/// and all six complete with distinct fences. Every object version of the Jobs is
+/// watched: never more than two running at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_with_two_permits_runs_two_jobs_at_a_time() {
+    const PERMITS: usize = 2;
+    const JOBS: usize = 6;
+    let (client, ns) = setup("jobs-permits").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let watch = OverlapWatch::at_most(
+        PERMITS,
+        vec![jobs.clone()],
+        watcher::Config::default(),
+        job_runs,
+    );
+
+    let mut template = lease_lock("loaders", "warehouse");
+    template.spec.release = true;
+    template.spec.permits = PERMITS as u32;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    for i in 0..JOBS {
+        jobs.create(
+            &PostParams::default(),
+            &job(
+                &format!("load-{i}"),
+                &[(TEMPLATE_ANNOTATION, "loaders")],
+                true,
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let mut fences = BTreeMap::new();
+    while fences.len() < JOBS {
+        let want = (JOBS - fences.len()).min(PERMITS);
+        let running = eventually(
+            &format!("{want} Jobs to run at once ({} done)", fences.len()),
+            TIMEOUT,
+            || async {
+                let all = jobs.list(&ListParams::default()).await.ok()?;
+                let running: Vec<Job> = all.items.into_iter().filter(job_runs).collect();
+                (running.len() == want).then_some(running)
+            },
+        )
+        .await;
+        // Finish one; the other keeps its permit while the next Job takes this one's.
+        let name = running[0].name_any();
+        let started = wait_unsuspended(&jobs, &name).await;
+        let own_lock = locks.get(&per_job_lock_name(&started)).await.unwrap();
+        assert_eq!(own_lock.spec.permits, PERMITS as u32, "inherited");
+        assert_eq!(
+            own_lock.status.as_ref().unwrap().fence,
+            Some(fence_of(&started))
+        );
+        fences.insert(name.clone(), fence_of(&started));
+        finish(&jobs, &name, true).await;
+    }
+    let distinct: std::collections::BTreeSet<_> = fences.values().collect();
+    assert_eq!(distinct.len(), JOBS, "one fence per grant: {fences:?}");
+    for i in 0..JOBS {
+        let job = jobs.get(&format!("load-{i}")).await.unwrap();
+        assert_eq!(
+            lockwarden::controller::jobs::finished(&job),
+            Some("Complete")
+        );
+    }
+    watch.assert_none();
+}
+
 /// The first version of the Job that anyone sees with `suspend: false` already
 /// carries the fence, holder and lock annotations on its pod template, equal to the
 /// lock's status; the lock is claimed by the Job, and released (and unclaimed) when it
@@ -1050,6 +1124,8 @@ async fn every_example_reaches_the_state_its_comment_promises() {
                 );
             }
             "job-queue.yaml" => check_job_queue_example(&jobs, &locks).await,
+            "semaphore.yaml" => check_semaphore_example(&jobs, &locks).await,
+            "shared-exclusive.yaml" => check_shared_exclusive_example(&locks).await,
             "job-kubectl-wait.yaml" => check_kubectl_wait_example(&client, &ns, &locks).await,
             "pod-gated.yaml" => check_pod_gated_example(&client, &ns, &locks).await,
             "job-two-locks.yaml" => {
@@ -1121,6 +1197,78 @@ async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) 
     finish(jobs, &running.name_any(), true).await;
     let next = wait_unsuspended(jobs, &waiting.name_any()).await;
     assert!(fence_of(&next) > fence_of(&running));
+}
+
+/// Two of the three Jobs running, each with its own permit and fence; the third
+/// waiting, saying no permit is free; it starts once a running one finishes.
+async fn check_semaphore_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) {
+    let names = ["warehouse-load-a", "warehouse-load-b", "warehouse-load-c"];
+    let (running, waiting) = eventually("two loads running, one waiting", TIMEOUT, || async {
+        let mut running = Vec::new();
+        let mut waiting = Vec::new();
+        for name in names {
+            let job = jobs.get(name).await.ok()?;
+            if is_suspended(&job) {
+                waiting.push(job);
+            } else {
+                running.push(job);
+            }
+        }
+        let [waiting] = <[Job; 1]>::try_from(waiting).ok()?;
+        let status = waiting.annotations().get(STATUS_ANNOTATION)?;
+        let lock = locks.get(&per_job_lock_name(&waiting)).await.ok()?;
+        let full = lock.status.as_ref()?.permits_in_use == Some(2);
+        (status.contains("no permit free: 2 of 2 in use by 2 holders")
+            && phase(&lock) == Some(LockPhase::Waiting)
+            && full)
+            .then_some((running, waiting))
+    })
+    .await;
+    let fences: Vec<i64> = running.iter().map(fence_of).collect();
+    assert_ne!(fences[0], fences[1], "one fence per permit");
+    let template = locks.get("warehouse-loads").await.unwrap();
+    assert_eq!(phase(&template), Some(LockPhase::Released));
+    finish(jobs, &running[0].name_any(), true).await;
+    let next = wait_unsuspended(jobs, &waiting.name_any()).await;
+    assert!(fence_of(&next) > *fences.iter().max().unwrap());
+}
+
+/// One side holds (the writer alone, or readers), the other waits, never a reader
+/// with the writer; deleting the holders lets the other side acquire with higher
+/// fences.
+async fn check_shared_exclusive_example(locks: &Api<DistributedLock>) {
+    let names = ["dataset-reader-1", "dataset-reader-2", "dataset-writer"];
+    let holding = eventually("one side holding, the other waiting", TIMEOUT, || async {
+        let mut holding = Vec::new();
+        let mut waiting = 0;
+        for name in names {
+            let lock = locks.get(name).await.ok()?;
+            if acquired(&lock) {
+                holding.push((name, lock.status?.fence?));
+            } else if phase(&lock) == Some(LockPhase::Waiting) {
+                waiting += 1;
+            }
+        }
+        let writer = holding.iter().any(|(n, _)| *n == "dataset-writer");
+        assert!(
+            !(writer && holding.len() > 1),
+            "the writer holds together with a reader: {holding:?}"
+        );
+        (!holding.is_empty() && holding.len() + waiting == names.len()).then_some(holding)
+    })
+    .await;
+    let latest = holding.iter().map(|(_, f)| *f).max().unwrap();
+    for (name, _) in &holding {
+        locks.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    for name in names
+        .iter()
+        .filter(|n| holding.iter().all(|(h, _)| h != *n))
+    {
+        let lock = wait_acquired(locks, name).await;
+        let fence = lock.status.unwrap().fence.unwrap();
+        assert!(fence > latest, "{name}: fence {fence} after {latest}");
+    }
 }
 
 /// One Pod of the Deployment ungated with its own lock's fence, and readable from the

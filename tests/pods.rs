@@ -352,6 +352,72 @@ async fn assert_never_two_released(versions: &PodVersions, last: &str) {
     );
 }
 
+/// A lock template with `permits: 2` and three gated Pods (docs/design.md §6.2): two
+/// are ungated at once with their own fences, the third stays gated saying no permit
+/// is free, and deleting an ungated Pod lets it go with a higher fence. A watch of
+/// every Pod version never sees more than two ungated at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_with_two_permits_ungates_two_pods_at_a_time() {
+    let (client, ns) = setup("pods-permits").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let watch = support::overlap::OverlapWatch::at_most(
+        2,
+        vec![pods.clone()],
+        kube::runtime::watcher::Config::default(),
+        released,
+    );
+    let mut template = lease_lock("readers", "replicas");
+    template.spec.release = true;
+    template.spec.permits = 2;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let names = ["replica-a", "replica-b", "replica-c"];
+    for name in names {
+        pods.create(
+            &PostParams::default(),
+            &gated_pod(name, &[(TEMPLATE_ANNOTATION, "readers")], true, true),
+        )
+        .await
+        .unwrap();
+    }
+    let (free, gated) = eventually("two Pods ungated, one waiting", TIMEOUT, || async {
+        let mut free = Vec::new();
+        let mut gated = Vec::new();
+        for name in names {
+            let pod = pods.get(name).await.ok()?;
+            if released(&pod) {
+                free.push((name, fence_of(&pod)?));
+            } else {
+                gated.push(pod);
+            }
+        }
+        let [waiting] = <[Pod; 1]>::try_from(gated).ok()?;
+        let status = waiting.annotations().get(STATUS_ANNOTATION)?;
+        status
+            .contains("no permit free: 2 of 2 in use by 2 holders")
+            .then_some((free, waiting.name_any()))
+    })
+    .await;
+    assert_ne!(free[0].1, free[1].1, "one fence per permit: {free:?}");
+    pods.delete(free[0].0, &DeleteParams::default())
+        .await
+        .unwrap();
+    let next = wait_ungated(&pods, &gated).await;
+    let fence = fence_of(&next).expect("ungated with a fence");
+    assert!(
+        fence > free[0].1.max(free[1].1),
+        "fence {fence} after {free:?}"
+    );
+    assert!(
+        released(&pods.get(free[1].0).await.unwrap()),
+        "the other keeps running"
+    );
+    watch.assert_none();
+}
+
 /// A Pod that succeeds lets its named lock go (released, unclaimed) and loses its
 /// finalizer; a Pod that is deleted has its own lock deleted and then goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,12 +53,7 @@ async fn zookeeper() -> &'static ZooKeeper {
 }
 
 async fn acquire(backend: &dyn LockBackend, holder: &str) {
-    let request = AcquireRequest {
-        holder: holder.into(),
-        lease: Duration::from_secs(30),
-        data: None,
-        force: false,
-    };
+    let request = AcquireRequest::new(holder, Duration::from_secs(30));
     match backend.try_acquire(&request).await {
         Ok(Attempt::Acquired(_) | Attempt::Busy { .. }) => {}
         other => panic!("{holder}: joining the queue failed: {other:?}"),

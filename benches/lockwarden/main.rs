@@ -1,7 +1,7 @@
 //! `cargo bench --bench lockwarden`: lockwarden against real servers, next to the bare
 //! backend round trip measured in the same run (issue 7, docs/design.md §8).
 //!
-//! Parts (`--only floor|engine|operator|scale`; `--quick` for fewer samples):
+//! Parts (`--only floor|engine|operator|scale|permits|cli`; `--quick` for fewer samples):
 //! 1. floor: one conditional write with the raw SDK/client per backend (latency and
 //!    throughput with several writers);
 //! 2. engine: cold/warm acquire, renew, release latency per backend, round trips per
@@ -10,7 +10,11 @@
 //! 3. operator: `DistributedLock` created → `Acquired=True` seen by a watch, same-cluster
 //!    hand-off, takeover after the holder's controller process is SIGKILLed;
 //! 4. scale: one process holding 1,000 / 10,000 locks (engine, as the controller's
-//!    holder tasks do) and 1,000 through the `lockwarden controller` binary.
+//!    holder tasks do) and 1,000 through the `lockwarden controller` binary;
+//! 5. permits: one permit's acquire, renew and release on a key 1, 10 or 100 holders
+//!    share, with round trips and lost write races counted;
+//! 6. cli: one `lock` + `unlock` cycle of the CLI (two processes) against a Go tool
+//!    doing the same job: wall, CPU and peak RSS.
 //!
 //! Servers are started the way the tests start them (`tests/support`). Results go to
 //! `docs/benchmarks.md` (between the GENERATED markers), `docs/benchmarks.svg` and
@@ -19,12 +23,14 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod cli;
 mod counting;
 mod engine;
 mod env;
 mod floor;
 mod operator;
 mod output;
+mod permits;
 mod report;
 mod scale;
 
@@ -154,6 +160,22 @@ fn main() {
             run_part(
                 "operator",
                 part_operator(env.clone(), opts.clone(), report.clone()),
+                &report,
+            )
+            .await;
+        }
+        if opts.runs("permits") {
+            run_part(
+                "permits",
+                permits::part_permits(env.clone(), opts.clone(), report.clone()),
+                &report,
+            )
+            .await;
+        }
+        if opts.runs("cli") {
+            run_part(
+                "cli",
+                cli::part_cli(env.clone(), opts.clone(), report.clone()),
                 &report,
             )
             .await;

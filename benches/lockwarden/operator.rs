@@ -170,25 +170,36 @@ pub(crate) fn start_controller_process(
     ns: &str,
     metrics_port: u16,
 ) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_lockwarden"))
-        .args([
-            "controller",
-            "--cluster-name",
-            cluster,
-            "--watch-namespace",
-            ns,
-        ])
-        .args(["--metrics-address", &format!("127.0.0.1:{metrics_port}")])
-        .env("KUBECONFIG", kubeconfig)
-        // LOCKWARDEN_BENCH_CONTROLLER_LOG=FILE keeps the controller's log (its stderr),
-        // at the level LOCKWARDEN_LOG gives (e.g. lockwarden=debug).
-        .stdout(Stdio::null())
-        .stderr(match std::env::var_os("LOCKWARDEN_BENCH_CONTROLLER_LOG") {
-            Some(path) => Stdio::from(std::fs::File::create(path).expect("controller log")),
-            None => Stdio::null(),
-        })
+    start_controller_command(kubeconfig, cluster, ns, metrics_port)
         .spawn()
         .expect("start lockwarden controller")
+}
+
+/// The `lockwarden controller` command for one namespace, not started yet.
+pub(crate) fn start_controller_command(
+    kubeconfig: &std::path::Path,
+    cluster: &str,
+    ns: &str,
+    metrics_port: u16,
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockwarden"));
+    cmd.args([
+        "controller",
+        "--cluster-name",
+        cluster,
+        "--watch-namespace",
+        ns,
+    ])
+    .args(["--metrics-address", &format!("127.0.0.1:{metrics_port}")])
+    .env("KUBECONFIG", kubeconfig)
+    // LOCKWARDEN_BENCH_CONTROLLER_LOG=FILE keeps the controller's log (its stderr),
+    // at the level LOCKWARDEN_LOG gives (e.g. lockwarden=debug).
+    .stdout(Stdio::null())
+    .stderr(match std::env::var_os("LOCKWARDEN_BENCH_CONTROLLER_LOG") {
+        Some(path) => Stdio::from(std::fs::File::create(path).expect("controller log")),
+        None => Stdio::null(),
+    });
+    cmd
 }
 
 pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {

@@ -59,6 +59,10 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
     for (part, title) in [
         ("engine", "Engine (part 2)"),
         ("operator", "Operator end to end (part 3)"),
+        (
+            "permits",
+            "Permits (part 5): one permit among other holders of the key",
+        ),
     ] {
         let _ = writeln!(
             md,
@@ -93,6 +97,29 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
                     100.0 * e / raw
                 );
             }
+        }
+    }
+    if !r.cli.is_empty() {
+        md.push_str("\n### CLI start-up (part 6)\n\nOne `lockwarden lock` + `lockwarden unlock` cycle (two processes) against a Go tool doing the same job on the same server in the same run (`tests/interop`: s3lock's protocol on S3, dynamolock's item format on DynamoDB), p50 per cycle: wall and CPU summed over the two processes, peak RSS the larger of the two. Goals (issue 18): wall ≤ 1.0×, CPU ≤ 0.7×, peak RSS ≤ 1.0×.\n\n| backend | n | wall ms (lockwarden / Go) | ratio | CPU ms (lockwarden / Go) | ratio | peak RSS MiB (lockwarden / Go) | ratio |\n|---|---|---|---|---|---|---|---|\n");
+        for c in &r.cli {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} / {} | {}× ({}) | {} / {} | {}× ({}) | {} / {} | {}× ({}) |",
+                c.kind.name(),
+                c.n,
+                fmt(c.wall.0),
+                fmt(c.wall.1),
+                fmt(c.wall.0 / c.wall.1),
+                met(c.wall.0 <= c.wall.1),
+                fmt(c.cpu.0),
+                fmt(c.cpu.1),
+                fmt(c.cpu.0 / c.cpu.1),
+                met(c.cpu.0 <= 0.7 * c.cpu.1),
+                fmt(c.rss.0),
+                fmt(c.rss.1),
+                fmt(c.rss.0 / c.rss.1),
+                met(c.rss.0 <= c.rss.1),
+            );
         }
     }
     if !r.scale.is_empty() {

@@ -62,6 +62,17 @@ pub(crate) struct ScaleRow {
     pub(crate) note: String,
 }
 
+/// Part 6: one lock + unlock cycle of the CLI against the Go baseline, p50 of
+/// (lockwarden, Go) for wall ms, CPU ms and peak RSS MiB.
+#[derive(Clone, Debug)]
+pub(crate) struct CliRow {
+    pub(crate) kind: Kind,
+    pub(crate) n: usize,
+    pub(crate) wall: (f64, f64),
+    pub(crate) cpu: (f64, f64),
+    pub(crate) rss: (f64, f64),
+}
+
 #[derive(Default)]
 pub(crate) struct Report {
     pub(crate) floors: BTreeMap<Kind, Floor>,
@@ -69,6 +80,7 @@ pub(crate) struct Report {
     pub(crate) throughput: Vec<(Kind, f64, f64, usize)>, // engine ops/s, raw ops/s, writers
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
+    pub(crate) cli: Vec<CliRow>,
     pub(crate) plots: Vec<(Kind, String, Vec<f64>)>,
     pub(crate) notes: Vec<String>,
     /// The S3 server's name and its measured conditional writes/s (8 writers).

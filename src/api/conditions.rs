@@ -35,6 +35,9 @@ pub mod reason {
     pub const FORCED: &str = "Forced";
     /// The backend key holds a record lockwarden does not understand; never overwritten.
     pub const FOREIGN: &str = "Foreign";
+    /// The key is held with other permits than this lock names (every lock on one key
+    /// must name the same `spec.permits`).
+    pub const PERMITS_DISAGREE: &str = "PermitsDisagree";
     /// `spec.acquireTimeout` passed before the lock was acquired.
     pub const ACQUIRE_TIMEOUT: &str = "AcquireTimeout";
     /// The spec cannot be acted on (e.g. credentials Secret missing).

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::SpecError;
 use super::backend_spec::{BackendKind, BackendSpec};
 use super::validation::*;
+use crate::lock::{Mode, Permits};
 
 /// `spec.leaseDuration` when unset.
 pub const DEFAULT_LEASE_DURATION: &str = "30s";
@@ -35,6 +36,8 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Holder","type":"string","jsonPath":".status.holder"}"#,
     printcolumn = r#"{"name":"Fence","type":"integer","jsonPath":".status.fence","description":"Fencing token of the current acquisition"}"#,
+    printcolumn = r#"{"name":"Permits","type":"integer","jsonPath":".spec.permits","description":"How many may hold the key at once"}"#,
+    printcolumn = r#"{"name":"In Use","type":"integer","jsonPath":".status.permitsInUse","description":"Permits of the key in use, as last seen (keys with more than one permit)"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     selectable = ".status.backend",
     selectable = ".status.key",
@@ -42,7 +45,11 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::api::strip_nullable)]
-#[x_kube(validation = renew_below_half_lease())]
+#[x_kube(
+    validation = renew_below_half_lease(),
+    validation = shared_needs_permits(),
+    validation = mode_immutable()
+)]
 pub struct DistributedLockSpec {
     /// Where the lock lives: exactly one of s3, dynamodb, zookeeper, kubernetes.
     pub backend: BackendSpec,
@@ -78,6 +85,20 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 65536))]
     pub data: Option<String>,
+    /// How many may hold the key at once: 1 is a mutex, more makes the key a counting
+    /// semaphore. Every lock on one key must name the same number (a lock that does
+    /// not goes Failed). 1 to 256.
+    #[serde(default = "default_permits")]
+    #[schemars(range(min = 1, max = Permits::MAX))]
+    #[x_kube(validation = permits_immutable())]
+    pub permits: u32,
+    /// How this lock takes the key: `shared` takes one permit (a reader, or a
+    /// semaphore holder) and coexists with other shared holders up to `permits`;
+    /// `exclusive` holds the key alone (a writer). When unset: shared if permits is
+    /// above 1, else exclusive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "mode_schema")]
+    pub mode: Option<Mode>,
 }
 
 impl Default for DistributedLockSpec {
@@ -91,8 +112,19 @@ impl Default for DistributedLockSpec {
             release: false,
             force: false,
             data: None,
+            permits: default_permits(),
+            mode: None,
         }
     }
+}
+
+fn default_permits() -> u32 {
+    1
+}
+
+/// `spec.mode`: the lock layer's [`Mode`], spelled as it serialises.
+fn mode_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "type": "string", "enum": ["exclusive", "shared"] })
 }
 
 fn default_lease_duration() -> String {
@@ -189,6 +221,14 @@ pub struct DistributedLockStatus {
     /// The metadata.generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// How many hold the key, as this lock last saw it (keys with more than one
+    /// permit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holders: Option<u32>,
+    /// How many of the key's permits are in use, as this lock last saw it (an
+    /// exclusive holder takes them all; keys with more than one permit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits_in_use: Option<u32>,
     /// `Acquired` and others, keyed by type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
@@ -226,6 +266,20 @@ impl DistributedLockSpec {
             .transpose()
     }
 
+    /// `permits` and `mode`, with the mode's default applied: shared when the key has
+    /// more than one permit (a semaphore holder takes one), else exclusive.
+    pub fn permits(&self) -> Permits {
+        let mode = self.mode.unwrap_or(if self.permits > 1 {
+            Mode::Shared
+        } else {
+            Mode::Exclusive
+        });
+        Permits {
+            total: self.permits,
+            mode,
+        }
+    }
+
     /// The holder identity: `holderIdentity`, or `<cluster_name>/<namespace>/<name>`
     /// when it is unset or empty.
     pub fn holder_identity(&self, cluster_name: &str, namespace: &str, name: &str) -> String {
@@ -249,6 +303,16 @@ impl DistributedLockSpec {
             });
         }
         self.acquire_timeout()?;
+        let permits = self.permits();
+        permits.validate().map_err(|message| SpecError::Invalid {
+            // The one mistake that is not the number's: shared with one permit.
+            field: if permits.total == 1 {
+                "spec.mode".into()
+            } else {
+                "spec.permits".into()
+            },
+            message,
+        })?;
         if self.holder_identity.as_ref().is_some_and(|h| h.len() > 512) {
             return Err(SpecError::Invalid {
                 field: "spec.holderIdentity".into(),
@@ -269,10 +333,21 @@ impl DistributedLockSpec {
         Ok(())
     }
 
-    /// The CEL transition rules: the backend kind and the fields naming the lock are
-    /// unchanged from `old`.
+    /// The CEL transition rules: the backend kind, the fields naming the lock, the
+    /// permits and the mode are unchanged from `old`.
     pub fn validate_update(&self, old: &DistributedLockSpec) -> Result<(), SpecError> {
-        self.backend.validate_update(&old.backend)
+        self.backend.validate_update(&old.backend)?;
+        if self.permits != old.permits {
+            return Err(SpecError::Immutable {
+                field: "spec.permits".into(),
+            });
+        }
+        if self.mode != old.mode {
+            return Err(SpecError::Immutable {
+                field: "spec.mode".into(),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -421,6 +496,101 @@ mod tests {
             SpecError::Immutable {
                 field: "spec.backend.s3.key".into()
             }
+        );
+    }
+
+    #[test]
+    fn permits_and_mode_default_and_validate() {
+        let mut spec = s3_spec();
+        assert_eq!(spec.permits(), Permits::MUTEX, "a mutex by default");
+        spec.permits = 3;
+        assert_eq!(
+            spec.permits(),
+            Permits::semaphore(3),
+            "shared when permits > 1"
+        );
+        spec.validate().unwrap();
+        spec.mode = Some(Mode::Exclusive);
+        assert_eq!(
+            spec.permits().mode,
+            Mode::Exclusive,
+            "a writer on a semaphore key"
+        );
+        spec.validate().unwrap();
+
+        // (permits, mode, the field named, a phrase of Permits::validate's message)
+        let rows = [
+            (0, None, "spec.permits", "at least 1"),
+            (257, None, "spec.permits", "at most 256"),
+            (257, Some(Mode::Shared), "spec.permits", "at most 256"),
+            (
+                1,
+                Some(Mode::Shared),
+                "spec.mode",
+                "shared mode needs permits of 2 or more",
+            ),
+        ];
+        for (permits, mode, field, phrase) in rows {
+            spec.permits = permits;
+            spec.mode = mode;
+            let err = spec.validate().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{field}: ")),
+                "{permits} {mode:?}: {err}"
+            );
+            assert!(err.contains(phrase), "{permits} {mode:?}: {err}");
+        }
+        spec.permits = 256;
+        spec.mode = None;
+        spec.validate().expect("256 permits are allowed");
+    }
+
+    #[test]
+    fn permits_and_mode_are_immutable() {
+        let old = DistributedLockSpec {
+            permits: 2,
+            ..s3_spec()
+        };
+        let mut new = old.clone();
+        new.permits = 3;
+        assert_eq!(
+            new.validate_update(&old).unwrap_err(),
+            SpecError::Immutable {
+                field: "spec.permits".into()
+            }
+        );
+        new.permits = 2;
+        // Even spelling out the default is a change (as the CEL rule sees it).
+        new.mode = Some(Mode::Shared);
+        assert_eq!(
+            new.validate_update(&old).unwrap_err(),
+            SpecError::Immutable {
+                field: "spec.mode".into()
+            }
+        );
+        new.mode = None;
+        new.validate_update(&old).unwrap();
+    }
+
+    #[test]
+    fn permits_and_mode_serialise_as_the_crd_names_them() {
+        let spec: DistributedLockSpec = serde_json::from_value(serde_json::json!({
+            "backend": { "s3": { "bucket": "locks", "key": "k" } },
+            "permits": 4, "mode": "exclusive",
+        }))
+        .unwrap();
+        assert_eq!(spec.permits, 4);
+        assert_eq!(spec.mode, Some(Mode::Exclusive));
+        let defaulted: DistributedLockSpec = serde_json::from_value(serde_json::json!({
+            "backend": { "s3": { "bucket": "locks", "key": "k" } },
+        }))
+        .unwrap();
+        assert_eq!(defaulted.permits, 1);
+        assert!(
+            serde_json::from_value::<DistributedLockSpec>(serde_json::json!({
+                "backend": { "s3": { "bucket": "locks", "key": "k" } }, "mode": "both",
+            }))
+            .is_err()
         );
     }
 }

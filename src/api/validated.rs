@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::{BackendKind, DistributedLock, SecretRef, SpecError};
 use crate::backend::{ConnectOptions, Target};
+use crate::lock::Permits;
 
 /// Where a lock lives and how to reach it (everything but the credentials themselves).
 ///
@@ -52,6 +53,8 @@ pub struct ValidatedSpec {
     pub session_timeout: Option<Duration>,
     /// `spec.holderIdentity`, or `<clusterName>/<namespace>/<name>`.
     pub holder: String,
+    /// `spec.permits` and `spec.mode` (its default applied; checked).
+    pub permits: Permits,
 }
 
 impl ValidatedSpec {
@@ -67,6 +70,7 @@ impl ValidatedSpec {
             acquire_timeout: spec.acquire_timeout()?,
             session_timeout: spec.session_timeout()?,
             holder: lock.holder_identity(cluster_name),
+            permits: spec.permits(),
         })
     }
 }
@@ -107,6 +111,7 @@ mod tests {
         assert_eq!(v.acquire_timeout, Some(Duration::from_secs(120)));
         assert_eq!(v.session_timeout, Some(Duration::from_secs(4)));
         assert_eq!(v.holder, "east/team/db");
+        assert_eq!(v.permits, crate::lock::Permits::MUTEX);
         assert_eq!(v.address.kind, BackendKind::ZooKeeper);
         assert_eq!(v.address.key, "zk://127.0.0.1:2181/locks/db");
         assert!(matches!(v.address.target, Target::ZooKeeper { .. }));

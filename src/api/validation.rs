@@ -23,6 +23,7 @@ use kube::core::{Message, Reason, Rule};
 use super::SpecError;
 use super::duration::{DurationError, parse_positive_duration};
 use crate::lock::names;
+use crate::lock::{Mode, Permits};
 
 /// `Rule::message` for owned strings.
 trait RuleExt {
@@ -129,6 +130,41 @@ pub(crate) fn immutable(field: &str) -> Rule {
             "{field} is immutable: it names the lock; create a new DistributedLock instead"
         ))
         .reason(Reason::FieldValueForbidden)
+}
+
+/// On `spec.permits`: it cannot change (every lock on one key names the same number).
+pub(crate) fn permits_immutable() -> Rule {
+    Rule::new("self == oldSelf")
+        .msg(
+            "permits is immutable: every lock on a key must name the same permits; \
+             create a new DistributedLock instead",
+        )
+        .reason(Reason::FieldValueForbidden)
+}
+
+/// On the spec: `mode` cannot be added, removed or changed.
+pub(crate) fn mode_immutable() -> Rule {
+    Rule::new(
+        "has(self.mode) == has(oldSelf.mode) && (!has(self.mode) || self.mode == oldSelf.mode)",
+    )
+    .msg("mode is immutable: create a new DistributedLock instead")
+    .reason(Reason::FieldValueForbidden)
+    .field_path(".mode")
+}
+
+/// On the spec: `mode: shared` needs two permits or more (with the lock layer's
+/// message).
+pub(crate) fn shared_needs_permits() -> Rule {
+    let shared_one = Permits {
+        total: 1,
+        mode: Mode::Shared,
+    };
+    let message = shared_one
+        .validate()
+        .expect_err("shared with one permit is refused");
+    Rule::new("!has(self.mode) || self.mode != 'shared' || self.permits >= 2")
+        .msg(message)
+        .field_path(".mode")
 }
 
 /// On an object, for its optional field `field`: it cannot be added, removed or changed.

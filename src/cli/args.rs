@@ -10,7 +10,7 @@ use super::lockfile::{self, LockFile};
 use super::sys;
 use crate::backend::{ConnectOptions, Target, TargetError};
 use crate::duration::{DurationError, parse_duration as parse_go_duration};
-use crate::lock::AcquireRequest;
+use crate::lock::{AcquireRequest, Mode, Permits};
 
 /// Options every command that talks to a backend accepts.
 #[derive(Args, Clone, Debug, Default)]
@@ -91,6 +91,52 @@ impl BackendArgs {
     }
 }
 
+/// `--permits`, `--shared` and `--exclusive`: how many may hold the key at once and
+/// how this holder takes it (docs/design.md §6.2).
+#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[command(next_help_heading = "More than one holder")]
+pub struct PermitArgs {
+    /// How many may hold the key at once. Above 1 the key is a counting semaphore and
+    /// each holder takes one permit (shared, unless --exclusive); every holder of a key
+    /// must give the same number [default: 1]
+    #[arg(long, value_name = "N")]
+    pub permits: Option<u32>,
+
+    /// Take one permit, next to other shared holders (a reader); needs --permits 2 or
+    /// more, where it is the default
+    #[arg(long, conflicts_with = "exclusive")]
+    pub shared: bool,
+
+    /// Hold the key alone, once every other holder has left (a writer next to --shared
+    /// readers); the default with one permit
+    #[arg(long)]
+    pub exclusive: bool,
+}
+
+impl PermitArgs {
+    /// The permits asked for, checked: `--permits N` alone means shared when N > 1.
+    pub fn permits(&self) -> Result<Permits, ValueError> {
+        let total = self.permits.unwrap_or(1);
+        let mode = if self.shared {
+            Mode::Shared
+        } else if self.exclusive || total == 1 {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        };
+        let permits = Permits { total, mode };
+        permits.validate().map_err(|message| {
+            let flag = if self.shared && total == 1 {
+                "--shared"
+            } else {
+                "--permits"
+            };
+            ValueError(format!("{flag}: {message}"))
+        })?;
+        Ok(permits)
+    }
+}
+
 /// Flags of the `lockwarden` command itself.
 #[derive(Args, Clone, Debug, Default)]
 pub struct GlobalArgs {
@@ -126,7 +172,12 @@ pub const DEFAULT_LEASE: &str = "1h";
 The lock is not renewed once `lock` has exited: it stays held until `unlock` or until its \
 lease runs out (default 1h, unlike s3lock's locks, which never expire), after which another \
 `lock` may take it over. On ZooKeeper (zk://) a lock lives as long as a session, so `lock` \
-leaves a background process holding the session until `unlock` or the end of the lease.")]
+leaves a background process holding the session until `unlock` or the end of the lease.
+
+A key may have more than one holder. `lockwarden lock --permits 2 s3://locks/nightly` takes one \
+of two permits (a semaphore: a third `lock` waits or fails as held); `status` lists every \
+holder with its fence. With --shared (readers) and --exclusive (a writer, alone) on one \
+--permits N key, readers share it and a writer excludes them all.")]
 pub struct LockArgs {
     /// The lock: s3://BUCKET/KEY, dynamodb://TABLE/KEY, zk://HOST:PORT[,HOST:PORT...]/PATH or k8s://NAMESPACE/LEASE-NAME
     #[arg(value_name = "URL", value_parser = parse_target)]
@@ -158,6 +209,9 @@ pub struct LockArgs {
     pub data: Option<String>,
 
     #[command(flatten)]
+    pub permits: PermitArgs,
+
+    #[command(flatten)]
     pub backend: BackendArgs,
 
     /// Internal: be the process that keeps a ZooKeeper lock's session.
@@ -172,14 +226,16 @@ impl LockArgs {
             .unwrap_or_else(|| LockFile::default_path(&self.url))
     }
 
-    pub fn request(&self) -> AcquireRequest {
-        AcquireRequest {
+    /// What `lock` asks the store for; an error if the permit flags do not fit
+    /// together.
+    pub fn request(&self) -> Result<AcquireRequest, ValueError> {
+        Ok(AcquireRequest {
             holder: self.holder.clone().unwrap_or_else(default_holder),
             lease: self.lease,
             data: self.data.clone(),
             force: self.force,
-            permits: Default::default(),
-        }
+            permits: self.permits.permits()?,
+        })
     }
 }
 
@@ -324,6 +380,72 @@ fn parse_sort_key(s: &str) -> Result<(String, String), ValueError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    /// The permit flags as a command line gives them.
+    #[derive(Parser)]
+    struct PermitCommand {
+        #[command(flatten)]
+        permits: PermitArgs,
+    }
+
+    fn permits(args: &[&str]) -> Result<Permits, String> {
+        let parsed =
+            PermitCommand::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+                .map_err(|e| e.to_string())?;
+        parsed.permits.permits().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn permit_flags() {
+        let shared = |total| Permits {
+            total,
+            mode: Mode::Shared,
+        };
+        let exclusive = |total| Permits {
+            total,
+            mode: Mode::Exclusive,
+        };
+        // (flags, what they ask for, or a phrase of the error)
+        let rows: [(&[&str], Result<Permits, &str>); 12] = [
+            (&[], Ok(Permits::MUTEX)),
+            (&["--permits", "1"], Ok(Permits::MUTEX)),
+            (&["--exclusive"], Ok(Permits::MUTEX)),
+            (&["--permits", "3"], Ok(shared(3))),
+            (&["--permits", "3", "--shared"], Ok(shared(3))),
+            (&["--permits", "3", "--exclusive"], Ok(exclusive(3))),
+            (&["--permits", "256"], Ok(shared(256))),
+            (
+                &["--shared"],
+                Err("--shared: shared mode needs permits of 2 or more"),
+            ),
+            (
+                &["--permits", "1", "--shared"],
+                Err("--shared: shared mode needs"),
+            ),
+            (
+                &["--permits", "0"],
+                Err("--permits: permits must be at least 1"),
+            ),
+            (
+                &["--permits", "257"],
+                Err("--permits: permits is 257, at most 256"),
+            ),
+            (
+                &["--permits", "2", "--shared", "--exclusive"],
+                Err("cannot be used with"),
+            ),
+        ];
+        for (flags, want) in rows {
+            match (permits(flags), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{flags:?}"),
+                (Err(got), Err(phrase)) => assert!(got.contains(phrase), "{flags:?}: {got}"),
+                (got, want) => panic!("{flags:?}: got {got:?}, want {want:?}"),
+            }
+        }
+        assert!(permits(&["--permits", "-1"]).is_err());
+        assert!(permits(&["--permits", "many"]).is_err());
+    }
 
     #[test]
     fn wait_takes_seconds_or_durations() {

@@ -42,6 +42,15 @@ Lock URLs:
   zk://HOST:PORT[,HOST:PORT...]/PATH       ZooKeeper queue of ephemeral sequential znodes
   k8s://NAMESPACE/LEASE-NAME               Kubernetes coordination.k8s.io/v1 Lease
 
+More than one holder (lock, run and status take --permits N, --shared, --exclusive; every
+holder of a key must give the same --permits):
+  Semaphore: at most 3 loads at once across every machine, each with its own fence
+    lockwarden run --permits 3 s3://locks/warehouse -- ./load.sh
+  Shared and exclusive: readers coexist (up to the permits), a writer holds the key alone;
+  a writer first in line keeps new readers out, so writers are not starved
+    lockwarden run --permits 16 --shared s3://locks/dataset -- ./read.sh
+    lockwarden run --permits 16 --exclusive s3://locks/dataset -- ./rewrite.sh
+
 AWS settings come from the SDK's default chain (AWS_ENDPOINT_URL, AWS_REGION, AWS_PROFILE,
 credentials); Kubernetes from KUBECONFIG, ~/.kube/config or the in-cluster service account.";
 

@@ -11,6 +11,8 @@ pub async fn run(args: LockArgs) -> Result<u8, CliError> {
     if args.keeper {
         return keeper::keep(args).await;
     }
+    // Before anything is started (the ZooKeeper keeper gets the same flags).
+    let request = args.request().map_err(|e| CliError::Usage(e.to_string()))?;
     let path = args.output_path();
     check_writable(&path)?;
     if args.url.is_session_bound() {
@@ -19,7 +21,7 @@ pub async fn run(args: LockArgs) -> Result<u8, CliError> {
 
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let mut progress = Progress::new(backend.url(), args.wait);
-    let lease = super::acquire(backend.as_ref(), &args.request(), args.wait, |by, q| {
+    let lease = super::acquire(backend.as_ref(), &request, args.wait, |by, q| {
         progress.busy(by, q)
     })
     .await;

@@ -9,7 +9,8 @@
 //!   acquisition's (same nonce; the write is conditional on the file's version).
 //! - [`run`]: hold the lock with heartbeats while a command runs; terminate it if the
 //!   lock is lost.
-//! - [`status`]: read the lock record without acquiring.
+//! - [`status`]: read the lock record without acquiring (every holder of a key with
+//!   more than one permit).
 //!
 //! Every command returns an exit code; see [`EXIT_CODES_HELP`].
 //!
@@ -33,8 +34,8 @@ pub mod unlock;
 use std::time::Duration;
 
 pub use args::{
-    BackendArgs, GlobalArgs, LogFormat, ValueError, default_holder, parse_duration, parse_holder,
-    parse_lease, parse_target, parse_wait,
+    BackendArgs, GlobalArgs, LogFormat, PermitArgs, ValueError, default_holder, parse_duration,
+    parse_holder, parse_lease, parse_target, parse_wait,
 };
 pub use errors::{CliError, EXIT_CODES_HELP, exit};
 pub use logging::init_logging;

@@ -17,11 +17,11 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::output::display_command;
 use super::progress::Progress;
-use super::{BackendArgs, CliError, default_holder, exit, print_warning, sys};
+use super::{BackendArgs, CliError, PermitArgs, default_holder, exit, print_warning, sys};
 use crate::backend::Target;
 use crate::lock::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
-    RenewPolicy, Stored,
+    Permits, RenewPolicy, Stored,
 };
 
 /// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
@@ -34,7 +34,12 @@ COMMAND gets LOCKWARDEN_FENCE, LOCKWARDEN_HOLDER, LOCKWARDEN_URL and LOCKWARDEN_
 environment. SIGTERM and SIGHUP sent to lockwarden are passed on to COMMAND; Ctrl-C reaches it \
 from the terminal. run exits with COMMAND's status (128+N if signal N killed it), 3 if the lock \
 is held elsewhere, 4 if the lock was lost while COMMAND ran (COMMAND got SIGTERM, then SIGKILL \
-after --grace). On ZooKeeper the lease is the session timeout (10s).")]
+after --grace). On ZooKeeper the lease is the session timeout (10s).
+
+More than one holder: `lockwarden run --permits 3 s3://locks/warehouse -- ./load.sh` runs at \
+most 3 loads at once (a semaphore; each gets its own LOCKWARDEN_FENCE). Readers and a writer: \
+`run --permits 16 --shared URL -- ./read.sh` and `run --permits 16 --exclusive URL -- \
+./rewrite.sh`; the writer runs alone, and once it waits no new reader starts.")]
 pub struct RunArgs {
     /// The lock: s3://BUCKET/KEY, dynamodb://TABLE/KEY, zk://HOST:PORT[,HOST:PORT...]/PATH or k8s://NAMESPACE/LEASE-NAME
     #[arg(value_name = "URL", value_parser = super::parse_target)]
@@ -65,13 +70,20 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 
     #[command(flatten)]
+    pub permits: PermitArgs,
+
+    #[command(flatten)]
     pub backend: BackendArgs,
 }
 
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
+    let permits = args
+        .permits
+        .permits()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
-    let lease = acquire(&args, backend.as_ref()).await?;
+    let lease = acquire(&args, permits, backend.as_ref()).await?;
 
     let policy = RenewPolicy::for_lease(lease.record.lease);
     let (fence, holder, nonce) = (
@@ -191,13 +203,17 @@ async fn finish(
 }
 
 /// Acquires the lock with progress on stderr.
-async fn acquire(args: &RunArgs, backend: &dyn LockBackend) -> Result<Lease, CliError> {
+async fn acquire(
+    args: &RunArgs,
+    permits: Permits,
+    backend: &dyn LockBackend,
+) -> Result<Lease, CliError> {
     let req = AcquireRequest {
         holder: args.holder.clone().unwrap_or_else(default_holder),
         lease: args.lease,
         data: args.data.clone(),
         force: false,
-        permits: Default::default(),
+        permits,
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;
@@ -261,6 +277,8 @@ async fn loss_reason(state: &HolderState, backend: &dyn LockBackend, nonce: &str
             tokio::time::timeout(Duration::from_secs(5), backend.inspect()).await
         && r.state == LockState::Held
         && r.nonce != nonce
+        // On a key with more than one permit the record names one holder of several.
+        && r.set.as_ref().is_none_or(|set| set.entry(nonce).is_none())
     {
         reason.push_str(&format!(" (now held by {} (fence {}))", r.holder, r.fence));
     }

@@ -5,9 +5,9 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use super::{BackendArgs, CliError, exit};
+use super::{BackendArgs, CliError, PermitArgs, exit};
 use crate::backend::Target;
-use crate::lock::{LockState, Stored};
+use crate::lock::{HolderSet, LockState, Permits, Stored};
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -18,6 +18,11 @@ pub struct StatusArgs {
     /// Output format [default: a table]
     #[arg(short, long, value_enum, value_name = "FORMAT")]
     pub output: Option<Format>,
+
+    /// The permits you lock the key with (`--permits N`, `--shared`): status then
+    /// says whether the key agrees and whether a permit is free
+    #[command(flatten)]
+    pub permits: PermitArgs,
 
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -64,6 +69,53 @@ pub struct Status {
     /// record).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The key's permits, when it has more than one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    /// How many of them are in use (an exclusive holder takes them all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits_in_use: Option<u32>,
+    /// Every holder of a key with more than one permit, in grant order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<SetHolder>,
+}
+
+/// One holder of a key with more than one permit.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SetHolder {
+    pub holder: String,
+    pub fence: u64,
+    /// `shared` or `exclusive`.
+    pub mode: String,
+    pub nonce: String,
+    pub lease: String,
+    pub lease_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+}
+
+impl SetHolder {
+    fn all(set: &HolderSet) -> Vec<SetHolder> {
+        set.holders
+            .iter()
+            .map(|h| SetHolder {
+                holder: h.holder.clone(),
+                fence: h.fence.0,
+                mode: h.mode.to_string(),
+                nonce: h.nonce.clone(),
+                lease: humantime::format_duration(h.lease()).to_string(),
+                lease_ms: h.lease_ms,
+                acquired_at: rfc3339(h.acquired_at()),
+                renewed_at: rfc3339(h.renewed_at()),
+                data: h.data.clone(),
+            })
+            .collect()
+    }
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
@@ -86,6 +138,9 @@ impl Status {
             data: None,
             found: None,
             note: None,
+            permits: None,
+            permits_in_use: None,
+            holders: Vec::new(),
         };
         let Some(stored) = stored else { return s };
         s.version = Some(stored.version.0);
@@ -107,9 +162,39 @@ impl Status {
                 s.acquired_at = rfc3339(r.acquired_at);
                 s.renewed_at = rfc3339(r.renewed_at);
                 s.data = r.data;
+                if let Some(set) = &r.set {
+                    s.permits = Some(set.permits);
+                    s.permits_in_use = Some(set.in_use());
+                    s.holders = SetHolder::all(set);
+                }
             }
         }
         s
+    }
+
+    /// What a holder that would lock the key with `asked` (`--permits`, `--shared`)
+    /// should know: that its permits disagree with the key's, or how many are free.
+    pub fn permits_note(&self, asked: Permits) -> Option<String> {
+        let note = match self.permits {
+            Some(total) if total != asked.total => format!(
+                "the key has {total} permits: locking it with --permits {} fails \
+                 (every holder of a key must give the same number)",
+                asked.total
+            ),
+            Some(total) => {
+                let free = total - self.permits_in_use.unwrap_or(0).min(total);
+                format!("{free} of {total} permits free")
+            }
+            // No holder set: nobody holds the key, or a mutex holds it.
+            None if asked.is_mutex() => return None,
+            None if self.state == "held" => format!(
+                "the key is held as a mutex (one permit): locking it with --permits {} \
+                 fails while it is",
+                asked.total
+            ),
+            None => format!("all {} permits free", asked.total),
+        };
+        Some(note)
     }
 
     fn age(&self, now: SystemTime) -> String {
@@ -145,48 +230,108 @@ impl Status {
                 dash(self.data.clone().or(self.found.clone())),
             ]);
         }
-        let widths: Vec<usize> = header
-            .iter()
-            .zip(&row)
-            .map(|(h, v)| h.chars().count().max(v.chars().count()))
-            .collect();
-        let line = |cells: Vec<String>| {
-            let last = cells.len() - 1;
-            cells
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    if i == last {
-                        c.clone()
-                    } else {
-                        format!("{c:<w$}", w = widths[i])
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("   ")
-        };
         let note = self
             .note
             .as_ref()
             .map(|n| format!("note: {n}\n"))
             .unwrap_or_default();
+        let header = header.iter().map(|h| h.to_string()).collect();
         format!(
-            "{}\n{}\n{note}",
-            line(header.iter().map(|h| h.to_string()).collect()),
-            line(row)
+            "{}{note}{}",
+            columns(&[header, row]),
+            self.holders_table(wide)
         )
+    }
+
+    /// For a key with more than one permit: "N of M permits in use" and a row per
+    /// holder. Empty otherwise.
+    fn holders_table(&self, wide: bool) -> String {
+        let (Some(total), Some(in_use)) = (self.permits, self.permits_in_use) else {
+            return String::new();
+        };
+        let mut rows = vec![vec![
+            "HOLDER".to_string(),
+            "FENCE".into(),
+            "MODE".into(),
+            "LEASE".into(),
+            "RENEWED".into(),
+        ]];
+        if wide {
+            rows[0].extend(["ACQUIRED".to_string(), "NONCE".into(), "DATA".into()]);
+        }
+        for h in &self.holders {
+            let mut row = vec![
+                h.holder.clone(),
+                h.fence.to_string(),
+                h.mode.clone(),
+                h.lease.clone(),
+                h.renewed_at.clone().unwrap_or_else(|| "-".into()),
+            ];
+            if wide {
+                row.extend([
+                    h.acquired_at.clone().unwrap_or_else(|| "-".into()),
+                    h.nonce.clone(),
+                    h.data.clone().unwrap_or_else(|| "-".into()),
+                ]);
+            }
+            rows.push(row);
+        }
+        let holders = self.holders.len();
+        let mut out = format!(
+            "{in_use} of {total} permits in use, {holders} holder{}\n",
+            if holders == 1 { "" } else { "s" }
+        );
+        if holders > 0 {
+            out.push_str(&columns(&rows));
+        }
+        out
     }
 }
 
+/// Rows of cells, left-aligned in columns three spaces apart, one line each.
+fn columns(rows: &[Vec<String>]) -> String {
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..rows[0].len()).map(width).collect();
+    let mut out = String::new();
+    for row in rows {
+        let last = row.len() - 1;
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == last {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        out.push_str(&cells.join("   "));
+        out.push('\n');
+    }
+    out
+}
+
 pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
+    // Only when asked: without permit flags, the holder table says it all.
+    let asked = (args.permits != PermitArgs::default())
+        .then(|| args.permits.permits())
+        .transpose()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     // A store that is still starting is retried for the connect timeout, as `lock` does.
     let stored = crate::lock::when_reachable(|| backend.inspect()).await?;
     let note = stored.as_ref().and_then(|s| backend.note(s));
-    let status = Status {
+    let mut status = Status {
         note,
         ..Status::new(backend.url(), stored)
     };
+    if let Some(permits) = asked.and_then(|asked| status.permits_note(asked)) {
+        status.note = Some(match status.note.take() {
+            Some(note) => format!("{note}; {permits}"),
+            None => permits,
+        });
+    }
     let text = match args.output {
         Some(Format::Json) => {
             serde_json::to_string_pretty(&status).expect("status serialises") + "\n"
@@ -197,4 +342,92 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
     };
     print!("{text}");
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lock::{FenceToken, LockRecord, Mode, SetEntry, Version};
+
+    fn semaphore_record() -> Stored {
+        let entry = |holder: &str, fence: u64| {
+            SetEntry::new(
+                holder,
+                FenceToken(fence),
+                Duration::from_secs(30),
+                Mode::Shared,
+                None,
+            )
+        };
+        let mut record =
+            LockRecord::new_acquisition("a", FenceToken(8), Duration::from_secs(30), None);
+        record.set = Some(HolderSet {
+            permits: 3,
+            holders: vec![entry("a", 7), entry("b", 8)],
+            waiting_writer: None,
+            last_fence: FenceToken(8),
+        });
+        Stored {
+            record: Ok(record),
+            version: Version("v1".into()),
+        }
+    }
+
+    #[test]
+    fn every_holder_of_a_semaphore_is_listed() {
+        let status = Status::new("s3://b/k", Some(semaphore_record()));
+        assert_eq!((status.permits, status.permits_in_use), (Some(3), Some(2)));
+        let table = status.table(false);
+        assert!(
+            table.contains("2 of 3 permits in use, 2 holders"),
+            "{table}"
+        );
+        let rows: Vec<&str> = table.lines().collect();
+        let header = rows.iter().position(|l| l.starts_with("HOLDER")).unwrap();
+        for (row, (holder, fence)) in rows[header + 1..].iter().zip([("a", "7"), ("b", "8")]) {
+            let cells: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(&cells[..4], [holder, fence, "shared", "30s"], "{table}");
+        }
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["holders"][1]["fence"], 8);
+        assert_eq!(json["permitsInUse"], 2);
+
+        // A mutex's record: no holder lines at all (the output is as before).
+        let mutex = Stored {
+            record: Ok(LockRecord::new_acquisition(
+                "a",
+                FenceToken(1),
+                Duration::from_secs(30),
+                None,
+            )),
+            version: Version("v1".into()),
+        };
+        let status = Status::new("s3://b/k", Some(mutex));
+        assert_eq!(status.table(false).lines().count(), 2);
+        assert!(
+            serde_json::to_value(&status)
+                .unwrap()
+                .get("holders")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_permits_note_answers_the_flags() {
+        let status = Status::new("s3://b/k", Some(semaphore_record()));
+        assert_eq!(
+            status.permits_note(Permits::semaphore(3)).as_deref(),
+            Some("1 of 3 permits free")
+        );
+        let other = status.permits_note(Permits::semaphore(2)).unwrap();
+        assert!(other.contains("the key has 3 permits"), "{other}");
+        let absent = Status::new("s3://b/k", None);
+        assert_eq!(absent.permits_note(Permits::MUTEX), None);
+        assert_eq!(
+            absent.permits_note(Permits::semaphore(2)).as_deref(),
+            Some("all 2 permits free")
+        );
+    }
 }

@@ -13,6 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
+use super::status::Occupancy;
 use crate::api::DistributedLock;
 use crate::lock::{HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy};
 
@@ -26,6 +27,9 @@ pub struct Acquisition {
     pub version: String,
     pub acquired_at: SystemTime,
     pub forced_from: Option<HeldBy>,
+    /// How the key was held right after this acquisition (keys with more than one
+    /// permit).
+    pub occupancy: Option<Occupancy>,
 }
 
 /// A held lock and the monitor that reports its transitions.
@@ -77,6 +81,7 @@ impl HolderTask {
             version: lease.version.0.clone(),
             acquired_at: lease.acquired_at(),
             forced_from: lease.forced_from.clone(),
+            occupancy: Occupancy::of(&lease.record),
         };
         let held = HeldLock::hold(backend, lease, policy);
         let mut rx = held.watch();

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 use super::connect::{ConnectFailure, backend_for};
 use super::events::Events;
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
-use super::status::{self, Desired};
+use super::status::{self, Desired, Occupancy};
 use super::waiters::{WaitStart, WaiterIndex};
 use super::{ControllerConfig, FINALIZER};
 use crate::api::conditions::reason;
@@ -447,7 +447,7 @@ impl Reconciling<'_> {
             lease: self.spec.lease,
             data: self.lock.spec.data.clone(),
             force: self.lock.spec.force,
-            permits: Default::default(),
+            permits: self.spec.permits,
         };
         match timed(
             self.ctx,
@@ -478,6 +478,13 @@ impl Reconciling<'_> {
                 );
                 self.fail(reason::FOREIGN, message).await
             }
+            Err(e @ LockError::PermitsDisagree { .. }) => {
+                // Permanent until the other locks on the key (or this spec) change.
+                if let Some(backend) = waiters.stop_waiting(&self.obj) {
+                    backend.abandon().await;
+                }
+                self.fail(reason::PERMITS_DISAGREE, e.to_string()).await
+            }
             Err(e) => self.backend_error(e.to_string()).await,
         }
     }
@@ -501,7 +508,10 @@ impl Reconciling<'_> {
             let note = format!("took {key} over by force from {from}; fence {}", acq.fence);
             self.event(EventType::Warning, "Forced", note).await;
         }
-        let note = format!("acquired {key} as {} with fence {}", acq.holder, acq.fence);
+        let mut note = format!("acquired {key} as {} with fence {}", acq.holder, acq.fence);
+        if let Some(occupancy) = &acq.occupancy {
+            note.push_str(&format!(" ({occupancy})"));
+        }
         self.event(EventType::Normal, "Acquired", note).await;
         Ok(Action::requeue(HELD_RESYNC))
     }
@@ -537,10 +547,18 @@ impl Reconciling<'_> {
             );
             return self.fail(reason::ACQUIRE_TIMEOUT, message).await;
         }
-        let waiting = self
-            .status()
-            .waiting(&holder.holder, holder.fence, queue_position)
-            .since(Some(since.wall));
+        let waiting = match Occupancy::of(holder) {
+            Some(occupancy) => self.status().waiting_for_permit(
+                &holder.holder,
+                holder.fence,
+                queue_position,
+                occupancy,
+            ),
+            None => self
+                .status()
+                .waiting(&holder.holder, holder.fence, queue_position),
+        }
+        .since(Some(since.wall));
         self.write(waiting).await?;
         let mut pause = if backend.watches_changes() {
             self.watch_for_change(backend);

@@ -13,7 +13,38 @@ use serde_json::json;
 use super::holders::Acquisition;
 use crate::api::conditions::{self, ACQUIRED, reason};
 use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
-use crate::lock::FenceToken;
+use crate::lock::{FenceToken, LockRecord};
+
+/// How a key with more than one permit is held (docs/design.md §6.2), as a record
+/// showed it: for `status.holders` and `status.permitsInUse`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Occupancy {
+    pub holders: u32,
+    pub in_use: u32,
+    pub permits: u32,
+}
+
+impl Occupancy {
+    /// `None` for a mutex's record (it has no holder set).
+    pub fn of(record: &LockRecord) -> Option<Occupancy> {
+        record.set.as_ref().map(|set| Occupancy {
+            holders: set.holders.len() as u32,
+            in_use: set.in_use(),
+            permits: set.permits,
+        })
+    }
+}
+
+impl std::fmt::Display for Occupancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.holders == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} holder{s}, {} of {} permits in use",
+            self.holders, self.in_use, self.permits
+        )
+    }
+}
 
 /// Now, in whole seconds.
 pub fn now() -> Time {
@@ -46,6 +77,8 @@ pub struct Desired {
     /// When the wait for the key began; kept while waiting (`acquireTimeout` counts
     /// from it across restarts).
     pub waiting_since: Option<Time>,
+    /// How the key was held when last seen (keys with more than one permit).
+    pub occupancy: Option<Occupancy>,
     /// `Acquired` condition: status, reason, message.
     pub acquired: (bool, &'static str, String),
 }
@@ -77,7 +110,10 @@ impl Desired {
             (None, None) => (
                 true,
                 reason::LEASE_HELD,
-                format!("held with fence {}", a.fence),
+                match &a.occupancy {
+                    Some(occupancy) => format!("held with fence {} ({occupancy})", a.fence),
+                    None => format!("held with fence {}", a.fence),
+                },
             ),
         };
         Desired {
@@ -87,6 +123,7 @@ impl Desired {
             fence: Some(a.fence as i64),
             nonce: Some(a.nonce.clone()),
             acquired_at: time(a.acquired_at),
+            occupancy: a.occupancy,
             acquired,
             ..self
         }
@@ -104,6 +141,27 @@ impl Desired {
                 format!("held by {holder} (fence {fence})"),
             ),
             ..self
+        }
+    }
+
+    /// Waiting for a key with more than one permit, held as `occupancy` (the record's
+    /// `holder` is then its first holder and `fence` the latest granted).
+    pub fn waiting_for_permit(
+        self,
+        holder: &str,
+        fence: FenceToken,
+        queue_position: Option<u32>,
+        occupancy: Occupancy,
+    ) -> Desired {
+        let waiting = self.waiting(holder, fence, queue_position);
+        Desired {
+            occupancy: Some(occupancy),
+            acquired: (
+                false,
+                reason::WAITING,
+                format!("no permit free: {occupancy} (latest fence {fence})"),
+            ),
+            ..waiting
         }
     }
 
@@ -146,6 +204,8 @@ pub fn next_status(lock: &DistributedLock, desired: Desired) -> Option<Distribut
     next.acquired_at = desired.acquired_at;
     next.queue_position = desired.queue_position;
     next.waiting_since = desired.waiting_since;
+    next.holders = desired.occupancy.map(|o| o.holders);
+    next.permits_in_use = desired.occupancy.map(|o| o.in_use);
     next.observed_generation = generation;
     next.lease_expires_at = None;
     if !held {
@@ -264,6 +324,7 @@ mod tests {
                 fence: FenceToken(6),
                 since: None,
             }),
+            occupancy: None,
         }
     }
 
@@ -398,5 +459,58 @@ mod tests {
         let whole = time(t).expect("representable");
         assert_eq!(whole.0.subsec_nanosecond(), 0);
         assert_eq!(whole.0.as_second(), 1_700_000_000);
+    }
+
+    #[test]
+    fn a_key_with_permits_reports_its_holders_and_permits_in_use() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let occupancy = Occupancy {
+            holders: 2,
+            in_use: 2,
+            permits: 3,
+        };
+        let semaphore = Acquisition {
+            occupancy: Some(occupancy),
+            ..acquisition(None)
+        };
+        let held = next_status(
+            &lock,
+            Desired::for_key("s3", "s3://b/k").held(&semaphore, None),
+        )
+        .expect("first write");
+        assert_eq!((held.holders, held.permits_in_use), (Some(2), Some(2)));
+        assert_eq!(held.fence, Some(7), "the lock's own fence");
+        assert_eq!(
+            acquired_condition(&held).message,
+            "held with fence 7 (2 holders, 2 of 3 permits in use)"
+        );
+
+        let full = Occupancy {
+            holders: 3,
+            in_use: 3,
+            permits: 3,
+        };
+        let waiting =
+            Desired::for_key("s3", "s3://b/k").waiting_for_permit("a", FenceToken(9), None, full);
+        let waiting = next_status(&lock, waiting).expect("a change");
+        assert_eq!(waiting.phase, Some(LockPhase::Waiting));
+        assert_eq!(
+            (waiting.holders, waiting.permits_in_use),
+            (Some(3), Some(3))
+        );
+        assert_eq!(
+            acquired_condition(&waiting).message,
+            "no permit free: 3 holders, 3 of 3 permits in use (latest fence 9)"
+        );
+
+        // A mutex's status has neither (as before).
+        lock.status = Some(waiting);
+        let mutex = next_status(
+            &lock,
+            Desired::for_key("s3", "s3://b/k").held(&acquisition(None), None),
+        )
+        .expect("a change");
+        assert_eq!((mutex.holders, mutex.permits_in_use), (None, None));
     }
 }

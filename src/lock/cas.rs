@@ -115,7 +115,8 @@ enum Plan {
         fence: FenceToken,
         forced_from: Option<HeldBy>,
     },
-    Busy(LockRecord, std::time::Duration),
+    /// Boxed: a record with a holder set is large, and this is the rare arm.
+    Busy(Box<LockRecord>, std::time::Duration),
 }
 
 #[async_trait]
@@ -148,7 +149,7 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                 Plan::Busy(holder, remaining) => {
                     st.last_seen = current;
                     return Ok(Attempt::Busy {
-                        holder,
+                        holder: *holder,
                         retry_in: Some(remaining),
                         queue_position: None,
                     });
@@ -385,7 +386,7 @@ impl<S: RecordStore> CasLock<S> {
             None
         } else {
             let remaining = st.observer.remaining(version, takeover_after);
-            return Ok(Plan::Busy(r.clone(), remaining));
+            return Ok(Plan::Busy(Box::new(r.clone()), remaining));
         };
         // Only a record written by hand ends the fence sequence; taking it over would
         // reuse its fence, so that is refused.
@@ -458,7 +459,7 @@ enum Reconciled {
     /// The record is still at the lease's version: the write did not land (yet).
     NotApplied,
     /// The record is ours at another version: an earlier write whose reply was lost.
-    Adopted(LockRecord, Version),
+    Adopted(Box<LockRecord>, Version),
 }
 
 impl<S: RecordStore> CasLock<S> {
@@ -488,6 +489,7 @@ impl<S: RecordStore> CasLock<S> {
                 Err(self.unavailable("renewal outcome unknown"))
             }
             Reconciled::Adopted(record, version) => {
+                let record = *record;
                 // Only a write we sent earlier could carry our nonce; if it is the one
                 // we remembered, its send time extends the deadline.
                 match lease.unconfirmed.take() {
@@ -522,7 +524,7 @@ impl<S: RecordStore> CasLock<S> {
                 record: Ok(r),
                 version,
             }) if r.nonce == lease.record.nonce && r.state == LockState::Held => {
-                Ok(Reconciled::Adopted(r, version))
+                Ok(Reconciled::Adopted(Box::new(r), version))
             }
             other => Err(LockError::Lost {
                 url: self.url(),
@@ -558,7 +560,7 @@ fn lost_reason(lease: &Lease, current: Option<&Stored>) -> Option<LostReason> {
 /// earlier than an instant taken before its first read, and a holder's write is sent no
 /// earlier than an instant taken before the call (and no later than one taken after).
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use tokio::time::{Instant, sleep, sleep_until};
@@ -567,14 +569,14 @@ mod tests {
     use crate::lock::memory::{Fault, MemoryStore};
     use crate::lock::record::ForeignRecord;
 
-    const LEASE: Duration = Duration::from_millis(300);
-    const MARGINS: SafetyMargins = SafetyMargins {
+    pub(crate) const LEASE: Duration = Duration::from_millis(300);
+    pub(crate) const MARGINS: SafetyMargins = SafetyMargins {
         drift: 0.02,
         margin: Duration::from_millis(30),
         grace: Duration::from_millis(50),
     };
     /// Rule 1: lease + grace.
-    const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
+    pub(crate) const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
     /// Rule 2: lease × (1 − δ) − margin.
     const VALIDITY: Duration = Duration::from_millis(264);
 
@@ -752,7 +754,7 @@ mod tests {
 
         // A's renewal lands just before B's takeover write.
         let renewal = a_lease.record.renewed();
-        store.next_write(Fault::ConcurrentWrite(Ok(renewal.clone())));
+        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(renewal.clone()))));
         assert_eq!(busy(&b, &req("b")).await.revision, renewal.revision);
         assert!(store.record().is_write_of(&renewal));
         assert_eq!(writes_by(&store, "b"), 0);
@@ -1001,7 +1003,7 @@ mod tests {
         acquired(&a, &req("a")).await;
         // C slips in between B's read and B's forced write.
         let c = LockRecord::new_acquisition("c", FenceToken(2), LEASE, None);
-        store.next_write(Fault::ConcurrentWrite(Ok(c.clone())));
+        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(c.clone()))));
         let b_lease = acquired(&contender(&store), &forced("b")).await;
         let from = b_lease.forced_from.clone().expect("forced");
         assert_eq!(from.holder, "c", "B took over the record it re-read");
@@ -1014,7 +1016,7 @@ mod tests {
         acquired(&contender(&store), &req("a")).await;
         for fence in 2..=(CONFLICT_RETRIES as u64 + 1) {
             let other = LockRecord::new_acquisition("c", FenceToken(fence), LEASE, None);
-            store.next_write(Fault::ConcurrentWrite(Ok(other)));
+            store.next_write(Fault::ConcurrentWrite(Box::new(Ok(other))));
         }
         let holder = busy(&contender(&store), &forced("b")).await;
         assert_eq!(holder.holder, "c");

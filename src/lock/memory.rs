@@ -40,7 +40,7 @@ pub enum Fault {
     Unavailable,
     /// Another writer's unconditional write lands just before this operation, which
     /// is then evaluated normally (its own condition decides).
-    ConcurrentWrite(Result<LockRecord, ForeignRecord>),
+    ConcurrentWrite(Box<Result<LockRecord, ForeignRecord>>),
     /// The request spends this long in flight before it reaches the store, then
     /// proceeds normally.
     Delay(Duration),
@@ -186,7 +186,7 @@ impl MemoryStore {
                 ));
             }
             Some(Fault::ConcurrentWrite(other)) => {
-                inner.set(Some(other));
+                inner.set(Some(*other));
             }
             Some(Fault::IndeterminateApplied | Fault::Delay(_) | Fault::Pass) | None => {}
         }
@@ -228,7 +228,7 @@ impl RecordStore for MemoryStore {
                 Err(StoreError::Indeterminate("injected".into()))
             }
             Some(Fault::ConcurrentWrite(other)) => {
-                inner.set(Some(other));
+                inner.set(Some(*other));
                 Ok(inner.current.clone())
             }
             Some(Fault::Delay(_) | Fault::Pass) | None => Ok(inner.current.clone()),

@@ -32,3 +32,4 @@ pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use permits::{HolderSet, Mode, Permits, SetEntry};
 pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version, rfc3339};
+pub use semaphore::lost_write_races;

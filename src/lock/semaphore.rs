@@ -22,6 +22,7 @@
 //! attempt; while it is live, no new shared holder is admitted.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
@@ -40,6 +41,19 @@ const SET_RETRIES: usize = 8;
 /// How long a release keeps retrying after losing write races to other holders. A
 /// release that never lands is not unsafe (the entry expires), only slower for others.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Conditional writes of a holder set that lost a race to another writer, in this
+/// process: each costs one more read and write. Counted for the benchmarks.
+static LOST_WRITE_RACES: AtomicU64 = AtomicU64::new(0);
+
+/// How many conditional writes of holder sets have lost a race in this process.
+pub fn lost_write_races() -> u64 {
+    LOST_WRITE_RACES.load(Ordering::Relaxed)
+}
+
+fn lost_a_race() {
+    LOST_WRITE_RACES.fetch_add(1, Ordering::Relaxed);
+}
 
 /// A short random pause after losing a write race, growing with the number of losses,
 /// so that holders writing the one record at once spread out instead of colliding again.
@@ -323,6 +337,7 @@ impl<S: RecordStore> CasLock<S> {
                 match self.write_set(version.as_ref(), &record).await {
                     Ok(_) => st.set.waiting = Some(waiting),
                     Err(StoreError::Conflict { .. }) => {
+                        lost_a_race();
                         st.set.waiting = Some(waiting);
                         back_off(attempt).await;
                         continue;
@@ -380,6 +395,7 @@ impl<S: RecordStore> CasLock<S> {
                 Ok(Some(self.permit_lease(&entry, &record, version, sent)))
             }
             Err(StoreError::Conflict { .. }) => {
+                lost_a_race();
                 st.pending = Some((entry, sent));
                 Ok(None)
             }
@@ -476,7 +492,7 @@ impl<S: RecordStore> CasLock<S> {
                     lease.confirm(entry_view(&renewed, &set), v, sent, &self.margins);
                     return Ok(());
                 }
-                Err(StoreError::Conflict { .. }) => {}
+                Err(StoreError::Conflict { .. }) => lost_a_race(),
                 Err(StoreError::Indeterminate(cause)) => {
                     lease.unconfirmed = Some((entry_view(&renewed, &set), sent));
                     let (s, v) = self.read_set().await?;
@@ -553,7 +569,8 @@ impl<S: RecordStore> CasLock<S> {
                     }
                     return Ok(());
                 }
-                Err(StoreError::Conflict { .. }) | Err(StoreError::Indeterminate(_)) => {}
+                Err(StoreError::Conflict { .. }) => lost_a_race(),
+                Err(StoreError::Indeterminate(_)) => {}
                 Err(e) => return Err(self.store_error(e)),
             }
             // Another write (or ours, unseen) came first: look again.
@@ -628,18 +645,9 @@ mod tests {
 
     use super::*;
     use crate::lock::backend::LockBackend;
-    use crate::lock::clock::SafetyMargins;
+    use crate::lock::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER};
     use crate::lock::memory::{Fault, MemoryStore};
     use crate::lock::permits::Permits;
-
-    const LEASE: Duration = Duration::from_millis(300);
-    const MARGINS: SafetyMargins = SafetyMargins {
-        drift: 0.02,
-        margin: Duration::from_millis(30),
-        grace: Duration::from_millis(50),
-    };
-    /// Rule 1: lease + grace.
-    const TAKEOVER_AFTER: Duration = Duration::from_millis(350);
 
     fn contender(store: &MemoryStore) -> CasLock<MemoryStore> {
         CasLock::new(store.clone()).with_margins(MARGINS)

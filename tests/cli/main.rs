@@ -9,6 +9,7 @@
 mod connecting;
 mod cycle;
 mod input;
+mod permits;
 mod run;
 #[path = "../support/mod.rs"]
 mod support;

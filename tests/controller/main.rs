@@ -6,6 +6,7 @@ mod backends;
 mod handoff;
 mod lifecycle;
 mod restart;
+mod semaphore;
 #[path = "../support/mod.rs"]
 mod support;
 

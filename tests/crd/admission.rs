@@ -491,6 +491,32 @@ fn invalid_specs() -> Vec<Invalid> {
             spec(lease("l"), json!({ "data": "d".repeat(65537) })),
             "spec.data",
         ),
+        // Permits and mode (docs/design.md §6.2).
+        invalid(
+            "zero permits",
+            spec(lease("l"), json!({ "permits": 0 })),
+            "spec.permits",
+        ),
+        invalid(
+            "257 permits",
+            spec(lease("l"), json!({ "permits": 257 })),
+            "spec.permits",
+        ),
+        invalid(
+            "shared with one permit",
+            spec(lease("l"), json!({ "mode": "shared" })),
+            "spec.mode",
+        ),
+        invalid(
+            "shared with permits 1 spelled out",
+            spec(lease("l"), json!({ "permits": 1, "mode": "shared" })),
+            "spec.mode",
+        ),
+        invalid(
+            "an unknown mode",
+            spec(lease("l"), json!({ "permits": 2, "mode": "read" })),
+            "spec.mode",
+        ),
     ]
 }
 

@@ -138,6 +138,50 @@ async fn backend_and_key_are_immutable() {
             "{name}: Rust validate_update accepted"
         );
     }
+    // Permits and mode: every lock on a key names the same permits, and a holder
+    // takes the key in one mode.
+    create_raw(
+        &client,
+        &namespace,
+        "semaphore",
+        json!({ "backend": lease("sem"), "permits": 3 }),
+    )
+    .await
+    .unwrap();
+    let fixed = [
+        ("change permits", json!({ "permits": 4 }), "spec.permits"),
+        ("add a mode", json!({ "mode": "exclusive" }), "spec.mode"),
+    ];
+    for (what, patch, field) in fixed {
+        let message = rejection(patch_spec(&locks, "semaphore", patch.clone()).await, what);
+        assert!(
+            message.contains(field) && message.contains("immutable"),
+            "{what}: {field} not named immutable in {message}"
+        );
+        let old: DistributedLockSpec =
+            serde_json::from_value(json!({ "backend": lease("sem"), "permits": 3 })).unwrap();
+        let mut new_value = serde_json::to_value(&old).unwrap();
+        json_merge(&mut new_value, &patch);
+        let new: DistributedLockSpec = serde_json::from_value(new_value).unwrap();
+        assert!(
+            new.validate_update(&old).is_err(),
+            "{what}: Rust validate_update accepted"
+        );
+    }
+    create_raw(
+        &client,
+        &namespace,
+        "reader",
+        json!({ "backend": lease("rw"), "permits": 3, "mode": "shared" }),
+    )
+    .await
+    .unwrap();
+    let message = rejection(
+        patch_spec(&locks, "reader", json!({ "mode": null })).await,
+        "remove the mode",
+    );
+    assert!(message.contains("spec.mode"), "remove the mode: {message}");
+
     // The ZooKeeper ensemble may change (e.g. a server added).
     patch_spec(
         &locks,

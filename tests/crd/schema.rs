@@ -59,7 +59,9 @@ fn crd_has_names_columns_and_list_map_conditions() {
         .collect();
     assert_eq!(
         columns,
-        ["Backend", "Key", "Phase", "Holder", "Fence", "Age"]
+        [
+            "Backend", "Key", "Phase", "Holder", "Fence", "Permits", "In Use", "Age"
+        ]
     );
     let schema = serde_json::to_value(&version.schema).unwrap();
     let conditions = &schema["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];

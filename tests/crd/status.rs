@@ -57,6 +57,8 @@ async fn status_is_written_through_the_status_subresource() {
         queue_position: Some(0),
         waiting_since: Some(now.clone()),
         observed_generation: generation,
+        holders: Some(2),
+        permits_in_use: Some(2),
         conditions: conds,
     };
     let apply = json!({
@@ -75,6 +77,7 @@ async fn status_is_written_through_the_status_subresource() {
     let got = written.status.clone().expect("status set");
     assert_eq!(got.phase, Some(LockPhase::Held));
     assert_eq!(got.fence, Some(42));
+    assert_eq!((got.holders, got.permits_in_use), (Some(2), Some(2)));
     assert!(got.waiting_since.is_some(), "waitingSince is kept");
     assert_eq!(got.key.as_deref(), Some("s3://locks/team/job"));
     assert_eq!(got.backend.as_deref(), Some("s3"));
@@ -120,14 +123,19 @@ async fn status_is_written_through_the_status_subresource() {
     let out = support::kubectl::kubectl(&["get", "dlock", "-n", &namespace], None).await;
     let stdout = support::kubectl::stdout_ok(&out, "get dlock");
     let mut lines = stdout.lines();
+    // Columns are separated by at least two spaces ("IN USE" has one inside).
     let header: Vec<&str> = lines
         .next()
         .unwrap_or_default()
-        .split_whitespace()
+        .split("  ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
         .collect();
     assert_eq!(
         header,
-        ["NAME", "BACKEND", "KEY", "PHASE", "HOLDER", "FENCE", "AGE"]
+        [
+            "NAME", "BACKEND", "KEY", "PHASE", "HOLDER", "FENCE", "PERMITS", "IN USE", "AGE"
+        ]
     );
     let row: Vec<&str> = lines
         .next()
@@ -135,14 +143,16 @@ async fn status_is_written_through_the_status_subresource() {
         .split_whitespace()
         .collect();
     assert_eq!(
-        &row[..6],
+        &row[..8],
         [
             "job",
             "s3",
             "s3://locks/team/job",
             "Held",
             "cluster-a/ns/job",
-            "42"
+            "42",
+            "1",
+            "2"
         ],
         "kubectl get dlock:\n{stdout}"
     );

@@ -7,6 +7,7 @@
 //	interop kafkakit   --servers H:P[,H:P] --path /P [--wait D] [--ttl MS] [--owner O]
 //	interop leader     --kubeconfig F --namespace N --name L --identity I [--lease D] [--renew D] [--retry D]
 //	                   [--wait D] [--rounds N --hold D --marker FILE]
+//	interop s3lock-lock|s3lock-unlock|dynamo-lock|dynamo-unlock ...   (oneshot.go)
 //
 // One process is one contender. It writes one event per line on stdout:
 //
@@ -129,6 +130,10 @@ func main() {
 		runKafkaKit(args)
 	case "leader":
 		runLeader(args)
+	case "s3lock-lock", "s3lock-unlock":
+		runS3LockOnce(args, cmd == "s3lock-unlock")
+	case "dynamo-lock", "dynamo-unlock":
+		runDynamoOnce(args, cmd == "dynamo-unlock")
 	default:
 		fmt.Fprintf(os.Stderr, "interop: unknown library %q\n", cmd)
 		os.Exit(2)

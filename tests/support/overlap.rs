@@ -1,5 +1,6 @@
-//! "Never two at once", checked on every object version: a watch of workloads that
-//! records a violation whenever more than one of them is free to run.
+//! "Never two at once" (or never more than N, for a key with N permits), checked on
+//! every object version: a watch of workloads that records a violation whenever more
+//! of them than allowed are free to run.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -23,6 +24,20 @@ impl OverlapWatch {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
+        Self::at_most(1, apis, config, runs)
+    }
+
+    /// [`start`](Self::start) for a key with `limit` permits: a violation whenever
+    /// more than `limit` objects are free to run at once.
+    pub fn at_most<K>(
+        limit: usize,
+        apis: Vec<Api<K>>,
+        config: watcher::Config,
+        runs: fn(&K) -> bool,
+    ) -> Self
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    {
         let violations = Arc::new(Mutex::new(Vec::new()));
         let seen = violations.clone();
         let streams: Vec<_> = apis
@@ -40,10 +55,10 @@ impl OverlapWatch {
                     .filter(|(_, r)| **r)
                     .map(|(n, _)| n)
                     .collect();
-                if now.len() > 1 {
+                if now.len() > limit {
                     seen.lock()
                         .unwrap()
-                        .push(format!("{now:?} free to run at once"));
+                        .push(format!("{now:?} free to run at once (at most {limit} may)"));
                 }
             }
         });
@@ -54,6 +69,6 @@ impl OverlapWatch {
     pub fn assert_none(self) {
         self.task.abort();
         let v = self.violations.lock().unwrap();
-        assert!(v.is_empty(), "two workloads ran at once: {v:?}");
+        assert!(v.is_empty(), "too many workloads ran at once: {v:?}");
     }
 }

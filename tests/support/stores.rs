@@ -133,6 +133,27 @@ pub fn dynamodb_choice() -> Choice {
     )
 }
 
+/// The S3 server for tests that load one key with many contenders: versitygw unless
+/// `LOCKWARDEN_S3_SERVER` names another. moto-atomic answers one request at a time and
+/// takes minutes for what versitygw does in seconds; both pass the canary.
+pub fn s3_choice_for_load() -> Choice {
+    if std::env::var_os("LOCKWARDEN_S3_SERVER").is_some() {
+        s3_choice()
+    } else {
+        Choice::VersityGw
+    }
+}
+
+/// The DynamoDB server for tests that load one key: dynalite unless
+/// `LOCKWARDEN_DYNAMODB_SERVER` names another (see [`s3_choice_for_load`]).
+pub fn dynamodb_choice_for_load() -> Choice {
+    if std::env::var_os("LOCKWARDEN_DYNAMODB_SERVER").is_some() {
+        dynamodb_choice()
+    } else {
+        Choice::Dynalite
+    }
+}
+
 /// The shared S3 server of this test binary (`LOCKWARDEN_S3_SERVER`).
 pub fn s3_shared() -> &'static dyn AwsServer {
     s3_choice().shared()

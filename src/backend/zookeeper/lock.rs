@@ -7,16 +7,17 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use zookeeper_client::{Error as ZkError, MultiReadResult, Stat};
+use zookeeper_client::{Error as ZkError, Stat};
 
 use super::cleanup::{Cleanup, spawn_cleanup};
 use super::kafka_kit;
 use super::queue::{Contender, Entry, QUEUE_RETRIES, name_of, version_of};
+use super::semaphore::{self, Member, Verdict};
 use super::session::{Generation, ZkSession};
 use super::{definite, permanent, session_ended};
 use crate::lock::{
     AcquireRequest, Attempt, ForeignRecord, HeldBy, HolderDeadline, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, SafetyMargins, Stored, Version, names,
+    LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, Version, names,
 };
 
 /// One lock path in ZooKeeper, as seen by one contender: each `ZkLock` has at most one
@@ -117,10 +118,7 @@ impl ZkLock {
     pub fn stored(name: &str, data: &[u8], stat: &Stat) -> Stored {
         Stored {
             record: LockRecord::from_json(&kafka_kit::record_part(data))
-                .map(|mut record| {
-                    record.fence = Generation::fence_of(stat);
-                    record
-                })
+                .map(|record| semaphore::fenced(record, stat))
                 .map_err(|found| {
                     kafka_kit::describe(data, SystemTime::now()).map_or(found, ForeignRecord::new)
                 }),
@@ -201,12 +199,106 @@ impl ZkLock {
         )))
     }
 
+    /// Our entry's turn, judged on the entries ahead of it (as just read): acquired,
+    /// busy (remembering what to watch), or refused when a lockwarden entry ahead
+    /// names other permits, our entry then leaving the queue.
+    async fn take_turn(
+        &self,
+        st: &mut Contender,
+        generation: &Generation,
+        ahead: &[Member],
+        req: &AcquireRequest,
+        sent: Instant,
+    ) -> Result<Attempt, LockError> {
+        if let Some(stored) = semaphore::disagreement(ahead, req.permits) {
+            st.watched.clear();
+            if let Some(entry) = st.entry.take() {
+                self.leave(entry).await;
+            }
+            return Err(LockError::PermitsDisagree {
+                url: self.url.clone(),
+                stored,
+                requested: req.permits.total,
+            });
+        }
+        let modes: Vec<Mode> = ahead.iter().map(Member::mode).collect();
+        match (semaphore::verdict(&modes, req.permits), st.entry.as_ref()) {
+            (_, None) => Err(self.unavailable("our queue entry was forgotten meanwhile; retrying")),
+            (Verdict::Granted, Some(entry)) => {
+                let mut record = semaphore::fenced(entry.record.clone(), &entry.stat);
+                // A permit's lease carries every holder granted so far: the granted
+                // entries ahead of ours, and ours (the controller shows the counts).
+                if let Some(own) = record.set.as_ref().and_then(|s| s.holders.first().cloned()) {
+                    let mut set = semaphore::summary(ahead, req.permits.total)
+                        .and_then(|s| s.record.ok())
+                        .and_then(|r| r.set)
+                        .unwrap_or_default();
+                    set.permits = req.permits.total;
+                    set.waiting_writer = None;
+                    set.last_fence = set.last_fence.max(own.fence);
+                    set.holders.push(own);
+                    record.set = Some(set);
+                }
+                let version = version_of(&entry.name, &entry.stat);
+                st.watched.clear();
+                let deadline = HolderDeadline::after_write(sent, generation.timeout, &self.margins);
+                Ok(Attempt::Acquired(Lease::new(record, version, deadline)))
+            }
+            (Verdict::Waiting { departures, watch }, Some(_)) => {
+                // The head of the queue is granted, whatever wrote it.
+                let head = &ahead[0];
+                // On a semaphore key, the holders granted ahead of us (the counts a
+                // waiting DistributedLock shows); otherwise the head, whatever wrote it.
+                let holder = (!req.permits.is_mutex())
+                    .then(|| semaphore::summary(ahead, req.permits.total))
+                    .flatten()
+                    .and_then(|s| s.record.ok())
+                    .unwrap_or_else(|| {
+                        Self::holder_record(
+                            &head.name,
+                            head.stored.clone(),
+                            &head.stat,
+                            generation.timeout,
+                        )
+                    });
+                st.watched = watch.into_iter().map(|k| ahead[k].name.clone()).collect();
+                Ok(Attempt::Busy {
+                    holder,
+                    retry_in: None,
+                    // 0 = the next departure lets us in, as for the mutex.
+                    queue_position: Some(u32::try_from(departures - 1).unwrap_or(u32::MAX)),
+                })
+            }
+        }
+    }
+
+    /// Deletes our entry now (conditioned on its version), or in the background if
+    /// ZooKeeper does not answer: it must not stay queued.
+    async fn leave(&self, entry: Entry) {
+        let path = self.node(&entry.name);
+        let generation = entry.generation;
+        let deleted = Self::bounded(
+            &generation,
+            generation.client.delete(&path, Some(entry.stat.version)),
+        )
+        .await;
+        match deleted {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(e) if session_ended(&e) => {}
+            Err(e) => {
+                tracing::debug!(url = %self.url, error = %e, "leaving the queue: deleting in the background");
+                spawn_cleanup(generation, path, Cleanup::Node);
+            }
+        }
+    }
+
     /// The entry of acquisition `nonce` is gone: released (`EntryGone`), or taken over
     /// by whoever holds the lock now (`TakenOver`)?
     async fn entry_gone(&self, nonce: &str) -> LockError {
         match self.inspect().await {
+            // On a semaphore key others hold their own permits: ours was released.
             Ok(Some(Stored { record: Ok(r), .. }))
-                if r.state == LockState::Held && r.nonce != nonce =>
+                if r.state == LockState::Held && r.nonce != nonce && r.set.is_none() =>
             {
                 self.lost(LostReason::TakenOver(HeldBy::from_record(&r)))
             }
@@ -226,11 +318,20 @@ impl LockBackend for ZkLock {
     }
 
     /// Joins the queue (or keeps our place in it) and reports the holder. The lease is
-    /// the session timeout; `req.lease` does not apply to ZooKeeper.
+    /// the session timeout; `req.lease` does not apply to ZooKeeper. Whether our entry
+    /// is granted follows the rule in `semaphore` (for a mutex: it is first).
     ///
     /// (Over 80 lines on purpose: one pass of the queue protocol per iteration, every
     /// branch working on the contender state held under one lock for the whole call.)
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
+        if req.force && !req.permits.is_mutex() {
+            // Force deletes every entry ahead of ours: on a key with permits that takes
+            // away permits others hold in good standing, so it is refused.
+            return Err(LockError::Backend {
+                url: self.url.clone(),
+                message: "force is not supported with permits > 1".into(),
+            });
+        }
         let mut st = self.state.lock().await;
         let mut forced_from = None;
         for _ in 0..QUEUE_RETRIES {
@@ -281,42 +382,27 @@ impl LockBackend for ZkLock {
                     // again, at the back.
                     tracing::warn!(url = %self.url, entry = %name, "our queue entry disappeared; queueing again");
                     st.entry = None;
-                    st.predecessor = None;
+                    st.watched.clear();
                 }
-                Some(0) => {
-                    let mut record = entry.record.clone();
-                    record.fence = Generation::fence_of(&entry.stat);
-                    let version = version_of(&name, &entry.stat);
-                    st.predecessor = None;
-                    let deadline =
-                        HolderDeadline::after_write(sent, generation.timeout, &self.margins);
-                    let mut lease = Lease::new(record, version, deadline);
-                    lease.forced_from = forced_from;
-                    return Ok(Attempt::Acquired(lease));
-                }
-                Some(i) if req.force => {
+                Some(i) if req.force && i > 0 => {
                     // The first pass removed the holder; a later pass (after a
                     // concurrent change) must not overwrite whom we took over from.
                     let removed = self.force_ahead(&generation, &queue[..i]).await?;
                     forced_from = forced_from.or(removed);
                 }
                 Some(i) => {
-                    let head = &queue[0].name;
-                    let (data, stat) = match self.read(&generation, head).await {
-                        Ok(Some(found)) => found,
-                        // The holder just left: look again.
-                        Ok(None) => continue,
+                    let ahead = match self.members(&generation, &queue[..i]).await {
+                        Ok(ahead) => ahead,
                         Err(e) if session_ended(&e) => continue,
-                        Err(e) => return Err(self.error("reading the holder's entry", e)),
+                        Err(e) => return Err(self.error("reading the queue", e)),
                     };
-                    let stored = Self::stored(head, &data, &stat);
-                    let holder = Self::holder_record(head, stored, &stat, generation.timeout);
-                    st.predecessor = Some(queue[i - 1].name.clone());
-                    return Ok(Attempt::Busy {
-                        holder,
-                        retry_in: None,
-                        queue_position: Some(u32::try_from(i - 1).unwrap_or(u32::MAX)),
-                    });
+                    let mut attempt = self
+                        .take_turn(&mut st, &generation, &ahead, req, sent)
+                        .await?;
+                    if let Attempt::Acquired(lease) = &mut attempt {
+                        lease.forced_from = forced_from;
+                    }
+                    return Ok(attempt);
                 }
             }
         }
@@ -380,7 +466,7 @@ impl LockBackend for ZkLock {
     /// deleting again: `NoNode` then means the first delete landed.
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         let mut st = self.state.lock().await;
-        st.predecessor = None;
+        st.watched.clear();
         let Some(entry) = st
             .entry
             .take_if(|e| name_of(&lease.version) == Some(e.name.as_str()))
@@ -440,6 +526,8 @@ impl LockBackend for ZkLock {
         }
     }
 
+    /// The head of the queue as the holder; on a semaphore key (the head names more
+    /// than one permit), with every granted lockwarden entry in its holder set.
     async fn inspect(&self) -> Result<Option<Stored>, LockError> {
         let generation = self.session.generation(&self.url).await?;
         for _ in 0..QUEUE_RETRIES {
@@ -447,24 +535,32 @@ impl LockBackend for ZkLock {
                 .queue(&generation)
                 .await
                 .map_err(|e| self.error("listing the queue", e))?;
-            let Some(head) = queue.first() else {
+            if queue.is_empty() {
                 return Ok(None);
-            };
-            match self.read(&generation, &head.name).await {
-                Ok(Some((data, stat))) => {
-                    // The head of the queue holds the lock whatever wrote it (a
-                    // kafka-kit or Curator entry too): report it as the holder.
-                    let stored = Self::stored(&head.name, &data, &stat);
-                    let version = stored.version.clone();
-                    let holder = Self::holder_record(&head.name, stored, &stat, generation.timeout);
-                    return Ok(Some(Stored {
-                        record: Ok(holder),
-                        version,
-                    }));
-                }
-                Ok(None) => continue,
-                Err(e) => return Err(self.error("reading the holder's entry", e)),
             }
+            let members = self
+                .members(&generation, &queue)
+                .await
+                .map_err(|e| self.error("reading the queue", e))?;
+            let Some(head) = members.first() else {
+                continue;
+            };
+            if let Ok(LockRecord { set: Some(set), .. }) = &head.stored.record {
+                return Ok(semaphore::summary(&members, set.permits));
+            }
+            // The head of the queue holds the lock whatever wrote it (a kafka-kit or
+            // Curator entry too): report it as the holder.
+            let version = head.stored.version.clone();
+            let holder = Self::holder_record(
+                &head.name,
+                head.stored.clone(),
+                &head.stat,
+                generation.timeout,
+            );
+            return Ok(Some(Stored {
+                record: Ok(holder),
+                version,
+            }));
         }
         Err(self.unavailable("the queue kept changing while we read it; retrying"))
     }
@@ -484,25 +580,20 @@ impl LockBackend for ZkLock {
             return Err(self.lost(LostReason::SessionExpired));
         }
         // One round trip for every entry's data.
-        let mut reader = generation.client.new_multi_reader();
-        for child in &queue {
-            reader
-                .add_get_data(&self.node(&child.name))
-                .map_err(|e| self.error("reading the queue", e))?;
-        }
-        let results = Self::bounded(&generation, reader.commit())
+        let members = self
+            .members(&generation, &queue)
             .await
             .map_err(|e| self.error("reading the queue", e))?;
-        for (position, (child, result)) in queue.iter().zip(results).enumerate() {
-            let MultiReadResult::Data { data, stat } = result else {
-                continue;
-            };
-            let Ok(mut record) = LockRecord::from_json(&kafka_kit::record_part(&data)) else {
-                continue;
-            };
-            if record.nonce != nonce {
-                continue;
-            }
+        let ours =
+            members
+                .iter()
+                .enumerate()
+                .find_map(|(position, member)| match &member.stored.record {
+                    Ok(record) if record.nonce == nonce => Some((position, member, record.clone())),
+                    _ => None,
+                });
+        if let Some((position, member, record)) = ours {
+            let stat = member.stat;
             if stat.ephemeral_owner != generation.id {
                 // Made by another session (ours before a restart): it cannot be
                 // renewed from here and disappears when that session expires.
@@ -511,21 +602,20 @@ impl LockBackend for ZkLock {
             if record.holder != holder {
                 return Err(self.lost(LostReason::NotOurs));
             }
-            record.fence = Generation::fence_of(&stat);
-            let version = version_of(&child.name, &stat);
-            let prefix = child
+            let version = member.stored.version.clone();
+            let prefix = member
                 .name
                 .trim_end_matches(|c: char| c.is_ascii_digit())
                 .to_string();
             let entry = Entry {
                 generation: generation.clone(),
                 prefix,
-                name: child.name.clone(),
+                name: member.name.clone(),
                 stat,
                 record: record.clone(),
             };
             // This contender now owns the entry; one it had before must not linger.
-            if let Some(previous) = st.entry.replace(entry).filter(|e| e.name != child.name) {
+            if let Some(previous) = st.entry.replace(entry).filter(|e| e.name != member.name) {
                 spawn_cleanup(
                     previous.generation,
                     self.node(&previous.name),
@@ -533,8 +623,10 @@ impl LockBackend for ZkLock {
                 );
             }
             st.pending = None;
-            st.predecessor = None;
-            if position != 0 {
+            st.watched.clear();
+            let modes: Vec<Mode> = members[..position].iter().map(Member::mode).collect();
+            let asked = semaphore::permits_of(&record);
+            if semaphore::verdict(&modes, asked) != Verdict::Granted {
                 // Still waiting in the queue: not a held lock. The entry is kept (a
                 // `try_acquire` continues from its place; `abandon` or drop removes it).
                 return Err(self.lost(LostReason::NotOurs));
@@ -547,26 +639,12 @@ impl LockBackend for ZkLock {
     /// Leaves the queue: deletes our znode, and any a create with a lost reply left.
     async fn abandon(&self) {
         let mut st = self.state.lock().await;
-        st.predecessor = None;
+        st.watched.clear();
         let entry = st.entry.take();
         let pending = st.pending.take();
         drop(st);
         if let Some(entry) = entry {
-            let path = self.node(&entry.name);
-            let generation = entry.generation;
-            let deleted = Self::bounded(
-                &generation,
-                generation.client.delete(&path, Some(entry.stat.version)),
-            )
-            .await;
-            match deleted {
-                Ok(()) | Err(ZkError::NoNode) => {}
-                Err(e) if session_ended(&e) => {}
-                Err(e) => {
-                    tracing::debug!(url = %self.url, error = %e, "leaving the queue: deleting in the background");
-                    spawn_cleanup(generation, path, Cleanup::Node);
-                }
-            }
+            self.leave(entry).await;
         }
         if let Some(pending) = pending {
             spawn_cleanup(
@@ -581,31 +659,49 @@ impl LockBackend for ZkLock {
         true
     }
 
-    /// Watches only our predecessor: resolves when it is deleted (or changes, or the
-    /// session ends), or after `timeout`.
+    /// Watches the children whose change can let us in (for a mutex, only our
+    /// predecessor): resolves when one of them is deleted (or changes, or the session
+    /// ends), or after `timeout`.
     async fn changed(&self, timeout: Duration) {
         let watched = {
             let st = self.state.lock().await;
-            match (&st.entry, &st.predecessor) {
-                (Some(entry), Some(predecessor)) => {
-                    Some((entry.generation.clone(), self.node(predecessor)))
-                }
+            match &st.entry {
+                Some(entry) if !st.watched.is_empty() => Some((
+                    entry.generation.clone(),
+                    st.watched
+                        .iter()
+                        .map(|name| self.node(name))
+                        .collect::<Vec<_>>(),
+                )),
                 _ => None,
             }
         };
-        let Some((generation, path)) = watched else {
+        let Some((generation, paths)) = watched else {
             tokio::time::sleep(timeout).await;
             return;
         };
         let wait = async {
-            match generation.client.check_and_watch_stat(&path).await {
-                Ok((None, _)) => {}
-                Ok((Some(_), watcher)) => {
-                    watcher.changed().await;
+            let registered = futures::future::join_all(
+                paths
+                    .iter()
+                    .map(|path| generation.client.check_and_watch_stat(path)),
+            )
+            .await;
+            let mut watchers = Vec::with_capacity(registered.len());
+            for result in registered {
+                match result {
+                    // Already gone: look again now.
+                    Ok((None, _)) => return,
+                    Ok((Some(_), watcher)) => watchers.push(Box::pin(watcher.changed())),
+                    // Disconnected or similar: the others, or the timeout, wake us.
+                    Err(_) => {}
                 }
-                // Disconnected or similar: the timeout is the fallback.
-                Err(_) => std::future::pending::<()>().await,
             }
+            if watchers.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            // Dropping the other watchers removes them from the server.
+            futures::future::select_all(watchers).await;
         };
         let _ = tokio::time::timeout(timeout, wait).await;
     }

@@ -5,6 +5,22 @@
 //!   child with the lowest *sequence suffix* holds the lock; every other one watches
 //!   only its predecessor. A contender keeps its znode across attempts, so waiters are
 //!   served in arrival order.
+//! - More than one holder (docs/design.md §6.2), the Curator recipes on the same queue:
+//!   a key with `permits: N ≥ 2` grants an exclusive entry (a writer) when it is first,
+//!   and a shared one (a reader, a semaphore holder) when no exclusive entry and fewer
+//!   than N entries are ahead of it; entries of other clients count as exclusive, so a
+//!   mutex user (kafka-kit, Curator) sees the key held by its first entry, and a
+//!   waiting writer blocks the readers behind it. The entry's record carries a
+//!   [`HolderSet`] with this contender alone in it (permits and mode), which is how
+//!   other lockwarden contenders check that every lock on the key names the same
+//!   permits (a lockwarden mutex entry names 1); a contender behind one that disagrees
+//!   is refused (`PermitsDisagree`) and leaves the queue. (So a waiting contender,
+//!   mutexes too, reads every entry ahead of it, in one multi-read where the holder's
+//!   entry alone was read before.) A waiter watches what blocks it: its predecessor
+//!   (a writer), the nearest writer ahead, or the N entries that hold the permits.
+//!   The fence is still the entry's `czxid`: grants follow the queue order, so fences
+//!   increase along them. `inspect` reports every granted lockwarden entry as a
+//!   holder; `force` is refused on such keys.
 //! - The znode's data is the JSON [`LockRecord`] (holder, nonce, lease = the session
 //!   timeout, data). The fence is the holder znode's `czxid`, which the ensemble
 //!   assigns from one cluster-wide, strictly increasing sequence; the record's own
@@ -35,10 +51,12 @@
 //!   as a container znode, which the server deletes once its queue is empty.
 //!
 //! Modules: `session` (the shared sessions), `queue` (queue members, joining and
-//! forcing the queue), `lock` ([`ZkLock`], the [`LockBackend`] on top), `cleanup`
+//! forcing the queue), `semaphore` (the grant rule for more than one holder), `lock`
+//! ([`ZkLock`], the [`LockBackend`] on top), `cleanup`
 //! (deleting our znodes in the background) and `kafka_kit` (what kafka-kit reads in a
 //! queue entry).
 //!
+//! [`HolderSet`]: crate::lock::HolderSet
 //! [`LockBackend`]: crate::lock::LockBackend
 //! [`LockRecord`]: crate::lock::LockRecord
 //! [`Version`]: crate::lock::Version
@@ -47,6 +65,7 @@ mod cleanup;
 mod kafka_kit;
 mod lock;
 mod queue;
+mod semaphore;
 mod session;
 
 use std::time::Duration;

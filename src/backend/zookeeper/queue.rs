@@ -47,8 +47,9 @@ pub(super) struct Pending {
 pub(super) struct Contender {
     pub(super) entry: Option<Entry>,
     pub(super) pending: Option<Pending>,
-    /// The child just ahead of us, which `changed()` watches.
-    pub(super) predecessor: Option<String>,
+    /// The children whose change can let us in (the one just ahead of us, for a
+    /// mutex), which `changed()` watches.
+    pub(super) watched: Vec<String>,
 }
 
 impl Contender {
@@ -57,7 +58,7 @@ impl Contender {
     pub(super) fn forget_ended_session(&mut self) {
         if self.entry.as_ref().is_some_and(|e| e.generation.is_gone()) {
             self.entry = None;
-            self.predecessor = None;
+            self.watched.clear();
         }
         if self
             .pending
@@ -239,11 +240,14 @@ impl ZkLock {
             }
             _ => (
                 format!("{PROTECTED_PREFIX}{}-{LOCK_NAME}", uuid::Uuid::new_v4()),
-                LockRecord::new_acquisition(
-                    &req.holder,
-                    FenceToken(0),
-                    generation.timeout,
-                    req.data.clone(),
+                super::semaphore::entry_record(
+                    LockRecord::new_acquisition(
+                        &req.holder,
+                        FenceToken(0),
+                        generation.timeout,
+                        req.data.clone(),
+                    ),
+                    req.permits,
                 ),
             ),
         };

@@ -218,8 +218,17 @@ pub fn not_held_reason(lock: &DistributedLock) -> (String, bool) {
                 .queue_position
                 .map(|p| format!(", queue position {p}"))
                 .unwrap_or_default();
+            // A key with more than one permit has several holders: say how many.
+            let held_by = match (status.holders, status.permits_in_use) {
+                (Some(holders), Some(in_use)) => format!(
+                    "no permit free: {in_use} of {} in use by {holders} holder{}",
+                    lock.spec.permits,
+                    if holders == 1 { "" } else { "s" }
+                ),
+                _ => format!("held by {holder}"),
+            };
             (
-                format!("waiting for lock {name}: held by {holder}{position}"),
+                format!("waiting for lock {name}: {held_by}{position}"),
                 false,
             )
         }
@@ -387,5 +396,27 @@ mod tests {
         assert!(names_lock(&a, "bucket"));
         assert!(!names_lock(&a, "buck"));
         assert!(names_lock(&annotations(&[(TEMPLATE_ANNOTATION, "q")]), "q"));
+    }
+
+    #[test]
+    fn a_waiting_workload_says_for_whom_or_that_no_permit_is_free() {
+        let mut lock = DistributedLock::new("db", crate::api::DistributedLockSpec::default());
+        lock.status = Some(crate::api::DistributedLockStatus {
+            phase: Some(LockPhase::Waiting),
+            holder: Some("east/ns/job/a".into()),
+            ..Default::default()
+        });
+        assert_eq!(
+            not_held_reason(&lock),
+            ("waiting for lock db: held by east/ns/job/a".into(), false)
+        );
+        lock.spec.permits = 3;
+        let status = lock.status.as_mut().unwrap();
+        status.holders = Some(2);
+        status.permits_in_use = Some(3);
+        assert_eq!(
+            not_held_reason(&lock).0,
+            "waiting for lock db: no permit free: 3 of 3 in use by 2 holders"
+        );
     }
 }
