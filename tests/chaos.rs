@@ -662,7 +662,7 @@ fn semaphore_plans_stay_within_their_bounds() {
     eprintln!(
         "backends {backends:?}, keys with exclusive contenders {exclusive_keys}, first seed per fault kind {kinds:?}"
     );
-    assert_eq!(backends.len(), 3, "{backends:?}");
+    assert_eq!(backends.len(), 4, "{backends:?}");
     assert!(exclusive_keys > 0);
     for kind in [
         "network-blackhole",
@@ -674,6 +674,9 @@ fn semaphore_plans_stay_within_their_bounds() {
         "moto-restart",
         "apiserver-sigstop",
         "apiserver-restart",
+        "zookeeper-session-expiry",
+        "zookeeper-node-restart",
+        "zookeeper-quorum-loss",
     ] {
         assert!(
             kinds.contains_key(kind),

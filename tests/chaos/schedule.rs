@@ -45,9 +45,8 @@ pub const BACKENDS: [Backend; 4] = [
     Backend::ZooKeeper,
 ];
 
-/// The stores with keys of more than one permit in the engine so far (ZooKeeper's
-/// semaphore recipe is not in this build).
-pub const SEMAPHORE_BACKENDS: [Backend; 3] = [Backend::Lease, Backend::S3, Backend::DynamoDb];
+/// The stores a semaphore plan is drawn on (`seed % 4`).
+pub const SEMAPHORE_BACKENDS: [Backend; 4] = BACKENDS;
 
 impl Backend {
     pub fn name(self) -> &'static str {
@@ -379,9 +378,10 @@ impl Plan {
     /// keys, each with 2–4 permits and twice to three times as many engine contenders,
     /// on one in three keys one or two of them exclusive (taking every permit); no
     /// controllers and no command-line contenders (neither takes permits yet). The
-    /// backend is `seed % 3` of [`SEMAPHORE_BACKENDS`] unless given. The faults are
+    /// backend is `seed % 4` of [`SEMAPHORE_BACKENDS`] unless given. The faults are
     /// those of a mutex plan that reach engine contenders: network faults per slot,
-    /// moto SIGSTOP / restart, API-server SIGSTOP / restart.
+    /// moto SIGSTOP / restart, API-server SIGSTOP / restart, and on ZooKeeper session
+    /// expiry per slot, node restart and quorum loss.
     pub fn semaphore_from_seed(seed: u64, backend: Option<Backend>) -> Plan {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x5e4a_5e4a);
         let backend = backend
@@ -438,6 +438,13 @@ impl Plan {
                     _ => Mode::DropReplies,
                 };
                 let lasts = ms(rng.random_range(500..5000));
+                // (A draw of its own on ZooKeeper only: the other stores' plans keep
+                // the draws they had before ZooKeeper had semaphores.)
+                if backend == Backend::ZooKeeper && rng.random_bool(0.3) {
+                    let lasts = LEASE + ms(rng.random_range(1000..2000));
+                    faults.push((at, Fault::SessionExpiry { target, lasts }));
+                    continue;
+                }
                 faults.push((
                     at,
                     Fault::Network {
@@ -459,6 +466,13 @@ impl Plan {
                 match (backend, restart) {
                     (Backend::Lease, true) => Fault::ApiServerRestart,
                     (Backend::Lease, false) => Fault::ApiServerPause { lasts },
+                    (Backend::ZooKeeper, true) => Fault::ZkNodeRestart {
+                        node: rng.random_range(0..3),
+                        down: ms(rng.random_range(200..3000)),
+                    },
+                    (Backend::ZooKeeper, false) => Fault::ZkQuorumLoss {
+                        down: ms(rng.random_range(500..4000)),
+                    },
                     (_, true) => Fault::MotoRestart,
                     (_, false) => Fault::MotoPause { lasts },
                 },
@@ -597,6 +611,11 @@ pub async fn run(plan: Plan) -> Outcome {
         let backend_obj = direct_backend(backend, &keys, k).await;
         let (history, stop, key) = (history.clone(), stop.clone(), keys.urls[k].clone());
         let semaphore = plan.permits[k] > 1;
+        // The highest fence seen on the key. On ZooKeeper a set's last fence is the
+        // highest of its present holders and drops when that holder leaves; grants are
+        // in fence order there too (a prefix of the queue), so the highest fence seen
+        // so far stands for "the last fence granted" (docs/safety.md).
+        let mut highest = 0;
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let invoke = history.now();
@@ -608,7 +627,11 @@ pub async fn run(plan: Plan) -> Outcome {
                         // to check, and not a holder set without holders.
                         if let Some(record) = found.and_then(|s| s.record.ok()) {
                             let set = record.set.clone().unwrap_or_default();
-                            let last = set.last_fence.0.max(record.fence.0);
+                            let mut last = set.last_fence.0.max(record.fence.0);
+                            if backend == Backend::ZooKeeper {
+                                highest = highest.max(last);
+                                last = highest;
+                            }
                             let entries = set.holders.iter().map(|h| (h.nonce.clone(), h.fence.0));
                             history.set_poll(&key, invoke, last, entries.collect());
                         }
