@@ -64,7 +64,7 @@ async fn chaos_schedules() {
     run_schedules(semaphore, "CHAOS_SCHEDULES", 4, "summary.json").await;
 }
 
-/// A short run of semaphore schedules (two by default: two of the three stores).
+/// A short run of semaphore schedules (two by default: two of the four stores).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_schedules() {
     run_schedules(
