@@ -11,8 +11,13 @@
 //! history goes to a JSONL file and is checked. The rules are in docs/safety.md,
 //! "Fault-injection harness".
 //!
+//! Semaphore schedules (`Plan::semaphore_from_seed`) put keys with 2–4 permits and
+//! engine contenders only (some exclusive) under the faults that reach them, and check
+//! the permit rules instead of the one-holder ones.
+//!
 //! `cargo test --test chaos` runs a short version (`CHAOS_SCHEDULES`, default 4: each
-//! backend once); `scripts/chaos --schedules N [--seed S] [--backend B]` a long one.
+//! backend once; `semaphore_schedules`: `CHAOS_SEMAPHORE_SCHEDULES`, default 2);
+//! `scripts/chaos --schedules N [--seed S] [--backend B] [--semaphore]` a long one.
 
 mod support;
 
@@ -29,6 +34,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, ListParams};
+use lockwarden::lock::{Mode as LockMode, Permits};
 use schedule::{Backend, Contender, EngineSpec, Fault, Plan};
 use serde_json::json;
 use support::proxy::Mode;
@@ -50,8 +56,29 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Mutex schedules; with `CHAOS_SEMAPHORE=1` (`scripts/chaos --semaphore`) semaphore
+/// schedules instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_schedules() {
+    let semaphore = std::env::var("CHAOS_SEMAPHORE").is_ok_and(|v| v == "1");
+    run_schedules(semaphore, "CHAOS_SCHEDULES", 4, "summary.json").await;
+}
+
+/// A short run of semaphore schedules (two by default: two of the four stores).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_schedules() {
+    run_schedules(
+        true,
+        "CHAOS_SEMAPHORE_SCHEDULES",
+        2,
+        "summary-semaphore.json",
+    )
+    .await;
+}
+
+/// Runs `count_var` (default `default_n`) schedules and fails on any violation; the
+/// summary goes to `summary_file` in the world's directory.
+async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary_file: &str) {
     let _serial = SERIAL.lock().await;
     // CHAOS_SEEDS=a,b,c reruns exactly those schedules.
     let listed: Option<Vec<u64>> = std::env::var("CHAOS_SEEDS").ok().map(|v| {
@@ -65,7 +92,7 @@ async fn chaos_schedules() {
     });
     let n: u64 = listed
         .as_ref()
-        .map_or_else(|| env("CHAOS_SCHEDULES").unwrap_or(4), |l| l.len() as u64);
+        .map_or_else(|| env(count_var).unwrap_or(default_n), |l| l.len() as u64);
     let base: u64 = env("CHAOS_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -79,8 +106,11 @@ async fn chaos_schedules() {
             panic!("CHAOS_BACKEND={b:?}: expected one of lease, s3, dynamodb, zookeeper")
         })
     });
+    let kind = if semaphore { "semaphore " } else { "" };
     eprintln!(
-        "[chaos] {n} schedules from seed {base} (rerun one: CHAOS_SEED=<seed> CHAOS_SCHEDULES=1)"
+        "[chaos] {n} {kind}schedules from seed {base} (rerun one: CHAOS_SEED=<seed> \
+         CHAOS_SCHEDULES=1{})",
+        if semaphore { " CHAOS_SEMAPHORE=1" } else { "" }
     );
     let started = Instant::now();
     let mut per_backend: BTreeMap<&str, u64> = BTreeMap::new();
@@ -93,9 +123,16 @@ async fn chaos_schedules() {
     let (mut cli_claims, mut cli_schedules) = (0, 0);
     let mut history_path = None;
     let mut slowest = Duration::ZERO;
+    // Keys with more than one permit: "most permits in flight at once/permits" -> keys.
+    let mut permits_in_flight: BTreeMap<String, u64> = BTreeMap::new();
+    let mut exclusive_claims = 0;
     for i in 0..n {
         let seed = listed.as_ref().map_or(base + i, |l| l[i as usize]);
-        let plan = Plan::from_seed(seed, only);
+        let plan = if semaphore {
+            Plan::semaphore_from_seed(seed, only)
+        } else {
+            Plan::from_seed(seed, only)
+        };
         let outcome = schedule::run(plan).await;
         let r = &outcome.report;
         let backend = outcome.plan.backend.name();
@@ -112,16 +149,23 @@ async fn chaos_schedules() {
         cli_claims += r.cli_claims;
         cli_schedules += usize::from(r.cli_claims > 0);
         polls += r.polls;
+        for (most, permits) in &r.permits_in_flight {
+            *permits_in_flight
+                .entry(format!("{most}/{permits}"))
+                .or_default() += 1;
+        }
+        exclusive_claims += r.exclusive_claims;
         slowest = slowest.max(outcome.wall);
         eprintln!(
             "[chaos] {}/{n} seed {} {backend}: {} violations, {} acquisitions, {} writes, \
-             {} CLI claims, liveness {:?} s, {:.1?}",
+             {} CLI claims, permits in flight (most, of) {:?}, liveness {:?} s, {:.1?}",
             i + 1,
             outcome.plan.seed,
             r.violations.len(),
             r.acquisitions,
             r.writes_accepted,
             r.cli_claims,
+            r.permits_in_flight,
             r.liveness
                 .iter()
                 .map(|l| (l * 1000.0).round() / 1000.0)
@@ -156,6 +200,9 @@ async fn chaos_schedules() {
             wall: started.elapsed(),
             slowest,
             history: history_path.as_deref(),
+            permits_in_flight: &permits_in_flight,
+            exclusive_claims,
+            file: summary_file,
         });
     }
     let secrets_found = secrets_in_logs().await;
@@ -181,10 +228,13 @@ async fn chaos_schedules() {
         wall: started.elapsed(),
         slowest,
         history: history_path.as_deref(),
+        permits_in_flight: &permits_in_flight,
+        exclusive_claims,
+        file: summary_file,
     });
     eprintln!(
         "[chaos] SUMMARY ({}):\n{summary}",
-        world().dir.join("summary.json").display()
+        world().dir.join(summary_file).display()
     );
     assert!(
         secrets_found.is_empty(),
@@ -214,9 +264,14 @@ struct Totals<'a> {
     wall: Duration,
     slowest: Duration,
     history: Option<&'a std::path::Path>,
+    /// Keys with more than one permit: "most in flight at once/permits" -> keys.
+    permits_in_flight: &'a BTreeMap<String, u64>,
+    exclusive_claims: usize,
+    /// The summary's file name in the world's directory.
+    file: &'a str,
 }
 
-/// Writes `summary.json` (next to the history) and returns it pretty-printed.
+/// Writes the summary (next to the history) and returns it pretty-printed.
 fn summarize(t: &Totals) -> String {
     let mut live_summary = BTreeMap::new();
     for (backend, l) in t.liveness {
@@ -272,9 +327,12 @@ fn summarize(t: &Totals) -> String {
         "wall_s": t.wall.as_secs(),
         "slowest_schedule_s": t.slowest.as_secs(),
         "history": t.history.map(|p| p.display().to_string()),
+        "semaphore_keys": t.permits_in_flight.values().sum::<u64>(),
+        "semaphore_keys_by_most_permits_in_flight_of_permits": t.permits_in_flight,
+        "semaphore_exclusive_claims": t.exclusive_claims,
     });
     let text = serde_json::to_string_pretty(&summary).unwrap();
-    let _ = std::fs::write(world().dir.join("summary.json"), &text);
+    let _ = std::fs::write(world().dir.join(t.file), &text);
     text
 }
 
@@ -324,16 +382,23 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
         seed,
         backend: Backend::S3,
         keys: 1,
+        permits: vec![1],
         controllers: vec![],
         engines: vec![
             EngineSpec {
                 slot: 0,
+                key: None,
+                contender: 0,
+                permits: Permits::MUTEX,
                 ignores_deadline: broken,
                 start_after: Duration::ZERO,
                 hold: (Duration::from_secs(9), Duration::from_secs(9)),
             },
             EngineSpec {
                 slot: 1,
+                key: None,
+                contender: 0,
+                permits: Permits::MUTEX,
                 ignores_deadline: false,
                 start_after: Duration::from_millis(800),
                 hold: (Duration::from_millis(300), Duration::from_millis(800)),
@@ -381,6 +446,82 @@ async fn checker_catches_a_holder_that_ignores_its_deadline() {
     );
 }
 
+/// A semaphore plan on S3: one key with 2 permits and three engine clients. Slot 0
+/// (fence 1) and slot 1 (fence 2, from 0.3 s) hold for 9 s, filling both permits;
+/// slot 2 asks from 0.8 s on. Slot 0 is partitioned (blackhole) from 1.2 s for 7 s:
+/// once its entry has been seen unchanged for its lease, slot 2 reclaims its permit.
+fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
+    let contender = |slot: usize, start_ms: u64, hold: (u64, u64), ignores_deadline| EngineSpec {
+        slot,
+        key: Some(0),
+        contender: slot,
+        permits: Permits::semaphore(2),
+        ignores_deadline,
+        start_after: Duration::from_millis(start_ms),
+        hold: (Duration::from_millis(hold.0), Duration::from_millis(hold.1)),
+    };
+    Plan {
+        seed,
+        backend: Backend::S3,
+        keys: 1,
+        permits: vec![2],
+        controllers: vec![],
+        engines: vec![
+            contender(0, 0, (9000, 9000), broken),
+            contender(1, 300, (9000, 9000), false),
+            contender(2, 800, (300, 800), false),
+        ],
+        clis: vec![],
+        faults: vec![(
+            Duration::from_millis(1200),
+            Fault::Network {
+                target: Contender::Engine(0),
+                mode: Mode::Blackhole,
+                lasts: Duration::from_secs(7),
+            },
+        )],
+    }
+}
+
+/// The proof for semaphore schedules: a permit holder that keeps writing while its
+/// holder task says `Expiring` overlaps the two holders of the key's permits after its
+/// own was reclaimed; the same checker that passes the correct holder reports three
+/// permits in flight (p) and writes after its entry left the store (r).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(permit_partition_plan(5, false)).await;
+    assert!(
+        correct.report.violations.is_empty(),
+        "a correct permit holder was reported: {:?}",
+        correct.report.violations
+    );
+    assert_eq!(
+        correct.report.permits_in_flight,
+        [(2, 2)],
+        "both permits were not in use at once: the plan tested nothing"
+    );
+    let broken = schedule::run(permit_partition_plan(6, true)).await;
+    let v = &broken.report.violations;
+    eprintln!(
+        "violations reported for the broken permit holder:\n{}",
+        v.join("\n")
+    );
+    // The holder named after the holders in flight is the one whose permit was taken.
+    assert!(
+        v.iter().any(|v| v.contains("(p) 3 permits in flight")
+            && v.split("; ")
+                .nth(1)
+                .is_some_and(|flagged| flagged.starts_with("engine-0-c0-broken"))),
+        "the third holder at once (the broken one) was not reported: {v:?}"
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(r)") && v.contains("engine-0-c0-broken")),
+        "the broken holder's writes after its permit was gone were not reported: {v:?}"
+    );
+}
+
 /// A plan on S3 with a `lockwarden run` and an engine client and no controllers: the
 /// `run` acquires first (its command writes for 9 s), is partitioned (blackhole) for
 /// 7 s, and the engine client takes over meanwhile.
@@ -389,9 +530,13 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
         seed,
         backend: Backend::S3,
         keys: 1,
+        permits: vec![1],
         controllers: vec![],
         engines: vec![EngineSpec {
             slot: 0,
+            key: None,
+            contender: 0,
+            permits: Permits::MUTEX,
             ignores_deadline: false,
             start_after: Duration::from_secs(2),
             hold: (Duration::from_millis(300), Duration::from_millis(800)),
@@ -477,6 +622,66 @@ fn plans_cover_every_fault_kind() {
         "cli-sigkill",
     ] {
         assert!(first.contains_key(kind), "no plan has a {kind} fault");
+    }
+}
+
+/// Semaphore plans stay within their stated bounds (docs/safety.md, "Semaphore
+/// schedules") and draw every store that has semaphores, exclusive contenders and
+/// every fault kind that reaches engine contenders.
+#[test]
+fn semaphore_plans_stay_within_their_bounds() {
+    let mut backends = BTreeMap::new();
+    let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
+    let mut exclusive_keys = 0;
+    for seed in 0..3000 {
+        let plan = Plan::semaphore_from_seed(seed, None);
+        *backends.entry(plan.backend.name()).or_insert(0) += 1;
+        assert!((1..=2).contains(&plan.keys) && plan.permits.len() == plan.keys);
+        assert!(plan.controllers.is_empty() && plan.clis.is_empty());
+        for (k, &n) in plan.permits.iter().enumerate() {
+            assert!((2..=4).contains(&n), "seed {seed}: {n} permits");
+            let on_key: Vec<&EngineSpec> =
+                plan.engines.iter().filter(|e| e.key == Some(k)).collect();
+            let count = on_key.len() as u32;
+            assert!(
+                (2 * n..=3 * n).contains(&count),
+                "seed {seed}: {count} contenders for {n}"
+            );
+            assert!(on_key.iter().all(|e| e.permits.total == n));
+            let exclusive = on_key
+                .iter()
+                .filter(|e| e.permits.mode == LockMode::Exclusive)
+                .count();
+            assert!(exclusive <= 2, "seed {seed}");
+            exclusive_keys += usize::from(exclusive > 0);
+        }
+        for (_, fault) in &plan.faults {
+            kinds.entry(fault.kind()).or_insert(seed);
+        }
+    }
+    eprintln!(
+        "backends {backends:?}, keys with exclusive contenders {exclusive_keys}, first seed per fault kind {kinds:?}"
+    );
+    assert_eq!(backends.len(), 4, "{backends:?}");
+    assert!(exclusive_keys > 0);
+    for kind in [
+        "network-blackhole",
+        "network-delay",
+        "network-one-way-loss-requests",
+        "network-one-way-loss-replies",
+        "network-forward-then-drop-reply",
+        "moto-sigstop",
+        "moto-restart",
+        "apiserver-sigstop",
+        "apiserver-restart",
+        "zookeeper-session-expiry",
+        "zookeeper-node-restart",
+        "zookeeper-quorum-loss",
+    ] {
+        assert!(
+            kinds.contains_key(kind),
+            "no semaphore plan has a {kind} fault"
+        );
     }
 }
 
@@ -571,4 +776,125 @@ fn checker_rules_on_synthetic_histories() {
     assert_eq!(rules(&h, 5.0), Vec::<String>::new());
     h.claim(claim("engine-x", "x", 11, 1.5, 1.8));
     assert!(rules(&h, 5.0).iter().any(|v| v.ends_with("(c")));
+}
+
+/// The permit rules on hand-made histories (no servers): a key with 2 permits (3 in
+/// one case). Liveness (d) is left out: these histories have no claims.
+#[test]
+fn permit_rules_on_synthetic_histories() {
+    use history::History;
+    let key = "s3://b/sem".to_string();
+    let keys = std::slice::from_ref(&key);
+    let check = |h: &History| -> Vec<String> {
+        h.check(0.0, 20.0, keys, 60.0)
+            .violations
+            .into_iter()
+            .filter(|v| !v.contains("(d)"))
+            .collect()
+    };
+    let rules = |h: &History| -> Vec<String> {
+        check(h)
+            .iter()
+            .map(|v| v.split(')').next().unwrap_or("").to_string())
+            .collect()
+    };
+    let set = |h: &History, t: f64, last: u64, entries: &[(&str, u64)]| {
+        let entries = entries.iter().map(|(n, f)| (n.to_string(), *f)).collect();
+        h.set_poll_at(&key, t - 0.01, t, last, entries);
+    };
+    // Writes every 0.1 s from `from` to `to`.
+    let writes = |h: &History, who: &str, fence: u64, weight: u32, from: f64, to: f64| {
+        let mut t = from;
+        while t <= to + 1e-9 {
+            h.write_permit_at(&key, who, fence, weight, t);
+            t += 0.1;
+        }
+    };
+
+    // Clean: two shared holders together, then an exclusive one alone, then a shared
+    // holder that asked after the exclusive one was seen and got a higher fence.
+    let h = History::new(11, false);
+    h.set_permits(&key, 2);
+    set(&h, 0.1, 2, &[("na", 1), ("nb", 2)]);
+    writes(&h, "a", 1, 1, 0.1, 1.0);
+    writes(&h, "b", 2, 1, 0.2, 1.0);
+    set(&h, 1.2, 2, &[]);
+    set(&h, 1.3, 3, &[("nx", 3)]);
+    writes(&h, "x", 3, 2, 1.3, 2.0);
+    set(&h, 2.2, 3, &[]);
+    h.acquired(&key, "c", 1.5, "nc", 4, "v4");
+    set(&h, 2.4, 4, &[("nc", 4)]);
+    writes(&h, "c", 4, 1, 2.4, 3.0);
+    assert_eq!(check(&h), Vec::<String>::new());
+    let r = h.check(0.0, 20.0, keys, 60.0);
+    assert_eq!(r.permits_in_flight, [(2, 2)]);
+    assert_eq!(r.exclusive_claims, 1);
+
+    // (p): a third shared holder while two write; (r): a holder writing after a read
+    // showed its permit gone. The one flagged under (p) is the holder missing from the
+    // read that shows the newcomer, although its fence is not the lowest.
+    let h = History::new(12, false);
+    h.set_permits(&key, 2);
+    set(&h, 0.1, 2, &[("na", 1), ("nb", 2)]);
+    writes(&h, "a", 1, 1, 0.1, 2.0);
+    writes(&h, "b", 2, 1, 0.1, 2.0);
+    set(&h, 1.0, 3, &[("na", 1), ("nc", 3)]);
+    writes(&h, "c", 3, 1, 1.0, 2.0);
+    assert_eq!(rules(&h), ["seed 12: (p", "seed 12: (r"]);
+    let flagged = check(&h);
+    assert!(
+        flagged[0]
+            .split("; ")
+            .nth(1)
+            .is_some_and(|f| f.starts_with("b (fence 2")),
+        "{flagged:?}"
+    );
+    assert!(flagged[1].contains("b wrote"), "{flagged:?}");
+
+    // (p): an exclusive holder (all 3 permits) next to a shared one.
+    let h = History::new(13, false);
+    h.set_permits(&key, 3);
+    writes(&h, "s", 1, 1, 0.1, 1.0);
+    writes(&h, "x", 2, 3, 0.5, 1.0);
+    assert_eq!(rules(&h), ["seed 13: (p"]);
+
+    // (b): a fence granted to two nonces, and a new holder whose fence is not above the
+    // last fence of the read before it.
+    let h = History::new(14, false);
+    h.set_permits(&key, 2);
+    set(&h, 0.1, 5, &[("na", 5)]);
+    set(&h, 0.2, 5, &[("na", 5), ("nb", 5)]);
+    assert_eq!(rules(&h), ["seed 14: (b", "seed 14: (b", "seed 14: (b"]);
+    // (b): an engine that began asking after fence 5 was seen, and got fence 4.
+    let h = History::new(15, false);
+    h.set_permits(&key, 2);
+    set(&h, 0.1, 5, &[("na", 5)]);
+    h.acquired(&key, "d", 0.2, "nd", 4, "v");
+    assert_eq!(rules(&h), ["seed 15: (b"]);
+
+    // A mutex key next to it keeps the one-holder rules: two overlapping claims.
+    let mutex = "s3://b/mutex".to_string();
+    let h = History::new(16, false);
+    h.set_permits(&key, 2);
+    writes(&h, "a", 1, 1, 0.1, 0.5);
+    for (who, nonce, fence) in [("m1", "n1", 1), ("m2", "n2", 2)] {
+        h.claim(history::Claim {
+            key: mutex.clone(),
+            who: who.into(),
+            nonce: nonce.into(),
+            fence,
+            start: 0.0,
+            end: 5.0,
+        });
+    }
+    let found = h
+        .check(0.0, 20.0, &[key.clone(), mutex.clone()], 60.0)
+        .violations;
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("(c)") && v.contains(&mutex)),
+        "{found:?}"
+    );
+    assert!(!found.iter().any(|v| v.contains("(p)")), "{found:?}");
 }

@@ -41,6 +41,20 @@ struct RegisterWrite {
     t: f64,
     accepted: bool,
     high_water: u64,
+    /// Permits this write's holder takes on a key with more than one (an exclusive
+    /// holder: all of them); 0 on a mutex key.
+    weight: u32,
+}
+
+/// One observer read of a key with more than one permit: the holder set.
+#[derive(Clone, Debug)]
+struct SetPoll {
+    key: String,
+    complete: f64,
+    /// The last fence granted on the key (the record's fence).
+    last_fence: u64,
+    /// (nonce, fence) of every holder, in grant order.
+    entries: Vec<(String, u64)>,
 }
 
 /// One poll of the backend record by the harness's observer.
@@ -72,6 +86,8 @@ struct Evidence {
     nonce: String,
     fence: u64,
     source: String,
+    /// When the contender began asking (its own acquire): the grant came later.
+    invoke: Option<f64>,
 }
 
 #[derive(Default)]
@@ -91,6 +107,9 @@ struct Inner {
     /// Every key of a session-bound backend (ZooKeeper): its record versions do not
     /// change on renewal.
     session_bound: bool,
+    /// key -> its permits, for keys with more than one (checked by the permit rules).
+    permits: HashMap<String, u32>,
+    set_polls: Vec<SetPoll>,
 }
 
 /// The history of one schedule. Times are seconds since the schedule began.
@@ -114,6 +133,10 @@ pub struct Report {
     pub operations: usize,
     /// Per key: seconds from healing until some contender claimed the lock.
     pub liveness: Vec<f64>,
+    /// Per key with more than one permit: (most permits in flight at once, permits).
+    pub permits_in_flight: Vec<(u32, u32)>,
+    /// Claims of exclusive holders on keys with more than one permit.
+    pub exclusive_claims: usize,
 }
 
 impl History {
@@ -169,6 +192,7 @@ impl History {
             t,
             accepted,
             high_water: hw,
+            weight: 0,
         });
         self.line(
             &mut inner,
@@ -176,6 +200,47 @@ impl History {
                    "result": if accepted {"ok"} else {"fail"}, "fence": fence, "highWater": hw}),
         );
         accepted
+    }
+
+    /// Declares `key` a key with `permits` permits (more than one): its writes go to
+    /// [`History::write_permit`] and the permit rules check it instead of (a) and (c).
+    pub fn set_permits(&self, key: &str, permits: u32) {
+        assert!(permits > 1, "a key with one permit is a mutex");
+        self.inner
+            .lock()
+            .unwrap()
+            .permits
+            .insert(key.to_string(), permits);
+    }
+
+    /// The permit register of a key with more than one permit: it keeps every write
+    /// with its fence and the permits its holder takes (`weight`: 1 shared, all of
+    /// them exclusive). Whether a write should have been accepted depends on when its
+    /// holder's claim and the others' end, so the register accepts it and the checker
+    /// decides over the whole history (rule (p), docs/safety.md): a holder whose
+    /// writes overlap higher-fenced claims beyond the permits is flagged.
+    pub fn write_permit(&self, key: &str, writer: &str, fence: u64, weight: u32) {
+        self.write_permit_at(key, writer, fence, weight, self.now());
+    }
+
+    /// A write to the permit register at `t`.
+    pub fn write_permit_at(&self, key: &str, writer: &str, fence: u64, weight: u32, t: f64) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.writes.push(RegisterWrite {
+            key: key.to_string(),
+            writer: writer.to_string(),
+            kind: Kind::Engine,
+            fence,
+            t,
+            accepted: true,
+            high_water: 0,
+            weight,
+        });
+        self.line(
+            &mut inner,
+            json!({"process": writer, "op": "write", "key": key, "invoke": t, "complete": t,
+                   "result": "ok", "fence": fence, "permits": weight}),
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -196,6 +261,7 @@ impl History {
             nonce: nonce.into(),
             fence,
             source: who.into(),
+            invoke: Some(invoke),
         });
         self.line(
             &mut inner,
@@ -260,6 +326,7 @@ impl History {
                 nonce: nonce.clone(),
                 fence: *fence,
                 source: "observer".into(),
+                invoke: None,
             });
         }
         inner.polls.push(Poll {
@@ -267,6 +334,53 @@ impl History {
             invoke,
             complete,
             record,
+        });
+    }
+
+    pub fn set_poll(&self, key: &str, invoke: f64, last_fence: u64, entries: Vec<(String, u64)>) {
+        self.set_poll_at(key, invoke, self.now(), last_fence, entries);
+    }
+
+    /// An observer read of a key with more than one permit that ran from `invoke` to
+    /// `complete` and found these holders (nonce, fence), in grant order.
+    pub fn set_poll_at(
+        &self,
+        key: &str,
+        invoke: f64,
+        complete: f64,
+        last_fence: u64,
+        entries: Vec<(String, u64)>,
+    ) {
+        let mut inner = self.inner.lock().unwrap();
+        let changed = inner
+            .set_polls
+            .iter()
+            .rev()
+            .find(|p| p.key == key)
+            .is_none_or(|p| p.entries != entries || p.last_fence != last_fence);
+        if changed {
+            self.line(
+                &mut inner,
+                json!({"process": "observer", "op": "read", "key": key, "invoke": invoke,
+                       "complete": complete, "result": "ok", "fence": last_fence,
+                       "holders": entries}),
+            );
+        }
+        for (nonce, fence) in &entries {
+            inner.evidence.push(Evidence {
+                key: key.into(),
+                t: complete,
+                nonce: nonce.clone(),
+                fence: *fence,
+                source: "observer".into(),
+                invoke: None,
+            });
+        }
+        inner.set_polls.push(SetPoll {
+            key: key.into(),
+            complete,
+            last_fence,
+            entries,
         });
     }
 
@@ -291,6 +405,7 @@ impl History {
                 nonce: nonce.into(),
                 fence,
                 source: lock.into(),
+                invoke: None,
             });
         }
         self.line(
@@ -431,7 +546,7 @@ impl History {
         let mut inner = self.inner.lock().unwrap();
         let seed = self.seed;
         let mut report = Report {
-            polls: inner.polls.len(),
+            polls: inner.polls.len() + inner.set_polls.len(),
             ..Default::default()
         };
         let mut violations = std::mem::take(&mut inner.violations);
@@ -439,8 +554,13 @@ impl History {
         // (a) The register accepted no stale fence, and no claiming engine or CLI
         // holder was ever refused (a refusal means someone with a higher fence wrote
         // while it still claimed the lock).
+        // (Keys with more than one permit: rule (p) below.)
         let mut hw: HashMap<&str, u64> = HashMap::new();
         for w in &inner.writes {
+            if inner.permits.contains_key(&w.key) {
+                report.writes_accepted += 1;
+                continue;
+            }
             let h = hw.entry(&w.key).or_insert(0);
             if w.accepted {
                 if w.fence < *h {
@@ -488,6 +608,11 @@ impl History {
             let mut acq: Vec<_> = m.iter().collect();
             acq.sort_by(|a, b| a.1.0.total_cmp(&b.1.0));
             report.acquisitions += acq.len();
+            // Grants on a key with more than one permit may be first seen in another
+            // order than their fences: rule (b) for them is `permit_fence_order`.
+            if inner.permits.contains_key(*key) {
+                continue;
+            }
             for pair in acq.windows(2) {
                 let (n1, (t1, f1, s1)) = pair[0];
                 let (n2, (t2, f2, s2)) = pair[1];
@@ -511,7 +636,7 @@ impl History {
             .count();
         for (i, a) in claims.iter().enumerate() {
             for b in &claims[i + 1..] {
-                if a.key != b.key || a.nonce == b.nonce {
+                if a.key != b.key || a.nonce == b.nonce || inner.permits.contains_key(&a.key) {
                     continue;
                 }
                 let overlap = a.end.min(b.end) - a.start.max(b.start);
@@ -534,6 +659,11 @@ impl History {
             }
         }
 
+        // Keys with more than one permit: (b) fence order, (p) permits, (r) rule 2.
+        Self::permit_fence_order(&inner, seed, &mut violations);
+        Self::permit_claims(&inner, seed, &mut report, &mut violations);
+        Self::writes_after_the_permit_was_gone(&inner, seed, &mut violations);
+
         // (d) Liveness: after healing, some contender claims each lock.
         for key in keys {
             let first = claims
@@ -550,12 +680,245 @@ impl History {
                 ));
             }
         }
-        report.operations = inner.lines.len() + inner.polls.len();
+        report.operations = inner.lines.len() + inner.polls.len() + inner.set_polls.len();
         for v in &violations {
             let line = json!({"op": "violation", "detail": v, "schedule": seed});
             inner.lines.push(line);
         }
         report.violations = violations;
         report
+    }
+
+    /// (b) on a key with more than one permit. Grants may be first seen in another
+    /// order than their fences (two grants within one observer period, a grant whose
+    /// reply was lost), so the order is checked where it is certain:
+    /// - one nonce, one fence (above), and one fence, one nonce;
+    /// - in one observer read the holders, in grant order, have increasing fences, none
+    ///   above the key's last fence; the last fence never goes down from one read to
+    ///   the next;
+    /// - a holder that appears in a read and not in the read before was granted after
+    ///   that earlier read: its fence is above that read's last fence;
+    /// - an acquisition first seen (by anyone) before an engine contender began asking
+    ///   for the permit it got has the lower fence.
+    fn permit_fence_order(inner: &Inner, seed: u64, violations: &mut Vec<String>) {
+        for key in inner.permits.keys() {
+            let evidence: Vec<&Evidence> =
+                inner.evidence.iter().filter(|e| &e.key == key).collect();
+            let mut nonce_of: BTreeMap<u64, &str> = BTreeMap::new();
+            let mut twice: Vec<(u64, &str)> = Vec::new();
+            let mut first_seen: HashMap<&str, (f64, u64)> = HashMap::new();
+            for e in &evidence {
+                let other = *nonce_of.entry(e.fence).or_insert(&e.nonce);
+                if other != e.nonce && !twice.contains(&(e.fence, e.nonce.as_str())) {
+                    twice.push((e.fence, &e.nonce));
+                    violations.push(format!(
+                        "seed {seed}: (b) fence {} on {key} granted twice: nonces {other} and {} ({})",
+                        e.fence, e.nonce, e.source
+                    ));
+                }
+                let seen = first_seen.entry(&e.nonce).or_insert((e.t, e.fence));
+                seen.0 = seen.0.min(e.t);
+            }
+            let polls: Vec<&SetPoll> = inner.set_polls.iter().filter(|p| &p.key == key).collect();
+            for p in &polls {
+                let ordered = p.entries.windows(2).all(|w| w[0].1 < w[1].1);
+                if !ordered || p.entries.iter().any(|e| e.1 > p.last_fence) {
+                    violations.push(format!(
+                        "seed {seed}: (b) a read of {key} at {:.3}s found holders {:?} out of \
+                         fence order or above the last fence {}",
+                        p.complete, p.entries, p.last_fence
+                    ));
+                }
+            }
+            for pair in polls.windows(2) {
+                let (before, after) = (pair[0], pair[1]);
+                if after.last_fence < before.last_fence {
+                    violations.push(format!(
+                        "seed {seed}: (b) the last fence of {key} went down from {} ({:.3}s) to {} ({:.3}s)",
+                        before.last_fence, before.complete, after.last_fence, after.complete
+                    ));
+                }
+                for (nonce, fence) in &after.entries {
+                    let new = !before.entries.iter().any(|(n, _)| n == nonce);
+                    if new && *fence <= before.last_fence {
+                        violations.push(format!(
+                            "seed {seed}: (b) holder {nonce} of {key} with fence {fence} appeared \
+                             at {:.3}s, after a read ({:.3}s) whose last fence was already {}",
+                            after.complete, before.complete, before.last_fence
+                        ));
+                    }
+                }
+            }
+            let mut seen: Vec<(f64, u64, &str)> =
+                first_seen.iter().map(|(n, (t, f))| (*t, *f, *n)).collect();
+            seen.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for asked in evidence.iter().filter(|e| e.invoke.is_some()) {
+                let invoke = asked.invoke.unwrap_or_default();
+                if let Some((t, f, n)) = seen
+                    .iter()
+                    .take_while(|(t, ..)| *t < invoke)
+                    .filter(|(_, _, n)| *n != asked.nonce)
+                    .max_by_key(|(_, f, _)| *f)
+                    && *f >= asked.fence
+                {
+                    violations.push(format!(
+                        "seed {seed}: (b) {} began asking for a permit of {key} at {invoke:.3}s \
+                         and got fence {}, but nonce {n} with fence {f} was seen at {t:.3}s",
+                        asked.source, asked.fence
+                    ));
+                }
+            }
+        }
+    }
+
+    /// (p) On a key with N permits, a holder's claim runs from its first write to its
+    /// last; at no moment do claims take more than N permits (an exclusive holder takes
+    /// all N). Where they do, the holders with the lowest fences beyond the N are the
+    /// ones whose permits were reclaimed by the later grants: their writes from the
+    /// moment of the excess on are the ones a fenced resource would refuse, reported
+    /// with them. Also collects the most permits in flight per key.
+    fn permit_claims(inner: &Inner, seed: u64, report: &mut Report, violations: &mut Vec<String>) {
+        for (key, &permits) in &inner.permits {
+            // fence -> (writer, weight, first, last)
+            let mut claims: BTreeMap<u64, (&str, u32, f64, f64)> = BTreeMap::new();
+            for w in inner.writes.iter().filter(|w| &w.key == key) {
+                let c = claims
+                    .entry(w.fence)
+                    .or_insert((&w.writer, w.weight, w.t, w.t));
+                c.2 = c.2.min(w.t);
+                c.3 = c.3.max(w.t);
+            }
+            report.exclusive_claims += claims.values().filter(|c| c.1 >= permits).count();
+            // Starts before ends at one instant: a claim is closed at both ends.
+            let mut events: Vec<(f64, bool, u64)> = Vec::new();
+            for (fence, c) in &claims {
+                events.push((c.2, false, *fence));
+                events.push((c.3, true, *fence));
+            }
+            events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let mut live: Vec<u64> = Vec::new();
+            let mut most = 0;
+            let mut reported: Vec<u64> = Vec::new();
+            for (t, end, fence) in events {
+                if end {
+                    live.retain(|f| *f != fence);
+                    continue;
+                }
+                live.push(fence);
+                let in_use: u32 = live.iter().map(|f| claims[f].1).sum();
+                most = most.max(in_use);
+                if in_use <= permits {
+                    continue;
+                }
+                let reclaimed = Self::reclaimed(inner, key, permits, fence, &live, &claims);
+                for f in reclaimed {
+                    if reported.contains(&f) {
+                        continue;
+                    }
+                    reported.push(f);
+                    let (writer, weight, first, last) = claims[&f];
+                    let late = inner
+                        .writes
+                        .iter()
+                        .filter(|w| &w.key == key && w.fence == f && w.t >= t)
+                        .count();
+                    let holders: Vec<String> = live
+                        .iter()
+                        .map(|f| {
+                            format!(
+                                "{} (fence {f}, {} permits, [{:.3}s, {:.3}s])",
+                                claims[f].0, claims[f].1, claims[f].2, claims[f].3
+                            )
+                        })
+                        .collect();
+                    violations.push(format!(
+                        "seed {seed}: (p) {in_use} permits in flight on {key} (permits {permits}) at \
+                         {t:.3}s: {}; {writer} (fence {f}, {weight} permits, [{first:.3}s, \
+                         {last:.3}s]) kept writing after higher fences took its permit: {late} \
+                         writes from {t:.3}s on would be refused",
+                        holders.join(", ")
+                    ));
+                }
+            }
+            report.permits_in_flight.push((most, permits));
+        }
+    }
+
+    /// Whose permits the grant of `newcomer` took, among the `live` claims: those
+    /// missing from the first observer read that shows the newcomer; where that does
+    /// not account for the excess (no such read), the lowest fences beyond the permits.
+    fn reclaimed(
+        inner: &Inner,
+        key: &str,
+        permits: u32,
+        newcomer: u64,
+        live: &[u64],
+        claims: &BTreeMap<u64, (&str, u32, f64, f64)>,
+    ) -> Vec<u64> {
+        let shown = inner
+            .set_polls
+            .iter()
+            .find(|p| p.key == key && p.entries.iter().any(|(_, f)| *f == newcomer));
+        let mut reclaimed: Vec<u64> = live
+            .iter()
+            .copied()
+            .filter(|f| shown.is_some_and(|p| !p.entries.iter().any(|(_, e)| e == f)))
+            .collect();
+        let mut rest: Vec<u64> = live
+            .iter()
+            .copied()
+            .filter(|f| !reclaimed.contains(f))
+            .collect();
+        rest.sort_unstable();
+        let weight = |fs: &[u64]| fs.iter().map(|f| claims[f].1).sum::<u32>();
+        while weight(&rest) > permits && !rest.is_empty() {
+            reclaimed.push(rest.remove(0));
+        }
+        reclaimed
+    }
+
+    /// (r) Rule 2 per permit: a holder writes only while its lease is valid, and a
+    /// valid lease's entry is still in the store (it is reclaimed only after its
+    /// observed expiry, and released only after its holder stopped writing). So no
+    /// write may come after an observer read that completed without the holder's entry,
+    /// once an earlier read had shown it (an entry never comes back).
+    fn writes_after_the_permit_was_gone(inner: &Inner, seed: u64, violations: &mut Vec<String>) {
+        for key in inner.permits.keys() {
+            let nonce_of: HashMap<u64, &str> = inner
+                .evidence
+                .iter()
+                .filter(|e| &e.key == key)
+                .map(|e| (e.fence, e.nonce.as_str()))
+                .collect();
+            let mut gone_at: HashMap<&str, f64> = HashMap::new();
+            let mut before: Option<&SetPoll> = None;
+            for p in inner.set_polls.iter().filter(|p| &p.key == key) {
+                for (nonce, _) in before.iter().flat_map(|b| b.entries.iter()) {
+                    if !p.entries.iter().any(|(n, _)| n == nonce) {
+                        gone_at.entry(nonce).or_insert(p.complete);
+                    }
+                }
+                before = Some(p);
+            }
+            let mut reported: Vec<u64> = Vec::new();
+            for w in inner.writes.iter().filter(|w| &w.key == key) {
+                let Some(gone) = nonce_of.get(&w.fence).and_then(|n| gone_at.get(n)) else {
+                    continue;
+                };
+                if w.t > *gone && !reported.contains(&w.fence) {
+                    reported.push(w.fence);
+                    let late = inner
+                        .writes
+                        .iter()
+                        .filter(|x| &x.key == key && x.fence == w.fence && x.t > *gone)
+                        .count();
+                    violations.push(format!(
+                        "seed {seed}: (r) {} wrote to {key} with fence {} at {:.3}s, after a read \
+                         completed at {gone:.3}s without its permit ({late} writes after that)",
+                        w.writer, w.fence, w.t
+                    ));
+                }
+            }
+        }
     }
 }

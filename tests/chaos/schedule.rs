@@ -16,7 +16,8 @@ use lockwarden::api::{
 };
 use lockwarden::backend::{ConnectOptions, LeaseStore, Target, ZkSessions};
 use lockwarden::lock::{
-    AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Wait,
+    AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Mode as LockMode,
+    Permits, Wait,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::cli::{CliSpec, CliTarget};
 use super::history::{Claim, History, Kind, Report};
-use super::world::{CLI_SLOTS, ENGINE_SLOTS, SECRET_NAME, world};
+use super::world::{CLI_SLOTS, ENGINE_PATHS, ENGINE_SLOTS, SECRET_NAME, world};
 use crate::support::moto::{ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY};
 use crate::support::proxy::Mode;
 
@@ -43,6 +44,9 @@ pub const BACKENDS: [Backend; 4] = [
     Backend::DynamoDb,
     Backend::ZooKeeper,
 ];
+
+/// The stores a semaphore plan is drawn on (`seed % 4`).
+pub const SEMAPHORE_BACKENDS: [Backend; 4] = BACKENDS;
 
 impl Backend {
     pub fn name(self) -> &'static str {
@@ -149,7 +153,15 @@ impl Fault {
 
 #[derive(Clone, Debug)]
 pub struct EngineSpec {
+    /// Its network paths (`world().engines[slot]`): a network fault on the slot hits
+    /// every contender in it, as on one machine.
     pub slot: usize,
+    /// `None`: contends on every key of the plan (a mutex plan); `Some(k)`: on key `k`
+    /// only, as contender number `contender` of that key (a semaphore plan).
+    pub key: Option<usize>,
+    pub contender: usize,
+    /// The key's permits and how this contender takes them.
+    pub permits: Permits,
     /// Broken on purpose: keeps claiming (and writing) while its holder task says
     /// `Expiring`, i.e. ignores the holder deadline of rule 2.
     pub ignores_deadline: bool,
@@ -163,6 +175,8 @@ pub struct Plan {
     pub seed: u64,
     pub backend: Backend,
     pub keys: usize,
+    /// Per key: its permits (1: a mutex; more: a semaphore plan, engine contenders only).
+    pub permits: Vec<u32>,
     /// Which controllers contend (indexes into `world().controllers`), one
     /// DistributedLock each per key.
     pub controllers: Vec<usize>,
@@ -185,6 +199,9 @@ impl Plan {
         let engines: Vec<EngineSpec> = (0..rng.random_range(1..=ENGINE_SLOTS))
             .map(|slot| EngineSpec {
                 slot,
+                key: None,
+                contender: 0,
+                permits: Permits::MUTEX,
                 ignores_deadline: false,
                 start_after: ms(rng.random_range(0..500)),
                 hold: (ms(200), ms(1500)),
@@ -349,9 +366,126 @@ impl Plan {
             seed,
             backend,
             keys,
+            permits: vec![1; keys],
             controllers,
             engines,
             clis,
+            faults,
+        }
+    }
+
+    /// A random semaphore plan for `seed` (docs/safety.md, "Semaphore schedules"): 1–2
+    /// keys, each with 2–4 permits and twice to three times as many engine contenders,
+    /// on one in three keys one or two of them exclusive (taking every permit); no
+    /// controllers and no command-line contenders (neither takes permits yet). The
+    /// backend is `seed % 4` of [`SEMAPHORE_BACKENDS`] unless given. The faults are
+    /// those of a mutex plan that reach engine contenders: network faults per slot,
+    /// moto SIGSTOP / restart, API-server SIGSTOP / restart, and on ZooKeeper session
+    /// expiry per slot, node restart and quorum loss.
+    pub fn semaphore_from_seed(seed: u64, backend: Option<Backend>) -> Plan {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5e4a_5e4a);
+        let backend = backend
+            .unwrap_or(SEMAPHORE_BACKENDS[(seed % SEMAPHORE_BACKENDS.len() as u64) as usize]);
+        assert!(
+            SEMAPHORE_BACKENDS.contains(&backend),
+            "no semaphore schedules on {} in this build",
+            backend.name()
+        );
+        let keys = rng.random_range(1..=2);
+        let permits: Vec<u32> = (0..keys).map(|_| rng.random_range(2..=4)).collect();
+        let mut engines = Vec::new();
+        for (k, &n) in permits.iter().enumerate() {
+            let contenders = rng.random_range(2 * n..=3 * n) as usize;
+            let exclusive = if rng.random_bool(1.0 / 3.0) {
+                rng.random_range(1..=2)
+            } else {
+                0
+            };
+            for contender in 0..contenders {
+                let mode = if contender < exclusive {
+                    LockMode::Exclusive
+                } else {
+                    LockMode::Shared
+                };
+                engines.push(EngineSpec {
+                    slot: (contender + k) % ENGINE_PATHS,
+                    key: Some(k),
+                    contender,
+                    permits: Permits { total: n, mode },
+                    ignores_deadline: false,
+                    start_after: ms(rng.random_range(0..500)),
+                    hold: (ms(200), ms(1500)),
+                });
+            }
+        }
+        let slots = engines.len().min(ENGINE_PATHS);
+        let mut faults = Vec::new();
+        let mut used_global = false;
+        let mut used_paths: Vec<Contender> = Vec::new();
+        for _ in 0..rng.random_range(1..=3) {
+            let at = ms(rng.random_range(300..2000));
+            if rng.random_bool(0.75) {
+                let target = Contender::Engine(rng.random_range(0..slots));
+                if used_paths.contains(&target) {
+                    continue;
+                }
+                used_paths.push(target);
+                let mode = match rng.random_range(0..5) {
+                    0 => Mode::Blackhole,
+                    1 => Mode::Delay(ms(rng.random_range(100..800))),
+                    2 => Mode::LoseRequests,
+                    3 => Mode::LoseReplies,
+                    _ => Mode::DropReplies,
+                };
+                let lasts = ms(rng.random_range(500..5000));
+                // (A draw of its own on ZooKeeper only: the other stores' plans keep
+                // the draws they had before ZooKeeper had semaphores.)
+                if backend == Backend::ZooKeeper && rng.random_bool(0.3) {
+                    let lasts = LEASE + ms(rng.random_range(1000..2000));
+                    faults.push((at, Fault::SessionExpiry { target, lasts }));
+                    continue;
+                }
+                faults.push((
+                    at,
+                    Fault::Network {
+                        target,
+                        mode,
+                        lasts,
+                    },
+                ));
+                continue;
+            }
+            if used_global {
+                continue;
+            }
+            used_global = true;
+            let lasts = ms(rng.random_range(500..5000));
+            let restart = rng.random_bool(0.5);
+            faults.push((
+                at,
+                match (backend, restart) {
+                    (Backend::Lease, true) => Fault::ApiServerRestart,
+                    (Backend::Lease, false) => Fault::ApiServerPause { lasts },
+                    (Backend::ZooKeeper, true) => Fault::ZkNodeRestart {
+                        node: rng.random_range(0..3),
+                        down: ms(rng.random_range(200..3000)),
+                    },
+                    (Backend::ZooKeeper, false) => Fault::ZkQuorumLoss {
+                        down: ms(rng.random_range(500..4000)),
+                    },
+                    (_, true) => Fault::MotoRestart,
+                    (_, false) => Fault::MotoPause { lasts },
+                },
+            ));
+        }
+        Plan {
+            seed,
+            backend,
+            keys,
+            permits,
+            controllers: vec![],
+            engines,
+            clis: vec![],
             faults,
         }
     }
@@ -447,38 +581,67 @@ pub async fn run(plan: Plan) -> Outcome {
         .collect();
     let keys = Keys { urls, ..keys };
     let history = Arc::new(History::new(plan.seed, backend == Backend::ZooKeeper));
+    for (url, &n) in keys.urls.iter().zip(&plan.permits) {
+        if n > 1 {
+            history.set_permits(url, n);
+        }
+    }
     eprintln!(
-        "[chaos] schedule seed {} backend {} keys {} engines {} CLI slots {} faults {:?}",
+        "[chaos] schedule seed {} backend {} keys {} permits {:?} engines {} CLI slots {} faults {:?}",
         plan.seed,
         backend.name(),
         plan.keys,
+        plan.permits,
         plan.engines.len(),
         plan.clis.len(),
         plan.faults
     );
     history.record(
         json!({"op": "plan", "backend": backend.name(), "keys": keys.urls,
+        "permits": plan.permits,
         "faults": format!("{:?}", plan.faults), "engines": format!("{:?}", plan.engines),
         "clis": format!("{:?}", plan.clis)}),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
 
-    // Observer: reads each record directly (no proxy) every 50 ms.
+    // Observer: reads each record directly (no proxy) every 50 ms; on a key with more
+    // than one permit, its holder set.
     for k in 0..plan.keys {
         let backend_obj = direct_backend(backend, &keys, k).await;
         let (history, stop, key) = (history.clone(), stop.clone(), keys.urls[k].clone());
+        let semaphore = plan.permits[k] > 1;
+        // The highest fence seen on the key. On ZooKeeper a set's last fence is the
+        // highest of its present holders and drops when that holder leaves; grants are
+        // in fence order there too (a prefix of the queue), so the highest fence seen
+        // so far stands for "the last fence granted" (docs/safety.md).
+        let mut highest = 0;
         tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let invoke = history.now();
                 if let Ok(Ok(found)) =
                     tokio::time::timeout(Duration::from_secs(1), backend_obj.inspect()).await
                 {
-                    let record = found.and_then(|s| {
-                        let r = s.record.ok()?;
-                        Some((r.nonce, r.fence.0, s.version.0, r.state == LockState::Held))
-                    });
-                    history.poll(&key, invoke, record);
+                    if semaphore {
+                        // No record (yet, or while a moto restart restores it): nothing
+                        // to check, and not a holder set without holders.
+                        if let Some(record) = found.and_then(|s| s.record.ok()) {
+                            let set = record.set.clone().unwrap_or_default();
+                            let mut last = set.last_fence.0.max(record.fence.0);
+                            if backend == Backend::ZooKeeper {
+                                highest = highest.max(last);
+                                last = highest;
+                            }
+                            let entries = set.holders.iter().map(|h| (h.nonce.clone(), h.fence.0));
+                            history.set_poll(&key, invoke, last, entries.collect());
+                        }
+                    } else {
+                        let record = found.and_then(|s| {
+                            let r = s.record.ok()?;
+                            Some((r.nonce, r.fence.0, s.version.0, r.state == LockState::Held))
+                        });
+                        history.poll(&key, invoke, record);
+                    }
                 }
                 tokio::time::sleep(ms(50)).await;
             }
@@ -637,12 +800,15 @@ pub async fn run(plan: Plan) -> Outcome {
     let mut contender_tasks = Vec::new();
     for spec in &plan.engines {
         let sessions = Arc::new(ZkSessions::with_session_timeout(LEASE));
-        for k in 0..plan.keys {
+        for k in (0..plan.keys).filter(|k| spec.key.is_none_or(|only| only == *k)) {
             let lock = engine_backend(backend, &keys, k, spec.slot, &sessions).await;
             let (history, stop) = (history.clone(), stop.clone());
             let key = keys.urls[k].clone();
             let spec = spec.clone();
-            let seed = plan.seed ^ ((spec.slot as u64) << 32) ^ (k as u64);
+            let seed = plan.seed
+                ^ ((spec.slot as u64) << 32)
+                ^ (k as u64)
+                ^ ((spec.contender as u64) << 48);
             contender_tasks.push(tokio::spawn(engine(lock, key, spec, history, stop, seed)));
         }
     }
@@ -921,15 +1087,40 @@ async fn engine(
     seed: u64,
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
+    let permits = spec.permits;
     let who = format!(
-        "engine-{}{}",
+        "engine-{}{}{}{}",
         spec.slot,
+        if spec.key.is_some() {
+            format!("-c{}", spec.contender)
+        } else {
+            String::new()
+        },
+        if !permits.is_mutex() && permits.mode == LockMode::Exclusive {
+            "-exclusive"
+        } else {
+            ""
+        },
         if spec.ignores_deadline { "-broken" } else { "" }
     );
+    // The permits each write of a holder takes on a key with more than one.
+    let weight = match permits.mode {
+        _ if permits.is_mutex() => 0,
+        LockMode::Exclusive => permits.total,
+        LockMode::Shared => 1,
+    };
     tokio::time::sleep(spec.start_after).await;
-    let req = AcquireRequest::new(format!("{who}/{key}"), LEASE);
+    let req = AcquireRequest {
+        permits,
+        ..AcquireRequest::new(format!("{who}/{key}"), LEASE)
+    };
+    // When this contender began asking for its next permit: an attempt cut short may
+    // leave a grant that a later attempt adopts (rule 4), so the grant came after the
+    // first attempt since the last acquisition, not necessarily after the last one.
+    let mut asking_since = None;
     while !stop.load(Ordering::SeqCst) {
         let invoke = history.now();
+        let asked = *asking_since.get_or_insert(invoke);
         let acquired = tokio::time::timeout(
             Duration::from_secs(10),
             HeldLock::acquire(lock.clone(), &req, Wait::For(Duration::from_secs(2))),
@@ -954,6 +1145,8 @@ async fn engine(
             HolderState::Held { version, .. } => version.0,
             _ => String::new(),
         };
+        asking_since = None;
+        let invoke = if permits.is_mutex() { invoke } else { asked };
         history.acquired(&key, &who, invoke, &nonce, fence, &version);
         let start = history.now();
         let mut last_claimed = None;
@@ -975,7 +1168,11 @@ async fn engine(
             }
             let t = history.now();
             last_claimed = Some(t);
-            history.write(&key, &who, Kind::Engine, fence);
+            if permits.is_mutex() {
+                history.write(&key, &who, Kind::Engine, fence);
+            } else {
+                history.write_permit(&key, &who, fence, weight);
+            }
             if tokio::time::Instant::now() >= until || stop.load(Ordering::SeqCst) {
                 break;
             }

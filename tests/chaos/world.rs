@@ -238,7 +238,11 @@ pub struct World {
     pub crash_restarts: AtomicU64,
 }
 
+/// Engine slots a mutex plan draws from.
 pub const ENGINE_SLOTS: usize = 2;
+/// Engine network paths in the world: a semaphore plan spreads its contenders over
+/// all of them.
+pub const ENGINE_PATHS: usize = 6;
 pub const CLI_SLOTS: usize = 2;
 
 static WORLD: OnceLock<World> = OnceLock::new();
@@ -311,7 +315,7 @@ impl World {
             controller.start_process();
             controllers.push(controller);
         }
-        let engines = (0..ENGINE_SLOTS).map(|_| Paths::new(west.port())).collect();
+        let engines = (0..ENGINE_PATHS).map(|_| Paths::new(west.port())).collect();
         let clis = (0..CLI_SLOTS)
             .map(|slot| {
                 let paths = Paths::new(west.port());
