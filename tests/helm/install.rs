@@ -207,8 +207,8 @@ async fn helm_install_into_a_fresh_cluster_installs_the_crd_and_prints_notes() {
     let served: Value = serde_json::from_slice(&out.stdout).expect("CRD as JSON");
     let generated = serde_json::to_value(lockwarden::api::crd()).unwrap();
     assert_eq!(
-        served["spec"]["versions"][0]["schema"],
-        generated["spec"]["versions"][0]["schema"]
+        same_numbers(served["spec"]["versions"][0]["schema"].clone()),
+        same_numbers(generated["spec"]["versions"][0]["schema"].clone())
     );
 
     let uninstall = helm_on(
@@ -227,4 +227,20 @@ async fn helm_install_into_a_fresh_cluster_installs_the_crd_and_prints_notes() {
     assert!(!gone.status.success(), "ClusterRole left after uninstall");
     let kept = kubectl_on(&plane, &["get", crd.as_str()], None).await;
     assert!(kept.status.success(), "helm uninstall deleted the CRD");
+}
+
+/// JSON numbers as the API server keeps them: the schema generator writes integer
+/// bounds as floats (`minimum: 1.0`), which the server stores as `1`; the same value.
+fn same_numbers(v: Value) -> Value {
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(same_numbers).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, same_numbers(v))).collect())
+        }
+        other => other,
+    }
 }

@@ -108,9 +108,13 @@ impl ZkLock {
         generation: &Generation,
         request: impl Future<Output = Result<T, ZkError>>,
     ) -> Result<T, ZkError> {
-        tokio::time::timeout(generation.timeout, request)
+        let result = tokio::time::timeout(generation.timeout, request)
             .await
-            .unwrap_or(Err(ZkError::Timeout))
+            .unwrap_or(Err(ZkError::Timeout));
+        if let Err(e) = &result {
+            generation.note_error(e);
+        }
+        result
     }
 
     /// A queue member's record as stored: ours, with the fence taken from `czxid`, or

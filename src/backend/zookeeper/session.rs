@@ -157,6 +157,9 @@ pub(super) struct Generation {
     /// Negotiated session timeout: the server expires the session after this long
     /// without hearing from it, so it is also the lease.
     pub(super) timeout: Duration,
+    /// The client's session task is gone (the runtime that ran it shut down): its
+    /// state still reads as connected, but no request can be sent any more.
+    pub(super) dead: std::sync::atomic::AtomicBool,
 }
 
 impl Generation {
@@ -167,7 +170,18 @@ impl Generation {
     /// Expired, closed or failed authentication: its ephemeral znodes are (or will
     /// shortly be) gone, and it will never reconnect.
     pub(super) fn is_gone(&self) -> bool {
-        self.state().is_terminated()
+        self.state().is_terminated() || self.dead.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Learns from a failed request whether the client can still send at all: when
+    /// its session task has ended, zookeeper-client answers every request with an
+    /// "unexpected error" naming the state it last saw ("expect error state, got
+    /// SyncConnected"). Such a session is treated as ended, so the next attempt opens
+    /// a new one instead of failing forever.
+    pub(super) fn note_error(&self, e: &ZkError) {
+        if matches!(e, ZkError::UnexpectedError(m) if m.starts_with("expect error state")) {
+            self.dead.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     pub(super) fn is_connected(&self) -> bool {
@@ -248,6 +262,7 @@ impl ZkSession {
             id: client.session_id().0,
             timeout: client.session_timeout(),
             client,
+            dead: Default::default(),
         };
         tracing::info!(
             servers = %self.servers,
