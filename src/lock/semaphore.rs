@@ -102,6 +102,20 @@ impl SetContender {
         expired
     }
 
+    /// Rule 1 per entry: drops the holders (and a waiting writer) seen unchanged for
+    /// their lease; the write that follows is conditioned on the version that showed them.
+    fn drop_expired(&mut self, set: &mut HolderSet, takeover_after: impl Fn(Duration) -> Duration) {
+        let expired = self.expired(set, takeover_after);
+        set.holders.retain(|h| !expired.contains(&h.nonce));
+        if set
+            .waiting_writer
+            .as_ref()
+            .is_some_and(|w| expired.contains(&w.nonce))
+        {
+            set.waiting_writer = None;
+        }
+    }
+
     /// How long until the first live entry of `set` could be seen expired.
     fn next_expiry(
         &self,
@@ -284,68 +298,23 @@ impl<S: RecordStore> CasLock<S> {
             }
             let Current { mut set, version } = self.as_set(req, stored.as_ref())?;
             last_seen = Some(set.clone());
-            // Rule 1 per entry: drop the holders (and a waiting writer) seen unchanged for
-            // their lease; the write below is conditioned on the version that showed them.
-            let expired = st.set.expired(&set, takeover_after);
-            set.holders.retain(|h| !expired.contains(&h.nonce));
-            if set
-                .waiting_writer
-                .as_ref()
-                .is_some_and(|w| expired.contains(&w.nonce))
-            {
-                set.waiting_writer = None;
-            }
+            st.set.drop_expired(&mut set, takeover_after);
             let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
-            let mode = req.permits.mode;
-            if admits(&set, mode, ours.as_deref()) {
-                let last = set.last_fence;
-                let fence = last.checked_next().ok_or_else(|| LockError::Backend {
-                    url: self.url(),
-                    message: format!(
-                        "the stored record has the last fence ({last}): no later holder could \
-                         carry a higher one; delete the record to start again"
-                    ),
-                })?;
-                let entry = SetEntry::new(&req.holder, fence, req.lease, mode, req.data.clone());
-                if set.waiting_writer.as_ref().map(|w| &w.nonce) == ours.as_ref() {
-                    set.waiting_writer = None;
-                }
-                set.holders.push(entry.clone());
-                set.last_fence = fence;
-                match self
-                    .write_grant(&mut st.set, version.as_ref(), set, entry)
-                    .await?
-                {
-                    Some(lease) => {
-                        st.set.waiting = None;
-                        return Ok(Attempt::Acquired(lease));
-                    }
-                    None => continue,
-                }
-            }
-            // Not admitted. An exclusive contender takes (or keeps refreshing) the
-            // waiting-writer slot when it is free or already ours.
-            let slot_free = set.waiting_writer.is_none()
-                || set.waiting_writer.as_ref().map(|w| &w.nonce) == ours.as_ref();
-            if mode == Mode::Exclusive && slot_free {
-                let waiting = match st.set.waiting.take() {
-                    Some(w) => w.renewed(),
-                    None => SetEntry::new(&req.holder, FenceToken(0), req.lease, mode, None),
-                };
-                set.waiting_writer = Some(waiting.clone());
-                let record = record_of(set.clone());
-                match self.write_set(version.as_ref(), &record).await {
-                    Ok(_) => st.set.waiting = Some(waiting),
-                    Err(StoreError::Conflict { .. }) => {
-                        lost_a_race();
-                        st.set.waiting = Some(waiting);
+            if admits(&set, req.permits.mode, ours.as_deref()) {
+                match self.grant(&mut st.set, req, set, version.as_ref()).await? {
+                    Some(lease) => return Ok(Attempt::Acquired(lease)),
+                    None => {
                         back_off(attempt).await;
                         continue;
                     }
-                    // Unknown or failed: the registration may be there; keep its nonce so
-                    // the next attempt refreshes rather than duplicates it.
-                    Err(_) => st.set.waiting = Some(waiting),
                 }
+            }
+            if !self
+                .wait_as_writer(&mut st.set, req, &mut set, version.as_ref())
+                .await
+            {
+                back_off(attempt).await;
+                continue;
             }
             let holder = record_of(set.clone());
             // Refresh the registration well within its lease; otherwise wake when the
@@ -364,6 +333,72 @@ impl<S: RecordStore> CasLock<S> {
             retry_in: Some(Duration::from_millis(50)),
             queue_position: None,
         })
+    }
+
+    /// The admitted path: the key's next fence, our entry in the set (taking our
+    /// waiting-writer slot out of it), one conditional write. `None`: lost a race.
+    async fn grant(
+        &self,
+        st: &mut SetContender,
+        req: &AcquireRequest,
+        mut set: HolderSet,
+        version: Option<&Version>,
+    ) -> Result<Option<Lease>, LockError> {
+        let last = set.last_fence;
+        let fence = last.checked_next().ok_or_else(|| LockError::Backend {
+            url: self.url(),
+            message: format!(
+                "the stored record has the last fence ({last}): no later holder could carry \
+                 a higher one; delete the record to start again"
+            ),
+        })?;
+        let mode = req.permits.mode;
+        let entry = SetEntry::new(&req.holder, fence, req.lease, mode, req.data.clone());
+        let ours = st.waiting.as_ref().map(|w| &w.nonce);
+        if set.waiting_writer.as_ref().map(|w| &w.nonce) == ours {
+            set.waiting_writer = None;
+        }
+        set.holders.push(entry.clone());
+        set.last_fence = fence;
+        let lease = self.write_grant(st, version, set, entry).await?;
+        if lease.is_some() {
+            st.waiting = None;
+        }
+        Ok(lease)
+    }
+
+    /// Not admitted: an exclusive contender takes (or keeps refreshing) the set's
+    /// waiting-writer slot when it is free or already ours. `false`: that write lost a
+    /// race (read again); `true`: report the key busy.
+    async fn wait_as_writer(
+        &self,
+        st: &mut SetContender,
+        req: &AcquireRequest,
+        set: &mut HolderSet,
+        version: Option<&Version>,
+    ) -> bool {
+        let ours = st.waiting.as_ref().map(|w| w.nonce.clone());
+        let slot_free = set.waiting_writer.is_none()
+            || set.waiting_writer.as_ref().map(|w| &w.nonce) == ours.as_ref();
+        if req.permits.mode != Mode::Exclusive || !slot_free {
+            return true;
+        }
+        let waiting = match st.waiting.take() {
+            Some(w) => w.renewed(),
+            None => SetEntry::new(&req.holder, FenceToken(0), req.lease, Mode::Exclusive, None),
+        };
+        set.waiting_writer = Some(waiting.clone());
+        let written = self.write_set(version, &record_of(set.clone())).await;
+        // Whatever the outcome, the registration may be there: keep its nonce so the
+        // next attempt refreshes rather than duplicates it.
+        st.waiting = Some(waiting);
+        match written {
+            Err(StoreError::Conflict { .. }) => {
+                lost_a_race();
+                false
+            }
+            _ => true,
+        }
     }
 
     /// Creates the record or replaces `version` with it.
