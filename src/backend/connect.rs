@@ -14,8 +14,10 @@
 //!
 //! Nothing here knows about the command-line tool or the operator; both use it.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
@@ -38,14 +40,14 @@ pub async fn connect(
 ) -> Result<Arc<dyn LockBackend>, ConnectError> {
     match target {
         Target::S3 { bucket, key } => {
-            let client = s3_client(options).await;
+            let client = AwsClients::global().s3(options).await;
             Ok(Arc::new(
                 CasLock::new(S3Store::new(client, bucket.clone(), key.clone()))
                     .with_delete_on_release(options.s3lock_compatible),
             ))
         }
         Target::DynamoDb { table, key } => {
-            let client = dynamodb_client(options).await;
+            let client = AwsClients::global().dynamodb(options).await;
             let layout = TableLayout {
                 table: table.clone(),
                 partition_key: options
@@ -279,6 +281,113 @@ fn plain_http_client(
         .map(|_| aws_smithy_http_client::Builder::new().build_http())
 }
 
+/// The process's AWS service clients, one per distinct way of reaching a service.
+///
+/// An SDK client is meant to be shared: it holds its connection pool, credential cache
+/// and configuration. The operator connects once per `DistributedLock`, so building a
+/// client per lock gave 10,000 S3 locks 10,000 connection pools — 10,000 TCP
+/// connections to the store and a configuration load each — where one client per
+/// endpoint, region and credentials serves them all (issue 18).
+pub struct AwsClients {
+    s3: ClientCache<AwsClientKey, aws_sdk_s3::Client>,
+    dynamodb: ClientCache<AwsClientKey, aws_sdk_dynamodb::Client>,
+}
+
+impl AwsClients {
+    /// The process-wide clients.
+    pub fn global() -> &'static AwsClients {
+        static CLIENTS: OnceLock<AwsClients> = OnceLock::new();
+        CLIENTS.get_or_init(|| AwsClients {
+            s3: ClientCache::new(MAX_CACHED_CLIENTS),
+            dynamodb: ClientCache::new(MAX_CACHED_CLIENTS),
+        })
+    }
+
+    async fn s3(&self, options: &ConnectOptions) -> aws_sdk_s3::Client {
+        self.s3
+            .get_or_build(AwsClientKey::of(options), || s3_client(options))
+            .await
+    }
+
+    async fn dynamodb(&self, options: &ConnectOptions) -> aws_sdk_dynamodb::Client {
+        self.dynamodb
+            .get_or_build(AwsClientKey::of(options), || dynamodb_client(options))
+            .await
+    }
+}
+
+/// Distinct client configurations kept at once. Each Secret (and each rotation of one)
+/// is a configuration; past this many the cache starts afresh, which costs only new
+/// clients for the locks that connect next: clients in use stay with their locks.
+const MAX_CACHED_CLIENTS: usize = 64;
+
+/// Everything in [`ConnectOptions`] that goes into an AWS service client.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct AwsClientKey {
+    endpoint: Option<String>,
+    region: Option<String>,
+    force_path_style: Option<bool>,
+    /// Access key id, secret key and session token of static credentials.
+    credentials: Option<(String, String, Option<String>)>,
+    request_timeout: Option<Duration>,
+}
+
+impl AwsClientKey {
+    fn of(options: &ConnectOptions) -> AwsClientKey {
+        AwsClientKey {
+            endpoint: options.endpoint.clone(),
+            region: options.region.clone(),
+            force_path_style: options.force_path_style,
+            credentials: options.credentials.as_ref().map(|c| {
+                (
+                    c.access_key_id().to_string(),
+                    c.secret_access_key().to_string(),
+                    c.session_token().map(str::to_string),
+                )
+            }),
+            request_timeout: options.request_timeout,
+        }
+    }
+}
+
+/// Clients by configuration, bounded: see [`MAX_CACHED_CLIENTS`].
+struct ClientCache<K, C> {
+    clients: Mutex<HashMap<K, C>>,
+    capacity: usize,
+}
+
+impl<K: Eq + Hash, C: Clone> ClientCache<K, C> {
+    fn new(capacity: usize) -> Self {
+        ClientCache {
+            clients: Mutex::new(HashMap::new()),
+            capacity,
+        }
+    }
+
+    /// The client for `key`, built by `build` the first time. Two first callers may
+    /// both build; the first to finish is kept and the other's is used once.
+    async fn get_or_build<F, Fut>(&self, key: K, build: F) -> C
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = C>,
+    {
+        if let Some(client) = self.lock().get(&key) {
+            return client.clone();
+        }
+        let built = build().await;
+        let mut clients = self.lock();
+        if clients.len() >= self.capacity && !clients.contains_key(&key) {
+            clients.clear();
+        }
+        clients.entry(key).or_insert(built).clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, C>> {
+        // A panic while holding the lock leaves a map that is still consistent.
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 async fn s3_client(options: &ConnectOptions) -> aws_sdk_s3::Client {
     let sdk = sdk_config(options).await;
     let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
@@ -314,4 +423,62 @@ async fn kube_client(context: Option<&str>) -> Result<kube::Client, String> {
         }
     };
     kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn options(access_key: &str) -> ConnectOptions {
+        ConnectOptions {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            region: Some("us-east-1".into()),
+            credentials: Some(Credentials::new(access_key, "secret", None, None, "test")),
+            ..ConnectOptions::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn locks_reaching_a_store_the_same_way_share_one_client() {
+        let cache = ClientCache::new(8);
+        let counter = AtomicUsize::new(0);
+        let built = &counter;
+        let build = move || async move { built.fetch_add(1, Ordering::SeqCst) };
+        let first = cache
+            .get_or_build(AwsClientKey::of(&options("a")), build)
+            .await;
+        let again = cache
+            .get_or_build(AwsClientKey::of(&options("a")), build)
+            .await;
+        let other = cache
+            .get_or_build(AwsClientKey::of(&options("b")), build)
+            .await;
+        assert_eq!((first, again, other), (0, 0, 1));
+        assert_eq!(
+            built.load(Ordering::SeqCst),
+            2,
+            "one client per configuration"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_client_cache_starts_afresh_instead_of_growing() {
+        let cache = ClientCache::new(2);
+        for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+            let got = cache
+                .get_or_build(AwsClientKey::of(&options(key)), || async move { i })
+                .await;
+            assert_eq!(got, i);
+        }
+        assert_eq!(
+            cache.lock().len(),
+            1,
+            "cleared when full, then the new one kept"
+        );
+        let rebuilt = cache
+            .get_or_build(AwsClientKey::of(&options("a")), || async { 9 })
+            .await;
+        assert_eq!(rebuilt, 9, "an evicted configuration gets a new client");
+    }
 }
