@@ -4,6 +4,7 @@
 //! Metrics:
 //! - `lockwarden_locks{phase}`: locks this controller knows, by the phase it last wrote;
 //! - `lockwarden_acquire_duration_seconds`: first acquisition attempt → `Held`;
+//! - `lockwarden_renewals_total`: renewals of held locks that the store accepted;
 //! - `lockwarden_renew_failures_total`: held locks whose renewals failed past the
 //!   holder deadline (`Expiring`) or that were lost while held;
 //! - `lockwarden_backend_request_duration_seconds{backend,operation}`: `try_acquire`
@@ -60,6 +61,7 @@ pub struct Telemetry {
     registry: Registry,
     locks: Family<PhaseLabels, Gauge>,
     acquire: Histogram,
+    renewals: Counter,
     renew_failures: Counter,
     requests: HistogramFamily,
     jobs_stopped: Family<ReasonLabels, Counter>,
@@ -91,8 +93,14 @@ impl Telemetry {
             "Time from the first acquisition attempt to Held",
             acquire.clone(),
         );
-        let renew_failures = Counter::default();
         // The OpenMetrics encoder appends `_total`.
+        let renewals = Counter::default();
+        registry.register(
+            "lockwarden_renewals",
+            "Renewals of held locks that the store accepted",
+            renewals.clone(),
+        );
+        let renew_failures = Counter::default();
         registry.register(
             "lockwarden_renew_failures",
             "Held locks whose renewals failed past the holder deadline, or that were lost",
@@ -120,6 +128,7 @@ impl Telemetry {
             registry,
             locks,
             acquire,
+            renewals,
             renew_failures,
             requests,
             jobs_stopped,
@@ -173,6 +182,11 @@ impl Telemetry {
 
     pub fn observe_acquire(&self, waited: Duration) {
         self.acquire.observe(waited.as_secs_f64());
+    }
+
+    /// The counter itself, for holder tasks.
+    pub fn renewals(&self) -> Counter {
+        self.renewals.clone()
     }
 
     /// The counter itself, for holder tasks.

@@ -89,7 +89,8 @@ async fn metrics_health_and_readiness() {
                 ..Default::default()
             },
             lease_duration: "30s".into(),
-            renew_interval: "10s".into(),
+            // Short, so that renewals are counted within the test.
+            renew_interval: "1s".into(),
             ..Default::default()
         },
     );
@@ -113,6 +114,11 @@ async fn metrics_health_and_readiness() {
         metrics.contains("lockwarden_renew_failures_total 0"),
         "{metrics}"
     );
+    eventually("/metrics to count renewals", TIMEOUT, || async {
+        let (_, body) = get(port, "/metrics").await?;
+        (sample(&body, "lockwarden_renewals_total")? >= 2.0).then_some(())
+    })
+    .await;
     assert!(
         metrics.contains(
             "lockwarden_backend_request_duration_seconds_count{backend=\"kubernetes\",operation=\"acquire\"}"
