@@ -15,7 +15,9 @@ use tokio::task::JoinHandle;
 
 use super::status::Occupancy;
 use crate::api::DistributedLock;
-use crate::lock::{HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy};
+use crate::lock::{
+    HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy, Stored,
+};
 
 /// What status reports about an acquisition, fixed when it was made.
 #[derive(Clone, Debug)]
@@ -51,12 +53,13 @@ fn kind(state: &HolderState) -> u8 {
 }
 
 /// Whom a holder task works for: the object (by reference and uid) and its key, where
-/// it reports transitions, and the counter of renewals that failed.
+/// it reports transitions, and the counters of its renewals and of their failures.
 pub struct Owner {
     pub obj: ObjectRef<DistributedLock>,
     pub uid: String,
     pub key: String,
     pub wake: UnboundedSender<ObjectRef<DistributedLock>>,
+    pub renewals: Counter,
     pub renew_failures: Counter,
 }
 
@@ -72,6 +75,7 @@ impl HolderTask {
             uid,
             key,
             wake,
+            renewals,
             renew_failures,
         } = owner;
         let acquisition = Acquisition {
@@ -89,6 +93,10 @@ impl HolderTask {
             let mut last = kind(&rx.borrow_and_update());
             while rx.changed().await.is_ok() {
                 let now = kind(&rx.borrow_and_update());
+                // Every accepted renewal publishes `Held` again (with its new version).
+                if now == 0 {
+                    renewals.inc();
+                }
                 if now != last {
                     // Held → Expiring or Lost: renewals failed (or were refused).
                     if last == 0 && (now == 1 || now == 2) {
@@ -125,10 +133,14 @@ impl HolderTask {
         .await;
     }
 
-    /// Releases the lock and waits for the store to confirm.
-    pub async fn release(self) -> Result<(), LockError> {
+    /// Releases the lock and waits for the store to confirm. Returns the release as
+    /// stored, where the backend hands it over to the key's other contenders in this
+    /// process ([`LockBackend::last_release`]).
+    pub async fn release(self) -> Result<Option<Stored>, LockError> {
         self.monitor.abort();
-        self.held.release().await
+        let backend = self.held.backend();
+        self.held.release().await?;
+        Ok(backend.last_release().await)
     }
 }
 

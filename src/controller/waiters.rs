@@ -169,12 +169,22 @@ impl<B: Clone> WaiterIndex<B> {
 
     /// The locks waiting on `key`, except `except` (the one that let go).
     pub fn waiting_on(&self, key: &str, except: &Obj) -> Vec<Obj> {
+        self.backends_waiting_on(key, except)
+            .into_iter()
+            .map(|(obj, _)| obj)
+            .collect()
+    }
+
+    /// [`waiting_on`](Self::waiting_on), each with the backend it waits with.
+    pub fn backends_waiting_on(&self, key: &str, except: &Obj) -> Vec<(Obj, B)> {
         let index = self.index.lock().expect("waiters");
-        index
-            .by_key
-            .get(key)
-            .map(|s| s.iter().filter(|o| *o != except).cloned().collect())
-            .unwrap_or_default()
+        let Some(objs) = index.by_key.get(key) else {
+            return Vec::new();
+        };
+        objs.iter()
+            .filter(|o| *o != except)
+            .filter_map(|o| Some((o.clone(), index.waiters.get(o)?.backend.clone())))
+            .collect()
     }
 
     /// The pause before `obj`'s next attempt: [`POLL_MIN`] at first, then 1.5 times

@@ -162,6 +162,20 @@ pub trait LockBackend: Send + Sync {
         false
     }
 
+    /// The release this contender wrote last, while it is still the newest record it
+    /// knows of: what another contender of the key in this process can act on without
+    /// reading (a same-process hand-off). `None`: nothing to hand over (stores whose
+    /// waiters are woken by the store itself, such as ZooKeeper's queue).
+    async fn last_release(&self) -> Option<Stored> {
+        None
+    }
+
+    /// A record of this key that another contender in this process has just written
+    /// (its [`last_release`](Self::last_release)). It is only ever the *condition* of
+    /// this contender's next acquisition write, so a stale one costs a conflict and a
+    /// read, never safety; it saves the read when it is current.
+    async fn learn(&self, _released: Stored) {}
+
     /// What users of other tools on this key should know about `stored` (e.g. that
     /// another library sees a released record as held). `None`: nothing.
     fn note(&self, _stored: &Stored) -> Option<String> {

@@ -264,6 +264,24 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
         self.read().await
     }
 
+    async fn last_release(&self) -> Option<Stored> {
+        let st = self.state.lock().await;
+        st.last_seen
+            .clone()
+            .filter(|s| matches!(&s.record, Ok(r) if r.state == LockState::Released))
+    }
+
+    async fn learn(&self, released: Stored) {
+        if !matches!(&released.record, Ok(r) if r.state == LockState::Released) {
+            return;
+        }
+        // A contender busy with an attempt of its own reads the key anyway: do not
+        // make the releasing side wait for it.
+        if let Ok(mut st) = self.state.try_lock() {
+            st.last_seen = Some(released);
+        }
+    }
+
     async fn abandon(&self) {
         self.abandon_permit().await
     }
@@ -846,6 +864,40 @@ pub(super) mod tests {
         let again = acquired(&a, &req("a")).await;
         assert_eq!(store.requests(), (reads, writes + 1));
         assert_eq!(again.fence(), FenceToken(2));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_handed_the_release_takes_the_key_with_one_write() {
+        let (store, a, lease) = held_by_a().await;
+        let b = contender(&store);
+        busy(&b, &req("b")).await;
+        a.release(&lease).await.unwrap();
+        let released = a.last_release().await.expect("a's release");
+        b.learn(released).await;
+        let (reads, writes) = store.requests();
+        let next = acquired(&b, &req("b")).await;
+        assert_eq!(
+            store.requests(),
+            (reads, writes + 1),
+            "no read before the write"
+        );
+        assert_eq!(next.fence(), FenceToken(2));
+    }
+
+    #[tokio::test]
+    async fn a_stale_hand_off_costs_a_conflict_never_a_second_holder() {
+        let (store, a, lease) = held_by_a().await;
+        let (b, c) = (contender(&store), contender(&store));
+        a.release(&lease).await.unwrap();
+        let released = a.last_release().await.expect("a's release");
+        // c takes the key before b hears of the release.
+        let held_by_c = acquired(&c, &req("c")).await;
+        b.learn(released).await;
+        let holder = busy(&b, &req("b")).await;
+        assert_eq!(
+            (holder.holder.as_str(), holder.fence),
+            ("c", held_by_c.fence())
+        );
     }
 
     #[tokio::test]

@@ -149,6 +149,11 @@ impl HeldLock {
         &self.holder
     }
 
+    /// The backend the lock is held on.
+    pub fn backend(&self) -> Arc<dyn LockBackend> {
+        self.backend.clone()
+    }
+
     pub fn url(&self) -> &str {
         self.backend.url()
     }
