@@ -159,14 +159,96 @@ pub(crate) async fn part_engine(env: Arc<Env>, opts: Opts, report: Shared) {
             Some(r) => r,
             None => raw_throughput(&env, kind, WRITERS, secs).await,
         };
+        let store_ops = store_throughput(&env, kind, keys_per_writer, secs).await;
+        if let Some(samples) = store_write_latency(&env, kind, opts.n(200)).await {
+            report
+                .lock()
+                .unwrap()
+                .store_write_p50
+                .insert(kind, pct(&samples, 0.5));
+        }
         eprintln!(
-            "[bench] engine {} throughput: {engine_ops:.0} writes/s (acquire+release) vs raw {raw:.0}/s",
+            "[bench] engine {} throughput: {engine_ops:.0} writes/s (acquire+release) vs raw {raw:.0}/s, store layer {store_ops:?}",
             kind.name()
         );
-        report
-            .lock()
-            .unwrap()
-            .throughput
-            .push((kind, engine_ops, raw, WRITERS));
+        let mut r = report.lock().unwrap();
+        r.throughput.push((kind, engine_ops, raw, WRITERS));
+        if let Some(ops) = store_ops {
+            r.store_throughput.insert(kind, ops);
+        }
     }
+}
+
+/// The engine's acquire+release writes sent through the store layer alone (no
+/// protocol: no reads, no observation, no deadlines), with the same writers and keys:
+/// what separates the engine's throughput from the raw write's is then either the
+/// engine (engine < store layer) or the request lockwarden's record needs (store layer
+/// < raw). `None` for ZooKeeper, which has no single-record store layer.
+async fn store_throughput(env: &Arc<Env>, kind: Kind, keys: usize, secs: f64) -> Option<f64> {
+    env.store(kind, "probe")?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let ready = Arc::new(tokio::sync::Barrier::new(WRITERS + 1));
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let (env, stop, writes, ready) = (env.clone(), stop.clone(), writes.clone(), ready.clone());
+        tasks.push(tokio::spawn(async move {
+            let prefix = support::unique(&format!("st{w}"));
+            let lease = Duration::from_secs(30);
+            let mut chains = Vec::new();
+            for k in 0..keys {
+                let store = env.store(kind, &format!("{prefix}-{k}")).expect("store");
+                let first = LockRecord::new_acquisition("bench/st", FenceToken(1), lease, None);
+                let version = store.create(&first.released()).await.expect("create");
+                chains.push((store, version));
+            }
+            ready.wait().await;
+            let mut fence = 2;
+            'outer: loop {
+                for (store, version) in &mut chains {
+                    if stop.load(Ordering::Relaxed) {
+                        break 'outer;
+                    }
+                    let held =
+                        LockRecord::new_acquisition("bench/st", FenceToken(fence), lease, None);
+                    *version = store.replace(version, &held).await.expect("acquire write");
+                    *version = store
+                        .replace(version, &held.released())
+                        .await
+                        .expect("release write");
+                    writes.fetch_add(2, Ordering::Relaxed);
+                }
+                fence += 1;
+            }
+        }));
+    }
+    ready.wait().await;
+    let began = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let ops = writes.load(Ordering::Relaxed) as f64 / began.elapsed().as_secs_f64();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    Some(ops)
+}
+
+/// One of lockwarden's own record writes through the store layer alone (the request a
+/// renewal or release sends, without the engine), chained on one key: how far the
+/// store's request for lockwarden's record is from the floor's minimal write.
+async fn store_write_latency(env: &Arc<Env>, kind: Kind, n: usize) -> Option<Vec<f64>> {
+    let store = env.store(kind, &support::unique("stl"))?;
+    let lease = Duration::from_secs(30);
+    let record = |fence| LockRecord::new_acquisition("bench/stl", FenceToken(fence), lease, None);
+    let mut version = store.create(&record(1)).await.expect("create");
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + 5 {
+        let next = record(2 + i as u64);
+        let t = Instant::now();
+        version = store.replace(&version, &next).await.expect("store write");
+        if i >= 5 {
+            samples.push(ms(t.elapsed()));
+        }
+    }
+    Some(samples)
 }

@@ -88,6 +88,29 @@ impl Env {
         }
     }
 
+    /// The store layer under [`engine`](Self::engine) alone (no protocol), for the
+    /// stores with one record per key; `None` for ZooKeeper.
+    pub(crate) fn store(&self, kind: Kind, key: &str) -> Option<Box<dyn RecordStore>> {
+        match kind {
+            Kind::S3 => Some(Box::new(S3Store::new(
+                self.s3.clone(),
+                self.bucket.clone(),
+                format!("locks/{key}"),
+            ))),
+            Kind::DynamoDb => Some(Box::new(DynamoStore::new(
+                self.ddb.clone(),
+                TableLayout::new(self.table.clone()),
+                key.to_string(),
+            ))),
+            Kind::Lease => Some(Box::new(LeaseStore::new(
+                self.client.clone(),
+                &self.ns,
+                key,
+            ))),
+            Kind::ZooKeeper => None,
+        }
+    }
+
     /// Cumulative count of requests that reached the backend's server (for deltas).
     pub(crate) async fn round_trips(&self, kind: Kind) -> f64 {
         match kind {

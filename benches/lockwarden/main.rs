@@ -28,9 +28,11 @@ mod counting;
 mod engine;
 mod env;
 mod floor;
+mod goals;
 mod operator;
 mod output;
 mod permits;
+mod plots;
 mod report;
 mod scale;
 
@@ -55,7 +57,8 @@ use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, LockPha
 use lockwarden::backend::{DynamoStore, LeaseStore, S3Store, TableLayout, ZkSessions};
 use lockwarden::controller::{self, ControllerConfig};
 use lockwarden::lock::{
-    AcquireRequest, Attempt, CasLock, HeldLock, HolderState, LockBackend, RenewPolicy,
+    AcquireRequest, Attempt, CasLock, FenceToken, HeldLock, HolderState, LockBackend, LockRecord,
+    RecordStore, RenewPolicy,
 };
 use serde_json::{Value, json};
 use support::kube::{ControlPlane, install_lockwarden_crd};

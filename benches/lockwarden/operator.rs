@@ -182,7 +182,13 @@ pub(crate) fn start_controller_command(
     ns: &str,
     metrics_port: u16,
 ) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockwarden"));
+    // LOCKWARDEN_BENCH_CONTROLLER=PATH runs another build of the controller (a
+    // "before" binary, for before → after figures from one run).
+    let binary = std::env::var_os("LOCKWARDEN_BENCH_CONTROLLER").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_lockwarden")),
+        PathBuf::from,
+    );
+    let mut cmd = Command::new(binary);
     cmd.args([
         "controller",
         "--cluster-name",
@@ -230,6 +236,7 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         .unwrap();
         watch.acquired(&format!("{ns}/{name}")).await;
     }
+    status_write_cost(&env, &api, &report).await;
     for kind in KINDS {
         let mut created = Vec::new();
         for _ in 0..n_create {
@@ -290,6 +297,11 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             None,
         );
         let gone: Vec<f64> = stages.iter().map(|s| s.0).collect();
+        report
+            .lock()
+            .unwrap()
+            .handoff_stages
+            .insert(kind, (pct(&gone, 0.5), pct(&handoffs, 0.5)));
         note(
             &report,
             format!(
@@ -371,4 +383,75 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             samples.len(),
         ));
     }
+}
+
+/// The status write on every hand-off's path, two ways: server-side apply (what the
+/// controller sends) and a JSON merge patch of the same status, interleaved on one
+/// object of a namespace no controller watches.
+async fn status_write_cost(env: &Arc<Env>, api: &Api<DistributedLock>, report: &Shared) {
+    use kube::api::{Patch, PatchParams};
+    // The status of a held lock, as the controller wrote it (any warm lock will do).
+    let Some(status) = api
+        .list(&Default::default())
+        .await
+        .ok()
+        .and_then(|l| l.items.into_iter().find_map(|o| o.status))
+    else {
+        return;
+    };
+    let other = env.plane.namespace(&env.client, "bench-status").await;
+    let objects = locks_api(&env.client, &other);
+    let name = support::unique("status");
+    let lock = DistributedLock::new(
+        &name,
+        DistributedLockSpec {
+            backend: BackendSpec {
+                kubernetes: Some(lockwarden::api::KubernetesBackend {
+                    lease_name: name.clone(),
+                    namespace: None,
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    objects.create(&PostParams::default(), &lock).await.unwrap();
+    let (mut apply, mut merge) = (Vec::new(), Vec::new());
+    for i in 0..50 {
+        let mut s = status.clone();
+        s.fence = Some(1000 + i);
+        let body = serde_json::json!({
+            "apiVersion": "lockwarden.io/v1alpha1",
+            "kind": "DistributedLock",
+            "status": s,
+        });
+        let t = Instant::now();
+        objects
+            .patch_status(
+                &name,
+                &PatchParams::apply(controller::FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .unwrap();
+        apply.push(ms(t.elapsed()));
+        s.fence = Some(5000 + i);
+        let body = serde_json::json!({ "status": s });
+        let t = Instant::now();
+        objects
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .unwrap();
+        merge.push(ms(t.elapsed()));
+    }
+    note(
+        report,
+        format!(
+            "status write on the hand-off path (API server, one DistributedLock, n=50 each, interleaved): server-side apply p50 {:.2} ms p99 {:.2} ms; JSON merge patch of the same status p50 {:.2} ms p99 {:.2} ms",
+            pct(&apply, 0.5),
+            pct(&apply, 0.99),
+            pct(&merge, 0.5),
+            pct(&merge, 0.99)
+        ),
+    );
 }

@@ -86,15 +86,25 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
             );
         }
         if part == "engine" && !r.throughput.is_empty() {
-            md.push_str("\nThroughput: acquire+release cycles on 16 keys per writer, 8 writers, counted as conditional writes/s (2 per cycle on S3/DynamoDB/Lease; ZooKeeper's cycle is create + list + delete), against the floor's raw conditional writes/s with the same number of writers:\n\n| backend | engine writes/s | raw writes/s | engine / raw |\n|---|---|---|---|\n");
+            md.push_str("\nThroughput: acquire+release cycles on 16 keys per writer, 8 writers, counted as conditional writes/s (2 per cycle on S3/DynamoDB/Lease; ZooKeeper's cycle is create + list + delete), against the floor's raw conditional writes/s with the same number of writers. *Store layer*: the same acquisition and release records written through lockwarden's store layer alone (no engine: no reads, no observation), same writers and keys; *store write p50*: one such write, chained on one key:\n\n| backend | engine writes/s | raw writes/s | engine / raw | store layer writes/s | store layer / raw | engine / store layer | store write p50 ms (/ floor) |\n|---|---|---|---|---|---|---|---|\n");
             for (kind, e, raw, _) in &r.throughput {
+                let store = r.store_throughput.get(kind);
+                let floor = r.floors.get(kind).map_or(f64::NAN, |f| f.p50);
                 let _ = writeln!(
                     md,
-                    "| {} | {:.0} | {:.0} | {:.0} % |",
+                    "| {} | {:.0} | {:.0} | {:.0} % | {} | {} | {} | {} |",
                     kind.name(),
                     e,
                     raw,
-                    100.0 * e / raw
+                    100.0 * e / raw,
+                    store.map_or("–".into(), |s| format!("{s:.0}")),
+                    store.map_or("–".into(), |s| format!("{:.0} %", 100.0 * s / raw)),
+                    store.map_or("–".into(), |s| format!("{:.0} %", 100.0 * e / s)),
+                    r.store_write_p50.get(kind).map_or("–".into(), |p| format!(
+                        "{} ({}×)",
+                        fmt(*p),
+                        fmt(p / floor)
+                    )),
                 );
             }
         }
@@ -177,85 +187,14 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
             }
         }
     }
-    // Targets.
-    md.push_str("\n### Targets\n\n| target | measured | |\n|---|---|---|\n");
-    for row in r.rows.iter().filter(|x| x.part == "engine") {
-        let Some(rt) = row.round_trips else { continue };
-        let (limit, label) = match row.what.as_str() {
-            "renew" | "release" => (
-                1.0,
-                format!("{} {}: 1 round trip", row.kind.name(), row.what),
-            ),
-            "acquire, cold" => (
-                2.0,
-                format!("{} cold acquire: ≤ 2 round trips", row.kind.name()),
-            ),
-            _ => continue,
-        };
-        let _ = writeln!(
-            md,
-            "| {label} | {} | {} |",
-            fmt(rt),
-            met(rt <= limit + 0.05)
-        );
-    }
-    for (kind, e, raw, _) in &r.throughput {
-        let _ = writeln!(
-            md,
-            "| {} acquire+release throughput ≥ 90 % of raw | {:.0} % | {} |",
-            kind.name(),
-            100.0 * e / raw,
-            met(e / raw >= 0.9)
-        );
-    }
-    for row in r.rows.iter().filter(|x| x.what.starts_with("same-cluster")) {
-        let _ = writeln!(
-            md,
-            "| {} same-cluster hand-off p50 ≤ 30 ms | {} ms | {} |",
-            row.kind.name(),
-            fmt(row.p50),
-            met(row.p50 <= 30.0)
-        );
-    }
-    for (kind, p50, max, bound, n) in &r.takeover {
-        let _ = writeln!(
-            md,
-            "| {} cross-cluster takeover ≤ lease + grace + poll (2 s) + 1 s = {:.2} s | max {:.2} s, p50 {:.2} s (n={n}) | {} |",
-            kind.name(),
-            bound / 1000.0,
-            max / 1000.0,
-            p50 / 1000.0,
-            met(*max <= *bound)
-        );
-    }
-    for s in &r.scale {
-        let _ = writeln!(
-            md,
-            "| {} {} locks ({}): 0 renewals missed | {} | {} |",
-            s.kind,
-            s.locks,
-            s.path,
-            fmt(s.missed),
-            met(s.missed == 0.0)
-        );
-        if let Some(w) = s.status_writes_per_renewal {
-            let _ = writeln!(
-                md,
-                "| {} {} locks: 0 DistributedLock writes per renewal | {} | {} |",
-                s.kind,
-                s.locks,
-                fmt(w),
-                met(w == 0.0)
-            );
-        }
-    }
+    md.push_str(&goals::render_goals(r));
     if !r.notes.is_empty() {
         md.push_str("\n### Notes from this run\n\n");
         for n in &r.notes {
             let _ = writeln!(md, "- {n}");
         }
     }
-    md.push_str("\n![Latency distributions](benchmarks.svg)\n");
+    md.push_str("\n![Latency distributions](benchmarks.svg)\n\n![Same-cluster hand-off per backend](benchmarks-handoff.svg)\n\n![Renewals per second against locks held](benchmarks-scale.svg)\n");
     md
 }
 
@@ -407,6 +346,16 @@ pub(crate) fn write_outputs(r: &Report, opts: &Opts, elapsed: Duration) {
     };
     std::fs::write(&doc_path, doc).unwrap();
     std::fs::write(out_dir.join("benchmarks.svg"), render_svg(r)).unwrap();
+    std::fs::write(
+        out_dir.join("benchmarks-handoff.svg"),
+        plots::render_handoff_svg(r),
+    )
+    .unwrap();
+    std::fs::write(
+        out_dir.join("benchmarks-scale.svg"),
+        plots::render_scale_svg(r),
+    )
+    .unwrap();
     let json_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bench-results.json");
     std::fs::write(
         &json_path,
@@ -414,7 +363,7 @@ pub(crate) fn write_outputs(r: &Report, opts: &Opts, elapsed: Duration) {
     )
     .unwrap();
     eprintln!(
-        "[bench] wrote {}, benchmarks.svg and {}",
+        "[bench] wrote {}, benchmarks{{,-handoff,-scale}}.svg and {}",
         doc_path.display(),
         json_path.display()
     );

@@ -78,6 +78,13 @@ pub(crate) struct Report {
     pub(crate) floors: BTreeMap<Kind, Floor>,
     pub(crate) rows: Vec<Row>,
     pub(crate) throughput: Vec<(Kind, f64, f64, usize)>, // engine ops/s, raw ops/s, writers
+    /// The engine's writes through the store layer alone, writes/s (same writers).
+    pub(crate) store_throughput: BTreeMap<Kind, f64>,
+    /// p50 ms of one lockwarden record write through the store layer alone.
+    pub(crate) store_write_p50: BTreeMap<Kind, f64>,
+    /// Same-cluster hand-off: p50 ms from the delete request to the holder's object
+    /// gone (its finalizer done), and to the waiter's `Acquired`.
+    pub(crate) handoff_stages: BTreeMap<Kind, (f64, f64)>,
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) cli: Vec<CliRow>,

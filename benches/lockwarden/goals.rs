@@ -1,0 +1,206 @@
+//! The goals a run is checked against (issue 18's, and the round-trip and takeover
+//! bounds of docs/design.md §8), each marked met / not met, with what this run measured
+//! about why where a goal is missed.
+
+use super::output::{fmt, met};
+use super::*;
+
+/// Every engine operation within this factor of its floor, per round trip it needs.
+const ENGINE_FACTOR: f64 = 1.2;
+/// Acquire+release throughput at least this share of the raw write's.
+const THROUGHPUT_SHARE: f64 = 0.9;
+/// Same-cluster hand-off p50 on the stores whose round trip is not the cost (Leases,
+/// ZooKeeper), and the allowance on top of two floors for S3 and DynamoDB.
+const HANDOFF_MS: f64 = 15.0;
+
+/// The goals table, as Markdown.
+pub(crate) fn render_goals(r: &Report) -> String {
+    let mut md = String::from(
+        "\n### Goals\n\n| goal | measured | | why, as measured in this run |\n|---|---|---|---|\n",
+    );
+    let mut row = |goal: String, measured: String, ok: bool, why: String| {
+        let _ = writeln!(md, "| {goal} | {measured} | {} | {why} |", met(ok));
+    };
+    for x in r.rows.iter().filter(|x| x.part == "engine") {
+        let Some(rt) = x.round_trips else { continue };
+        let limit = match x.what.as_str() {
+            "renew" | "release" => 1.0,
+            "acquire, cold" => 2.0,
+            _ => continue,
+        };
+        row(
+            format!("{} {}: ≤ {limit} round trip(s)", x.kind.name(), x.what),
+            fmt(rt),
+            rt <= limit + 0.05,
+            String::new(),
+        );
+    }
+    for x in r.rows.iter().filter(|x| x.part == "engine") {
+        let Some(floor) = r.floors.get(&x.kind) else {
+            continue;
+        };
+        let trips = x.round_trips.unwrap_or(1.0).round().max(1.0);
+        let per_trip = x.p50 / floor.p50 / trips;
+        let ok = per_trip <= ENGINE_FACTOR;
+        row(
+            format!(
+                "{} {} within {ENGINE_FACTOR}× the floor per round trip",
+                x.kind.name(),
+                x.what
+            ),
+            format!(
+                "{} ms = {}× the floor ({trips:.0} round trip(s): {}× each)",
+                fmt(x.p50),
+                fmt(x.p50 / floor.p50),
+                fmt(per_trip)
+            ),
+            ok,
+            if ok {
+                String::new()
+            } else {
+                engine_why(r, x.kind, floor.p50, x.p50 / trips)
+            },
+        );
+    }
+    for (kind, engine, raw, _) in &r.throughput {
+        let share = engine / raw;
+        let ok = share >= THROUGHPUT_SHARE;
+        row(
+            format!(
+                "{} acquire+release throughput ≥ {:.0} % of raw",
+                kind.name(),
+                100.0 * THROUGHPUT_SHARE
+            ),
+            format!("{:.0} %", 100.0 * share),
+            ok,
+            if ok {
+                String::new()
+            } else {
+                throughput_why(r, *kind, *engine, *raw)
+            },
+        );
+    }
+    for x in r.rows.iter().filter(|x| x.what.starts_with("same-cluster")) {
+        let floor = r.floors.get(&x.kind).map_or(f64::NAN, |f| f.p50);
+        let (goal, limit) = match x.kind {
+            Kind::S3 | Kind::DynamoDb => (
+                format!(
+                    "2 × floor + {HANDOFF_MS} ms = {}",
+                    fmt(2.0 * floor + HANDOFF_MS)
+                ),
+                2.0 * floor + HANDOFF_MS,
+            ),
+            _ => (format!("{HANDOFF_MS}"), HANDOFF_MS),
+        };
+        let ok = x.p50 <= limit;
+        let why = match r.handoff_stages.get(&x.kind) {
+            Some((gone, acquired)) if !ok => format!(
+                "the holder's object is gone (its `DELETE`, the watch event, the release in the store, the finalizer's patch) {} ms after the delete request and the waiter is `Acquired` at {} ms: the path is Kubernetes round trips (2 writes and 2 watch deliveries on the API server before the waiter's status is seen), not the store's ({} ms each)",
+                fmt(*gone),
+                fmt(*acquired),
+                fmt(floor)
+            ),
+            _ => String::new(),
+        };
+        row(
+            format!("{} same-cluster hand-off p50 ≤ {goal} ms", x.kind.name()),
+            format!("{} ms (n={})", fmt(x.p50), x.n),
+            ok,
+            why,
+        );
+    }
+    for (kind, p50, max, bound, n) in &r.takeover {
+        row(
+            format!(
+                "{} cross-cluster takeover ≤ lease + grace + poll (2 s) + 1 s = {:.2} s",
+                kind.name(),
+                bound / 1000.0
+            ),
+            format!(
+                "max {:.2} s, p50 {:.2} s (n={n})",
+                max / 1000.0,
+                p50 / 1000.0
+            ),
+            max <= bound,
+            String::new(),
+        );
+    }
+    for s in &r.scale {
+        row(
+            format!(
+                "{} {} locks ({}): 0 renewals missed",
+                s.kind, s.locks, s.path
+            ),
+            fmt(s.missed),
+            s.missed == 0.0,
+            String::new(),
+        );
+        if let Some(w) = s.status_writes_per_renewal {
+            row(
+                format!(
+                    "{} {} locks through the operator: 0 DistributedLock writes per renewal",
+                    s.kind, s.locks
+                ),
+                fmt(w),
+                w == 0.0,
+                String::new(),
+            );
+        }
+    }
+    for c in &r.cli {
+        for (what, (ours, go), limit) in [
+            ("wall time", c.wall, 1.0),
+            ("CPU", c.cpu, 0.7),
+            ("peak RSS", c.rss, 1.0),
+        ] {
+            row(
+                format!(
+                    "{} CLI lock + unlock {what} ≤ {limit}× the Go tool's",
+                    c.kind.name()
+                ),
+                format!("{}×", fmt(ours / go)),
+                ours / go <= limit,
+                String::new(),
+            );
+        }
+    }
+    md
+}
+
+/// Why an engine operation is above its floor: how much of it is the request
+/// lockwarden's record needs (the store layer's own write) and how much the engine.
+fn engine_why(r: &Report, kind: Kind, floor: f64, per_trip: f64) -> String {
+    match r.store_write_p50.get(&kind) {
+        Some(store) => format!(
+            "one write of lockwarden's record through the store layer alone (no engine) takes {} ms = {}× the floor's minimal write: the record itself costs the server that much more; the engine adds {}× on top",
+            fmt(*store),
+            fmt(store / floor),
+            fmt(per_trip / store)
+        ),
+        None => String::new(),
+    }
+}
+
+/// Why acquire+release throughput is below the raw write's: the store layer alone
+/// (lockwarden's requests, no engine) against the raw write and against the engine.
+fn throughput_why(r: &Report, kind: Kind, engine: f64, raw: f64) -> String {
+    if kind == Kind::ZooKeeper {
+        return format!(
+            "a cycle is 3 requests (create, getChildren, delete) of which 2 are counted: at most 67 % of the raw write rate; {:.0} % of that ceiling reached",
+            100.0 * (engine / raw) / (2.0 / 3.0)
+        );
+    }
+    match r.store_throughput.get(&kind) {
+        Some(store) => format!(
+            "the same records written through the store layer alone reach {:.0} % of raw, and the engine {:.0} % of that: {}",
+            100.0 * store / raw,
+            100.0 * engine / store,
+            if engine / store >= THROUGHPUT_SHARE {
+                "the gap is the request lockwarden's record needs on this server, not the engine"
+            } else {
+                "the engine itself costs throughput here"
+            }
+        ),
+        None => String::new(),
+    }
+}
