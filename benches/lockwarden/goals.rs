@@ -93,9 +93,16 @@ pub(crate) fn render_goals(r: &Report) -> String {
             _ => (format!("{HANDOFF_MS}"), HANDOFF_MS),
         };
         let ok = x.p50 <= limit;
+        let status = r.status_write.map_or(String::new(), |(apply, merge)| {
+            format!(
+                "; the waiter's status write alone takes {} ms p50 (as a merge patch instead of server-side apply: {} ms)",
+                fmt(apply),
+                fmt(merge)
+            )
+        });
         let why = match r.handoff_stages.get(&x.kind) {
             Some((gone, acquired)) if !ok => format!(
-                "the holder's object is gone (its `DELETE`, the watch event, the release in the store, the finalizer's patch) {} ms after the delete request and the waiter is `Acquired` at {} ms: the path is Kubernetes round trips (2 writes and 2 watch deliveries on the API server before the waiter's status is seen), not the store's ({} ms each)",
+                "the holder's object is gone (its `DELETE`, the watch event, the release in the store, the finalizer's patch) {} ms after the delete request and the waiter is `Acquired` at {} ms: the path is 2 API-server writes and 2 watch deliveries around one store release and one store write ({} ms each){status}",
                 fmt(*gone),
                 fmt(*acquired),
                 fmt(floor)

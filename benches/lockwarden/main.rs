@@ -9,7 +9,7 @@
 //!    `mntr`), acquire+release throughput on many keys;
 //! 3. operator: `DistributedLock` created → `Acquired=True` seen by a watch, same-cluster
 //!    hand-off, takeover after the holder's controller process is SIGKILLed;
-//! 4. scale: one process holding 1,000 / 10,000 locks (engine, as the controller's
+//! 4. scale: one process holding 100 … 10,000 locks (engine, as the controller's
 //!    holder tasks do) and 1,000 through the `lockwarden controller` binary;
 //! 5. permits: one permit's acquire, renew and release on a key 1, 10 or 100 holders
 //!    share, with round trips and lost write races counted;

@@ -444,6 +444,7 @@ async fn status_write_cost(env: &Arc<Env>, api: &Api<DistributedLock>, report: &
             .unwrap();
         merge.push(ms(t.elapsed()));
     }
+    report.lock().unwrap().status_write = Some((pct(&apply, 0.5), pct(&merge, 0.5)));
     note(
         report,
         format!(

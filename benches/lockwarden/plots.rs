@@ -197,10 +197,11 @@ pub(crate) fn render_scale_svg(r: &Report) -> String {
             let _ = write!(line, "{}{x:.1},{y:.1} ", if k == 0 { "M" } else { "L" });
             let _ = writeln!(
                 svg,
-                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"6\" fill=\"none\" stroke=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\">{:.0}/s, missed {}</text>",
+                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"6\" fill=\"none\" stroke=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\">{:.0}/s, missed {}</text>",
                 ys(*asked),
                 x + 8.0,
-                y - 6.0,
+                // Series one above the other, so that labels of equal points do not overlap.
+                y - 6.0 + 12.0 * i as f64,
                 got,
                 fmt(s.missed)
             );

@@ -85,6 +85,9 @@ pub(crate) struct Report {
     /// Same-cluster hand-off: p50 ms from the delete request to the holder's object
     /// gone (its finalizer done), and to the waiter's `Acquired`.
     pub(crate) handoff_stages: BTreeMap<Kind, (f64, f64)>,
+    /// p50 ms of the status write on the hand-off path: server-side apply (what the
+    /// controller sends) and a JSON merge patch of the same status.
+    pub(crate) status_write: Option<(f64, f64)>,
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) cli: Vec<CliRow>,

@@ -1,4 +1,4 @@
-//! Part 4, scale: one process holding 1,000 / 10,000 locks, and 1,000 through the
+//! Part 4, scale: one process holding 100 … 10,000 locks, and 1,000 through the
 //! `lockwarden controller` binary; CPU, RSS and missed renewals.
 
 use super::*;
@@ -227,7 +227,11 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
         raw_throughput(&env, Kind::S3, WRITERS, 3.0).await
     };
     report.lock().unwrap().s3_capacity = Some((env.s3_server.name(), capacity));
-    let sizes: &[usize] = if opts.quick { &[1000] } else { &[1000, 10_000] };
+    let sizes: &[usize] = if opts.quick {
+        &[1000]
+    } else {
+        &[100, 1000, 3000, 10_000]
+    };
     let mut plans: Vec<(&str, usize, f64, String)> = Vec::new();
     for &n in sizes {
         plans.push(("zookeeper", n, 10.0, env.zk.connect_string()));
@@ -263,6 +267,12 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
         } else {
             10.0
         };
+        // LOCKWARDEN_BENCH_SCALE_INTERVAL=SECONDS overrides the renew interval (the
+        // S3 one follows the server's capacity measured with the machine to itself).
+        let interval = std::env::var("LOCKWARDEN_BENCH_SCALE_INTERVAL")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(interval);
         plans = vec![(
             if k == "s3" { "s3" } else { "zookeeper" },
             n,
@@ -276,7 +286,9 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
             .flatten()
         {
             plans.clear();
-            let interval = if store == ScaleStore::S3 {
+            let interval = if store == ScaleStore::S3
+                || std::env::var_os("LOCKWARDEN_BENCH_SCALE_INTERVAL").is_some()
+            {
                 interval
             } else {
                 10.0
