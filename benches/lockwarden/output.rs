@@ -281,15 +281,11 @@ pub(crate) fn render_svg(r: &Report) -> String {
             let mut v = samples.clone();
             v.sort_by(|a, b| a.total_cmp(b));
             let color = COLORS[j % COLORS.len()];
-            let mut path = String::new();
-            for (k, s) in v.iter().enumerate() {
-                let (x, y) = (xs(*s), ys((k + 1) as f64 / v.len() as f64));
-                let _ = write!(path, "{}{x:.1},{y:.1} ", if k == 0 { "M" } else { "L" });
-            }
-            let _ = writeln!(
-                svg,
-                "<path d=\"{path}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"/>"
-            );
+            let cdf = v.iter().enumerate();
+            svg.push_str(&super::plots::polyline(
+                cdf.map(|(k, s)| (xs(*s), ys((k + 1) as f64 / v.len() as f64))),
+                color,
+            ));
             let ly = y1 + 24.0 + j as f64 * 12.0;
             let _ = writeln!(
                 svg,

@@ -7,6 +7,15 @@ use super::*;
 
 const HEAD: &str = "font-family=\"sans-serif\" font-size=\"11\"";
 
+/// A line through `points` (already in SVG coordinates), drawn in `color`.
+pub(crate) fn polyline(points: impl IntoIterator<Item = (f64, f64)>, color: &str) -> String {
+    let mut d = String::new();
+    for (k, (x, y)) in points.into_iter().enumerate() {
+        let _ = write!(d, "{}{x:.1},{y:.1} ", if k == 0 { "M" } else { "L" });
+    }
+    format!("<path d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"/>\n")
+}
+
 fn svg_open(w: f64, h: f64, title: &str) -> String {
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" {HEAD}>\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"18\" font-size=\"13\" font-weight=\"bold\">{title}</text>\n"
@@ -186,15 +195,13 @@ pub(crate) fn render_scale_svg(r: &Report) -> String {
     }
     for (i, (kind, path)) in series.iter().enumerate() {
         let color = COLORS[(i + 1) % COLORS.len()];
-        let mut line = String::new();
         let mut mine: Vec<_> = points
             .iter()
             .filter(|(s, _, _)| &s.kind == kind && s.path.starts_with(path.as_str()))
             .collect();
         mine.sort_by_key(|(s, _, _)| s.locks);
-        for (k, (s, got, asked)) in mine.iter().enumerate() {
+        for (s, got, asked) in &mine {
             let (x, y) = (xs(s.locks as f64), ys(*got));
-            let _ = write!(line, "{}{x:.1},{y:.1} ", if k == 0 { "M" } else { "L" });
             let _ = writeln!(
                 svg,
                 "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{color}\"/><circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"6\" fill=\"none\" stroke=\"{color}\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\">{:.0}/s, missed {}</text>",
@@ -206,10 +213,11 @@ pub(crate) fn render_scale_svg(r: &Report) -> String {
                 fmt(s.missed)
             );
         }
-        let _ = writeln!(
-            svg,
-            "<path d=\"{line}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\"/>"
-        );
+        svg.push_str(&polyline(
+            mine.iter()
+                .map(|(s, got, _)| (xs(s.locks as f64), ys(*got))),
+            color,
+        ));
         let ly = y1 + 50.0 + i as f64 * 13.0;
         let _ = writeln!(
             svg,
