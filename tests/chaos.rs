@@ -375,6 +375,19 @@ async fn secrets_in_logs() -> Vec<String> {
     found
 }
 
+/// The checkers' proofs cut engine 0 off (blackhole) from 1.2 s for 7 s: longer than
+/// its lease, so its permit or lock is taken over while it still believes it holds.
+fn engine_0_cut_off() -> Vec<(Duration, Fault)> {
+    vec![(
+        Duration::from_millis(1200),
+        Fault::Network {
+            target: Contender::Engine(0),
+            mode: Mode::Blackhole,
+            lasts: Duration::from_secs(7),
+        },
+    )]
+}
+
 /// A plan on S3 with two engine clients and no controllers: slot 0 acquires first,
 /// is partitioned (blackhole) for twice the lease, and slot 1 takes over meanwhile.
 fn partition_plan(seed: u64, broken: bool) -> Plan {
@@ -405,14 +418,7 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
             },
         ],
         clis: vec![],
-        faults: vec![(
-            Duration::from_millis(1200),
-            Fault::Network {
-                target: Contender::Engine(0),
-                mode: Mode::Blackhole,
-                lasts: Duration::from_secs(7),
-            },
-        )],
+        faults: engine_0_cut_off(),
     }
 }
 
@@ -472,14 +478,7 @@ fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
             contender(2, 800, (300, 800), false),
         ],
         clis: vec![],
-        faults: vec![(
-            Duration::from_millis(1200),
-            Fault::Network {
-                target: Contender::Engine(0),
-                mode: Mode::Blackhole,
-                lasts: Duration::from_secs(7),
-            },
-        )],
+        faults: engine_0_cut_off(),
     }
 }
 

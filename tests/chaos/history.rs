@@ -90,6 +90,20 @@ struct Evidence {
     invoke: Option<f64>,
 }
 
+impl Evidence {
+    /// An acquisition seen by `source` at `t` (not its own acquire: no invoke time).
+    fn seen(key: &str, t: f64, nonce: &str, fence: u64, source: &str) -> Evidence {
+        Evidence {
+            key: key.into(),
+            t,
+            nonce: nonce.into(),
+            fence,
+            source: source.into(),
+            invoke: None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     lines: Vec<Value>,
@@ -320,14 +334,9 @@ impl History {
                            "nonce": nonce, "held": held}),
                 );
             }
-            inner.evidence.push(Evidence {
-                key: key.into(),
-                t: complete,
-                nonce: nonce.clone(),
-                fence: *fence,
-                source: "observer".into(),
-                invoke: None,
-            });
+            inner
+                .evidence
+                .push(Evidence::seen(key, complete, nonce, *fence, "observer"));
         }
         inner.polls.push(Poll {
             key: key.into(),
@@ -367,14 +376,9 @@ impl History {
             );
         }
         for (nonce, fence) in &entries {
-            inner.evidence.push(Evidence {
-                key: key.into(),
-                t: complete,
-                nonce: nonce.clone(),
-                fence: *fence,
-                source: "observer".into(),
-                invoke: None,
-            });
+            inner
+                .evidence
+                .push(Evidence::seen(key, complete, nonce, *fence, "observer"));
         }
         inner.set_polls.push(SetPoll {
             key: key.into(),
@@ -399,14 +403,9 @@ impl History {
     ) {
         let mut inner = self.inner.lock().unwrap();
         if acquired {
-            inner.evidence.push(Evidence {
-                key: key.into(),
-                t,
-                nonce: nonce.into(),
-                fence,
-                source: lock.into(),
-                invoke: None,
-            });
+            inner
+                .evidence
+                .push(Evidence::seen(key, t, nonce, fence, lock));
         }
         self.line(
             &mut inner,

@@ -254,13 +254,7 @@ impl Plan {
                     }
                 }
                 2 => {
-                    let mode = match rng.random_range(0..5) {
-                        0 => Mode::Blackhole,
-                        1 => Mode::Delay(ms(rng.random_range(100..800))),
-                        2 => Mode::LoseRequests,
-                        3 => Mode::LoseReplies,
-                        _ => Mode::DropReplies,
-                    };
+                    let mode = network_mode(&mut rng);
                     let target = contender(&mut rng);
                     let lasts = ms(rng.random_range(500..5000));
                     // One network fault per contender at a time: a fault's healing
@@ -350,13 +344,7 @@ impl Plan {
                 }),
                 _ => Some(Fault::Network {
                     target: Contender::Cli(slot),
-                    mode: match side.random_range(0..5) {
-                        0 => Mode::Blackhole,
-                        1 => Mode::Delay(ms(side.random_range(100..800))),
-                        2 => Mode::LoseRequests,
-                        3 => Mode::LoseReplies,
-                        _ => Mode::DropReplies,
-                    },
+                    mode: network_mode(&mut side),
                     lasts: ms(side.random_range(500..5000)),
                 }),
             };
@@ -430,13 +418,7 @@ impl Plan {
                     continue;
                 }
                 used_paths.push(target);
-                let mode = match rng.random_range(0..5) {
-                    0 => Mode::Blackhole,
-                    1 => Mode::Delay(ms(rng.random_range(100..800))),
-                    2 => Mode::LoseRequests,
-                    3 => Mode::LoseReplies,
-                    _ => Mode::DropReplies,
-                };
+                let mode = network_mode(&mut rng);
                 let lasts = ms(rng.random_range(500..5000));
                 // (A draw of its own on ZooKeeper only: the other stores' plans keep
                 // the draws they had before ZooKeeper had semaphores.)
@@ -488,6 +470,18 @@ impl Plan {
             clis: vec![],
             faults,
         }
+    }
+}
+
+/// A network fault's kind, drawn from `rng` (one draw, two for a delay: schedules of a
+/// given seed stay as they were).
+fn network_mode(rng: &mut StdRng) -> Mode {
+    match rng.random_range(0..5) {
+        0 => Mode::Blackhole,
+        1 => Mode::Delay(ms(rng.random_range(100..800))),
+        2 => Mode::LoseRequests,
+        3 => Mode::LoseReplies,
+        _ => Mode::DropReplies,
     }
 }
 
