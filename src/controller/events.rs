@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-use super::ControllerConfig;
+use super::config::ControllerConfig;
 
 /// Publishes Events as this controller (`config.reporter`, instance `$POD_NAME`).
 pub struct Events {

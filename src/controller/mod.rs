@@ -12,20 +12,27 @@
 //! - [`status`]: status built from what is known and written with server-side apply
 //!   (field manager `lockwarden`) only when it differs from the stored one.
 //!
-//! - [`jobs`]: a second controller over `batch/v1` Jobs gated on a lock (docs/design.md §6),
-//!   run next to the first under the same leader election and namespace scope.
-//! - [`pods`]: a third, over Pods held back by the scheduling gate `lockwarden.io/lock`
+//! - [`gating`]: the gating machine — one controller per kind of gated workload, every
+//!   phase written once (claim, take the locks in order, start with fences, watch for
+//!   loss, stop per `on-lock-lost`, let go) — and the [`gating::GatedWorkload`] trait a
+//!   kind implements; run next to the first under the same leader election and
+//!   namespace scope.
+//! - [`jobs`]: `batch/v1` Jobs held back by `spec.suspend` (docs/design.md §6).
+//! - [`pods`]: Pods held back by the scheduling gate `lockwarden.io/lock`
 //!   (docs/design.md §6.1), watching only Pods labelled `lockwarden.io/gated=true`.
-//! - [`gating`]: what the Job and Pod gates share (annotations, lock standing, claiming
-//!   and letting go of locks, status and finalizer writes).
+//!
+//! A new kind of gated workload is one file implementing [`gating::GatedWorkload`] and
+//! one line in [`gated_kinds`].
 //!
 //! Wake-ups do not come from polling the API server: the queue of the applier is the
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
 //! releases (which wake every lock waiting on the same backend key).
 
+mod config;
 pub mod connect;
 mod events;
-// TEMPORARY until H2's api::BackendSpec::target lands.
+#[cfg(test)]
+mod fake_api;
 pub mod gating;
 pub mod holders;
 pub mod jobs;
@@ -33,11 +40,15 @@ pub mod leader;
 pub mod pods;
 pub mod reconcile;
 pub mod status;
+#[cfg(test)]
+mod test_kind;
 pub mod waiters;
 
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Config as RuntimeConfig, ReconcileRequest, trigger_self};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -46,49 +57,14 @@ use kube::runtime::{WatchStreamExt, applier, watcher};
 use crate::api::DistributedLock;
 use crate::telemetry::{self, Telemetry};
 
+pub use config::{ControllerConfig, FIELD_MANAGER, FINALIZER};
 pub use leader::{LeaderElectionArgs, run_elected};
+
+/// Every kind of workload lockwarden gates: the one registry of them.
+pub fn gated_kinds() -> gating::Kinds {
+    gating::Kinds::default().with::<Job>().with::<Pod>()
+}
 pub use reconcile::{Context, ReconcileError};
-
-/// Field manager of every status write.
-pub const FIELD_MANAGER: &str = "lockwarden";
-/// Finalizer that releases the lock before the object goes away.
-pub const FINALIZER: &str = "lockwarden.io/release";
-
-/// How the controller runs. Also a set of command-line options (`--cluster-name`,
-/// `--watch-namespace`, `--event-reporter`) for `#[command(flatten)]`.
-#[derive(Clone, Debug, clap::Args)]
-pub struct ControllerConfig {
-    /// First part of the default holder identity `<clusterName>/<namespace>/<name>`;
-    /// must differ between clusters that share lock keys.
-    #[arg(long, env = "LOCKWARDEN_CLUSTER_NAME", default_value = "local")]
-    pub cluster_name: String,
-    /// Watch only this namespace; all namespaces when unset.
-    #[arg(long = "watch-namespace", env = "LOCKWARDEN_WATCH_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Name of the reporting controller in Events.
-    #[arg(long = "event-reporter", default_value = "lockwarden")]
-    pub reporter: String,
-    /// Serve /metrics, /healthz and /readyz on this address (port 0: any free port)
-    // `ControllerConfig::default()` (in-process use) leaves it unset: no server.
-    #[arg(
-        long,
-        env = "LOCKWARDEN_METRICS_ADDRESS",
-        value_name = "ADDR",
-        default_value = "0.0.0.0:8080"
-    )]
-    pub metrics_address: Option<std::net::SocketAddr>,
-}
-
-impl Default for ControllerConfig {
-    fn default() -> Self {
-        ControllerConfig {
-            cluster_name: "local".to_string(),
-            namespace: None,
-            reporter: "lockwarden".to_string(),
-            metrics_address: None,
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -176,12 +152,8 @@ pub async fn run_with(
     });
     let queue = futures::stream::select(from_watch, from_wakes);
 
-    let job_gating = jobs::run(
-        ctx.client.clone(),
-        ctx.config.clone(),
-        ctx.telemetry.clone(),
-    );
-    let pod_gating = pods::run(
+    let kinds = gated_kinds();
+    let gating = kinds.run_all(
         ctx.client.clone(),
         ctx.config.clone(),
         ctx.telemetry.clone(),
@@ -200,6 +172,38 @@ pub async fn run_with(
             Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
     });
-    futures::future::join3(locks, job_gating, pod_gating).await;
+    futures::future::join(locks, gating).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::gating::Workload;
+
+    #[test]
+    fn claims_of_every_registered_kind_parse_back_to_their_kind() {
+        let kinds = gated_kinds();
+        for kind in [&jobs::JOB, &pods::POD] {
+            let w = Workload {
+                kind,
+                name: "w-1".into(),
+                uid: "0123-4567".into(),
+                namespace: "ns".into(),
+            };
+            let c = kinds.claimant(&w.claim()).unwrap();
+            assert_eq!(
+                (c.kind, c.name.as_str(), c.uid.as_str()),
+                (kind, "w-1", "0123-4567")
+            );
+        }
+        // A Job named "pod" keeps the Job format: `pod/<uid>` has one slash only.
+        let job = kinds.claimant("pod/0123").unwrap();
+        assert_eq!((job.kind, job.name.as_str()), (&jobs::JOB, "pod"));
+        // A kind this build does not know is nobody's to judge stale.
+        assert_eq!(
+            gating::Kinds::default().with::<Pod>().claimant("j/0123"),
+            None
+        );
+    }
 }

@@ -30,12 +30,12 @@ use rand::Rng;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
+use super::config::{ControllerConfig, FINALIZER};
 use super::connect::{ConnectFailure, backend_for};
 use super::events::Events;
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired, Occupancy};
 use super::waiters::{WaitStart, WaiterIndex};
-use super::{ControllerConfig, FINALIZER};
 use crate::api::conditions::reason;
 use crate::api::{DistributedLock, LockAddress, LockPhase, SpecError, ValidatedSpec};
 use crate::lock::{

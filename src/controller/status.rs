@@ -1,5 +1,5 @@
 //! Status: computed from what the controller knows, written with server-side apply
-//! (field manager [`FIELD_MANAGER`](super::FIELD_MANAGER)) only when it differs from
+//! (field manager [`FIELD_MANAGER`](super::config::FIELD_MANAGER)) only when it differs from
 //! the stored status. Times that change on every look (`renewedAt`) are set only when
 //! something else changed, so a steady Held or Waiting lock costs no writes.
 
@@ -238,7 +238,7 @@ pub async fn write(
     });
     api.patch_status(
         name,
-        &PatchParams::apply(super::FIELD_MANAGER).force(),
+        &PatchParams::apply(super::config::FIELD_MANAGER).force(),
         &Patch::Apply(&patch),
     )
     .await

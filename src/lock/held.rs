@@ -272,8 +272,15 @@ impl HolderTask {
                         _ => HolderState::Released,
                     };
                     self.state.send_replace(final_state);
-                    if let Ok(done) = done {
-                        let _ = done.send(result);
+                    let unheard = match done {
+                        Ok(done) => done.send(result).err(),
+                        Err(_) => Some(result),
+                    };
+                    // Nobody waits for the answer (the HeldLock was dropped): a failed
+                    // release must still be seen. The key is then free only after its
+                    // lease, by rule 1 on the contender's clock.
+                    if let Some(Err(error)) = unheard {
+                        tracing::warn!(url = self.backend.url(), %error, "releasing a dropped lock failed; it frees after its lease");
                     }
                     return;
                 }

@@ -64,7 +64,7 @@ impl LockSet {
 /// combined with each other, not with the single forms.
 pub fn locks(
     annotations: &BTreeMap<String, String>,
-    kind: Kind,
+    kind: &Kind,
 ) -> Result<Option<LockSet>, String> {
     let kind = kind.as_str();
     let get = |a: &str| annotations.get(a);
@@ -157,7 +157,7 @@ pub fn max_lost_grace(margins: &SafetyMargins) -> Duration {
 }
 
 /// `lockwarden.io/lost-grace` of a workload of `kind`: zero when absent.
-pub fn lost_grace(annotations: &BTreeMap<String, String>, kind: Kind) -> Result<Duration, String> {
+pub fn lost_grace(annotations: &BTreeMap<String, String>, kind: &Kind) -> Result<Duration, String> {
     let Some(value) = annotations.get(LOST_GRACE_ANNOTATION) else {
         return Ok(Duration::ZERO);
     };
@@ -340,6 +340,16 @@ pub fn running_action(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::gating::OnLockLost;
+
+    /// A kind for the decisions that do not depend on one.
+    static WORK: Kind = Kind {
+        name: "Work",
+        api_version: "test.lockwarden.io/v1",
+        claim_prefix: None,
+        block_owner_deletion: false,
+        on_lock_lost: &[("stop", OnLockLost::Stop)],
+    };
 
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -355,7 +365,7 @@ mod tests {
                 (LOCKS_ANNOTATION, "db, bucket"),
                 (TEMPLATES_ANNOTATION, "queue"),
             ]),
-            Kind::Job,
+            &WORK,
         )
         .unwrap()
         .unwrap();
@@ -368,7 +378,7 @@ mod tests {
             ]
         );
         assert!(set.several());
-        let one = locks(&annotations(&[(LOCKS_ANNOTATION, "db")]), Kind::Pod)
+        let one = locks(&annotations(&[(LOCKS_ANNOTATION, "db")]), &WORK)
             .unwrap()
             .unwrap();
         assert_eq!(one, LockSet::one(Gate::Named("db".into())));
@@ -377,7 +387,7 @@ mod tests {
 
     #[test]
     fn bad_lists_say_what_is_wrong() {
-        let err = |pairs: &[(&str, &str)]| locks(&annotations(pairs), Kind::Job).unwrap_err();
+        let err = |pairs: &[(&str, &str)]| locks(&annotations(pairs), &WORK).unwrap_err();
         let e = err(&[(LOCK_ANNOTATION, "a"), (LOCKS_ANNOTATION, "b,c")]);
         assert!(e.contains("both") && e.contains(LOCKS_ANNOTATION), "{e}");
         let e = err(&[(LOCKS_ANNOTATION, "a,,b")]);

@@ -1,15 +1,13 @@
 //! The DistributedLock side of gating, for any workload: claiming a named lock,
 //! creating a workload's own lock from its template, and letting either go.
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
 use super::decide::Gate;
-use super::{CLAIM_ANNOTATION, Claimant, Kind, Workload};
+use super::{CLAIM_ANNOTATION, Kinds, Workload};
 use crate::api::{DistributedLock, LockPhase};
 
 pub enum Claim {
@@ -25,6 +23,7 @@ pub enum Claim {
 /// hand.
 pub async fn claim(
     locks: &Api<DistributedLock>,
+    kinds: &Kinds,
     workload: &Workload,
     name: &str,
     in_use_by: Option<String>,
@@ -39,7 +38,7 @@ pub async fn claim(
     let ours = workload.claim();
     match lock.annotations().get(CLAIM_ANNOTATION) {
         Some(c) if *c == ours => return Ok(Claim::Ours(Box::new(lock))),
-        Some(other) => return claimed_by_other(locks, &lock, other).await,
+        Some(other) => return claimed_by_other(locks, kinds, &lock, other).await,
         None => {}
     }
     // Defence in depth: a claim removed by hand must not let a second workload run
@@ -85,15 +84,26 @@ pub async fn claim(
 /// later pass.
 async fn claimed_by_other(
     locks: &Api<DistributedLock>,
+    kinds: &Kinds,
     lock: &DistributedLock,
     other: &str,
 ) -> Result<Claim, kube::Error> {
     let name = lock.name_any();
     let ns = lock.namespace().unwrap_or_default();
-    let claimant = Claimant::parse(other);
+    let Some(claimant) = kinds.claimant(other) else {
+        // A kind this controller does not gate (a newer lockwarden's): never stale here.
+        return Ok(Claim::Waiting(
+            EventType::Normal,
+            "Waiting",
+            format!("waiting for lock {name}: claimed by {other}"),
+        ));
+    };
     let kind = claimant.kind.as_str();
     let other_name = &claimant.name;
-    if claimant_alive(locks.clone().into_client(), &ns, &claimant).await? {
+    if kinds
+        .alive(locks.clone().into_client(), &ns, &claimant)
+        .await?
+    {
         return Ok(Claim::Waiting(
             EventType::Normal,
             "Waiting",
@@ -106,27 +116,6 @@ async fn claimed_by_other(
         "Waiting",
         format!("waiting for lock {name}: released the stale claim of {kind} {other_name}"),
     ))
-}
-
-/// Whether the claimant exists (same uid) and has not finished. Asked of the API
-/// server, not a cache: a workload missing from a cache that is still filling must not
-/// lose its claim.
-async fn claimant_alive(
-    client: kube::Client,
-    ns: &str,
-    claimant: &Claimant,
-) -> Result<bool, kube::Error> {
-    let same = |uid: Option<String>| uid.as_deref() == Some(claimant.uid.as_str());
-    Ok(match claimant.kind {
-        Kind::Job => Api::<Job>::namespaced(client, ns)
-            .get_opt(&claimant.name)
-            .await?
-            .is_some_and(|j| same(j.uid()) && crate::controller::jobs::finished(&j).is_none()),
-        Kind::Pod => Api::<Pod>::namespaced(client, ns)
-            .get_opt(&claimant.name)
-            .await?
-            .is_some_and(|p| same(p.uid()) && !crate::controller::pods::finished(&p)),
-    })
 }
 
 /// The workload's own lock `name`, created from the template on first use; or why it

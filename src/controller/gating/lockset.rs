@@ -16,7 +16,7 @@ use kube::runtime::events::EventType;
 
 use super::decide::{self, Gate, LockSet};
 use super::locks::{self, Claim, claim, own_lock};
-use super::{FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, Workload};
+use super::{FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, Kinds, Workload};
 use crate::api::DistributedLock;
 use crate::api::validated::LockAddress;
 
@@ -218,6 +218,8 @@ pub enum Taking {
 /// How one workload takes its locks.
 pub struct Taker<'a> {
     pub api: &'a Api<DistributedLock>,
+    /// Every kind a claim may name (a stale claim is released).
+    pub kinds: &'a Kinds,
     pub workload: &'a Workload,
     /// This controller's cluster name (the holder identity of the workload's own locks).
     pub cluster: &'a str,
@@ -271,7 +273,16 @@ impl Taker<'_> {
 
     async fn claim(&self, lock: &WorkloadLock) -> Result<Claim, kube::Error> {
         match &lock.gate {
-            Gate::Named(name) => claim(self.api, self.workload, name, (self.in_use_by)(name)).await,
+            Gate::Named(name) => {
+                claim(
+                    self.api,
+                    self.kinds,
+                    self.workload,
+                    name,
+                    (self.in_use_by)(name),
+                )
+                .await
+            }
             Gate::Template(template) => {
                 own_lock(self.api, self.cluster, self.workload, template, &lock.name).await
             }

@@ -9,10 +9,15 @@
 //! identity, owner reference) and how to ask whether a claimant still lives.
 
 pub mod decide;
+pub mod kind;
 pub mod locks;
 pub mod lockset;
+pub mod machine;
 pub mod running;
 pub mod writes;
+
+pub use kind::{Claimant, GatedWorkload, Kind, Kinds, OnLockLost, Readiness, Stopped, Stopping};
+pub use machine::{GatingError, Phase, Settings};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -58,40 +63,17 @@ pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
 /// DistributedLock annotation: the workload that claims it ([`Workload::claim`]).
 pub const CLAIM_ANNOTATION: &str = "lockwarden.io/claimed-by";
 
-/// The kinds of workload lockwarden gates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Job,
-    Pod,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Job => "Job",
-            Kind::Pod => "Pod",
-        }
-    }
-
-    fn api_version(self) -> &'static str {
-        match self {
-            Kind::Job => "batch/v1",
-            Kind::Pod => "v1",
-        }
-    }
-}
-
 /// A gated object as the shared layer sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
-    pub kind: Kind,
+    pub kind: &'static Kind,
     pub name: String,
     pub uid: String,
     pub namespace: String,
 }
 
 impl Workload {
-    pub fn of<K: Resource>(kind: Kind, obj: &K) -> Workload {
+    pub fn of<K: Resource>(kind: &'static Kind, obj: &K) -> Workload {
         let meta = obj.meta();
         Workload {
             kind,
@@ -102,12 +84,13 @@ impl Workload {
     }
 
     /// What the lock's claim annotation says: `<job>/<uid>` for a Job (the format
-    /// since Job gating began), `pod/<pod>/<uid>` for a Pod. Names never contain `/`,
-    /// so the two cannot be confused.
+    /// since Job gating began), `<prefix>/<name>/<uid>` for other kinds (`pod/…`; see
+    /// [`Kind::claim_prefix`]). Names never contain `/`, so the forms cannot be
+    /// confused.
     pub fn claim(&self) -> String {
-        match self.kind {
-            Kind::Job => format!("{}/{}", self.name, self.uid),
-            Kind::Pod => format!("pod/{}/{}", self.name, self.uid),
+        match self.kind.claim_prefix {
+            None => format!("{}/{}", self.name, self.uid),
+            Some(prefix) => format!("{prefix}/{}/{}", self.name, self.uid),
         }
     }
 
@@ -137,42 +120,16 @@ impl Workload {
         )
     }
 
-    /// The workload as the controlling owner of its own lock. `blockOwnerDeletion`
-    /// only for Jobs (as since Job gating began): where OwnerReferencesPermissionEnforcement
-    /// runs it needs `update` on the owner's finalizers, and a Pod's own finalizer
-    /// already keeps it until its lock is let go.
+    /// The workload as the controlling owner of its own lock (`blockOwnerDeletion` as
+    /// its kind says: see [`Kind::block_owner_deletion`]).
     pub fn owner_reference(&self) -> OwnerReference {
         OwnerReference {
-            api_version: self.kind.api_version().into(),
-            kind: self.kind.as_str().into(),
+            api_version: self.kind.api_version.into(),
+            kind: self.kind.name.into(),
             name: self.name.clone(),
             uid: self.uid.clone(),
             controller: Some(true),
-            block_owner_deletion: Some(self.kind == Kind::Job),
-        }
-    }
-}
-
-/// Who a claim annotation names.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Claimant {
-    pub kind: Kind,
-    pub name: String,
-    pub uid: String,
-}
-
-impl Claimant {
-    pub fn parse(claim: &str) -> Claimant {
-        // Two slashes only in a Pod's claim (a Job named "pod" claims as `pod/<uid>`).
-        let (kind, rest) = match claim.strip_prefix("pod/") {
-            Some(rest) if rest.contains('/') => (Kind::Pod, rest),
-            _ => (Kind::Job, claim),
-        };
-        let (name, uid) = rest.split_once('/').unwrap_or((rest, ""));
-        Claimant {
-            kind,
-            name: name.to_string(),
-            uid: uid.to_string(),
+            block_owner_deletion: Some(self.kind.block_owner_deletion),
         }
     }
 }
@@ -181,7 +138,8 @@ impl Claimant {
 /// lock), its claimant, and every cached workload of the lock's namespace that names it
 /// as a lock (waiting for the claim to go) or a template (waiting for it to exist).
 pub fn workloads_of_lock<K>(
-    kind: Kind,
+    kind: &'static Kind,
+    kinds: &Kinds,
     lock: &DistributedLock,
     cached: &[Arc<K>],
 ) -> Vec<ObjectRef<K>>
@@ -193,13 +151,13 @@ where
     let mut refs: Vec<ObjectRef<K>> = lock
         .owner_references()
         .iter()
-        .filter(|o| o.kind == kind.as_str() && o.api_version == kind.api_version())
+        .filter(|o| o.kind == kind.name && o.api_version == kind.api_version)
         .map(|o| ObjectRef::new(&o.name).within(&ns))
         .collect();
     if let Some(claimant) = lock
         .annotations()
         .get(CLAIM_ANNOTATION)
-        .map(|c| Claimant::parse(c))
+        .and_then(|c| kinds.claimant(c))
         && claimant.kind == kind
     {
         refs.push(ObjectRef::new(&claimant.name).within(&ns));
@@ -222,7 +180,7 @@ where
 /// started with the named lock `name` and has not finished (`started_and_running`): a
 /// claim removed by hand must not let `this` start next to it. "Job x" or "Pod x".
 pub fn in_use_by<K: Resource<DynamicType = ()>>(
-    kind: Kind,
+    kind: &'static Kind,
     cached: &[Arc<K>],
     this: &K,
     name: &str,
@@ -275,30 +233,5 @@ impl NotHeldSince {
 
     pub fn forget(&self, uid: &str) {
         self.0.lock().expect("not_held_since").remove(uid);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn claims_of_jobs_and_pods_parse_back_to_their_kind() {
-        for kind in [Kind::Job, Kind::Pod] {
-            let w = Workload {
-                kind,
-                name: "w-1".into(),
-                uid: "0123-4567".into(),
-                namespace: "ns".into(),
-            };
-            let c = Claimant::parse(&w.claim());
-            assert_eq!(
-                (c.kind, c.name.as_str(), c.uid.as_str()),
-                (kind, "w-1", "0123-4567")
-            );
-        }
-        // A Job named "pod" keeps the Job format: `pod/<uid>` has one slash only.
-        let job = Claimant::parse("pod/0123");
-        assert_eq!((job.kind, job.name.as_str()), (Kind::Job, "pod"));
     }
 }

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::STATUS_ANNOTATION;
-use crate::controller::FINALIZER;
+use crate::controller::config::FINALIZER;
 use crate::controller::events::Events;
 
 /// What the writes here need of a kind.

@@ -12,10 +12,12 @@ use crate::api::DistributedLockSpec;
 use crate::api::conditions::condition;
 use crate::api::conditions::{ACQUIRED, reason};
 use crate::api::{DistributedLock, LockPhase};
+use crate::controller::gating::decide::{Gate, LockSet, max_lost_grace};
+use crate::controller::gating::{Phase, Settings};
+
 use crate::controller::gating::decide::{LockStanding, RunningAction};
 use crate::controller::gating::decide::{is_old_acquisition, standing};
 use crate::controller::gating::lockset::WorkloadLock;
-use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
 use crate::lock::SafetyMargins;
 
 /// The decision for a running workload with these settings.
@@ -70,23 +72,23 @@ fn lock(phase: LockPhase, fence: i64, acquired: bool, why: &str) -> DistributedL
 
 #[test]
 fn settings_default_to_suspend_without_grace() {
-    let s = settings(&gated(&[])).unwrap().unwrap();
+    let s = Settings::of(&gated(&[])).unwrap().unwrap();
     assert_eq!(s.locks, LockSet::one(Gate::Named("db".into())));
-    assert_eq!(s.on_lock_lost, OnLockLost::Suspend);
+    assert_eq!(s.on_lock_lost, OnLockLost::Stop);
     assert_eq!(s.lost_grace, Duration::ZERO);
 }
 
 #[test]
 fn on_lock_lost_values_and_a_bad_one() {
     for (value, policy) in [
-        ("suspend", OnLockLost::Suspend),
+        ("suspend", OnLockLost::Stop),
         ("fail", OnLockLost::Fail),
         ("ignore", OnLockLost::Ignore),
     ] {
-        let s = settings(&gated(&[(ON_LOCK_LOST_ANNOTATION, value)])).unwrap();
+        let s = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, value)])).unwrap();
         assert_eq!(s.unwrap().on_lock_lost, policy);
     }
-    let err = settings(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")])).unwrap_err();
+    let err = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")])).unwrap_err();
     assert!(err.contains(ON_LOCK_LOST_ANNOTATION), "{err}");
     assert!(err.contains("suspend, fail, ignore"), "{err}");
 }
@@ -96,34 +98,34 @@ fn lost_grace_must_end_before_the_earliest_takeover() {
     let max = max_lost_grace(&SafetyMargins::default());
     // grace 250 ms × (1 − 0.02) + margin 250 ms
     assert_eq!(max, Duration::from_millis(495));
-    let s = settings(&gated(&[(LOST_GRACE_ANNOTATION, "300ms")])).unwrap();
+    let s = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "300ms")])).unwrap();
     assert_eq!(s.unwrap().lost_grace, Duration::from_millis(300));
     for too_long in ["495ms", "1s", "30s"] {
-        let err = settings(&gated(&[(LOST_GRACE_ANNOTATION, too_long)])).unwrap_err();
+        let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, too_long)])).unwrap_err();
         assert!(err.contains("another holder may acquire"), "{err}");
         assert!(err.contains("495ms"), "{err}");
     }
-    let err = settings(&gated(&[(LOST_GRACE_ANNOTATION, "soon")])).unwrap_err();
+    let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "soon")])).unwrap_err();
     assert!(err.contains(LOST_GRACE_ANNOTATION), "{err}");
 }
 
 #[test]
 fn gate_annotations() {
-    assert_eq!(settings(&job(json!({}), json!({}))).unwrap(), None);
+    assert_eq!(Settings::of(&job(json!({}), json!({}))).unwrap(), None);
     let both = job(
         json!({ LOCK_ANNOTATION: "a", TEMPLATE_ANNOTATION: "b" }),
         json!({}),
     );
-    assert!(settings(&both).unwrap_err().contains("both"));
+    assert!(Settings::of(&both).unwrap_err().contains("both"));
     let other_ns = job(json!({ TEMPLATE_ANNOTATION: "ns/b" }), json!({}));
     assert!(
-        settings(&other_ns)
+        Settings::of(&other_ns)
             .unwrap_err()
             .contains("another namespace")
     );
     let bad = job(json!({ LOCK_ANNOTATION: "Not_A_Name" }), json!({}));
     assert!(
-        settings(&bad)
+        Settings::of(&bad)
             .unwrap_err()
             .contains("invalid DistributedLock name")
     );
@@ -131,22 +133,19 @@ fn gate_annotations() {
 
 #[test]
 fn phases_of_a_job() {
-    assert_eq!(phase(&gated(&[])), JobPhase::Gated);
+    assert_eq!(Phase::of(&gated(&[])), Phase::HeldBack);
     let unsuspended = job(
         json!({ LOCK_ANNOTATION: "db" }),
         json!({ "suspend": false }),
     );
-    assert_eq!(phase(&unsuspended), JobPhase::NotSuspended);
+    assert_eq!(Phase::of(&unsuspended), Phase::NotHeldBack);
 
     let mut started = gated(&[]);
     started.spec.as_mut().unwrap().suspend = Some(false);
     started.spec.as_mut().unwrap().template.metadata =
         Some(serde_json::from_value(json!({ "annotations": { FENCE_ANNOTATION: "7" } })).unwrap());
-    assert_eq!(phase(&started), JobPhase::Running);
-    assert_eq!(
-        template_fences(&started, &db()),
-        [("db".to_string(), Some(7))]
-    );
+    assert_eq!(Phase::of(&started), Phase::Running);
+    assert_eq!(started.fences(&db()), [("db".to_string(), Some(7))]);
 
     // Suspended after a loss: gated again, remembering the fence it lost.
     let mut regated = started.clone();
@@ -157,8 +156,8 @@ fn phases_of_a_job() {
         .as_mut()
         .unwrap()
         .insert(LOST_FENCE_ANNOTATION.into(), "7".into());
-    assert_eq!(phase(&regated), JobPhase::Gated);
-    assert_eq!(lost_fences(&regated, &db()), [("db".to_string(), 7)].into());
+    assert_eq!(Phase::of(&regated), Phase::HeldBack);
+    assert_eq!(regated.lost_fences(&db()), [("db".to_string(), 7)].into());
 
     let mut stopped = regated.clone();
     stopped
@@ -167,7 +166,7 @@ fn phases_of_a_job() {
         .as_mut()
         .unwrap()
         .insert(STOPPED_ANNOTATION.into(), "Lost".into());
-    assert_eq!(phase(&stopped), JobPhase::Stopped);
+    assert_eq!(Phase::of(&stopped), Phase::StoppedForGood);
 
     let mut finished_job = started.clone();
     finished_job.status = Some(
@@ -176,14 +175,14 @@ fn phases_of_a_job() {
         ]}))
         .unwrap(),
     );
-    assert_eq!(phase(&finished_job), JobPhase::Running, "not terminal yet");
+    assert_eq!(Phase::of(&finished_job), Phase::Running, "not terminal yet");
     finished_job.status = Some(
         serde_json::from_value(json!({ "conditions": [
             { "type": "Complete", "status": "True" },
         ]}))
         .unwrap(),
     );
-    assert_eq!(phase(&finished_job), JobPhase::Finished);
+    assert_eq!(Phase::of(&finished_job), Phase::Finished);
 }
 
 #[test]
@@ -251,7 +250,7 @@ fn actions_for_a_lock_not_held() {
         may_recover: false,
     };
     let zero = Duration::ZERO;
-    let s = settings(OnLockLost::Suspend, 0);
+    let s = settings(OnLockLost::Stop, 0);
     assert_eq!(
         running_action(&LockStanding::Held, &s, zero),
         RunningAction::Continue
@@ -266,7 +265,7 @@ fn actions_for_a_lock_not_held() {
         RunningAction::Warn
     );
     // Grace rides out an expiring lease, not a lost one.
-    let graced = settings(OnLockLost::Suspend, 300);
+    let graced = settings(OnLockLost::Stop, 300);
     assert_eq!(
         running_action(&expiring, &graced, Duration::from_millis(100)),
         RunningAction::WaitGrace(Duration::from_millis(200))

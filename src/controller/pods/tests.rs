@@ -6,9 +6,11 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::*;
-use crate::controller::gating::decide::Gate;
+use crate::controller::gating::LOST_GRACE_ANNOTATION;
+use crate::controller::gating::decide::{Gate, LockSet};
 use crate::controller::gating::decide::{LockStanding, RunningAction};
-use crate::controller::gating::{LOCK_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION};
+use crate::controller::gating::machine::workload;
+use crate::controller::gating::{Phase, Settings};
 
 /// The decision for a running workload with these settings.
 fn running_action(standing: &LockStanding, s: &Settings, not_held_for: Duration) -> RunningAction {
@@ -26,13 +28,13 @@ fn pod(annotations: serde_json::Value, gates: &[&str]) -> Pod {
 
 #[test]
 fn settings_default_to_delete_and_take_the_shared_annotations() {
-    let s = settings(&pod(json!({ LOCK_ANNOTATION: "db" }), &[SCHEDULING_GATE]))
+    let s = Settings::of(&pod(json!({ LOCK_ANNOTATION: "db" }), &[SCHEDULING_GATE]))
         .unwrap()
         .unwrap();
     assert_eq!(s.locks, LockSet::one(Gate::Named("db".into())));
-    assert_eq!(s.on_lock_lost, OnLockLost::Delete);
+    assert_eq!(s.on_lock_lost, OnLockLost::Stop);
     assert_eq!(s.lost_grace, Duration::ZERO);
-    let s = settings(&pod(
+    let s = Settings::of(&pod(
         json!({ TEMPLATE_ANNOTATION: "q", ON_LOCK_LOST_ANNOTATION: "ignore",
                 LOST_GRACE_ANNOTATION: "200ms" }),
         &[SCHEDULING_GATE],
@@ -42,12 +44,12 @@ fn settings_default_to_delete_and_take_the_shared_annotations() {
     assert_eq!(s.locks, LockSet::one(Gate::Template("q".into())));
     assert_eq!(s.on_lock_lost, OnLockLost::Ignore);
     assert_eq!(s.lost_grace, Duration::from_millis(200));
-    assert_eq!(settings(&pod(json!({}), &[SCHEDULING_GATE])), Ok(None));
+    assert_eq!(Settings::of(&pod(json!({}), &[SCHEDULING_GATE])), Ok(None));
 }
 
 #[test]
 fn bad_annotations_name_the_problem() {
-    let bad = |a: serde_json::Value| settings(&pod(a, &[SCHEDULING_GATE])).unwrap_err();
+    let bad = |a: serde_json::Value| Settings::of(&pod(a, &[SCHEDULING_GATE])).unwrap_err();
     // A Job's policy is not a Pod's: the message names the value and the allowed ones.
     let e = bad(json!({ LOCK_ANNOTATION: "db", ON_LOCK_LOST_ANNOTATION: "suspend" }));
     assert!(
@@ -70,26 +72,26 @@ fn phases_follow_the_gate_the_fence_and_the_pod_phase() {
         json!({ LOCK_ANNOTATION: "db" }),
         &["other", SCHEDULING_GATE],
     );
-    assert_eq!(phase(&gated), PodPhase::Gated);
+    assert_eq!(Phase::of(&gated), Phase::HeldBack);
     assert_eq!(other_gates(&gated).len(), 1);
     assert_eq!(other_gates(&gated)[0].name, "other");
 
     let mut running = pod(json!({ LOCK_ANNOTATION: "db", FENCE_ANNOTATION: "7" }), &[]);
-    assert_eq!(phase(&running), PodPhase::Running);
+    assert_eq!(Phase::of(&running), Phase::Running);
     let db = [WorkloadLock {
         gate: Gate::Named("db".into()),
         name: "db".into(),
     }];
-    assert_eq!(fences(&running, &db), [("db".to_string(), Some(7))]);
+    assert_eq!(running.fences(&db), [("db".to_string(), Some(7))]);
     // Gate still there: not ungated by us, whatever the annotations say.
     let fenced_but_gated = pod(
         json!({ LOCK_ANNOTATION: "db", FENCE_ANNOTATION: "7" }),
         &[SCHEDULING_GATE],
     );
-    assert_eq!(phase(&fenced_but_gated), PodPhase::Gated);
+    assert_eq!(Phase::of(&fenced_but_gated), Phase::HeldBack);
     assert_eq!(
-        phase(&pod(json!({ LOCK_ANNOTATION: "db" }), &[])),
-        PodPhase::NotGated
+        Phase::of(&pod(json!({ LOCK_ANNOTATION: "db" }), &[])),
+        Phase::NotHeldBack
     );
 
     running.spec.as_mut().unwrap().node_name = Some("node-1".into());
@@ -97,19 +99,22 @@ fn phases_follow_the_gate_the_fence_and_the_pod_phase() {
     deleted.metadata.deletion_timestamp = Some(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
     );
-    assert_eq!(phase(&deleted), PodPhase::Deleted);
+    assert_eq!(Phase::of(&deleted), Phase::Deleted);
     assert!(
-        may_still_run(&deleted),
+        deleted.still_running_after_delete().is_some(),
         "bound, not terminal: containers may run"
     );
     deleted.status = Some(serde_json::from_value(json!({ "phase": "Failed" })).unwrap());
-    assert!(!may_still_run(&deleted));
+    assert!(deleted.still_running_after_delete().is_none());
     let mut unbound = running.clone();
     unbound.spec.as_mut().unwrap().node_name = None;
-    assert!(!may_still_run(&unbound), "never bound: nothing ran");
+    assert!(
+        unbound.still_running_after_delete().is_none(),
+        "never bound: nothing ran"
+    );
 
     running.status = Some(serde_json::from_value(json!({ "phase": "Succeeded" })).unwrap());
-    assert_eq!(phase(&running), PodPhase::Finished);
+    assert_eq!(Phase::of(&running), Phase::Finished);
 }
 
 #[test]
@@ -119,7 +124,7 @@ fn a_pod_acts_on_a_lost_lock_unless_it_ignores_it() {
         why: "lock db is Lost".into(),
         may_recover: false,
     };
-    let mut s = settings(&pod(json!({ LOCK_ANNOTATION: "db" }), &[SCHEDULING_GATE]))
+    let mut s = Settings::of(&pod(json!({ LOCK_ANNOTATION: "db" }), &[SCHEDULING_GATE]))
         .unwrap()
         .unwrap();
     assert_eq!(

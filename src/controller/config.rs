@@ -1,0 +1,44 @@
+//! How the controller runs, and the names it writes under: shared by the lock
+//! controller and the gating machine (a file of its own, so that neither depends on
+//! the module that starts them both).
+
+/// Field manager of every status write.
+pub const FIELD_MANAGER: &str = "lockwarden";
+/// Finalizer that releases the lock before the object goes away.
+pub const FINALIZER: &str = "lockwarden.io/release";
+
+/// How the controller runs. Also a set of command-line options (`--cluster-name`,
+/// `--watch-namespace`, `--event-reporter`) for `#[command(flatten)]`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ControllerConfig {
+    /// First part of the default holder identity `<clusterName>/<namespace>/<name>`;
+    /// must differ between clusters that share lock keys.
+    #[arg(long, env = "LOCKWARDEN_CLUSTER_NAME", default_value = "local")]
+    pub cluster_name: String,
+    /// Watch only this namespace; all namespaces when unset.
+    #[arg(long = "watch-namespace", env = "LOCKWARDEN_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Name of the reporting controller in Events.
+    #[arg(long = "event-reporter", default_value = "lockwarden")]
+    pub reporter: String,
+    /// Serve /metrics, /healthz and /readyz on this address (port 0: any free port)
+    // `ControllerConfig::default()` (in-process use) leaves it unset: no server.
+    #[arg(
+        long,
+        env = "LOCKWARDEN_METRICS_ADDRESS",
+        value_name = "ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_address: Option<std::net::SocketAddr>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            cluster_name: "local".to_string(),
+            namespace: None,
+            reporter: "lockwarden".to_string(),
+            metrics_address: None,
+        }
+    }
+}

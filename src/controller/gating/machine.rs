@@ -1,0 +1,551 @@
+//! The gating machine: one controller per registered kind of workload, every phase of a
+//! gated workload written once (docs/design.md §6, §6.1).
+//!
+//! Reconcile dispatches on [`Phase`] to one method of [`Run`]:
+//!
+//! - deleted (our finalizer is set) → let the locks go once nothing of the workload can
+//!   run any more, drop the finalizer;
+//! - finished → let the locks go, drop the finalizer;
+//! - bad annotations (or our gate without a lock named) → Warning Event, the workload
+//!   stays as it is (never started);
+//! - stopped for good (`on-lock-lost: fail`) → let the locks go once, drop the finalizer;
+//! - running (started by us with fences) → watch the locks; once one is no longer held,
+//!   act on `lockwarden.io/on-lock-lost`: stop it the kind's way, or only warn;
+//! - held back by our gate → add the finalizer; claim each named lock or create each
+//!   own lock, the next only once the previous is held; once all are `Acquired=True`
+//!   for this workload with a fence, one write (the kind's) sets the fences and lifts
+//!   the gate, conditioned on the resourceVersion; otherwise `lockwarden.io/status`
+//!   (plus an Event when it changes) says why it waits;
+//! - neither → Warning Event: it runs without waiting for its locks.
+//!
+//! The machine never talks to a lock store: it creates, claims, releases and deletes
+//! `DistributedLock` objects and reads their status, which the lock controller
+//! maintains. Wake-ups: the workload watch, plus a watch on DistributedLocks mapped to
+//! the workloads that own, claim or name each lock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+use super::decide::{self, LockSet, LossPolicy};
+use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
+use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
+use super::running::{Running, Step};
+use super::writes::{add_finalizer, has_finalizer, remove_finalizer, report, set_status};
+use super::{NotHeldSince, ON_LOCK_LOST_ANNOTATION, Workload};
+use crate::api::DistributedLock;
+use crate::controller::config::ControllerConfig;
+use crate::controller::events::Events;
+use crate::telemetry::Telemetry;
+
+/// Safety net for a waiting workload: lock changes arrive through the watch.
+const WAITING_RESYNC: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatingError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// Everything a gated workload's annotations ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub locks: LockSet,
+    pub on_lock_lost: OnLockLost,
+    /// How long a lock that stopped being claimable (`LeaseExpiring`) may stay so
+    /// before the workload is stopped; zero by default.
+    pub lost_grace: Duration,
+}
+
+impl Settings {
+    /// The settings of a workload of `W`'s kind, `None` if it names no lock, or why its
+    /// annotations cannot be acted on.
+    pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, String> {
+        let kind = W::KIND;
+        let annotations = workload.annotations();
+        let Some(locks) = decide::locks(annotations, kind)? else {
+            return Ok(None);
+        };
+        let on_lock_lost = match annotations.get(ON_LOCK_LOST_ANNOTATION) {
+            None => kind.default_on_lock_lost(),
+            Some(value) => kind.parse_on_lock_lost(value).ok_or_else(|| {
+                format!(
+                    "{ON_LOCK_LOST_ANNOTATION}: {value:?} is not one of {} (for a {})",
+                    kind.on_lock_lost_allowed(),
+                    kind.name
+                )
+            })?,
+        };
+        let lost_grace = decide::lost_grace(annotations, kind)?;
+        Ok(Some(Settings {
+            locks,
+            on_lock_lost,
+            lost_grace,
+        }))
+    }
+
+    /// What the annotations say about losing its lock.
+    pub fn loss_policy(&self) -> LossPolicy {
+        LossPolicy {
+            ignores: self.on_lock_lost == OnLockLost::Ignore,
+            lost_grace: self.lost_grace,
+        }
+    }
+}
+
+/// Where a gated workload stands; decides which phase method reconciles it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Being deleted.
+    Deleted,
+    /// Finished (its kind says how).
+    Finished,
+    /// Stopped by lockwarden for good (`on-lock-lost: fail`).
+    StoppedForGood,
+    /// Started by lockwarden with fences, not stopped since.
+    Running,
+    /// Held back by lockwarden's gate: it can be started.
+    HeldBack,
+    /// None of these: it runs without waiting for its locks.
+    NotHeldBack,
+}
+
+impl Phase {
+    pub fn of<W: GatedWorkload>(workload: &W) -> Phase {
+        if workload.meta().deletion_timestamp.is_some() {
+            Phase::Deleted
+        } else if workload.finished().is_some() {
+            Phase::Finished
+        } else if workload.stopped_for_good() {
+            Phase::StoppedForGood
+        } else if workload.running() {
+            Phase::Running
+        } else if workload.held_back() {
+            Phase::HeldBack
+        } else {
+            Phase::NotHeldBack
+        }
+    }
+}
+
+/// The workload as the shared layer sees it.
+pub fn workload<W: GatedWorkload>(obj: &W) -> Workload {
+    Workload::of(W::KIND, obj)
+}
+
+/// What the reconciles of one kind share.
+pub struct Gating<W: GatedWorkload> {
+    pub client: kube::Client,
+    pub config: ControllerConfig,
+    events: Events,
+    /// The controller's cache of this kind.
+    cache: Store<W>,
+    telemetry: Arc<Telemetry>,
+    /// Every kind a claim may name.
+    kinds: Kinds,
+    /// For `lockwarden.io/lost-grace`.
+    not_held_since: NotHeldSince,
+}
+
+impl<W: GatedWorkload> Gating<W> {
+    pub fn new(
+        client: kube::Client,
+        config: ControllerConfig,
+        cache: Store<W>,
+        telemetry: Arc<Telemetry>,
+        kinds: Kinds,
+    ) -> Self {
+        Gating {
+            events: Events::new(client.clone(), &config),
+            client,
+            config,
+            cache,
+            telemetry,
+            kinds,
+            not_held_since: NotHeldSince::default(),
+        }
+    }
+}
+
+fn error_policy<W: GatedWorkload>(_obj: Arc<W>, err: &GatingError, _ctx: Arc<Gating<W>>) -> Action {
+    tracing::debug!(kind = W::KIND.name, error = %err, "gating reconcile failed; retrying");
+    // Mostly a lost race on a resourceVersion precondition: retry soon.
+    Action::requeue(Duration::from_secs(1))
+}
+
+/// Runs the controller of kind `W` until its watch stream ends (it does not on its own).
+pub async fn run<W: GatedWorkload>(
+    client: kube::Client,
+    config: ControllerConfig,
+    telemetry: Arc<Telemetry>,
+    kinds: Kinds,
+) {
+    let (workloads, locks): (Api<W>, Api<DistributedLock>) = match &config.namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client.clone())),
+    };
+    let controller = Controller::new(workloads, W::watch_config());
+    let store = controller.store();
+    let mapper_kinds = kinds.clone();
+    let ctx = Arc::new(Gating::new(client, config, store.clone(), telemetry, kinds));
+    controller
+        .watches(locks, watcher::Config::default(), move |lock| {
+            super::workloads_of_lock(W::KIND, &mapper_kinds, &lock, &store.state())
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            match result {
+                Ok((obj, _)) => tracing::trace!(kind = W::KIND.name, %obj, "reconciled"),
+                Err(e) => tracing::debug!(kind = W::KIND.name, error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// The workloads of kind `W` a lock change concerns (see [`super::workloads_of_lock`]).
+pub fn of_lock<W: GatedWorkload>(
+    kinds: &Kinds,
+    lock: &DistributedLock,
+    cached: &[Arc<W>],
+) -> Vec<ObjectRef<W>> {
+    super::workloads_of_lock(W::KIND, kinds, lock, cached)
+}
+
+/// One reconcile of a gated workload: read its settings and phase, run that phase.
+pub async fn reconcile<W: GatedWorkload>(
+    obj: Arc<W>,
+    ctx: Arc<Gating<W>>,
+) -> Result<Action, GatingError> {
+    let run = Run::new(&ctx, &obj);
+    let phase = Phase::of(&*obj);
+    // Letting go needs only the locks' names: a bad policy annotation must not keep a
+    // deleted or finished workload's locks.
+    let named = decide::locks(obj.annotations(), W::KIND);
+    match (phase, named) {
+        (Phase::Deleted, locks) => return run.on_deleted(locks.ok().flatten()).await,
+        (Phase::Finished, Ok(Some(locks))) => return run.on_finished(&locks).await,
+        (Phase::Finished, _) => return run.on_ungated().await,
+        _ => {}
+    }
+    let settings = match Settings::of(&*obj) {
+        Ok(Some(settings)) => settings,
+        Ok(None) => match obj.gate_without_lock() {
+            Some(message) if phase == Phase::HeldBack => return run.on_invalid(message).await,
+            _ => return run.on_ungated().await,
+        },
+        Err(message) => return run.on_invalid(message).await,
+    };
+    match phase {
+        Phase::StoppedForGood => run.on_stopped_for_good(&settings).await,
+        Phase::Running => run.on_running(&settings).await,
+        Phase::NotHeldBack => run.on_not_held_back(&settings).await,
+        Phase::HeldBack => run.start_or_explain(&settings).await,
+        // Handled above.
+        Phase::Deleted | Phase::Finished => Ok(Action::await_change()),
+    }
+}
+
+/// One reconcile of one workload.
+struct Run<'a, W: GatedWorkload> {
+    ctx: &'a Gating<W>,
+    obj: &'a W,
+    workload: Workload,
+    api: Api<W>,
+    locks: Api<DistributedLock>,
+}
+
+impl<'a, W: GatedWorkload> Run<'a, W> {
+    fn new(ctx: &'a Gating<W>, obj: &'a W) -> Self {
+        let ns = obj.namespace().unwrap_or_else(|| "default".into());
+        Run {
+            ctx,
+            obj,
+            workload: workload(obj),
+            api: Api::namespaced(ctx.client.clone(), &ns),
+            locks: Api::namespaced(ctx.client.clone(), &ns),
+        }
+    }
+
+    fn named(&self, set: &LockSet) -> Vec<WorkloadLock> {
+        lockset::named(set, &self.workload)
+    }
+
+    async fn report(
+        &self,
+        type_: EventType,
+        reason: &str,
+        message: String,
+    ) -> Result<(), GatingError> {
+        Ok(report(
+            &self.api,
+            &self.ctx.events,
+            self.obj,
+            type_,
+            reason,
+            message,
+        )
+        .await?)
+    }
+
+    async fn event(&self, obj: &W, type_: EventType, reason: &str, message: String) {
+        super::event(&self.ctx.events, obj, type_, reason, message).await;
+    }
+
+    fn forget_not_held(&self) {
+        self.ctx.not_held_since.forget(&self.workload.uid);
+    }
+
+    /// Lets every lock of `obj` go (a named lock it ran with even when its claim was
+    /// removed by hand); what was done, `None` if nothing.
+    async fn let_go(&self, obj: &W, set: &LockSet) -> Result<Option<String>, GatingError> {
+        let locks = self.named(set);
+        let notes = lockset::let_go_all(&self.locks, &self.workload, &locks, obj.running()).await?;
+        Ok((!notes.is_empty()).then(|| notes.join("; ")))
+    }
+
+    /// Deleted: once nothing of it can run any more, let the locks go and drop the
+    /// finalizer.
+    async fn on_deleted(self, set: Option<LockSet>) -> Result<Action, GatingError> {
+        if !has_finalizer(self.obj) {
+            self.forget_not_held();
+            return Ok(Action::await_change());
+        }
+        if let Some(waits_for) = self.obj.still_running_after_delete() {
+            // Its processes get their grace period; the end comes through the watch.
+            if let Some(set) = &set {
+                let message = format!(
+                    "deleted; {} is let go once {waits_for}",
+                    describe(&self.named(set))
+                );
+                self.report(EventType::Normal, "Terminating", message)
+                    .await?;
+            }
+            return Ok(Action::await_change());
+        }
+        self.forget_not_held();
+        if let Some(set) = set
+            && let Some(note) = self.let_go(self.obj, &set).await?
+        {
+            let message = format!("{note}: {} deleted", W::KIND.name);
+            self.event(self.obj, EventType::Normal, "Released", message)
+                .await;
+        }
+        remove_finalizer(&self.api, self.obj).await?;
+        Ok(Action::await_change())
+    }
+
+    /// Finished: let the locks go, drop the finalizer.
+    async fn on_finished(self, set: &LockSet) -> Result<Action, GatingError> {
+        self.forget_not_held();
+        if !has_finalizer(self.obj) {
+            return Ok(Action::await_change());
+        }
+        let how = self.obj.finished().unwrap_or("finished").to_lowercase();
+        let kind = W::KIND.name;
+        let what = describe(&self.named(set));
+        let message = match self.let_go(self.obj, set).await? {
+            Some(note) => format!("{note}: {kind} {how}"),
+            None => format!("{kind} {how}; {what} was already let go"),
+        };
+        // The finalizer goes first: its patch is conditioned on the resourceVersion
+        // this reconcile read, which the status write would change.
+        remove_finalizer(&self.api, self.obj).await?;
+        let patched = set_status(&self.api, self.obj, &message).await?;
+        self.event(
+            patched.as_ref().unwrap_or(self.obj),
+            EventType::Normal,
+            "Released",
+            message,
+        )
+        .await;
+        Ok(Action::await_change())
+    }
+
+    /// Naming no lock (the annotations were removed): our finalizer, if any, goes.
+    async fn on_ungated(self) -> Result<Action, GatingError> {
+        if has_finalizer(self.obj) {
+            remove_finalizer(&self.api, self.obj).await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Annotations that cannot be acted on: a Warning, and it stays as it is.
+    async fn on_invalid(self, message: String) -> Result<Action, GatingError> {
+        self.report(EventType::Warning, "InvalidLockAnnotation", message)
+            .await?;
+        Ok(Action::await_change())
+    }
+
+    /// Stopped for good: the locks are let go once, the finalizer dropped; it is never
+    /// started again.
+    async fn on_stopped_for_good(self, settings: &Settings) -> Result<Action, GatingError> {
+        if has_finalizer(self.obj) {
+            self.let_go(self.obj, &settings.locks).await?;
+            remove_finalizer(&self.api, self.obj).await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Names locks but was never held back: it runs without them, which we cannot stop.
+    async fn on_not_held_back(self, settings: &Settings) -> Result<Action, GatingError> {
+        let what = describe(&self.named(&settings.locks));
+        let (reason, message) = self.obj.not_held_back(&what);
+        self.report(EventType::Warning, reason, message).await?;
+        Ok(Action::await_change())
+    }
+
+    /// Started by us: watch the locks, and act on `on-lock-lost` once one is not held.
+    async fn on_running(self, settings: &Settings) -> Result<Action, GatingError> {
+        let locks = self.named(&settings.locks);
+        let fences = self.obj.fences(&locks);
+        let running = Running {
+            api: &self.locks,
+            locks: &locks,
+            fences: &fences,
+            annotations: self.obj.annotations(),
+            uid: &self.workload.uid,
+            policy: settings.loss_policy(),
+        };
+        match running.step(&self.ctx.not_held_since).await? {
+            Step::Continue(None) => Ok(Action::await_change()),
+            Step::Continue(Some(message)) => {
+                self.report(EventType::Normal, "LockHeld", message).await?;
+                Ok(Action::await_change())
+            }
+            Step::WaitGrace(left) => Ok(Action::requeue(left)),
+            Step::Warn(message) => {
+                self.report(EventType::Warning, "LockNotHeld", message)
+                    .await?;
+                Ok(Action::await_change())
+            }
+            Step::Stop {
+                reason,
+                why,
+                locks,
+                fences,
+            } => {
+                let stopping = Stopping {
+                    for_good: settings.on_lock_lost == OnLockLost::Fail,
+                    reason,
+                    why: &why,
+                    locks: &locks,
+                    fences: &fences,
+                };
+                self.stop(settings, &stopping).await
+            }
+        }
+    }
+
+    /// Stops a running workload whose lock is no longer held, the kind's way; then lets
+    /// its locks go now if the kind says so (a Job waits for its lock anew), or through
+    /// the finalizer once it has finished (a deleted Pod).
+    async fn stop(
+        self,
+        settings: &Settings,
+        stopping: &Stopping<'_>,
+    ) -> Result<Action, GatingError> {
+        let stopped = self.obj.stop(&self.api, stopping).await?;
+        let Some(object) = stopped.object else {
+            return Ok(Action::await_change());
+        };
+        W::count_stopped(&self.ctx.telemetry, stopping.reason);
+        self.forget_not_held();
+        tracing::warn!(
+            kind = W::KIND.name, name = %self.obj.name_any(), locks = %stopping.locks,
+            fences = %stopping.fences, reason = stopping.reason,
+            "stopped a gated workload whose lock is no longer held"
+        );
+        self.event(
+            &object,
+            EventType::Warning,
+            stopped.event_reason,
+            stopped.message,
+        )
+        .await;
+        if stopped.let_go_now {
+            // If this fails, the stopped (or re-gated) workload picks up from here.
+            self.let_go(&object, &settings.locks).await?;
+            if stopping.for_good {
+                remove_finalizer(&self.api, &object).await?;
+            }
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Held back: take the locks (claim or create each, one at a time in the global
+    /// order), and start it once all are held for it, or say why not.
+    async fn start_or_explain(self, settings: &Settings) -> Result<Action, GatingError> {
+        if !has_finalizer(self.obj) {
+            add_finalizer(&self.api, self.obj).await?;
+            // The patched object comes back through the watch.
+            return Ok(Action::await_change());
+        }
+        let ordered =
+            match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
+                Ok(ordered) => ordered,
+                Err((type_, reason, message)) => {
+                    self.report(type_, reason, message).await?;
+                    return Ok(Action::requeue(WAITING_RESYNC));
+                }
+            };
+        let lost = self.obj.lost_fences(&ordered);
+        let in_use_by = |name: &str| self.in_use_by(name);
+        let taker = Taker {
+            api: &self.locks,
+            kinds: &self.ctx.kinds,
+            workload: &self.workload,
+            cluster: &self.ctx.config.cluster_name,
+            in_use_by: &in_use_by,
+            lost: &lost,
+        };
+        let ran = match taker.take(&ordered).await? {
+            Taking::Held(ran) => ran,
+            Taking::Waiting((type_, reason, message)) => {
+                self.report(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
+        };
+        match self
+            .obj
+            .ready_to_start(&self.api, !lost.is_empty(), &describe(&ordered))
+            .await?
+        {
+            Readiness::Ready => self.start(&ordered, ran).await,
+            Readiness::Wait(message) => {
+                self.report(EventType::Normal, "Waiting", message).await?;
+                Ok(Action::await_change())
+            }
+            Readiness::Wrote => Ok(Action::await_change()),
+        }
+    }
+
+    /// Another unfinished workload of this kind (from the cache) started with the named
+    /// lock `name`: a claim removed by hand must not let this one start next to it.
+    fn in_use_by(&self, name: &str) -> Option<String> {
+        let started = |w: &W| w.running() && w.finished().is_none();
+        super::in_use_by(W::KIND, &self.ctx.cache.state(), self.obj, name, started)
+    }
+
+    /// The kind's one write that sets the fences and lifts its gate.
+    async fn start(self, locks: &[WorkloadLock], ran: RanWith) -> Result<Action, GatingError> {
+        let message = format!("started holding {}", ran.describe());
+        let started = self.obj.start(&self.api, &ran, locks, &message).await?;
+        tracing::info!(
+            kind = W::KIND.name, name = %self.obj.name_any(), fences = ?ran.0,
+            "started a gated workload"
+        );
+        self.event(&started, EventType::Normal, "Started", message)
+            .await;
+        Ok(Action::await_change())
+    }
+}

@@ -1,0 +1,436 @@
+//! The source layout's rules, checked over `src/` as text (no server, no build of its
+//! own): the file-level graph of `crate::`, `super::` and child-module paths has no
+//! cycle spanning two folders, so each folder (`lock/`, `backend/`, `api/`,
+//! `controller/gating/`, …) depends on the others in one direction only
+//! (docs/architecture.md). A cycle inside one folder (a module and its children) is a
+//! module's own business and allowed.
+//!
+//! `cargo test --test layout -- --nocapture` prints the graph's size and, on failure,
+//! each cycle with the paths that close it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A file of `src/` and the module path it defines (`["controller", "gating"]`).
+struct SourceFile {
+    path: PathBuf,
+    module: Vec<String>,
+    text: String,
+}
+
+fn sources() -> Vec<SourceFile> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let rel = path.strip_prefix(&root).expect("under src");
+                // main.rs is the binary's crate: it reaches the library as `lockwarden::`.
+                if rel == Path::new("main.rs") {
+                    continue;
+                }
+                let mut module: Vec<String> = rel
+                    .with_extension("")
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
+                    module.pop();
+                }
+                let text = strip_comments(&std::fs::read_to_string(&path).expect("read"));
+                files.push(SourceFile { path, module, text });
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files
+}
+
+/// The text without `//` comments and string literals (a URL in a string is no path).
+fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let mut in_string = false;
+        let mut prev = ' ';
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            if in_string {
+                if c == '"' && prev != '\\' {
+                    in_string = false;
+                }
+                prev = if prev == '\\' && c == '\\' { ' ' } else { c };
+                continue;
+            }
+            match c {
+                '"' => in_string = true,
+                '/' if chars.peek() == Some(&'/') => break,
+                _ => out.push(c),
+            }
+            prev = c;
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Every path the file names: `crate::a::b`, `super::x`, `child::y`, with `use`
+/// groups (`use crate::a::{b, c::d}`) expanded, each as module segments from the crate
+/// root.
+fn paths_named(file: &SourceFile, children: &BTreeSet<String>) -> Vec<Vec<String>> {
+    // An inline module (`mod tests { … }`) is a module of its own: `super::` there is
+    // the file's module. Its text is looked at as such, and left out of the file's.
+    let mut found = Vec::new();
+    let mut outer = file.text.clone();
+    while let Some((whole, start, name, end)) = inline_module(&outer) {
+        let mut module = file.module.clone();
+        module.push(name);
+        let inner = SourceFile {
+            path: file.path.clone(),
+            module,
+            text: outer[start..end].to_string(),
+        };
+        found.extend(paths_named(&inner, &BTreeSet::new()));
+        outer.replace_range(whole..=end, "");
+    }
+    let file = &SourceFile {
+        path: file.path.clone(),
+        module: file.module.clone(),
+        text: outer,
+    };
+    for statement in file.text.split(';') {
+        let statement = statement.trim();
+        if let Some(tree) = statement
+            .strip_prefix("pub use ")
+            .or_else(|| statement.strip_prefix("pub(crate) use "))
+            .or_else(|| statement.strip_prefix("pub(super) use "))
+            .or_else(|| statement.strip_prefix("use "))
+        {
+            for path in expand(tree.trim()) {
+                found.extend(resolve(file, children, &path));
+            }
+        }
+    }
+    // Paths in expressions and types: `crate::x::y(…)`, `super::z::W`.
+    let bytes = file.text.as_bytes();
+    let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut i = 0;
+    while i < bytes.len() {
+        if is_ident(bytes[i]) && (i == 0 || !(is_ident(bytes[i - 1]) || bytes[i - 1] == b':')) {
+            let start = i;
+            while i < bytes.len() && (is_ident(bytes[i]) || bytes[i] == b':') {
+                i += 1;
+            }
+            let token = &file.text[start..i];
+            if token.contains("::") {
+                let segments: Vec<String> = token
+                    .split("::")
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                found.extend(resolve(file, children, &segments));
+            }
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
+/// The first inline module of `text`: where `mod` is, where its body starts, its name,
+/// and where its closing brace is.
+fn inline_module(text: &str) -> Option<(usize, usize, String, usize)> {
+    let mut search = 0;
+    while let Some(at) = text[search..].find("mod ") {
+        let at = search + at;
+        search = at + 4;
+        let preceded = at == 0 || !text.as_bytes()[at - 1].is_ascii_alphanumeric();
+        let rest = &text[at + 4..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let after = rest[name.len()..].trim_start();
+        if !preceded || name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = at + 4 + rest.find('{')?;
+        let mut depth = 0;
+        for (i, c) in text[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some((at, open + 1, name, open + i));
+                    }
+                }
+                _ => {}
+            }
+        }
+        return None;
+    }
+    None
+}
+
+/// `a::{b, c::{d, e}}` → `[a, b]`, `[a, c, d]`, `[a, c, e]`.
+fn expand(tree: &str) -> Vec<Vec<String>> {
+    let tree: String = tree
+        .chars()
+        .map(|c| if c.is_whitespace() { ' ' } else { c })
+        .collect();
+    let mut out = Vec::new();
+    expand_into(&tree, &mut Vec::new(), &mut out);
+    out
+}
+
+fn expand_into(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let Some(open) = tree.find('{') else {
+        let mut path = prefix.clone();
+        // `x as y` names x.
+        let tree = tree.split_whitespace().next().unwrap_or_default();
+        path.extend(
+            tree.split("::")
+                .filter(|s| !s.is_empty())
+                .map(str::to_string),
+        );
+        out.push(path);
+        return;
+    };
+    let head: Vec<String> = tree[..open]
+        .split("::")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let depth = prefix.len();
+    prefix.extend(head);
+    let mut level = 0;
+    let mut start = 0;
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => level += 1,
+            '}' => level -= 1,
+            ',' if level == 0 => {
+                expand_into(&inner[start..i], prefix, out);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if start < inner.len() {
+        expand_into(&inner[start..], prefix, out);
+    }
+    prefix.truncate(depth);
+}
+
+/// A path as module segments from the crate root, or `None` if it is not ours.
+fn resolve(file: &SourceFile, children: &BTreeSet<String>, path: &[String]) -> Option<Vec<String>> {
+    let first = path.first()?;
+    let mut module = match first.as_str() {
+        "crate" => Vec::new(),
+        "self" => file.module.clone(),
+        "super" => {
+            let mut module = file.module.clone();
+            let mut rest = path;
+            while rest.first().map(String::as_str) == Some("super") {
+                module.pop()?;
+                rest = &rest[1..];
+            }
+            module.extend(rest.iter().cloned());
+            return Some(module);
+        }
+        child if children.contains(child) => {
+            let mut module = file.module.clone();
+            module.push(child.to_string());
+            module.extend(path[1..].iter().cloned());
+            return Some(module);
+        }
+        _ => return None,
+    };
+    module.extend(path[1..].iter().cloned());
+    Some(module)
+}
+
+/// The child modules a file declares (`mod x;`, `pub mod y;`).
+fn declared_children(file: &SourceFile) -> BTreeSet<String> {
+    file.text
+        .split(';')
+        .filter_map(|s| {
+            let s = s.trim();
+            let s = s.rsplit('\n').next().unwrap_or(s).trim();
+            let s = s.strip_prefix("pub ").unwrap_or(s);
+            let s = s.strip_prefix("pub(crate) ").unwrap_or(s);
+            s.strip_prefix("mod ").map(|name| name.trim().to_string())
+        })
+        .collect()
+}
+
+/// Strongly connected components of `graph` (Tarjan), largest first.
+fn components(graph: &BTreeMap<usize, BTreeSet<usize>>, n: usize) -> Vec<Vec<usize>> {
+    struct Tarjan<'a> {
+        graph: &'a BTreeMap<usize, BTreeSet<usize>>,
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on_stack: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    impl Tarjan<'_> {
+        fn visit(&mut self, v: usize) {
+            self.index[v] = Some(self.next);
+            self.low[v] = self.next;
+            self.next += 1;
+            self.stack.push(v);
+            self.on_stack[v] = true;
+            for &w in self.graph.get(&v).into_iter().flatten() {
+                match self.index[w] {
+                    None => {
+                        self.visit(w);
+                        self.low[v] = self.low[v].min(self.low[w]);
+                    }
+                    Some(iw) if self.on_stack[w] => self.low[v] = self.low[v].min(iw),
+                    _ => {}
+                }
+            }
+            if Some(self.low[v]) == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack[w] = false;
+                    component.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                self.out.push(component);
+            }
+        }
+    }
+    let mut t = Tarjan {
+        graph,
+        index: vec![None; n],
+        low: vec![0; n],
+        on_stack: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if t.index[v].is_none() {
+            t.visit(v);
+        }
+    }
+    t.out.sort_by_key(|c| std::cmp::Reverse(c.len()));
+    t.out
+}
+
+/// The folder a file belongs to: `controller/mod.rs` and `controller/jobs.rs` are both
+/// of `controller/`; `controller/gating/kind.rs` of `controller/gating/`.
+fn folder(path: &Path) -> PathBuf {
+    path.parent().expect("parent").to_path_buf()
+}
+
+#[test]
+fn no_import_cycle_spans_two_folders() {
+    let files = sources();
+    let by_module: BTreeMap<Vec<String>, usize> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.module.clone(), i))
+        .collect();
+    let mut graph: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+    let mut why: BTreeMap<(usize, usize), String> = BTreeMap::new();
+    for (i, file) in files.iter().enumerate() {
+        let children = declared_children(file);
+        for path in paths_named(file, &children) {
+            // The deepest prefix of the path that is a file of ours.
+            let target = (1..=path.len())
+                .rev()
+                .find_map(|len| by_module.get(&path[..len]).copied());
+            if let Some(j) = target.filter(|&j| j != i) {
+                graph.entry(i).or_default().insert(j);
+                why.entry((i, j)).or_insert_with(|| path.join("::"));
+            }
+        }
+    }
+    let edges: usize = graph.values().map(BTreeSet::len).sum();
+    println!("{} files, {edges} file-to-file uses", files.len());
+    let mut spanning = Vec::new();
+    for component in components(&graph, files.len()) {
+        let folders: BTreeSet<PathBuf> =
+            component.iter().map(|&i| folder(&files[i].path)).collect();
+        if folders.len() > 1 {
+            let names: Vec<String> = component
+                .iter()
+                .map(|&i| {
+                    let uses: Vec<String> = graph[&i]
+                        .iter()
+                        .filter(|j| component.contains(j))
+                        .map(|j| format!("{} ({})", files[*j].module.join("/"), why[&(i, *j)]))
+                        .collect();
+                    format!("  {} -> {}", files[i].module.join("/"), uses.join(", "))
+                })
+                .collect();
+            spanning.push(names.join("\n"));
+        }
+    }
+    assert!(
+        spanning.is_empty(),
+        "import cycles spanning two folders:\n{}",
+        spanning.join("\n\n")
+    );
+}
+
+#[test]
+fn the_checker_finds_a_cycle_when_there_is_one() {
+    // Two files in two folders naming each other: the graph must see both edges.
+    let a = SourceFile {
+        path: PathBuf::from("src/a/mod.rs"),
+        module: vec!["a".into()],
+        text: strip_comments(
+            "use crate::b::thing; // crate::c::not_a_use\nfn f() { crate::b::g() }",
+        ),
+    };
+    let paths = paths_named(&a, &BTreeSet::new());
+    assert!(paths.contains(&vec!["b".to_string(), "thing".to_string()]));
+    assert!(
+        !paths
+            .iter()
+            .any(|p| p.first().map(String::as_str) == Some("c"))
+    );
+    let grouped = expand("crate::x::{y, z::{p, q as r}}");
+    assert_eq!(grouped.len(), 3);
+    let mut graph = BTreeMap::new();
+    graph.insert(0, BTreeSet::from([1]));
+    graph.insert(1, BTreeSet::from([0]));
+    assert_eq!(components(&graph, 2)[0].len(), 2);
+}
+
+#[test]
+fn the_gating_machine_names_no_workload_kind() {
+    // docs/design.md §2: `controller/gating/` drives every kind through the
+    // `GatedWorkload` trait; a kind is registered, never imported.
+    let kinds = [["controller", "jobs"], ["controller", "pods"]];
+    for file in sources() {
+        if !file
+            .module
+            .starts_with(&["controller".to_string(), "gating".to_string()])
+        {
+            continue;
+        }
+        let children = declared_children(&file);
+        for path in paths_named(&file, &children) {
+            assert!(
+                !kinds.iter().any(|k| path.starts_with(&k.map(String::from))),
+                "{} names {}",
+                file.path.display(),
+                path.join("::")
+            );
+        }
+    }
+}
