@@ -12,6 +12,7 @@
 //! fields are checked on the rendered object.
 
 mod controller;
+mod fencing;
 mod install;
 mod rbac;
 mod render;

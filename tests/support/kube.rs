@@ -289,9 +289,10 @@ impl ControlPlane {
 /// The controllers the tests rely on: Jobs create and delete Pods; the garbage
 /// collector cascades ownerReferences; namespaces can be deleted; every namespace gets
 /// its `default` ServiceAccount (and legacy token controller, which needs the signing
-/// key); ReplicaSets and Deployments run Pods for tests of workloads other than Jobs.
+/// key); ReplicaSets and Deployments run Pods for tests of workloads other than Jobs;
+/// admission policies get their type-checking status (the fencing policy's test reads it).
 const CONTROLLERS: &str = "job,garbagecollector,namespace,serviceaccount,serviceaccount-token,\
-                           replicaset,deployment";
+                           replicaset,deployment,validatingadmissionpolicy-status-controller";
 
 /// `LOCKWARDEN_KUBE_FEATURE_GATES`, passed to kube-apiserver and kube-controller-manager
 /// as `--feature-gates`: to run a test binary against the behaviour of an older release

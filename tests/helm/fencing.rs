@@ -1,0 +1,266 @@
+//! Fenced writes to Kubernetes objects: the chart's ValidatingAdmissionPolicy
+//! (`fencing.admissionPolicy.enabled`) and its plain-manifest copy, on the real API
+//! server. The API server itself refuses a stale holder's write to an object labelled
+//! `lockwarden.io/fenced: "true"`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::*;
+
+/// The plain manifest users `kubectl apply` without the chart.
+const MANIFEST: &str = "manifests/fencing-admission-policy.yaml";
+const POLICY: &str = "lockwarden-fenced-writes";
+const FENCE: &str = "lockwarden.io/fence";
+const FENCE_LOCK: &str = "lockwarden.io/fence-lock";
+
+fn manifest() -> String {
+    std::fs::read_to_string(repo_root().join(MANIFEST)).expect("the fencing manifest")
+}
+
+/// The objects without their Helm labels (the plain manifest has none).
+fn unlabelled(mut objs: Vec<Value>) -> Vec<Value> {
+    for obj in &mut objs {
+        if let Some(meta) = obj["metadata"].as_object_mut() {
+            meta.remove("labels");
+        }
+    }
+    objs
+}
+
+#[test]
+fn fencing_manifest_is_the_chart_rendered_with_its_defaults() {
+    let rendered = render(
+        "lockwarden",
+        "lockwarden-system",
+        None,
+        &["fencing.admissionPolicy.enabled=true".into()],
+    );
+    let policy_objects: Vec<Value> = objects(&rendered)
+        .into_iter()
+        .filter(|o| {
+            o["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("admissionregistration.k8s.io/"))
+        })
+        .collect();
+    assert_eq!(policy_objects.len(), 2, "the policy and its binding");
+    assert_eq!(
+        unlabelled(policy_objects),
+        objects(&manifest()),
+        "{MANIFEST} differs from the chart's render: regenerate it from templates/fencing-admission-policy.yaml"
+    );
+    // Off by default.
+    let default = objects(&render("lockwarden", "lockwarden-system", None, &[]));
+    assert!(
+        !default
+            .iter()
+            .any(|o| o["kind"] == "ValidatingAdmissionPolicy"),
+        "the policy is opt-in"
+    );
+}
+
+fn config_map(name: &str, fenced: bool, annotations: &[(&str, &str)]) -> ConfigMap {
+    let mut cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "data": { "v": "0" },
+    }))
+    .expect("config map");
+    if fenced {
+        cm.metadata.labels = Some(BTreeMap::from([(
+            "lockwarden.io/fenced".to_string(),
+            "true".to_string(),
+        )]));
+    }
+    cm.metadata.annotations = Some(
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    cm
+}
+
+/// A merge patch that writes data `v` with these annotations.
+async fn write(
+    api: &Api<ConfigMap>,
+    name: &str,
+    v: &str,
+    annotations: Value,
+) -> Result<ConfigMap, kube::Error> {
+    let patch = json!({ "metadata": { "annotations": annotations }, "data": { "v": v } });
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// The API server's refusal message; panics if the write was admitted.
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => status.message,
+        other => panic!("{what}: expected the policy to refuse it, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_api_server_refuses_a_write_with_a_stale_fence() {
+    let (client, namespaces) = setup(&["fencing"]).await;
+    let ns = &namespaces[0];
+    apply(&manifest(), MANIFEST).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+
+    // The policy type-checks without warnings once its status caught up.
+    let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
+        Api::all(client.clone());
+    eventually(
+        "the policy's type checking",
+        Duration::from_secs(60),
+        || async {
+            let policy = policies.get(POLICY).await.ok()?;
+            let status = policy.status?;
+            (status.observed_generation == policy.metadata.generation).then_some(())?;
+            let warnings = status
+                .type_checking?
+                .expression_warnings
+                .unwrap_or_default();
+            assert!(warnings.is_empty(), "type-checking warnings: {warnings:?}");
+            Some(())
+        },
+    )
+    .await;
+
+    // Admission policies take effect asynchronously: wait until a probe is refused.
+    api.create(
+        &PostParams::default(),
+        &config_map("probe", true, &[(FENCE, "10")]),
+    )
+    .await
+    .expect("probe");
+    // A dry run goes through admission without writing, so the probe keeps fence 10.
+    eventually("the policy in force", Duration::from_secs(60), || async {
+        let stale = json!({ "metadata": { "annotations": { FENCE: "1" } } });
+        api.patch(
+            "probe",
+            &PatchParams::default().dry_run(),
+            &Patch::Merge(&stale),
+        )
+        .await
+        .err()
+        .map(|_| ())
+    })
+    .await;
+
+    api.create(
+        &PostParams::default(),
+        &config_map("ledger", true, &[(FENCE, "6")]),
+    )
+    .await
+    .expect("create with fence 6");
+
+    // A stale holder's write is refused, naming both fences.
+    let message = refusal(
+        write(&api, "ledger", "stale", json!({ FENCE: "5" })).await,
+        "fence 5 after 6",
+    );
+    assert!(
+        message.contains("object written by fence 6, yours is 5"),
+        "{message}"
+    );
+    // Also when it read the object first and PUTs it back with its own fence.
+    let mut read_back = api.get("ledger").await.expect("get");
+    read_back
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(FENCE.into(), "5".into());
+    let message = refusal(
+        api.replace("ledger", &PostParams::default(), &read_back)
+            .await,
+        "read, then PUT with fence 5",
+    );
+    assert!(message.contains("yours is 5"), "{message}");
+    // A full PUT that drops the annotation is no way around it.
+    let mut bare = api.get("ledger").await.expect("get");
+    bare.metadata.annotations = None;
+    let message = refusal(
+        api.replace("ledger", &PostParams::default(), &bare).await,
+        "PUT without a fence",
+    );
+    assert!(
+        message.contains("carries no lockwarden.io/fence"),
+        "{message}"
+    );
+
+    // The same fence and higher ones are admitted; they compare as integers (9 < 10).
+    for fence in ["6", "7", "9", "10", "18446744073709551615"] {
+        write(&api, "ledger", fence, json!({ FENCE: fence }))
+            .await
+            .unwrap_or_else(|e| panic!("fence {fence}: {e}"));
+    }
+    let message = refusal(
+        write(
+            &api,
+            "ledger",
+            "x",
+            json!({ FENCE: "18446744073709551616" }),
+        )
+        .await,
+        "beyond u64",
+    );
+    assert!(message.contains("decimal fencing token"), "{message}");
+    // A merge patch that does not set the annotation keeps the stored fence: admitted.
+    api.patch(
+        "ledger",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": { "v": "same holder" } })),
+    )
+    .await
+    .expect("a patch that leaves the fence alone");
+
+    // Fences belong to one lock: a write fenced by another lock is refused.
+    api.create(
+        &PostParams::default(),
+        &config_map(
+            "owned",
+            true,
+            &[(FENCE, "3"), (FENCE_LOCK, "k8s://ns-a/db")],
+        ),
+    )
+    .await
+    .expect("create fenced by a lock");
+    let message = refusal(
+        write(
+            &api,
+            "owned",
+            "x",
+            json!({ FENCE: "4", FENCE_LOCK: "k8s://ns-b/other" }),
+        )
+        .await,
+        "another lock's fence",
+    );
+    assert!(
+        message.contains("fenced by lock k8s://ns-a/db"),
+        "{message}"
+    );
+    write(
+        &api,
+        "owned",
+        "y",
+        json!({ FENCE: "4", FENCE_LOCK: "k8s://ns-a/db" }),
+    )
+    .await
+    .expect("the same lock's next fence");
+
+    // An object without the label is never looked at.
+    api.create(
+        &PostParams::default(),
+        &config_map("plain", false, &[(FENCE, "6")]),
+    )
+    .await
+    .expect("create unlabelled");
+    write(&api, "plain", "x", json!({ FENCE: "1" }))
+        .await
+        .expect("unlabelled objects are untouched");
+}
