@@ -72,7 +72,8 @@ enum Key {
 enum AnyStore {
     S3(S3Store),
     Dynamo(DynamoStore),
-    Lease(LeaseStore),
+    /// Boxed: it keeps the Lease it last saw.
+    Lease(Box<LeaseStore>),
 }
 
 impl AnyStore {
@@ -80,7 +81,7 @@ impl AnyStore {
         match self {
             AnyStore::S3(s) => s,
             AnyStore::Dynamo(s) => s,
-            AnyStore::Lease(s) => s,
+            AnyStore::Lease(s) => s.as_ref(),
         }
     }
 }
@@ -218,9 +219,11 @@ impl Key {
                 TableLayout::new(table),
                 key,
             )),
-            Key::Lease { namespace, name } => {
-                AnyStore::Lease(LeaseStore::new(kube_client().await, namespace, name))
-            }
+            Key::Lease { namespace, name } => AnyStore::Lease(Box::new(LeaseStore::new(
+                kube_client().await,
+                namespace,
+                name,
+            ))),
         }
     }
 
