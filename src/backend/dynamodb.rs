@@ -705,4 +705,38 @@ mod tests {
         let err = parse_item(&item).unwrap_err();
         assert!(err.what.contains("ownerName is a number"), "{err}");
     }
+
+    /// A record's unknown fields are written as attributes of their own, never in
+    /// place of lockwarden's or of the item's key.
+    #[test]
+    fn unknown_fields_are_written_beside_ours() {
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
+        record.unknown.insert("newer".into(), "kept".into());
+        record.unknown.insert("count".into(), 3.into());
+        record.unknown.insert(OWNER.into(), "not-the-owner".into());
+        record.unknown.insert("key".into(), "not-the-key".into());
+        let update = update_of(&record, &TableLayout::new("t"));
+        let written: HashMap<&String, &AttributeValue> = update
+            .names
+            .iter()
+            .filter(|(placeholder, _)| placeholder.starts_with("#u"))
+            .map(|(placeholder, name)| (name, &update.values[&placeholder.replace('#', ":")]))
+            .collect();
+        assert_eq!(written.len(), 2, "{written:?}");
+        assert_eq!(
+            written[&"newer".to_string()],
+            &AttributeValue::S("kept".into())
+        );
+        assert_eq!(
+            written[&"count".to_string()],
+            &AttributeValue::N("3".into())
+        );
+        assert_eq!(update.values[":owner"], AttributeValue::S("h".into()));
+        assert!(
+            update.expression.contains("#u0 = :u0, #u1 = :u1"),
+            "{}",
+            update.expression
+        );
+    }
 }

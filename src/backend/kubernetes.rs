@@ -396,6 +396,67 @@ mod tests {
         assert_eq!(s.version, Version("5".into()));
     }
 
+    /// docs/design.md §3 "Stored formats that can evolve", on a Lease: an update keeps
+    /// what it does not write, and a newer build's `lockwarden.io/*` annotations are
+    /// read and written back.
+    #[tokio::test]
+    async fn an_update_carries_over_what_other_writers_added() {
+        let store = LeaseStore::new(
+            Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+            "ns",
+            "lock",
+        );
+        let record = LockRecord::new_acquisition(
+            "a",
+            FenceToken(3),
+            Duration::from_secs(30),
+            Some("d".into()),
+        );
+        let mut first = store.to_lease(&record, None);
+        first.metadata.resource_version = Some("7".into());
+        let annotations = first.metadata.annotations.as_mut().unwrap();
+        annotations.insert("example.com/owner".into(), "team-a".into());
+        annotations.insert("lockwarden.io/newer".into(), "kept".into());
+        first
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "a".into());
+        first.spec.as_mut().unwrap().preferred_holder = Some("b".into());
+
+        let read = parse_lease(&first).expect("ours");
+        assert_eq!(read.unknown["lockwarden.io/newer"], "kept");
+        assert_eq!(
+            read.unknown.len(),
+            1,
+            "only lockwarden.io/ annotations: {:?}",
+            read.unknown
+        );
+
+        let next = store.to_lease(&read.released(), Some(first));
+        assert_eq!(
+            next.metadata.resource_version.as_deref(),
+            Some("7"),
+            "conditional"
+        );
+        let annotations = next.metadata.annotations.unwrap();
+        assert_eq!(annotations["example.com/owner"], "team-a");
+        assert_eq!(annotations["lockwarden.io/newer"], "kept");
+        assert_eq!(annotations[STATE], "released");
+        assert_eq!(next.metadata.labels.unwrap()["team"], "a");
+        let spec = next.spec.unwrap();
+        assert_eq!(spec.preferred_holder.as_deref(), Some("b"));
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+        // Ours that the record leaves out are removed, not carried over.
+        let mut without_data = read.clone();
+        without_data.data = None;
+        let mut base = store.to_lease(&read, None);
+        base.metadata.resource_version = Some("8".into());
+        let next = store.to_lease(&without_data, Some(base));
+        assert!(!next.metadata.annotations.unwrap().contains_key(DATA));
+    }
+
     #[test]
     fn lease_seconds_round_up() {
         assert_eq!(lease_seconds(Duration::from_millis(1500)), 2);
