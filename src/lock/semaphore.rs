@@ -317,8 +317,8 @@ impl<S: RecordStore> CasLock<S> {
             st.set.drop_expired(&mut set, takeover_after);
             let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
             if admits(&set, req.permits.mode, ours.as_deref()) {
-                let write = (version.as_ref(), &unknown);
-                match self.grant(&mut st.set, req, set, write).await? {
+                let replacing = (version.as_ref(), &unknown);
+                match self.grant(&mut st.set, req, set, replacing).await? {
                     Some(lease) => return Ok(Attempt::Acquired(lease)),
                     None => {
                         back_off(attempt).await;
