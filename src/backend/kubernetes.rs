@@ -120,9 +120,13 @@ impl LeaseStore {
         lease
     }
 
-    /// Remembers the Lease as read or written: the base of the next update.
+    /// Remembers the Lease as read or written: the base of the next update. Without
+    /// its managed fields, which an update does not send back (and which are most of
+    /// a Lease's size).
     fn remember(&self, lease: &KubeLease) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease.clone());
+        let mut lease = lease.clone();
+        lease.metadata.managed_fields = None;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
     }
 
     /// The Lease at `expected`, to carry over into an update: the one last read or
