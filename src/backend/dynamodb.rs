@@ -7,7 +7,10 @@
 //! `"30s"`), `recordVersionNumber` (changes on every write: it is the record's
 //! version), `isReleased` and `data` (binary); plus lockwarden's `fence`, `nonce`,
 //! `lockwardenRvn`, `acquiredAtMs`, `renewedAtMs`. `UpdateItem` (not `PutItem`) leaves
-//! attributes other clients added.
+//! attributes other clients added — and those a newer lockwarden added, which this
+//! build neither reads nor needs to carry (docs/design.md §3 "Stored formats that can
+//! evolve"). A record's [`LockRecord::unknown`] fields (none when read from DynamoDB)
+//! are written as attributes of their own.
 //!
 //! What dynamolock does that shapes this:
 //! - It reads a lock as released when `isReleased` is *present*, whatever its value,
@@ -40,7 +43,7 @@ use super::aws::{describe, status_and_code};
 use crate::duration::{format_duration, parse_duration};
 use crate::lock::{
     FenceToken, ForeignRecord, HolderSet, LockRecord, LockState, RecordStore, StoreError, Stored,
-    Version,
+    UnknownFields, Version,
 };
 
 pub const DEFAULT_PARTITION_KEY: &str = "key";
@@ -62,6 +65,20 @@ const ACQUIRED: &str = "acquiredAtMs";
 const RENEWED: &str = "renewedAtMs";
 /// The holder set of a key with more than one permit (JSON); absent on mutexes.
 const HOLDERS: &str = "holders";
+/// Every attribute this build writes: a record's unknown fields never take these names.
+const OURS: [&str; 11] = [
+    OWNER,
+    LEASE,
+    RVN,
+    RELEASED,
+    DATA,
+    FENCE,
+    NONCE,
+    LOCKWARDEN_RVN,
+    ACQUIRED,
+    RENEWED,
+    HOLDERS,
+];
 
 /// Where the lock items live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -188,7 +205,7 @@ impl DynamoStore {
             expression,
             mut names,
             mut values,
-        } = update_of(record, &self.layout.partition_key);
+        } = update_of(record, &self.layout);
         if let Some(v) = expected {
             values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
         }
@@ -313,9 +330,9 @@ struct UpdateOf {
     values: HashMap<String, AttributeValue>,
 }
 
-fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
-    let names = HashMap::from([
-        ("#pk".to_string(), partition_key.to_string()),
+fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
+    let mut names = HashMap::from([
+        ("#pk".to_string(), layout.partition_key.clone()),
         ("#owner".to_string(), OWNER.to_string()),
         ("#lease".to_string(), LEASE.to_string()),
         ("#rvn".to_string(), RVN.to_string()),
@@ -358,7 +375,7 @@ fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
             AttributeValue::N(unix_ms(record.renewed_at).to_string()),
         ),
     ]);
-    let mut set = vec![
+    let mut set: Vec<String> = [
         "#owner = :owner",
         "#lease = :lease",
         "#rvn = :rvn",
@@ -367,28 +384,41 @@ fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
         "#nonce = :nonce",
         "#acq = :acq",
         "#ren = :ren",
-    ];
+    ]
+    .map(String::from)
+    .into();
     let mut remove = Vec::new();
     // dynamolock: a present isReleased means released (see the module docs).
     if record.state == LockState::Released {
-        set.push("#rel = :rel");
+        set.push("#rel = :rel".into());
         values.insert(":rel".into(), AttributeValue::S(RELEASED_MARK.to_string()));
     } else {
         remove.push("#rel");
     }
     match &record.data {
         Some(d) => {
-            set.push("#data = :data");
+            set.push("#data = :data".into());
             values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
         }
         None => remove.push("#data"),
     }
     match &record.set {
         Some(holders) => {
-            set.push("#holders = :holders");
+            set.push("#holders = :holders".into());
             values.insert(":holders".into(), AttributeValue::S(holders.to_json()));
         }
         None => remove.push("#holders"),
+    }
+    let keys = std::iter::once(&layout.partition_key).chain(layout.sort_key.iter().map(|(k, _)| k));
+    let reserved: Vec<&str> = OURS.into_iter().chain(keys.map(String::as_str)).collect();
+    let unknown = record
+        .unknown
+        .iter()
+        .filter(|(name, _)| !reserved.contains(&name.as_str()));
+    for (i, (name, value)) in unknown.enumerate() {
+        names.insert(format!("#u{i}"), name.clone());
+        values.insert(format!(":u{i}"), attribute_of(value));
+        set.push(format!("#u{i} = :u{i}"));
     }
     let mut expression = format!("SET {}", set.join(", "));
     if !remove.is_empty() {
@@ -401,8 +431,20 @@ fn update_of(record: &LockRecord, partition_key: &str) -> UpdateOf {
     }
 }
 
+/// An unknown field as an attribute: scalars as themselves, anything else as JSON text.
+fn attribute_of(value: &serde_json::Value) -> AttributeValue {
+    match value {
+        serde_json::Value::String(s) => AttributeValue::S(s.clone()),
+        serde_json::Value::Number(n) => AttributeValue::N(n.to_string()),
+        serde_json::Value::Bool(b) => AttributeValue::Bool(*b),
+        serde_json::Value::Null => AttributeValue::Null(true),
+        other => AttributeValue::S(other.to_string()),
+    }
+}
+
 /// Reads a lock item; an item without lockwarden's attributes (or with wrong types)
-/// is foreign. Public for the fuzzers (`fuzz/`).
+/// is foreign. Attributes it does not name are ignored: another client's, or a newer
+/// lockwarden's, which `UpdateItem` leaves in place. Public for the fuzzers (`fuzz/`).
 pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
     let holder = s(item, OWNER)?.clone();
     let lease_text = s(item, LEASE)?;
@@ -483,6 +525,8 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         acquired_at,
         renewed_at,
         set,
+        // Not read: no write of this build removes what it does not name.
+        unknown: UnknownFields::new(),
     })
 }
 
@@ -660,5 +704,39 @@ mod tests {
         ]);
         let err = parse_item(&item).unwrap_err();
         assert!(err.what.contains("ownerName is a number"), "{err}");
+    }
+
+    /// A record's unknown fields are written as attributes of their own, never in
+    /// place of lockwarden's or of the item's key.
+    #[test]
+    fn unknown_fields_are_written_beside_ours() {
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
+        record.unknown.insert("newer".into(), "kept".into());
+        record.unknown.insert("count".into(), 3.into());
+        record.unknown.insert(OWNER.into(), "not-the-owner".into());
+        record.unknown.insert("key".into(), "not-the-key".into());
+        let update = update_of(&record, &TableLayout::new("t"));
+        let written: HashMap<&String, &AttributeValue> = update
+            .names
+            .iter()
+            .filter(|(placeholder, _)| placeholder.starts_with("#u"))
+            .map(|(placeholder, name)| (name, &update.values[&placeholder.replace('#', ":")]))
+            .collect();
+        assert_eq!(written.len(), 2, "{written:?}");
+        assert_eq!(
+            written[&"newer".to_string()],
+            &AttributeValue::S("kept".into())
+        );
+        assert_eq!(
+            written[&"count".to_string()],
+            &AttributeValue::N("3".into())
+        );
+        assert_eq!(update.values[":owner"], AttributeValue::S("h".into()));
+        assert!(
+            update.expression.contains("#u0 = :u0, #u1 = :u1"),
+            "{}",
+            update.expression
+        );
     }
 }

@@ -9,20 +9,26 @@
 //! - lockwarden's own fields (nonce, revision, exact lease, data, state) are
 //!   annotations. A Lease without them (written by client-go) is read as held by its
 //!   `holderIdentity`, with a nonce that can never be ours.
+//! - Every update is a PUT of the Lease as read, with lockwarden's fields rewritten and
+//!   everything else carried over: annotations, labels and spec fields of other
+//!   writers — a newer lockwarden's `lockwarden.io/*` annotations included — stay as
+//!   they are (docs/design.md §3 "Stored formats that can evolve"). A PUT (not a
+//!   patch) so the `update` verb stays the only write a CLI Role needs.
+//!   `lockwarden.io/*` annotations this build does not know are read into
+//!   [`LockRecord::unknown`] and written back with the record.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use k8s_openapi::api::coordination::v1::{Lease as KubeLease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::coordination::v1::Lease as KubeLease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use crate::lock::{
     FenceToken, ForeignRecord, HolderSet, LockRecord, LockState, RecordStore, StoreError, Stored,
-    Version,
+    UnknownFields, Version,
 };
 
 const NONCE: &str = "lockwarden.io/nonce";
@@ -33,12 +39,21 @@ const DATA: &str = "lockwarden.io/data";
 const HOLDER: &str = "lockwarden.io/holder";
 /// The holder set of a key with more than one permit (JSON); absent on mutexes.
 const HOLDERS: &str = "lockwarden.io/holders";
+/// Every annotation this build writes.
+const OURS: [&str; 7] = [NONCE, REVISION, LEASE_MS, STATE, DATA, HOLDER, HOLDERS];
+/// The prefix of lockwarden's annotations: those this build does not know are a newer
+/// build's, read into [`LockRecord::unknown`].
+const PREFIX: &str = "lockwarden.io/";
+/// Annotations of ours that a record may leave out (then removed from the Lease).
+const OPTIONAL: [&str; 2] = [DATA, HOLDERS];
 
 /// One lock as a Lease in a namespace.
 pub struct LeaseStore {
     api: Api<KubeLease>,
     name: String,
     url: String,
+    /// The Lease as this store last read or wrote it: the base of the next update.
+    last: std::sync::Mutex<Option<KubeLease>>,
 }
 
 impl LeaseStore {
@@ -47,12 +62,31 @@ impl LeaseStore {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
             url: format!("k8s://{namespace}/{name}"),
+            last: std::sync::Mutex::new(None),
         }
     }
 
-    fn to_lease(&self, record: &LockRecord, resource_version: Option<&Version>) -> KubeLease {
+    /// `record` as a Lease. `base`: the Lease it replaces, as read, whose annotations,
+    /// labels and spec fields other than lockwarden's are carried over (an update
+    /// replaces the whole object); `None` for a new Lease.
+    fn to_lease(&self, record: &LockRecord, base: Option<KubeLease>) -> KubeLease {
         let released = record.state == LockState::Released;
-        let mut annotations = BTreeMap::from([
+        let mut lease = base.unwrap_or_default();
+        lease.metadata.name = Some(self.name.clone());
+        // The server keeps its own record of field managers when none is sent.
+        lease.metadata.managed_fields = None;
+        let annotations = lease.metadata.annotations.get_or_insert_default();
+        for optional in OPTIONAL {
+            annotations.remove(optional);
+        }
+        // A newer build's annotations first, so that none can take the name of ours.
+        annotations.extend(
+            record
+                .unknown
+                .iter()
+                .map(|(name, value)| (name.clone(), annotation_text(value))),
+        );
+        annotations.extend([
             (NONCE.to_string(), record.nonce.clone()),
             (REVISION.to_string(), record.revision.clone()),
             (LEASE_MS.to_string(), record.lease.as_millis().to_string()),
@@ -68,30 +102,56 @@ impl LeaseStore {
         if let Some(set) = &record.set {
             annotations.insert(HOLDERS.to_string(), set.to_json());
         }
-        KubeLease {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                resource_version: resource_version.map(|v| v.0.clone()),
-                annotations: Some(annotations),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_string(),
-                    "lockwarden".to_string(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                // client-go treats an empty holder as free.
-                holder_identity: Some(if released {
-                    String::new()
+        lease.metadata.labels.get_or_insert_default().insert(
+            "app.kubernetes.io/managed-by".to_string(),
+            "lockwarden".to_string(),
+        );
+        let spec = lease.spec.get_or_insert_default();
+        // client-go treats an empty holder as free.
+        spec.holder_identity = Some(if released {
+            String::new()
+        } else {
+            record.holder.clone()
+        });
+        spec.lease_duration_seconds = Some(lease_seconds(record.lease));
+        spec.lease_transitions = Some(i32::try_from(record.fence.0).unwrap_or(i32::MAX));
+        spec.acquire_time = Some(micro_time(record.acquired_at));
+        spec.renew_time = Some(micro_time(record.renewed_at));
+        lease
+    }
+
+    /// Remembers the Lease as read or written: the base of the next update. Without
+    /// its managed fields, which an update does not send back (and which are most of
+    /// a Lease's size).
+    fn remember(&self, lease: &KubeLease) {
+        let mut lease = lease.clone();
+        lease.metadata.managed_fields = None;
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
+    }
+
+    /// The Lease at `expected`, to carry over into an update: the one last read or
+    /// written if it is at that version, else read now. A Lease at another version
+    /// (or none) means the update's condition fails: a conflict, certainly not applied.
+    async fn base_at(&self, expected: &Version) -> Result<KubeLease, StoreError> {
+        let at_expected =
+            |l: &KubeLease| l.metadata.resource_version.as_deref() == Some(expected.0.as_str());
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(lease) = last.filter(at_expected) {
+            return Ok(lease);
+        }
+        match self.api.get_opt(&self.name).await {
+            Ok(Some(lease)) => {
+                self.remember(&lease);
+                if at_expected(&lease) {
+                    Ok(lease)
                 } else {
-                    record.holder.clone()
-                }),
-                lease_duration_seconds: Some(lease_seconds(record.lease)),
-                lease_transitions: Some(i32::try_from(record.fence.0).unwrap_or(i32::MAX)),
-                acquire_time: Some(micro_time(record.acquired_at)),
-                renew_time: Some(micro_time(record.renewed_at)),
-                ..LeaseSpec::default()
-            }),
+                    Err(StoreError::Conflict {
+                        current: Some(Box::new(stored(&lease))),
+                    })
+                }
+            }
+            Ok(None) => Err(StoreError::Conflict { current: None }),
+            Err(e) => Err(self.classify(e, "GET").for_read()),
         }
     }
 
@@ -133,6 +193,14 @@ fn lease_seconds(lease: Duration) -> i32 {
         .max(1)
 }
 
+/// An unknown field as an annotation's text: a string as itself, anything else as JSON.
+fn annotation_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
 fn micro_time(t: SystemTime) -> MicroTime {
     MicroTime(Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH))
 }
@@ -169,6 +237,7 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
         acquired_at,
         renewed_at,
         set: None,
+        unknown: UnknownFields::new(),
     };
     let Some(nonce) = annotations.get(NONCE) else {
         // A Lease written by another client (client-go leader election).
@@ -219,6 +288,11 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
             .get(HOLDERS)
             .map(|json| HolderSet::from_json(json))
             .transpose()?,
+        unknown: annotations
+            .iter()
+            .filter(|(name, _)| name.starts_with(PREFIX) && !OURS.contains(&name.as_str()))
+            .map(|(name, value)| (name.clone(), value.clone().into()))
+            .collect(),
     })
 }
 
@@ -237,7 +311,12 @@ impl RecordStore for LeaseStore {
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
         match self.api.get_opt(&self.name).await {
-            Ok(lease) => Ok(lease.as_ref().map(stored)),
+            Ok(lease) => {
+                if let Some(lease) = &lease {
+                    self.remember(lease);
+                }
+                Ok(lease.as_ref().map(stored))
+            }
             Err(e) => Err(self.classify(e, "GET").for_read()),
         }
     }
@@ -246,7 +325,10 @@ impl RecordStore for LeaseStore {
         Self::check_fence(record).map_err(StoreError::Rejected)?;
         let lease = self.to_lease(record, None);
         match self.api.create(&PostParams::default(), &lease).await {
-            Ok(l) => Ok(Version(l.metadata.resource_version.unwrap_or_default())),
+            Ok(l) => {
+                self.remember(&l);
+                Ok(Version(l.metadata.resource_version.unwrap_or_default()))
+            }
             Err(e) => Err(self.classify(e, "CREATE")),
         }
     }
@@ -257,14 +339,18 @@ impl RecordStore for LeaseStore {
         record: &LockRecord,
     ) -> Result<Version, StoreError> {
         Self::check_fence(record).map_err(StoreError::Rejected)?;
-        // PUT with metadata.resourceVersion: the API server's compare-and-swap.
-        let lease = self.to_lease(record, Some(expected));
+        // PUT with metadata.resourceVersion: the API server's compare-and-swap, of the
+        // Lease as read with lockwarden's fields rewritten (see the module docs).
+        let lease = self.to_lease(record, Some(self.base_at(expected).await?));
         match self
             .api
             .replace(&self.name, &PostParams::default(), &lease)
             .await
         {
-            Ok(l) => Ok(Version(l.metadata.resource_version.unwrap_or_default())),
+            Ok(l) => {
+                self.remember(&l);
+                Ok(Version(l.metadata.resource_version.unwrap_or_default()))
+            }
             Err(e) => Err(self.classify(e, "UPDATE")),
         }
     }
@@ -286,6 +372,9 @@ impl RecordStore for LeaseStore {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
     use super::*;
 
     #[test]
@@ -309,6 +398,67 @@ mod tests {
         assert_eq!(r.fence, FenceToken(3));
         assert_eq!(r.lease, Duration::from_secs(15));
         assert_eq!(s.version, Version("5".into()));
+    }
+
+    /// docs/design.md §3 "Stored formats that can evolve", on a Lease: an update keeps
+    /// what it does not write, and a newer build's `lockwarden.io/*` annotations are
+    /// read and written back.
+    #[tokio::test]
+    async fn an_update_carries_over_what_other_writers_added() {
+        let store = LeaseStore::new(
+            Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+            "ns",
+            "lock",
+        );
+        let record = LockRecord::new_acquisition(
+            "a",
+            FenceToken(3),
+            Duration::from_secs(30),
+            Some("d".into()),
+        );
+        let mut first = store.to_lease(&record, None);
+        first.metadata.resource_version = Some("7".into());
+        let annotations = first.metadata.annotations.as_mut().unwrap();
+        annotations.insert("example.com/owner".into(), "team-a".into());
+        annotations.insert("lockwarden.io/newer".into(), "kept".into());
+        first
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("team".into(), "a".into());
+        first.spec.as_mut().unwrap().preferred_holder = Some("b".into());
+
+        let read = parse_lease(&first).expect("ours");
+        assert_eq!(read.unknown["lockwarden.io/newer"], "kept");
+        assert_eq!(
+            read.unknown.len(),
+            1,
+            "only lockwarden.io/ annotations: {:?}",
+            read.unknown
+        );
+
+        let next = store.to_lease(&read.released(), Some(first));
+        assert_eq!(
+            next.metadata.resource_version.as_deref(),
+            Some("7"),
+            "conditional"
+        );
+        let annotations = next.metadata.annotations.unwrap();
+        assert_eq!(annotations["example.com/owner"], "team-a");
+        assert_eq!(annotations["lockwarden.io/newer"], "kept");
+        assert_eq!(annotations[STATE], "released");
+        assert_eq!(next.metadata.labels.unwrap()["team"], "a");
+        let spec = next.spec.unwrap();
+        assert_eq!(spec.preferred_holder.as_deref(), Some("b"));
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+        // Ours that the record leaves out are removed, not carried over.
+        let mut without_data = read.clone();
+        without_data.data = None;
+        let mut base = store.to_lease(&read, None);
+        base.metadata.resource_version = Some("8".into());
+        let next = store.to_lease(&without_data, Some(base));
+        assert!(!next.metadata.annotations.unwrap().contains_key(DATA));
     }
 
     #[test]

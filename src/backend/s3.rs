@@ -22,7 +22,8 @@ use aws_sdk_s3::primitives::ByteStream;
 
 use super::aws::{describe, status_and_code};
 use crate::lock::{
-    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored, Version,
+    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored,
+    UnknownFields, Version,
 };
 
 /// The lease reported for an s3lock lock, which has none: long enough never to be
@@ -45,6 +46,7 @@ pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord>
                 acquired_at: std::time::SystemTime::UNIX_EPOCH,
                 renewed_at: std::time::SystemTime::UNIX_EPOCH,
                 set: None,
+                unknown: UnknownFields::new(),
             }),
             None => Err(not_ours),
         }

@@ -368,6 +368,7 @@ mod tests {
             holders: vec![entry("a", 7), entry("b", 8)],
             waiting_writer: None,
             last_fence: FenceToken(8),
+            unknown: Default::default(),
         });
         Stored {
             record: Ok(record),

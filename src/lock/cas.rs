@@ -161,8 +161,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                     forced_from,
                 } => (Some(expected), fence, forced_from),
             };
-            let record =
+            let mut record =
                 LockRecord::new_acquisition(&req.holder, fence, req.lease, req.data.clone());
+            // A newer build's fields stay with the key (docs/design.md §3).
+            record.unknown = current.as_ref().map(Stored::unknown).unwrap_or_default();
             // `None`: the condition failed — someone else wrote first (or an SDK-level
             // retry found our first try had landed: it stays pending, so the next look
             // adopts it).

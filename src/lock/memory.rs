@@ -11,6 +11,10 @@
 //!   lost, a write that does not land and whose reply is lost, an unreachable store, a
 //!   concurrent writer slipping in first, or time in flight.
 //!
+//! - **Optionally encoded** ([`MemoryStore::encoded`]): every record is kept as the
+//!   JSON body S3 stores, so the record codec is in the loop — what a write carries is
+//!   what the next read finds. [`NewerBuild`] writes as a newer lockwarden would.
+//!
 //! Several [`crate::lock::CasLock`]s on clones of one `MemoryStore` are contenders on
 //! one key. The store only fakes the *network*; the protocol under test is the real
 //! one. Real-server tests (tests/engine.rs) stay the proof for the real stores.
@@ -63,6 +67,8 @@ struct Inner {
     next_writes: VecDeque<Fault>,
     /// Every operation fails as unreachable while set.
     unreachable: bool,
+    /// Records are kept as their JSON body (see [`MemoryStore::encoded`]).
+    encoded: bool,
     reads: usize,
     writes: usize,
 }
@@ -99,6 +105,25 @@ impl MemoryStore {
             url: url.into(),
             inner: Arc::default(),
         }
+    }
+
+    /// A store that keeps every record as the JSON body S3 would store, and reads it
+    /// back through the codec: fields a writer does not carry are gone.
+    pub fn encoded(url: impl Into<String>) -> Self {
+        let store = MemoryStore::new(url);
+        store.inner().encoded = true;
+        store
+    }
+
+    /// Writes a body unconditionally, as another program would (test set-up).
+    pub fn put_body(&self, body: &[u8]) -> Version {
+        self.inner().set(Some(LockRecord::from_json(body)))
+    }
+
+    /// The stored record as the JSON body S3 would keep.
+    pub fn body(&self) -> Option<serde_json::Value> {
+        let record = self.stored()?.record.ok()?;
+        Some(serde_json::from_slice(&record.to_json()).expect("a record is JSON"))
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -198,7 +223,11 @@ impl MemoryStore {
         if !holds {
             return Err(inner.conflict());
         }
-        let version = inner.set(change.cloned().map(Ok));
+        let version = if inner.encoded {
+            inner.set(change.map(|r| LockRecord::from_json(&r.to_json())))
+        } else {
+            inner.set(change.cloned().map(Ok))
+        };
         if reply_lost {
             return Err(StoreError::Indeterminate(
                 "injected: applied, reply lost".into(),
@@ -249,6 +278,67 @@ impl RecordStore for MemoryStore {
 
     async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
         self.write(Expect::Version(expected), None).await.map(drop)
+    }
+}
+
+/// A store as a newer lockwarden writes it: every record written through it carries
+/// a field that this build does not know at each level — the record (`newerRecord`),
+/// the holder set (`newerSet`) and `holder`'s own entries (`newerEntry`). Reading is
+/// this build's: a newer build reads its own fields, kept here in `unknown`.
+pub struct NewerBuild<S> {
+    pub store: S,
+    pub holder: String,
+}
+
+impl<S> NewerBuild<S> {
+    pub fn new(store: S, holder: &str) -> Self {
+        NewerBuild {
+            store,
+            holder: holder.to_string(),
+        }
+    }
+
+    /// `record` with the newer build's fields added.
+    pub fn with_newer_fields(&self, record: &LockRecord) -> LockRecord {
+        let mut record = record.clone();
+        record.unknown.insert("newerRecord".into(), "kept".into());
+        if let Some(set) = record.set.as_mut() {
+            set.unknown.insert("newerSet".into(), "kept".into());
+            let ours = set.holders.iter_mut().chain(set.waiting_writer.iter_mut());
+            for entry in ours.filter(|e| e.holder == self.holder) {
+                entry.unknown.insert("newerEntry".into(), 1.into());
+            }
+        }
+        record
+    }
+}
+
+#[async_trait]
+impl<S: RecordStore> RecordStore for NewerBuild<S> {
+    fn url(&self) -> &str {
+        self.store.url()
+    }
+
+    async fn read(&self) -> Result<Option<Stored>, StoreError> {
+        self.store.read().await
+    }
+
+    async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
+        self.store.create(&self.with_newer_fields(record)).await
+    }
+
+    async fn replace(
+        &self,
+        expected: &Version,
+        record: &LockRecord,
+    ) -> Result<Version, StoreError> {
+        self.store
+            .replace(expected, &self.with_newer_fields(record))
+            .await
+    }
+
+    async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
+        self.store.delete(expected).await
     }
 }
 

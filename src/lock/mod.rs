@@ -22,6 +22,8 @@ pub mod memory;
 pub mod names;
 pub mod permits;
 pub mod record;
+#[cfg(test)]
+mod rolling_upgrade;
 mod semaphore;
 
 pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress, when_reachable};
@@ -31,5 +33,7 @@ pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use permits::{HolderSet, Mode, Permits, SetEntry};
-pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version, rfc3339};
+pub use record::{
+    FenceToken, ForeignRecord, LockRecord, LockState, Stored, UnknownFields, Version, rfc3339,
+};
 pub use semaphore::lost_write_races;

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::record::{FenceToken, ForeignRecord, random_id};
+use super::record::{FenceToken, ForeignRecord, UnknownFields, random_id};
 
 /// How a holder takes a key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -103,8 +103,11 @@ impl fmt::Display for Permits {
 }
 
 /// One holder in a [`HolderSet`]: what a [`super::LockRecord`] is for a mutex.
+///
+/// Fields a newer build added are kept in `unknown` and written back with the entry
+/// (docs/design.md §3 "Stored formats that can evolve"); they leave with it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SetEntry {
     pub holder: String,
     /// Random per acquisition: proves that this entry is that acquisition's.
@@ -119,6 +122,9 @@ pub struct SetEntry {
     pub data: Option<String>,
     pub acquired_at_ms: u64,
     pub renewed_at_ms: u64,
+    /// What a newer build wrote in this entry that this one does not know.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 impl SetEntry {
@@ -140,6 +146,7 @@ impl SetEntry {
             data,
             acquired_at_ms: now,
             renewed_at_ms: now,
+            unknown: UnknownFields::new(),
         }
     }
 
@@ -167,8 +174,11 @@ impl SetEntry {
 
 /// The holders of a key with more than one permit, kept in the key's one record on
 /// the conditional-write stores (S3, DynamoDB, Kubernetes Lease).
+///
+/// Read with the fields a newer build added kept in `unknown`, and in its entries';
+/// every rewrite of the set carries them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct HolderSet {
     /// The key's permits, as the first holder of the current set named them.
     pub permits: u32,
@@ -184,6 +194,9 @@ pub struct HolderSet {
     /// lease ignores it (rule 1, as for a holder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_writer: Option<SetEntry>,
+    /// What a newer build wrote in the set that this one does not know.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
 }
 
 impl HolderSet {

@@ -7,6 +7,14 @@ use serde::{Deserialize, Serialize};
 
 use super::permits::HolderSet;
 
+/// The fields of a stored record that this build does not know, by name, kept as read
+/// so that a rewrite carries them (docs/design.md §3 "Stored formats that can evolve":
+/// readers ignore unknown fields, writers keep them).
+///
+/// Never holds the name of a field this build knows: reading takes those out first.
+/// Where each store keeps them is in docs/backends.md ("Stored formats").
+pub type UnknownFields = serde_json::Map<String, serde_json::Value>;
+
 /// A fencing token: strictly increasing per key across acquisitions.
 ///
 /// A resource protected by a lock rejects writes carrying a fence lower than the
@@ -102,6 +110,9 @@ pub struct LockRecord {
     /// holder's name, the last fence granted, `Held` while anyone holds a permit).
     /// Exclusive locks leave it `None`, so their stored format is unchanged.
     pub set: Option<HolderSet>,
+    /// What a newer build wrote that this one does not know: written back with the
+    /// record, through renewals, releases and the next acquisition.
+    pub unknown: UnknownFields,
 }
 
 impl LockRecord {
@@ -124,6 +135,7 @@ impl LockRecord {
             acquired_at: now,
             renewed_at: now,
             set: None,
+            unknown: UnknownFields::new(),
         }
     }
 
@@ -203,11 +215,25 @@ pub struct Stored {
     pub version: Version,
 }
 
+impl Stored {
+    /// The fields of a lockwarden record that this build does not know (none in a
+    /// foreign record): what the write replacing it carries over.
+    pub fn unknown(&self) -> UnknownFields {
+        self.record
+            .as_ref()
+            .map(|r| r.unknown.clone())
+            .unwrap_or_default()
+    }
+}
+
 /// The JSON document S3 stores (and the form other byte-oriented stores may reuse).
 ///
-/// `lockwarden` is a format marker: a body without it is a foreign record.
+/// `lockwarden` is a format marker: a body without it is a foreign record, and one
+/// with another number is a format this build cannot read. Fields added later in the
+/// same format number are ignored when read and written back (`unknown`); a change an
+/// older build must not misread takes a new number instead.
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 struct RecordDocument {
     lockwarden: u32,
     holder: String,
@@ -224,6 +250,8 @@ struct RecordDocument {
     /// foreign, so they see the key as held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     holders: Option<HolderSet>,
+    #[serde(flatten)]
+    unknown: UnknownFields,
 }
 
 const FORMAT_VERSION: u32 = 1;
@@ -253,6 +281,7 @@ impl LockRecord {
             acquired_at_ms: to_unix_ms(self.acquired_at),
             renewed_at_ms: to_unix_ms(self.renewed_at),
             holders: self.set.clone(),
+            unknown: self.unknown.clone(),
         };
         serde_json::to_vec(&doc).expect("record serialises")
     }
@@ -290,6 +319,7 @@ impl LockRecord {
             acquired_at: from_unix_ms(doc.acquired_at_ms),
             renewed_at: from_unix_ms(doc.renewed_at_ms),
             set: doc.holders,
+            unknown: doc.unknown,
         })
     }
 }
@@ -350,10 +380,11 @@ mod tests {
 
     #[test]
     fn foreign_descriptions_are_bounded() {
-        // serde names an unknown field in its error, so a body with a huge field name
-        // made a huge error message (fuzz/record_json checks the bound too).
+        // serde quotes what it could not read in its error (here an unknown variant),
+        // so a body with a huge value made a huge error message (fuzz/record_json
+        // checks the bound too).
         let name = "é".repeat(100_000);
-        let body = format!(r#"{{"{name}":1}}"#);
+        let body = format!(r#"{{"lockwarden":1,"state":"{name}"}}"#);
         let err = LockRecord::from_json(body.as_bytes()).unwrap_err();
         assert!(
             err.what.len() <= ForeignRecord::MAX_LEN,
@@ -365,7 +396,67 @@ mod tests {
             "{err}"
         );
         assert!(err.what.ends_with('…'), "{err}");
+        // A huge unknown field name is ignored, and the body still lacks the marker.
+        let body = format!(r#"{{"{name}":1}}"#);
+        let err = LockRecord::from_json(body.as_bytes()).unwrap_err();
+        assert!(err.what.len() <= ForeignRecord::MAX_LEN, "{err}");
+        assert!(err.what.contains("missing field `lockwarden`"), "{err}");
         assert_eq!(ForeignRecord::new("short").what, "short");
+    }
+
+    /// A body as a newer build writes it: today's fields, and one it added at each
+    /// level (the record, the holder set, a holder's entry).
+    fn newer_body() -> serde_json::Value {
+        serde_json::json!({
+            "lockwarden": 1, "holder": "newer", "nonce": "n1", "revision": "r1",
+            "fence": 4, "leaseMs": 30000, "state": "held",
+            "acquiredAtMs": 1_700_000_000_000u64, "renewedAtMs": 1_700_000_000_000u64,
+            "queue": {"priority": 7},
+            "holders": {
+                "permits": 3, "lastFence": 4, "queued": ["w"],
+                "holders": [{
+                    "holder": "newer", "nonce": "n1", "revision": "r1", "fence": 4,
+                    "leaseMs": 30000, "mode": "shared",
+                    "acquiredAtMs": 1_700_000_000_000u64, "renewedAtMs": 1_700_000_000_000u64,
+                    "terminationBoundMs": 45000
+                }]
+            }
+        })
+    }
+
+    #[test]
+    fn readers_ignore_unknown_fields_and_writers_keep_them() {
+        let body = serde_json::to_vec(&newer_body()).unwrap();
+        let record = LockRecord::from_json(&body).expect("a newer build's record is ours");
+        assert_eq!(
+            (record.holder.as_str(), record.fence),
+            ("newer", FenceToken(4))
+        );
+        assert_eq!(record.unknown["queue"], serde_json::json!({"priority": 7}));
+        let set = record.set.as_ref().unwrap();
+        assert_eq!(set.unknown["queued"], serde_json::json!(["w"]));
+        assert_eq!(set.holders[0].unknown["terminationBoundMs"], 45000);
+        // Every rewrite this build makes carries them: the same document comes back,
+        // through a renewal and a release too.
+        let back: serde_json::Value = serde_json::from_slice(&record.to_json()).unwrap();
+        assert_eq!(back, newer_body());
+        for rewritten in [record.renewed(), record.released()] {
+            let doc: serde_json::Value = serde_json::from_slice(&rewritten.to_json()).unwrap();
+            assert_eq!(doc["queue"], newer_body()["queue"]);
+            assert_eq!(doc["holders"], newer_body()["holders"]);
+        }
+        // What makes a body ours is unchanged: the marker and today's fields.
+        let mut no_marker = newer_body();
+        no_marker.as_object_mut().unwrap().remove("lockwarden");
+        let err = LockRecord::from_json(&serde_json::to_vec(&no_marker).unwrap()).unwrap_err();
+        assert!(err.what.contains("missing field `lockwarden`"), "{err}");
+        let mut other_format = newer_body();
+        other_format["lockwarden"] = 2.into();
+        let err = LockRecord::from_json(&serde_json::to_vec(&other_format).unwrap()).unwrap_err();
+        assert!(err.what.contains("format 2 is not supported"), "{err}");
+        let mut no_nonce = newer_body();
+        no_nonce.as_object_mut().unwrap().remove("nonce");
+        assert!(LockRecord::from_json(&serde_json::to_vec(&no_nonce).unwrap()).is_err());
     }
 
     #[test]

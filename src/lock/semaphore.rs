@@ -32,7 +32,7 @@ use super::cas::CasLock;
 use super::clock::HolderDeadline;
 use super::error::{LockError, LostReason};
 use super::permits::{HolderSet, Mode, SetEntry};
-use super::record::{FenceToken, LockRecord, LockState, Stored, Version, random_id};
+use super::record::{FenceToken, LockRecord, LockState, Stored, UnknownFields, Version, random_id};
 
 /// How many times one acquisition attempt re-reads after losing a write race before it
 /// reports the key busy (the caller tries again later).
@@ -134,15 +134,18 @@ impl SetContender {
     }
 }
 
-/// The record as a set, and the version a write must name (`None`: create).
+/// The record as a set, the version a write must name (`None`: create), and the
+/// record's fields this build does not know, which every rewrite carries.
 struct Current {
     set: HolderSet,
     version: Option<Version>,
+    unknown: UnknownFields,
 }
 
 /// The record a set is stored as. The summary fields are for other tools and older
 /// builds: held while anyone holds a permit, by the first holder, with the last fence.
-pub(super) fn record_of(set: HolderSet) -> LockRecord {
+/// `unknown`: the fields of the record it replaces that this build does not know.
+pub(super) fn record_of(set: HolderSet, unknown: &UnknownFields) -> LockRecord {
     let now = SystemTime::now();
     let summary = set.holders.first().cloned();
     LockRecord {
@@ -167,6 +170,7 @@ pub(super) fn record_of(set: HolderSet) -> LockRecord {
         acquired_at: summary.as_ref().map_or(now, SetEntry::acquired_at),
         renewed_at: now,
         set: Some(set),
+        unknown: unknown.clone(),
     }
 }
 
@@ -182,8 +186,9 @@ fn holder_summary(set: &HolderSet) -> String {
 }
 
 /// A holder's view of the record: its own entry in the lock-record fields (so
-/// `Lease::fence`, `nonce`, `holder` are its own), the whole set in `set`.
-pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet) -> LockRecord {
+/// `Lease::fence`, `nonce`, `holder` are its own), the whole set in `set`, and the
+/// record's fields this build does not know in `unknown`.
+pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet, unknown: &UnknownFields) -> LockRecord {
     LockRecord {
         holder: entry.holder.clone(),
         nonce: entry.nonce.clone(),
@@ -195,8 +200,13 @@ pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet) -> LockRecord {
         acquired_at: entry.acquired_at(),
         renewed_at: entry.renewed_at(),
         set: Some(set.clone()),
+        unknown: unknown.clone(),
     }
 }
+
+/// What a write of the set replaces: the version read (`None`: create) and the fields
+/// of that record this build does not know, which the write carries.
+type Replacing<'a> = (Option<&'a Version>, &'a UnknownFields);
 
 /// Whether `set` admits a new holder in `mode` now, with `us` the nonce of our
 /// waiting-writer registration, if any.
@@ -226,6 +236,7 @@ impl<S: RecordStore> CasLock<S> {
                     ..HolderSet::default()
                 },
                 version: None,
+                unknown: UnknownFields::new(),
             });
         };
         let r = match &stored.record {
@@ -269,6 +280,7 @@ impl<S: RecordStore> CasLock<S> {
         Ok(Current {
             set,
             version: Some(stored.version.clone()),
+            unknown: r.unknown.clone(),
         })
     }
 
@@ -296,12 +308,17 @@ impl<S: RecordStore> CasLock<S> {
             {
                 return Ok(Attempt::Acquired(lease));
             }
-            let Current { mut set, version } = self.as_set(req, stored.as_ref())?;
+            let Current {
+                mut set,
+                version,
+                unknown,
+            } = self.as_set(req, stored.as_ref())?;
             last_seen = Some(set.clone());
             st.set.drop_expired(&mut set, takeover_after);
             let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
             if admits(&set, req.permits.mode, ours.as_deref()) {
-                match self.grant(&mut st.set, req, set, version.as_ref()).await? {
+                let replacing = (version.as_ref(), &unknown);
+                match self.grant(&mut st.set, req, set, replacing).await? {
                     Some(lease) => return Ok(Attempt::Acquired(lease)),
                     None => {
                         back_off(attempt).await;
@@ -310,13 +327,13 @@ impl<S: RecordStore> CasLock<S> {
                 }
             }
             if !self
-                .wait_as_writer(&mut st.set, req, &mut set, version.as_ref())
+                .wait_as_writer(&mut st.set, req, &mut set, (version.as_ref(), &unknown))
                 .await
             {
                 back_off(attempt).await;
                 continue;
             }
-            let holder = record_of(set.clone());
+            let holder = record_of(set.clone(), &unknown);
             // Refresh the registration well within its lease; otherwise wake when the
             // first entry could be seen expired.
             let retry_in = st.set.next_expiry(&set, takeover_after).min(req.lease / 3);
@@ -327,7 +344,7 @@ impl<S: RecordStore> CasLock<S> {
             });
         }
         // Every write lost a race: busy for now, as the last set read showed.
-        let holder = record_of(last_seen.unwrap_or_default());
+        let holder = record_of(last_seen.unwrap_or_default(), &UnknownFields::new());
         Ok(Attempt::Busy {
             holder,
             retry_in: Some(Duration::from_millis(50)),
@@ -342,7 +359,7 @@ impl<S: RecordStore> CasLock<S> {
         st: &mut SetContender,
         req: &AcquireRequest,
         mut set: HolderSet,
-        version: Option<&Version>,
+        replacing: Replacing<'_>,
     ) -> Result<Option<Lease>, LockError> {
         let last = set.last_fence;
         let fence = last.checked_next().ok_or_else(|| LockError::Backend {
@@ -360,7 +377,7 @@ impl<S: RecordStore> CasLock<S> {
         }
         set.holders.push(entry.clone());
         set.last_fence = fence;
-        let lease = self.write_grant(st, version, set, entry).await?;
+        let lease = self.write_grant(st, replacing, set, entry).await?;
         if lease.is_some() {
             st.waiting = None;
         }
@@ -375,7 +392,7 @@ impl<S: RecordStore> CasLock<S> {
         st: &mut SetContender,
         req: &AcquireRequest,
         set: &mut HolderSet,
-        version: Option<&Version>,
+        (version, unknown): Replacing<'_>,
     ) -> bool {
         let ours = st.waiting.as_ref().map(|w| w.nonce.clone());
         let slot_free = set.waiting_writer.is_none()
@@ -388,7 +405,9 @@ impl<S: RecordStore> CasLock<S> {
             None => SetEntry::new(&req.holder, FenceToken(0), req.lease, Mode::Exclusive, None),
         };
         set.waiting_writer = Some(waiting.clone());
-        let written = self.write_set(version, &record_of(set.clone())).await;
+        let written = self
+            .write_set(version, &record_of(set.clone(), unknown))
+            .await;
         // Whatever the outcome, the registration may be there: keep its nonce so the
         // next attempt refreshes rather than duplicates it.
         st.waiting = Some(waiting);
@@ -418,11 +437,11 @@ impl<S: RecordStore> CasLock<S> {
     async fn write_grant(
         &self,
         st: &mut SetContender,
-        version: Option<&Version>,
+        (version, unknown): Replacing<'_>,
         set: HolderSet,
         entry: SetEntry,
     ) -> Result<Option<Lease>, LockError> {
-        let record = record_of(set);
+        let record = record_of(set, unknown);
         let sent = Instant::now();
         match self.write_set(version, &record).await {
             Ok(version) => {
@@ -455,7 +474,7 @@ impl<S: RecordStore> CasLock<S> {
     ) -> Lease {
         let set = record.set.clone().unwrap_or_default();
         let deadline = HolderDeadline::after_write(sent, entry.lease(), &self.margins);
-        Lease::new(entry_view(entry, &set), version, deadline)
+        Lease::new(entry_view(entry, &set, &record.unknown), version, deadline)
     }
 
     /// Rule 4 across attempts: an acquisition whose reply was lost, found in the set.
@@ -494,6 +513,7 @@ impl<S: RecordStore> CasLock<S> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
         let mut ours = lease.record.revision.clone();
+        let mut unknown = lease.record.unknown.clone();
         let mut losses = 0;
         loop {
             let Some(entry) = base
@@ -520,21 +540,22 @@ impl<S: RecordStore> CasLock<S> {
             for h in set.holders.iter_mut().filter(|h| h.nonce == renewed.nonce) {
                 *h = renewed.clone();
             }
-            let record = record_of(set.clone());
+            let record = record_of(set.clone(), &unknown);
             let sent = Instant::now();
             match self.store.replace(&version, &record).await {
                 Ok(v) => {
-                    lease.confirm(entry_view(&renewed, &set), v, sent, &self.margins);
+                    let view = entry_view(&renewed, &set, &unknown);
+                    lease.confirm(view, v, sent, &self.margins);
                     return Ok(());
                 }
                 Err(StoreError::Conflict { .. }) => lost_a_race(),
                 Err(StoreError::Indeterminate(cause)) => {
-                    lease.unconfirmed = Some((entry_view(&renewed, &set), sent));
-                    let (s, v) = self.read_set().await?;
+                    lease.unconfirmed = Some((entry_view(&renewed, &set, &unknown), sent));
+                    let (s, v, u) = self.read_set().await?;
                     if s.entry(&renewed.nonce)
                         .is_some_and(|e| e.revision == renewed.revision)
                     {
-                        lease.confirm(entry_view(&renewed, &s), v, sent, &self.margins);
+                        lease.confirm(entry_view(&renewed, &s, &u), v, sent, &self.margins);
                         return Ok(());
                     }
                     if v == version {
@@ -550,20 +571,27 @@ impl<S: RecordStore> CasLock<S> {
             }
             losses += 1;
             back_off(losses).await;
-            let (s, v) = self.read_set().await?;
+            let (s, v, u) = self.read_set().await?;
             ours = entry.revision.clone();
             base = s;
             version = v;
+            unknown = u;
         }
     }
 
-    /// Reads the set for a holder; the key no longer being a set means the permit is lost.
-    async fn read_set(&self) -> Result<(HolderSet, Version), LockError> {
+    /// Reads the set for a holder (with the record's fields this build does not know);
+    /// the key no longer being a set means the permit is lost.
+    async fn read_set(&self) -> Result<(HolderSet, Version, UnknownFields), LockError> {
         match self.read().await? {
             Some(Stored {
-                record: Ok(LockRecord { set: Some(set), .. }),
+                record:
+                    Ok(LockRecord {
+                        set: Some(set),
+                        unknown,
+                        ..
+                    }),
                 version,
-            }) => Ok((set, version)),
+            }) => Ok((set, version, unknown)),
             None => Err(self.lost(LostReason::Deleted)),
             Some(Stored {
                 record: Err(found), ..
@@ -586,6 +614,7 @@ impl<S: RecordStore> CasLock<S> {
     pub(super) async fn release_permit(&self, lease: &Lease) -> Result<(), LockError> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
+        let mut unknown = lease.record.unknown.clone();
         let give_up = Instant::now() + RELEASE_PATIENCE;
         let mut losses = 0;
         while Instant::now() < give_up {
@@ -595,7 +624,11 @@ impl<S: RecordStore> CasLock<S> {
             let mut set = base.clone();
             set.holders.retain(|h| h.nonce != lease.record.nonce);
             let empty = set.holders.is_empty() && set.waiting_writer.is_none();
-            match self.store.replace(&version, &record_of(set)).await {
+            match self
+                .store
+                .replace(&version, &record_of(set, &unknown))
+                .await
+            {
                 Ok(v) => {
                     if empty && self.delete_on_release {
                         // s3lockCompatible: no object while nobody holds the key. A
@@ -611,13 +644,14 @@ impl<S: RecordStore> CasLock<S> {
             // Another write (or ours, unseen) came first: look again.
             losses += 1;
             back_off(losses).await;
-            let (s, v) = match self.read_set().await {
+            let (s, v, u) = match self.read_set().await {
                 Ok(found) => found,
                 Err(LockError::Lost { .. }) => return Err(LockError::NotHeld { url: self.url() }),
                 Err(e) => return Err(e),
             };
             base = s;
             version = v;
+            unknown = u;
         }
         Err(self.unavailable("the holder set kept changing while releasing"))
     }
@@ -635,7 +669,7 @@ impl<S: RecordStore> CasLock<S> {
         let set = record.set.as_ref()?;
         let entry = set.entry(nonce).filter(|e| e.holder == holder)?;
         Some(Lease::new(
-            entry_view(entry, set),
+            entry_view(entry, set, &record.unknown),
             stored.version.clone(),
             HolderDeadline::expired(),
         ))
@@ -662,7 +696,11 @@ impl<S: RecordStore> CasLock<S> {
                 return;
             }
             set.waiting_writer = None;
-            match self.store.replace(&version, &record_of(set)).await {
+            match self
+                .store
+                .replace(&version, &record_of(set, &record.unknown))
+                .await
+            {
                 Err(StoreError::Conflict { .. }) => continue,
                 _ => return,
             }

@@ -17,7 +17,7 @@ use super::session::{Generation, ZkSession};
 use super::{definite, permanent, session_ended};
 use crate::lock::{
     AcquireRequest, Attempt, ForeignRecord, HeldBy, HolderDeadline, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, Version, names,
+    LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, UnknownFields, Version, names,
 };
 
 /// One lock path in ZooKeeper, as seen by one contender: each `ZkLock` has at most one
@@ -146,6 +146,7 @@ impl ZkLock {
                 acquired_at: wall_clock(stat.ctime),
                 renewed_at: wall_clock(stat.mtime),
                 set: None,
+                unknown: UnknownFields::new(),
             },
         }
     }
