@@ -31,5 +31,8 @@ pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use permits::{HolderSet, Mode, Permits, SetEntry};
-pub use record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version, rfc3339};
-pub use semaphore::lost_write_races;
+pub use record::{
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version,
+    rfc3339,
+};
+pub use semaphore::{holder_summary, lost_write_races};
