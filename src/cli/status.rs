@@ -140,7 +140,7 @@ fn short_holder(holder: &str) -> String {
     let what = match found.strip_prefix(KAFKA_KIT) {
         // The owner is quoted (Rust's `{:?}`): up to the closing quote.
         Some(owner) if owner.starts_with('"') => {
-            let end = owner[1..].find(|c| c == '"').map_or(owner.len(), |i| i + 2);
+            let end = owner[1..].find('"').map_or(owner.len(), |i| i + 2);
             format!("kafka-kit {}", &owner[..end])
         }
         _ => "another client".to_string(),
