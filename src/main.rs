@@ -14,7 +14,7 @@ use lockwarden::cli::{self, CliError};
     propagate_version = true,
     subcommand_required = true,
     arg_required_else_help = true,
-    after_help = cli::EXIT_CODES_HELP
+    after_help = cli::after_help()
 )]
 struct Cli {
     #[command(flatten)]

@@ -253,6 +253,59 @@ impl Cli {
         );
     }
 
+    /// A key another tool holds is *held, permits unknown* (docs/design.md §6.2), on
+    /// every store: `lock --permits 3` exits 3 at once naming the holder (not a
+    /// disagreement of permits, exit 1), and `--wait` waits for it, to exit 3 when the
+    /// wait runs out.
+    async fn assert_permits_wait_for_another_tool(&self, url: &str, by: &str) {
+        let out = self
+            .run(&["lock", url, "--permits", "3", "-o", "permit.lock"])
+            .await;
+        assert_eq!(out.code, 3, "held, permits unknown: {out:#?}");
+        assert!(
+            out.stderr.contains("lock already held by") && out.stderr.contains(by),
+            "the error must name {by:?}: {out:#?}"
+        );
+        assert!(
+            !out.stderr
+                .contains("every lock on one key must name the same permits"),
+            "not a disagreement of permits: {out:#?}"
+        );
+        let asked = std::time::Instant::now();
+        let out = self
+            .run(&[
+                "lock",
+                url,
+                "--permits",
+                "3",
+                "--wait",
+                "3",
+                "-o",
+                "permit.lock",
+            ])
+            .await;
+        assert_eq!(out.code, 3, "{out:#?}");
+        assert!(
+            out.stderr.contains("gave up after waiting") && out.stderr.contains(by),
+            "{out:#?}"
+        );
+        assert!(
+            asked.elapsed() >= Duration::from_secs(3),
+            "--wait was not waited"
+        );
+        assert!(!self.path("permit.lock").exists());
+    }
+
+    /// Once the other tool let go, the first lockwarden holder sets the key's permits.
+    async fn assert_first_holder_sets_the_permits(&self, url: &str) {
+        self.lock(url, "permit.lock", &["--permits", "3", "--wait", "60"])
+            .await;
+        let out = self.run(&["status", url, "-o", "json"]).await;
+        let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
+        assert_eq!(status["permits"], 3, "{status}");
+        self.unlock("permit.lock").await;
+    }
+
     /// `lock URL -o NAME` succeeds.
     async fn lock(&self, url: &str, name: &str, extra: &[&str]) {
         let mut args = vec!["lock", url, "-o", name];
@@ -323,6 +376,22 @@ async fn s3lock_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock
     )
     .await;
     backend.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waits_for_an_s3lock_holder_and_then_sets_the_permits() {
+    let (bucket, key, url) = s3_key().await;
+    let mut holder = s3lock(&bucket, &key, "0s");
+    let id = holder.expect("ACQUIRED").await;
+    let cli = Cli::aws();
+    cli.assert_permits_wait_for_another_tool(&url, &id).await;
+    // Its status: s3lock's lock never expires (no placeholder duration).
+    let out = cli.run(&["status", &url]).await;
+    assert_eq!(out.code, 0, "{out:#?}");
+    assert!(out.stdout.contains("never expires"), "{out:#?}");
+    assert!(!out.stdout.contains("years"), "{out:#?}");
+    holder.release().await;
+    cli.assert_first_holder_sets_the_permits(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -557,6 +626,18 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
         lease.fence()
     );
     backend.release(&lease).await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waits_for_a_dynamolock_holder_and_then_sets_the_permits() {
+    let (table, key, url) = dynamo_key().await;
+    let owner = unique("dynamolock-owner");
+    let mut holder = dynamolock(&table, &key, &owner, "0s");
+    holder.expect("ACQUIRED").await;
+    let cli = Cli::aws();
+    cli.assert_permits_wait_for_another_tool(&url, &owner).await;
+    holder.release().await;
+    cli.assert_first_holder_sets_the_permits(&url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -818,6 +899,89 @@ async fn kafka_kit_waits_behind_the_holders_of_a_semaphore_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waits_for_a_kafka_kit_holder_and_then_sets_the_permits() {
+    let path = format!("/{}", unique("interop-kk-permits"));
+    let url = zk_url(&path);
+    let mut holder = kafkakit_with(&path, "0s", &["--owner", "kk-owner"]);
+    let entry = holder.expect("QUEUED").await;
+    holder.expect("ACQUIRED").await;
+    let cli = Cli::new();
+    cli.assert_permits_wait_for_another_tool(&url, &entry).await;
+    // status: the table names the owner and the entry in a short cell; the sentence
+    // about its TTL is for -o wide and JSON/YAML.
+    let table = cli.run(&["status", &url]).await;
+    assert_eq!(table.code, 0, "{table:#?}");
+    assert!(
+        table
+            .stdout
+            .contains(&format!("kafka-kit \"kk-owner\" (entry {entry})")),
+        "{table:#?}"
+    );
+    assert!(!table.stdout.contains("ttl_deadline"), "{table:#?}");
+    let wide = cli.run(&["status", &url, "-o", "wide"]).await;
+    assert!(wide.stdout.contains("ttl_deadline"), "{wide:#?}");
+    holder.release().await;
+    cli.assert_first_holder_sets_the_permits(&url).await;
+}
+
+/// A permit refused because a kafka-kit entry waits ahead of it (another client's
+/// entry counts as exclusive) names that entry, not the lockwarden holder before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_behind_a_queued_kafka_kit_entry_names_that_entry() {
+    let path = format!("/{}", unique("interop-kk-blocks"));
+    let url = zk_url(&path);
+    let req = AcquireRequest {
+        permits: Permits::semaphore(3),
+        ..request("lockwarden-permit-1", Duration::from_secs(10))
+    };
+    let first = HeldLock::acquire(zk_engine(&path), &req, Wait::No)
+        .await
+        .expect("a permit of a free key");
+    let mut queued = kafkakit_with(&path, "120s", &["--owner", "kk-queued"]);
+    let entry = queued.expect("QUEUED").await;
+    queued.expect("WAITING").await;
+
+    let out = Cli::new()
+        .run(&["lock", &url, "--permits", "3", "-o", "blocked.lock"])
+        .await;
+    assert_eq!(out.code, 3, "{out:#?}");
+    assert!(
+        out.stderr.contains(&entry) && out.stderr.contains("kk-queued"),
+        "the refusal must name the kafka-kit entry {entry} that blocks it: {out:#?}"
+    );
+    assert!(!out.stderr.contains("lockwarden-permit-1"), "{out:#?}");
+    first.release().await.expect("release");
+    queued.expect("ACQUIRED").await;
+    queued.release().await;
+}
+
+/// `status` of a ZooKeeper key with several permit holders names every one of them in
+/// its summary row, as S3 and DynamoDB do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_a_zookeeper_semaphore_names_every_holder() {
+    let path = format!("/{}", unique("interop-zk-holders"));
+    let url = zk_url(&path);
+    let mut held = Vec::new();
+    for holder in ["permit-a", "permit-b"] {
+        let req = AcquireRequest {
+            permits: Permits::semaphore(3),
+            ..request(holder, Duration::from_secs(10))
+        };
+        held.push(
+            HeldLock::acquire(zk_engine(&path), &req, Wait::No)
+                .await
+                .expect("a permit of a free key"),
+        );
+    }
+    let out = Cli::new().run(&["status", &url, "-o", "json"]).await;
+    let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
+    assert_eq!(status["holder"], "permit-a and permit-b", "{status}");
+    for lock in held {
+        lock.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     let path = format!("/{}", unique("interop-fifo"));
     let req = request("lockwarden", Duration::from_secs(10));
@@ -1058,6 +1222,20 @@ async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
     held.release().await.expect("release");
     waiting.expect("ACQUIRED").await;
     waiting.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waits_for_a_client_go_leader_and_then_sets_the_permits() {
+    let ns = kube_namespace("interop-lease").await;
+    let name = unique("lease");
+    let url = format!("k8s://{ns}/{name}");
+    let mut elector = leader(&ns, &name, "go-leader-permits", &[]);
+    elector.expect("ACQUIRED").await;
+    let cli = Cli::kube();
+    cli.assert_permits_wait_for_another_tool(&url, "go-leader-permits")
+        .await;
+    elector.release().await;
+    cli.assert_first_holder_sets_the_permits(&url).await;
 }
 
 /// client-go reads a Lease holding a holder set by its `holderIdentity` (the holders'

@@ -45,6 +45,7 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::api::strip_nullable)]
+#[schemars(transform = crate::api::kubernetes_integer_formats)]
 #[x_kube(
     validation = renew_below_half_lease(),
     validation = shared_needs_permits(),
@@ -178,6 +179,7 @@ impl std::fmt::Display for LockPhase {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::api::strip_nullable)]
+#[schemars(transform = crate::api::kubernetes_integer_formats)]
 pub struct DistributedLockStatus {
     /// Pending, Waiting, Held, Releasing, Released, Lost or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

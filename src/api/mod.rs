@@ -63,6 +63,40 @@ pub fn crd_yaml() -> String {
     )
 }
 
+/// Schema transform: gives every integer a format Kubernetes knows, recursively.
+///
+/// schemars names Rust's unsigned types (`format: uint32`…), which the API server does
+/// not know and warns about on every `kubectl apply` of the CRD. An integer whose
+/// declared maximum fits in 32 bits is `int32`, any other `int64`; its `minimum`
+/// (schemars writes 0 for an unsigned type) still keeps it non-negative.
+pub(crate) fn kubernetes_integer_formats(schema: &mut schemars::Schema) {
+    KubernetesIntegerFormats.transform(schema);
+}
+
+struct KubernetesIntegerFormats;
+
+impl Transform for KubernetesIntegerFormats {
+    fn transform(&mut self, schema: &mut schemars::Schema) {
+        transform_subschemas(self, schema);
+        let Some(obj) = schema.as_object_mut() else {
+            return;
+        };
+        let Some(Value::String(format)) = obj.get("format") else {
+            return;
+        };
+        if matches!(format.as_str(), "int32" | "int64") || !format.contains("int") {
+            return;
+        }
+        let fits_int32 = obj
+            .get("maximum")
+            .and_then(Value::as_f64)
+            .is_some_and(|max| max <= f64::from(i32::MAX))
+            || matches!(format.as_str(), "int8" | "uint8" | "int16" | "uint16");
+        let known = if fits_int32 { "int32" } else { "int64" };
+        obj.insert("format".into(), Value::from(known));
+    }
+}
+
 /// Schema transform: makes every optional field non-nullable (drops `null` from
 /// `type` and `enum`, unwraps `anyOf: [T, null]`, removes `nullable`), recursively.
 pub(crate) fn strip_nullable(schema: &mut schemars::Schema) {

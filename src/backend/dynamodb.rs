@@ -42,8 +42,8 @@ use aws_sdk_dynamodb::types::{
 use super::aws::{describe, status_and_code};
 use crate::duration::{format_duration, parse_duration};
 use crate::lock::{
-    FenceToken, ForeignRecord, HolderSet, LockRecord, LockState, RecordStore, StoreError, Stored,
-    UnknownFields, Version,
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
+    RecordStore, StoreError, Stored, UnknownFields, Version,
 };
 
 pub const DEFAULT_PARTITION_KEY: &str = "key";
@@ -59,8 +59,6 @@ const NONCE: &str = "nonce";
 const LOCKWARDEN_RVN: &str = "lockwardenRvn";
 /// dynamolock's "released" marker value (it tests presence, and conditions on "1").
 const RELEASED_MARK: &str = "1";
-/// The nonce given to an item another client wrote: never equal to one of ours.
-const FOREIGN_NONCE_PREFIX: &str = "foreign-rvn:";
 const ACQUIRED: &str = "acquiredAtMs";
 const RENEWED: &str = "renewedAtMs";
 /// The holder set of a key with more than one permit (JSON); absent on mutexes.
@@ -503,7 +501,7 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
             0
         };
         (
-            format!("{FOREIGN_NONCE_PREFIX}{rvn}"),
+            format!("{ANOTHER_TOOL_NONCE_PREFIX}rvn:{rvn}"),
             FenceToken(fence),
             SystemTime::UNIX_EPOCH,
             SystemTime::UNIX_EPOCH,
@@ -672,7 +670,7 @@ mod tests {
         assert_eq!(r.lease, Duration::from_secs(3));
         assert_eq!(r.state, LockState::Held);
         assert_eq!(r.fence, FenceToken(0));
-        assert!(r.nonce.starts_with(FOREIGN_NONCE_PREFIX));
+        assert!(r.by_another_tool(), "{}", r.nonce);
         let r = parse_item(&dynamolock_item(true)).unwrap();
         assert_eq!(r.state, LockState::Released);
     }

@@ -27,8 +27,8 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
 use crate::lock::{
-    FenceToken, ForeignRecord, HolderSet, LockRecord, LockState, RecordStore, StoreError, Stored,
-    UnknownFields, Version,
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
+    RecordStore, StoreError, Stored, UnknownFields, Version,
 };
 
 const NONCE: &str = "lockwarden.io/nonce";
@@ -224,7 +224,7 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
     // with a nonce that can never be ours.
     let other_client = LockRecord {
         holder: holder_identity.clone(),
-        nonce: String::new(),
+        nonce: format!("{ANOTHER_TOOL_NONCE_PREFIX}client-go"),
         revision: String::new(),
         fence,
         lease: Duration::from_secs(seconds.max(1) as u64),

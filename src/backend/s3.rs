@@ -22,8 +22,8 @@ use aws_sdk_s3::primitives::ByteStream;
 
 use super::aws::{describe, status_and_code};
 use crate::lock::{
-    FenceToken, ForeignRecord, LockRecord, LockState, RecordStore, StoreError, Stored,
-    UnknownFields, Version,
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, RecordStore,
+    StoreError, Stored, UnknownFields, Version,
 };
 
 /// The lease reported for an s3lock lock, which has none: long enough never to be
@@ -37,7 +37,7 @@ pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord>
         match id.and_then(|id| uuid::Uuid::try_parse(id).ok().map(|_| id)) {
             Some(id) => Ok(LockRecord {
                 holder: format!("s3lock (lock id {id})"),
-                nonce: format!("s3lock:{id}"),
+                nonce: format!("{ANOTHER_TOOL_NONCE_PREFIX}s3lock:{id}"),
                 revision: etag.to_string(),
                 fence: FenceToken(0),
                 lease: S3LOCK_LEASE,

@@ -204,6 +204,13 @@ pub struct LockArgs {
     #[arg(long, value_name = "ID", value_parser = parse_holder)]
     pub holder: Option<String>,
 
+    /// Take back at once a lock that this --holder still holds from an earlier run that
+    /// never released it (a restart), instead of waiting out its lease: only if the
+    /// stored holder is this one, by a write conditioned on the version read, with a new
+    /// fence. Unsafe if two live processes share the holder name
+    #[arg(long, requires = "holder", conflicts_with = "force")]
+    pub reclaim: bool,
+
     /// Free text stored with the lock (shown by `status`)
     #[arg(long, value_name = "TEXT")]
     pub data: Option<String>,
@@ -234,6 +241,7 @@ impl LockArgs {
             lease: self.lease,
             data: self.data.clone(),
             force: self.force,
+            reclaim: self.reclaim,
             permits: self.permits.permits()?,
         })
     }

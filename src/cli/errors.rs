@@ -6,36 +6,99 @@ use super::lockfile::LockFileError;
 use crate::backend::{ConnectError, TargetError};
 use crate::lock::{HeldBy, LockError};
 
-/// Exit codes of every command.
+/// Exit codes of every command: the names the code uses. What each means is said once,
+/// in [`EXIT_CODES`].
 pub mod exit {
-    /// Success (`run`: the command's own exit status instead).
     pub const OK: u8 = 0;
-    /// The backend failed or refused, a lock file is missing or corrupt, the lock was
-    /// already unlocked, an I/O error.
     pub const ERROR: u8 = 1;
-    /// The command line is malformed: URL, flag, duration.
     pub const USAGE: u8 = 2;
-    /// The lock is held by someone else (at once, or still when `--wait` ran out;
-    /// `unlock`: lock mismatch, it was taken over).
     pub const HELD: u8 = 3;
-    /// `run`: the lock was lost while the command ran; the command was terminated.
     pub const LOST: u8 = 4;
-    /// `run`: the command could not be executed (permission denied).
     pub const CANNOT_EXECUTE: u8 = 126;
-    /// `run`: the command was not found.
     pub const NOT_FOUND: u8 = 127;
 }
 
-/// The exit codes, as `lockwarden --help` shows them.
-pub const EXIT_CODES_HELP: &str = "\
-Exit status:
-  0    success (run: the exit status of COMMAND, 128+N if a signal N killed it)
-  1    error: backend unreachable or refusing, lock file missing or corrupt, already unlocked
-  2    usage error: malformed URL, flag or duration
-  3    the lock is held by someone else (also when --wait runs out; unlock: lock mismatch)
-  4    run: the lock was lost while COMMAND ran; COMMAND got SIGTERM (SIGKILL after --grace)
-  126  run: COMMAND could not be executed; 127: COMMAND not found
+/// One exit status and what it means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExitStatus {
+    pub code: u8,
+    /// One line, plain text: `--help` shows it as it is, and the README and
+    /// docs/architecture.md show it word for word (a test compares them).
+    pub meaning: &'static str,
+}
 
+/// Every exit status of every command, in order: the one table `--help`, the README
+/// and docs/architecture.md show. A new exit code is a row here (and then a row there).
+pub const EXIT_CODES: &[ExitStatus] = &[
+    ExitStatus {
+        code: exit::OK,
+        meaning: "success (run: the exit status of COMMAND, 128+N if a signal N killed it)",
+    },
+    ExitStatus {
+        code: exit::ERROR,
+        meaning: "error: backend unreachable or refusing, lock file missing or corrupt, \
+                  already unlocked, permits disagreeing with the holders'",
+    },
+    ExitStatus {
+        code: exit::USAGE,
+        meaning: "usage error: malformed URL, flag or duration (the message gives the expected form)",
+    },
+    ExitStatus {
+        code: exit::HELD,
+        meaning: "the lock is held by someone else, at once or still when --wait ran out, \
+                  also by another tool's lock or a record lockwarden does not recognise \
+                  (unlock: lock mismatch, it was taken over)",
+    },
+    ExitStatus {
+        code: exit::LOST,
+        meaning: "run: the lock was lost while COMMAND ran; COMMAND got SIGTERM (SIGKILL after --grace)",
+    },
+    ExitStatus {
+        code: exit::CANNOT_EXECUTE,
+        meaning: "run: COMMAND could not be executed",
+    },
+    ExitStatus {
+        code: exit::NOT_FOUND,
+        meaning: "run: COMMAND was not found",
+    },
+];
+
+/// What `lockwarden --help` shows after the commands: [`EXIT_CODES`], then the lock
+/// URLs and the permit flags.
+pub fn after_help() -> String {
+    let mut help = String::from("Exit status:\n");
+    for status in EXIT_CODES {
+        help.push_str(&exit_status_lines(status));
+    }
+    help.push('\n');
+    help.push_str(AFTER_EXIT_CODES);
+    help
+}
+
+/// One row of the table as `--help` shows it: the code, then the meaning wrapped at
+/// 88 columns under itself (narrow enough that clap does not wrap it again).
+fn exit_status_lines(status: &ExitStatus) -> String {
+    const INDENT: usize = 7;
+    const WIDTH: usize = 88;
+    let mut out = format!("  {:<4} ", status.code);
+    let mut column = INDENT;
+    for word in status.meaning.split(' ') {
+        if column > INDENT && column + 1 + word.len() > WIDTH {
+            out.push('\n');
+            out.push_str(&" ".repeat(INDENT));
+            column = INDENT;
+        } else if column > INDENT {
+            out.push(' ');
+            column += 1;
+        }
+        out.push_str(word);
+        column += word.len();
+    }
+    out.push('\n');
+    out
+}
+
+const AFTER_EXIT_CODES: &str = "\
 Lock URLs:
   s3://BUCKET/KEY                          S3 object (conditional writes)
   dynamodb://TABLE/KEY                     DynamoDB item (dynamolock-compatible attributes)
@@ -173,6 +236,34 @@ impl CliError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every exit code the code uses is a row of the table, once, in order.
+    #[test]
+    fn every_exit_code_is_one_row_of_the_table() {
+        let used = [
+            exit::OK,
+            exit::ERROR,
+            exit::USAGE,
+            exit::HELD,
+            exit::LOST,
+            exit::CANNOT_EXECUTE,
+            exit::NOT_FOUND,
+        ];
+        let codes: Vec<u8> = EXIT_CODES.iter().map(|s| s.code).collect();
+        assert_eq!(codes, used);
+        let help = after_help();
+        for status in EXIT_CODES {
+            assert!(!status.meaning.contains('\n') && !status.meaning.contains("  "));
+            let row = exit_status_lines(status);
+            assert!(help.contains(&row), "{row:?} not in:\n{help}");
+            assert!(row.lines().all(|l| l.len() <= 88), "{row}");
+            let words: Vec<&str> = row.split_whitespace().collect();
+            assert_eq!(
+                words.join(" "),
+                format!("{} {}", status.code, status.meaning)
+            );
+        }
+    }
 
     #[test]
     fn exit_codes() {

@@ -43,6 +43,7 @@ enum Message {
     },
     Acquired {
         file: Box<LockFile>,
+        /// What a takeover (`--force`) or a reclaim did, in words.
         forced_from: Option<String>,
     },
     Failed {
@@ -112,8 +113,8 @@ pub async fn lock_via_keeper(args: &LockArgs, path: &Path) -> Result<u8, CliErro
                         message: format!("{url}: {e}; the lock was released again"),
                     });
                 }
-                if let Some(from) = forced_from {
-                    print_warning(&format!("{url}: took the lock over from {from}"));
+                if let Some(what) = forced_from {
+                    print_warning(&format!("{url}: {what}"));
                 }
                 report_locked_lines(&args.url, path);
                 // The keeper runs on, detached; nothing waits for it.
@@ -164,10 +165,7 @@ pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
         pid: std::process::id(),
         host: sys::hostname(),
     });
-    let forced_from = lease
-        .forced_from
-        .as_ref()
-        .map(|f| format!("{} (fence {})", f.holder, f.fence));
+    let forced_from = super::output::takeover(&lease);
     let session_timeout = lease.record.lease;
     let policy = RenewPolicy::for_lease(session_timeout);
     let held = HeldLock::hold(backend, lease, policy);

@@ -12,7 +12,7 @@
 //! - [`status`]: read the lock record without acquiring (every holder of a key with
 //!   more than one permit).
 //!
-//! Every command returns an exit code; see [`EXIT_CODES_HELP`].
+//! Every command returns an exit code; [`EXIT_CODES`] says what each means.
 //!
 //! Shared pieces: `args` (flags and value parsers), `errors` ([`CliError`], exit
 //! codes), `output` (what commands print), `logging`.
@@ -37,7 +37,7 @@ pub use args::{
     BackendArgs, GlobalArgs, LogFormat, PermitArgs, ValueError, default_holder, parse_duration,
     parse_holder, parse_lease, parse_target, parse_wait,
 };
-pub use errors::{CliError, EXIT_CODES_HELP, exit};
+pub use errors::{CliError, EXIT_CODES, ExitStatus, after_help, exit};
 pub use logging::init_logging;
 pub use output::{print_error, print_warning, report_parse_error};
 

@@ -90,13 +90,35 @@ pub(super) fn display_command(command: &[OsString]) -> String {
 
 /// Prints s3lock's two lines, and a warning after a takeover.
 pub(super) fn report_locked(target: &Target, lease: &Lease, path: &Path) {
-    if let Some(from) = &lease.forced_from {
-        print_warning(&format!(
-            "{target}: took the lock over from {} (fence {})",
-            from.holder, from.fence
-        ));
-    }
+    warn_if_taken_over(&target.to_string(), lease);
     report_locked_lines(target, path);
+}
+
+/// The warning line after an acquisition that overwrote a live lock: `--force`'s
+/// takeover, or `--reclaim` taking back this holder's own.
+pub(super) fn warn_if_taken_over(url: &str, lease: &Lease) {
+    if let Some(what) = takeover(lease) {
+        print_warning(&format!("{url}: {what}"));
+    }
+}
+
+/// What a takeover did, in words (the ZooKeeper keeper sends it to `lock`).
+pub(super) fn takeover(lease: &Lease) -> Option<String> {
+    let from = lease.forced_from.as_ref()?;
+    Some(if from.holder == lease.holder() {
+        format!(
+            "reclaimed the lock {} still held from an earlier run (fence {}, now fence {}); \
+             that run, if still alive, has lost it",
+            from.holder,
+            from.fence,
+            lease.fence()
+        )
+    } else {
+        format!(
+            "took the lock over from {} (fence {})",
+            from.holder, from.fence
+        )
+    })
 }
 
 /// s3lock's `… has been locked` and `create FILE`.

@@ -57,6 +57,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "ID", value_parser = super::parse_holder)]
     pub holder: Option<String>,
 
+    /// Take back at once a lock that this --holder still holds from an earlier run that
+    /// never released it (a restart), instead of waiting out its lease: only if the
+    /// stored holder is this one, by a write conditioned on the version read, with a new
+    /// fence. Unsafe if two live processes share the holder name
+    #[arg(long, requires = "holder")]
+    pub reclaim: bool,
+
     /// Free text stored with the lock (shown by `status`)
     #[arg(long, value_name = "TEXT")]
     pub data: Option<String>,
@@ -84,6 +91,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
     let lease = acquire(&args, permits, backend.as_ref()).await?;
+    super::output::warn_if_taken_over(&url, &lease);
 
     let policy = RenewPolicy::for_lease(lease.record.lease);
     let (fence, holder, nonce) = (
@@ -213,6 +221,7 @@ async fn acquire(
         lease: args.lease,
         data: args.data.clone(),
         force: false,
+        reclaim: args.reclaim,
         permits,
     };
     let mut progress = Progress::new(backend.url(), args.wait);

@@ -78,6 +78,9 @@ pub struct Status {
     /// Every holder of a key with more than one permit, in grant order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<SetHolder>,
+    /// Another tool's lock holds (or held) the key: it names no permits.
+    #[serde(skip)]
+    pub by_another_tool: bool,
 }
 
 /// One holder of a key with more than one permit.
@@ -118,6 +121,33 @@ impl SetHolder {
     }
 }
 
+/// The lease of a lock that has none (s3lock's): only its unlock, or a forced
+/// takeover, ends it.
+const NEVER_EXPIRES: &str = "never expires";
+
+/// The holder as the table shows it: short. Another client's ZooKeeper queue entry
+/// is named by a whole sentence (`foreign queue entry NAME: kafka-kit lock of "OWNER",
+/// ttl_deadline …`), which `-o wide`, JSON and YAML show; the table names its owner
+/// and entry. Other names are shown as they are.
+fn short_holder(holder: &str) -> String {
+    let Some((entry, found)) = holder
+        .strip_prefix("foreign queue entry ")
+        .and_then(|rest| rest.split_once(": "))
+    else {
+        return holder.to_string();
+    };
+    const KAFKA_KIT: &str = "kafka-kit lock of ";
+    let what = match found.strip_prefix(KAFKA_KIT) {
+        // The owner is quoted (Rust's `{:?}`): up to the closing quote.
+        Some(owner) if owner.starts_with('"') => {
+            let end = owner[1..].find('"').map_or(owner.len(), |i| i + 2);
+            format!("kafka-kit {}", &owner[..end])
+        }
+        _ => "another client".to_string(),
+    };
+    format!("{what} (entry {entry})")
+}
+
 fn rfc3339(t: SystemTime) -> Option<String> {
     (t > SystemTime::UNIX_EPOCH).then(|| crate::lock::rfc3339(t))
 }
@@ -141,6 +171,7 @@ impl Status {
             permits: None,
             permits_in_use: None,
             holders: Vec::new(),
+            by_another_tool: false,
         };
         let Some(stored) = stored else { return s };
         s.version = Some(stored.version.0);
@@ -154,11 +185,18 @@ impl Status {
                     LockState::Held => "held",
                     LockState::Released => "released",
                 };
+                s.by_another_tool = r.by_another_tool();
                 s.holder = Some(r.holder).filter(|h| !h.is_empty());
                 s.fence = Some(r.fence.0);
                 s.nonce = Some(r.nonce).filter(|n| !n.is_empty());
-                s.lease = Some(humantime::format_duration(r.lease).to_string());
-                s.lease_ms = Some(r.lease.as_millis() as u64);
+                if r.lease >= crate::backend::s3::S3LOCK_LEASE {
+                    // s3lock's locks have no lease: the store reads them with a
+                    // placeholder that no contender ever sees run out.
+                    s.lease = Some(NEVER_EXPIRES.into());
+                } else {
+                    s.lease = Some(humantime::format_duration(r.lease).to_string());
+                    s.lease_ms = Some(r.lease.as_millis() as u64);
+                }
                 s.acquired_at = rfc3339(r.acquired_at);
                 s.renewed_at = rfc3339(r.renewed_at);
                 s.data = r.data;
@@ -187,6 +225,11 @@ impl Status {
             }
             // No holder set: nobody holds the key, or a mutex holds it.
             None if asked.is_mutex() => return None,
+            None if self.state == "held" && self.by_another_tool => format!(
+                "the key is held by another tool's lock, which names no permits: locking it \
+                 with --permits {} waits until that lock is released",
+                asked.total
+            ),
             None if self.state == "held" => format!(
                 "the key is held as a mutex (one permit): locking it with --permits {} \
                  fails while it is",
@@ -213,10 +256,14 @@ impl Status {
     pub fn table(&self, wide: bool) -> String {
         let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
         let mut header = vec!["URL", "STATE", "HOLDER", "FENCE", "LEASE", "AGE"];
+        let holder = match &self.holder {
+            Some(h) if !wide => Some(short_holder(h)),
+            other => other.clone(),
+        };
         let mut row = vec![
             self.url.clone(),
             self.state.to_string(),
-            dash(self.holder.clone()),
+            dash(holder),
             dash(self.fence.map(|f| f.to_string())),
             dash(self.lease.clone()),
             self.age(SystemTime::now()),
@@ -412,6 +459,58 @@ mod tests {
                 .unwrap()
                 .get("holders")
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn an_s3lock_lease_never_expires_and_a_kafka_kit_holder_is_short_in_the_table() {
+        let s3lock = crate::backend::s3::parse_body(b"0d5e1f4c-3b1a-4c57-9d34-0c6a2f0e9a11", "e1")
+            .expect("an s3lock body");
+        let status = Status::new(
+            "s3://b/k",
+            Some(Stored {
+                record: Ok(s3lock),
+                version: Version("e1".into()),
+            }),
+        );
+        assert_eq!(status.lease.as_deref(), Some("never expires"));
+        let note = status.permits_note(Permits::semaphore(3)).unwrap();
+        assert!(note.contains("waits until that lock is released"), "{note}");
+        assert_eq!(status.lease_ms, None);
+        let table = status.table(false);
+        assert!(table.contains("never expires"), "{table}");
+        assert!(!table.contains("years"), "{table}");
+
+        let sentence = "foreign queue entry _c_9f-lock-0000000002: kafka-kit lock of \"kk, 1\", \
+                        ttl_deadline passed at 2026-01-01T09:00:01Z: kafka-kit contenders with \
+                        a TTL may delete it; lockwarden waits until it is deleted";
+        assert_eq!(
+            short_holder(sentence),
+            "kafka-kit \"kk, 1\" (entry _c_9f-lock-0000000002)"
+        );
+        assert_eq!(
+            short_holder("foreign queue entry x-0000000001: not a lockwarden lock record: …"),
+            "another client (entry x-0000000001)"
+        );
+        assert_eq!(short_holder("alice@vm:1"), "alice@vm:1");
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(3), Duration::from_secs(10), None);
+        record.holder = sentence.into();
+        let status = Status::new(
+            "zk://127.0.0.1:2181/l",
+            Some(Stored {
+                record: Ok(record),
+                version: Version("v".into()),
+            }),
+        );
+        let table = status.table(false);
+        assert!(table.contains("kafka-kit \"kk, 1\" (entry "), "{table}");
+        assert!(!table.contains("ttl_deadline"), "{table}");
+        assert!(status.table(true).contains(sentence));
+        assert_eq!(
+            status.holder.as_deref(),
+            Some(sentence),
+            "JSON/YAML: the sentence"
         );
     }
 

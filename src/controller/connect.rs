@@ -49,7 +49,6 @@ pub fn backend_for<'a>(
             let credentials = read_credentials(client, lock_namespace, &secret.name).await?;
             options.credentials = Some(credentials);
         }
-        // TEMPORARY until H2's backend::connect lands: `crate::backend::connect`.
         Ok(crate::backend::connect(&address.target, &options).await?)
     }
     .boxed()

@@ -460,6 +460,7 @@ impl Reconciling<'_> {
             lease: self.spec.lease,
             data: self.lock.spec.data.clone(),
             force: self.lock.spec.force,
+            reclaim: false,
             permits: self.spec.permits,
         };
         match timed(

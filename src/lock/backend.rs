@@ -18,6 +18,13 @@ pub struct AcquireRequest {
     /// Take over a lock held by someone else, with a write conditioned on the version
     /// just read (never a blind overwrite).
     pub force: bool,
+    /// Take back at once a lock that this same holder (by name) still holds — a
+    /// restarted owner whose earlier run never released — instead of waiting out its
+    /// lease: only a lockwarden record whose holder equals `holder`, by a write
+    /// conditioned on the version read, with a new fence; reported in
+    /// [`Lease::forced_from`]. Unsafe when two live processes share a holder name:
+    /// each takes the lock from the other (docs/design.md §3, "Reclaim").
+    pub reclaim: bool,
     /// The key's permits and how this holder takes it (docs/design.md §6.2); a mutex
     /// unless asked otherwise.
     pub permits: Permits,
@@ -30,6 +37,7 @@ impl AcquireRequest {
             lease,
             data: None,
             force: false,
+            reclaim: false,
             permits: Permits::MUTEX,
         }
     }
@@ -47,7 +55,8 @@ pub struct Lease {
     /// A write whose outcome was unknown (rule 4): if the backend later shows this
     /// revision, it landed.
     pub unconfirmed: Option<(LockRecord, tokio::time::Instant)>,
-    /// Whether this acquisition overwrote someone else's live lock (force).
+    /// Whether this acquisition overwrote a live lock: someone else's (force), or this
+    /// holder's own from an earlier run (reclaim).
     pub forced_from: Option<super::error::HeldBy>,
 }
 

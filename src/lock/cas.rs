@@ -404,6 +404,10 @@ impl<S: RecordStore> CasLock<S> {
             Some(HeldBy::from_record(r))
         } else if st.observer.is_expired(version, takeover_after) {
             None
+        } else if req.reclaim && r.holder == req.holder && !r.by_another_tool() {
+            // Our own holder name's lock, left by an earlier run: taken back now, by
+            // the same conditional write as a takeover, and reported as one.
+            Some(HeldBy::from_record(r))
         } else {
             let remaining = st.observer.remaining(version, takeover_after);
             return Ok(Plan::Busy(Box::new(r.clone()), remaining));
@@ -1048,6 +1052,56 @@ pub(super) mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(store.record().holder, "b");
+    }
+
+    fn reclaiming(holder: &str) -> AcquireRequest {
+        AcquireRequest {
+            reclaim: true,
+            ..req(holder)
+        }
+    }
+
+    #[tokio::test]
+    async fn rule5_reclaim_takes_back_only_the_same_holders_lock_with_a_new_fence() {
+        let (store, _a, a_lease) = held_by_a().await;
+        // Another holder name: reclaim is no force, the lock stays busy.
+        assert_eq!(busy(&contender(&store), &reclaiming("b")).await.holder, "a");
+        // A restarted "a" (a new process: nothing remembered) without reclaim waits...
+        busy(&contender(&store), &req("a")).await;
+        // ...and with it takes the lock back at once, as a reported takeover.
+        let again = acquired(&contender(&store), &reclaiming("a")).await;
+        assert_eq!(again.fence(), a_lease.fence().next());
+        assert_ne!(again.nonce(), a_lease.nonce());
+        let from = again.forced_from.expect("a reclaim is reported");
+        assert_eq!((from.holder.as_str(), from.fence), ("a", a_lease.fence()));
+        // The earlier run's lease is gone: its next renewal finds the lock taken.
+        let mut old = a_lease;
+        assert!(matches!(
+            lost(contender(&store).renew(&mut old).await),
+            LostReason::TakenOver(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn rule5_reclaim_is_conditioned_on_the_version_read() {
+        let (store, _a, _lease) = held_by_a().await;
+        // Between the reclaim's read and its write, "c" takes the key: the write fails
+        // on the changed version and the re-read finds c, which is not ours.
+        let c = LockRecord::new_acquisition("c", FenceToken(2), LEASE, None);
+        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(c))));
+        let holder = busy(&contender(&store), &reclaiming("a")).await;
+        assert_eq!(holder.holder, "c");
+        assert_eq!(store.record().holder, "c");
+    }
+
+    #[tokio::test]
+    async fn rule5_reclaim_never_takes_another_tools_lock_of_the_same_name() {
+        let store = store();
+        store.put(Ok(LockRecord {
+            nonce: format!("{}rvn:1", crate::lock::ANOTHER_TOOL_NONCE_PREFIX),
+            ..LockRecord::new_acquisition("a", FenceToken(3), LEASE, None)
+        }));
+        busy(&contender(&store), &reclaiming("a")).await;
     }
 
     #[tokio::test]

@@ -115,7 +115,18 @@ pub struct LockRecord {
     pub unknown: UnknownFields,
 }
 
+/// How a store marks the nonce of a record that another tool wrote (s3lock,
+/// dynamolock, client-go): never one of ours, and recognisable as another tool's lock,
+/// whose permits are unknown (docs/design.md §6.2).
+pub const ANOTHER_TOOL_NONCE_PREFIX: &str = "another-tool:";
+
 impl LockRecord {
+    /// Whether another lock tool wrote this record (the store read it as that tool's
+    /// lock): it holds or released the key under its own rules, with no permits.
+    pub fn by_another_tool(&self) -> bool {
+        self.nonce.starts_with(ANOTHER_TOOL_NONCE_PREFIX)
+    }
+
     /// A fresh held record for a new acquisition.
     pub fn new_acquisition(
         holder: &str,

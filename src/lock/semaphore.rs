@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use super::backend::{AcquireRequest, Attempt, Lease, RecordStore, StoreError};
 use super::cas::CasLock;
 use super::clock::HolderDeadline;
-use super::error::{LockError, LostReason};
+use super::error::{HeldBy, LockError, LostReason};
 use super::permits::{HolderSet, Mode, SetEntry};
 use super::record::{FenceToken, LockRecord, LockState, Stored, UnknownFields, Version, random_id};
 
@@ -140,6 +140,10 @@ struct Current {
     set: HolderSet,
     version: Option<Version>,
     unknown: UnknownFields,
+    /// Another tool's lock holds the key (s3lock, dynamolock, client-go): it stands in
+    /// `set` as one exclusive entry, observed like any other (rule 1), and the record
+    /// is its, so nothing but a grant after its observed expiry may replace it.
+    another_tool: Option<LockRecord>,
 }
 
 /// The record a set is stored as. The summary fields are for other tools and older
@@ -174,8 +178,9 @@ pub(super) fn record_of(set: HolderSet, unknown: &UnknownFields) -> LockRecord {
     }
 }
 
-/// "a", "a and b", "a, b and 3 more".
-fn holder_summary(set: &HolderSet) -> String {
+/// The holders of a set as one name, as every store's summary shows them: "a",
+/// "a and b", "a, b and 3 more".
+pub fn holder_summary(set: &HolderSet) -> String {
     let names: Vec<&str> = set.holders.iter().map(|h| h.holder.as_str()).collect();
     match names.as_slice() {
         [] => String::new(),
@@ -207,6 +212,22 @@ pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet, unknown: &UnknownFie
 /// What a write of the set replaces: the version read (`None`: create) and the fields
 /// of that record this build does not know, which the write carries.
 type Replacing<'a> = (Option<&'a Version>, &'a UnknownFields);
+/// With `req.reclaim`: the set without the first entry held under our holder name
+/// (left by an earlier run of this holder), and who that was.
+fn reclaimable(set: &HolderSet, req: &AcquireRequest) -> Option<(HolderSet, HeldBy)> {
+    if !req.reclaim {
+        return None;
+    }
+    let i = set.holders.iter().position(|h| h.holder == req.holder)?;
+    let mut without = set.clone();
+    let entry = without.holders.remove(i);
+    let from = HeldBy {
+        holder: entry.holder.clone(),
+        fence: entry.fence,
+        since: Some(entry.acquired_at()),
+    };
+    Some((without, from))
+}
 
 /// Whether `set` admits a new holder in `mode` now, with `us` the nonce of our
 /// waiting-writer registration, if any.
@@ -237,6 +258,7 @@ impl<S: RecordStore> CasLock<S> {
                 },
                 version: None,
                 unknown: UnknownFields::new(),
+                another_tool: None,
             });
         };
         let r = match &stored.record {
@@ -263,6 +285,27 @@ impl<S: RecordStore> CasLock<S> {
                 waiting_writer: set.waiting_writer.clone(),
                 ..HolderSet::default()
             },
+            // Another tool's lock has no permits: held, permits unknown. It counts as
+            // one exclusive holder (its revision is the store's version, which every
+            // write of that tool changes); the first lockwarden holder after it names
+            // the permits.
+            None if r.state == LockState::Held && r.by_another_tool() => {
+                let mut entry = SetEntry::new(&r.holder, r.fence, r.lease, Mode::Exclusive, None);
+                entry.nonce = r.nonce.clone();
+                entry.revision = stored.version.0.clone();
+                return Ok(Current {
+                    set: HolderSet {
+                        permits,
+                        holders: vec![entry],
+                        last_fence: r.fence,
+                        ..HolderSet::default()
+                    },
+                    version: Some(stored.version.clone()),
+                    // The record is the other tool's: nothing of it is ours to carry.
+                    unknown: UnknownFields::new(),
+                    another_tool: Some(r.clone()),
+                });
+            }
             None if r.state == LockState::Held => {
                 return Err(LockError::PermitsDisagree {
                     url: self.url(),
@@ -281,6 +324,7 @@ impl<S: RecordStore> CasLock<S> {
             set,
             version: Some(stored.version.clone()),
             unknown: r.unknown.clone(),
+            another_tool: None,
         })
     }
 
@@ -312,10 +356,40 @@ impl<S: RecordStore> CasLock<S> {
                 mut set,
                 version,
                 unknown,
+                another_tool,
             } = self.as_set(req, stored.as_ref())?;
             last_seen = Some(set.clone());
             st.set.drop_expired(&mut set, takeover_after);
             let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
+            if let Some(holder) = another_tool.filter(|_| !set.holders.is_empty()) {
+                // Busy, and no waiting-writer registration: the record is the other
+                // tool's, never rewritten while its lock is live.
+                let retry_in = st.set.next_expiry(&set, takeover_after).min(req.lease / 3);
+                return Ok(Attempt::Busy {
+                    holder,
+                    retry_in: Some(retry_in),
+                    queue_position: None,
+                });
+            }
+            if let Some((without, from)) = reclaimable(&set, req)
+                && admits(&without, req.permits.mode, ours.as_deref())
+            {
+                // Our holder name's permit from an earlier run: its entry leaves in the
+                // same conditional write that grants ours, with the key's next fence.
+                match self
+                    .grant(&mut st.set, req, without, (version.as_ref(), &unknown))
+                    .await?
+                {
+                    Some(mut lease) => {
+                        lease.forced_from = Some(from);
+                        return Ok(Attempt::Acquired(lease));
+                    }
+                    None => {
+                        back_off(attempt).await;
+                        continue;
+                    }
+                }
+            }
             if admits(&set, req.permits.mode, ours.as_deref()) {
                 let replacing = (version.as_ref(), &unknown);
                 match self.grant(&mut st.set, req, set, replacing).await? {
@@ -943,6 +1017,84 @@ mod tests {
         );
         let sem = contender(&store).try_acquire(&shared("b")).await;
         assert_eq!(disagree(sem), (1, 3));
+    }
+
+    /// What s3lock, dynamolock or client-go leave: a plain held record, marked as
+    /// another tool's by the store that read it.
+    fn another_tools_lock(state: LockState) -> LockRecord {
+        LockRecord {
+            nonce: format!("{}rvn:1", crate::lock::ANOTHER_TOOL_NONCE_PREFIX),
+            state,
+            fence: FenceToken(6),
+            ..LockRecord::new_acquisition("dynamolock-owner", FenceToken(6), LEASE, None)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_another_tool_holds_is_held_with_permits_unknown_and_never_rewritten() {
+        let store = MemoryStore::new("mem://locks/sem");
+        store.put(Ok(another_tools_lock(LockState::Held)));
+        let before = store.stored();
+        let lock = contender(&store);
+        // Not a disagreement: busy, naming the other tool's holder, for every mode.
+        for r in [shared("a"), req("w", 3, Mode::Exclusive)] {
+            let seen = busy(&lock, &r).await;
+            assert_eq!(seen.holder, "dynamolock-owner");
+            assert!(seen.by_another_tool());
+        }
+        assert_eq!(
+            store.stored(),
+            before,
+            "another tool's record was rewritten"
+        );
+        // Its release frees the key; the first lockwarden holder names the permits and
+        // continues the fences.
+        store.put(Ok(another_tools_lock(LockState::Released)));
+        let a = acquired(&lock, &shared("a")).await;
+        assert_eq!(a.fence(), FenceToken(7));
+        assert_eq!(store.record().set.unwrap().permits, 3);
+    }
+
+    #[tokio::test]
+    async fn another_tools_lock_not_renewed_is_taken_after_its_observed_lease() {
+        let store = MemoryStore::new("mem://locks/sem");
+        store.put(Ok(another_tools_lock(LockState::Held)));
+        let lock = contender(&store);
+        let since = Instant::now();
+        let lease = loop {
+            match lock.try_acquire(&shared("a")).await.unwrap() {
+                Attempt::Acquired(lease) => break lease,
+                Attempt::Busy { .. } => sleep(Duration::from_millis(20)).await,
+            }
+            assert!(since.elapsed() < TAKEOVER_AFTER * 20, "never taken");
+        };
+        assert!(since.elapsed() >= TAKEOVER_AFTER);
+        assert_eq!(lease.fence(), FenceToken(7));
+    }
+
+    #[tokio::test]
+    async fn rule5_reclaim_takes_back_the_same_holders_permit_in_one_write() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let a = acquired(&contender(&store), &shared("a")).await;
+        acquired(&contender(&store), &shared("b")).await;
+        acquired(&contender(&store), &shared("c")).await;
+        // Full: a restarted "a" waits without reclaim, and "d" waits even with it.
+        busy(&contender(&store), &shared("a")).await;
+        let reclaim = |holder: &str| AcquireRequest {
+            reclaim: true,
+            ..shared(holder)
+        };
+        busy(&contender(&store), &reclaim("d")).await;
+        let again = acquired(&contender(&store), &reclaim("a")).await;
+        assert_eq!(again.fence(), FenceToken(4));
+        let from = again.forced_from.expect("reported");
+        assert_eq!((from.holder.as_str(), from.fence), ("a", a.fence()));
+        assert_eq!(holders(&store), ["b", "c", "a"]);
+        let set = store.record().set.unwrap();
+        assert!(
+            set.entry(a.nonce()).is_none(),
+            "the earlier run's entry is gone"
+        );
     }
 
     #[tokio::test]

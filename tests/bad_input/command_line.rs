@@ -127,6 +127,10 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["lock", g, "--endpoint", "http://"], 2, vec!["http(s)://HOST[:PORT]"]),
         (vec!["lock", g, "--log-format", "xml"], 2, vec!["'xml'"]),
         (vec!["lock", g, "-o", "/nonexistent-dir/x.lock"], 1, vec!["/nonexistent-dir"]),
+        // --reclaim compares holder names: the default (user@host:pid) differs per run
+        (vec!["lock", g, "--reclaim"], 2, vec!["--reclaim", "--holder"]),
+        (vec!["run", g, "--reclaim", "--", "true"], 2, vec!["--reclaim", "--holder"]),
+        (vec!["lock", g, "--reclaim", "--holder", "h", "--force"], 2, vec!["--reclaim", "--force"]),
         // lock files
         (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
         (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),

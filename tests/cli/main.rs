@@ -8,8 +8,11 @@
 
 mod connecting;
 mod cycle;
+mod docs;
 mod input;
+mod lifetime;
 mod permits;
+mod reclaim;
 mod run;
 #[path = "../support/mod.rs"]
 mod support;

@@ -71,3 +71,95 @@ fn crd_has_names_columns_and_list_map_conditions() {
     let text = serde_json::to_string(&schema["openAPIV3Schema"]["properties"]["spec"]).unwrap();
     assert!(!text.contains("nullable"), "nullable in spec schema");
 }
+
+/// The formats the API server knows (apiextensions-apiserver's supported formats, the
+/// OpenAPI numeric ones included). Any other one makes every `kubectl apply -f crds/`
+/// print `Warning: unrecognized format "…"`.
+const KUBERNETES_FORMATS: &[&str] = &[
+    "int32",
+    "int64",
+    "float",
+    "double",
+    "byte",
+    "binary",
+    "date",
+    "date-time",
+    "datetime",
+    "duration",
+    "password",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "bsonobjectid",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+];
+
+/// Every `format` of a schema and its subschemas, with its JSON pointer. A property
+/// *named* `format` is an object, not a string, and so not taken for one.
+fn formats(schema: &Value, at: &str, found: &mut Vec<(String, String)>) {
+    match schema {
+        Value::Object(obj) => {
+            for (k, v) in obj {
+                match (k.as_str(), v) {
+                    ("format", Value::String(f)) => found.push((at.to_string(), f.clone())),
+                    _ => formats(v, &format!("{at}/{k}"), found),
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                formats(v, &format!("{at}/{i}"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// No `format` outside the set Kubernetes knows, in the generated CRD and in the file
+/// on disk (unsigned Rust integers are `int32`/`int64`, still with `minimum`).
+#[test]
+fn crd_schema_uses_only_formats_kubernetes_knows() {
+    let on_disk: CustomResourceDefinition = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(support::repo_root().join(CRD_PATH)).expect("CRD file"),
+    )
+    .expect("the CRD file is a CRD");
+    for (what, crd) in [("crd()", crd()), (CRD_PATH, on_disk)] {
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let mut found = Vec::new();
+        formats(&schema, "", &mut found);
+        assert!(
+            found.iter().any(|(_, f)| f == "int32"),
+            "{what}: no int32 at all: {found:?}"
+        );
+        let unknown: Vec<_> = found
+            .iter()
+            .filter(|(_, f)| !KUBERNETES_FORMATS.contains(&f.as_str()))
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "{what}: formats Kubernetes does not know: {unknown:?}"
+        );
+    }
+    let permits = &serde_json::to_value(&crd().spec.versions[0].schema).unwrap()["openAPIV3Schema"]
+        ["properties"]["spec"]["properties"]["permits"];
+    assert_eq!(permits["format"], json!("int32"), "{permits}");
+    assert_eq!(permits["minimum"], json!(1.0), "{permits}");
+    let holders = &serde_json::to_value(&crd().spec.versions[0].schema).unwrap()["openAPIV3Schema"]
+        ["properties"]["status"]["properties"]["holders"];
+    assert_eq!(holders["format"], json!("int64"), "{holders}");
+    assert_eq!(holders["minimum"], json!(0.0), "{holders}");
+}

@@ -9,6 +9,15 @@
 //! every test uses its own keys / namespaces. Child processes are spawned from one
 //! long-lived thread with `PR_SET_PDEATHSIG`, so they die with the test binary even
 //! when they live in a `static` that is never dropped.
+//!
+//! That reaches only direct children. Every server's data and cwd are under the run's
+//! [`work_dir`], so a **guard process**, started with the run's directory (in a session
+//! of its own, so nothing aimed at the test binary's group reaches it), watches the
+//! test binary's PID and, once it has exited — normally, after a failed test, or
+//! killed by SIGKILL — kills every process whose cwd or arguments are under that
+//! directory: grandchildren such as ZooKeeper's JVM, and servers that scripts started
+//! in sessions of their own (`scripts/dev`'s `setsid`, under `scripts/demo`).
+//! `scripts/test` checks at its end that no process under `tmp/servers` outlived it.
 #![allow(dead_code)]
 
 pub mod cli;
@@ -84,19 +93,71 @@ pub fn free_port() -> u16 {
 }
 
 /// Where server logs and data go; kept after the run so a failing test can be read.
+/// The first call also starts the run's guard process ([`start_guard`]).
 pub fn work_dir(name: &str) -> PathBuf {
-    static RUN: OnceLock<PathBuf> = OnceLock::new();
-    let run = RUN.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("servers");
-        let dir = base.join(format!("{}-{}", std::process::id(), unique_suffix()));
-        std::fs::create_dir_all(&dir).expect("create server work dir");
-        dir
-    });
-    let dir = run.join(name);
+    let dir = run_dir().join(name);
     std::fs::create_dir_all(&dir).expect("create server work dir");
     dir
 }
 
+/// This test binary's directory under `$CARGO_TARGET_TMPDIR/servers`, guarded.
+pub fn run_dir() -> &'static Path {
+    static RUN: OnceLock<PathBuf> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("servers");
+        let dir = base.join(format!("{}-{}", std::process::id(), unique_suffix()));
+        std::fs::create_dir_all(&dir).expect("create server work dir");
+        start_guard(&dir);
+        dir
+    })
+}
+
+/// The guard's script: waits for the test binary (`$1`) to be gone (or a zombie), then
+/// kills every process but itself whose cwd or command line is under `$2`, and again
+/// a moment later for any that was starting meanwhile.
+const GUARD: &str = r#"
+parent=$1 run=$2
+alive() { [ -d "/proc/$parent" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$parent/status" 2>/dev/null; }
+while alive; do sleep 0.5; done
+for round in 1 2; do
+  for proc in /proc/[0-9]*; do
+    pid=${proc#/proc/}
+    [ "$pid" = "$$" ] && continue
+    cwd=$(readlink "$proc/cwd" 2>/dev/null) || continue
+    args=$(tr '\0' ' ' < "$proc/cmdline" 2>/dev/null)
+    case "$cwd/ $args" in
+      *"$run/"*) kill -KILL "$pid" 2>/dev/null && echo "guard: killed $pid ($args)" ;;
+    esac
+  done
+  sleep 1
+done
+"#;
+
+/// Starts the guard of `run` (see the module documentation). Its log is `guard.log`.
+fn start_guard(run: &Path) {
+    let log = File::create(run.join("guard.log")).expect("create guard log");
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", GUARD, "lockwarden-test-guard"])
+        .arg(std::process::id().to_string())
+        .arg(run)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup guard log"))
+        .stderr(log)
+        // Not inside the run directory: it must not match itself by its cwd.
+        .current_dir("/");
+    unsafe {
+        cmd.pre_exec(|| {
+            // A session of its own: outlives the test binary, and a signal to the test
+            // binary's process group does not reach it.
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let guard = cmd.spawn().expect("start the test servers' guard process");
+    eprintln!("[support] guard of {} is pid {}", run.display(), guard.id());
+    // Not waited for: it exits after the test binary; init reaps it.
+    std::mem::forget(guard);
+}
 /// A short random string for per-test keys, namespaces and paths.
 pub fn unique_suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_string()

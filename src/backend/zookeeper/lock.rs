@@ -252,20 +252,35 @@ impl ZkLock {
             (Verdict::Waiting { departures, watch }, Some(_)) => {
                 // The head of the queue is granted, whatever wrote it.
                 let head = &ahead[0];
+                // Another client's entry that our permit waits for (it counts as
+                // exclusive) is what blocks us, granted or not: it is named, not the
+                // lockwarden holders granted before it.
+                let foreign_blocker = watch
+                    .iter()
+                    .map(|&k| &ahead[k])
+                    .find(|m| m.stored.record.is_err());
                 // On a semaphore key, the holders granted ahead of us (the counts a
                 // waiting DistributedLock shows); otherwise the head, whatever wrote it.
-                let holder = (!req.permits.is_mutex())
-                    .then(|| semaphore::summary(ahead, req.permits.total))
-                    .flatten()
-                    .and_then(|s| s.record.ok())
-                    .unwrap_or_else(|| {
-                        Self::holder_record(
-                            &head.name,
-                            head.stored.clone(),
-                            &head.stat,
-                            generation.timeout,
-                        )
-                    });
+                let holder = match foreign_blocker {
+                    Some(blocker) if !req.permits.is_mutex() => Self::holder_record(
+                        &blocker.name,
+                        blocker.stored.clone(),
+                        &blocker.stat,
+                        generation.timeout,
+                    ),
+                    _ => (!req.permits.is_mutex())
+                        .then(|| semaphore::summary(ahead, req.permits.total))
+                        .flatten()
+                        .and_then(|s| s.record.ok())
+                        .unwrap_or_else(|| {
+                            Self::holder_record(
+                                &head.name,
+                                head.stored.clone(),
+                                &head.stat,
+                                generation.timeout,
+                            )
+                        }),
+                };
                 st.watched = watch.into_iter().map(|k| ahead[k].name.clone()).collect();
                 Ok(Attempt::Busy {
                     holder,
@@ -275,6 +290,45 @@ impl ZkLock {
                 })
             }
         }
+    }
+
+    /// Reclaim: deletes the entries ahead of ours that hold or wait under our holder
+    /// name but belong to another session — an earlier run of this holder, whose
+    /// session may be dead but not yet expired, or kept alive by its `lock` keeper —
+    /// each conditioned on the data version just read. Only lockwarden entries: a
+    /// foreign entry names no holder we could compare. Returns the first one deleted.
+    async fn reclaim_ahead(
+        &self,
+        generation: &Generation,
+        ahead: &[Member],
+        req: &AcquireRequest,
+    ) -> Result<Option<HeldBy>, LockError> {
+        let mut reclaimed = None;
+        for member in ahead {
+            let Ok(record) = &member.stored.record else {
+                continue;
+            };
+            if record.holder != req.holder || member.stat.ephemeral_owner == generation.id {
+                continue;
+            }
+            let deleted = Self::bounded(
+                generation,
+                generation
+                    .client
+                    .delete(&self.node(&member.name), Some(member.stat.version)),
+            )
+            .await;
+            match deleted {
+                // Gone meanwhile (its session ended): nothing left to take back.
+                Ok(()) | Err(ZkError::NoNode) => {}
+                // Rewritten since we read it: not the entry we decided on; look again.
+                Err(ZkError::BadVersion) => continue,
+                Err(e) => return Err(self.error("deleting our holder's earlier entry", e)),
+            }
+            tracing::warn!(url = %self.url, entry = %member.name, holder = %record.holder, fence = %record.fence, "reclaimed: deleted this holder's entry of another session");
+            reclaimed = reclaimed.or(Some(HeldBy::from_record(record)));
+        }
+        Ok(reclaimed)
     }
 
     /// Deletes our entry now (conditioned on its version), or in the background if
@@ -401,6 +455,13 @@ impl LockBackend for ZkLock {
                         Err(e) if session_ended(&e) => continue,
                         Err(e) => return Err(self.error("reading the queue", e)),
                     };
+                    if req.reclaim
+                        && let Some(from) = self.reclaim_ahead(&generation, &ahead, req).await?
+                    {
+                        // Our holder name's entry of another session is gone: look again.
+                        forced_from = forced_from.or(Some(from));
+                        continue;
+                    }
                     let mut attempt = self
                         .take_turn(&mut st, &generation, &ahead, req, sent)
                         .await?;

@@ -20,7 +20,7 @@ use zookeeper_client::{Error as ZkError, MultiReadResult, Stat};
 use super::ZkLock;
 use super::queue::Child;
 use super::session::Generation;
-use crate::lock::{HolderSet, LockRecord, Mode, Permits, SetEntry, Stored};
+use crate::lock::{HolderSet, LockRecord, Mode, Permits, SetEntry, Stored, holder_summary};
 
 /// A queue member with its data, as read at one moment.
 pub(super) struct Member {
@@ -192,6 +192,10 @@ pub(super) fn summary(members: &[Member], permits: u32) -> Option<Stored> {
         .map(|h| h.fence)
         .max()
         .unwrap_or_default();
+    // Named as the other stores name a set: every granted holder, not the head alone.
+    if !set.holders.is_empty() {
+        record.holder = holder_summary(&set);
+    }
     record.set = Some(set);
     Some(Stored {
         record: Ok(record),
@@ -362,7 +366,8 @@ mod tests {
         ];
         let stored = summary(&queue, 3).expect("a holder");
         let record = stored.record.unwrap();
-        assert_eq!(record.holder, "r1");
+        // Every granted holder is named, as on the other stores, not only the head.
+        assert_eq!(record.holder, "r1 and r2");
         assert_eq!(stored.version.0, format!("{}:0", queue[0].name));
         let set = record.set.unwrap();
         let holders: Vec<_> = set
