@@ -33,6 +33,8 @@ pub mod leader;
 pub mod pods;
 pub mod reconcile;
 pub mod status;
+#[cfg(test)]
+pub mod testing;
 pub mod waiters;
 
 use std::sync::Arc;

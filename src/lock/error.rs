@@ -75,8 +75,14 @@ pub enum LockError {
     #[error("{url}: lock is not held (already unlocked)")]
     NotHeld { url: String },
 
+    /// `cause` is the store's or client's own error where there is one (its text is
+    /// part of this error's message, so conditions and logs read as before).
     #[error("{url}: backend unavailable: {cause}")]
-    Unavailable { url: String, cause: String },
+    Unavailable {
+        url: String,
+        #[source]
+        cause: Cause,
+    },
 
     #[error("{url}: {message}")]
     Backend { url: String, message: String },
@@ -92,6 +98,27 @@ pub enum LockError {
         stored: u32,
         requested: u32,
     },
+}
+
+/// Why a store was unavailable: any error, or words (`"…".into()`).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A cause with what was being done when it happened, shown as `{doing}: {source}`.
+#[derive(Debug, thiserror::Error)]
+#[error("{doing}: {source}")]
+pub struct While {
+    doing: String,
+    #[source]
+    source: Cause,
+}
+
+impl While {
+    pub fn new(doing: impl Into<String>, source: impl Into<Cause>) -> Cause {
+        Box::new(While {
+            doing: doing.into(),
+            source: source.into(),
+        })
+    }
 }
 
 impl LockError {
