@@ -113,11 +113,11 @@ pub struct While {
 }
 
 impl While {
-    pub fn new(doing: impl Into<String>, source: impl Into<Cause>) -> Cause {
-        Box::new(While {
+    pub fn new(doing: impl Into<String>, source: impl Into<Cause>) -> While {
+        While {
             doing: doing.into(),
             source: source.into(),
-        })
+        }
     }
 }
 
@@ -125,5 +125,40 @@ impl LockError {
     /// Whether retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, LockError::Unavailable { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Conditions and logs show the same text as when the cause was a string, and the
+    /// cause itself is still there for whoever walks the sources.
+    #[test]
+    fn an_unavailable_store_keeps_its_cause_as_the_source() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = LockError::Unavailable {
+            url: "zk://h:2181/l".into(),
+            cause: While::new("cannot open a ZooKeeper session", inner).into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "zk://h:2181/l: backend unavailable: cannot open a ZooKeeper session: refused"
+        );
+        let cause = std::error::Error::source(&error).expect("the cause");
+        assert_eq!(
+            cause.to_string(),
+            "cannot open a ZooKeeper session: refused"
+        );
+        let root = cause.source().expect("the client's own error");
+        assert!(root.downcast_ref::<std::io::Error>().is_some(), "{root:?}");
+        let words = LockError::Unavailable {
+            url: "s3://b/k".into(),
+            cause: "timed out".into(),
+        };
+        assert_eq!(
+            words.to_string(),
+            "s3://b/k: backend unavailable: timed out"
+        );
     }
 }

@@ -249,7 +249,7 @@ impl ZkSession {
             Ok(Err(e)) => {
                 return Err(LockError::Unavailable {
                     url: url.to_string(),
-                    cause: While::new("cannot open a ZooKeeper session", e),
+                    cause: While::new("cannot open a ZooKeeper session", e).into(),
                 });
             }
             Err(_) => {

@@ -395,6 +395,45 @@ async fn a_release_the_store_refuses_on_delete_is_counted_and_told() {
     );
 }
 
+/// Held before a restart and deleted before it was resumed: released by the nonce in
+/// its status (no holder task), then the finalizer goes.
+#[tokio::test]
+async fn released_by_nonce_on_delete_after_a_restart() {
+    let mut f = fixture();
+    let before_restart = held_elsewhere(&f.store, HOLDER, Permits::MUTEX).await;
+    let mut lock = lock();
+    lock.status = Some(DistributedLockStatus {
+        phase: Some(LockPhase::Held),
+        nonce: Some(before_restart.nonce.clone()),
+        fence: Some(1),
+        ..Default::default()
+    });
+    lock.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    let mut gone = lock.clone();
+    gone.metadata.finalizers = None;
+    let store = f.store.clone();
+    let (result, ()) = f
+        .reconcile(&lock, move |mut server| async move {
+            let remove = server.expect(Method::PATCH, LOCK_PATH).await;
+            let stored = store.record();
+            assert_eq!(
+                (stored.state, stored.nonce.as_str()),
+                (LockState::Released, before_restart.nonce.as_str()),
+                "released by its nonce before the finalizer's removal"
+            );
+            assert_eq!(
+                remove.body[1],
+                json!({"op": "remove", "path": "/metadata/finalizers/0"})
+            );
+            remove.ok(&serde_json::to_value(&gone).expect("JSON"));
+            (server, ())
+        })
+        .await;
+    assert_eq!(result.expect("cleaned up"), Action::await_change());
+    assert_eq!(f.connector.connects(), 1);
+    assert!(f.metrics().contains("lockwarden_release_errors_total 0\n"));
+}
+
 #[tokio::test]
 async fn lost_reports_lost_with_a_warning_event() {
     let mut f = fixture();
