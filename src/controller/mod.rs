@@ -199,6 +199,10 @@ pub async fn run_with(
     .for_each(|result| async move {
         match result {
             Ok((obj, _)) => tracing::trace!(lock = %obj, "reconciled"),
+            // `reconcile::error_policy` has logged it with its lock and category.
+            Err(kube::runtime::controller::Error::ReconcilerFailed(_, obj)) => {
+                tracing::trace!(lock = %obj, "reconcile failed")
+            }
             Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
     });
