@@ -14,6 +14,11 @@
 //!   `NotHeld`), counted once per stop.
 //! - `lockwarden_pods_deleted_total{reason}`: gated Pods deleted for the same reasons
 //!   (`lockwarden.io/on-lock-lost: delete`).
+//! - `lockwarden_reconcile_errors_total{category}`: failed reconciles of DistributedLocks
+//!   by what failed (`store_unavailable`, `conflict`, `invalid`, `kubernetes_api`: see
+//!   `controller::reconcile::ErrorCategory`), counted by the error policy;
+//! - `lockwarden_release_errors_total`: releases of a lock (or the look for it after a
+//!   restart) that the store did not confirm, on every release path of the reconciler.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -49,6 +54,11 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CategoryLabels {
+    category: String,
+}
+
 type HistogramFamily = Family<BackendLabels, Histogram, fn() -> Histogram>;
 
 fn request_histogram() -> Histogram {
@@ -66,6 +76,8 @@ pub struct Telemetry {
     requests: HistogramFamily,
     jobs_stopped: Family<ReasonLabels, Counter>,
     pods_deleted: Family<ReasonLabels, Counter>,
+    reconcile_errors: Family<CategoryLabels, Counter>,
+    release_errors: Counter,
     /// Object (uid) → the phase counted for it in `locks`.
     phases: Mutex<HashMap<String, LockPhase>>,
     ready: AtomicBool,
@@ -124,6 +136,18 @@ impl Telemetry {
             "Gated Pods deleted because their lock was no longer held, by the lock's reason",
             pods_deleted.clone(),
         );
+        let reconcile_errors = Family::<CategoryLabels, Counter>::default();
+        registry.register(
+            "lockwarden_reconcile_errors",
+            "Failed reconciles of DistributedLocks, by category",
+            reconcile_errors.clone(),
+        );
+        let release_errors = Counter::default();
+        registry.register(
+            "lockwarden_release_errors",
+            "Releases of DistributedLocks that the store did not confirm",
+            release_errors.clone(),
+        );
         Telemetry {
             registry,
             locks,
@@ -133,6 +157,8 @@ impl Telemetry {
             requests,
             jobs_stopped,
             pods_deleted,
+            reconcile_errors,
+            release_errors,
             phases: Mutex::default(),
             ready: AtomicBool::new(false),
         }
@@ -154,6 +180,20 @@ impl Telemetry {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+
+    /// Counts a failed reconcile of a DistributedLock in its `category`.
+    pub fn count_reconcile_error(&self, category: &str) {
+        self.reconcile_errors
+            .get_or_create(&CategoryLabels {
+                category: category.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a release the store did not confirm.
+    pub fn count_release_error(&self) {
+        self.release_errors.inc();
     }
 
     /// Records the phase of the object `uid` (`None`: forget it, e.g. deleted).
@@ -362,6 +402,38 @@ mod tests {
         );
         assert!(
             metrics.contains("lockwarden_jobs_stopped_total{reason=\"LeaseExpiring\"} 1\n"),
+            "{metrics}"
+        );
+    }
+
+    #[test]
+    fn reconcile_errors_count_by_category_and_release_errors_in_total() {
+        let telemetry = Telemetry::new();
+        let metrics = telemetry.encode();
+        assert!(
+            metrics.contains("lockwarden_release_errors_total 0\n"),
+            "{metrics}"
+        );
+        telemetry.count_reconcile_error("store_unavailable");
+        telemetry.count_reconcile_error("store_unavailable");
+        telemetry.count_reconcile_error("invalid");
+        telemetry.count_release_error();
+        let metrics = telemetry.encode();
+        assert!(
+            metrics
+                .contains("lockwarden_reconcile_errors_total{category=\"store_unavailable\"} 2\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("lockwarden_reconcile_errors_total{category=\"invalid\"} 1\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("# TYPE lockwarden_reconcile_errors counter\n"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains("lockwarden_release_errors_total 1\n"),
             "{metrics}"
         );
     }

@@ -1,6 +1,10 @@
 //! The one way the controller gets a backend for a `DistributedLock`: its
 //! [`LockAddress`] plus the credentials from its Secret, handed to the backend factory.
 //! Nothing here knows which store the lock lives in.
+//!
+//! The reconciler asks a [`Connector`] for backends; [`FromSecrets`] is the one the
+//! controller runs with. The seam lets the reconciler's unit tests hand it an
+//! in-memory store instead of a real one.
 
 use std::sync::Arc;
 
@@ -29,6 +33,30 @@ pub enum ConnectFailure {
     SecretIncomplete { namespace: String, name: String },
     #[error(transparent)]
     Backend(#[from] ConnectError),
+}
+
+/// Where the reconciler gets the backend of a lock in `lock_namespace`.
+pub trait Connector: Send + Sync {
+    fn backend<'a>(
+        &'a self,
+        client: &'a kube::Client,
+        lock_namespace: &'a str,
+        address: &'a LockAddress,
+    ) -> BoxFuture<'a, Result<Arc<dyn LockBackend>, ConnectFailure>>;
+}
+
+/// The controller's connector: [`backend_for`].
+pub struct FromSecrets;
+
+impl Connector for FromSecrets {
+    fn backend<'a>(
+        &'a self,
+        client: &'a kube::Client,
+        lock_namespace: &'a str,
+        address: &'a LockAddress,
+    ) -> BoxFuture<'a, Result<Arc<dyn LockBackend>, ConnectFailure>> {
+        backend_for(client, lock_namespace, address)
+    }
 }
 
 /// Builds the backend of a lock in `lock_namespace`. Credentials are read only from a

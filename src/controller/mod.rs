@@ -42,6 +42,8 @@ pub mod reconcile;
 pub mod status;
 #[cfg(test)]
 mod test_kind;
+#[cfg(test)]
+pub mod testing;
 pub mod waiters;
 
 use std::sync::Arc;
@@ -169,6 +171,10 @@ pub async fn run_with(
     .for_each(|result| async move {
         match result {
             Ok((obj, _)) => tracing::trace!(lock = %obj, "reconciled"),
+            // `reconcile::error_policy` has logged it with its lock and category.
+            Err(kube::runtime::controller::Error::ReconcilerFailed(_, obj)) => {
+                tracing::trace!(lock = %obj, "reconcile failed")
+            }
             Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
     });

@@ -16,6 +16,11 @@
 //!
 //! `Lost` and `Failed` are final for the object's generation: changing the spec (or
 //! deleting and recreating the object) tries again.
+//!
+//! A reconcile that fails returns a [`ReconcileError`] (after writing what the status
+//! can say about it); [`error_policy`] counts it and backs off by its
+//! [`ErrorCategory`]. Releases that the store does not confirm never fail a reconcile
+//! (the lease then runs out on its own), but each is logged with its lock and counted.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -31,7 +36,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::config::{ControllerConfig, FINALIZER};
-use super::connect::{ConnectFailure, backend_for};
+use super::connect::{ConnectFailure, Connector, FromSecrets};
 use super::events::Events;
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired, Occupancy};
@@ -52,14 +57,110 @@ const HELD_RESYNC: Duration = Duration::from_secs(300);
 /// looks again anyway: only a safety net for a watch lost with a connection.
 const WATCH_RECHECK: Duration = Duration::from_secs(30);
 
+/// Why a reconcile failed. [`error_policy`] backs off by its [`category`](Self::category).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
+    /// The status could not be written.
+    #[error("cannot write the status: {0}")]
+    Status(#[source] kube::Error),
+    /// Adding or removing the finalizer failed, or the phase run inside it did.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+    /// The lock's store did not answer, or refused; the status says so too.
     #[error("{0}")]
-    Lock(#[from] LockError),
+    Store(#[source] LockError),
+    /// The lock's backend could not be set up (its Secret, its store's client); the
+    /// status says so too.
+    #[error("{0}")]
+    Connect(#[source] ConnectFailure),
+    /// The spec is invalid; the status is `Failed` / `InvalidSpec` until it changes.
+    #[error("invalid spec: {0}")]
+    InvalidSpec(#[source] SpecError),
+}
+
+/// What kind of failure a [`ReconcileError`] is, for its backoff and for
+/// `lockwarden_reconcile_errors_total{category}` (docs/architecture.md, "Errors and
+/// backoff").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorCategory {
+    /// The store (or the way to it) did not serve the request.
+    StoreUnavailable,
+    /// Someone else changed what this reconcile wrote on (HTTP 409).
+    Conflict,
+    /// Retrying the same thing cannot help: an invalid spec, a request the API server
+    /// rejects as malformed (400, 422).
+    Invalid,
+    /// Any other failure of the Kubernetes API: unreachable, 5xx, 429, forbidden.
+    KubernetesApi,
+}
+
+impl ErrorCategory {
+    /// The `category` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCategory::StoreUnavailable => "store_unavailable",
+            ErrorCategory::Conflict => "conflict",
+            ErrorCategory::Invalid => "invalid",
+            ErrorCategory::KubernetesApi => "kubernetes_api",
+        }
+    }
+
+    /// How long to wait before reconciling again (jittered by ±20%); `None`: not
+    /// until the object changes.
+    pub fn backoff(self) -> Option<Duration> {
+        match self {
+            // As long as a lock that cannot reach its store waits between attempts.
+            ErrorCategory::StoreUnavailable => Some(Duration::from_secs(5)),
+            // The watch brings the newer object at once; a short pause is enough.
+            ErrorCategory::Conflict => Some(Duration::from_secs(1)),
+            ErrorCategory::Invalid => None,
+            // Leaves an overloaded or restarting API server room to recover.
+            ErrorCategory::KubernetesApi => Some(Duration::from_secs(10)),
+        }
+    }
+
+    fn of_kube(error: &kube::Error) -> ErrorCategory {
+        match error {
+            kube::Error::Api(status) if status.code == 409 => ErrorCategory::Conflict,
+            kube::Error::Api(status) if status.code == 400 || status.code == 422 => {
+                ErrorCategory::Invalid
+            }
+            _ => ErrorCategory::KubernetesApi,
+        }
+    }
+
+    fn of_lock(error: &LockError) -> ErrorCategory {
+        match error {
+            LockError::Unavailable { .. } | LockError::Backend { .. } => {
+                ErrorCategory::StoreUnavailable
+            }
+            LockError::Foreign { .. } | LockError::PermitsDisagree { .. } => ErrorCategory::Invalid,
+            LockError::Held { .. }
+            | LockError::Timeout { .. }
+            | LockError::Lost { .. }
+            | LockError::NotHeld { .. } => ErrorCategory::Conflict,
+        }
+    }
+}
+
+impl ReconcileError {
+    pub fn category(&self) -> ErrorCategory {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            ReconcileError::Status(e) => ErrorCategory::of_kube(e),
+            ReconcileError::Finalizer(e) => match &**e {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.category(),
+                F::AddFinalizer(e) | F::RemoveFinalizer(e) => ErrorCategory::of_kube(e),
+                F::UnnamedObject | F::InvalidFinalizer => ErrorCategory::Invalid,
+            },
+            ReconcileError::Store(e) => ErrorCategory::of_lock(e),
+            ReconcileError::Connect(ConnectFailure::SecretUnreadable { source, .. }) => {
+                ErrorCategory::of_kube(source)
+            }
+            ReconcileError::Connect(_) => ErrorCategory::StoreUnavailable,
+            ReconcileError::InvalidSpec(_) => ErrorCategory::Invalid,
+        }
+    }
 }
 
 /// Everything reconciles share.
@@ -72,6 +173,8 @@ pub struct Context {
     waiters: WaiterIndex<Arc<dyn LockBackend>>,
     wake: UnboundedSender<ObjectRef<DistributedLock>>,
     pub telemetry: Arc<Telemetry>,
+    /// Where backends come from ([`FromSecrets`] unless [`Context::with_connector`]).
+    connector: Arc<dyn Connector>,
 }
 
 impl Context {
@@ -89,7 +192,25 @@ impl Context {
             waiters: WaiterIndex::default(),
             wake,
             telemetry,
+            connector: Arc::new(FromSecrets),
         }
+    }
+
+    /// This context getting its backends from `connector`.
+    pub fn with_connector(self, connector: Arc<dyn Connector>) -> Self {
+        Context { connector, ..self }
+    }
+
+    /// A release the store did not confirm: the lease runs out on its own. Logged with
+    /// the lock and counted, never a reason to fail the reconcile.
+    fn release_failed(
+        &self,
+        obj: &ObjectRef<DistributedLock>,
+        key: &str,
+        error: &dyn std::error::Error,
+    ) {
+        tracing::warn!(lock = %obj, %key, %error, "release not confirmed by the store; its lease runs out on its own");
+        self.telemetry.count_release_error();
     }
 
     /// Requeues every lock waiting on `key` (a same-cluster hand-off), after handing
@@ -117,13 +238,22 @@ impl Context {
     }
 }
 
-pub fn error_policy(
-    _lock: Arc<DistributedLock>,
-    err: &ReconcileError,
-    _ctx: Arc<Context>,
-) -> Action {
-    tracing::warn!(error = %err, "reconcile failed; retrying");
-    Action::requeue(jitter(Duration::from_secs(2)))
+/// Counts a failed reconcile by its category and backs off as the category says.
+pub fn error_policy(lock: Arc<DistributedLock>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let category = err.category();
+    ctx.telemetry.count_reconcile_error(category.as_str());
+    let obj = ObjectRef::from_obj(&*lock);
+    match category.backoff() {
+        Some(backoff) => {
+            let retry_in = jitter(backoff);
+            tracing::warn!(lock = %obj, category = category.as_str(), error = %err, ?retry_in, "reconcile failed; retrying");
+            Action::requeue(retry_in)
+        }
+        None => {
+            tracing::warn!(lock = %obj, category = category.as_str(), error = %err, "reconcile failed; waiting for a change");
+            Action::await_change()
+        }
+    }
 }
 
 fn jitter(d: Duration) -> Duration {
@@ -167,7 +297,9 @@ async fn write(
     let uid = lock.uid().unwrap_or_default();
     let phase = desired.phase;
     if let Some(next) = status::next_status(lock, desired) {
-        status::write(api, &lock.name_any(), &next).await?;
+        status::write(api, &lock.name_any(), &next)
+            .await
+            .map_err(ReconcileError::Status)?;
     }
     ctx.telemetry.set_phase(&uid, phase);
     Ok(())
@@ -248,7 +380,8 @@ async fn apply(
     }
 }
 
-/// An invalid spec: stop waiting, let go of the lock if it is held, and fail.
+/// An invalid spec: stop waiting, let go of the lock if it is held, and fail (an
+/// [`ErrorCategory::Invalid`] error: no retry until the spec changes).
 async fn reject(
     api: &Api<DistributedLock>,
     ctx: &Context,
@@ -258,10 +391,14 @@ async fn reject(
 ) -> Result<Action, ReconcileError> {
     ctx.waiters.stop_waiting(obj);
     if let Some(task) = ctx.holders.remove(obj) {
-        let _ = task.release().await;
+        let key = task.key.clone();
+        if let Err(e) = task.release().await {
+            ctx.release_failed(obj, &key, &e);
+        }
     }
     let failed = Desired::default().failed(reason::INVALID_SPEC, error.to_string());
-    write_failed(api, ctx, lock, failed).await
+    write_failed(api, ctx, lock, failed).await?;
+    Err(ReconcileError::InvalidSpec(error))
 }
 
 /// What an attempt that found the lock held reported.
@@ -312,7 +449,11 @@ impl Reconciling<'_> {
 
     async fn connect(&self) -> Result<Arc<dyn LockBackend>, ConnectFailure> {
         let namespace = lock_namespace(self.lock);
-        backend_for(&self.ctx.client, &namespace, &self.spec.address).await
+        let address = &self.spec.address;
+        self.ctx
+            .connector
+            .backend(&self.ctx.client, &namespace, address)
+            .await
     }
 
     fn start_holder(&self, backend: Arc<dyn LockBackend>, lease: Lease) -> HolderTask {
@@ -376,6 +517,9 @@ impl Reconciling<'_> {
         };
         let released = result.as_ref().ok().cloned().flatten();
         self.ctx.hand_off(held_key, &self.obj, released).await;
+        if let Err(e) = &result {
+            self.ctx.release_failed(&self.obj, held_key, e);
+        }
         let message = match &result {
             Ok(_) => format!("released {} (fence {})", self.key(), acquisition.fence),
             Err(e) => format!("released; the store said: {e}"),
@@ -407,7 +551,7 @@ impl Reconciling<'_> {
     async fn resume(&self, nonce: &str) -> Result<Action, ReconcileError> {
         let backend = match self.connect().await {
             Ok(backend) => backend,
-            Err(e) => return self.backend_error(e.to_string()).await,
+            Err(e) => return self.backend_error(ReconcileError::Connect(e)).await,
         };
         match backend.resume(&self.spec.holder, nonce).await {
             Ok(resumed) => {
@@ -418,7 +562,7 @@ impl Reconciling<'_> {
                 self.ctx.holders.insert(self.obj.clone(), task);
                 Ok(Action::requeue(HELD_RESYNC))
             }
-            Err(e) if e.is_transient() => self.backend_error(e.to_string()).await,
+            Err(e) if e.is_transient() => self.backend_error(ReconcileError::Store(e)).await,
             Err(e) => {
                 let message = format!("could not resume after restart: {e}");
                 self.report_lost(message).await
@@ -448,7 +592,7 @@ impl Reconciling<'_> {
                 waiters.stop_waiting(&self.obj);
                 let backend = match self.connect().await {
                     Ok(backend) => backend,
-                    Err(e) => return self.backend_error(e.to_string()).await,
+                    Err(e) => return self.backend_error(ReconcileError::Connect(e)).await,
                 };
                 let since = self.wait_start();
                 waiters.insert(&self.obj, &self.uid, self.key(), backend.clone(), since);
@@ -499,7 +643,7 @@ impl Reconciling<'_> {
                 }
                 self.fail(reason::PERMITS_DISAGREE, e.to_string()).await
             }
-            Err(e) => self.backend_error(e.to_string()).await,
+            Err(e) => self.backend_error(ReconcileError::Store(e)).await,
         }
     }
 
@@ -637,11 +781,12 @@ impl Reconciling<'_> {
         unreached && age.is_some_and(|age| age < CONNECT_TIMEOUT)
     }
 
-    /// The backend could not be reached or refused: not acquired, retried. A lock that
-    /// was waiting stays `Waiting`, and keeps the start of its wait.
-    async fn backend_error(&self, message: String) -> Result<Action, ReconcileError> {
+    /// The backend could not be reached or refused: not acquired, and `error` goes to
+    /// [`error_policy`] once the status says it. A lock that was waiting stays
+    /// `Waiting`, and keeps the start of its wait.
+    async fn backend_error(&self, error: ReconcileError) -> Result<Action, ReconcileError> {
         if self.still_connecting() {
-            tracing::debug!(lock = %self.obj, %message, "store not reachable yet; retrying");
+            tracing::debug!(lock = %self.obj, %error, "store not reachable yet; retrying");
             return Ok(Action::requeue(jitter(Duration::from_millis(500))));
         }
         let current = self.lock.status.as_ref();
@@ -656,10 +801,10 @@ impl Reconciling<'_> {
             waiting_since: since,
             ..self
                 .status()
-                .not_held(phase, reason::BACKEND_ERROR, message)
+                .not_held(phase, reason::BACKEND_ERROR, error.to_string())
         };
         self.write(desired).await?;
-        Ok(Action::requeue(jitter(Duration::from_secs(5))))
+        Err(error)
     }
 }
 
@@ -678,20 +823,47 @@ async fn cleanup(lock: Arc<DistributedLock>, ctx: &Context) -> Result<Action, Re
         && status.phase == Some(LockPhase::Held)
         && let (Some(nonce), Ok(address)) = (status.nonce.as_deref(), LockAddress::of(&lock))
     {
-        // Held before a restart and never resumed: release by nonce.
-        let holder = lock.holder_identity(&ctx.config.cluster_name);
-        let namespace = lock_namespace(&lock);
-        if let Ok(backend) = backend_for(&ctx.client, &namespace, &address).await
-            && let Ok(lease) = backend.resume(&holder, nonce).await
-        {
-            let _ = backend.release(&lease).await;
-            ctx.hand_off(&address.key, &obj, backend.last_release().await)
-                .await;
-        }
+        release_by_nonce(ctx, &lock, &obj, nonce, &address).await;
     }
     ctx.telemetry
         .set_phase(&lock.uid().unwrap_or_default(), None);
     Ok(Action::await_change())
+}
+
+/// A lock held before a restart and never resumed, being deleted: release it by its
+/// nonce, and wake its waiters.
+async fn release_by_nonce(
+    ctx: &Context,
+    lock: &DistributedLock,
+    obj: &ObjectRef<DistributedLock>,
+    nonce: &str,
+    address: &LockAddress,
+) {
+    let key = &address.key;
+    let namespace = lock_namespace(lock);
+    let backend = match ctx
+        .connector
+        .backend(&ctx.client, &namespace, address)
+        .await
+    {
+        Ok(backend) => backend,
+        Err(e) => return ctx.release_failed(obj, key, &e),
+    };
+    let holder = lock.holder_identity(&ctx.config.cluster_name);
+    let lease = match backend.resume(&holder, nonce).await {
+        Ok(lease) => lease,
+        Err(e @ (LockError::Unavailable { .. } | LockError::Backend { .. })) => {
+            return ctx.release_failed(obj, key, &e);
+        }
+        Err(e) => {
+            tracing::info!(lock = %obj, %key, error = %e, "deleting; nothing to release: the store no longer holds this lock for us");
+            return;
+        }
+    };
+    if let Err(e) = backend.release(&lease).await {
+        ctx.release_failed(obj, key, &e);
+    }
+    ctx.hand_off(key, obj, backend.last_release().await).await;
 }
 
 /// Releases a held lock whose object is being deleted, and wakes its waiters.
@@ -708,9 +880,15 @@ async fn release_before_deletion(
     tracing::debug!(lock = %obj, %key, "released before deletion; waking waiters");
     let released = result.as_ref().ok().cloned().flatten();
     ctx.hand_off(&key, obj, released).await;
+    if let Err(e) = &result {
+        ctx.release_failed(obj, &key, e);
+    }
     let note = match result {
         Ok(_) => format!("released {key} (fence {fence}) before deletion"),
         Err(e) => format!("deleting; release of {key} reported: {e}"),
     };
     ctx.event(lock, EventType::Normal, "Released", note).await;
 }
+
+#[cfg(test)]
+mod tests;

@@ -71,7 +71,7 @@ impl<S: RecordStore> CasLock<S> {
     pub(super) fn unavailable(&self, cause: impl std::fmt::Display) -> LockError {
         LockError::Unavailable {
             url: self.url(),
-            cause: cause.to_string(),
+            cause: cause.to_string().into(),
         }
     }
 

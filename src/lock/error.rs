@@ -75,8 +75,14 @@ pub enum LockError {
     #[error("{url}: lock is not held (already unlocked)")]
     NotHeld { url: String },
 
+    /// `cause` is the store's or client's own error where there is one (its text is
+    /// part of this error's message, so conditions and logs read as before).
     #[error("{url}: backend unavailable: {cause}")]
-    Unavailable { url: String, cause: String },
+    Unavailable {
+        url: String,
+        #[source]
+        cause: Cause,
+    },
 
     #[error("{url}: {message}")]
     Backend { url: String, message: String },
@@ -94,9 +100,65 @@ pub enum LockError {
     },
 }
 
+/// Why a store was unavailable: any error, or words (`"…".into()`).
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// A cause with what was being done when it happened, shown as `{doing}: {source}`.
+#[derive(Debug, thiserror::Error)]
+#[error("{doing}: {source}")]
+pub struct While {
+    doing: String,
+    #[source]
+    source: Cause,
+}
+
+impl While {
+    pub fn new(doing: impl Into<String>, source: impl Into<Cause>) -> While {
+        While {
+            doing: doing.into(),
+            source: source.into(),
+        }
+    }
+}
+
 impl LockError {
     /// Whether retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, LockError::Unavailable { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Conditions and logs show the same text as when the cause was a string, and the
+    /// cause itself is still there for whoever walks the sources.
+    #[test]
+    fn an_unavailable_store_keeps_its_cause_as_the_source() {
+        let inner = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = LockError::Unavailable {
+            url: "zk://h:2181/l".into(),
+            cause: While::new("cannot open a ZooKeeper session", inner).into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "zk://h:2181/l: backend unavailable: cannot open a ZooKeeper session: refused"
+        );
+        let cause = std::error::Error::source(&error).expect("the cause");
+        assert_eq!(
+            cause.to_string(),
+            "cannot open a ZooKeeper session: refused"
+        );
+        let root = cause.source().expect("the client's own error");
+        assert!(root.downcast_ref::<std::io::Error>().is_some(), "{root:?}");
+        let words = LockError::Unavailable {
+            url: "s3://b/k".into(),
+            cause: "timed out".into(),
+        };
+        assert_eq!(
+            words.to_string(),
+            "s3://b/k: backend unavailable: timed out"
+        );
     }
 }

@@ -236,7 +236,7 @@ impl HolderTask {
                 Ok(r) => r,
                 Err(_) => Err(LockError::Unavailable {
                     url: backend.url().to_string(),
-                    cause: format!("renewal took longer than {limit:?}"),
+                    cause: format!("renewal took longer than {limit:?}").into(),
                 }),
             };
             (lease, result)

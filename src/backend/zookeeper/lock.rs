@@ -15,6 +15,7 @@ use super::queue::{Contender, Entry, QUEUE_RETRIES, name_of, version_of};
 use super::semaphore::{self, Member, Verdict};
 use super::session::{Generation, ZkSession};
 use super::{definite, permanent, session_ended};
+use crate::lock::error::{Cause, While};
 use crate::lock::{
     AcquireRequest, Attempt, ForeignRecord, HeldBy, HolderDeadline, Lease, LockBackend, LockError,
     LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, UnknownFields, Version, names,
@@ -84,11 +85,11 @@ impl ZkLock {
                 message: format!("{op}: {e}"),
             }
         } else {
-            self.unavailable(format!("{op}: {e}"))
+            self.unavailable(While::new(op, e))
         }
     }
 
-    pub(super) fn unavailable(&self, cause: impl Into<String>) -> LockError {
+    pub(super) fn unavailable(&self, cause: impl Into<Cause>) -> LockError {
         LockError::Unavailable {
             url: self.url.clone(),
             cause: cause.into(),

@@ -9,6 +9,7 @@ use tokio::sync::Mutex;
 use zookeeper_client::{Client, Error as ZkError, SessionState, Stat};
 
 use super::{DEFAULT_SESSION_TIMEOUT, ZkLock};
+use crate::lock::error::While;
 use crate::lock::{FenceToken, LockError, names};
 
 /// Process-wide registry of ZooKeeper sessions: one per ensemble (server list) and
@@ -248,13 +249,13 @@ impl ZkSession {
             Ok(Err(e)) => {
                 return Err(LockError::Unavailable {
                     url: url.to_string(),
-                    cause: format!("cannot open a ZooKeeper session: {e}"),
+                    cause: While::new("cannot open a ZooKeeper session", e).into(),
                 });
             }
             Err(_) => {
                 return Err(LockError::Unavailable {
                     url: url.to_string(),
-                    cause: format!("opening a ZooKeeper session took longer than {limit:?}"),
+                    cause: format!("opening a ZooKeeper session took longer than {limit:?}").into(),
                 });
             }
         };
