@@ -170,6 +170,14 @@ impl Node {
         // What a killed test binary left behind, before it can get in the way.
         if let Ok(previous) = std::fs::read_to_string(STATE_FILE) {
             let previous = PathBuf::from(previous.trim());
+            eprintln!(
+                "[support] a node ({}) was not torn down (its test binary was killed): {} \
+                 processes, {} mounts, {} cgroup roots; sweeping",
+                previous.display(),
+                node_pids().len(),
+                mounts_under(&previous).len(),
+                node_cgroups().len()
+            );
             let left = sweep(&previous);
             if !left.is_empty() {
                 panic!(
@@ -233,21 +241,7 @@ impl Node {
                     eprintln!("[support] node {NODE_NAME}: {state}");
                     last = state.clone();
                 }
-                let mut guard = self.processes.lock().unwrap();
-                let processes = &mut *guard;
-                for process in [&mut processes.kubelet, &mut processes.containerd]
-                    .into_iter()
-                    .flatten()
-                {
-                    assert!(
-                        process.is_running(),
-                        "{} exited while the node was starting; log {}:\n{}",
-                        process.name,
-                        process.log.display(),
-                        process.log_tail(40)
-                    );
-                }
-                drop(guard);
+                self.assert_running();
                 assert!(
                     Instant::now() < deadline,
                     "node {NODE_NAME} not ready after {STARTUP_TIMEOUT:?} ({state}); kubelet log:\n{}",
@@ -256,6 +250,24 @@ impl Node {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
+    }
+
+    /// Fails (with its log) if the kubelet or containerd exited.
+    fn assert_running(&self) {
+        let mut guard = self.processes.lock().unwrap();
+        let processes = &mut *guard;
+        for process in [&mut processes.kubelet, &mut processes.containerd]
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                process.is_running(),
+                "{} exited while the node was starting; log {}:\n{}",
+                process.name,
+                process.log.display(),
+                process.log_tail(40)
+            );
+        }
     }
 
     /// Stops everything the node started and checks nothing is left; what is left.
