@@ -2,7 +2,7 @@
 //! kubelet beside a control plane of their own): the chart installed with `helm install`
 //! from lockwarden's image built by the repository's Dockerfile, the controller running
 //! in a Pod on its RBAC alone, and gated workloads whose containers really run and read
-//! their fence.
+//! their fence; failover.rs: locks held through the controller's SIGKILL and its Pod's deletion.
 //!
 //! Every connection stays on 127.0.0.1: the Pods use `hostNetwork: true`, the
 //! controller reaches the API server through `KUBERNETES_SERVICE_HOST/PORT` set to its
@@ -11,6 +11,7 @@
 //! node, so the release runs one replica with the `Recreate` strategy; the standby
 //! takeover stays covered by the process-level leader-election tests.
 
+mod failover;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -196,9 +197,24 @@ async fn wait_controller_ready(node: &Node, client: &Client) -> Pod {
     }
 }
 
+/// Tests that rely on the release's controller share it; the failover test takes it
+/// alone (it kills the controller), so no other test sees its faults.
+static CONTROLLER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// The node, its admin client, the CRD (installed by the release) and the release's
-/// controller Ready.
-async fn with_controller() -> (&'static Node, Client) {
+/// controller Ready; the guard shares the controller with other tests until dropped.
+async fn with_controller() -> (
+    &'static Node,
+    Client,
+    tokio::sync::RwLockReadGuard<'static, ()>,
+) {
+    let shared = CONTROLLER.read().await;
+    let (node, client) = controller_ready().await;
+    (node, client, shared)
+}
+
+/// The node, its admin client, the CRD and the release's controller Ready.
+async fn controller_ready() -> (&'static Node, Client) {
     let node = Node::shared();
     release();
     let client = node.client().await;
@@ -261,7 +277,7 @@ async fn node_is_ready_and_runs_a_pod() {
 /// ServiceAccount token the kubelet mounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_runs_the_controller_which_acquires_a_lock() {
-    let (node, client) = with_controller().await;
+    let (node, client, _shared) = with_controller().await;
     let pod = wait_controller_ready(node, &client).await;
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(
@@ -484,7 +500,7 @@ async fn wait_job_complete(client: &Client, ns: &str, job: &str) {
 /// the lock's `status.fence` then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gated_jobs_run_one_after_another_with_their_fences() {
-    let (node, client) = with_controller().await;
+    let (node, client, _shared) = with_controller().await;
     let ns = node.namespace(&client, "node-jobs").await;
     let register = node.host_dir("register");
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
@@ -577,7 +593,7 @@ async fn gated_jobs_run_one_after_another_with_their_fences() {
 /// file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gated_pod_is_scheduling_gated_while_held_elsewhere_then_runs_with_its_fence() {
-    let (node, client) = with_controller().await;
+    let (node, client, _shared) = with_controller().await;
     let ns = node.namespace(&client, "node-gated-pod").await;
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);

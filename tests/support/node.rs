@@ -736,7 +736,8 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 fn sweep(dir: &Path) -> Vec<String> {
     // The kubelet and containerd of a killed binary died with it (PR_SET_PDEATHSIG);
     // the shims and the containers did not. Kill those until none is left.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
     loop {
         let pids = node_pids();
         if pids.is_empty() || Instant::now() > deadline {
@@ -753,6 +754,7 @@ fn sweep(dir: &Path) -> Vec<String> {
         // SAFETY: unmounting a path (lazily: a busy mount goes once unused).
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
+    let killed = started.elapsed();
     // A cgroup goes once its last process has been reaped; give PID 1 a moment.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -767,6 +769,7 @@ fn sweep(dir: &Path) -> Vec<String> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    let cgroups_gone = started.elapsed();
     // The containerd data (images, snapshots) is large and of no use after the run, the
     // kubelet's root holds nothing of use either; the logs stay. (Not while something is
     // still mounted there: that is reported below.)
@@ -784,6 +787,7 @@ fn sweep(dir: &Path) -> Vec<String> {
             .is_some_and(|n| n.to_string_lossy().starts_with(CNI_NETWORK))
     });
 
+    let removed = started.elapsed();
     let mut left = Vec::new();
     left.extend(
         node_pids()
@@ -809,6 +813,13 @@ fn sweep(dir: &Path) -> Vec<String> {
             .into_iter()
             .map(|c| format!("iptables chain {c}")),
     );
+    if started.elapsed() > Duration::from_secs(5) {
+        eprintln!(
+            "[support] node sweep: processes gone after {killed:.1?}, cgroups after \
+             {cgroups_gone:.1?}, data removed after {removed:.1?}, checked after {:.1?}",
+            started.elapsed()
+        );
+    }
     left
 }
 
