@@ -706,3 +706,122 @@ async fn delete_namespace(client: &Client, ns: &str) {
         .await
         .unwrap_or_else(|e| panic!("delete namespace {ns}: {e}"));
 }
+
+/// An example file applied to the node with kubectl, its image swapped for the local
+/// workload image (nothing else changed: its Pods use the node's loopback-only Pod
+/// network, which they never need).
+async fn apply_example(node: &Node, ns: &str, file: &str) {
+    let text = std::fs::read_to_string(repo_root().join("examples").join(file))
+        .unwrap_or_else(|e| panic!("read examples/{file}: {e}"));
+    assert!(text.contains("image: busybox:1.36"), "examples/{file}");
+    let text = text.replace(
+        "image: busybox:1.36",
+        &format!("image: {}", node.images().workload),
+    );
+    let mut child = Command::new(tool("KUBECTL"))
+        .arg("--kubeconfig")
+        .arg(node.plane().kubeconfig_path())
+        .args(["apply", "-n", ns, "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().expect("kubectl output");
+    assert!(
+        out.status.success(),
+        "kubectl apply examples/{file}: {}",
+        text_of(&out)
+    );
+}
+
+fn text_of(out: &Output) -> String {
+    format!("{}{}", text(&out.stdout), text(&out.stderr))
+}
+
+/// examples/job-gated.yaml as written (the image swapped): the Job runs once its lock
+/// is held and its container prints the lock's fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_job_gated_runs_on_the_node_with_its_fence() {
+    let (node, client, _shared) = with_controller().await;
+    let ns = node.namespace(&client, "node-example-job").await;
+    apply_example(node, &ns, "job-gated.yaml").await;
+    wait_job_complete(&client, &ns, "migrate-schema").await;
+    let lock = Api::<DistributedLock>::namespaced(client.clone(), &ns)
+        .get("schema-migration")
+        .await
+        .expect("the example's lock");
+    // Released once the Job completed; the fence of its acquisition stays in status.
+    let fence = lock
+        .status
+        .as_ref()
+        .and_then(|s| s.fence)
+        .expect("the lock's fence");
+    let pod = job_pod(&client, &ns, "migrate-schema").await;
+    let out = logs(&client, &ns, &pod.name_any()).await;
+    assert_eq!(out.trim(), format!("migrating with fence {fence}"));
+    delete_namespace(&client, &ns).await;
+}
+
+/// examples/pod-gated.yaml as written (the image swapped): of the Deployment's three
+/// Pods exactly one is ungated and Running, printing its own lock's fence from its
+/// downward-API file; the other two stay SchedulingGated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_pod_gated_runs_one_pod_on_the_node_with_its_fence() {
+    let (node, client, _shared) = with_controller().await;
+    let ns = node.namespace(&client, "node-example-pod").await;
+    apply_example(node, &ns, "pod-gated.yaml").await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let (active, gated) = eventually("one singleton Pod Running, two gated", TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=singleton"))
+            .await
+            .ok()?;
+        let (running, rest): (Vec<Pod>, Vec<Pod>) =
+            list.items.into_iter().partition(|p| phase(p) == "Running");
+        let gated = rest
+            .iter()
+            .filter(|p| {
+                condition(p, "PodScheduled")
+                    == Some(("False".into(), Some("SchedulingGated".into())))
+            })
+            .count();
+        (running.len() == 1 && gated == 2).then(|| (running[0].clone(), gated))
+    })
+    .await;
+    assert_eq!(gated, 2);
+    let fence: i64 = active
+        .annotations()
+        .get("lockwarden.io/fence")
+        .and_then(|f| f.parse().ok())
+        .expect("the active Pod's fence");
+    let own = Api::<DistributedLock>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|l| {
+            l.owner_references()
+                .iter()
+                .any(|o| o.kind == "Pod" && o.name == active.name_any())
+        })
+        .expect("the active Pod's own lock");
+    assert!(acquired(&own));
+    assert_eq!(own.status.as_ref().and_then(|s| s.fence), Some(fence));
+    let name = active.name_any();
+    let out = eventually("the active container's output", TIMEOUT, || async {
+        let out = pods.logs(&name, &LogParams::default()).await.ok()?;
+        (!out.is_empty()).then_some(out)
+    })
+    .await;
+    assert_eq!(out.trim(), format!("active with fence {fence}"));
+    delete_namespace(&client, &ns).await;
+}

@@ -19,20 +19,25 @@
 //! - images cannot be pulled again: image GC thresholds that never delete, and disk
 //!   eviction thresholds that never evict.
 //!
-//! Network: the test Pods use `hostNetwork: true`, so every connection stays on
-//! 127.0.0.1 (the API server, the kubelet, the controller's probes). No Pod network
-//! exists: the kubelet only reports the node Ready once the runtime's network is ready,
-//! i.e. containerd has loaded a CNI configuration, so it gets one whose only plugin is
-//! `loopback`. A Pod without hostNetwork gets a network namespace with `lo` alone; no
-//! bridge, veth or iptables rule is ever made.
+//! Network: the test Pods that talk to a server use `hostNetwork: true`, so every
+//! connection stays on 127.0.0.1 (the API server, the kubelet, the controller's
+//! probes). The kubelet reports the node Ready only once containerd has loaded a CNI
+//! configuration, and containerd 1.6 refuses a sandbox whose network gives it no
+//! `eth0` (a loopback-only configuration fails every Pod without hostNetwork with
+//! "failed to find network info for sandbox"). So Pods without hostNetwork (the
+//! examples, as written) get an isolated network: a bridge with no address, no
+//! gateway and no NAT, host-local addresses in `CNI_SUBNET`, no iptables rule, no
+//! route anywhere. Nothing connects to those addresses (no probes on such Pods).
 //!
 //! Teardown: at exit (`atexit`, which also runs when tests panicked) and before a start
 //! (what a killed test binary left), a sweep kills by PID every process in the node's
 //! cgroups and every containerd shim of its containerd (shims reparent to PID 1, which is
 //! not systemd here), stops containerd and the kubelet, unmounts what lies under the
-//! node's directories, removes its cgroups and its containerd data, then checks that
-//! nothing is left: processes, mounts, cgroups, network namespaces, network interfaces
-//! (against those present before the start) and CNI iptables chains. Anything left
+//! node's directories (the Pods' network namespaces too, which takes their veths),
+//! deletes the bridge, removes its cgroups, its containerd data and its sandboxes' CNI
+//! results, then checks that nothing is left: processes, mounts, cgroups, CNI results,
+//! network interfaces (against those present before the start) and CNI iptables
+//! chains. Anything left
 //! makes the test binary exit non-zero, naming it.
 
 use super::kube::{ControlPlane, ControlPlaneOptions, client_from_kubeconfig};
@@ -60,8 +65,12 @@ const STATE_FILE: &str = "/run/lockwarden-node.state";
 const SOCKET_DIR: &str = "/run/lockwarden-node";
 /// The kubelet's cgroupRoot: every Pod's cgroup is below it, in every hierarchy.
 const CGROUP_ROOT: &str = "lockwarden-node";
-/// The name of the loopback-only CNI network (its results are cached under /var/lib/cni).
-const CNI_NETWORK: &str = "lockwarden-loopback";
+/// The name of the node's CNI network (its results are cached under /var/lib/cni).
+const CNI_NETWORK: &str = "lockwarden-isolated";
+/// Its bridge: no address, no gateway, no NAT, so nothing on it reaches anything else.
+const CNI_BRIDGE: &str = "lwcni0";
+/// Its Pod addresses (host-local IPAM, state in the node's directory).
+const CNI_SUBNET: &str = "10.244.0.0/24";
 
 /// How long the node may take to start (images imported, node Ready, taints gone).
 /// About 10 s idle; the test machine is a loaded 2-core box.
@@ -429,7 +438,7 @@ fn containerd_socket() -> PathBuf {
 }
 
 /// containerd with its root and state in the node's directory, the CRI plugin set for
-/// this host (see the module comment) and a loopback-only CNI configuration.
+/// this host (see the module comment) and the isolated CNI network.
 fn start_containerd(dir: &Path) -> ServerProcess {
     let cni_dir = dir.join("cni");
     std::fs::create_dir_all(&cni_dir).expect("create the CNI config dir");
@@ -437,10 +446,21 @@ fn start_containerd(dir: &Path) -> ServerProcess {
     let config = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK,
-        "plugins": [{ "type": "loopback" }],
+        "plugins": [{
+            "type": "bridge",
+            "bridge": CNI_BRIDGE,
+            "isGateway": false,
+            "ipMasq": false,
+            "hairpinMode": false,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{ "subnet": CNI_SUBNET }]],
+                "dataDir": dir.join("cni-ipam"),
+            },
+        }],
     });
     std::fs::write(
-        cni_dir.join("10-lockwarden-loopback.conflist"),
+        cni_dir.join("10-lockwarden-isolated.conflist"),
         config.to_string(),
     )
     .expect("write the CNI config");
@@ -770,9 +790,22 @@ fn sweep(dir: &Path) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let cgroups_gone = started.elapsed();
+    // With their network namespaces gone, the Pods' veths are gone; the bridge stays.
+    if Path::new("/sys/class/net").join(CNI_BRIDGE).exists() {
+        let _ = Command::new("ip")
+            .args(["link", "delete", CNI_BRIDGE])
+            .status();
+    }
     // The containerd data (images, snapshots) is large and of no use after the run, the
     // kubelet's root holds nothing of use either; the logs stay. (Not while something is
     // still mounted there: that is reported below.)
+    // containerd caches each sandbox's CNI results (its network's and the implicit
+    // loopback's) under /var/lib/cni/results, named after the sandbox.
+    let sandboxes = sandbox_ids(dir);
+    remove_entries("/var/lib/cni/results", |p| {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        sandboxes.iter().any(|id| name.contains(id.as_str()))
+    });
     if mounts_under(dir).is_empty() {
         let _ = std::fs::remove_dir_all(dir.join("containerd"));
         let _ = std::fs::remove_dir_all(kubelet_root());
@@ -781,10 +814,6 @@ fn sweep(dir: &Path) -> Vec<String> {
     // the CNI results of its network.
     remove_entries("/var/log/containers", |p| {
         std::fs::read_link(p).is_ok_and(|target| target.starts_with(dir))
-    });
-    remove_entries("/var/lib/cni/results", |p| {
-        p.file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with(CNI_NETWORK))
     });
 
     let removed = started.elapsed();
@@ -804,6 +833,14 @@ fn sweep(dir: &Path) -> Vec<String> {
             .into_iter()
             .map(|p| format!("cgroup {}", p.display())),
     );
+    if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if sandboxes.iter().any(|id| name.contains(id.as_str())) {
+                left.push(format!("CNI result /var/lib/cni/results/{name}"));
+            }
+        }
+    }
     let netns = dir.join("containerd/state/io.containerd.grpc.v1.cri/netns");
     if netns.exists() {
         left.push(format!("network namespaces in {}", netns.display()));
@@ -823,6 +860,27 @@ fn sweep(dir: &Path) -> Vec<String> {
     left
 }
 
+/// The IDs of the Pod sandboxes the node's containerd made.
+fn sandbox_ids(dir: &Path) -> Vec<String> {
+    let mut ids = Vec::new();
+    for part in ["root", "state"] {
+        let sandboxes = dir
+            .join("containerd")
+            .join(part)
+            .join("io.containerd.grpc.v1.cri/sandboxes");
+        if let Ok(entries) = std::fs::read_dir(sandboxes) {
+            ids.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
 fn remove_entries(dir: &str, matches: impl Fn(&Path) -> bool) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
@@ -840,7 +898,7 @@ fn process_name(pid: i32) -> String {
 }
 
 /// iptables chains the CNI plugins make (`CNI-…`), if iptables is installed at all (the
-/// loopback plugin never makes any; a configuration with a bridge would).
+/// bridge plugin makes them only for ipMasq, which is off).
 fn cni_iptables_chains() -> Vec<String> {
     let Ok(out) = Command::new("iptables-save").output() else {
         return Vec::new();
