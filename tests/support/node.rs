@@ -590,12 +590,7 @@ fn import_images(containerd: &mut ServerProcess, dir: &Path) -> Images {
 /// cgroupRoot that does not exist). A cpuset cgroup takes no process before it has CPUs
 /// and memory nodes: its parent's.
 fn create_cgroup_root() {
-    let hierarchies = std::fs::read_dir("/sys/fs/cgroup").expect("read /sys/fs/cgroup");
-    for hierarchy in hierarchies.flatten() {
-        let path = hierarchy.path();
-        if !path.is_dir() || path.is_symlink() {
-            continue;
-        }
+    for path in cgroup_hierarchies() {
         let root = path.join(CGROUP_ROOT);
         std::fs::create_dir_all(&root)
             .unwrap_or_else(|e| panic!("create cgroup {}: {e}", root.display()));
@@ -680,11 +675,26 @@ fn interfaces() -> Vec<String> {
 
 /// The node's cgroup in every mounted cgroup hierarchy that has one.
 fn node_cgroups() -> Vec<PathBuf> {
-    std::fs::read_dir("/sys/fs/cgroup")
+    cgroup_hierarchies()
+        .into_iter()
+        .map(|h| h.join(CGROUP_ROOT))
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// The mounted cgroup hierarchies: `/sys/fs/cgroup` itself on cgroup v2, each
+/// controller's directory below it on v1 (this host; symlinks such as `cpu,cpuacct`
+/// aliases skipped).
+fn cgroup_hierarchies() -> Vec<PathBuf> {
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join("cgroup.controllers").exists() {
+        return vec![base.to_path_buf()];
+    }
+    std::fs::read_dir(base)
         .map(|d| {
             d.filter_map(|e| e.ok())
-                .map(|e| e.path().join(CGROUP_ROOT))
-                .filter(|p| p.is_dir())
+                .map(|e| e.path())
+                .filter(|p| p.is_dir() && !p.is_symlink())
                 .collect()
         })
         .unwrap_or_default()
