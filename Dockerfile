@@ -8,8 +8,16 @@
 # shell, no package manager) running as the unprivileged user 65532.
 # The builder and the runtime are both Debian 12 (bookworm), so the binary's glibc
 # matches the runtime's.
+#
+# Two build arguments exist for the test suite (scripts/testenv), which has no registry
+# to pull from: BINARY_STAGE=prebuilt takes the binary from the build context
+# (PREBUILT_BINARY) instead of compiling it, and RUNTIME_BASE names a local base image
+# with distroless's content, assembled from the same Debian 12 packages. The runtime
+# stage is the same either way. Their defaults are the build above.
 
 ARG RUST_VERSION=1.95
+ARG RUNTIME_BASE=gcr.io/distroless/cc-debian12:nonroot
+ARG BINARY_STAGE=build
 
 FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
@@ -21,8 +29,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --locked --release --bin lockwarden \
  && install -D -m 0755 target/release/lockwarden /out/lockwarden
 
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /out/lockwarden /usr/local/bin/lockwarden
+# A binary built outside this file (BINARY_STAGE=prebuilt); BuildKit skips this stage
+# unless it is selected.
+FROM scratch AS prebuilt
+ARG PREBUILT_BINARY=lockwarden
+COPY ${PREBUILT_BINARY} /out/lockwarden
+
+FROM ${BINARY_STAGE} AS binary
+
+FROM ${RUNTIME_BASE}
+COPY --from=binary /out/lockwarden /usr/local/bin/lockwarden
 # distroless's "nonroot" user; numeric so runAsNonRoot can verify it.
 USER 65532:65532
 # /metrics, /healthz, /readyz (--metrics-address).

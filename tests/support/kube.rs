@@ -24,6 +24,9 @@
 //! - the `ServiceAccount` admission plugin stays disabled: it would reject a fresh
 //!   namespace's Pods until the service-account controller has created its `default`
 //!   ServiceAccount (a race every test would have to wait out).
+//!
+//! A cluster with a real node (tests/support/node.rs) starts its own control plane
+//! with [`ControlPlaneOptions::for_node`], which turns on what a kubelet needs.
 
 use super::{ServerProcess, free_port, tool, unique, wait_for_port, wait_until, work_dir};
 
@@ -75,7 +78,7 @@ impl ControlPlane {
     /// retrying a two-minute start.
     pub fn shared() -> &'static ControlPlane {
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        match SHARED.get_or_init(start_on_own_thread) {
+        match SHARED.get_or_init(|| start_on_own_thread(ControlPlaneOptions::default())) {
             Ok(plane) => plane,
             Err(msg) => panic!("the shared Kubernetes control plane did not start:\n{msg}"),
         }
@@ -84,7 +87,12 @@ impl ControlPlane {
     /// A new, independent control plane (its own etcd and certificates), e.g. for a
     /// second cluster. Stopped when dropped. Blocks the calling thread until ready.
     pub fn start() -> ControlPlane {
-        start_on_own_thread().unwrap_or_else(|msg| panic!("{msg}"))
+        Self::start_with(ControlPlaneOptions::default())
+    }
+
+    /// [`ControlPlane::start`] with `options`.
+    pub fn start_with(options: ControlPlaneOptions) -> ControlPlane {
+        start_on_own_thread(options).unwrap_or_else(|msg| panic!("{msg}"))
     }
 
     /// `https://127.0.0.1:<port>` of the API server.
@@ -184,7 +192,7 @@ impl ControlPlane {
 
     /// Starts etcd and kube-apiserver and waits until the API server is ready. Must not
     /// run on a thread inside a tokio runtime (it runs one of its own to probe).
-    fn launch() -> ControlPlane {
+    fn launch(options: ControlPlaneOptions) -> ControlPlane {
         let started = Instant::now();
         let dir = work_dir(&unique("kube"));
         let pki = Pki::generate(&dir);
@@ -240,11 +248,6 @@ impl ControlPlane {
             ))
             // Only a configuration value: no Service traffic goes anywhere.
             .arg("--service-cluster-ip-range=10.0.0.0/24")
-            // No kubelets, so no Node authorizer; RBAC as in a real cluster.
-            .arg("--authorization-mode=RBAC")
-            // Rejects every Pod until the token controller (not running) has created
-            // the namespace's `default` ServiceAccount.
-            .arg("--disable-admission-plugins=ServiceAccount")
             .arg("--allow-privileged=true")
             // Lighter: no priority-and-fairness queueing (the plain max-in-flight limits
             // apply), no endpoint reconciler (periodic lease and `kubernetes` Endpoints
@@ -253,6 +256,22 @@ impl ControlPlane {
             .arg("--enable-priority-and-fairness=false")
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false");
+        if options.node {
+            // A kubelet's identity (system:node:<name>) is authorized by the Node
+            // authorizer and restricted to its own Node and Pods; Pods get their
+            // ServiceAccount's token mounted (the harness waits for the ServiceAccount).
+            // The API server reaches the kubelet (logs, exec) at its Hostname address,
+            // "localhost": the node's InternalIP is not loopback.
+            cmd.arg("--authorization-mode=Node,RBAC")
+                .arg("--enable-admission-plugins=NodeRestriction")
+                .arg("--kubelet-preferred-address-types=Hostname,InternalIP");
+        } else {
+            // No kubelets, so no Node authorizer; RBAC as in a real cluster.
+            cmd.arg("--authorization-mode=RBAC")
+                // Rejects every Pod until the token controller has created the
+                // namespace's `default` ServiceAccount (a race every test would wait out).
+                .arg("--disable-admission-plugins=ServiceAccount");
+        }
         if let Some(gates) = feature_gates() {
             cmd.arg(format!("--feature-gates={gates}"));
         }
@@ -269,7 +288,13 @@ impl ControlPlane {
             "[support] kube-apiserver ready at {url} after {:.1?}",
             started.elapsed()
         );
-        let controller_manager = start_controller_manager(&dir, &pki, &kubeconfig, kcm_port);
+        let controllers = if options.node {
+            format!("{CONTROLLERS},{NODE_CONTROLLERS}")
+        } else {
+            CONTROLLERS.to_string()
+        };
+        let controller_manager =
+            start_controller_manager(&dir, &pki, &kubeconfig, kcm_port, &controllers);
 
         ControlPlane {
             controller_manager,
@@ -294,6 +319,26 @@ impl ControlPlane {
 const CONTROLLERS: &str = "job,garbagecollector,namespace,serviceaccount,serviceaccount-token,\
                            replicaset,deployment,validatingadmissionpolicy-status-controller";
 
+/// What a cluster with a kubelet needs besides: every namespace's `kube-root-ca.crt`
+/// (the CA in projected ServiceAccount tokens) and the node lifecycle (it removes the
+/// not-ready taint once the node reports Ready).
+const NODE_CONTROLLERS: &str = "root-ca-cert-publisher,nodelifecycle";
+
+/// How a control plane is started; the default is the shared one's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ControlPlaneOptions {
+    /// For a cluster with a real kubelet: the Node authorizer and NodeRestriction, the
+    /// ServiceAccount admission plugin, the kubelet reached by hostname, and the
+    /// controllers in `NODE_CONTROLLERS`.
+    pub node: bool,
+}
+
+impl ControlPlaneOptions {
+    pub fn for_node() -> Self {
+        ControlPlaneOptions { node: true }
+    }
+}
+
 /// `LOCKWARDEN_KUBE_FEATURE_GATES`, passed to kube-apiserver and kube-controller-manager
 /// as `--feature-gates`: to run a test binary against the behaviour of an older release
 /// (e.g. `MutableSchedulingDirectivesForSuspendedJobs=false`, as before 1.36).
@@ -307,11 +352,17 @@ fn feature_gates() -> Option<String> {
 /// until its port accepts connections. No leader election (one per control plane);
 /// it serves only on 127.0.0.1:`port`. Its informers may still be syncing when this
 /// returns: a Job created meanwhile is picked up once they are.
-fn start_controller_manager(dir: &Path, pki: &Pki, kubeconfig: &Path, port: u16) -> ServerProcess {
+fn start_controller_manager(
+    dir: &Path,
+    pki: &Pki,
+    kubeconfig: &Path,
+    port: u16,
+    controllers: &str,
+) -> ServerProcess {
     let started = Instant::now();
     let mut cmd = Command::new(tool("KUBE_CONTROLLER_MANAGER"));
     cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg(format!("--controllers={CONTROLLERS}"))
+        .arg(format!("--controllers={controllers}"))
         .arg("--leader-elect=false")
         .arg("--bind-address=127.0.0.1")
         .arg(format!("--secure-port={port}"))
@@ -357,10 +408,10 @@ pub async fn client_from_kubeconfig(path: &Path) -> Client {
 /// Runs `ControlPlane::launch` on a plain thread: it drives a tokio runtime of its own
 /// for the readiness probe, which would panic on a thread that is already inside one
 /// (any `#[tokio::test]`). A panic there becomes the `Err` message.
-fn start_on_own_thread() -> Result<ControlPlane, String> {
+fn start_on_own_thread(options: ControlPlaneOptions) -> Result<ControlPlane, String> {
     std::thread::Builder::new()
         .name("kube-control-plane".into())
-        .spawn(ControlPlane::launch)
+        .spawn(move || ControlPlane::launch(options))
         .expect("spawn control-plane thread")
         .join()
         .map_err(|payload| {
