@@ -68,7 +68,12 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
             tokio::select! {
                 result = lockwarden::controller::run_elected(client, config, election) => result?,
                 _ = terminate.recv() => {
+                    // Exit here, inside the select: returning would drop the controller,
+                    // and a dropped HeldLock releases its lock in the background — a
+                    // release written while the gated Jobs still run (tests/node's
+                    // failover saw a third of the locks released that way).
                     tracing::info!("SIGTERM: stopping; held locks are resumed by the next controller");
+                    std::process::exit(cli::exit::OK.into());
                 }
             }
             cli::exit::OK

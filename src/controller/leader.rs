@@ -92,7 +92,11 @@ pub async fn run_elected(
         result = run_with(client, config, telemetry) => result,
         _ = leading.wait_for(|is_leader| !is_leader) => {
             tracing::error!(%identity, "lost leadership; exiting so a standby takes over");
-            Err(ControllerError::LeaderElection("lost leadership".into()))
+            // Exit here rather than return: returning drops the controller, and every
+            // dropped HeldLock asks for a release, which the runtime's worker threads
+            // would write while the new leader resumes the same locks and their gated
+            // workloads still run. Exiting is what SIGKILL does: nothing is released.
+            std::process::exit(1)
         }
     }
 }
