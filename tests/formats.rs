@@ -29,9 +29,9 @@ use lockwarden::lock::{
 use serde_json::{Value, json};
 use zookeeper_client::{Acls, CreateMode};
 
+use support::keys::Key;
 use support::kube::{ControlPlane, client_from_kubeconfig};
-use support::moto::{dynamodb_client_for, new_bucket_at, new_table_at, s3_client_for};
-use support::stores::{dynamodb_shared, s3_shared};
+use support::moto::{dynamodb_client_for, s3_client_for};
 use support::zookeeper::ZooKeeper;
 use support::{eventually, unique};
 
@@ -48,25 +48,6 @@ const TODAY: &str = "today";
 /// The holder set's field and a holder entry's field the newer build adds.
 const SET_FIELD: &str = "newerSet";
 const ENTRY_FIELD: &str = "newerEntry";
-
-/// One key on one store, reachable by either build and by the test itself.
-#[derive(Clone)]
-enum Key {
-    S3 {
-        endpoint: String,
-        bucket: String,
-        key: String,
-    },
-    Dynamo {
-        endpoint: String,
-        table: String,
-        key: String,
-    },
-    Lease {
-        namespace: String,
-        name: String,
-    },
-}
 
 /// Any of the three record stores, so one scenario runs on each.
 enum AnyStore {
@@ -167,39 +148,15 @@ struct Found {
     set: Option<Value>,
 }
 
+/// What this test does with a key on each store (the keys are the shared
+/// [`support::keys::Key`]; ZooKeeper's scenario has entries of its own, no record store).
 impl Key {
-    async fn s3() -> Key {
-        let endpoint = s3_shared().endpoint();
-        Key::S3 {
-            bucket: new_bucket_at(&endpoint, "formats").await,
-            endpoint,
-            key: unique("locks/k"),
-        }
-    }
-
-    async fn dynamo() -> Key {
-        let endpoint = dynamodb_shared().endpoint();
-        Key::Dynamo {
-            table: new_table_at(&endpoint, "formats", "key").await,
-            endpoint,
-            key: unique("k"),
-        }
-    }
-
-    async fn lease() -> Key {
-        let cp = ControlPlane::shared();
-        let client = cp.client().await;
-        Key::Lease {
-            namespace: cp.namespace(&client, "formats").await,
-            name: unique("lock"),
-        }
-    }
-
     /// Where the newer build keeps a record-level field on this store.
     fn record_field(&self) -> &'static str {
         match self {
             Key::S3 { .. } | Key::Dynamo { .. } => "newerRecord",
             Key::Lease { .. } => "lockwarden.io/newer-record",
+            Key::ZooKeeper { .. } => unreachable!("ZooKeeper entries have no record fields"),
         }
     }
 
@@ -219,11 +176,14 @@ impl Key {
                 TableLayout::new(table),
                 key,
             )),
-            Key::Lease { namespace, name } => AnyStore::Lease(Box::new(LeaseStore::new(
+            Key::Lease {
+                namespace, name, ..
+            } => AnyStore::Lease(Box::new(LeaseStore::new(
                 kube_client().await,
                 namespace,
                 name,
             ))),
+            Key::ZooKeeper { .. } => unreachable!("ZooKeeper is not a record store"),
         }
     }
 
@@ -283,7 +243,9 @@ impl Key {
                     set: text("holders").map(|j| serde_json::from_str(&j).unwrap()),
                 }
             }
-            Key::Lease { namespace, name } => {
+            Key::Lease {
+                namespace, name, ..
+            } => {
                 let lease = self.lease_now(namespace, name).await;
                 let annotations = lease.metadata.annotations.unwrap_or_default();
                 Found {
@@ -293,6 +255,7 @@ impl Key {
                         .map(|j| serde_json::from_str(j).unwrap()),
                 }
             }
+            Key::ZooKeeper { .. } => unreachable!("ZooKeeper is not a record store"),
         }
     }
 
@@ -375,7 +338,10 @@ async fn two_builds_share_a_mutex(key: Key) {
         .await
         .expect("the newer build releases");
 
-    if let Key::Lease { namespace, name } = &key {
+    if let Key::Lease {
+        namespace, name, ..
+    } = &key
+    {
         // Another tool's annotation and label on the Lease: today's writes keep them.
         let api: Api<KubeLease> = Api::namespaced(kube_client().await, namespace);
         let theirs = json!({"metadata": {
@@ -406,7 +372,10 @@ async fn two_builds_share_a_mutex(key: Key) {
         Some("kept"),
         "after today's release"
     );
-    if let Key::Lease { namespace, name } = &key {
+    if let Key::Lease {
+        namespace, name, ..
+    } = &key
+    {
         let lease = key.lease_now(namespace, name).await;
         let annotations = lease.metadata.annotations.unwrap_or_default();
         let labels = lease.metadata.labels.unwrap_or_default();

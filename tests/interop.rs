@@ -172,25 +172,45 @@ async fn lockwarden_acquires(backend: &dyn LockBackend, wait: Wait, why: &str) -
     .expect(why)
 }
 
+/// One of three permits of a key with free permits (renewed in the background until
+/// released).
+async fn hold_permit(backend: Arc<dyn LockBackend>, holder: &str, lease: Duration) -> HeldLock {
+    let req = AcquireRequest {
+        permits: Permits::semaphore(3),
+        ..request(holder, lease)
+    };
+    HeldLock::acquire(backend, &req, Wait::No)
+        .await
+        .expect("a permit of a free key")
+}
+
 /// Two holders of a key with three permits (docs/design.md §6.2), renewed in the
 /// background until released: what the seed tools must see as a held lock.
 async fn hold_two_permits(url: &str, options: &ConnectOptions, lease: Duration) -> [HeldLock; 2] {
     let mut held = Vec::new();
     for holder in ["lockwarden-permit-1", "lockwarden-permit-2"] {
         let backend = engine(url, options).await;
-        let req = AcquireRequest {
-            permits: Permits::semaphore(3),
-            ..request(holder, lease)
-        };
-        held.push(
-            HeldLock::acquire(backend, &req, Wait::No)
-                .await
-                .expect("a permit of a free key"),
-        );
+        held.push(hold_permit(backend, holder, lease).await);
     }
     let second = held.pop().expect("two holders");
     let first = held.pop().expect("two holders");
     [first, second]
+}
+
+/// `lockwarden` waiting (up to [`TIMEOUT`]) for the key with a 10 s lease, in a task
+/// of its own so that the test can let the other holder go meanwhile.
+fn lockwarden_waits_in_background(
+    backend: &Arc<dyn LockBackend>,
+) -> tokio::task::JoinHandle<Result<Lease, LockError>> {
+    let backend = backend.clone();
+    tokio::spawn(async move {
+        acquire(
+            backend.as_ref(),
+            &request("lockwarden", Duration::from_secs(10)),
+            Wait::For(TIMEOUT),
+        )
+        .await
+    })
 }
 
 /// Holds a key nobody holds yet (renewed in the background until released).
@@ -786,8 +806,13 @@ fn zk_engine(path: &str) -> Arc<dyn LockBackend> {
     )
 }
 
-fn kafkakit(path: &str, wait: &str) -> Foreign {
-    kafkakit_with(path, wait, &[])
+/// A kafka-kit contender (settings as for [`kafkakit_with`]) that has queued and then
+/// reported `until` (ACQUIRED, WAITING or BUSY). Returns it and the name of its entry.
+async fn kafkakit_until(path: &str, wait: &str, extra: &[&str], until: &str) -> (Foreign, String) {
+    let mut contender = kafkakit_with(path, wait, extra);
+    let entry = contender.expect("QUEUED").await;
+    contender.expect(until).await;
+    (contender, entry)
 }
 
 /// A kafka-kit contender with more settings (`--ttl MS`, `--owner O`).
@@ -802,9 +827,7 @@ fn kafkakit_with(path: &str, wait: &str, extra: &[&str]) -> Foreign {
 async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock() {
     let path = format!("/{}", unique("interop-kk"));
     let url = zk_url(&path);
-    let mut holder = kafkakit(&path, "0s");
-    let entry = holder.expect("QUEUED").await;
-    holder.expect("ACQUIRED").await;
+    let (mut holder, entry) = kafkakit_until(&path, "0s", &[], "ACQUIRED").await;
 
     let backend = zk_engine(&path);
     assert_engine_sees_held(backend.as_ref(), &entry).await;
@@ -813,17 +836,7 @@ async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unl
         .assert_sees_held(&url, &entry, &[])
         .await;
 
-    let waiting = {
-        let backend = backend.clone();
-        tokio::spawn(async move {
-            acquire(
-                backend.as_ref(),
-                &request("lockwarden", Duration::from_secs(10)),
-                Wait::For(TIMEOUT),
-            )
-            .await
-        })
-    };
+    let waiting = lockwarden_waits_in_background(&backend);
     holder.release().await;
     let lease = waiting
         .await
@@ -843,12 +856,8 @@ async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
     )
     .await
     .expect("acquire");
-    let mut refused = kafkakit(&path, "0s");
-    refused.expect("QUEUED").await;
-    refused.expect("BUSY").await;
-    let mut waiting = kafkakit(&path, "120s");
-    waiting.expect("QUEUED").await;
-    waiting.expect("WAITING").await;
+    let (_refused, _) = kafkakit_until(&path, "0s", &[], "BUSY").await;
+    let (mut waiting, _) = kafkakit_until(&path, "120s", &[], "WAITING").await;
     assert_eq!(
         waiting.has_event().await,
         None,
@@ -866,22 +875,10 @@ async fn kafka_kit_waits_behind_the_holders_of_a_semaphore_key() {
     let path = format!("/{}", unique("interop-kk-sem"));
     let mut held = Vec::new();
     for holder in ["lockwarden-permit-1", "lockwarden-permit-2"] {
-        let req = AcquireRequest {
-            permits: Permits::semaphore(3),
-            ..request(holder, Duration::from_secs(10))
-        };
-        held.push(
-            HeldLock::acquire(zk_engine(&path), &req, Wait::No)
-                .await
-                .expect("a permit of a free key"),
-        );
+        held.push(hold_permit(zk_engine(&path), holder, Duration::from_secs(10)).await);
     }
-    let mut refused = kafkakit(&path, "0s");
-    refused.expect("QUEUED").await;
-    refused.expect("BUSY").await;
-    let mut waiting = kafkakit(&path, "120s");
-    waiting.expect("QUEUED").await;
-    waiting.expect("WAITING").await;
+    let (_refused, _) = kafkakit_until(&path, "0s", &[], "BUSY").await;
+    let (mut waiting, _) = kafkakit_until(&path, "120s", &[], "WAITING").await;
     let second = held.pop().expect("two holders");
     held.pop()
         .expect("two holders")
@@ -902,9 +899,8 @@ async fn kafka_kit_waits_behind_the_holders_of_a_semaphore_key() {
 async fn a_permit_waits_for_a_kafka_kit_holder_and_then_sets_the_permits() {
     let path = format!("/{}", unique("interop-kk-permits"));
     let url = zk_url(&path);
-    let mut holder = kafkakit_with(&path, "0s", &["--owner", "kk-owner"]);
-    let entry = holder.expect("QUEUED").await;
-    holder.expect("ACQUIRED").await;
+    let (mut holder, entry) =
+        kafkakit_until(&path, "0s", &["--owner", "kk-owner"], "ACQUIRED").await;
     let cli = Cli::new();
     cli.assert_permits_wait_for_another_tool(&url, &entry).await;
     // status: the table names the owner and the entry in a short cell; the sentence
@@ -930,16 +926,14 @@ async fn a_permit_waits_for_a_kafka_kit_holder_and_then_sets_the_permits() {
 async fn a_permit_behind_a_queued_kafka_kit_entry_names_that_entry() {
     let path = format!("/{}", unique("interop-kk-blocks"));
     let url = zk_url(&path);
-    let req = AcquireRequest {
-        permits: Permits::semaphore(3),
-        ..request("lockwarden-permit-1", Duration::from_secs(10))
-    };
-    let first = HeldLock::acquire(zk_engine(&path), &req, Wait::No)
-        .await
-        .expect("a permit of a free key");
-    let mut queued = kafkakit_with(&path, "120s", &["--owner", "kk-queued"]);
-    let entry = queued.expect("QUEUED").await;
-    queued.expect("WAITING").await;
+    let first = hold_permit(
+        zk_engine(&path),
+        "lockwarden-permit-1",
+        Duration::from_secs(10),
+    )
+    .await;
+    let (mut queued, entry) =
+        kafkakit_until(&path, "120s", &["--owner", "kk-queued"], "WAITING").await;
 
     let out = Cli::new()
         .run(&["lock", &url, "--permits", "3", "-o", "blocked.lock"])
@@ -963,15 +957,7 @@ async fn status_of_a_zookeeper_semaphore_names_every_holder() {
     let url = zk_url(&path);
     let mut held = Vec::new();
     for holder in ["permit-a", "permit-b"] {
-        let req = AcquireRequest {
-            permits: Permits::semaphore(3),
-            ..request(holder, Duration::from_secs(10))
-        };
-        held.push(
-            HeldLock::acquire(zk_engine(&path), &req, Wait::No)
-                .await
-                .expect("a permit of a free key"),
-        );
+        held.push(hold_permit(zk_engine(&path), holder, Duration::from_secs(10)).await);
     }
     let out = Cli::new().run(&["status", &url, "-o", "json"]).await;
     let status: Value = serde_json::from_str(&out.stdout).expect("status JSON");
@@ -987,25 +973,19 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
     let req = request("lockwarden", Duration::from_secs(10));
 
     // Arrival order: K1 (holds), L1, K2, L2, K3.
-    let mut k1 = kafkakit(&path, "0s");
-    k1.expect("QUEUED").await;
-    k1.expect("ACQUIRED").await;
+    let (mut k1, _) = kafkakit_until(&path, "0s", &[], "ACQUIRED").await;
     let l1 = zk_engine(&path);
     assert!(matches!(
         l1.try_acquire(&req).await,
         Ok(Attempt::Busy { .. })
     ));
-    let mut k2 = kafkakit(&path, "300s");
-    k2.expect("QUEUED").await;
-    k2.expect("WAITING").await;
+    let (mut k2, _) = kafkakit_until(&path, "300s", &[], "WAITING").await;
     let l2 = zk_engine(&path);
     assert!(matches!(
         l2.try_acquire(&req).await,
         Ok(Attempt::Busy { .. })
     ));
-    let mut k3 = kafkakit(&path, "300s");
-    k3.expect("QUEUED").await;
-    k3.expect("WAITING").await;
+    let (mut k3, _) = kafkakit_until(&path, "300s", &[], "WAITING").await;
 
     // K1 leaves: L1 is next, and nobody behind it gets the lock.
     k1.release().await;
@@ -1059,11 +1039,15 @@ async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
     let path = format!("/{}", unique("interop-kk-ttl"));
     let backend = zk_engine(&path);
     let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(10)).await;
-    let mut contender = kafkakit_with(&path, "120s", &["--ttl", "300", "--owner", "ttl-1"]);
-    contender.expect("QUEUED").await;
-    // Its first pass decides, reading our entry's data: PURGED (our entry taken for
+    // Once queued, its first pass decides, reading our entry's data: PURGED (our entry taken for
     // expired) or WAITING on it. It reads it again only when our entry changes.
-    contender.expect("WAITING").await;
+    let (mut contender, _) = kafkakit_until(
+        &path,
+        "120s",
+        &["--ttl", "300", "--owner", "ttl-1"],
+        "WAITING",
+    )
+    .await;
     assert_eq!(
         contender.has_event().await,
         None,
@@ -1089,9 +1073,13 @@ async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
 async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
     let path = format!("/{}", unique("interop-kk-expired"));
     let url = zk_url(&path);
-    let mut holder = kafkakit_with(&path, "0s", &["--ttl", "200", "--owner", "kk-owner"]);
-    let entry = holder.expect("QUEUED").await;
-    holder.expect("ACQUIRED").await;
+    let (mut holder, entry) = kafkakit_until(
+        &path,
+        "0s",
+        &["--ttl", "200", "--owner", "kk-owner"],
+        "ACQUIRED",
+    )
+    .await;
 
     let backend = zk_engine(&path);
     let passed = eventually(
@@ -1124,22 +1112,16 @@ async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
         .assert_sees_held(&url, "ttl_deadline passed", &[])
         .await;
 
-    let waiting = {
-        let backend = backend.clone();
-        tokio::spawn(async move {
-            acquire(
-                backend.as_ref(),
-                &request("lockwarden", Duration::from_secs(10)),
-                Wait::For(TIMEOUT),
-            )
-            .await
-        })
-    };
+    let waiting = lockwarden_waits_in_background(&backend);
     // A kafka-kit contender with a TTL behind lockwarden's waiting entry waits too:
     // lockwarden's entry is live, the expired one is not the one just ahead of it.
-    let mut behind = kafkakit_with(&path, "120s", &["--ttl", "200", "--owner", "kk-behind"]);
-    behind.expect("QUEUED").await;
-    behind.expect("WAITING").await;
+    let (mut behind, _) = kafkakit_until(
+        &path,
+        "120s",
+        &["--ttl", "200", "--owner", "kk-behind"],
+        "WAITING",
+    )
+    .await;
     holder.release().await;
     let lease = waiting
         .await

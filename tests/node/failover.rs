@@ -31,7 +31,8 @@ use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use serde_json::json;
 
 use super::{
-    CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pods, controller_ready, is_true, phase,
+    CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pods, controller_ready,
+    gated_host_network_job, is_true, phase,
 };
 use crate::support::eventually;
 use crate::support::locks::{acquired, lease_lock_timed};
@@ -126,23 +127,11 @@ fn watch_renewal_gaps(client: &Client, ns: &str) -> Arc<Mutex<Duration>> {
 
 /// A Job of one long-running hostNetwork Pod, gated on `lock`.
 fn sleeping_job(name: &str, lock: &str, image: &str) -> Job {
-    serde_json::from_value(json!({
-        "metadata": { "name": name, "annotations": { "lockwarden.io/lock": lock } },
-        "spec": {
-            "suspend": true,
-            "backoffLimit": 0,
-            "template": { "spec": {
-                "hostNetwork": true,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 1,
-                "containers": [{
-                    "name": "work", "image": image, "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                }],
-            }},
-        },
-    }))
-    .expect("a Job")
+    let container = json!({
+        "name": "work", "image": image, "imagePullPolicy": "Never",
+        "command": ["sleep", "3600"],
+    });
+    gated_host_network_job(name, lock, container, None)
 }
 
 /// Waits until every held lock's Lease was renewed after `since`; returns how long

@@ -352,23 +352,11 @@ async fn default_render_is_admitted_under_pod_security_restricted() {
         text(&out.stdout)
     };
     let dry_run = |manifests: String| {
-        let mut child = Command::new(tool("KUBECTL"))
-            .arg("--kubeconfig")
-            .arg(node.plane().kubeconfig_path())
-            .args(["apply", "--dry-run=server", "-n", &ns, "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run kubectl");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(manifests.as_bytes())
-            .unwrap();
-        child.wait_with_output().expect("kubectl output")
+        kubectl_with_input(
+            node,
+            &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+            &manifests,
+        )
     };
 
     let out = dry_run(render(None));
@@ -412,7 +400,29 @@ for i in 1 2 3; do echo "{name} $LOCKWARDEN_FENCE $i" >> /register/lines; sleep 
 while [ ! -e /register/go-{name} ]; do sleep 0.1; done
 echo "{name} $LOCKWARDEN_FENCE last" >> /register/lines"#
     );
-    serde_json::from_value(json!({
+    let container = json!({
+        "name": "work", "image": image, "imagePullPolicy": "Never",
+        "command": ["sh", "-c", script],
+        "env": [{ "name": "LOCKWARDEN_FENCE", "valueFrom": { "fieldRef": {
+            "fieldPath": "metadata.annotations['lockwarden.io/fence']" } } }],
+        "volumeMounts": [
+            { "name": "lockwarden", "mountPath": "/etc/lockwarden", "readOnly": true },
+            { "name": "register", "mountPath": "/register" },
+        ],
+    });
+    let volumes = json!([
+        { "name": "lockwarden", "downwardAPI": { "items": [{ "path": "fence",
+            "fieldRef": { "fieldPath": "metadata.annotations['lockwarden.io/fence']" } }] } },
+        { "name": "register", "hostPath": { "path": register, "type": "Directory" } },
+    ]);
+    gated_host_network_job(name, lock, container, Some(volumes))
+}
+
+/// A suspended Job gated on `lock` of one hostNetwork Pod, never restarted nor retried
+/// and stopped within a second, that runs `container` (with the Pod's `volumes`, if
+/// any).
+fn gated_host_network_job(name: &str, lock: &str, container: Value, volumes: Option<Value>) -> Job {
+    let mut job = json!({
         "metadata": { "name": name, "annotations": { "lockwarden.io/lock": lock } },
         "spec": {
             "suspend": true,
@@ -421,25 +431,14 @@ echo "{name} $LOCKWARDEN_FENCE last" >> /register/lines"#
                 "hostNetwork": true,
                 "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 1,
-                "containers": [{
-                    "name": "work", "image": image, "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", script],
-                    "env": [{ "name": "LOCKWARDEN_FENCE", "valueFrom": { "fieldRef": {
-                        "fieldPath": "metadata.annotations['lockwarden.io/fence']" } } }],
-                    "volumeMounts": [
-                        { "name": "lockwarden", "mountPath": "/etc/lockwarden", "readOnly": true },
-                        { "name": "register", "mountPath": "/register" },
-                    ],
-                }],
-                "volumes": [
-                    { "name": "lockwarden", "downwardAPI": { "items": [{ "path": "fence",
-                        "fieldRef": { "fieldPath": "metadata.annotations['lockwarden.io/fence']" } }] } },
-                    { "name": "register", "hostPath": { "path": register, "type": "Directory" } },
-                ],
+                "containers": [container],
             }},
         },
-    }))
-    .expect("a Job")
+    });
+    if let Some(volumes) = volumes {
+        job["spec"]["template"]["spec"]["volumes"] = volumes;
+    }
+    serde_json::from_value(job).expect("a Job")
 }
 
 /// The register's lines, `(job, fence, what)`.
@@ -670,23 +669,8 @@ async fn gated_pod_is_scheduling_gated_while_held_elsewhere_then_runs_with_its_f
         })
     })
     .await;
-    let fence: i64 = running
-        .annotations()
-        .get("lockwarden.io/fence")
-        .and_then(|f| f.parse().ok())
-        .expect("the running Pod's fence annotation");
-    let own = locks
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|l| {
-            l.owner_references()
-                .iter()
-                .any(|o| o.kind == "Pod" && o.name == "worker")
-        })
-        .expect("the Pod's own DistributedLock");
+    let fence = fence_of(&running, "the running Pod's fence annotation");
+    let own = own_lock_of(&locks, "worker", "the Pod's own DistributedLock").await;
     assert_eq!(own.status.as_ref().and_then(|s| s.fence), Some(fence));
     assert!(fence > holder.status.as_ref().unwrap().fence.unwrap());
     let out = eventually("the container's output", TIMEOUT, || async {
@@ -718,10 +702,20 @@ async fn apply_example(node: &Node, ns: &str, file: &str) {
         "image: busybox:1.36",
         &format!("image: {}", node.images().workload),
     );
+    let out = kubectl_with_input(node, &["apply", "-n", ns, "-f", "-"], &text);
+    assert!(
+        out.status.success(),
+        "kubectl apply examples/{file}: {}",
+        text_of(&out)
+    );
+}
+
+/// kubectl on the node's cluster with `args`, `input` on its stdin; its output.
+fn kubectl_with_input(node: &Node, args: &[&str], input: &str) -> Output {
     let mut child = Command::new(tool("KUBECTL"))
         .arg("--kubeconfig")
         .arg(node.plane().kubeconfig_path())
-        .args(["apply", "-n", ns, "-f", "-"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -732,14 +726,34 @@ async fn apply_example(node: &Node, ns: &str, file: &str) {
         .stdin
         .take()
         .unwrap()
-        .write_all(text.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().expect("kubectl output");
-    assert!(
-        out.status.success(),
-        "kubectl apply examples/{file}: {}",
-        text_of(&out)
-    );
+    child.wait_with_output().expect("kubectl output")
+}
+
+/// The fence the controller annotated `pod` with; `what` names it if it is missing.
+fn fence_of(pod: &Pod, what: &str) -> i64 {
+    pod.annotations()
+        .get("lockwarden.io/fence")
+        .and_then(|f| f.parse().ok())
+        .expect(what)
+}
+
+/// The DistributedLock that the Pod named `pod` owns (a gated Pod's own lock); `what`
+/// names it if there is none.
+async fn own_lock_of(locks: &Api<DistributedLock>, pod: &str, what: &str) -> DistributedLock {
+    locks
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|l| {
+            l.owner_references()
+                .iter()
+                .any(|o| o.kind == "Pod" && o.name == pod)
+        })
+        .expect(what)
 }
 
 fn text_of(out: &Output) -> String {
@@ -797,23 +811,13 @@ async fn example_pod_gated_runs_one_pod_on_the_node_with_its_fence() {
     })
     .await;
     assert_eq!(gated, 2);
-    let fence: i64 = active
-        .annotations()
-        .get("lockwarden.io/fence")
-        .and_then(|f| f.parse().ok())
-        .expect("the active Pod's fence");
-    let own = Api::<DistributedLock>::namespaced(client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|l| {
-            l.owner_references()
-                .iter()
-                .any(|o| o.kind == "Pod" && o.name == active.name_any())
-        })
-        .expect("the active Pod's own lock");
+    let fence = fence_of(&active, "the active Pod's fence");
+    let own = own_lock_of(
+        &Api::<DistributedLock>::namespaced(client.clone(), &ns),
+        &active.name_any(),
+        "the active Pod's own lock",
+    )
+    .await;
     assert!(acquired(&own));
     assert_eq!(own.status.as_ref().and_then(|s| s.fence), Some(fence));
     let name = active.name_any();

@@ -122,16 +122,51 @@ impl Fixture {
     /// The first reconcile with the finalizer on: acquires and reports it. Returns
     /// the status written.
     async fn acquire(&mut self, lock: &DistributedLock) -> DistributedLockStatus {
-        let answer = lock.clone();
-        let (result, status) = self
-            .reconcile(lock, move |mut server| async move {
-                let status = status_write(&mut server, &answer).await;
-                event(&mut server, "Normal", "Acquired").await;
-                (server, status)
-            })
+        let (result, (status, _note)) = self
+            .reconcile_writing_status_and_event(lock, "Normal", "Acquired")
             .await;
         assert_eq!(result.expect("acquired"), Action::requeue(HELD_RESYNC));
         status
+    }
+
+    /// A reconcile whose only request is the status write. Returns the status written.
+    async fn reconcile_writing_status(
+        &mut self,
+        lock: &DistributedLock,
+    ) -> (Result<Action, ReconcileError>, DistributedLockStatus) {
+        let answer = lock.clone();
+        self.reconcile(lock, move |mut server| async move {
+            let status = status_write(&mut server, &answer).await;
+            (server, status)
+        })
+        .await
+    }
+
+    /// A reconcile that writes the status and then posts an Event of `type_` and
+    /// `reason`. Returns the status written and the Event's note.
+    async fn reconcile_writing_status_and_event(
+        &mut self,
+        lock: &DistributedLock,
+        type_: &'static str,
+        reason: &'static str,
+    ) -> (
+        Result<Action, ReconcileError>,
+        (DistributedLockStatus, String),
+    ) {
+        let answer = lock.clone();
+        self.reconcile(lock, move |mut server| async move {
+            let status = status_write(&mut server, &answer).await;
+            let note = event(&mut server, type_, reason).await;
+            (server, (status, note))
+        })
+        .await
+    }
+
+    /// A lock this controller has acquired, its status as the acquisition wrote it.
+    async fn held_lock(&mut self) -> DistributedLock {
+        let mut lock = lock();
+        lock.status = Some(self.acquire(&lock).await);
+        lock
     }
 
     fn metrics(&self) -> String {
@@ -187,6 +222,11 @@ fn acquired(status: &DistributedLockStatus) -> &Condition {
 fn condition_says(status: &DistributedLockStatus) -> (&str, &str, &str) {
     let c = acquired(status);
     (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+}
+
+/// What the API server does to an object deleted while a finalizer is on it.
+fn mark_deleted(lock: &mut DistributedLock) {
+    lock.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
 }
 
 /// Another holder on the same key, through its own contender on the store.
@@ -286,13 +326,7 @@ async fn busy_waits_naming_the_holder() {
     let mut f = fixture();
     let theirs = held_elsewhere(&f.store, "east/team/db", Permits::MUTEX).await;
     let lock = lock();
-    let answer = lock.clone();
-    let (result, status) = f
-        .reconcile(&lock, move |mut server| async move {
-            let status = status_write(&mut server, &answer).await;
-            (server, status)
-        })
-        .await;
+    let (result, status) = f.reconcile_writing_status(&lock).await;
     let action = result.expect("waiting");
     assert_ne!(action, Action::await_change(), "a waiting lock tries again");
     assert_eq!(status.phase, Some(LockPhase::Waiting));
@@ -314,8 +348,7 @@ async fn busy_waits_naming_the_holder() {
 #[tokio::test]
 async fn held_and_renewing_writes_no_status_per_renewal() {
     let mut f = fixture();
-    let mut lock = lock();
-    lock.status = Some(f.acquire(&lock).await);
+    let lock = f.held_lock().await;
     // Two renewals (every 500 ms) land in the store and are counted...
     let telemetry = f.ctx.telemetry.clone();
     eventually("two renewals counted", || renewals(&telemetry) >= 2).await;
@@ -332,9 +365,8 @@ async fn held_and_renewing_writes_no_status_per_renewal() {
 #[tokio::test]
 async fn released_on_delete_before_the_finalizer_goes() {
     let mut f = fixture();
-    let mut lock = lock();
-    lock.status = Some(f.acquire(&lock).await);
-    lock.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    let mut lock = f.held_lock().await;
+    mark_deleted(&mut lock);
     let mut gone = lock.clone();
     gone.metadata.finalizers = None;
     let store = f.store.clone();
@@ -368,10 +400,9 @@ async fn released_on_delete_before_the_finalizer_goes() {
 #[tokio::test]
 async fn a_release_the_store_refuses_on_delete_is_counted_and_told() {
     let mut f = fixture();
-    let mut lock = lock();
-    lock.status = Some(f.acquire(&lock).await);
+    let mut lock = f.held_lock().await;
     f.store.set_unreachable(true);
-    lock.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    mark_deleted(&mut lock);
     let (result, note) = f
         .reconcile(&lock, move |mut server| async move {
             let note = event(&mut server, "Normal", "Released").await;
@@ -408,7 +439,7 @@ async fn released_by_nonce_on_delete_after_a_restart() {
         fence: Some(1),
         ..Default::default()
     });
-    lock.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    mark_deleted(&mut lock);
     let mut gone = lock.clone();
     gone.metadata.finalizers = None;
     let store = f.store.clone();
@@ -437,8 +468,7 @@ async fn released_by_nonce_on_delete_after_a_restart() {
 #[tokio::test]
 async fn lost_reports_lost_with_a_warning_event() {
     let mut f = fixture();
-    let mut lock = lock();
-    lock.status = Some(f.acquire(&lock).await);
+    let lock = f.held_lock().await;
     let thief = LockRecord::new_acquisition("thief", FenceToken(7), Duration::from_secs(60), None);
     f.store.put(Ok(thief));
     let woken = tokio::time::timeout(Duration::from_secs(30), f.wakes.recv())
@@ -446,13 +476,8 @@ async fn lost_reports_lost_with_a_warning_event() {
         .expect("the holder task reports the loss")
         .expect("a wake");
     assert_eq!(woken, ObjectRef::from_obj(&lock));
-    let answer = lock.clone();
     let (result, (status, note)) = f
-        .reconcile(&lock, move |mut server| async move {
-            let status = status_write(&mut server, &answer).await;
-            let note = event(&mut server, "Warning", "Lost").await;
-            (server, (status, note))
-        })
+        .reconcile_writing_status_and_event(&lock, "Warning", "Lost")
         .await;
     assert_eq!(result.expect("reported"), Action::await_change());
     assert_eq!(status.phase, Some(LockPhase::Lost));
@@ -475,13 +500,8 @@ async fn invalid_spec_fails_without_a_store_request() {
     let expected = ValidatedSpec::of(&lock, "local")
         .expect_err("invalid")
         .to_string();
-    let answer = lock.clone();
     let (result, (status, note)) = f
-        .reconcile(&lock, move |mut server| async move {
-            let status = status_write(&mut server, &answer).await;
-            let note = event(&mut server, "Warning", "Failed").await;
-            (server, (status, note))
-        })
+        .reconcile_writing_status_and_event(&lock, "Warning", "Failed")
         .await;
     let error = result.expect_err("an invalid spec is an error");
     assert_eq!(error.category(), ErrorCategory::Invalid);
@@ -513,13 +533,8 @@ async fn permits_disagreeing_fails_and_stops_waiting() {
     held_elsewhere(&f.store, "east/team/db", Permits::semaphore(3)).await;
     let mut lock = lock();
     lock.spec.permits = 2;
-    let answer = lock.clone();
     let (result, (status, note)) = f
-        .reconcile(&lock, move |mut server| async move {
-            let status = status_write(&mut server, &answer).await;
-            let note = event(&mut server, "Warning", "Failed").await;
-            (server, (status, note))
-        })
+        .reconcile_writing_status_and_event(&lock, "Warning", "Failed")
         .await;
     assert_eq!(result.expect("final"), Action::await_change());
     assert_eq!(status.phase, Some(LockPhase::Failed));
@@ -542,13 +557,7 @@ async fn backend_unavailable_says_so_and_backs_off() {
     let mut f = fixture();
     f.store.set_unreachable(true);
     let lock = lock(); // no creation time: not a lock whose store may still be starting
-    let answer = lock.clone();
-    let (result, status) = f
-        .reconcile(&lock, move |mut server| async move {
-            let status = status_write(&mut server, &answer).await;
-            (server, status)
-        })
-        .await;
+    let (result, status) = f.reconcile_writing_status(&lock).await;
     let error = result.expect_err("the store is unreachable");
     assert!(
         matches!(
