@@ -57,25 +57,7 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
             let client = kube::Client::try_default().await.context(
                 "cannot reach the Kubernetes API (KUBECONFIG, ~/.kube/config or in-cluster)",
             )?;
-            // As PID 1 of its container the process has no default action for SIGTERM:
-            // without a handler every Pod deletion waits out the whole grace period
-            // (found on the node, tests/node). Stopping at once is what SIGKILL does
-            // too: no release is written, held locks stay in their stores, and the next
-            // controller resumes each by its nonce (docs/design.md §5).
-            let mut terminate =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .context("cannot install the SIGTERM handler")?;
-            tokio::select! {
-                result = lockwarden::controller::run_elected(client, config, election) => result?,
-                _ = terminate.recv() => {
-                    // Exit here, inside the select: returning would drop the controller,
-                    // and a dropped HeldLock releases its lock in the background — a
-                    // release written while the gated Jobs still run (tests/node's
-                    // failover saw a third of the locks released that way).
-                    tracing::info!("SIGTERM: stopping; held locks are resumed by the next controller");
-                    std::process::exit(cli::exit::OK.into());
-                }
-            }
+            lockwarden::controller::run_elected(client, config, election).await?;
             cli::exit::OK
         }
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,
