@@ -1261,13 +1261,33 @@ async fn check_shared_exclusive_example(locks: &Api<DistributedLock>) {
     for (name, _) in &holding {
         locks.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    for name in names
+    // The waiters acquire in turn. A reader that came after the writer was first in line
+    // waits behind it, so once the writer holds (alone) it is deleted too, and that
+    // reader's turn follows.
+    let mut remaining: Vec<&str> = names
         .iter()
-        .filter(|n| holding.iter().all(|(h, _)| h != *n))
-    {
-        let lock = wait_acquired(locks, name).await;
-        let fence = lock.status.unwrap().fence.unwrap();
+        .copied()
+        .filter(|n| holding.iter().all(|(h, _)| h != n))
+        .collect();
+    while !remaining.is_empty() {
+        let (name, fence) = eventually("the next waiter to acquire", TIMEOUT, || {
+            let remaining = remaining.clone();
+            async move {
+                for name in remaining {
+                    let lock = locks.get(name).await.ok()?;
+                    if acquired(&lock) {
+                        return Some((name, lock.status?.fence?));
+                    }
+                }
+                None
+            }
+        })
+        .await;
         assert!(fence > latest, "{name}: fence {fence} after {latest}");
+        remaining.retain(|n| *n != name);
+        if name == "dataset-writer" && !remaining.is_empty() {
+            locks.delete(name, &DeleteParams::default()).await.unwrap();
+        }
     }
 }
 
