@@ -193,20 +193,9 @@ impl GatedWorkload for Job {
         if stop.for_good {
             annotations[STOPPED_ANNOTATION] = json!(format!("{}: {}", stop.reason, stop.why));
         }
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": self.resource_version(),
-                "annotations": annotations,
-            },
-            "spec": { "suspend": true },
-        });
-        let patched = api
-            .patch(
-                &self.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        let patch =
+            json!({ "metadata": { "annotations": annotations }, "spec": { "suspend": true } });
+        let patched = kind::patch_as_read(api, self, patch).await?;
         Ok(Stopped {
             object: Some(patched),
             event_reason,

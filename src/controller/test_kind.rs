@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::reflector;
 use kube::{CustomResource, ResourceExt};
 use schemars::JsonSchema;
@@ -17,6 +17,7 @@ use serde_json::json;
 
 use super::config::{ControllerConfig, FINALIZER};
 use super::fake_api::FakeApi;
+use super::gating::kind::patch_as_read;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
 use super::gating::machine::{Gating, reconcile};
 use super::gating::{
@@ -51,11 +52,8 @@ static WORK: Kind = Kind {
     api_version: "test.lockwarden.io/v1",
     claim_prefix: Some("work"),
     block_owner_deletion: false,
-    on_lock_lost: &[
-        ("pause", OnLockLost::Stop),
-        ("fail", OnLockLost::Fail),
-        ("ignore", OnLockLost::Ignore),
-    ],
+    // A kind names only the policies it can carry out: Work has no "fail".
+    on_lock_lost: &[("pause", OnLockLost::Stop), ("ignore", OnLockLost::Ignore)],
 };
 
 #[async_trait]
@@ -110,19 +108,10 @@ impl GatedWorkload for Work {
         stop: &Stopping<'_>,
     ) -> Result<Stopped<Work>, kube::Error> {
         let patch = json!({
-            "metadata": {
-                "resourceVersion": self.resource_version(),
-                "annotations": { LOST_FENCE: stop.fences },
-            },
+            "metadata": { "annotations": { LOST_FENCE: stop.fences } },
             "spec": { "paused": true },
         });
-        let paused = api
-            .patch(
-                &self.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        let paused = patch_as_read(api, self, patch).await?;
         Ok(Stopped {
             object: Some(paused),
             event_reason: "Paused",

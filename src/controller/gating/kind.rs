@@ -247,19 +247,9 @@ pub trait GatedWorkload:
         let mut patch = self.start_patch(ran, locks);
         merge(
             &mut patch,
-            json!({
-                "metadata": {
-                    "resourceVersion": self.resource_version(),
-                    "annotations": { STATUS_ANNOTATION: message },
-                },
-            }),
+            json!({ "metadata": { "annotations": { STATUS_ANNOTATION: message } } }),
         );
-        api.patch(
-            &self.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
+        patch_as_read(api, self, patch).await
     }
 
     /// Stops it after a loss of its lock, conditioned on what this reconcile read (a
@@ -272,6 +262,25 @@ pub trait GatedWorkload:
 
     /// Counts a stop in this kind's metric (`lockwarden_jobs_stopped_total`, …).
     fn count_stopped(telemetry: &Telemetry, reason: &str);
+}
+
+/// Applies merge `patch` to `obj` conditioned on the resourceVersion this reconcile
+/// read: a workload changed meanwhile is refused (409) and looked at again first.
+pub async fn patch_as_read<W: GatedWorkload>(
+    api: &Api<W>,
+    obj: &W,
+    mut patch: serde_json::Value,
+) -> Result<W, kube::Error> {
+    merge(
+        &mut patch,
+        json!({ "metadata": { "resourceVersion": obj.resource_version() } }),
+    );
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
 }
 
 /// A Pod's `terminationGracePeriodSeconds`, or Kubernetes' default of 30 s.
