@@ -756,6 +756,56 @@ async fn own_lock_of(locks: &Api<DistributedLock>, pod: &str, what: &str) -> Dis
         .expect(what)
 }
 
+/// What a watch saw of one DistributedLock's status: the fences it carried, in order,
+/// and whether it was `Released` after holding.
+#[derive(Clone, Default)]
+struct FencesSeen {
+    fences: Vec<i64>,
+    released: bool,
+}
+
+/// Watches DistributedLock `name` until dropped, recording its status's fences.
+struct StatusFences {
+    seen: std::sync::Arc<std::sync::Mutex<FencesSeen>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusFences {
+    fn seen(&self) -> FencesSeen {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for StatusFences {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn status_fences(locks: Api<DistributedLock>, name: &str) -> StatusFences {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(FencesSeen::default()));
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let record = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(locks, config).applied_objects().boxed();
+        while let Some(event) = events.next().await {
+            let Ok(lock) = event else { continue };
+            let Some(status) = lock.status else { continue };
+            let mut seen = record.lock().unwrap();
+            if let Some(fence) = status.fence
+                && seen.fences.last() != Some(&fence)
+            {
+                seen.fences.push(fence);
+            }
+            let released = status.phase == Some(lockwarden::api::LockPhase::Released);
+            seen.released |= released && !seen.fences.is_empty();
+        }
+    });
+    StatusFences { seen, task }
+}
+
 fn text_of(out: &Output) -> String {
     format!("{}{}", text(&out.stdout), text(&out.stderr))
 }
@@ -766,18 +816,19 @@ fn text_of(out: &Output) -> String {
 async fn example_job_gated_runs_on_the_node_with_its_fence() {
     let (node, client, _shared) = with_controller().await;
     let ns = node.namespace(&client, "node-example-job").await;
+    // The lock is released (status.fence cleared) as soon as the Job completes, which
+    // may be before this test looks: record every fence its status carries meanwhile.
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let fences = status_fences(locks, "schema-migration");
     apply_example(node, &ns, "job-gated.yaml").await;
     wait_job_complete(&client, &ns, "migrate-schema").await;
-    let lock = Api::<DistributedLock>::namespaced(client.clone(), &ns)
-        .get("schema-migration")
-        .await
-        .expect("the example's lock");
-    // Released once the Job completed; the fence of its acquisition stays in status.
-    let fence = lock
-        .status
-        .as_ref()
-        .and_then(|s| s.fence)
-        .expect("the lock's fence");
+    let fence = eventually("the lock released", TIMEOUT, || async {
+        let seen = fences.seen();
+        seen.released.then_some(seen.fences)
+    })
+    .await;
+    assert_eq!(fence.len(), 1, "the lock held with one fence: {fence:?}");
+    let fence = fence[0];
     let pod = job_pod(&client, &ns, "migrate-schema").await;
     let out = logs(&client, &ns, &pod.name_any()).await;
     assert_eq!(out.trim(), format!("migrating with fence {fence}"));
