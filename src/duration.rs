@@ -29,6 +29,17 @@ pub enum DurationError {
 /// The largest duration Go can represent (`math.MaxInt64` nanoseconds, ~292 years).
 const MAX_NANOS: u128 = i64::MAX as u128;
 
+/// A positive duration given on the command line, in Go's form: `30s`, `5m`,
+/// `1h30m`, `1500ms`, `1.5h`. The error names the value and the expected form.
+pub fn parse_flag_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s.trim())
+        .map_err(|e| format!("{s:?} is not a duration ({e}): expected e.g. 30s, 5m, 1h30m"))?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: the duration must be greater than zero"));
+    }
+    Ok(d)
+}
+
 /// Parses Go's duration syntax exactly as `time.ParseDuration` does (integer
 /// arithmetic, fractions truncated to nanoseconds), except that the result must not be
 /// negative: `"-1s"` is [`DurationError::Negative`] (`"-0s"` is zero).

@@ -9,4 +9,5 @@ pub mod cli;
 pub mod controller;
 pub mod duration;
 pub mod lock;
+mod schema;
 pub mod telemetry;

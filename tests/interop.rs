@@ -15,12 +15,13 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_s3::config::Credentials;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use kube::api::{Api, DeleteParams, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, S3Backend, SecretRef};
-use lockwarden::backend::{ConnectOptions, Target, ZkSessions};
+use lockwarden::backend::{
+    AwsOptions, ConnectOptions, Credentials, KubernetesOptions, S3Options, Target, ZkSessions,
+};
 use lockwarden::lock::{
     AcquireRequest, Attempt, HeldLock, Lease, LockBackend, LockError, LockState, Permits, Wait,
     acquire,
@@ -134,16 +135,20 @@ impl Foreign {
 
 fn aws_options(s3lock_compatible: bool) -> ConnectOptions {
     ConnectOptions {
-        endpoint: Some(Moto::shared().endpoint()),
-        region: Some(moto::REGION.into()),
-        credentials: Some(Credentials::new(
-            moto::ACCESS_KEY_ID,
-            moto::SECRET_ACCESS_KEY,
-            None,
-            None,
-            "lockwarden-tests",
-        )),
-        s3lock_compatible,
+        aws: AwsOptions {
+            endpoint: Some(Moto::shared().endpoint()),
+            region: Some(moto::REGION.into()),
+            credentials: Some(Credentials::new(
+                moto::ACCESS_KEY_ID,
+                moto::SECRET_ACCESS_KEY,
+                None,
+            )),
+            ..Default::default()
+        },
+        s3: S3Options {
+            s3lock_compatible,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -1173,7 +1178,10 @@ async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
     let name = unique("lease");
     let url = format!("k8s://{ns}/{name}");
     let options = ConnectOptions {
-        kube_client: Some(ControlPlane::shared().client().await),
+        kubernetes: KubernetesOptions {
+            client: Some(ControlPlane::shared().client().await),
+            ..Default::default()
+        },
         ..Default::default()
     };
 
@@ -1228,7 +1236,10 @@ async fn client_go_cannot_lead_a_lease_that_holds_permits() {
     let name = unique("lease");
     let url = format!("k8s://{ns}/{name}");
     let options = ConnectOptions {
-        kube_client: Some(ControlPlane::shared().client().await),
+        kubernetes: KubernetesOptions {
+            client: Some(ControlPlane::shared().client().await),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let [first, second] = hold_two_permits(&url, &options, Duration::from_secs(4)).await;

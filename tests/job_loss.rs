@@ -38,7 +38,7 @@ use lockwarden::api::{
     BackendSpec, DistributedLock, KubernetesBackend, LockPhase, S3Backend, SecretRef,
     ZooKeeperBackend,
 };
-use lockwarden::backend::{ConnectOptions, Target};
+use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
 use lockwarden::controller::FINALIZER;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCE_ANNOTATION, LOCK_ANNOTATION, LOST_FENCE_ANNOTATION,
@@ -265,16 +265,20 @@ async fn s3_gated_job_is_suspended_before_a_contender_acquires() {
             Target::parse(&format!("s3://{inspect_bucket}/{key}")).unwrap()
         }),
         inspect_options: ConnectOptions {
-            endpoint: Some(moto.endpoint()),
-            region: Some(support::moto::REGION.into()),
-            force_path_style: Some(true),
-            credentials: Some(aws_sdk_s3::config::Credentials::new(
-                support::moto::ACCESS_KEY_ID,
-                support::moto::SECRET_ACCESS_KEY,
-                None,
-                None,
-                "lockwarden-test",
-            )),
+            aws: AwsOptions {
+                endpoint: Some(moto.endpoint()),
+                region: Some(support::moto::REGION.into()),
+                credentials: Some(Credentials::new(
+                    support::moto::ACCESS_KEY_ID,
+                    support::moto::SECRET_ACCESS_KEY,
+                    None,
+                )),
+                ..Default::default()
+            },
+            s3: S3Options {
+                force_path_style: Some(true),
+                ..Default::default()
+            },
             ..Default::default()
         },
     };

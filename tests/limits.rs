@@ -3,7 +3,8 @@
 //! (a) the `DistributedLock` CRD on a real kube-apiserver (and its Rust twin,
 //! `DistributedLockSpec::validate`) and (b) the command-line URL parser of the built
 //! binary, where keys at the limit are locked and unlocked on the real stores (moto,
-//! ZooKeeper, kube-apiserver). The rules live in `lockwarden::lock::names`.
+//! ZooKeeper, kube-apiserver). The rules live with each store (`lockwarden::backend::<store>`) and in
+//! `lockwarden::lock::names`.
 
 mod support;
 
@@ -14,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use lockwarden::api::{DistributedLock, DistributedLockSpec};
+use lockwarden::backend::{dynamodb, s3, zookeeper};
 use lockwarden::lock::names;
 use serde_json::{Value, json};
 use support::kube::{ControlPlane, install_lockwarden_crd};
@@ -107,9 +109,9 @@ fn lease_row(
 /// Every store at its limit and one byte over, and control characters.
 fn rows(p: &Places) -> Vec<Row> {
     let u = &p.unique;
-    let s3_max = names::S3_KEY_MAX_BYTES;
-    let ddb_max = names::DYNAMODB_KEY_MAX_BYTES;
-    let zk_max = names::ZOOKEEPER_PATH_MAX_BYTES;
+    let s3_max = s3::KEY_MAX_BYTES;
+    let ddb_max = dynamodb::KEY_MAX_BYTES;
+    let zk_max = zookeeper::PATH_MAX_BYTES;
     let lease_max = names::KUBERNETES_NAME_MAX_LEN;
     // 'é' is two bytes: a key of whole 'é's after the prefix, filled up with ASCII.
     let two_byte_key = |bytes: usize| {
@@ -258,7 +260,7 @@ async fn crd_admission_applies_the_store_limits() {
     let mut rows = rows(&p);
     // The CRD has a chroot too: chroot and path together are one ZooKeeper path.
     let chroot = format!("/{}", p.unique);
-    let path_bytes = names::ZOOKEEPER_PATH_MAX_BYTES - chroot.len();
+    let path_bytes = zookeeper::PATH_MAX_BYTES - chroot.len();
     for (what, bytes, refused_because) in [
         ("ZooKeeper chroot + path of 1024 bytes", path_bytes, None),
         (

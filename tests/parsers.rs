@@ -11,11 +11,14 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_dynamodb::types::AttributeValue;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use lockwarden::api::DistributedLockSpec;
+use lockwarden::backend::StoreFlags;
 use lockwarden::backend::Target;
-use lockwarden::backend::dynamodb::parse_item;
-use lockwarden::backend::kubernetes::parse_lease;
-use lockwarden::backend::zookeeper::{parse_connect, sequence_of};
-use lockwarden::cli::lockfile::{Keeper, LockFile, SavedOptions};
+use lockwarden::backend::aws::AwsFlags;
+use lockwarden::backend::dynamodb::{DynamoDbKey, parse_item};
+use lockwarden::backend::kubernetes::{LeaseKey, parse_lease};
+use lockwarden::backend::s3::S3Key;
+use lockwarden::backend::zookeeper::{ZkKey, parse_connect, sequence_of};
+use lockwarden::cli::lockfile::{Keeper, LockFile};
 use lockwarden::duration::{format_duration, parse_duration};
 use lockwarden::lock::{FenceToken, ForeignRecord, LockRecord, LockState};
 use proptest::prelude::*;
@@ -72,12 +75,12 @@ fn s3_target() -> impl Strategy<Value = Target> {
         "[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]".prop_filter("no ..", |b| !b.contains("..")),
         printable(200),
     )
-        .prop_map(|(bucket, key)| Target::S3 { bucket, key })
+        .prop_map(|(bucket, key)| Target::S3(S3Key { bucket, key }))
 }
 
 fn dynamodb_target() -> impl Strategy<Value = Target> {
     ("[A-Za-z0-9_.-]{3,255}", printable(200))
-        .prop_map(|(table, key)| Target::DynamoDb { table, key })
+        .prop_map(|(table, key)| Target::DynamoDb(DynamoDbKey { table, key }))
 }
 
 fn zookeeper_target() -> impl Strategy<Value = Target> {
@@ -88,13 +91,15 @@ fn zookeeper_target() -> impl Strategy<Value = Target> {
         .prop_filter("no . or .. segment", |(_, segs)| {
             segs.iter().all(|s| s != "." && s != "..")
         })
-        .prop_map(|(servers, segs)| Target::ZooKeeper {
-            servers: servers
-                .into_iter()
-                .map(|(h, p)| format!("{h}:{p}"))
-                .collect(),
-            chroot: None,
-            path: segs.iter().map(|s| format!("/{s}")).collect(),
+        .prop_map(|(servers, segs)| {
+            Target::ZooKeeper(ZkKey {
+                servers: servers
+                    .into_iter()
+                    .map(|(h, p)| format!("{h}:{p}"))
+                    .collect(),
+                chroot: None,
+                path: segs.iter().map(|s| format!("/{s}")).collect(),
+            })
         })
 }
 
@@ -103,7 +108,7 @@ fn kubernetes_target() -> impl Strategy<Value = Target> {
         "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?",
         "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?){0,3}",
     )
-        .prop_map(|(namespace, name)| Target::Kubernetes { namespace, name })
+        .prop_map(|(namespace, name)| Target::Kubernetes(LeaseKey { namespace, name }))
 }
 
 fn target() -> impl Strategy<Value = Target> {
@@ -196,8 +201,8 @@ proptest! {
     fn lock_urls_display_and_parse_back(target in target()) {
         let url = target.to_string();
         prop_assert_eq!(Target::parse(&url), Ok(target.clone()), "{}", url);
-        if let Target::ZooKeeper { servers, .. } = &target {
-            prop_assert!(parse_connect(&servers.join(",")).is_ok());
+        if let Target::ZooKeeper(key) = &target {
+            prop_assert!(parse_connect(&key.servers.join(",")).is_ok());
         }
     }
 
@@ -259,16 +264,9 @@ proptest! {
         endpoint in proptest::option::of("http://[a-z]{1,10}:[0-9]{1,5}"),
         keeper in proptest::option::of((any::<u32>(), "[a-z]{1,10}")),
     ) {
-        let (bucket, key) = match &target {
-            Target::S3 { bucket, key } => (Some(bucket.clone()), Some(key.clone())),
-            _ => (None, None),
-        };
         let version = if target.is_session_bound() { format!("{version}:3") } else { version };
         let file = LockFile {
-            id: bucket.as_ref().map(|_| nonce.clone()),
-            etag: bucket.as_ref().map(|_| version.clone()),
-            bucket,
-            key,
+            store: target.lock_file_fields(&nonce, &version),
             url: target.url(),
             holder,
             nonce,
@@ -277,7 +275,10 @@ proptest! {
             lease: "1h".into(),
             acquired_at: "2025-01-01T12:00:00Z".into(),
             data,
-            backend: SavedOptions { endpoint, ..SavedOptions::default() },
+            backend: StoreFlags {
+                aws: AwsFlags { endpoint, ..AwsFlags::default() },
+                ..StoreFlags::default()
+            },
             keeper: keeper.map(|(pid, host)| Keeper { pid, host }),
             format: 1,
         };

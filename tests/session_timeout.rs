@@ -74,7 +74,10 @@ async fn a_distributed_lock_with_a_4s_session_timeout_gets_a_4s_session() {
     .expect("a DistributedLock spec");
     let target = spec.backend.target("default").expect("a valid spec");
     let options = spec.backend.connect_options();
-    assert_eq!(options.session_timeout, Some(Duration::from_secs(4)));
+    assert_eq!(
+        options.zookeeper.session_timeout,
+        Some(Duration::from_secs(4))
+    );
     let holder = connect(&target, &options).await.expect("connect");
     acquire(holder.as_ref(), "four-seconds").await;
     // A second lock in this process that asks for the default timeout (10 s) must not

@@ -44,8 +44,8 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
     selectable = ".status.phase"
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::api::strip_nullable)]
-#[schemars(transform = crate::api::kubernetes_integer_formats)]
+#[schemars(transform = crate::schema::strip_nullable)]
+#[schemars(transform = crate::schema::kubernetes_integer_formats)]
 #[x_kube(
     validation = renew_below_half_lease(),
     validation = shared_needs_permits(),
@@ -178,8 +178,8 @@ impl std::fmt::Display for LockPhase {
 /// What the controller last saw and did. Written only on transitions.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::api::strip_nullable)]
-#[schemars(transform = crate::api::kubernetes_integer_formats)]
+#[schemars(transform = crate::schema::strip_nullable)]
+#[schemars(transform = crate::schema::kubernetes_integer_formats)]
 pub struct DistributedLockStatus {
     /// Pending, Waiting, Held, Releasing, Released, Lost or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -255,16 +255,6 @@ impl DistributedLockSpec {
         self.acquire_timeout
             .as_deref()
             .map(|t| parse_field("spec.acquireTimeout", t))
-            .transpose()
-    }
-
-    /// `backend.zookeeper.sessionTimeout`, parsed; `None` when unset or not ZooKeeper.
-    pub fn session_timeout(&self) -> Result<Option<Duration>, SpecError> {
-        self.backend
-            .zookeeper
-            .as_ref()
-            .and_then(|z| z.session_timeout.as_deref())
-            .map(|t| parse_field("spec.backend.zookeeper.sessionTimeout", t))
             .transpose()
     }
 
@@ -410,7 +400,6 @@ mod tests {
         assert_eq!(spec.lease_duration().unwrap(), Duration::from_secs(30));
         assert_eq!(spec.renew_interval().unwrap(), Duration::from_secs(10));
         assert_eq!(spec.acquire_timeout().unwrap(), None);
-        assert_eq!(spec.session_timeout().unwrap(), None);
         assert_eq!(spec.backend.kind().unwrap(), BackendKind::S3);
         assert_eq!(spec.backend.lock_url("ns").unwrap(), "s3://locks/a/b");
     }

@@ -1,12 +1,13 @@
 //! Why a `DistributedLock` spec cannot be used. Each error names the field.
 
 use super::duration::DurationError;
-use super::kind::BackendKind;
+use crate::backend::{BackendKind, SpecFieldError};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error(
-        "spec.backend: exactly one of s3, dynamodb, zookeeper or kubernetes must be set, found {}",
+        "spec.backend: exactly one of {} must be set, found {}",
+        BackendKind::listed("", "or"),
         kinds(found)
     )]
     Backend { found: Vec<BackendKind> },
@@ -27,6 +28,25 @@ pub enum SpecError {
     Invalid { field: String, message: String },
     #[error("{field} is immutable")]
     Immutable { field: String },
+}
+
+/// A store's part of the spec names the field itself.
+impl From<SpecFieldError> for SpecError {
+    fn from(e: SpecFieldError) -> SpecError {
+        match e {
+            SpecFieldError::Invalid { field, message } => SpecError::Invalid { field, message },
+            SpecFieldError::Immutable { field } => SpecError::Immutable { field },
+            SpecFieldError::Duration {
+                field,
+                value,
+                reason,
+            } => SpecError::Duration {
+                field,
+                value,
+                reason,
+            },
+        }
+    }
 }
 
 fn kinds(found: &[BackendKind]) -> String {

@@ -1,7 +1,249 @@
-//! What the two AWS backends share: reading an SDK failure.
+//! What the two AWS stores (S3 and DynamoDB) share: how to reach AWS (endpoint,
+//! region, credentials, timeouts), one SDK client per distinct way of reaching a
+//! service, and reading an SDK failure.
+//!
+//! Clients come from the AWS SDK default chain (`AWS_ENDPOINT_URL`, `AWS_REGION`,
+//! `AWS_PROFILE`, environment credentials, `~/.aws`, SSO, IRSA / Pod Identity, IMDS),
+//! overridden by [`AwsOptions`].
 
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use aws_config::BehaviorVersion;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::Region;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_smithy_runtime_api::http::Response;
+use serde::{Deserialize, Serialize};
+
+/// How to reach AWS, beyond what the lock URL says. Everything is optional: the
+/// defaults come from the SDK's chain (see the module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AwsOptions {
+    /// AWS endpoint (S3-compatible server, DynamoDB endpoint, a local emulator).
+    /// Default: `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3` / the profile, else AWS.
+    pub endpoint: Option<String>,
+    /// AWS region. Default: `AWS_REGION` / the profile.
+    pub region: Option<String>,
+    /// Static credentials (e.g. from a Kubernetes Secret). Default: the SDK chain.
+    pub credentials: Option<Credentials>,
+    /// Timeout of one request attempt. Default 20 s.
+    pub request_timeout: Option<Duration>,
+}
+
+/// The command line's AWS flags; a lock file saves them, so `unlock` reaches the same
+/// store.
+#[derive(clap::Args, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct AwsFlags {
+    /// AWS endpoint URL, e.g. an S3-compatible server [default: AWS_ENDPOINT_URL, else AWS]
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+
+    /// AWS region [default: AWS_REGION / the profile's]
+    #[arg(long, value_name = "REGION", value_parser = parse_region)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+impl AwsFlags {
+    /// These flags, falling back to `saved` for anything not given.
+    pub fn options(&self, saved: &AwsFlags) -> AwsOptions {
+        AwsOptions {
+            endpoint: self.endpoint.clone().or_else(|| saved.endpoint.clone()),
+            region: self.region.clone().or_else(|| saved.region.clone()),
+            ..AwsOptions::default()
+        }
+    }
+}
+
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    let ok = (s.starts_with("http://") || s.starts_with("https://"))
+        && s.split_once("://").is_some_and(|(_, h)| !h.is_empty());
+    if !ok {
+        return Err(format!(
+            "{s:?} is not an endpoint URL: expected http(s)://HOST[:PORT]"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+fn parse_region(s: &str) -> Result<String, String> {
+    if s.is_empty()
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(format!(
+            "{s:?} is not a region name: expected e.g. eu-west-1"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+/// Static AWS credentials. Their `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl Credentials {
+    pub fn new(
+        access_key_id: impl Into<String>,
+        secret_access_key: impl Into<String>,
+        session_token: Option<String>,
+    ) -> Credentials {
+        Credentials {
+            access_key_id: access_key_id.into(),
+            secret_access_key: secret_access_key.into(),
+            session_token,
+        }
+    }
+
+    fn to_sdk(&self) -> aws_sdk_s3::config::Credentials {
+        aws_sdk_s3::config::Credentials::new(
+            &self.access_key_id,
+            &self.secret_access_key,
+            self.session_token.clone(),
+            None,
+            "lockwarden",
+        )
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
+/// hanging it; the SDK's standard retries (3 attempts) still apply.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The SDK configuration `options` describe.
+pub(crate) async fn sdk_config(options: &AwsOptions) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(
+        TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_attempt_timeout(options.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT))
+            .build(),
+    );
+    if let Some(endpoint) = &options.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    if let Some(region) = &options.region {
+        loader = loader.region(Region::new(region.clone()));
+    }
+    if let Some(credentials) = &options.credentials {
+        loader = loader.credentials_provider(credentials.to_sdk());
+    } else if env_credentials_present() {
+        // The default chain would use them first anyway; naming that provider skips
+        // building the rest of the chain, whose web-identity step sets up an STS
+        // client (and with it TLS and the system's root certificates) on every start:
+        // most of a short command's CPU time (issue 18).
+        loader = loader.credentials_provider(
+            aws_config::environment::EnvironmentVariableCredentialsProvider::new(),
+        );
+    }
+    loader.load().await
+}
+
+/// Whether `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` are both set: the first
+/// source of the SDK's default credential chain.
+fn env_credentials_present() -> bool {
+    ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_some_and(|v| !v.is_empty()))
+}
+
+/// The endpoint a service's requests go to, when one is configured: the service's own
+/// variable (`AWS_ENDPOINT_URL_S3`, …) first, as the SDK resolves it, then the general one.
+pub(crate) fn service_endpoint(sdk: &aws_config::SdkConfig, variable: &str) -> Option<String> {
+    std::env::var(variable)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| sdk.endpoint_url().map(str::to_string))
+}
+
+/// For a service reached over plain HTTP (a local or on-premises server), an HTTP client
+/// without TLS. The SDK's default client reads and parses the system's root certificates
+/// when it starts, which was the largest part of a short `lockwarden lock`'s CPU time
+/// (issue 18), for an endpoint that never uses them. Only the service client gets it:
+/// credential providers (SSO, STS, IMDS) keep the default client.
+pub(crate) fn plain_http_client(
+    endpoint: Option<&str>,
+) -> Option<aws_smithy_runtime_api::client::http::SharedHttpClient> {
+    endpoint
+        .filter(|e| e.starts_with("http://"))
+        .map(|_| aws_smithy_http_client::Builder::new().build_http())
+}
+
+/// Distinct client configurations kept at once. Each Secret (and each rotation of one)
+/// is a configuration; past this many the cache starts afresh, which costs only new
+/// clients for the locks that connect next: clients in use stay with their locks.
+pub(crate) const MAX_CACHED_CLIENTS: usize = 64;
+
+/// A service's clients by configuration, bounded: see [`MAX_CACHED_CLIENTS`].
+///
+/// An SDK client is meant to be shared: it holds its connection pool, credential cache
+/// and configuration. The operator connects once per `DistributedLock`, so building a
+/// client per lock gave 10,000 S3 locks 10,000 connection pools — 10,000 TCP
+/// connections to the store and a configuration load each — where one client per
+/// endpoint, region and credentials serves them all (issue 18). Each store keeps one
+/// cache for its service, keyed by the [`AwsOptions`] and what else goes into its
+/// client.
+pub(crate) struct ClientCache<K, C> {
+    clients: Mutex<Option<HashMap<K, C>>>,
+    capacity: usize,
+}
+
+impl<K: Eq + Hash, C: Clone> ClientCache<K, C> {
+    pub(crate) const fn new(capacity: usize) -> Self {
+        ClientCache {
+            clients: Mutex::new(None),
+            capacity,
+        }
+    }
+
+    /// The client for `key`, built by `build` the first time. Two first callers may
+    /// both build; the first to finish is kept and the other's is used once.
+    pub(crate) async fn get_or_build<F, Fut>(&self, key: K, build: F) -> C
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = C>,
+    {
+        if let Some(client) = self.lock().get_or_insert_default().get(&key) {
+            return client.clone();
+        }
+        let built = build().await;
+        let mut guard = self.lock();
+        let clients = guard.get_or_insert_default();
+        if clients.len() >= self.capacity && !clients.contains_key(&key) {
+            clients.clear();
+        }
+        clients.entry(key).or_insert(built).clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<HashMap<K, C>>> {
+        // A panic while holding the lock leaves a map that is still consistent.
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// The SDK's own Display is terse ("service error"); the source chain has the cause.
 pub(crate) fn describe<E, R>(err: &SdkError<E, R>) -> String
@@ -30,5 +272,66 @@ pub(crate) fn status_and_code<E: ProvideErrorMetadata>(
         ),
         SdkError::ResponseError(e) => (Some(e.raw().status().as_u16()), None),
         _ => (None, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn options(access_key: &str) -> AwsOptions {
+        AwsOptions {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            region: Some("us-east-1".into()),
+            credentials: Some(Credentials::new(access_key, "secret", None)),
+            ..AwsOptions::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn locks_reaching_a_store_the_same_way_share_one_client() {
+        let cache = ClientCache::new(8);
+        let counter = AtomicUsize::new(0);
+        let built = &counter;
+        let build = move || async move { built.fetch_add(1, Ordering::SeqCst) };
+        let first = cache.get_or_build(options("a"), build).await;
+        let again = cache.get_or_build(options("a"), build).await;
+        let other = cache.get_or_build(options("b"), build).await;
+        assert_eq!((first, again, other), (0, 0, 1));
+        assert_eq!(
+            built.load(Ordering::SeqCst),
+            2,
+            "one client per configuration"
+        );
+    }
+
+    #[test]
+    fn credentials_never_show_the_secret() {
+        let shown = format!(
+            "{:?}",
+            Credentials::new("AKID", "s3cr3t", Some("t0k3n".into()))
+        );
+        assert!(shown.contains("AKID"), "{shown}");
+        assert!(
+            !shown.contains("s3cr3t") && !shown.contains("t0k3n"),
+            "{shown}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_client_cache_starts_afresh_instead_of_growing() {
+        let cache = ClientCache::new(2);
+        for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+            let got = cache.get_or_build(options(key), || async move { i }).await;
+            assert_eq!(got, i);
+        }
+        assert_eq!(
+            cache.lock().as_ref().map_or(0, HashMap::len),
+            1,
+            "cleared when full, then the new one kept"
+        );
+        let rebuilt = cache.get_or_build(options("a"), || async { 9 }).await;
+        assert_eq!(rebuilt, 9, "an evicted configuration gets a new client");
     }
 }

@@ -1,21 +1,32 @@
-//! One module per store. Each knows its store and nothing about Kubernetes objects;
-//! the engine in [`crate::lock`] runs the protocol on top.
+//! One folder per store (`s3/`, `dynamodb/`, `zookeeper/`, `kubernetes/`), each with
+//! its lock key and URL grammar, its part of the DistributedLock spec, its connection
+//! options and its store. Each knows its store and nothing about Kubernetes objects
+//! (the Lease store knows Leases); the engine in [`crate::lock`] runs the protocol on
+//! top.
 //!
-//! - [`url`]: the lock URL grammar ([`Target`]), offline.
-//! - [`connect`](mod@connect): [`Target`] + [`ConnectOptions`] → a [`LockBackend`](crate::lock::LockBackend),
-//!   the only place that names a store to build one.
+//! - [`registry`]: the one list of stores — [`BackendKind`], the lock URL grammar
+//!   ([`Target`]), [`ConnectOptions`] and [`connect`], the only place that builds a
+//!   store's backend.
+//! - [`store`] and [`spec`]: what every store declares (its key, its spec) and the
+//!   errors they share; no store named.
+//! - [`aws`]: what the two AWS stores share (options, credentials, clients).
 
-mod aws;
-pub mod connect;
+pub mod aws;
 pub mod dynamodb;
 pub mod kubernetes;
+pub mod registry;
 pub mod s3;
-pub mod url;
+pub mod spec;
+pub mod store;
 pub mod zookeeper;
 
-pub use connect::{ConnectError, ConnectOptions, RecordedAcquisition, connect, release_recorded};
-pub use dynamodb::{DynamoStore, TableLayout};
-pub use kubernetes::LeaseStore;
-pub use s3::S3Store;
-pub use url::{Target, TargetError};
-pub use zookeeper::{ZkLock, ZkSessions};
+pub use aws::{AwsOptions, Credentials};
+pub use dynamodb::{DynamoDbOptions, DynamoStore, TableLayout};
+pub use kubernetes::{KubernetesOptions, LeaseStore};
+pub use registry::{
+    BackendKind, ConnectOptions, SelectedSpec, StoreFlags, Target, connect, release_recorded,
+};
+pub use s3::{S3Options, S3Store};
+pub use spec::{SecretRef, SpecFieldError, StoreSpec};
+pub use store::{ConnectError, LockFileFields, RecordedAcquisition, StoreKey, TargetError};
+pub use zookeeper::{ZkLock, ZkSessions, ZooKeeperOptions};

@@ -1,68 +1,160 @@
-//! Lock URLs, the pure grammar: `s3://bucket/key`, `dynamodb://table/key`,
-//! `zk://host:port[,host:port…]/path` and `k8s://namespace/lease` as a [`Target`], and
-//! back ([`fmt::Display`]).
+//! The one list of stores. A store lives in `backend/<store>/`: its lock key and URL
+//! grammar (`key.rs`), its part of the DistributedLock spec (`spec.rs`), its
+//! connection options and its [`RecordStore`](crate::lock::RecordStore). It joins
+//! lockwarden here: a variant of [`BackendKind`], [`Target`] and [`SelectedSpec`], a
+//! field of [`ConnectOptions`] and a line in each `match` of this file. Apart from
+//! `api::BackendSpec`, which composes the stores' specs into `spec.backend`, nothing
+//! else names a store (`tests/layout.rs` checks it).
 //!
-//! [`Target::parse`] checks a URL without touching the network: every mistake is a
-//! [`TargetError`] naming the URL and the expected form, and names and sizes are
-//! checked by [`crate::lock::names`], the rules the CRD applies too. Turning a
-//! [`Target`] into a backend is [`connect`](crate::backend::connect())'s job.
+//! [`Target::parse`] checks a lock URL without touching the network: every mistake is a
+//! [`TargetError`] naming the URL and the expected form. [`connect`] turns a
+//! [`Target`] and [`ConnectOptions`] into a [`LockBackend`].
 
 use std::fmt;
+use std::sync::Arc;
 
-use crate::lock::names::{self, NameError};
+use serde::{Deserialize, Serialize};
 
-/// The forms a lock URL may take, for error messages.
-pub const URL_FORMS: &str = "s3://BUCKET/KEY, dynamodb://TABLE/KEY, \
-     zk://HOST:PORT[,HOST:PORT…]/PATH or k8s://NAMESPACE/LEASE-NAME";
+use super::aws::{AwsFlags, AwsOptions};
+use super::dynamodb::{self, DynamoDbBackend, DynamoDbFlags, DynamoDbKey, DynamoDbOptions};
+use super::kubernetes::{self, KubernetesBackend, KubernetesFlags, KubernetesOptions, LeaseKey};
+use super::s3::{self, S3Backend, S3Flags, S3Key, S3Options};
+use super::spec::{SecretRef, SpecFieldError, StoreSpec};
+use super::store::{ConnectError, RecordedAcquisition, StoreKey, TargetError};
+use super::zookeeper::{self, ZkKey, ZooKeeperBackend, ZooKeeperFlags, ZooKeeperOptions};
+use crate::lock::LockBackend;
 
-const S3_FORM: &str = "s3://BUCKET/KEY";
-const DYNAMODB_FORM: &str = "dynamodb://TABLE/KEY";
-const ZK_FORM: &str = "zk://HOST:PORT[,HOST:PORT…][/CHROOT]/PATH";
-const K8S_FORM: &str = "k8s://NAMESPACE/LEASE-NAME";
+/// Which kind of store a lock lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    S3,
+    DynamoDb,
+    ZooKeeper,
+    Kubernetes,
+}
 
-/// The ZooKeeper client port used when a server is given without one.
-pub const DEFAULT_ZK_PORT: u16 = 2181;
+impl BackendKind {
+    /// Every kind, in the order of `spec.backend`'s fields.
+    pub const ALL: [BackendKind; 4] = [
+        BackendKind::S3,
+        BackendKind::DynamoDb,
+        BackendKind::ZooKeeper,
+        BackendKind::Kubernetes,
+    ];
+
+    /// The field name in `spec.backend` and the `Backend` printer column value:
+    /// `s3`, `dynamodb`, `zookeeper`, `kubernetes`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::S3 => S3Key::KIND,
+            BackendKind::DynamoDb => DynamoDbKey::KIND,
+            BackendKind::ZooKeeper => ZkKey::KIND,
+            BackendKind::Kubernetes => LeaseKey::KIND,
+        }
+    }
+
+    /// The URL schemes of lock keys of this kind; the first is canonical (`s3`,
+    /// `dynamodb`, `zk`, `k8s`).
+    pub fn schemes(self) -> &'static [&'static str] {
+        match self {
+            BackendKind::S3 => S3Key::SCHEMES,
+            BackendKind::DynamoDb => DynamoDbKey::SCHEMES,
+            BackendKind::ZooKeeper => ZkKey::SCHEMES,
+            BackendKind::Kubernetes => LeaseKey::SCHEMES,
+        }
+    }
+
+    /// The canonical URL scheme of lock keys of this kind.
+    pub fn scheme(self) -> &'static str {
+        self.schemes()[0]
+    }
+
+    /// The URL form of lock keys of this kind (`s3://BUCKET/KEY`).
+    pub fn form(self) -> &'static str {
+        match self {
+            BackendKind::S3 => S3Key::FORM,
+            BackendKind::DynamoDb => DynamoDbKey::FORM,
+            BackendKind::ZooKeeper => ZkKey::FORM,
+            BackendKind::Kubernetes => LeaseKey::FORM,
+        }
+    }
+
+    /// What a lock of this kind is, for `--help`.
+    pub fn about(self) -> &'static str {
+        match self {
+            BackendKind::S3 => S3Key::ABOUT,
+            BackendKind::DynamoDb => DynamoDbKey::ABOUT,
+            BackendKind::ZooKeeper => ZkKey::ABOUT,
+            BackendKind::Kubernetes => LeaseKey::ABOUT,
+        }
+    }
+
+    /// Every kind's name with `prefix` before it, as a list ending in `last`:
+    /// `listed("", "or")` is `s3, dynamodb, zookeeper or kubernetes`.
+    pub fn listed(prefix: &str, last: &str) -> String {
+        let names: Vec<String> = BackendKind::ALL
+            .iter()
+            .map(|k| format!("{prefix}{k}"))
+            .collect();
+        join_list(&names, last)
+    }
+
+    /// Every form a lock URL may take, for messages.
+    pub fn url_forms() -> String {
+        let forms: Vec<String> = BackendKind::ALL
+            .iter()
+            .map(|k| k.form().to_string())
+            .collect();
+        join_list(&forms, "or")
+    }
+
+    /// The lock URL forms, one line each with what they name, for `--help`.
+    pub fn url_help() -> String {
+        BackendKind::ALL
+            .iter()
+            .map(|k| format!("  {:<44} {}\n", k.form(), k.about()))
+            .collect()
+    }
+}
+
+/// `a, b, c <last> d`.
+fn join_list(items: &[String], last: &str) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., end] => format!("{} {last} {end}", init.join(", ")),
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// One lock key in one store.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     /// An object in an S3 bucket.
-    S3 { bucket: String, key: String },
-    /// An item in a DynamoDB table (partition key value `key`).
-    DynamoDb { table: String, key: String },
-    /// A queue of ephemeral sequential znodes under `chroot` + `path`.
-    ///
-    /// In a URL the chroot cannot be told apart from the path
-    /// (`zk://h:2181/a/b` is chroot `/a`, path `/b` as much as path `/a/b`), and both
-    /// name the same znodes, so [`Target::parse`] puts everything in `path`; the
-    /// operator may still set a chroot explicitly.
-    ZooKeeper {
-        /// `host:port` of each server.
-        servers: Vec<String>,
-        /// `/a/b`, without a trailing slash.
-        chroot: Option<String>,
-        /// Absolute path of the lock (below the chroot, if any).
-        path: String,
-    },
+    S3(S3Key),
+    /// An item in a DynamoDB table.
+    DynamoDb(DynamoDbKey),
+    /// A queue of ephemeral sequential znodes.
+    ZooKeeper(ZkKey),
     /// A `coordination.k8s.io/v1` Lease.
-    Kubernetes { namespace: String, name: String },
+    Kubernetes(LeaseKey),
 }
 
-/// A malformed lock URL. Every message names the URL and the expected form.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TargetError {
-    #[error("{url:?} is not a lock URL: expected {URL_FORMS}")]
-    NotAUrl { url: String },
-
-    #[error("{url:?}: unknown scheme {scheme:?}: expected {URL_FORMS}")]
-    UnknownScheme { url: String, scheme: String },
-
-    #[error("{url:?}: {why}: expected {expected}")]
-    Invalid {
-        url: String,
-        why: String,
-        expected: &'static str,
-    },
+/// `$body` with `$key` bound to the store's key, whichever store `$target` is in.
+macro_rules! on_key {
+    ($target:expr, $key:ident => $body:expr) => {
+        match $target {
+            Target::S3($key) => $body,
+            Target::DynamoDb($key) => $body,
+            Target::ZooKeeper($key) => $body,
+            Target::Kubernetes($key) => $body,
+        }
+    };
 }
 
 impl Target {
@@ -71,32 +163,44 @@ impl Target {
         let Some((scheme, rest)) = url.split_once("://") else {
             return Err(TargetError::NotAUrl {
                 url: url.to_string(),
+                expected: BackendKind::url_forms(),
             });
         };
-        match scheme.to_ascii_lowercase().as_str() {
-            "s3" => parse_s3(url, rest),
-            "dynamodb" | "ddb" => parse_dynamodb(url, rest),
-            "zk" | "zookeeper" => parse_zk(url, rest),
-            "k8s" | "kubernetes" | "lease" => parse_k8s(url, rest),
-            _ => Err(TargetError::UnknownScheme {
-                url: url.to_string(),
-                scheme: scheme.to_string(),
-            }),
+        let lowercase = scheme.to_ascii_lowercase();
+        let kind = BackendKind::ALL
+            .into_iter()
+            .find(|k| k.schemes().contains(&lowercase.as_str()));
+        Ok(match kind {
+            Some(BackendKind::S3) => Target::S3(S3Key::parse(url, rest)?),
+            Some(BackendKind::DynamoDb) => Target::DynamoDb(DynamoDbKey::parse(url, rest)?),
+            Some(BackendKind::ZooKeeper) => Target::ZooKeeper(ZkKey::parse(url, rest)?),
+            Some(BackendKind::Kubernetes) => Target::Kubernetes(LeaseKey::parse(url, rest)?),
+            None => {
+                return Err(TargetError::UnknownScheme {
+                    url: url.to_string(),
+                    scheme: scheme.to_string(),
+                    expected: BackendKind::url_forms(),
+                });
+            }
+        })
+    }
+
+    /// The store the key is in.
+    pub fn backend_kind(&self) -> BackendKind {
+        match self {
+            Target::S3(_) => BackendKind::S3,
+            Target::DynamoDb(_) => BackendKind::DynamoDb,
+            Target::ZooKeeper(_) => BackendKind::ZooKeeper,
+            Target::Kubernetes(_) => BackendKind::Kubernetes,
         }
     }
 
     /// The backend kind: `s3`, `dynamodb`, `zookeeper` or `kubernetes`.
     pub fn kind(&self) -> &'static str {
-        match self {
-            Target::S3 { .. } => "s3",
-            Target::DynamoDb { .. } => "dynamodb",
-            Target::ZooKeeper { .. } => "zookeeper",
-            Target::Kubernetes { .. } => "kubernetes",
-        }
+        self.backend_kind().as_str()
     }
 
-    /// The canonical URL, as the backend's [`LockBackend::url`](crate::lock::LockBackend::url)
-    /// reports it.
+    /// The canonical URL, as the backend's [`LockBackend::url`] reports it.
     pub fn url(&self) -> String {
         self.to_string()
     }
@@ -104,11 +208,7 @@ impl Target {
     /// The last segment of the key, path or name (`db` for `s3://b/locks/db`), e.g.
     /// for a default file name.
     pub fn basename(&self) -> &str {
-        let full = match self {
-            Target::S3 { key, .. } | Target::DynamoDb { key, .. } => key.as_str(),
-            Target::ZooKeeper { path, .. } => path.as_str(),
-            Target::Kubernetes { name, .. } => name.as_str(),
-        };
+        let full = on_key!(self, key => key.name());
         full.trim_end_matches('/')
             .rsplit('/')
             .next()
@@ -119,41 +219,40 @@ impl Target {
     /// Whether a lock on this store lives only as long as the process holding it
     /// (a ZooKeeper session), rather than for its lease.
     pub fn is_session_bound(&self) -> bool {
-        matches!(self, Target::ZooKeeper { .. })
+        on_key!(self, key => key.is_session_bound())
     }
-}
 
-impl Target {
     /// What names the lock in its store, without how the store is reached (a ZooKeeper
     /// URL's server list differs between clients of one ensemble): the same for every
     /// client of one lock. Workloads that take several locks take them in this order.
     pub fn order_key(&self) -> String {
-        match self {
-            Target::ZooKeeper { chroot, path, .. } => {
-                format!("zk://{}{path}", chroot.as_deref().unwrap_or(""))
-            }
-            other => other.to_string(),
-        }
+        on_key!(self, key => key.order_key())
+    }
+
+    /// The store's fields of a lock file for an acquisition of this key
+    /// ([`StoreKey::lock_file_fields`]).
+    pub fn lock_file_fields(&self, nonce: &str, version: &str) -> super::LockFileFields {
+        on_key!(self, key => key.lock_file_fields(nonce, version))
+    }
+
+    /// Whether a lock file's store fields name this key
+    /// ([`StoreKey::check_lock_file_fields`]).
+    pub fn check_lock_file_fields(&self, fields: &super::LockFileFields) -> Result<(), String> {
+        on_key!(self, key => key.check_lock_file_fields(fields))
+    }
+
+    /// [`connect`] for this lock.
+    pub async fn connect(
+        &self,
+        options: &ConnectOptions,
+    ) -> Result<Arc<dyn LockBackend>, ConnectError> {
+        connect(self, options).await
     }
 }
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Target::S3 { bucket, key } => write!(f, "s3://{bucket}/{key}"),
-            Target::DynamoDb { table, key } => write!(f, "dynamodb://{table}/{key}"),
-            Target::ZooKeeper {
-                servers,
-                chroot,
-                path,
-            } => write!(
-                f,
-                "zk://{}{}{path}",
-                servers.join(","),
-                chroot.as_deref().unwrap_or("")
-            ),
-            Target::Kubernetes { namespace, name } => write!(f, "k8s://{namespace}/{name}"),
-        }
+        on_key!(self, key => key.fmt(f))
     }
 }
 
@@ -165,150 +264,217 @@ impl std::str::FromStr for Target {
     }
 }
 
-fn invalid(url: &str, why: impl Into<String>, expected: &'static str) -> TargetError {
-    TargetError::Invalid {
-        url: url.to_string(),
-        why: why.into(),
-        expected,
+/// How to reach a store, beyond what the lock URL says: each store's own options.
+/// Everything is optional; the defaults come from the environment (each store's
+/// module says which).
+#[derive(Clone, Debug, Default)]
+pub struct ConnectOptions {
+    /// S3 and DynamoDB: endpoint, region, credentials, request timeout.
+    pub aws: AwsOptions,
+    pub s3: S3Options,
+    pub dynamodb: DynamoDbOptions,
+    pub zookeeper: ZooKeeperOptions,
+    pub kubernetes: KubernetesOptions,
+}
+
+/// Every store's command-line flags (`lockwarden lock --endpoint … --kube-context …`),
+/// each declared with its store; a lock file saves them (those a store marks so), so
+/// `unlock` reaches the same store without repeating them.
+#[derive(clap::Args, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Backend options")]
+#[serde(default)]
+pub struct StoreFlags {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub aws: AwsFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub s3: S3Flags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub dynamodb: DynamoDbFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub kubernetes: KubernetesFlags,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub zookeeper: ZooKeeperFlags,
+}
+
+impl StoreFlags {
+    /// These flags, falling back to `saved` (what a lock file recorded) for anything
+    /// not given.
+    pub fn options(&self, saved: Option<&StoreFlags>) -> ConnectOptions {
+        let saved = saved.cloned().unwrap_or_default();
+        ConnectOptions {
+            aws: self.aws.options(&saved.aws),
+            s3: self.s3.options(&saved.s3),
+            dynamodb: self.dynamodb.options(&saved.dynamodb),
+            zookeeper: self.zookeeper.options(),
+            kubernetes: self.kubernetes.options(&saved.kubernetes),
+        }
+    }
+
+    /// What a lock file records: the flags a store saves.
+    pub fn saved(&self) -> StoreFlags {
+        let json = serde_json::to_value(self).expect("flags serialise");
+        serde_json::from_value(json).expect("saved flags read back")
+    }
+
+    /// Whether nothing would be saved.
+    pub fn is_empty(&self) -> bool {
+        self.saved() == StoreFlags::default()
     }
 }
 
-/// Splits `first/rest` at the first slash; both parts must be non-empty.
-fn split_two<'a>(
-    url: &str,
-    rest: &'a str,
-    first: &str,
-    second: &str,
-    expected: &'static str,
-) -> Result<(&'a str, &'a str), TargetError> {
-    match rest.split_once('/') {
-        None if rest.is_empty() => Err(invalid(url, format!("no {first}"), expected)),
-        None => Err(invalid(
-            url,
-            format!("no {second} after the {first}"),
-            expected,
-        )),
-        Some(("", _)) => Err(invalid(url, format!("no {first}"), expected)),
-        Some((_, "")) => Err(invalid(url, format!("empty {second}"), expected)),
-        Some(parts) => Ok(parts),
+/// Builds the backend for the lock `target` names. Network access happens only where
+/// a store needs it to start (creating a DynamoDB table when asked, reading a
+/// kubeconfig's exec credentials); the lock itself is not touched.
+pub async fn connect(
+    target: &Target,
+    options: &ConnectOptions,
+) -> Result<Arc<dyn LockBackend>, ConnectError> {
+    match target {
+        Target::S3(key) => s3::connect(key, &options.aws, &options.s3).await,
+        Target::DynamoDb(key) => dynamodb::connect(key, &options.aws, &options.dynamodb).await,
+        Target::ZooKeeper(key) => Ok(Arc::new(zookeeper::connect(key, &options.zookeeper)?)),
+        Target::Kubernetes(key) => kubernetes::connect(key, &options.kubernetes).await,
     }
 }
 
-/// A name or key the store's rules refuse, in the URL's terms.
-fn bad_name(url: &str, error: NameError, expected: &'static str) -> TargetError {
-    invalid(url, error.to_string(), expected)
+/// Releases `recorded` from a process that did not acquire it (`lockwarden unlock`),
+/// only if the lock still belongs to that acquisition:
+///
+/// - stores with one record (S3, DynamoDB, Kubernetes Lease): re-attach by nonce, then
+///   release with a write conditioned on the recorded version (should the record have
+///   moved on within the same acquisition, the engine re-reads and follows it);
+/// - ZooKeeper: the lock is a queue entry of another process's session; see
+///   [`zookeeper::release_recorded`].
+///
+/// A lock no longer this acquisition's is `Lock(LockError::Lost { reason })` (released,
+/// expired or taken over) or `Lock(LockError::NotHeld)` (released elsewhere).
+pub async fn release_recorded(
+    target: &Target,
+    options: &ConnectOptions,
+    recorded: &RecordedAcquisition,
+) -> Result<(), ConnectError> {
+    if let Target::ZooKeeper(key) = target {
+        return zookeeper::release_recorded(key, &options.zookeeper, recorded).await;
+    }
+    let backend = connect(target, options).await?;
+    let mut lease = backend.resume(&recorded.holder, &recorded.nonce).await?;
+    lease.version = recorded.version.clone();
+    Ok(backend.release(&lease).await?)
 }
 
-fn parse_s3(url: &str, rest: &str) -> Result<Target, TargetError> {
-    let (bucket, key) = split_two(url, rest, "bucket", "key", S3_FORM)?;
-    names::s3_bucket(bucket).map_err(|e| bad_name(url, e.named("bucket name"), S3_FORM))?;
-    names::s3_key(key).map_err(|e| bad_name(url, e, S3_FORM))?;
-    Ok(Target::S3 {
-        bucket: bucket.to_string(),
-        key: key.to_string(),
-    })
+/// The one store part of a `spec.backend` that is set, borrowed
+/// (`api::BackendSpec::selected`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SelectedSpec<'a> {
+    S3(&'a S3Backend),
+    DynamoDb(&'a DynamoDbBackend),
+    ZooKeeper(&'a ZooKeeperBackend),
+    Kubernetes(&'a KubernetesBackend),
 }
 
-fn parse_dynamodb(url: &str, rest: &str) -> Result<Target, TargetError> {
-    let (table, key) = split_two(url, rest, "table", "key", DYNAMODB_FORM)?;
-    names::dynamodb_table(table)
-        .map_err(|e| bad_name(url, e.named("table name"), DYNAMODB_FORM))?;
-    names::dynamodb_key(key).map_err(|e| bad_name(url, e, DYNAMODB_FORM))?;
-    Ok(Target::DynamoDb {
-        table: table.to_string(),
-        key: key.to_string(),
-    })
-}
-
-fn parse_zk(url: &str, rest: &str) -> Result<Target, TargetError> {
-    let (hosts, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+/// `$body` with `$spec` bound to the store's spec, whichever store `$selected` is.
+macro_rules! on_spec {
+    ($selected:expr, $spec:ident => $body:expr) => {
+        match $selected {
+            SelectedSpec::S3($spec) => $body,
+            SelectedSpec::DynamoDb($spec) => $body,
+            SelectedSpec::ZooKeeper($spec) => $body,
+            SelectedSpec::Kubernetes($spec) => $body,
+        }
     };
-    if hosts.is_empty() {
-        return Err(invalid(url, "no ZooKeeper server", ZK_FORM));
-    }
-    let mut servers = Vec::new();
-    for server in hosts.split(',') {
-        servers.push(parse_zk_server(url, server)?);
-    }
-    if path.is_empty() || path == "/" {
-        return Err(invalid(url, "no lock path after the servers", ZK_FORM));
-    }
-    names::zookeeper_path(path).map_err(|e| bad_name(url, e, ZK_FORM))?;
-    Ok(Target::ZooKeeper {
-        servers,
-        chroot: None,
-        path: path.to_string(),
-    })
 }
 
-fn parse_zk_server(url: &str, server: &str) -> Result<String, TargetError> {
-    let server = server.trim();
-    if server.is_empty() {
-        return Err(invalid(
-            url,
-            "empty server address in the server list",
-            ZK_FORM,
-        ));
+impl<'a> SelectedSpec<'a> {
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            SelectedSpec::S3(_) => BackendKind::S3,
+            SelectedSpec::DynamoDb(_) => BackendKind::DynamoDb,
+            SelectedSpec::ZooKeeper(_) => BackendKind::ZooKeeper,
+            SelectedSpec::Kubernetes(_) => BackendKind::Kubernetes,
+        }
     }
-    // `[v6::addr]:port`, `host:port` or `host`.
-    let (host, port) = if let Some(inner) = server.strip_prefix('[') {
-        match inner.split_once(']') {
-            Some((addr, "")) => (format!("[{addr}]"), None),
-            Some((addr, port)) if port.starts_with(':') => (format!("[{addr}]"), Some(&port[1..])),
-            _ => {
-                return Err(invalid(
-                    url,
-                    format!("invalid server address {server:?}"),
-                    ZK_FORM,
-                ));
+
+    /// The lock's key, whether or not the names in it are valid. `lock_namespace` is
+    /// the DistributedLock's namespace (the Lease's when none is named).
+    pub fn target(&self, lock_namespace: &str) -> Target {
+        match self {
+            SelectedSpec::S3(spec) => Target::S3(spec.key(lock_namespace)),
+            SelectedSpec::DynamoDb(spec) => Target::DynamoDb(spec.key(lock_namespace)),
+            SelectedSpec::ZooKeeper(spec) => Target::ZooKeeper(spec.key(lock_namespace)),
+            SelectedSpec::Kubernetes(spec) => Target::Kubernetes(spec.key(lock_namespace)),
+        }
+    }
+
+    /// The checks of the store's CEL rules at creation.
+    pub fn validate(&self) -> Result<(), SpecFieldError> {
+        on_spec!(self, spec => spec.validate())
+    }
+
+    /// The store's CEL transition rules against `old`, a spec of the same store.
+    pub fn validate_update(&self, old: &SelectedSpec<'_>) -> Result<(), SpecFieldError> {
+        match (self, old) {
+            (SelectedSpec::S3(new), SelectedSpec::S3(old)) => new.validate_update(old),
+            (SelectedSpec::DynamoDb(new), SelectedSpec::DynamoDb(old)) => new.validate_update(old),
+            (SelectedSpec::ZooKeeper(new), SelectedSpec::ZooKeeper(old)) => {
+                new.validate_update(old)
             }
+            (SelectedSpec::Kubernetes(new), SelectedSpec::Kubernetes(old)) => {
+                new.validate_update(old)
+            }
+            _ => Err(SpecFieldError::Immutable {
+                field: "spec.backend.kind".into(),
+            }),
         }
-    } else {
-        match server.rsplit_once(':') {
-            Some((host, port)) => (host.to_string(), Some(port)),
-            None => (server.to_string(), None),
-        }
-    };
-    let host_ok = !host.is_empty()
-        && (host.starts_with('[')
-            || host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')));
-    if !host_ok {
-        return Err(invalid(
-            url,
-            format!("invalid server host {host:?}"),
-            ZK_FORM,
-        ));
     }
-    let port = match port {
-        None => DEFAULT_ZK_PORT,
-        Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-            invalid(
-                url,
-                format!("invalid port {p:?} for server {host} (1-65535)"),
-                ZK_FORM,
-            )
-        })?,
-    };
-    Ok(format!("{host}:{port}"))
-}
 
-fn parse_k8s(url: &str, rest: &str) -> Result<Target, TargetError> {
-    let (namespace, name) = split_two(url, rest, "namespace", "Lease name", K8S_FORM)?;
-    names::kubernetes_namespace(namespace).map_err(|e| bad_name(url, e, K8S_FORM))?;
-    names::kubernetes_name(name).map_err(|e| bad_name(url, e.named("Lease name"), K8S_FORM))?;
-    Ok(Target::Kubernetes {
-        namespace: namespace.to_string(),
-        name: name.to_string(),
-    })
+    /// How to reach the store, from the spec: everything but credentials (see
+    /// [`SelectedSpec::credentials_secret`]) and the Kubernetes client, which the
+    /// caller has.
+    pub fn connect_options(&self) -> ConnectOptions {
+        let mut options = ConnectOptions::default();
+        match self {
+            SelectedSpec::S3(spec) => (options.aws, options.s3) = spec.options(),
+            SelectedSpec::DynamoDb(spec) => (options.aws, options.dynamodb) = spec.options(),
+            SelectedSpec::ZooKeeper(spec) => options.zookeeper = spec.options(),
+            SelectedSpec::Kubernetes(_) => {}
+        }
+        options
+    }
+
+    /// The Secret with the store's credentials the spec names, if any.
+    pub fn credentials_secret(&self) -> Option<&'a SecretRef> {
+        on_spec!(*self, spec => spec.credentials_secret())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_parses_from_each_of_its_schemes_and_lists_its_form() {
+        for kind in BackendKind::ALL {
+            assert!(BackendKind::url_forms().contains(kind.form()), "{kind}");
+            assert!(BackendKind::url_help().contains(kind.about()), "{kind}");
+        }
+        assert_eq!(
+            BackendKind::listed("backend.", "or"),
+            "backend.s3, backend.dynamodb, backend.zookeeper or backend.kubernetes"
+        );
+        for (url, kind) in [
+            ("S3://b12/k", BackendKind::S3),
+            ("ddb://table/k", BackendKind::DynamoDb),
+            ("zookeeper://h:1/l", BackendKind::ZooKeeper),
+            ("lease://ns/l", BackendKind::Kubernetes),
+        ] {
+            assert_eq!(Target::parse(url).unwrap().backend_kind(), kind, "{url}");
+        }
+    }
 
     fn ok(url: &str) -> Target {
         Target::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"))
@@ -325,32 +491,32 @@ mod tests {
     fn parses_every_backend() {
         assert_eq!(
             ok("s3://my-bucket/locks/db"),
-            Target::S3 {
+            Target::S3(S3Key {
                 bucket: "my-bucket".into(),
                 key: "locks/db".into()
-            }
+            })
         );
         assert_eq!(
             ok("dynamodb://Locks_1/db"),
-            Target::DynamoDb {
+            Target::DynamoDb(DynamoDbKey {
                 table: "Locks_1".into(),
                 key: "db".into()
-            }
+            })
         );
         assert_eq!(
             ok("zk://a:2181,b:2182,c/chroot/locks/db"),
-            Target::ZooKeeper {
+            Target::ZooKeeper(ZkKey {
                 servers: vec!["a:2181".into(), "b:2182".into(), "c:2181".into()],
                 chroot: None,
                 path: "/chroot/locks/db".into()
-            }
+            })
         );
         assert_eq!(
             ok("k8s://payments/db-migration"),
-            Target::Kubernetes {
+            Target::Kubernetes(LeaseKey {
                 namespace: "payments".into(),
                 name: "db-migration".into()
-            }
+            })
         );
         assert_eq!(
             ok("zk://[::1]:2181/l").to_string(),

@@ -6,90 +6,15 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::lockfile::{self, LockFile};
+use super::lockfile::LockFile;
 use super::sys;
-use crate::backend::{ConnectOptions, Target, TargetError};
+use crate::backend::{Target, TargetError};
 use crate::duration::{DurationError, parse_duration as parse_go_duration};
 use crate::lock::{AcquireRequest, Mode, Permits};
 
-/// Options every command that talks to a backend accepts.
-#[derive(Args, Clone, Debug, Default)]
-#[command(next_help_heading = "Backend options")]
-pub struct BackendArgs {
-    /// AWS endpoint URL, e.g. an S3-compatible server [default: AWS_ENDPOINT_URL, else AWS]
-    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
-    pub endpoint: Option<String>,
-
-    /// AWS region [default: AWS_REGION / the profile's]
-    #[arg(long, value_name = "REGION", value_parser = parse_region)]
-    pub region: Option<String>,
-
-    /// S3 path-style addressing (on by default when a custom endpoint is set)
-    #[arg(long)]
-    pub path_style: bool,
-
-    /// S3: delete the object on release, so winebarrel/s3lock clients can lock the key
-    /// after us (the fencing token then restarts at 1 after each release)
-    #[arg(long)]
-    pub s3lock_compatible: bool,
-
-    /// DynamoDB partition key attribute name [default: key]
-    #[arg(long, value_name = "NAME", value_parser = parse_attribute_name)]
-    pub partition_key: Option<String>,
-
-    /// DynamoDB sort key: attribute name and the value lock items use
-    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_sort_key)]
-    pub sort_key: Option<(String, String)>,
-
-    /// Create the DynamoDB table (on-demand billing) if it does not exist
-    #[arg(long)]
-    pub create_table: bool,
-
-    /// kubeconfig context [default: the current context]
-    #[arg(long, value_name = "NAME")]
-    pub kube_context: Option<String>,
-
-    /// ZooKeeper session timeout to ask the servers for (they may adjust it); a lock
-    /// on ZooKeeper is lost this long after its holder stops being heard from [default: 10s]
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub session_timeout: Option<Duration>,
-}
-
-impl BackendArgs {
-    /// These flags, falling back to `saved` (what a lock file recorded) for anything
-    /// not given.
-    pub fn options(&self, saved: Option<&lockfile::SavedOptions>) -> ConnectOptions {
-        let saved = saved.cloned().unwrap_or_default();
-        ConnectOptions {
-            endpoint: self.endpoint.clone().or(saved.endpoint),
-            region: self.region.clone().or(saved.region),
-            force_path_style: (self.path_style || saved.path_style).then_some(true),
-            s3lock_compatible: self.s3lock_compatible || saved.s3lock_compatible,
-            partition_key: self.partition_key.clone().or(saved.partition_key),
-            sort_key: self.sort_key.clone().or(saved.sort_key.and_then(|s| {
-                s.split_once('=')
-                    .map(|(n, v)| (n.to_string(), v.to_string()))
-            })),
-            create_table: self.create_table,
-            kube_context: self.kube_context.clone().or(saved.kube_context),
-            session_timeout: self.session_timeout,
-            ..ConnectOptions::default()
-        }
-    }
-
-    /// What a lock file records so `unlock` reaches the same store.
-    pub fn saved(&self) -> lockfile::SavedOptions {
-        lockfile::SavedOptions {
-            endpoint: self.endpoint.clone(),
-            region: self.region.clone(),
-            path_style: self.path_style,
-            s3lock_compatible: self.s3lock_compatible,
-            partition_key: self.partition_key.clone(),
-            sort_key: self.sort_key.as_ref().map(|(n, v)| format!("{n}={v}")),
-            kube_context: self.kube_context.clone(),
-        }
-    }
-}
+/// Options every command that talks to a backend accepts: each store's flags,
+/// declared with the store ([`crate::backend::StoreFlags`]).
+pub use crate::backend::StoreFlags as BackendArgs;
 
 /// `--permits`, `--shared` and `--exclusive`: how many may hold the key at once and
 /// how this holder takes it (docs/design.md §6.2).
@@ -272,17 +197,7 @@ const LONGEST: Duration = Duration::from_secs(i32::MAX as u64);
 /// A positive duration in Go's form, as everywhere else in lockwarden
 /// ([`crate::duration`]): `30s`, `5m`, `1h30m`, `1500ms`, `1.5h`.
 pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
-    let d = parse_go_duration(s.trim()).map_err(|e| {
-        ValueError(format!(
-            "{s:?} is not a duration ({e}): expected e.g. 30s, 5m, 1h30m"
-        ))
-    })?;
-    if d.is_zero() {
-        return Err(ValueError(format!(
-            "{s:?}: the duration must be greater than zero"
-        )));
-    }
-    Ok(d)
+    crate::duration::parse_flag_duration(s).map_err(ValueError)
 }
 
 /// A lease: a duration of at least one second (backends store whole seconds or
@@ -337,52 +252,6 @@ pub fn parse_holder(s: &str) -> Result<String, ValueError> {
         )));
     }
     Ok(s.to_string())
-}
-
-fn parse_endpoint(s: &str) -> Result<String, ValueError> {
-    let ok = (s.starts_with("http://") || s.starts_with("https://"))
-        && s.split_once("://").is_some_and(|(_, h)| !h.is_empty());
-    if !ok {
-        return Err(ValueError(format!(
-            "{s:?} is not an endpoint URL: expected http(s)://HOST[:PORT]"
-        )));
-    }
-    Ok(s.to_string())
-}
-
-fn parse_region(s: &str) -> Result<String, ValueError> {
-    if s.is_empty()
-        || !s
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        return Err(ValueError(format!(
-            "{s:?} is not a region name: expected e.g. eu-west-1"
-        )));
-    }
-    Ok(s.to_string())
-}
-
-fn parse_attribute_name(s: &str) -> Result<String, ValueError> {
-    crate::lock::names::dynamodb_attribute_name(s).map_err(|e| {
-        ValueError(format!(
-            "{s:?}: an attribute name has 1-255 characters ({e})"
-        ))
-    })?;
-    Ok(s.to_string())
-}
-
-fn parse_sort_key(s: &str) -> Result<(String, String), ValueError> {
-    match s.split_once('=') {
-        Some((name, value)) if !name.is_empty() && !value.is_empty() => {
-            crate::lock::names::dynamodb_sort_key_value(value)
-                .map_err(|e| ValueError(format!("{s:?}: {e}")))?;
-            Ok((parse_attribute_name(name)?, value.to_string()))
-        }
-        _ => Err(ValueError(format!(
-            "{s:?}: expected NAME=VALUE, e.g. sk=lock"
-        ))),
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::lockfile::LockFileError;
-use crate::backend::{ConnectError, TargetError};
+use crate::backend::{BackendKind, ConnectError, TargetError};
 use crate::lock::{HeldBy, LockError};
 
 /// Exit codes of every command: the names the code uses. What each means is said once,
@@ -64,14 +64,15 @@ pub const EXIT_CODES: &[ExitStatus] = &[
 ];
 
 /// What `lockwarden --help` shows after the commands: [`EXIT_CODES`], then the lock
-/// URLs and the permit flags.
+/// URLs (each store's form) and the permit flags.
 pub fn after_help() -> String {
     let mut help = String::from("Exit status:\n");
     for status in EXIT_CODES {
         help.push_str(&exit_status_lines(status));
     }
-    help.push('\n');
-    help.push_str(AFTER_EXIT_CODES);
+    help.push_str("\nLock URLs:\n");
+    help.push_str(&BackendKind::url_help());
+    help.push_str(AFTER_LOCK_URLS);
     help
 }
 
@@ -98,13 +99,7 @@ fn exit_status_lines(status: &ExitStatus) -> String {
     out
 }
 
-const AFTER_EXIT_CODES: &str = "\
-Lock URLs:
-  s3://BUCKET/KEY                          S3 object (conditional writes)
-  dynamodb://TABLE/KEY                     DynamoDB item (dynamolock-compatible attributes)
-  zk://HOST:PORT[,HOST:PORT...]/PATH       ZooKeeper queue of ephemeral sequential znodes
-  k8s://NAMESPACE/LEASE-NAME               Kubernetes coordination.k8s.io/v1 Lease
-
+const AFTER_LOCK_URLS: &str = "
 More than one holder (lock, run and status take --permits N, --shared, --exclusive; every
 holder of a key must give the same --permits):
   Semaphore: at most 3 loads at once across every machine, each with its own fence

@@ -24,39 +24,11 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Target;
+use crate::backend::{LockFileFields, StoreFlags, Target};
 use crate::lock::Lease;
 
 /// Format marker of lock files written by this build.
 pub const FORMAT: u32 = 1;
-
-/// Connection settings `lock` was given, so `unlock` reaches the same store without
-/// repeating them (flags given to `unlock` still win).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct SavedOptions {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub path_style: bool,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub s3lock_compatible: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub partition_key: Option<String>,
-    /// `NAME=VALUE`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sort_key: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kube_context: Option<String>,
-}
-
-impl SavedOptions {
-    fn is_empty(&self) -> bool {
-        *self == SavedOptions::default()
-    }
-}
 
 /// The process that keeps a ZooKeeper session (and with it the lock) alive.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,18 +41,11 @@ pub struct Keeper {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct LockFile {
-    /// s3lock: the bucket (S3 locks only).
-    #[serde(rename = "Bucket", default, skip_serializing_if = "Option::is_none")]
-    pub bucket: Option<String>,
-    /// s3lock: the object key (S3 locks only).
-    #[serde(rename = "Key", default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// s3lock: the lock id (our nonce; S3 locks only).
-    #[serde(rename = "Id", default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// s3lock: the ETag of the lock object (S3 locks only).
-    #[serde(rename = "ETag", default, skip_serializing_if = "Option::is_none")]
-    pub etag: Option<String>,
+    /// What another tool reads in a lock file for this key, beside lockwarden's own
+    /// fields: s3lock's `Bucket`, `Key`, `Id` (our nonce) and `ETag` for S3 locks
+    /// (the store declares them: [`crate::backend::StoreKey::lock_file_fields`]).
+    #[serde(flatten)]
+    pub store: LockFileFields,
     pub url: String,
     pub holder: String,
     pub nonce: String,
@@ -93,8 +58,11 @@ pub struct LockFile {
     pub acquired_at: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<String>,
-    #[serde(default, skip_serializing_if = "SavedOptions::is_empty")]
-    pub backend: SavedOptions,
+    /// The backend flags `lock` was given, so `unlock` reaches the same store without
+    /// repeating them (flags given to `unlock` still win); each store says which it
+    /// saves.
+    #[serde(default, skip_serializing_if = "StoreFlags::is_empty")]
+    pub backend: StoreFlags,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keeper: Option<Keeper>,
     /// lockwarden's lock file format.
@@ -132,22 +100,10 @@ impl LockFile {
         target: &Target,
         lease: &Lease,
         lease_duration: Duration,
-        backend: SavedOptions,
+        backend: StoreFlags,
     ) -> LockFile {
-        let (bucket, key, id, etag) = match target {
-            Target::S3 { bucket, key } => (
-                Some(bucket.clone()),
-                Some(key.clone()),
-                Some(lease.nonce().to_string()),
-                Some(lease.version.0.clone()),
-            ),
-            _ => (None, None, None, None),
-        };
         LockFile {
-            bucket,
-            key,
-            id,
-            etag,
+            store: target.lock_file_fields(lease.nonce(), &lease.version.0),
             url: target.url(),
             holder: lease.holder().to_string(),
             nonce: lease.nonce().to_string(),
@@ -212,15 +168,9 @@ impl LockFile {
         if file.holder.is_empty() {
             return Err(corrupt("empty holder".into()));
         }
-        if let Target::S3 { bucket, key } = &target
-            && (file.bucket.as_ref().is_some_and(|b| b != bucket)
-                || file.key.as_ref().is_some_and(|k| k != key))
-        {
-            return Err(corrupt(format!(
-                "Bucket/Key do not match the url {}",
-                file.url
-            )));
-        }
+        target
+            .check_lock_file_fields(&file.store)
+            .map_err(corrupt)?;
         if target.is_session_bound() && file.version.rsplit_once(':').is_none() {
             return Err(corrupt(format!(
                 "version {:?} is not a ZooKeeper entry (NAME:VERSION)",

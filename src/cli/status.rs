@@ -186,12 +186,13 @@ impl Status {
                     LockState::Released => "released",
                 };
                 s.by_another_tool = r.by_another_tool();
+                let never_expires = r.never_expires();
                 s.holder = Some(r.holder).filter(|h| !h.is_empty());
                 s.fence = Some(r.fence.0);
                 s.nonce = Some(r.nonce).filter(|n| !n.is_empty());
-                if r.lease >= crate::backend::s3::S3LOCK_LEASE {
-                    // s3lock's locks have no lease: the store reads them with a
-                    // placeholder that no contender ever sees run out.
+                if never_expires {
+                    // Another tool's lock without a lease (s3lock's): the store reads
+                    // it with a placeholder that no contender ever sees run out.
                     s.lease = Some(NEVER_EXPIRES.into());
                 } else {
                     s.lease = Some(humantime::format_duration(r.lease).to_string());

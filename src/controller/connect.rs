@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
-use crate::api::LockAddress;
-use crate::backend::ConnectError;
+use super::validated::LockAddress;
+use crate::backend::{ConnectError, Credentials};
 use crate::lock::LockBackend;
 
 /// Why a lock's backend could not be set up. Never carries the Secret's contents.
@@ -72,10 +72,10 @@ pub fn backend_for<'a>(
 ) -> BoxFuture<'a, Result<Arc<dyn LockBackend>, ConnectFailure>> {
     async move {
         let mut options = address.connect_options.clone();
-        options.kube_client = Some(client.clone());
+        options.kubernetes.client = Some(client.clone());
         if let Some(secret) = &address.credentials_secret {
             let credentials = read_credentials(client, lock_namespace, &secret.name).await?;
-            options.credentials = Some(credentials);
+            options.aws.credentials = Some(credentials);
         }
         Ok(crate::backend::connect(&address.target, &options).await?)
     }
@@ -88,7 +88,7 @@ async fn read_credentials(
     client: &kube::Client,
     namespace: &str,
     name: &str,
-) -> Result<aws_sdk_s3::config::Credentials, ConnectFailure> {
+) -> Result<Credentials, ConnectFailure> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let secret = secrets
         .get(name)
@@ -110,11 +110,5 @@ async fn read_credentials(
             name: name.to_string(),
         });
     };
-    Ok(aws_sdk_s3::config::Credentials::new(
-        id,
-        secret_key,
-        field("AWS_SESSION_TOKEN"),
-        None,
-        "lockwarden-secret",
-    ))
+    Ok(Credentials::new(id, secret_key, field("AWS_SESSION_TOKEN")))
 }

@@ -1,6 +1,6 @@
 //! The operator: a kube-runtime controller over `DistributedLock` (docs/design.md §5).
 //!
-//! - [`reconcile`]: phase by phase — validate (into a [`crate::api::ValidatedSpec`]),
+//! - [`reconcile`]: phase by phase — validate (into a [`validated::ValidatedSpec`]),
 //!   resume, acquire (one attempt per reconcile, jittered requeue while waiting), hold,
 //!   release, finalizer cleanup — each phase a method of one reconcile context.
 //! - [`connect`]: the one way to a backend: the lock's address plus the credentials
@@ -44,6 +44,7 @@ pub mod status;
 mod test_kind;
 #[cfg(test)]
 pub mod testing;
+pub mod validated;
 pub mod waiters;
 
 use std::sync::Arc;

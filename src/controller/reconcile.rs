@@ -40,9 +40,10 @@ use super::connect::{ConnectFailure, Connector, FromSecrets};
 use super::events::Events;
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired, Occupancy};
+use super::validated::{LockAddress, ValidatedSpec};
 use super::waiters::{WaitStart, WaiterIndex};
 use crate::api::conditions::reason;
-use crate::api::{DistributedLock, LockAddress, LockPhase, SpecError, ValidatedSpec};
+use crate::api::{DistributedLock, LockPhase, SpecError};
 use crate::lock::{
     AcquireRequest, Attempt, CONNECT_TIMEOUT, HolderState, Lease, LockBackend, LockError,
     LockRecord, RenewPolicy, Stored,

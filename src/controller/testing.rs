@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tower_test::mock::{self, Handle, SendResponse};
 
 use super::connect::{ConnectFailure, Connector};
-use crate::api::LockAddress;
+use super::validated::LockAddress;
 use crate::lock::memory::MemoryStore;
 use crate::lock::{CasLock, LockBackend};
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{BackendKind, DistributedLock, SecretRef, SpecError};
+use crate::api::{BackendKind, DistributedLock, SecretRef, SpecError};
 use crate::backend::{ConnectOptions, Target};
 use crate::lock::Permits;
 
@@ -49,8 +49,6 @@ pub struct ValidatedSpec {
     pub renew_interval: Duration,
     /// `None`: wait forever.
     pub acquire_timeout: Option<Duration>,
-    /// ZooKeeper's requested session timeout; `None` when unset or not ZooKeeper.
-    pub session_timeout: Option<Duration>,
     /// `spec.holderIdentity`, or `<clusterName>/<namespace>/<name>`.
     pub holder: String,
     /// `spec.permits` and `spec.mode` (its default applied; checked).
@@ -68,7 +66,6 @@ impl ValidatedSpec {
             lease: spec.lease_duration()?,
             renew_interval: spec.renew_interval()?,
             acquire_timeout: spec.acquire_timeout()?,
-            session_timeout: spec.session_timeout()?,
             holder: lock.holder_identity(cluster_name),
             permits: spec.permits(),
         })
@@ -109,12 +106,18 @@ mod tests {
         assert_eq!(v.lease, Duration::from_secs(30));
         assert_eq!(v.renew_interval, Duration::from_secs(5));
         assert_eq!(v.acquire_timeout, Some(Duration::from_secs(120)));
-        assert_eq!(v.session_timeout, Some(Duration::from_secs(4)));
+        assert_eq!(
+            v.address.connect_options.zookeeper.session_timeout,
+            Some(Duration::from_secs(4))
+        );
         assert_eq!(v.holder, "east/team/db");
         assert_eq!(v.permits, crate::lock::Permits::MUTEX);
         assert_eq!(v.address.kind, BackendKind::ZooKeeper);
         assert_eq!(v.address.key, "zk://127.0.0.1:2181/locks/db");
-        assert!(matches!(v.address.target, Target::ZooKeeper { .. }));
+        assert_eq!(
+            v.address.target,
+            Target::parse("zk://127.0.0.1:2181/locks/db").unwrap()
+        );
     }
 
     #[test]
@@ -126,13 +129,7 @@ mod tests {
         });
         let v = ValidatedSpec::of(&lock(spec), "east").expect("valid");
         assert_eq!(v.address.key, "k8s://team/db");
-        assert_eq!(
-            v.address.target,
-            Target::Kubernetes {
-                namespace: "team".into(),
-                name: "db".into()
-            }
-        );
+        assert_eq!(v.address.target, Target::parse("k8s://team/db").unwrap());
         assert!(v.address.credentials_secret.is_none());
     }
 

@@ -34,7 +34,7 @@ pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use permits::{HolderSet, Mode, Permits, SetEntry};
 pub use record::{
-    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, Stored,
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, NO_LEASE, Stored,
     UnknownFields, Version, rfc3339,
 };
 pub use semaphore::{holder_summary, lost_write_races};

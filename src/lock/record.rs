@@ -120,7 +120,17 @@ pub struct LockRecord {
 /// whose permits are unknown (docs/design.md §6.2).
 pub const ANOTHER_TOOL_NONCE_PREFIX: &str = "another-tool:";
 
+/// The lease a store reads for another tool's lock that has none (s3lock's locks never
+/// expire): long enough never to be observed expired (100 years), short enough to add
+/// a grace to without overflow.
+pub const NO_LEASE: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 impl LockRecord {
+    /// Whether the record has no lease of its own ([`NO_LEASE`]): it never expires.
+    pub fn never_expires(&self) -> bool {
+        self.lease >= NO_LEASE
+    }
+
     /// Whether another lock tool wrote this record (the store read it as that tool's
     /// lock): it holds or released the key under its own rules, with no permits.
     pub fn by_another_tool(&self) -> bool {

@@ -14,7 +14,9 @@ use lockwarden::api::{
     BackendSpec, DistributedLock, DistributedLockSpec, DynamoDbBackend, KubernetesBackend,
     S3Backend, SecretRef, ZooKeeperBackend,
 };
-use lockwarden::backend::{ConnectOptions, LeaseStore, Target, ZkSessions};
+use lockwarden::backend::{
+    AwsOptions, ConnectOptions, Credentials, LeaseStore, S3Options, Target, ZkSessions,
+};
 use lockwarden::lock::{
     AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Mode as LockMode,
     Permits, Wait,
@@ -994,17 +996,16 @@ fn lock_backend(backend: Backend, keys: &Keys, k: usize, c: usize, west_ns: &str
 
 fn aws_options(endpoint: String) -> ConnectOptions {
     ConnectOptions {
-        endpoint: Some(endpoint),
-        region: Some(REGION.into()),
-        force_path_style: Some(true),
-        credentials: Some(aws_sdk_s3::config::Credentials::new(
-            ACCESS_KEY_ID,
-            SECRET_ACCESS_KEY,
-            None,
-            None,
-            "chaos",
-        )),
-        request_timeout: Some(Duration::from_secs(1)),
+        aws: AwsOptions {
+            endpoint: Some(endpoint),
+            region: Some(REGION.into()),
+            credentials: Some(Credentials::new(ACCESS_KEY_ID, SECRET_ACCESS_KEY, None)),
+            request_timeout: Some(Duration::from_secs(1)),
+        },
+        s3: S3Options {
+            force_path_style: Some(true),
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

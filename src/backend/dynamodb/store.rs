@@ -1,30 +1,4 @@
-//! DynamoDB: one item per lock, every write a conditional `UpdateItem`
-//! (docs/design.md §3 "DynamoDB").
-//!
-//! Attribute names and formats are those of cirello.io/dynamolock (v2.0.3, read from
-//! its source), so both exclude each other on a shared table: `key` (partition key,
-//! name configurable), `ownerName`, `leaseDuration` (a Go duration string such as
-//! `"30s"`), `recordVersionNumber` (changes on every write: it is the record's
-//! version), `isReleased` and `data` (binary); plus lockwarden's `fence`, `nonce`,
-//! `lockwardenRvn`, `acquiredAtMs`, `renewedAtMs`. `UpdateItem` (not `PutItem`) leaves
-//! attributes other clients added — and those a newer lockwarden added, which this
-//! build neither reads nor needs to carry (docs/design.md §3 "Stored formats that can
-//! evolve"). A record's [`LockRecord::unknown`] fields (none when read from DynamoDB)
-//! are written as attributes of their own.
-//!
-//! What dynamolock does that shapes this:
-//! - It reads a lock as released when `isReleased` is *present*, whatever its value,
-//!   and its acquire condition is `isReleased = "1"` (a string). So a held item has no
-//!   `isReleased` at all, and a release writes `isReleased = "1"`.
-//! - Its acquire is a `PutItem` that copies every attribute it does not know from the
-//!   item it replaces, and its heartbeat only changes `leaseDuration` and
-//!   `recordVersionNumber`. lockwarden's `nonce` and `fence` therefore survive a
-//!   dynamolock acquisition: the fence stays monotonic across both clients (unless a
-//!   dynamolock client deletes the item on release), but the nonce would wrongly
-//!   still look like the last lockwarden holder's. `lockwardenRvn` is the
-//!   `recordVersionNumber` of lockwarden's own last write: an item whose version
-//!   differs from it was last written by another client, and is read as held (or
-//!   released) by that client's `ownerName`, never as a lockwarden acquisition.
+//! The DynamoDB [`RecordStore`]: one lock key, one item (see the module above).
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -39,7 +13,7 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
 };
 
-use super::aws::{describe, status_and_code};
+use crate::backend::aws::{describe, status_and_code};
 use crate::duration::{format_duration, parse_duration};
 use crate::lock::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,

@@ -1,21 +1,4 @@
-//! Kubernetes: a `coordination.k8s.io/v1` Lease per lock (docs/design.md §3 "Kubernetes
-//! Lease"), compatible with client-go leader election.
-//!
-//! - `holderIdentity`, `leaseDurationSeconds`, `acquireTime`, `renewTime` are the
-//!   fields client-go reads, so a lock held here holds off a leader-elected component
-//!   and vice versa. A release empties `holderIdentity`, as client-go's does.
-//! - `leaseTransitions` is the fence: every acquisition increments it.
-//! - `metadata.resourceVersion` is the version every write is conditioned on.
-//! - lockwarden's own fields (nonce, revision, exact lease, data, state) are
-//!   annotations. A Lease without them (written by client-go) is read as held by its
-//!   `holderIdentity`, with a nonce that can never be ours.
-//! - Every update is a PUT of the Lease as read, with lockwarden's fields rewritten and
-//!   everything else carried over: annotations, labels and spec fields of other
-//!   writers — a newer lockwarden's `lockwarden.io/*` annotations included — stay as
-//!   they are (docs/design.md §3 "Stored formats that can evolve"). A PUT (not a
-//!   patch) so the `update` verb stays the only write a CLI Role needs.
-//!   `lockwarden.io/*` annotations this build does not know are read into
-//!   [`LockRecord::unknown`] and written back with the record.
+//! The Lease [`RecordStore`]: one lock key, one Lease (see the module above).
 
 use std::time::{Duration, SystemTime};
 

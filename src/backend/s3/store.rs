@@ -1,18 +1,4 @@
-//! S3: one object per lock, every write a conditional PUT (docs/design.md §3 "S3").
-//!
-//! - create: `PUT If-None-Match: *`; takeover, renew, release: `PUT If-Match: <etag>`.
-//! - The body is the JSON [`LockRecord`] with a fresh revision per write, so every
-//!   write has a distinct ETag even on servers whose ETag is the body's MD5.
-//! - A 409 `ConditionalRequestConflict`, a 5xx, a timeout or a dropped connection is
-//!   an *indeterminate* outcome; the engine resolves it by re-reading (rule 4).
-//! - Release writes a tombstone; deleting (optional) happens only after it, since
-//!   several S3-compatible servers ignore `DELETE If-Match`.
-//! - An object whose body is a bare UUID is a winebarrel/s3lock lock: it is read as
-//!   held by s3lock, with no lease (s3lock locks never expire; only its unlock, which
-//!   deletes the object, or a forced takeover ends them). s3lock in turn treats *any*
-//!   object as held, a lockwarden tombstone included, so it can only acquire a key
-//!   lockwarden released if lockwarden deletes on release
-//!   ([`crate::backend::ConnectOptions::s3lock_compatible`]).
+//! The S3 [`RecordStore`]: one lock key, one object (see the module above).
 
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
@@ -20,15 +6,14 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
-use super::aws::{describe, status_and_code};
+use crate::backend::aws::{describe, status_and_code};
 use crate::lock::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, RecordStore,
     StoreError, Stored, UnknownFields, Version,
 };
 
-/// The lease reported for an s3lock lock, which has none: long enough never to be
-/// observed expired (100 years), short enough to add a grace to without overflow.
-pub const S3LOCK_LEASE: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 86_400);
+/// The lease reported for an s3lock lock, which has none.
+pub const S3LOCK_LEASE: std::time::Duration = crate::lock::NO_LEASE;
 
 /// Reads a stored body: a lockwarden record, an s3lock lock, or something foreign.
 pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord> {

@@ -18,7 +18,7 @@ use super::{definite, permanent, session_ended};
 use crate::lock::error::{Cause, While};
 use crate::lock::{
     AcquireRequest, Attempt, ForeignRecord, HeldBy, HolderDeadline, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, UnknownFields, Version, names,
+    LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, UnknownFields, Version,
 };
 
 /// One lock path in ZooKeeper, as seen by one contender: each `ZkLock` has at most one
@@ -37,7 +37,7 @@ impl ZkLock {
     /// included) on `session`'s ensemble.
     pub fn new(session: Arc<ZkSession>, path: &str) -> Result<ZkLock, LockError> {
         let url = format!("zk://{}{path}", session.servers);
-        names::zookeeper_path(path).map_err(|e| LockError::Backend {
+        super::path_name(path).map_err(|e| LockError::Backend {
             url: url.clone(),
             message: format!("invalid lock path: {e}"),
         })?;

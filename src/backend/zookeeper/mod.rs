@@ -50,7 +50,9 @@
 //! - Missing parents are created: ancestors as persistent znodes, the lock path itself
 //!   as a container znode, which the server deletes once its queue is empty.
 //!
-//! Modules: `session` (the shared sessions), `queue` (queue members, joining and
+//! Modules: `key` (the URL `zk://HOST:PORT[,…]/PATH` and ZooKeeper's path rules),
+//! `spec` (`spec.backend.zookeeper` of a DistributedLock), `session` (the shared
+//! sessions), `queue` (queue members, joining and
 //! forcing the queue), `semaphore` (the grant rule for more than one holder), `lock`
 //! ([`ZkLock`], the [`LockBackend`] on top), `cleanup`
 //! (deleting our znodes in the background) and `kafka_kit` (what kafka-kit reads in a
@@ -63,18 +65,78 @@
 
 mod cleanup;
 mod kafka_kit;
+mod key;
 mod lock;
 mod queue;
 mod semaphore;
 mod session;
+mod spec;
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use zookeeper_client::Error as ZkError;
 
+pub use key::{DEFAULT_PORT, PATH_MAX_BYTES, ZkKey, path_name};
 pub use lock::ZkLock;
 pub use queue::sequence_of;
 pub use session::{ZkSession, ZkSessions, parse_connect};
+pub use spec::ZooKeeperBackend;
+
+use crate::backend::store::{ConnectError, RecordedAcquisition};
+use crate::lock::LockError;
+
+/// How to open the session a lock lives on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ZooKeeperOptions {
+    /// The session timeout to ask the servers for (they clamp it to their
+    /// `minSessionTimeout ..= maxSessionTimeout`). Default [`DEFAULT_SESSION_TIMEOUT`].
+    /// Locks asking for different timeouts get different sessions.
+    pub session_timeout: Option<Duration>,
+}
+
+/// The command line's ZooKeeper flag (not saved: `unlock` deletes the entry on any
+/// session).
+#[derive(clap::Args, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ZooKeeperFlags {
+    /// ZooKeeper session timeout to ask the servers for (they may adjust it); a lock
+    /// on ZooKeeper is lost this long after its holder stops being heard from [default: 10s]
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_flag_duration)]
+    #[serde(skip)]
+    pub session_timeout: Option<Duration>,
+}
+
+impl ZooKeeperFlags {
+    pub fn options(&self) -> ZooKeeperOptions {
+        ZooKeeperOptions {
+            session_timeout: self.session_timeout,
+        }
+    }
+}
+
+/// A contender for the lock at `key`, on the process-wide session of its ensemble that
+/// asks for `options.session_timeout`.
+pub fn connect(key: &ZkKey, options: &ZooKeeperOptions) -> Result<ZkLock, LockError> {
+    ZkSessions::global().lock_with_timeout(
+        &key.connect_string(),
+        &key.path,
+        options.session_timeout,
+    )
+}
+
+/// Releases `recorded` from a process that did not acquire it: the lock is a queue
+/// entry of another process's session (the keeper's); it is deleted, conditioned on
+/// the recorded version ([`ZkLock::release_entry`]).
+pub async fn release_recorded(
+    key: &ZkKey,
+    options: &ZooKeeperOptions,
+    recorded: &RecordedAcquisition,
+) -> Result<(), ConnectError> {
+    let lock = connect(key, options)?;
+    Ok(lock
+        .release_entry(&recorded.version, &recorded.nonce)
+        .await?)
+}
 
 /// Session timeout asked of the servers unless configured otherwise.
 pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);

@@ -10,7 +10,7 @@ use zookeeper_client::{Client, Error as ZkError, SessionState, Stat};
 
 use super::{DEFAULT_SESSION_TIMEOUT, ZkLock};
 use crate::lock::error::While;
-use crate::lock::{FenceToken, LockError, names};
+use crate::lock::{FenceToken, LockError};
 
 /// Process-wide registry of ZooKeeper sessions: one per ensemble (server list) and
 /// requested session timeout, shared by every lock that asks for both.
@@ -135,7 +135,7 @@ pub fn parse_connect(connect: &str) -> Result<(String, String), LockError> {
     }
     let chroot = chroot.trim_end_matches('/');
     if !chroot.is_empty() {
-        names::zookeeper_path(chroot).map_err(|e| invalid(&format!("chroot: {e}")))?;
+        super::path_name(chroot).map_err(|e| invalid(&format!("chroot: {e}")))?;
     }
     Ok((servers.join(","), chroot.to_string()))
 }

@@ -18,7 +18,7 @@ use super::decide::{self, Gate, LockSet};
 use super::locks::{self, Claim, claim, own_lock};
 use super::{FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, Kinds, Workload};
 use crate::api::DistributedLock;
-use crate::api::validated::LockAddress;
+use crate::controller::validated::LockAddress;
 
 /// One of a workload's locks: how it gets it, and the DistributedLock's name.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,9 +17,9 @@ use super::{ErrorCategory, HELD_RESYNC, ReconcileError, error_policy, reconcile}
 use crate::api::conditions::{self, ACQUIRED, reason};
 use crate::api::{
     DistributedLock, DistributedLockSpec, DistributedLockStatus, KubernetesBackend, LockPhase,
-    ValidatedSpec,
 };
 use crate::controller::testing::{ApiServer, MemoryConnector, PATIENCE, Script, mock_client};
+use crate::controller::validated::ValidatedSpec;
 use crate::controller::{Context, ControllerConfig, FINALIZER};
 use crate::lock::memory::MemoryStore;
 use crate::lock::{
