@@ -5,8 +5,12 @@
 //! (docs/architecture.md). A cycle inside one folder (a module and its children) is a
 //! module's own business and allowed.
 //!
-//! `cargo test --test layout -- --nocapture` prints the graph's size and, on failure,
-//! each cycle with the paths that close it.
+//! Stores are named in one registry: outside `backend/<store>/`, only
+//! `backend/registry.rs` and `api/backend_spec.rs` (which composes the stores' specs)
+//! name a store's variant of the registry's enums or a store's URL scheme.
+//!
+//! `cargo test --test layout -- --nocapture` prints the graph's size and the files
+//! naming stores and, on failure, each cycle with the paths that close it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -52,6 +56,11 @@ fn sources() -> Vec<SourceFile> {
 
 /// The text without `//` comments and string literals (a URL in a string is no path).
 fn strip_comments(text: &str) -> String {
+    strip(text, false)
+}
+
+/// The text without `//` comments, or also without the contents of string literals.
+fn strip(text: &str, keep_strings: bool) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let mut in_string = false;
@@ -62,11 +71,19 @@ fn strip_comments(text: &str) -> String {
                 if c == '"' && prev != '\\' {
                     in_string = false;
                 }
+                if keep_strings {
+                    out.push(c);
+                }
                 prev = if prev == '\\' && c == '\\' { ' ' } else { c };
                 continue;
             }
             match c {
-                '"' => in_string = true,
+                '"' => {
+                    in_string = true;
+                    if keep_strings {
+                        out.push(c);
+                    }
+                }
                 '/' if chars.peek() == Some(&'/') => break,
                 _ => out.push(c),
             }
@@ -433,4 +450,153 @@ fn the_gating_machine_names_no_workload_kind() {
             );
         }
     }
+}
+
+/// The stores' names where code could name them: their variants of the registry's
+/// enums, and their URL schemes.
+const STORE_VARIANTS: [&str; 4] = ["S3", "DynamoDb", "ZooKeeper", "Kubernetes"];
+const STORE_ENUMS: [&str; 3] = ["BackendKind", "Target", "SelectedSpec"];
+const STORE_SCHEMES: [&str; 8] = [
+    "s3",
+    "dynamodb",
+    "ddb",
+    "zk",
+    "zookeeper",
+    "k8s",
+    "kubernetes",
+    "lease",
+];
+
+/// Where a store is named in `text` (code and string literals, comments stripped):
+/// `Target::S3`, `BackendKind::ZooKeeper`, `"zk"`, `"s3://…"`.
+fn store_names(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in STORE_ENUMS {
+        for v in STORE_VARIANTS {
+            let name = format!("{e}::{v}");
+            let named = text.match_indices(&name).any(|(at, _)| {
+                let next = text[at + name.len()..].chars().next();
+                !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if named {
+                found.push(name);
+            }
+        }
+    }
+    for scheme in STORE_SCHEMES {
+        for literal in [format!("\"{scheme}\""), format!("\"{scheme}://")] {
+            if text.contains(&literal) {
+                found.push(literal);
+            }
+        }
+    }
+    found
+}
+
+/// `text` without its `#[cfg(test)]` items (inline test modules), and the names of
+/// the child modules it declares under `#[cfg(test)]` (test-only files).
+fn without_tests(text: &str) -> (String, BTreeSet<String>) {
+    let mut out = text.to_string();
+    let mut test_children = BTreeSet::new();
+    while let Some(at) = out.find("#[cfg(test)]") {
+        let rest = &out[at..];
+        let body_end = rest.find(['{', ';']).unwrap_or(rest.len());
+        let header = &rest[..body_end];
+        if rest[body_end..].starts_with(';') {
+            // `#[cfg(test)] mod name;`: a test-only file.
+            if let Some(name) = header.split_whitespace().last() {
+                test_children.insert(name.to_string());
+            }
+            out.replace_range(at..at + body_end + 1, "");
+            continue;
+        }
+        let mut depth = 0;
+        let mut end = rest.len();
+        for (i, c) in rest[body_end..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = body_end + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.replace_range(at..at + end, "");
+    }
+    (out, test_children)
+}
+
+#[test]
+fn stores_are_named_in_one_registry() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let own_folders: Vec<PathBuf> = ["s3", "dynamodb", "zookeeper", "kubernetes"]
+        .iter()
+        .map(|s| root.join("backend").join(s))
+        .collect();
+    let allowed = [
+        root.join("backend/registry.rs"),
+        root.join("api/backend_spec.rs"),
+    ];
+    let files = sources();
+    // Test-only files: declared under `#[cfg(test)]` by their parent (or named
+    // `tests.rs`, the convention for a module's tests in a file of their own).
+    let mut test_only: BTreeSet<Vec<String>> = BTreeSet::new();
+    for file in &files {
+        let raw = std::fs::read_to_string(&file.path).expect("read");
+        for child in without_tests(&strip(&raw, true)).1 {
+            let mut module = file.module.clone();
+            module.push(child);
+            test_only.insert(module);
+        }
+    }
+    let mut naming = Vec::new();
+    for file in &files {
+        if own_folders.iter().any(|f| file.path.starts_with(f))
+            || test_only.iter().any(|m| file.module.starts_with(m))
+        {
+            continue;
+        }
+        let raw = std::fs::read_to_string(&file.path).expect("read");
+        let (code, _) = without_tests(&strip(&raw, true));
+        let names = store_names(&code);
+        if !names.is_empty() {
+            naming.push((file.path.clone(), names));
+        }
+    }
+    println!(
+        "files outside backend/<store>/ naming a store: {}",
+        naming.len()
+    );
+    for (path, names) in &naming {
+        println!(
+            "  {} ({})",
+            path.strip_prefix(&root).unwrap().display(),
+            names.join(", ")
+        );
+    }
+    let stray: Vec<String> = naming
+        .iter()
+        .filter(|(path, _)| !allowed.contains(path))
+        .map(|(path, names)| format!("{} names {}", path.display(), names.join(", ")))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "stores named outside their folder and the registry:\n{}",
+        stray.join("\n")
+    );
+    assert!(naming.len() <= 3, "{naming:?}");
+}
+
+#[test]
+fn the_store_scan_sees_names_and_skips_tests() {
+    let text = "fn f() { Target::S3(k); BackendKind::ZooKeeperX; x(\"zk://h\") }\n\
+                #[cfg(test)]\nmod tests { fn g() { Target::DynamoDb } }\n\
+                #[cfg(test)]\nmod testing;";
+    let (code, children) = without_tests(text);
+    assert_eq!(store_names(&code), ["Target::S3", "\"zk://"]);
+    assert_eq!(children, BTreeSet::from(["testing".to_string()]));
 }
