@@ -43,9 +43,39 @@ pub const CRD_NAME: &str = "distributedlocks.lockwarden.io";
 /// Where the generated CRD is kept, relative to the repository root.
 pub const CRD_PATH: &str = "crds/distributedlocks.lockwarden.io.yaml";
 
+/// The revision of the CRD this build generates, in its [`CRD_REVISION_ANNOTATION`].
+/// One more with every change of the generated schema (`tests/crd/` fails until it is
+/// bumped): the controller compares it with the installed CRD's, since Helm installs a
+/// CRD once and never upgrades it. Revision 1 is the CRD before the annotation existed.
+pub const CRD_REVISION: u32 = 2;
+
+/// The annotation of the generated CRD that carries [`CRD_REVISION`].
+pub const CRD_REVISION_ANNOTATION: &str = "lockwarden.io/crd-revision";
+
 /// The `DistributedLock` CustomResourceDefinition.
 pub fn crd() -> CustomResourceDefinition {
-    DistributedLock::crd()
+    let mut crd = DistributedLock::crd();
+    crd.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(CRD_REVISION_ANNOTATION.into(), CRD_REVISION.to_string());
+    crd
+}
+
+/// The revision an installed CRD says it is: its [`CRD_REVISION_ANNOTATION`], or 1
+/// for a CRD without it (what every build before the annotation installed).
+pub fn installed_crd_revision(crd: &CustomResourceDefinition) -> Result<u32, String> {
+    match crd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CRD_REVISION_ANNOTATION))
+    {
+        None => Ok(1),
+        Some(value) => value
+            .parse()
+            .map_err(|_| format!("{CRD_REVISION_ANNOTATION} is {value:?}, not a number")),
+    }
 }
 
 /// The CRD as YAML, exactly as stored in [`CRD_PATH`] and printed by `lockwarden crd`.

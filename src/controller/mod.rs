@@ -30,6 +30,7 @@
 
 mod config;
 pub mod connect;
+pub mod crd_check;
 mod events;
 #[cfg(test)]
 mod fake_api;
@@ -133,6 +134,7 @@ pub async fn run_with(
         None => Api::all(client.clone()),
     };
     wait_for_lock_api(&api).await?;
+    crd_check::warn_if_outdated(&client).await;
 
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<DistributedLock>>();
     let ctx = Arc::new(Context::new(client, config, wake_tx, telemetry.clone()));

@@ -31,6 +31,45 @@ fn crd_file_is_up_to_date() {
     );
 }
 
+/// The digest of each revision's generated schema (`spec`), newest last. A change of
+/// the schema without a new [`lockwarden::api::CRD_REVISION`] would let a controller
+/// take an older installed CRD for its own; this table makes that change fail here.
+const REVISION_DIGESTS: &[(u32, &str)] = &[(2, "876a0b52c75ff2ea")];
+
+/// FNV-1a, 64 bits: stable across Rust releases (std's hashers promise no such thing).
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+#[test]
+fn the_crd_revision_changes_with_the_schema() {
+    let crd = crd();
+    let spec = serde_json::to_vec(&serde_json::to_value(&crd.spec).unwrap()).unwrap();
+    let digest = fnv1a(&spec);
+    let revision = lockwarden::api::CRD_REVISION;
+    assert_eq!(
+        crd.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(lockwarden::api::CRD_REVISION_ANNOTATION)),
+        Some(&revision.to_string()),
+        "the generated CRD carries its revision"
+    );
+    let (newest, recorded) = *REVISION_DIGESTS.last().unwrap();
+    assert!(
+        newest == revision && recorded == digest,
+        "the generated CRD schema (digest {digest}) is not the one recorded for revision \
+         {revision} (revision {newest}: {recorded}). If the schema changed, bump \
+         lockwarden::api::CRD_REVISION and add ({}, \"{digest}\") to REVISION_DIGESTS",
+        revision + 1
+    );
+}
+
 #[test]
 fn crd_has_names_columns_and_list_map_conditions() {
     let crd = crd();

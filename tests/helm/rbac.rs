@@ -255,6 +255,20 @@ async fn cluster_wide_install_grants_exactly_what_the_controller_needs() {
     rows.extend(forbidden_rows(&ns(other)));
     rows.extend(forbidden_rows(&Scope::AllNamespaces));
     rows.extend(cluster_forbidden_rows());
+    // The start-up CRD revision check: this one CRD, read only.
+    let crd = |verb, name: &str, want| Row {
+        name: Some(name.to_string()),
+        ..row(
+            verb,
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &Scope::AllNamespaces,
+            want,
+        )
+    };
+    rows.push(crd("get", "distributedlocks.lockwarden.io", true));
+    rows.push(crd("get", "jobs.batch.example.com", false));
+    rows.push(crd("update", "distributedlocks.lockwarden.io", false));
+    rows.push(crd("delete", "distributedlocks.lockwarden.io", false));
     check_rows(&user, &rows).await;
 }
 
