@@ -1,7 +1,8 @@
 //! `cargo bench --bench lockwarden`: lockwarden against real servers, next to the bare
 //! backend round trip measured in the same run (issue 7, docs/design.md §8).
 //!
-//! Parts (`--only floor|engine|operator|scale|permits|cli`; `--quick` for fewer samples):
+//! Parts (`--only floor|engine|operator|scale|permits|cli|node`; `--quick` for fewer
+//! samples):
 //! 1. floor: one conditional write with the raw SDK/client per backend (latency and
 //!    throughput with several writers);
 //! 2. engine: cold/warm acquire, renew, release latency per backend, round trips per
@@ -14,7 +15,12 @@
 //! 5. permits: one permit's acquire, renew and release on a key 1, 10 or 100 holders
 //!    share, with round trips and lost write races counted;
 //! 6. cli: one `lock` + `unlock` cycle of the CLI (two processes) against a Go tool
-//!    doing the same job: wall, CPU and peak RSS.
+//!    doing the same job: wall, CPU and peak RSS;
+//! 7. node: on a real node (`support::node`: kubelet, containerd, kube-scheduler; one
+//!    per machine, so this part waits while another binary's node runs), the hand-off
+//!    between two gated Jobs on one lock (the first one's container's last line → the
+//!    second one's first line) against an ungated Job's create → first line. Runs last:
+//!    the node's processes stay up until the benchmark exits.
 //!
 //! Servers are started the way the tests start them (`tests/support`). Results go to
 //! `docs/benchmarks.md` (between the GENERATED markers), `docs/benchmarks.svg` and
@@ -29,6 +35,7 @@ mod engine;
 mod env;
 mod floor;
 mod goals;
+mod node;
 mod operator;
 mod output;
 mod permits;
@@ -187,6 +194,15 @@ fn main() {
             run_part(
                 "scale",
                 part_scale(env.clone(), opts.clone(), report.clone()),
+                &report,
+            )
+            .await;
+        }
+        // Last: the node (kubelet, containerd, …) keeps running until the process exits.
+        if opts.runs("node") {
+            run_part(
+                "node",
+                node::part_node(opts.clone(), report.clone()),
                 &report,
             )
             .await;

@@ -187,6 +187,35 @@ pub(crate) fn render_markdown(r: &Report, opts: &Opts, elapsed: Duration, build:
             }
         }
     }
+    if let Some(node) = &r.node {
+        md.push_str("\n### Job hand-off on a real node (part 7)\n\nTwo gated Jobs in turn on one DistributedLock (a Kubernetes Lease lock) on a real node (kubelet, containerd, kube-scheduler; the controller in the benchmark process), against an ungated Job's start in the same run, the samples alternating. Times are read on the host clock: the containers register `$EPOCHREALTIME` in a hostPath file; the stages are when a watch of the Jobs and the lock first saw each step.\n\n| measurement | n | p50 ms | p90 ms | min ms | max ms | p50 / floor p50 |\n|---|---|---|---|---|---|---|\n");
+        for row in [&node.handoff, &node.lockwarden, &node.start, &node.floor] {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {}× |",
+                row.what,
+                row.n,
+                fmt(row.p50),
+                fmt(row.p90),
+                fmt(row.min),
+                fmt(row.max),
+                fmt(row.p50 / node.floor.p50)
+            );
+        }
+        md.push_str("\nThe hand-off's stages, each from the one before (p50s need not add up to the total's):\n\n| stage | n | p50 ms | p90 ms | min ms | max ms |\n|---|---|---|---|---|---|\n");
+        for row in &node.stages {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} |",
+                row.what,
+                row.n,
+                fmt(row.p50),
+                fmt(row.p90),
+                fmt(row.min),
+                fmt(row.max)
+            );
+        }
+    }
     md.push_str(&goals::render_goals(r));
     if !r.notes.is_empty() {
         md.push_str("\n### Notes from this run\n\n");
@@ -313,6 +342,10 @@ pub(crate) fn results_json(r: &Report) -> Value {
         "rows": r.rows.iter().map(|x| json!({"part": x.part, "backend": x.kind.name(), "what": x.what, "n": x.n, "p50_ms": x.p50, "p99_ms": x.p99, "round_trips": x.round_trips})).collect::<Vec<_>>(),
         "throughput": r.throughput.iter().map(|(k, e, raw, w)| json!({"backend": k.name(), "engine_writes_per_s": e, "raw_writes_per_s": raw, "writers": w})).collect::<Vec<_>>(),
         "scale": r.scale.iter().map(|s| format!("{s:?}")).collect::<Vec<_>>(),
+        "node": r.node.as_ref().map(|n| {
+            let row = |x: &NodeRow| json!({"what": x.what, "n": x.n, "p50_ms": x.p50, "p90_ms": x.p90, "min_ms": x.min, "max_ms": x.max});
+            json!({"handoff": row(&n.handoff), "lockwarden": row(&n.lockwarden), "start": row(&n.start), "floor": row(&n.floor), "ratio_p50": n.handoff.p50 / n.floor.p50, "stages": n.stages.iter().map(row).collect::<Vec<_>>()})
+        }),
         "notes": r.notes,
     })
 }

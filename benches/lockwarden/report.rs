@@ -73,6 +73,30 @@ pub(crate) struct CliRow {
     pub(crate) rss: (f64, f64),
 }
 
+/// Part 7: one series of the node part, in ms.
+#[derive(Clone, Debug)]
+pub(crate) struct NodeRow {
+    pub(crate) what: String,
+    pub(crate) n: usize,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+}
+
+/// Part 7: the Job-to-Job hand-off on a real node, the ungated Job's start (its floor)
+/// and the hand-off's stages.
+#[derive(Clone, Debug)]
+pub(crate) struct NodePart {
+    pub(crate) handoff: NodeRow,
+    /// The hand-off's part from the first Job's `Complete` to the second one started.
+    pub(crate) lockwarden: NodeRow,
+    /// The hand-off's part from the second Job started to its container's first line.
+    pub(crate) start: NodeRow,
+    pub(crate) floor: NodeRow,
+    pub(crate) stages: Vec<NodeRow>,
+}
+
 #[derive(Default)]
 pub(crate) struct Report {
     pub(crate) floors: BTreeMap<Kind, Floor>,
@@ -91,6 +115,7 @@ pub(crate) struct Report {
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) cli: Vec<CliRow>,
+    pub(crate) node: Option<NodePart>,
     pub(crate) plots: Vec<(Kind, String, Vec<f64>)>,
     pub(crate) notes: Vec<String>,
     /// The S3 server's name and its measured conditional writes/s (8 writers).

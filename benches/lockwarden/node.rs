@@ -1,0 +1,512 @@
+//! Part 7, node: the Job-to-Job hand-off on one lock on a real node (kubelet,
+//! containerd, kube-scheduler: `support::node`), next to an ungated Job's start
+//! measured in the same run.
+//!
+//! A chain of gated Jobs names one DistributedLock (a Kubernetes Lease lock): while Job
+//! *k* runs, Job *k+1* is created and waits, suspended; then Job *k*'s container is told to
+//! finish. The hand-off is the time from Job *k*'s container's last line to Job *k+1*'s
+//! container's first line. The floor is an ungated Job (not suspended, no lockwarden
+//! annotation) from its create request to its container's first line. The samples
+//! alternate (one floor Job, one hand-off), so both see the same machine.
+//!
+//! Both ends of every interval are read on the host's clock: the containers append
+//! `$EPOCHREALTIME` (busybox ash's builtin: `gettimeofday`, microseconds, no fork;
+//! the workload image's `date` has no `%N`) to a register file in a hostPath
+//! directory, and the benchmark's own instants are `SystemTime`s. A watch of the Jobs
+//! and of the lock, also on the host clock, splits each hand-off into stages.
+//!
+//! The lockwarden controller runs in this process (`controller::run_with`) against the
+//! node's control plane; the Pods have no host network and talk to nothing.
+
+use super::*;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use std::path::Path;
+use support::node::Node;
+
+/// Generous: a loaded 2-core machine, and a Pod's start includes its sandbox.
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Microseconds since the Unix epoch, on the host's clock.
+type Micros = i64;
+
+fn now_us() -> Micros {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as Micros
+}
+
+fn ms_between(from: Micros, to: Micros) -> f64 {
+    (to - from) as f64 / 1000.0
+}
+
+/// `$EPOCHREALTIME` (`SECONDS.MICROS`) as microseconds.
+fn parse_epoch(s: &str) -> Option<Micros> {
+    let (secs, frac) = s.split_once('.')?;
+    let frac = format!("{frac:0<6}");
+    Some(secs.parse::<i64>().ok()? * 1_000_000 + frac.get(..6)?.parse::<i64>().ok()?)
+}
+
+/// One register line: `(job, fence, what)` at a time.
+#[derive(Clone, Debug)]
+struct Line {
+    at: Micros,
+    job: String,
+    fence: Option<i64>,
+    what: String,
+}
+
+fn register_lines(register: &Path) -> Vec<Line> {
+    std::fs::read_to_string(register.join("lines"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split(' ');
+            Some(Line {
+                at: parse_epoch(parts.next()?)?,
+                job: parts.next()?.to_string(),
+                fence: parts.next()?.parse().ok(),
+                what: parts.next()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Waits until Job `job`'s container has registered `what`; returns that line.
+async fn wait_line(register: &Path, job: &str, what: &str) -> Line {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(line) = register_lines(register)
+            .into_iter()
+            .find(|l| l.job == job && l.what == what)
+        {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for Job {job}'s {what} line"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A Job of one Pod running the workload image with `script`, the register directory
+/// mounted at `/register`; never restarted nor retried, stopped within a second.
+fn job(name: &str, image: &str, register: &Path, script: String) -> Value {
+    json!({
+        "metadata": { "name": name },
+        "spec": {
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "work", "image": image, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                    "env": [{ "name": "LOCKWARDEN_FENCE", "valueFrom": { "fieldRef": {
+                        "fieldPath": "metadata.annotations['lockwarden.io/fence']" } } }],
+                    "volumeMounts": [{ "name": "register", "mountPath": "/register" }],
+                }],
+                "volumes": [
+                    { "name": "register", "hostPath": { "path": register, "type": "Directory" } },
+                ],
+            }},
+        },
+    })
+}
+
+/// The floor's Job: plain (not suspended, no lockwarden annotation); its container
+/// registers one line and exits.
+fn plain_job(name: &str, image: &str, register: &Path) -> Job {
+    let script = format!(r#"echo "$EPOCHREALTIME {name} - first" >> /register/lines"#);
+    serde_json::from_value(job(name, image, register, script)).expect("a Job")
+}
+
+/// A Job gated on `lock` (suspended, `lockwarden.io/lock`) whose container registers
+/// its first line with its fence, waits for `register/go-<name>`, registers its last
+/// line and exits.
+fn gated_job(name: &str, lock: &str, image: &str, register: &Path) -> Job {
+    let script = format!(
+        r#"echo "$EPOCHREALTIME {name} $LOCKWARDEN_FENCE first" >> /register/lines
+while [ ! -e /register/go-{name} ]; do sleep 0.05; done
+echo "$EPOCHREALTIME {name} $LOCKWARDEN_FENCE last" >> /register/lines"#
+    );
+    let mut job = job(name, image, register, script);
+    job["metadata"]["annotations"] = json!({ "lockwarden.io/lock": lock });
+    job["spec"]["suspend"] = json!(true);
+    serde_json::from_value(job).expect("a Job")
+}
+
+/// A step of a Job (or of its Pod) a watch saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Step {
+    /// Suspended, with lockwarden's `lockwarden.io/status` annotation (waiting).
+    Waiting,
+    /// `spec.suspend: false` (a gated Job: started).
+    Started,
+    /// Its Pod exists.
+    PodCreated,
+    /// Its Pod is bound to the node.
+    PodScheduled,
+    /// Its Pod's phase is `Succeeded` (the kubelet's status).
+    PodSucceeded,
+    /// `SuccessCriteriaMet=True` (the Job controller's interim condition).
+    SuccessCriteriaMet,
+    /// `Complete=True`.
+    Complete,
+}
+
+/// What a watch of the namespace's Jobs, their Pods and the lock saw, on the host clock.
+#[derive(Default)]
+struct Seen {
+    /// (Job, step) → when first seen.
+    steps: HashMap<(String, Step), Micros>,
+    /// Every status of the lock seen: (when, phase, fence, Acquired).
+    lock: Vec<(Micros, Option<LockPhase>, Option<i64>, bool)>,
+}
+
+impl Seen {
+    fn at(&self, job: &str, step: Step) -> Option<Micros> {
+        self.steps.get(&(job.to_string(), step)).copied()
+    }
+}
+
+fn condition_true(job: &Job, type_: &str) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == type_ && c.status == "True"))
+}
+
+struct Timeline {
+    seen: Arc<Mutex<Seen>>,
+    changed: Arc<Notify>,
+}
+
+impl Timeline {
+    fn start(client: &Client, ns: &str) -> Timeline {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let changed = Arc::new(Notify::new());
+        let jobs = Api::<Job>::namespaced(client.clone(), ns);
+        Self::watch(jobs, &seen, &changed, |job, _| {
+            let suspended = job.spec.as_ref().and_then(|s| s.suspend);
+            let annotated = job.annotations().contains_key("lockwarden.io/status");
+            [
+                (Step::Started, suspended == Some(false)),
+                (Step::Waiting, suspended == Some(true) && annotated),
+                (
+                    Step::SuccessCriteriaMet,
+                    condition_true(&job, "SuccessCriteriaMet"),
+                ),
+                (Step::Complete, condition_true(&job, "Complete")),
+            ]
+            .into_iter()
+            .filter(|s| s.1)
+            .map(|s| (job.name_any(), s.0))
+            .collect()
+        });
+        let pods = Api::<Pod>::namespaced(client.clone(), ns);
+        Self::watch(pods, &seen, &changed, |pod, _| {
+            let Some(job) = pod.labels().get("job-name").cloned() else {
+                return Vec::new();
+            };
+            let status = pod.status.as_ref();
+            [
+                (Step::PodCreated, true),
+                (
+                    Step::PodScheduled,
+                    pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+                ),
+                (
+                    Step::PodSucceeded,
+                    status.and_then(|s| s.phase.as_deref()) == Some("Succeeded"),
+                ),
+            ]
+            .into_iter()
+            .filter(|s| s.1)
+            .map(|s| (job.clone(), s.0))
+            .collect()
+        });
+        let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
+        Self::watch(locks, &seen, &changed, |lock, seen| {
+            let status = lock.status.as_ref();
+            let acquired = status.is_some_and(|st| conditions::is_true(&st.conditions, ACQUIRED));
+            seen.lock.push((
+                now_us(),
+                status.and_then(|st| st.phase),
+                status.and_then(|st| st.fence),
+                acquired,
+            ));
+            Vec::new()
+        });
+        Timeline { seen, changed }
+    }
+
+    /// Watches `api`; `steps` says which steps each applied object shows.
+    fn watch<K>(
+        api: Api<K>,
+        seen: &Arc<Mutex<Seen>>,
+        changed: &Arc<Notify>,
+        steps: impl Fn(K, &mut Seen) -> Vec<(String, Step)> + Send + 'static,
+    ) where
+        K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    {
+        let (seen, changed) = (seen.clone(), changed.clone());
+        tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let at = now_us();
+                let Ok(object) = event else { continue };
+                let mut seen = seen.lock().unwrap();
+                for key in steps(object, &mut seen) {
+                    seen.steps.entry(key).or_insert(at);
+                }
+                drop(seen);
+                changed.notify_waiters();
+            }
+        });
+    }
+
+    async fn wait<T>(&self, what: &str, f: impl Fn(&Seen) -> Option<T>) -> T {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let notified = self.changed.notified();
+            if let Some(t) = f(&self.seen.lock().unwrap()) {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+        }
+    }
+
+    async fn step(&self, job: &str, step: Step) -> Micros {
+        self.wait(&format!("Job {job} {step:?}"), |s| s.at(job, step))
+            .await
+    }
+}
+
+/// Summary of one series: n, p50, p90, min, max (ms).
+fn summary(what: &str, samples: &[f64]) -> NodeRow {
+    let v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
+    NodeRow {
+        what: what.to_string(),
+        n: v.len(),
+        p50: pct(&v, 0.5),
+        p90: pct(&v, 0.9),
+        min: v.iter().copied().fold(f64::NAN, f64::min),
+        max: v.iter().copied().fold(f64::NAN, f64::max),
+    }
+}
+
+pub(crate) async fn part_node(opts: Opts, report: Shared) {
+    // The machine-wide node: waits while another binary's node holds the machine lock.
+    let node = tokio::task::spawn_blocking(Node::shared).await.unwrap();
+    let client = node.client().await;
+    install_lockwarden_crd(&client).await;
+    let ns = node.namespace(&client, "bench-node").await;
+    let register = node.host_dir("bench-register");
+    let image = node.images().workload.clone();
+    let controller = tokio::spawn(controller::run_with(
+        client.clone(),
+        ControllerConfig {
+            cluster_name: "bench-node".into(),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        Arc::new(lockwarden::telemetry::Telemetry::new()),
+    ));
+    let timeline = Timeline::start(&client, &ns);
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns);
+    let lock = "handoff";
+    Api::<DistributedLock>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &support::locks::lease_lock(lock, "bench-handoff"),
+        )
+        .await
+        .expect("create the lock");
+
+    // Untimed: the first sandbox and container of the run, and the chain's first Job.
+    jobs.create(
+        &PostParams::default(),
+        &plain_job("warm", &image, &register),
+    )
+    .await
+    .unwrap();
+    wait_line(&register, "warm", "first").await;
+    timeline.step("warm", Step::Complete).await;
+    let mut current = "job-0".to_string();
+    jobs.create(
+        &PostParams::default(),
+        &gated_job(&current, lock, &image, &register),
+    )
+    .await
+    .unwrap();
+    let mut current_fence = wait_line(&register, &current, "first").await.fence;
+
+    let n = opts.n(20);
+    let mut floor = Vec::new();
+    let mut handoff = Vec::new();
+    // Per hand-off, the time between consecutive `points` (below).
+    let mut raw: [Vec<f64>; 9] = Default::default();
+    for i in 0..n {
+        // The floor: a plain Job from its create request to its first line.
+        let plain = format!("plain-{i}");
+        let created = now_us();
+        jobs.create(
+            &PostParams::default(),
+            &plain_job(&plain, &image, &register),
+        )
+        .await
+        .unwrap();
+        let first = wait_line(&register, &plain, "first").await;
+        floor.push(ms_between(created, first.at));
+        timeline.step(&plain, Step::Complete).await;
+
+        // The hand-off: the next Job waits on the lock, then the current one finishes.
+        let next = format!("job-{}", i + 1);
+        jobs.create(
+            &PostParams::default(),
+            &gated_job(&next, lock, &image, &register),
+        )
+        .await
+        .unwrap();
+        timeline.step(&next, Step::Waiting).await;
+        // Let the waiter settle, as a long wait would.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        std::fs::write(register.join(format!("go-{current}")), "").unwrap();
+        let last = wait_line(&register, &current, "last").await;
+        let first = wait_line(&register, &next, "first").await;
+        handoff.push(ms_between(last.at, first.at));
+        timeline.step(&current, Step::Complete).await;
+        timeline.step(&next, Step::Started).await;
+        let seen = timeline.seen.lock().unwrap();
+        let released = seen
+            .lock
+            .iter()
+            .find(|(at, phase, _, _)| *at >= last.at && *phase == Some(LockPhase::Released))
+            .map(|e| e.0);
+        let acquired = released.and_then(|r| {
+            seen.lock
+                .iter()
+                .find(|(at, _, fence, acquired)| *at >= r && *acquired && *fence > current_fence)
+                .map(|e| e.0)
+        });
+        let points = [
+            Some(last.at),
+            seen.at(&current, Step::PodSucceeded),
+            seen.at(&current, Step::SuccessCriteriaMet),
+            seen.at(&current, Step::Complete),
+            released,
+            acquired,
+            seen.at(&next, Step::Started),
+            seen.at(&next, Step::PodCreated),
+            seen.at(&next, Step::PodScheduled),
+            Some(first.at),
+        ];
+        drop(seen);
+        for (k, stage) in raw.iter_mut().enumerate() {
+            stage.push(match (points[k], points[k + 1]) {
+                (Some(a), Some(b)) => ms_between(a, b),
+                _ => f64::NAN,
+            });
+        }
+        eprintln!(
+            "[bench] node hand-off {}/{n}: {:.0} ms (fence {:?} → {:?}); floor Job {:.0} ms",
+            i + 1,
+            handoff[i],
+            current_fence,
+            first.fence,
+            floor[i]
+        );
+        current = next;
+        current_fence = first.fence;
+    }
+    std::fs::write(register.join(format!("go-{current}")), "").unwrap();
+    timeline.step(&current, Step::Complete).await;
+    controller.abort();
+
+    let handoff = summary(
+        "hand-off: Job k's container's last line → Job k+1's container's first line",
+        &handoff,
+    );
+    let floor = summary(
+        "floor: ungated Job created → its container's first line",
+        &floor,
+    );
+    let names = [
+        "Job k's container's last line → its Pod Succeeded (kubelet)",
+        "→ Job k SuccessCriteriaMet (Job controller)",
+        "→ Job k Complete (Job controller)",
+        "→ lock Released (lockwarden lets go)",
+        "→ lock Acquired for Job k+1 (lockwarden: claim, acquire)",
+        "→ Job k+1 started (lockwarden: fence + unsuspend)",
+        "→ Job k+1's Pod created (Job controller)",
+        "→ Pod bound to the node (kube-scheduler)",
+        "→ Job k+1's container's first line (kubelet, containerd)",
+    ];
+    let stages: Vec<NodeRow> = names
+        .iter()
+        .zip(&raw)
+        .map(|(what, v)| summary(what, v))
+        .collect();
+    // Job k Complete → Job k+1 started: lockwarden's part of the hand-off; and Job k+1
+    // started → its first line: the path an ungated Job's start takes.
+    let sum = |stages: std::ops::Range<usize>| -> Vec<f64> {
+        (0..raw[0].len())
+            .map(|i| stages.clone().map(|k| raw[k][i]).sum())
+            .collect()
+    };
+    let lockwarden = summary(
+        "of which Job k Complete → Job k+1 started (lockwarden)",
+        &sum(3..6),
+    );
+    let start = summary(
+        "of which Job k+1 started → its container's first line (an ungated Job's path)",
+        &sum(6..9),
+    );
+    let ratio = handoff.p50 / floor.p50;
+    eprintln!(
+        "[bench] node: hand-off p50 {:.0} ms p90 {:.0} min {:.0} max {:.0} (n={}); floor p50 {:.0} ms p90 {:.0} min {:.0} max {:.0} (n={}); hand-off / floor p50 = {:.2}×",
+        handoff.p50,
+        handoff.p90,
+        handoff.min,
+        handoff.max,
+        handoff.n,
+        floor.p50,
+        floor.p90,
+        floor.min,
+        floor.max,
+        floor.n,
+        ratio
+    );
+    for s in &stages {
+        eprintln!(
+            "[bench] node stage {}: p50 {:.0} ms (n={})",
+            s.what, s.p50, s.n
+        );
+    }
+    note(
+        &report,
+        format!(
+            "node: Job-to-Job hand-off p50 {} ms (n={}) against an ungated Job's start p50 {} ms (n={}): {}×; lockwarden's own stages (Complete → next Job started) p50 {} ms",
+            fmt(handoff.p50),
+            handoff.n,
+            fmt(floor.p50),
+            floor.n,
+            fmt(ratio),
+            fmt(lockwarden.p50)
+        ),
+    );
+    report.lock().unwrap().node = Some(NodePart {
+        handoff,
+        lockwarden,
+        start,
+        floor,
+        stages,
+    });
+}
