@@ -41,6 +41,10 @@ const RELEASE: &str = "lockwarden";
 /// The release's `clusterName`: the first part of every holder identity it writes.
 const CLUSTER_NAME: &str = "node-test";
 
+/// The failover test's namespace: the release may read Secrets there (its S3 locks'
+/// credentials), so it exists before the release and has this fixed name.
+const FAILOVER_NAMESPACE: &str = "node-failover";
+
 /// The chart's test-only values for a one-node cluster with no Pod network.
 fn release_values(node: &Node, metrics_port: u16) -> Value {
     let (repository, tag) = node
@@ -56,6 +60,7 @@ fn release_values(node: &Node, metrics_port: u16) -> Value {
         "hostNetwork": true,
         "metrics": { "port": metrics_port },
         "probes": { "host": "127.0.0.1" },
+        "rbac": { "secretNamespaces": [FAILOVER_NAMESPACE] },
         "extraEnv": [
             { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
             { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
@@ -105,6 +110,18 @@ fn install_release() {
         serde_json::to_string_pretty(&release_values(node, free_port())).unwrap(),
     )
     .expect("write the release's values");
+    // rbac.secretNamespaces: a Role there, so the namespace first.
+    let out = Command::new(tool("KUBECTL"))
+        .arg("--kubeconfig")
+        .arg(node.plane().kubeconfig_path())
+        .args(["create", "namespace", FAILOVER_NAMESPACE])
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl create namespace {FAILOVER_NAMESPACE}: {}",
+        text_of(&out)
+    );
     let chart = repo_root().join("charts/lockwarden");
     let out = helm(
         node,
@@ -832,6 +849,89 @@ async fn example_job_gated_runs_on_the_node_with_its_fence() {
     let pod = job_pod(&client, &ns, "migrate-schema").await;
     let out = logs(&client, &ns, &pod.name_any()).await;
     assert_eq!(out.trim(), format!("migrating with fence {fence}"));
+    delete_namespace(&client, &ns).await;
+}
+
+/// examples/job-kubectl-wait.yaml with a locally built kubectl image: a plain Job whose
+/// init container waits with `kubectl wait --for=condition=Acquired` on its own RBAC
+/// (the ServiceAccount token the kubelet mounts), then runs. Besides the images, the
+/// one change is the way to the API server: on this node it is on 127.0.0.1 only, so
+/// the Pod uses the host's network and the init container gets the loopback
+/// `KUBERNETES_SERVICE_HOST`/`PORT` (there is no kube-proxy for the `kubernetes`
+/// Service).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_job_kubectl_wait_runs_on_the_node() {
+    let (node, client, _shared) = with_controller().await;
+    let ns = node.namespace(&client, "node-example-wait").await;
+    let file = "job-kubectl-wait.yaml";
+    let text = std::fs::read_to_string(repo_root().join("examples").join(file)).unwrap();
+    for image in [
+        "image: busybox:1.36",
+        "image: registry.k8s.io/kubectl:v1.36.3",
+    ] {
+        assert!(text.contains(image), "examples/{file} names {image}");
+    }
+    let text = text
+        .replace(
+            "image: busybox:1.36",
+            &format!("image: {}", node.images().workload),
+        )
+        .replace(
+            "image: registry.k8s.io/kubectl:v1.36.3",
+            &format!("image: {}", node.images().kubectl),
+        );
+    let mut documents = Vec::new();
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let mut object: Value = serde::Deserialize::deserialize(document).expect("YAML");
+        if object["kind"] == "Job" {
+            let pod = &mut object["spec"]["template"]["spec"];
+            pod["hostNetwork"] = json!(true);
+            pod["initContainers"][0]["env"] = json!([
+                { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
+                { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
+            ]);
+            for container in ["initContainers", "containers"] {
+                pod[container][0]["imagePullPolicy"] = json!("Never");
+            }
+        }
+        documents.push(serde_json::to_string(&object).unwrap());
+    }
+    let out = kubectl_with_input(
+        node,
+        &["apply", "-n", &ns, "-f", "-"],
+        &documents.join("\n---\n"),
+    );
+    assert!(
+        out.status.success(),
+        "kubectl apply examples/{file}: {}",
+        text_of(&out)
+    );
+    wait_job_complete(&client, &ns, "report-export").await;
+    let lock = Api::<DistributedLock>::namespaced(client.clone(), &ns)
+        .get("report-export")
+        .await
+        .expect("the example's lock");
+    assert!(
+        acquired(&lock),
+        "the lock stays held by its DistributedLock"
+    );
+    let pod = job_pod(&client, &ns, "report-export").await;
+    let waited = Api::<Pod>::namespaced(client.clone(), &ns)
+        .logs(
+            &pod.name_any(),
+            &LogParams {
+                container: Some("wait-for-lock".into()),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .expect("the init container's output");
+    assert!(
+        waited.contains("report-export condition met"),
+        "kubectl wait did not see the lock Acquired: {waited:?}"
+    );
+    let out = logs(&client, &ns, &pod.name_any()).await;
+    assert_eq!(out.trim(), "exporting while report-export is held");
     delete_namespace(&client, &ns).await;
 }
 

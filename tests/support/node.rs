@@ -85,6 +85,11 @@ pub struct Images {
     pub lockwarden: String,
     /// busybox (sh, cat, nc, …) and nothing else.
     pub workload: String,
+    /// lockwarden as released at the previous release (`LOCKWARDEN_PREVIOUS_RELEASE`),
+    /// from today's Dockerfile: the upgrade test starts from it.
+    pub previous: String,
+    /// kubectl as the entrypoint of an otherwise empty image.
+    pub kubectl: String,
 }
 
 /// A running node and its control plane. Lives in a `static`; torn down at exit.
@@ -541,7 +546,8 @@ fn ctr(args: &[&str]) -> std::process::Output {
 }
 
 /// Imports the pause, workload and lockwarden images (the latter built now, for this
-/// build's binary) into the node's containerd, where the CRI plugin finds them.
+/// build's binary), the previous release's and the kubectl image into the node's
+/// containerd, where the CRI plugin finds them.
 fn import_images(containerd: &mut ServerProcess, dir: &Path) -> Images {
     let images_dir = tool("LOCKWARDEN_NODE_IMAGES");
     let binary = env!("CARGO_BIN_EXE_lockwarden");
@@ -564,6 +570,8 @@ fn import_images(containerd: &mut ServerProcess, dir: &Path) -> Images {
         images_dir.join("pause.tar"),
         images_dir.join("workload.tar"),
         PathBuf::from(&lockwarden_archive),
+        tool("LOCKWARDEN_PREVIOUS_IMAGE_ARCHIVE"),
+        tool("LOCKWARDEN_KUBECTL_IMAGE_ARCHIVE"),
     ];
     for archive in &archives {
         let out = ctr(&["images", "import", &archive.display().to_string()]);
@@ -583,6 +591,8 @@ fn import_images(containerd: &mut ServerProcess, dir: &Path) -> Images {
     Images {
         lockwarden: testenv_value("LOCKWARDEN_IMAGE"),
         workload: testenv_value("LOCKWARDEN_WORKLOAD_IMAGE"),
+        previous: testenv_value("LOCKWARDEN_PREVIOUS_IMAGE"),
+        kubectl: testenv_value("LOCKWARDEN_KUBECTL_IMAGE"),
     }
 }
 
