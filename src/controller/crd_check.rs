@@ -11,7 +11,7 @@ use kube::api::Api;
 use crate::api::{CRD_NAME, CRD_REVISION, installed_crd_revision};
 
 /// How to install the CRD of this release (README "Install").
-const APPLY_CRD: &str = "kubectl apply --server-side -f charts/lockwarden/crds/";
+const APPLY_CRD: &str = "kubectl apply --server-side --force-conflicts -f charts/lockwarden/crds/";
 
 /// What to say about an installed CRD of `installed` revision (or why it is unreadable),
 /// for a controller built with revision `expected`; `None` when they agree.

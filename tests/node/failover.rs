@@ -1,14 +1,21 @@
-//! Failover of the in-cluster controller with locks held: 100 DistributedLocks held on
-//! Leases (lease 60 s, renew 10 s; the chart's leader-election lease, 15 s), each key
-//! with a waiting contender of another cluster (a DistributedLock in another namespace
-//! on the same Lease, run by a controller in this test process with its own cluster
-//! name, which keeps trying while the in-cluster one is down), 10 of the held locks
-//! gating running Jobs. (a) the controller's process is SIGKILLed (the kubelet restarts
+//! Failover of the in-cluster controller with locks held: 100 DistributedLocks held,
+//! 50 on S3 (moto on 127.0.0.1, credentials from a Secret the chart lets the
+//! controller read) and 50 on Leases (lease 60 s, renew 10 s; the chart's
+//! leader-election lease, 15 s), each key with a waiting contender of another cluster
+//! (a DistributedLock in another namespace on the same key, run by a controller in
+//! this test process with its own cluster name, which keeps trying while the
+//! in-cluster one is down), 10 of the held locks (on S3) gating running Jobs. (a) the controller's process is SIGKILLed (the kubelet restarts
 //! the container in place); (b) its Pod is deleted normally (the ReplicaSet makes
-//! another); (c) its Pod is deleted with grace period 0 (`--grace-period=0 --force`). A watch over the whole run checks that no held lock leaves `Acquired=True`
-//! or changes its fence, no contender acquires, no Job is suspended; each case's
-//! recovery time (from the fault until every held Lease was renewed after it) and the
-//! longest time any held Lease went without a renewal are printed.
+//! another); (c) its Pod is deleted with grace period 0 (`--grace-period=0 --force`);
+//! (d) first of all, an upgrade: the locks are taken by the previous release's
+//! controller (its image, `LOCKWARDEN_PREVIOUS_RELEASE`, under its CRD, installed the
+//! way Helm installs it), then `helm upgrade` to this build's image, and the CRD
+//! applied the way the README says (Helm never upgrades CRDs; the new controller warns
+//! until it is). A watch over the whole run checks that no held lock leaves
+//! `Acquired=True` or changes its fence, no contender acquires, no Job is suspended;
+//! each case's recovery time (from the fault until every held lock's Lease or S3 record
+//! was renewed after it) and the longest time any held lock went without a renewal
+//! are printed.
 //!
 //! Why 60 s and not 30 s: after a fault the locks go unrenewed for up to one renew
 //! interval (since the last renewal) plus the election lease (a new leader waits for
@@ -16,6 +23,7 @@
 //! machine, too close to 30 s on a loaded one for a test that must not flake.
 
 use std::collections::HashMap;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,13 +39,19 @@ use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use serde_json::json;
 
 use super::{
-    CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pods, controller_ready,
-    gated_host_network_job, is_true, phase,
+    CONTROLLER, RELEASE, RELEASE_NAMESPACE, TIMEOUT, controller_pods, controller_ready,
+    gated_host_network_job, helm, is_true, phase, text,
 };
-use crate::support::eventually;
-use crate::support::locks::{acquired, lease_lock_timed};
+use crate::support::locks::{acquired, aws_secret, lease_lock_timed, s3_lock, timed};
+use crate::support::moto::Moto;
+use crate::support::node::Node;
+use crate::support::{eventually, repo_root, tool};
+use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
+use lockwarden::lock::LockBackend;
 
 const HELD: usize = 100;
+/// Of the held locks, the first this many are on S3, the rest on Leases.
+const ON_S3: usize = 50;
 const JOBS: usize = 10;
 
 /// What the watch saw go wrong, one line each.
@@ -53,6 +67,13 @@ fn watch(client: &Client, ns: &str, fences: HashMap<String, i64>, violations: Vi
             let lock = match event {
                 Ok(watcher::Event::Apply(lock) | watcher::Event::InitApply(lock)) => lock,
                 Ok(_) => continue,
+                // The CRD's update in (d) restarts its watch cache: the API server ends
+                // every watch of DistributedLocks with 410 Gone, and the watcher lists
+                // them all again (each checked as it comes back).
+                Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                    println!("failover: the lock watch re-lists after a 410 ({status})");
+                    continue;
+                }
                 Err(e) => {
                     seen.lock()
                         .unwrap()
@@ -97,11 +118,77 @@ fn watch(client: &Client, ns: &str, fences: HashMap<String, i64>, violations: Vi
     });
 }
 
+/// The held locks' S3 records, read the way `lockwarden status` reads them.
+#[derive(Clone)]
+struct S3Records(Arc<Vec<Arc<dyn LockBackend>>>);
+
+impl S3Records {
+    async fn connect(bucket: &str) -> S3Records {
+        let moto = Moto::shared();
+        let options = ConnectOptions {
+            aws: AwsOptions {
+                endpoint: Some(moto.endpoint()),
+                region: Some(crate::support::moto::REGION.into()),
+                credentials: Some(Credentials::new(
+                    crate::support::moto::ACCESS_KEY_ID,
+                    crate::support::moto::SECRET_ACCESS_KEY,
+                    None,
+                )),
+                ..AwsOptions::default()
+            },
+            s3: S3Options {
+                force_path_style: Some(true),
+                ..S3Options::default()
+            },
+            ..ConnectOptions::default()
+        };
+        let mut backends = Vec::new();
+        for i in 0..ON_S3 {
+            let target = Target::parse(&format!("s3://{bucket}/key-{i}")).unwrap();
+            backends.push(target.connect(&options).await.expect("an S3 backend"));
+        }
+        S3Records(Arc::new(backends))
+    }
+
+    /// When each key's record was last renewed (`None`: unreadable now).
+    async fn renewed(&self) -> Vec<Option<std::time::SystemTime>> {
+        let mut out = Vec::new();
+        for backend in self.0.iter() {
+            let renewed = match backend.inspect().await {
+                Ok(Some(stored)) => stored.record.ok().map(|r| r.renewed_at),
+                _ => None,
+            };
+            out.push(renewed);
+        }
+        out
+    }
+}
+
 /// Polls the held Leases until aborted; the longest gap between two renewals seen.
-fn watch_renewal_gaps(client: &Client, ns: &str) -> Arc<Mutex<Duration>> {
+fn watch_renewal_gaps(client: &Client, ns: &str, s3: S3Records) -> Arc<Mutex<Duration>> {
     let leases = Api::<Lease>::namespaced(client.clone(), ns);
     let longest = Arc::new(Mutex::new(Duration::ZERO));
     let out = longest.clone();
+    let s3_out = longest.clone();
+    tokio::spawn(async move {
+        // S3 records every 2 s (moto serializes its requests; the holders' and the
+        // contenders' come first).
+        let mut last: Vec<Option<std::time::SystemTime>> = vec![None; ON_S3];
+        loop {
+            for (i, renewed) in s3.renewed().await.into_iter().enumerate() {
+                if let (Some(previous), Some(now)) = (last[i], renewed)
+                    && let Ok(gap) = now.duration_since(previous)
+                {
+                    let mut longest = s3_out.lock().unwrap();
+                    *longest = (*longest).max(gap);
+                }
+                if renewed.is_some() {
+                    last[i] = renewed;
+                }
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    });
     tokio::spawn(async move {
         let mut last: HashMap<String, Timestamp> = HashMap::new();
         loop {
@@ -134,21 +221,23 @@ fn sleeping_job(name: &str, lock: &str, image: &str) -> Job {
     gated_host_network_job(name, lock, container, None)
 }
 
-/// Waits until every held lock's Lease was renewed after `since`; returns how long
-/// after `started` that was.
+/// Waits until every held lock (its Lease or its S3 record) was renewed after `since`;
+/// returns how long after `started` that was.
 async fn wait_all_renewed(
     client: &Client,
     ns: &str,
+    s3: &S3Records,
     since: Timestamp,
     started: Instant,
 ) -> Duration {
     let leases = Api::<Lease>::namespaced(client.clone(), ns);
+    let since_wall = std::time::SystemTime::from(since);
     eventually(
-        "every held Lease renewed after the fault",
+        "every held lock renewed after the fault",
         TIMEOUT,
         || async {
             let list = leases.list(&ListParams::default()).await.ok()?;
-            let renewed = list
+            let leases_renewed = list
                 .items
                 .iter()
                 .filter(|l| {
@@ -158,17 +247,27 @@ async fn wait_all_renewed(
                         .is_some_and(|t| t.0 > since)
                 })
                 .count();
-            (list.items.len() == HELD && renewed == HELD).then(|| started.elapsed())
+            let s3_renewed = s3
+                .renewed()
+                .await
+                .into_iter()
+                .filter(|r| r.is_some_and(|t| t > since_wall))
+                .count();
+            (list.items.len() == HELD - ON_S3
+                && leases_renewed == HELD - ON_S3
+                && s3_renewed == ON_S3)
+                .then(|| started.elapsed())
         },
     )
     .await
 }
 
 /// Deletes the controller Pod `name` with `params`, waits for another one to be Ready;
-/// returns how long after the delete every held Lease had been renewed.
+/// returns how long after the delete every held lock had been renewed.
 async fn delete_and_recover(
     client: &Client,
     ns: &str,
+    s3: &S3Records,
     name: &str,
     params: DeleteParams,
 ) -> Duration {
@@ -185,7 +284,7 @@ async fn delete_and_recover(
             .then_some(())
     })
     .await;
-    wait_all_renewed(client, ns, since, started).await
+    wait_all_renewed(client, ns, s3, since, started).await
 }
 
 /// The PID of the controller container's `lockwarden` process on this host: the one in
@@ -211,18 +310,147 @@ fn restarts(pod: &Pod) -> i32 {
         .unwrap_or(0)
 }
 
-/// (a) and (b) on one set of 100 held, contended locks, 10 of them gating running Jobs.
+/// The image tag of `reference` (`repository:tag`).
+fn tag_of(reference: &str) -> &str {
+    reference.rsplit_once(':').expect("an image with a tag").1
+}
+
+/// The controller Pod Ready and running `image`: waits for it (an upgrade replaces the
+/// Pod), returns it.
+async fn controller_on(client: &Client, image: &str) -> Pod {
+    eventually(
+        &format!("a Ready controller Pod running {image}"),
+        TIMEOUT,
+        || async {
+            // Not `controller_pods`: the API server drops connections while it reloads
+            // a replaced CRD, and a failed poll is only a poll.
+            let pods = Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE)
+                .list(&ListParams::default().labels("app.kubernetes.io/instance=lockwarden"))
+                .await
+                .ok()?;
+            pods.items.into_iter().find(|p| {
+                is_true(p, "Ready")
+                    && p.spec.as_ref().is_some_and(|s| {
+                        s.containers
+                            .iter()
+                            .any(|c| c.image.as_deref() == Some(image))
+                    })
+            })
+        },
+    )
+    .await
+}
+
+/// `helm upgrade` of the release to `image`'s tag, every other value kept.
+fn upgrade_to(node: &Node, image: &str) {
+    let chart = repo_root().join("charts/lockwarden");
+    let tag = format!("image.tag={}", tag_of(image));
+    let out = helm(
+        node,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart.display().to_string(),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--reuse-values",
+            "--set",
+            &tag,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "helm upgrade to {image} failed:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// The previous release's CRD, replacing the installed one the way Helm installs a CRD
+/// (an update, not a server-side apply): what a cluster running that release has.
+async fn install_previous_crd(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::PostParams;
+    let path = tool("LOCKWARDEN_PREVIOUS_CRD");
+    let yaml = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("read the previous release's CRD {}: {e}", path.display()));
+    let mut previous: CustomResourceDefinition =
+        serde_yaml_ng::from_str(&yaml).expect("the previous release's CRD");
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let installed = crds
+        .get(lockwarden::api::CRD_NAME)
+        .await
+        .expect("the installed CRD");
+    previous.metadata.resource_version = installed.metadata.resource_version;
+    crds.replace(lockwarden::api::CRD_NAME, &PostParams::default(), &previous)
+        .await
+        .expect("install the previous release's CRD");
+    let now = crds.get(lockwarden::api::CRD_NAME).await.unwrap();
+    assert_eq!(
+        lockwarden::api::installed_crd_revision(&now),
+        Ok(1),
+        "the previous release's CRD has no revision annotation"
+    );
+}
+
+/// The README's step after `helm upgrade`: `kubectl apply --server-side
+/// --force-conflicts` of the chart's CRDs (without `--force-conflicts` the API server
+/// refuses it: the fields the install wrote have another manager).
+fn apply_chart_crds(node: &Node) {
+    let out = Command::new(tool("KUBECTL"))
+        .arg("--kubeconfig")
+        .arg(node.plane().kubeconfig_path())
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(repo_root().join("charts/lockwarden/crds/"))
+        .output()
+        .expect("run kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl apply of the chart's CRDs failed:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// (d), then (a), (b) and (c) on one set of 100 held, contended locks, 10 of them
+/// gating running Jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     // Alone with the controller: the faults below are not other tests' business.
     let _alone = CONTROLLER.write().await;
     let (node, client) = controller_ready().await;
-    let ns = node.namespace(&client, "node-failover").await;
+    // (d), the start: the previous release's controller, under its CRD, takes the locks.
+    let (previous, current) = (&node.images().previous, &node.images().lockwarden);
+    install_previous_crd(&client).await;
+    upgrade_to(node, previous);
+    controller_on(&client, previous).await;
+    // The release may read Secrets here (rbac.secretNamespaces): the S3 credentials.
+    let ns = super::FAILOVER_NAMESPACE.to_string();
+    aws_secret(&client, &ns).await;
+    let bucket = Moto::shared().new_bucket("node-failover").await;
+    let s3 = S3Records::connect(&bucket).await;
+    let held_lock = |name: &str, i: usize| {
+        if i < ON_S3 {
+            timed(
+                s3_lock(
+                    name,
+                    &bucket,
+                    &format!("key-{i}"),
+                    Moto::shared().endpoint(),
+                    "aws",
+                ),
+                "60s",
+                "10s",
+            )
+        } else {
+            lease_lock_timed(name, &format!("key-{i}"), "60s", "10s")
+        }
+    };
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
     let jobs = Api::<Job>::namespaced(client.clone(), &ns);
     let image = &node.images().workload;
     for i in 0..HELD {
-        let lock = lease_lock_timed(&format!("held-{i}"), &format!("key-{i}"), "60s", "10s");
+        let lock = held_lock(&format!("held-{i}"), i);
         locks
             .create(&PostParams::default(), &lock)
             .await
@@ -251,12 +479,15 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     // of this process (cluster name "contender") watching only their namespace.
     let contender_ns = node.namespace(&client, "node-contenders").await;
     let contenders = Api::<DistributedLock>::namespaced(client.clone(), &contender_ns);
+    aws_secret(&client, &contender_ns).await;
     for i in 0..HELD {
-        let mut lock = lease_lock_timed(&format!("wait-{i}"), &format!("key-{i}"), "60s", "10s");
-        lock.spec.backend.kubernetes = Some(KubernetesBackend {
-            lease_name: format!("key-{i}"),
-            namespace: Some(ns.clone()),
-        });
+        let mut lock = held_lock(&format!("wait-{i}"), i);
+        if i >= ON_S3 {
+            lock.spec.backend.kubernetes = Some(KubernetesBackend {
+                lease_name: format!("key-{i}"),
+                namespace: Some(ns.clone()),
+            });
+        }
         contenders
             .create(&PostParams::default(), &lock)
             .await
@@ -292,7 +523,34 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     let violations: Violations = Arc::default();
     watch(&client, &ns, fences, violations.clone());
     watch(&client, &contender_ns, HashMap::new(), violations.clone());
-    let longest_gap = watch_renewal_gaps(&client, &ns);
+    let longest_gap = watch_renewal_gaps(&client, &ns, s3.clone());
+
+    // (d) `helm upgrade` to this build's image, then the CRD as the README says: the
+    // new controller resumes every lock by its nonce (the formats of consecutive
+    // releases are kept compatible, docs/design.md §3) and warns about the CRD.
+    let (since, started) = (Timestamp::now(), Instant::now());
+    upgrade_to(node, current);
+    let upgraded = controller_on(&client, current).await;
+    let warned = eventually(
+        "the upgraded controller's warning about the older CRD",
+        TIMEOUT,
+        || async {
+            let out = Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE)
+                .logs(&upgraded.name_any(), &Default::default())
+                .await
+                .ok()?;
+            out.lines()
+                .find(|l| l.contains("CRD is revision 1, older than this controller's"))
+                .map(str::to_string)
+        },
+    )
+    .await;
+    println!("failover (d) the upgraded controller says: {warned}");
+    apply_chart_crds(node);
+    let upgrade = wait_all_renewed(&client, &ns, &s3, since, started).await;
+    println!(
+        "failover (d) helm upgrade from the previous release: every held lock renewed {upgrade:.1?} after it"
+    );
 
     // (a) SIGKILL: the kubelet restarts the container in the same Pod.
     let pod = controller_pods(&client).await.into_iter().next().unwrap();
@@ -312,15 +570,15 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
         },
     )
     .await;
-    let sigkill = wait_all_renewed(&client, &ns, since, started).await;
-    println!("failover (a) SIGKILL: every held Lease renewed {sigkill:.1?} after the kill");
+    let sigkill = wait_all_renewed(&client, &ns, &s3, since, started).await;
+    println!("failover (a) SIGKILL: every held lock renewed {sigkill:.1?} after the kill");
 
     // (b) the Pod deleted normally: another Pod, another identity in the election. The
     // controller ignores SIGTERM (PID 1 without a handler), so the old one runs, and
     // renews, for the whole grace period; only then may the new Pod take the node's
     // host port, win the election and resume the locks.
-    let deleted = delete_and_recover(&client, &ns, &name, DeleteParams::default()).await;
-    println!("failover (b) Pod deleted: every held Lease renewed {deleted:.1?} after the delete");
+    let deleted = delete_and_recover(&client, &ns, &s3, &name, DeleteParams::default()).await;
+    println!("failover (b) Pod deleted: every held lock renewed {deleted:.1?} after the delete");
 
     // (c) deleted with --grace-period=0 --force: the API object goes at once and the new
     // Pod is scheduled while the old container may still run (the kubelet kills it
@@ -335,12 +593,13 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     let forced = delete_and_recover(
         &client,
         &ns,
+        &s3,
         &current.name_any(),
         DeleteParams::default().grace_period(0),
     )
     .await;
     println!(
-        "failover (c) Pod force-deleted: every held Lease renewed {forced:.1?} after the delete"
+        "failover (c) Pod force-deleted: every held lock renewed {forced:.1?} after the delete"
     );
 
     // One more renewal period under the watch: a late effect of either fault shows.
@@ -348,7 +607,7 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     let list = locks.list(&ListParams::default()).await.unwrap();
     assert_eq!(list.items.iter().filter(|l| acquired(l)).count(), HELD);
     println!(
-        "failover: the longest time a held Lease went without renewal: {:.1?} (lease 60s)",
+        "failover: the longest time a held lock went without renewal: {:.1?} (lease 60s)",
         *longest_gap.lock().unwrap()
     );
     let seen = violations.lock().unwrap().clone();
