@@ -311,6 +311,12 @@ impl Node {
         }
         left
     }
+
+    /// The node's containerd socket (`ctr --address`), to import an image built after
+    /// the node started (`scripts/demo --node`).
+    pub fn containerd_socket(&self) -> PathBuf {
+        containerd_socket()
+    }
 }
 
 /// At exit: the node's teardown; anything left fails the test binary.
