@@ -6,24 +6,15 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 
 #[test]
 fn demo_node_once_runs_gated_jobs_and_leaves_nothing() {
-    let dev = support::work_dir(&support::unique("demo-node"));
-    let out = Command::new(support::repo_root().join("scripts/demo"))
-        .args(["--node", "--once"])
-        .env("LOCKWARDEN_BIN", env!("CARGO_BIN_EXE_lockwarden"))
-        .env("LOCKWARDEN_DEV", &dev)
-        .output()
-        .expect("run scripts/demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "scripts/demo --node --once failed ({}):\n{stdout}\n{stderr}",
-        out.status
+    let run = support::run_demo(
+        "demo-node",
+        &["--node", "--once"],
+        env!("CARGO_BIN_EXE_lockwarden"),
     );
+    let (stdout, stderr, dev) = (&run.stdout, &run.stderr, &run.dev);
 
     // `kubectl logs --timestamps`: "<time> migrate-schema-N migrating with fence F".
     let fence = |job: &str| -> i64 {
@@ -63,7 +54,7 @@ fn demo_node_once_runs_gated_jobs_and_leaves_nothing() {
         !dev.join("node.pid").exists(),
         "scripts/dev down left its pid file"
     );
-    let left = processes_under(&[node_dir, &dev]);
+    let left = processes_under(&[node_dir, dev]);
     assert!(left.is_empty(), "processes left: {left:?}");
     let mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()

@@ -93,6 +93,39 @@ pub fn free_port() -> u16 {
         .expect("no free port on 127.0.0.1")
 }
 
+/// What a successful `scripts/demo` run printed, and its dev directory.
+pub struct DemoRun {
+    pub stdout: String,
+    pub stderr: String,
+    /// `LOCKWARDEN_DEV`: the servers' state and logs.
+    pub dev: PathBuf,
+}
+
+/// `scripts/demo ARGS` with the lockwarden `binary` under test and a dev directory of
+/// its own (named after `name`); fails the test unless it exits successfully.
+pub fn run_demo(name: &str, args: &[&str], binary: &str) -> DemoRun {
+    let dev = work_dir(&unique(name));
+    let out = Command::new(repo_root().join("scripts/demo"))
+        .args(args)
+        .env("LOCKWARDEN_BIN", binary)
+        .env("LOCKWARDEN_DEV", &dev)
+        .output()
+        .expect("run scripts/demo");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "scripts/demo {} failed ({}):\n{stdout}\n{stderr}",
+        args.join(" "),
+        out.status,
+    );
+    DemoRun {
+        stdout,
+        stderr,
+        dev,
+    }
+}
+
 /// Where server logs and data go; kept after the run so a failing test can be read.
 /// The first call also starts the run's guard process ([`start_guard`]).
 pub fn work_dir(name: &str) -> PathBuf {
