@@ -83,6 +83,26 @@ use output::*;
 use report::*;
 use scale::*;
 
+/// Waits (at most `limit`) until `f` finds what it looks for in `seen`, which a watch
+/// updates, waking `changed` on every change; panics naming `what` after `limit`.
+pub(crate) async fn wait_for<S, T>(
+    seen: &Mutex<S>,
+    changed: &Notify,
+    limit: Duration,
+    what: &str,
+    f: impl Fn(&S) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        let notified = changed.notified();
+        if let Some(t) = f(&seen.lock().unwrap()) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+    }
+}
+
 const KINDS: [Kind; 4] = [Kind::S3, Kind::DynamoDb, Kind::Lease, Kind::ZooKeeper];
 const WAIT: Duration = Duration::from_secs(120);
 

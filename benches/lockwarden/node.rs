@@ -272,15 +272,7 @@ impl Timeline {
     }
 
     async fn wait<T>(&self, what: &str, f: impl Fn(&Seen) -> Option<T>) -> T {
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            let notified = self.changed.notified();
-            if let Some(t) = f(&self.seen.lock().unwrap()) {
-                return t;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
-        }
+        wait_for(&self.seen, &self.changed, TIMEOUT, what, f).await
     }
 
     async fn step(&self, job: &str, step: Step) -> Micros {

@@ -57,15 +57,7 @@ impl Watch {
     }
 
     pub(crate) async fn wait(&self, what: &str, f: impl Fn(&Seen) -> Option<Instant>) -> Instant {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let notified = self.changed.notified();
-            if let Some(t) = f(&self.seen.lock().unwrap()) {
-                return t;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
-        }
+        wait_for(&self.seen, &self.changed, WAIT, what, f).await
     }
 
     pub(crate) async fn acquired(&self, id: &str) -> Instant {
