@@ -14,6 +14,7 @@ pub mod exit {
     pub const USAGE: u8 = 2;
     pub const HELD: u8 = 3;
     pub const LOST: u8 = 4;
+    pub const STALE_FENCE: u8 = 5;
     pub const CANNOT_EXECUTE: u8 = 126;
     pub const NOT_FOUND: u8 = 127;
 }
@@ -52,6 +53,11 @@ pub const EXIT_CODES: &[ExitStatus] = &[
     ExitStatus {
         code: exit::LOST,
         meaning: "run: the lock was lost while COMMAND ran; COMMAND got SIGTERM (SIGKILL after --grace)",
+    },
+    ExitStatus {
+        code: exit::STALE_FENCE,
+        meaning: "put, delete: refused, the object was written by a higher fence or by another lock; \
+                  check-fence: the fence is not a current holder's",
     },
     ExitStatus {
         code: exit::CANNOT_EXECUTE,
@@ -241,6 +247,7 @@ mod tests {
             exit::USAGE,
             exit::HELD,
             exit::LOST,
+            exit::STALE_FENCE,
             exit::CANNOT_EXECUTE,
             exit::NOT_FOUND,
         ];
