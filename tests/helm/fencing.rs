@@ -104,6 +104,30 @@ fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> St
     }
 }
 
+/// Admission policies take effect asynchronously: waits until a probe in the test's
+/// namespace is refused.
+async fn policy_in_force(api: &Api<ConfigMap>) {
+    api.create(
+        &PostParams::default(),
+        &config_map("probe", true, &[(FENCE, "10")]),
+    )
+    .await
+    .expect("probe");
+    // A dry run goes through admission without writing, so the probe keeps fence 10.
+    eventually("the policy in force", Duration::from_secs(60), || async {
+        let stale = json!({ "metadata": { "annotations": { FENCE: "1" } } });
+        api.patch(
+            "probe",
+            &PatchParams::default().dry_run(),
+            &Patch::Merge(&stale),
+        )
+        .await
+        .err()
+        .map(|_| ())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_api_server_refuses_a_write_with_a_stale_fence() {
     let (client, namespaces) = setup(&["fencing"]).await;
@@ -131,26 +155,7 @@ async fn the_api_server_refuses_a_write_with_a_stale_fence() {
     )
     .await;
 
-    // Admission policies take effect asynchronously: wait until a probe is refused.
-    api.create(
-        &PostParams::default(),
-        &config_map("probe", true, &[(FENCE, "10")]),
-    )
-    .await
-    .expect("probe");
-    // A dry run goes through admission without writing, so the probe keeps fence 10.
-    eventually("the policy in force", Duration::from_secs(60), || async {
-        let stale = json!({ "metadata": { "annotations": { FENCE: "1" } } });
-        api.patch(
-            "probe",
-            &PatchParams::default().dry_run(),
-            &Patch::Merge(&stale),
-        )
-        .await
-        .err()
-        .map(|_| ())
-    })
-    .await;
+    policy_in_force(&api).await;
 
     api.create(
         &PostParams::default(),
@@ -263,4 +268,134 @@ async fn the_api_server_refuses_a_write_with_a_stale_fence() {
     write(&api, "plain", "x", json!({ FENCE: "1" }))
         .await
         .expect("unlabelled objects are untouched");
+}
+
+/// `lockwarden::backend::kubernetes::fenced::put`, the helper that always sets the
+/// fence: 8 holders with fences 1..8 race on one ConfigMap, round after round, each
+/// with a fence 8 higher than in the last round. The stored fence never goes down,
+/// every refusal is of a fence below the stored one and names both, and the last
+/// write of a round is the round's highest fence.
+#[tokio::test]
+async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
+    use lockwarden::backend::kubernetes::fenced::{self, FencedObjectError, ObjectTarget};
+
+    const WRITERS: u64 = 8;
+    const ROUNDS: u64 = 20;
+    let (client, namespaces) = setup(&["fenced-put"]).await;
+    let ns = &namespaces[0];
+    apply(&manifest(), MANIFEST).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    policy_in_force(&api).await;
+
+    let target = ObjectTarget::parse(&format!("k8s://{ns}/configmaps/ledger")).unwrap();
+    let lock = format!("k8s://{ns}/ledger-lock");
+    let (mut written, mut refused) = (0, 0);
+    let mut highest = 0;
+    for round in 0..ROUNDS {
+        let writes = (1..=WRITERS).map(|w| {
+            let (client, target, lock) = (client.clone(), target.clone(), lock.clone());
+            let fence = round * WRITERS + w;
+            async move {
+                let manifest = json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "data": { "fence": fence.to_string() },
+                });
+                (
+                    fence,
+                    fenced::put(&client, &target, manifest, fence, &lock).await,
+                )
+            }
+        });
+        for (fence, result) in futures::future::join_all(writes).await {
+            match result {
+                Ok(_) => written += 1,
+                Err(FencedObjectError::Stale { stored, yours, .. }) => {
+                    assert_eq!(yours, fence);
+                    assert!(stored > fence, "fence {fence} refused by stored {stored}");
+                    refused += 1;
+                }
+                Err(e) => panic!("fence {fence}: {e}"),
+            }
+        }
+        let stored = fenced::get(&client, &target)
+            .await
+            .unwrap()
+            .expect("the object");
+        let fence = stored.fence.expect("a fenced object");
+        assert!(
+            fence >= highest,
+            "stored fence went down: {highest} -> {fence}"
+        );
+        assert_eq!(
+            fence,
+            (round + 1) * WRITERS,
+            "round {round}: the highest fence wins"
+        );
+        assert_eq!(stored.lock.as_deref(), Some(lock.as_str()));
+        let data = &stored.object.data["data"]["fence"];
+        assert_eq!(
+            data,
+            &json!(fence.to_string()),
+            "the data is the fence's own write"
+        );
+        highest = fence;
+    }
+    println!(
+        "[fenced put] {ROUNDS} rounds x {WRITERS} writers: {written} written, {refused} refused"
+    );
+    assert!(
+        refused > 0,
+        "the race refused nobody: the writers did not overlap"
+    );
+
+    // Another lock's write is refused; a stale one names both fences.
+    let other = fenced::put(
+        &client,
+        &target,
+        json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+        highest + 1,
+        "s3://b/other",
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        other
+            .to_string()
+            .contains(&format!("fenced by lock {lock}")),
+        "{other}"
+    );
+    let stale = fenced::put(
+        &client,
+        &target,
+        json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+        3,
+        &lock,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        stale.to_string().ends_with(&format!(
+            "stale fence: object written by fence {highest}, yours is 3"
+        )),
+        "{stale}"
+    );
+    // A manifest of another kind or object is refused before anything is sent.
+    for (manifest, problem) in [
+        (
+            json!({"apiVersion": "v1", "kind": "Secret"}),
+            "is a v1 Secret, not one of configmaps",
+        ),
+        (
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+            "names object x",
+        ),
+    ] {
+        let e = fenced::put(&client, &target, manifest, highest, &lock)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, FencedObjectError::Manifest { .. }) && e.to_string().contains(problem),
+            "{e}"
+        );
+    }
 }

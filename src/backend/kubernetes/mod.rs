@@ -19,10 +19,12 @@
 
 //!
 //! Modules: `key` (the URL `k8s://NAMESPACE/LEASE-NAME`), `spec`
-//! (`spec.backend.kubernetes` of a DistributedLock), `store` ([`LeaseStore`]).
+//! (`spec.backend.kubernetes` of a DistributedLock), `store` ([`LeaseStore`]), `fenced`
+//! (fenced writes to other objects, checked by the admission policy).
 //!
 //! [`LockRecord::unknown`]: crate::lock::LockRecord::unknown
 
+pub mod fenced;
 mod key;
 mod spec;
 mod store;
