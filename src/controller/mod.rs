@@ -28,6 +28,7 @@
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
 //! releases (which wake every lock waiting on the same backend key).
 
+pub mod admission;
 mod config;
 pub mod connect;
 pub mod crd_check;

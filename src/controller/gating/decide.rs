@@ -13,8 +13,8 @@ use crate::duration::{format_duration, parse_duration};
 use crate::lock::{SafetyMargins, names};
 
 use super::{
-    Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, TEMPLATE_ANNOTATION,
-    TEMPLATES_ANNOTATION,
+    Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
+    OnLockLost, TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
 };
 
 /// One lock a workload asks for.
@@ -113,6 +113,32 @@ pub fn locks(
         }
     }
     Ok((!gates.is_empty()).then_some(LockSet(gates)))
+}
+
+/// The workload's locks and its `lockwarden.io/on-lock-lost` policy, `None` if it names
+/// no lock: every check of its annotations that needs nothing but the annotations.
+/// These are the checks the chart's admission rules make the API server run too
+/// (charts/lockwarden/templates/admission-rules.yaml, the same rules in CEL;
+/// tests/bad_input/admission.rs runs one table through both). `lost-grace` is left to
+/// [`lost_grace`]: its maximum comes from the safety margins, and its syntax is ours.
+pub fn locks_and_on_lock_lost(
+    annotations: &BTreeMap<String, String>,
+    kind: &Kind,
+) -> Result<Option<(LockSet, OnLockLost)>, String> {
+    let Some(locks) = locks(annotations, kind)? else {
+        return Ok(None);
+    };
+    let on_lock_lost = match annotations.get(ON_LOCK_LOST_ANNOTATION) {
+        None => kind.default_on_lock_lost(),
+        Some(value) => kind.parse_on_lock_lost(value).ok_or_else(|| {
+            format!(
+                "{ON_LOCK_LOST_ANNOTATION}: {value:?} is not one of {} (for a {})",
+                kind.on_lock_lost_allowed(),
+                kind.name
+            )
+        })?,
+    };
+    Ok(Some((locks, on_lock_lost)))
 }
 
 /// A DistributedLock name from annotation `which`: in the workload's own namespace,

@@ -39,7 +39,7 @@ use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
 use super::running::{Running, Step};
 use super::writes::{add_finalizer, has_finalizer, remove_finalizer, report, set_status};
-use super::{NotHeldSince, ON_LOCK_LOST_ANNOTATION, Workload};
+use super::{NotHeldSince, Workload};
 use crate::api::DistributedLock;
 use crate::controller::config::ControllerConfig;
 use crate::controller::events::Events;
@@ -70,18 +70,8 @@ impl Settings {
     pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, String> {
         let kind = W::KIND;
         let annotations = workload.annotations();
-        let Some(locks) = decide::locks(annotations, kind)? else {
+        let Some((locks, on_lock_lost)) = decide::locks_and_on_lock_lost(annotations, kind)? else {
             return Ok(None);
-        };
-        let on_lock_lost = match annotations.get(ON_LOCK_LOST_ANNOTATION) {
-            None => kind.default_on_lock_lost(),
-            Some(value) => kind.parse_on_lock_lost(value).ok_or_else(|| {
-                format!(
-                    "{ON_LOCK_LOST_ANNOTATION}: {value:?} is not one of {} (for a {})",
-                    kind.on_lock_lost_allowed(),
-                    kind.name
-                )
-            })?,
         };
         let lost_grace = decide::lost_grace(annotations, kind)?;
         Ok(Some(Settings {

@@ -1,0 +1,56 @@
+//! Misuse of Job and Pod gating that the controller would refuse or never see, judged
+//! the controller's way for an object about to be created: the specification of the
+//! chart's admission rules (charts/lockwarden/templates/admission-rules.yaml, the same
+//! rules in CEL, run by the API server). tests/bad_input/admission.rs runs one table
+//! of objects through both and asserts they agree row by row.
+//!
+//! Each check is the controller's own: the annotations through
+//! [`decide::locks_and_on_lock_lost`] (what [`Settings::of`] refuses with a Warning
+//! Event), how the object is held back through its [`GatedWorkload`] methods, and the
+//! Pod watch's label selector ([`GATED_SELECTOR`]). Not here: `lockwarden.io/lost-grace`,
+//! whose maximum depends on the safety margins ([`decide::lost_grace`]).
+//!
+//! [`Settings::of`]: super::gating::Settings::of
+//! [`GATED_SELECTOR`]: super::pods::GATED_SELECTOR
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::gating::{GatedWorkload, decide};
+use super::jobs::JOB;
+use super::pods::{GATED_LABEL, POD, SCHEDULING_GATE};
+
+/// Why a Job created like this is misuse, if it is: annotations the controller
+/// refuses, or a lock named on a Job that is not suspended (it would run unguarded).
+pub fn job_misuse(job: &Job) -> Result<(), String> {
+    match decide::locks_and_on_lock_lost(job.annotations(), &JOB)? {
+        Some(_) if !job.held_back() => Err(job.not_held_back("a lock").1),
+        _ => Ok(()),
+    }
+}
+
+/// Why a Pod created like this is misuse, if it is: the gate without the label (the
+/// controller never sees it: it would stay gated forever); or, on a Pod the controller
+/// sees (labelled), annotations it refuses, the gate with no lock named, or a lock
+/// named without the gate (it would run unguarded). A Pod with neither the label nor
+/// the gate is none of lockwarden's business.
+pub fn pod_misuse(pod: &Pod) -> Result<(), String> {
+    let labelled = pod.labels().get(GATED_LABEL).map(String::as_str) == Some("true");
+    let gated = pod.held_back();
+    if gated && !labelled {
+        return Err(format!(
+            "the Pod has the scheduling gate {SCHEDULING_GATE} but not the label \
+             {GATED_LABEL}: \"true\"; lockwarden watches labelled Pods only, so it would \
+             stay gated forever"
+        ));
+    }
+    if !labelled {
+        return Ok(());
+    }
+    match decide::locks_and_on_lock_lost(pod.annotations(), &POD)? {
+        None => pod.gate_without_lock().map_or(Ok(()), Err),
+        Some(_) if !gated => Err(pod.not_held_back("a lock").1),
+        Some(_) => Ok(()),
+    }
+}
