@@ -9,10 +9,15 @@
 //! - HTTP answers no real server gives on demand (500, 503, 403, 301, bytes that are
 //!   not HTTP, a 200 with a garbage body), from a canned server: the error is
 //!   classified as the engine defines (unavailable vs refused) and no lock is
-//!   reported acquired.
+//!   reported acquired;
+//! - misuse of Job and Pod gating (a gated Pod without the label, a Job naming a lock
+//!   but not suspended, every bad lock annotation): one table through both the
+//!   controller's checks and the chart's admission rules on kube-apiserver, agreeing
+//!   row by row.
 //!
 //! (`tests/cli/input.rs` has the common malformed-input cases; this binary has the rest.)
 
+mod admission;
 mod answers;
 #[path = "../support/canned.rs"]
 mod canned;

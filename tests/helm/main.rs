@@ -11,6 +11,7 @@
 //! schema), so the chart's ServiceMonitor is really applied, not just dry-run; its
 //! fields are checked on the rendered object.
 
+mod admission;
 mod controller;
 mod fencing;
 mod install;

@@ -118,3 +118,81 @@ Secrets are never here: they get Roles of their own, only where locks live.
 {{- fail "serviceMonitor.enabled requires service.enabled (the ServiceMonitor selects the metrics Service)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Admission rules (templates/admission-rules.yaml): resourceRules for an API group's
+resources, without operations (the policy and each binding add their own).
+*/}}
+{{- define "lockwarden.admissionResourceRules" -}}
+- apiGroups: {{ toJson .groups }}
+  apiVersions: ["v1"]
+  resources: {{ toJson .resources }}
+{{- end -}}
+
+{{/*
+Admission rules: whether the object (or template) at .path mentions lockwarden at all —
+a lockwarden.io/ annotation, or for a Pod the label or the scheduling gate. A
+matchCondition (which cannot read variables).
+*/}}
+{{- define "lockwarden.mentionsLockwarden" -}}
+{{ .path }}.?metadata.?annotations.orValue({}).exists(k, k.startsWith('lockwarden.io/'))
+{{- if .pod }} || {{ .path }}.?metadata.?labels.orValue({}).exists(k, k == 'lockwarden.io/gated') || (has({{ .path }}.spec.schedulingGates) && {{ .path }}.spec.schedulingGates.exists(g, g.name == 'lockwarden.io/lock'))
+{{- end }}
+{{- end -}}
+
+{{/*
+Admission rules: the lock annotations of the Pod or Job (.x: "pod" or "job") at .path,
+as variables: <x>Annotations, <x>Single (which of lock / lock-template are set),
+<x>Lists (which of locks / lock-templates are set), <x>Listed (every list entry,
+trimmed, as decide.rs `locks` splits them), <x>NamesLock (any of the four is set: the
+controller gates it).
+*/}}
+{{- define "lockwarden.lockAnnotationVariables" -}}
+{{- $a := printf "variables.%sAnnotations" .x -}}
+- name: {{ .x }}Annotations
+  expression: "{{ .path }}.?metadata.?annotations.orValue({})"
+- name: {{ .x }}Single
+  expression: "['lockwarden.io/lock', 'lockwarden.io/lock-template'].filter(k, k in {{ $a }})"
+- name: {{ .x }}Lists
+  expression: "['lockwarden.io/locks', 'lockwarden.io/lock-templates'].filter(k, k in {{ $a }})"
+- name: {{ .x }}Listed
+  expression: "(('lockwarden.io/locks' in {{ $a }} ? {{ $a }}['lockwarden.io/locks'].split(',') : []) + ('lockwarden.io/lock-templates' in {{ $a }} ? {{ $a }}['lockwarden.io/lock-templates'].split(',') : [])).map(n, n.trim())"
+- name: {{ .x }}NamesLock
+  expression: "size(variables.{{ .x }}Single) + size(variables.{{ .x }}Lists) > 0"
+{{- end -}}
+
+{{/*
+Admission rules: what decide.rs `locks` and machine.rs `Settings::of` refuse, for the
+kind .kind whose on-lock-lost values are .onLockLost (jobs.rs JOB, pods.rs POD), when
+.when holds. A DistributedLock name: lib `names::kubernetes_name` (DNS-1123 labels
+joined by dots, at most 253 characters; no '/', so no other namespace).
+*/}}
+{{- define "lockwarden.lockAnnotationValidations" -}}
+{{- $a := printf "variables.%sAnnotations" .x -}}
+{{- $single := printf "variables.%sSingle" .x -}}
+{{- $lists := printf "variables.%sLists" .x -}}
+{{- $listed := printf "variables.%sListed" .x -}}
+{{- $name := "n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$') && size(n) <= 253" -}}
+{{- $rule := "lowercase letters, digits, hyphens and dots, each dot-separated part starting and ending with a letter or digit, at most 253 characters, and no namespace" -}}
+- expression: "!{{ .when }} || size({{ $single }}) < 2"
+  message: '{{ .at }}both lockwarden.io/lock and lockwarden.io/lock-template are set; a {{ .kind }} names one lock with them (for several, list them in lockwarden.io/locks and lockwarden.io/lock-templates)'
+  reason: Invalid
+- expression: "!{{ .when }} || size({{ $single }}) == 0 || size({{ $lists }}) == 0"
+  messageExpression: "'{{ .at }}' + 'both ' + {{ $single }}[0] + ' and ' + {{ $lists }}[0] + ' are set; name one lock with ' + {{ $single }}[0] + ', or list every lock in lockwarden.io/locks / lockwarden.io/lock-templates'"
+  reason: Invalid
+- expression: "!{{ .when }} || {{ $single }}.all(k, [{{ $a }}[k]].all(n, {{ $name }}))"
+  messageExpression: "'{{ .at }}' + {{ $single }}.filter(k, ![{{ $a }}[k]].all(n, {{ $name }})).map(k, k + ': \"' + {{ $a }}[k] + '\" is not the name of a DistributedLock in the namespace of the {{ .kind }} ({{ $rule }})')[0]"
+  reason: Invalid
+- expression: "!{{ .when }} || {{ $listed }}.all(n, n != '')"
+  message: '{{ .at }}a lock list (lockwarden.io/locks, lockwarden.io/lock-templates) has an empty entry; give DistributedLock names separated by commas, e.g. "db,bucket"'
+  reason: Invalid
+- expression: "!{{ .when }} || {{ $listed }}.all(n, n == '' || ({{ $name }}))"
+  messageExpression: "'{{ .at }}' + {{ $listed }}.filter(n, n != '' && !({{ $name }})).map(n, 'lock list entry \"' + n + '\" is not the name of a DistributedLock in the namespace of the {{ .kind }} ({{ $rule }})')[0]"
+  reason: Invalid
+- expression: "!{{ .when }} || {{ $listed }}.all(n, n == '' || {{ $listed }}.filter(m, m == n).size() == 1)"
+  messageExpression: "'{{ .at }}' + {{ $listed }}.filter(n, n != '' && {{ $listed }}.filter(m, m == n).size() > 1).map(n, 'lock list entry \"' + n + '\" is named twice')[0]"
+  reason: Invalid
+- expression: "!{{ .when }} || !variables.{{ .x }}NamesLock || !('lockwarden.io/on-lock-lost' in {{ $a }}) || {{ $a }}['lockwarden.io/on-lock-lost'] in {{ toJson .onLockLost | replace "\"" "'" }}"
+  messageExpression: "'{{ .at }}' + 'lockwarden.io/on-lock-lost: \"' + {{ $a }}['lockwarden.io/on-lock-lost'] + '\" is not one of {{ join ", " .onLockLost }} (for a {{ .kind }})'"
+  reason: Invalid
+{{- end -}}
