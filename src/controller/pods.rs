@@ -5,7 +5,8 @@
 //!
 //! - only Pods with that label are watched (a server-side label selector), so the
 //!   controller never caches the other Pods of the cluster; a Pod gated without the
-//!   label is never seen and stays gated;
+//!   label is never seen here (the chart's admission rules refuse it at creation:
+//!   `super::admission`) and would stay gated;
 //! - held back means our scheduling gate; ONE patch, conditioned on the Pod's
 //!   resourceVersion, adds `lockwarden.io/fence` and `lockwarden.io/holder` and removes
 //!   the gate (other gates stay), so no version of the Pod is schedulable without its
