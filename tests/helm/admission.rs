@@ -12,6 +12,9 @@
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 
+use lockwarden::controller::jobs::JOB;
+use lockwarden::controller::pods::POD;
+
 use super::fencing::unlabelled;
 use super::*;
 
@@ -82,6 +85,37 @@ fn admission_rules_manifest_is_the_chart_rendered_with_its_defaults() {
             "bindings of {name}"
         );
         assert_eq!(policy["spec"]["failurePolicy"], "Ignore", "{name}");
+    }
+    // The on-lock-lost values in the CEL are the kinds' own (jobs.rs JOB, pods.rs POD),
+    // in every policy checking that kind, and nowhere else.
+    let cel_list = |kind: &lockwarden::controller::gating::Kind| {
+        let names: Vec<String> = kind
+            .on_lock_lost
+            .iter()
+            .map(|(n, _)| format!("'{n}'"))
+            .collect();
+        format!(
+            "variables.{}Annotations['lockwarden.io/on-lock-lost'] in [{}]",
+            kind.name.to_lowercase(),
+            names.join(",")
+        )
+    };
+    let (job_list, pod_list) = (cel_list(&JOB), cel_list(&POD));
+    for policy in of_kind(&rules, "ValidatingAdmissionPolicy") {
+        let name = policy["metadata"]["name"].as_str().unwrap();
+        let v = validations(policy);
+        let checks_jobs = name.ends_with("-jobs") || name.ends_with("-cronjobs");
+        assert_eq!(
+            v.matches("on-lock-lost'] in [").count(),
+            1 + usize::from(checks_jobs),
+            "{name}: {v}"
+        );
+        assert_eq!(
+            v.contains(&job_list),
+            checks_jobs,
+            "{name}: {job_list} in {v}"
+        );
+        assert!(v.contains(&pod_list), "{name}: {pod_list} in {v}");
     }
     // No fixing by default.
     assert!(of_kind(&rules, "MutatingAdmissionPolicy").is_empty());
