@@ -321,6 +321,47 @@ fn rows() -> Vec<Row> {
         pod(None, false, json!({"lockwarden.io/locks": "a,,a"})),
         None,
     ));
+    rows.extend(example_rows());
+    rows
+}
+
+/// Every Job in examples/, and every Deployment's pod template as a Pod: what the
+/// README tells users to apply is admitted by both.
+fn example_rows() -> Vec<Row> {
+    use serde::Deserialize;
+    let dir = support::repo_root().join("examples");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut rows = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let file = file.file_name().unwrap().to_string_lossy().into_owned();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let object = Value::deserialize(doc).unwrap();
+            let name = format!("example {file} {}", object["metadata"]["name"]);
+            match object["kind"].as_str() {
+                Some("Job") => rows.push(row(&name, object, None)),
+                Some("Deployment") => {
+                    let template = &object["spec"]["template"];
+                    let pod = json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": template["metadata"], "spec": template["spec"],
+                    });
+                    rows.push(row(&name, pod, None));
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        rows.len() >= 9,
+        "examples/ has fewer workloads than expected: {}",
+        rows.len()
+    );
     rows
 }
 
