@@ -34,6 +34,8 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Show a lock's holder (every holder of a key with permits), fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
+    /// Exit 0 if FENCE is still a current holder's on the lock, 5 if not (like Chubby's CheckSequencer; advisory: the holder may lose the lock right after, only a conditional write at the resource is safe)
+    CheckFence(cli::check_fence::CheckFenceArgs),
     /// Run the DistributedLock operator (uses KUBECONFIG or the in-cluster service account)
     Controller {
         #[command(flatten)]
@@ -53,6 +55,7 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Unlock(args) => cli::unlock::run(args).await?,
         Command::Run(args) => cli::run::run(args).await?,
         Command::Status(args) => cli::status::run(args).await?,
+        Command::CheckFence(args) => cli::check_fence::run(args).await?,
         Command::Controller { config, election } => {
             let client = kube::Client::try_default().await.context(
                 "cannot reach the Kubernetes API (KUBECONFIG, ~/.kube/config or in-cluster)",

@@ -10,7 +10,7 @@ use super::lockfile::LockFile;
 use super::sys;
 use crate::backend::{Target, TargetError};
 use crate::duration::{DurationError, parse_duration as parse_go_duration};
-use crate::lock::{AcquireRequest, Mode, Permits};
+use crate::lock::{AcquireRequest, FenceToken, Mode, Permits};
 
 /// Options every command that talks to a backend accepts: each store's flags,
 /// declared with the store ([`crate::backend::StoreFlags`]).
@@ -191,6 +191,23 @@ pub fn parse_target(s: &str) -> Result<Target, TargetError> {
 #[error("{0}")]
 pub struct ValueError(String);
 
+/// A fence as lockwarden hands it out (`LOCKWARDEN_FENCE`): ASCII digits only, no
+/// sign, no spaces, at most u64's largest.
+pub fn parse_fence(s: &str) -> Result<FenceToken, ValueError> {
+    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| s.parse::<u64>().ok())
+        .flatten()
+        .map(FenceToken)
+        .ok_or_else(|| {
+            ValueError(format!(
+                "{s:?} is not a fence: expected a plain decimal number from 0 to {} \
+                 (as in LOCKWARDEN_FENCE)",
+                u64::MAX
+            ))
+        })
+}
+
 /// The longest wait or lease: what the clock can add to now everywhere (68 years).
 const LONGEST: Duration = Duration::from_secs(i32::MAX as u64);
 
@@ -257,6 +274,30 @@ pub fn parse_holder(s: &str) -> Result<String, ValueError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fence_is_plain_decimal_digits() {
+        assert_eq!(parse_fence("7").unwrap(), FenceToken(7));
+        assert_eq!(parse_fence("007").unwrap(), FenceToken(7));
+        assert_eq!(
+            parse_fence("18446744073709551615").unwrap(),
+            FenceToken(u64::MAX)
+        );
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            " 1",
+            "1 ",
+            "0x10",
+            "1e3",
+            "seven",
+            "18446744073709551616",
+        ] {
+            let err = parse_fence(bad).unwrap_err().to_string();
+            assert!(err.contains(&format!("{bad:?} is not a fence")), "{err}");
+        }
+    }
     use clap::Parser;
 
     /// The permit flags as a command line gives them.

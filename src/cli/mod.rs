@@ -11,6 +11,8 @@
 //!   lock is lost.
 //! - [`status`]: read the lock record without acquiring (every holder of a key with
 //!   more than one permit).
+//! - [`check_fence`]: whether a fence is still a current holder's (advisory, like
+//!   Chubby's `CheckSequencer`).
 //!
 //! Every command returns an exit code; [`EXIT_CODES`] says what each means.
 //!
@@ -18,6 +20,7 @@
 //! codes), `output` (what commands print), `logging`.
 
 mod args;
+pub mod check_fence;
 pub mod completions;
 mod errors;
 mod keeper;
@@ -35,7 +38,7 @@ use std::time::Duration;
 
 pub use args::{
     BackendArgs, GlobalArgs, LogFormat, PermitArgs, ValueError, default_holder, parse_duration,
-    parse_holder, parse_lease, parse_target, parse_wait,
+    parse_fence, parse_holder, parse_lease, parse_target, parse_wait,
 };
 pub use errors::{CliError, EXIT_CODES, ExitStatus, after_help, exit};
 pub use logging::init_logging;

@@ -135,7 +135,9 @@ impl ErrorCategory {
             LockError::Unavailable { .. } | LockError::Backend { .. } => {
                 ErrorCategory::StoreUnavailable
             }
-            LockError::Foreign { .. } | LockError::PermitsDisagree { .. } => ErrorCategory::Invalid,
+            LockError::Foreign { .. }
+            | LockError::PermitsDisagree { .. }
+            | LockError::NotFenced { .. } => ErrorCategory::Invalid,
             LockError::Held { .. }
             | LockError::Timeout { .. }
             | LockError::Lost { .. }

@@ -98,6 +98,19 @@ pub enum LockError {
         stored: u32,
         requested: u32,
     },
+
+    /// A fence was checked on a key whose record is another tool's lock or a value
+    /// lockwarden does not recognise: it carries no lockwarden fence to compare with
+    /// (`check-fence`, [`crate::lock::check_fence`]).
+    #[error(
+        "{url}: cannot check fence {fence}: the key holds {found}, not a lockwarden lock \
+         record, so no lockwarden fence is current on it"
+    )]
+    NotFenced {
+        url: String,
+        fence: FenceToken,
+        found: String,
+    },
 }
 
 /// Why a store was unavailable: any error, or words (`"…".into()`).

@@ -10,6 +10,8 @@
 //! - [`permits`]: more than one holder per key ([`Permits`], [`Mode`], [`HolderSet`]);
 //!   `semaphore`: the protocol for such keys on a [`RecordStore`] (used by [`CasLock`]).
 //! - [`acquire`]: waiting with a deadline; [`held`]: a lock renewed in the background.
+//! - [`sequencer`]: [`check_fence`], whether a fence is still a current holder's
+//!   (Chubby's `CheckSequencer`; advisory).
 
 pub mod acquire;
 pub mod backend;
@@ -25,6 +27,7 @@ pub mod record;
 #[cfg(test)]
 mod rolling_upgrade;
 mod semaphore;
+pub mod sequencer;
 
 pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress, when_reachable};
 pub use backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, StoreError};
@@ -38,3 +41,4 @@ pub use record::{
     UnknownFields, Version, rfc3339,
 };
 pub use semaphore::{holder_summary, lost_write_races};
+pub use sequencer::{FenceCheck, check_fence};

@@ -131,6 +131,13 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["lock", g, "--reclaim"], 2, vec!["--reclaim", "--holder"]),
         (vec!["run", g, "--reclaim", "--", "true"], 2, vec!["--reclaim", "--holder"]),
         (vec!["lock", g, "--reclaim", "--holder", "h", "--force"], 2, vec!["--reclaim", "--force"]),
+        // check-fence: the fence is a required plain decimal number
+        (vec!["check-fence", g], 2, vec!["<FENCE>"]),
+        (vec!["check-fence", g, "seven"], 2, vec!["\"seven\" is not a fence", "plain decimal number"]),
+        (vec!["check-fence", g, "5x"], 2, vec!["\"5x\" is not a fence"]),
+        (vec!["check-fence", g, " 5"], 2, vec!["\" 5\" is not a fence"]),
+        (vec!["check-fence", g, "18446744073709551616"], 2, vec!["\"18446744073709551616\" is not a fence", "18446744073709551615"]),
+        (vec!["check-fence", g, ""], 2, vec!["\"\" is not a fence"]),
         // lock files
         (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
         (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),

@@ -124,12 +124,60 @@ async fn s3_garbage_objects_are_reported_and_left_alone() {
         assert_eq!(out.code, 0, "{name}: {out:#?}");
         let status: Value = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!(status["state"], "foreign", "{name}: {status}");
+        // No lockwarden fence on it: an error, never "current" nor "not current".
+        let out = cli.run(&["check-fence", &url, "1"]).await;
+        out.expect(
+            1,
+            &[&url, "cannot check fence 1", "not a lockwarden lock record"],
+            name,
+        );
 
         let after = s3_get(&bucket, &key).await;
         assert_eq!(after.etag, before.etag, "{name}: the object was rewritten");
         assert!(after.body == before.body, "{name}: the object changed");
     }
     assert!(!cli.path("x.lock").exists());
+}
+
+/// An s3lock lock (a bare UUID body) is another tool's: it has no lockwarden fence, so
+/// `check-fence` is an error naming it, whatever the fence — never "current".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fence_on_an_s3lock_lock_is_an_error() {
+    let bucket = Moto::shared().new_bucket("bad-fence").await;
+    let key = "locks/s3lock";
+    let url = format!("s3://{bucket}/{key}");
+    s3_put(
+        &bucket,
+        key,
+        b"0d5e1f4c-3b1a-4c57-9d34-0c6a2f0e9a11".to_vec(),
+    )
+    .await;
+    let before = s3_get(&bucket, key).await;
+    let cli = cli();
+    let status = cli.run(&["status", &url, "-o", "json"]).await;
+    assert_eq!(status.code, 0, "{status:#?}");
+    let status: Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(
+        status["state"], "held",
+        "s3lock's lock is read as held: {status}"
+    );
+    let shown = status["fence"]
+        .as_u64()
+        .expect("a fence placeholder")
+        .to_string();
+    for fence in ["0", "1", shown.as_str()] {
+        let out = cli.run(&["check-fence", &url, fence]).await;
+        out.expect(
+            1,
+            &[
+                &url,
+                &format!("cannot check fence {fence}"),
+                "another tool's lock",
+            ],
+            &format!("check-fence {fence} on an s3lock lock"),
+        );
+    }
+    assert_eq!(s3_get(&bucket, key).await.etag, before.etag);
 }
 
 /// Records in lockwarden's format with absurd values: a lease of 584 million years,

@@ -1,11 +1,13 @@
 //! The `lockwarden` command-line tool, run as a built binary against the real servers
 //! (moto for S3 and DynamoDB, ZooKeeper, kube-apiserver): lock / unlock / run / status
-//! on every backend, waiting, takeover, loss while running, and malformed input.
+//! on every backend, waiting, takeover, loss while running, and malformed input;
+//! check-fence on every backend.
 //!
 //! Every test uses its own bucket, table, ZooKeeper path or namespace, and runs the
 //! binary in its own temporary directory with the backend settings in its
 //! environment (AWS_ENDPOINT_URL, AWS_REGION, credentials, KUBECONFIG), as a user would.
 
+mod check_fence;
 mod connecting;
 mod cycle;
 mod docs;

@@ -1,7 +1,7 @@
 //! Test support: real servers on free loopback ports, started by the test binary.
 //!
 //! Every integration test binary includes this module (`mod support;`). Servers are
-//! real processes (kube-apiserver + etcd, moto, ZooKeeper, versitygw, dynalite, a node) installed by
+//! real processes (kube-apiserver + etcd, moto, ZooKeeper, versitygw, dynalite, PostgreSQL, a node) installed by
 //! `scripts/testenv`; a test whose server is missing fails with a message naming that
 //! script — it never passes by skipping.
 //!
@@ -29,6 +29,7 @@ pub mod locks;
 pub mod moto;
 pub mod node;
 pub mod overlap;
+pub mod postgres;
 pub mod proxy;
 pub mod stores;
 pub mod versitygw;
