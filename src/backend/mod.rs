@@ -24,7 +24,8 @@ pub use aws::{AwsOptions, Credentials};
 pub use dynamodb::{DynamoDbOptions, DynamoStore, TableLayout};
 pub use kubernetes::{KubernetesOptions, LeaseStore};
 pub use registry::{
-    BackendKind, ConnectOptions, SelectedSpec, StoreFlags, Target, connect, release_recorded,
+    BackendKind, ConnectOptions, SelectedSpec, StoreFlags, Target, connect, connect_fenced,
+    release_recorded,
 };
 pub use s3::{S3Options, S3Store};
 pub use spec::{SecretRef, SpecFieldError, StoreSpec};

@@ -22,6 +22,7 @@ use super::s3::{self, S3Backend, S3Flags, S3Key, S3Options};
 use super::spec::{SecretRef, SpecFieldError, StoreSpec};
 use super::store::{ConnectError, RecordedAcquisition, StoreKey, TargetError};
 use super::zookeeper::{self, ZkKey, ZooKeeperBackend, ZooKeeperFlags, ZooKeeperOptions};
+use crate::fenced::{FencedError, FencedObject};
 use crate::lock::LockBackend;
 
 /// Which kind of store a lock lives in.
@@ -339,6 +340,28 @@ pub async fn connect(
         Target::DynamoDb(key) => dynamodb::connect(key, &options.aws, &options.dynamodb).await,
         Target::ZooKeeper(key) => Ok(Arc::new(zookeeper::connect(key, &options.zookeeper)?)),
         Target::Kubernetes(key) => kubernetes::connect(key, &options.kubernetes).await,
+    }
+}
+
+/// The object a fenced write goes to (`lockwarden put TARGET`): an S3 object or a
+/// DynamoDB item, reached as a lock of that store would be. No request is made yet.
+/// Kubernetes objects and ZooKeeper nodes are not fenced objects (yet): refused, naming
+/// the targets that are.
+pub async fn connect_fenced(
+    target: &Target,
+    options: &ConnectOptions,
+) -> Result<Box<dyn FencedObject>, FencedError> {
+    match target {
+        Target::S3(key) => Ok(s3::connect_fenced(key, &options.aws, &options.s3).await),
+        Target::DynamoDb(key) => {
+            Ok(dynamodb::connect_fenced(key, &options.aws, &options.dynamodb).await)
+        }
+        Target::ZooKeeper(_) | Target::Kubernetes(_) => Err(FencedError::Unsupported(format!(
+            "fenced writes to {} targets are not supported: the target must be {} or {}",
+            target.kind(),
+            BackendKind::S3.form(),
+            BackendKind::DynamoDb.form()
+        ))),
     }
 }
 
