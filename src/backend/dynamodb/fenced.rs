@@ -242,8 +242,12 @@ impl FencedObject for FencedDynamoItem {
     }
 
     async fn put(&self, fence: &Fence, data: &[u8]) -> Result<Written, FencedError> {
+        // Malformed input is refused before any request.
+        let attributes = parse_attributes(data, &HashMap::new())?;
         let key = self.item_key().await?.clone();
-        let attributes = parse_attributes(data, &key)?;
+        if let Some(name) = attributes.keys().find(|name| key.contains_key(*name)) {
+            return Err(FencedError::InvalidData(key_attribute(name)));
+        }
         let (mut names, mut values) = condition_names(fence);
         names.insert("#deleted".into(), DELETED_ATTRIBUTE.into());
         let mut sets = Vec::new();
@@ -420,9 +424,7 @@ pub fn parse_attributes(
             return Err(invalid("an attribute name is empty".into()));
         }
         if key.contains_key(&name) {
-            return Err(invalid(format!(
-                "{name:?} is a key attribute: the URL (and --sort-key) give the key"
-            )));
+            return Err(invalid(key_attribute(&name)));
         }
         if is_ours(&name) || LOCK_RECORD_ATTRIBUTES.contains(&name.as_str()) {
             return Err(invalid(format!(
@@ -434,6 +436,10 @@ pub fn parse_attributes(
         attributes.insert(name, attribute);
     }
     Ok(attributes)
+}
+
+fn key_attribute(name: &str) -> String {
+    format!("{name:?} is a key attribute: the URL (and --sort-key) give the key")
 }
 
 fn is_number(text: &str) -> bool {
