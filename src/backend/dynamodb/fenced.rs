@@ -196,18 +196,21 @@ impl FencedDynamoItem {
     async fn fenced<F, Fut, E>(&self, fence: &Fence, op: &str, write: F) -> Result<(), FencedError>
     where
         F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<(), SdkError<E, HttpResponse>>>,
+        // Boxed: an SDK error is some 400 bytes, moved through every attempt.
+        Fut: std::future::Future<Output = Result<(), Box<SdkError<E, HttpResponse>>>>,
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         for _ in 0..MAX_ATTEMPTS {
-            match write().await {
-                Ok(()) => return Ok(()),
-                Err(SdkError::ServiceError(e))
-                    if e.err().code() == Some("ConditionalCheckFailedException") =>
+            let Err(e) = write().await else {
+                return Ok(());
+            };
+            match *e {
+                SdkError::ServiceError(ref failed)
+                    if failed.err().code() == Some("ConditionalCheckFailedException") =>
                 {
                     self.why_refused(fence).await?;
                 }
-                Err(e) => return Err(store_error(e, op)),
+                e => return Err(store_error(e, op)),
             }
         }
         Err(FencedError::Contended {
@@ -273,7 +276,7 @@ impl FencedObject for FencedDynamoItem {
                 .set_expression_attribute_names(Some(names.clone()))
                 .set_expression_attribute_values(Some(values.clone()))
                 .send()
-                .map(|r| r.map(|_| ()))
+                .map(|r| r.map(|_| ()).map_err(Box::new))
         })
         .await?;
         Ok(Written { version: None })
@@ -326,7 +329,7 @@ impl FencedObject for FencedDynamoItem {
                 .set_expression_attribute_names(Some(names.clone()))
                 .set_expression_attribute_values(Some(values.clone()))
                 .send()
-                .map(|r| r.map(|_| ()))
+                .map(|r| r.map(|_| ()).map_err(Box::new))
         })
         .await?;
         Ok(Written { version: None })
@@ -570,7 +573,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let bytes = text.trim_end_matches('=').as_bytes();
-    if text.len() % 4 != 0 || text.len() - bytes.len() > 2 {
+    if !text.len().is_multiple_of(4) || text.len() - bytes.len() > 2 {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() * 3 / 4);

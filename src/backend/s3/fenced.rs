@@ -29,9 +29,9 @@ use crate::lock::FenceToken;
 /// User metadata (`x-amz-meta-…`): the highest fence that wrote the object.
 pub const FENCE_METADATA: &str = "lockwarden-fence";
 /// User metadata: the lock of that fence (percent-encoded where not printable ASCII).
-pub const LOCK_METADATA: &str = "lockwarden-lock";
+pub const LOCK_METADATA: &str = "lockwarden-fence-lock";
 /// User metadata on a tombstone: `true`.
-pub const DELETED_METADATA: &str = "lockwarden-deleted";
+pub const DELETED_METADATA: &str = "lockwarden-fence-deleted";
 
 /// Objects without our metadata at most this large are read to see whether they are a
 /// lock record (lock records are a few hundred bytes; data is never read otherwise).
