@@ -3,7 +3,8 @@
 //!
 //! - `race`: 8 writers with increasing fences race on one object, round after round
 //!   (`LOCKWARDEN_FENCED_ROUNDS`, default 100), on S3 (moto-atomic with bucket
-//!   versioning, versitygw) and DynamoDB (moto-atomic, dynalite): the stored fence never
+//!   versioning; not versitygw, see `race.rs`) and DynamoDB (moto-atomic, dynalite):
+//!   the stored fence never
 //!   decreases, every refused write was below the stored fence, and with versioning
 //!   every acknowledged write is a version, in increasing fence order.
 //! - `objects`: tombstones, other attributes kept, composite keys, lock records and

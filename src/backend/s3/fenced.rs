@@ -11,6 +11,11 @@
 //!
 //! A delete is a conditional PUT of an empty tombstone that keeps the fence: deleting
 //! the object would let a stale holder recreate it with `If-None-Match: *`.
+//!
+//! This relies on a HEAD answering the ETag and the metadata of one and the same
+//! version, as S3 does: an ETag paired with an older version's fence would let a lower
+//! fence pass the check and its PUT match. (versitygw was seen to lower the fence under
+//! load in `tests/fenced/race.rs`; this is the suspected cause.)
 
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
