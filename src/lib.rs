@@ -8,6 +8,7 @@ pub mod backend;
 pub mod cli;
 pub mod controller;
 pub mod duration;
+pub mod fenced;
 pub mod lock;
 mod schema;
 pub mod telemetry;

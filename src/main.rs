@@ -34,6 +34,12 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Show a lock's holder (every holder of a key with permits), fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
+    /// Write data to an S3 object or DynamoDB item with your fence; a stale fence is refused (exit 5)
+    Put(cli::put::PutArgs),
+    /// Print an object's data (stdout) and the fence and lock that wrote it (stderr)
+    Get(cli::put::GetArgs),
+    /// Delete an object with your fence, leaving a fenced tombstone; a stale fence is refused (exit 5)
+    Delete(cli::put::DeleteArgs),
     /// Exit 0 if FENCE is still a current holder's on the lock, 5 if not (like Chubby's CheckSequencer; advisory: the holder may lose the lock right after, only a conditional write at the resource is safe)
     CheckFence(cli::check_fence::CheckFenceArgs),
     /// Run the DistributedLock operator (uses KUBECONFIG or the in-cluster service account)
@@ -55,6 +61,9 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Unlock(args) => cli::unlock::run(args).await?,
         Command::Run(args) => cli::run::run(args).await?,
         Command::Status(args) => cli::status::run(args).await?,
+        Command::Put(args) => cli::put::put(args).await?,
+        Command::Get(args) => cli::put::get(args).await?,
+        Command::Delete(args) => cli::put::delete(args).await?,
         Command::CheckFence(args) => cli::check_fence::run(args).await?,
         Command::Controller { config, election } => {
             let client = kube::Client::try_default().await.context(

@@ -21,12 +21,14 @@ pub mod store;
 pub mod zookeeper;
 
 pub use aws::{AwsOptions, Credentials};
-pub use dynamodb::{DynamoDbOptions, DynamoStore, TableLayout};
+pub use dynamodb::{DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout};
+pub use kubernetes::fenced::{FencedKubernetesObject, ObjectTarget};
 pub use kubernetes::{KubernetesOptions, LeaseStore};
 pub use registry::{
-    BackendKind, ConnectOptions, SelectedSpec, StoreFlags, Target, connect, release_recorded,
+    BackendKind, ConnectOptions, FencedTarget, SelectedSpec, StoreFlags, Target, connect,
+    connect_fenced, release_recorded,
 };
-pub use s3::{S3Options, S3Store};
+pub use s3::{FencedS3Object, S3Options, S3Store};
 pub use spec::{SecretRef, SpecFieldError, StoreSpec};
 pub use store::{ConnectError, LockFileFields, RecordedAcquisition, StoreKey, TargetError};
 pub use zookeeper::{ZkLock, ZkSessions, ZooKeeperOptions};

@@ -22,6 +22,7 @@ use super::s3::{self, S3Backend, S3Flags, S3Key, S3Options};
 use super::spec::{SecretRef, SpecFieldError, StoreSpec};
 use super::store::{ConnectError, RecordedAcquisition, StoreKey, TargetError};
 use super::zookeeper::{self, ZkKey, ZooKeeperBackend, ZooKeeperFlags, ZooKeeperOptions};
+use crate::fenced::{FencedError, FencedObject};
 use crate::lock::LockBackend;
 
 /// Which kind of store a lock lives in.
@@ -339,6 +340,71 @@ pub async fn connect(
         Target::DynamoDb(key) => dynamodb::connect(key, &options.aws, &options.dynamodb).await,
         Target::ZooKeeper(key) => Ok(Arc::new(zookeeper::connect(key, &options.zookeeper)?)),
         Target::Kubernetes(key) => kubernetes::connect(key, &options.kubernetes).await,
+    }
+}
+
+/// What a fenced write goes to (`lockwarden put TARGET`): an S3 object or a DynamoDB
+/// item, named like a lock of that store, or a Kubernetes object,
+/// `k8s://NAMESPACE/RESOURCE/NAME` (three segments, where a Lease lock has two).
+#[derive(Clone, Debug, PartialEq)]
+pub enum FencedTarget {
+    Store(Target),
+    KubernetesObject(kubernetes::fenced::ObjectTarget),
+}
+
+impl FencedTarget {
+    /// Checks a target URL without touching the network.
+    pub fn parse(url: &str) -> Result<FencedTarget, TargetError> {
+        if let Some((scheme, rest)) = url.split_once("://")
+            && BackendKind::Kubernetes
+                .schemes()
+                .contains(&scheme.to_ascii_lowercase().as_str())
+            && kubernetes::fenced::ObjectTarget::is_object_path(rest)
+        {
+            return kubernetes::fenced::ObjectTarget::parse(url, rest)
+                .map(FencedTarget::KubernetesObject);
+        }
+        Target::parse(url).map(FencedTarget::Store)
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            FencedTarget::Store(target) => target.url(),
+            FencedTarget::KubernetesObject(object) => object.url(),
+        }
+    }
+}
+
+impl fmt::Display for FencedTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.url())
+    }
+}
+
+/// The object a fenced write goes to, reached as a lock of that store would be. No
+/// request is made yet, except that a Kubernetes client reads its kubeconfig. A
+/// ZooKeeper node or a Lease is no fenced object: refused, naming the targets that are.
+pub async fn connect_fenced(
+    target: &FencedTarget,
+    options: &ConnectOptions,
+) -> Result<Box<dyn FencedObject>, FencedError> {
+    match target {
+        FencedTarget::Store(Target::S3(key)) => {
+            Ok(s3::connect_fenced(key, &options.aws, &options.s3).await)
+        }
+        FencedTarget::Store(Target::DynamoDb(key)) => {
+            Ok(dynamodb::connect_fenced(key, &options.aws, &options.dynamodb).await)
+        }
+        FencedTarget::KubernetesObject(object) => {
+            kubernetes::fenced::connect_fenced(object, &options.kubernetes).await
+        }
+        FencedTarget::Store(other) => Err(FencedError::Unsupported(format!(
+            "fenced writes to {} locks are not supported: the target must be {}, {} or {}",
+            other.kind(),
+            BackendKind::S3.form(),
+            BackendKind::DynamoDb.form(),
+            kubernetes::fenced::OBJECT_FORM
+        ))),
     }
 }
 

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::lockfile::LockFileError;
 use crate::backend::{BackendKind, ConnectError, TargetError};
+use crate::fenced::FencedError;
 use crate::lock::{HeldBy, LockError};
 
 /// Exit codes of every command: the names the code uses. What each means is said once,
@@ -172,6 +173,11 @@ pub enum CliError {
     #[error("{0}")]
     Lock(LockError),
 
+    /// A fenced write or read (`put`, `get`, `delete`) failed or was refused; `target`
+    /// is the object's URL (the lock's, for a lock with several permits).
+    #[error("{target}: {error}")]
+    Fenced { target: String, error: FencedError },
+
     /// A message already formatted elsewhere (the ZooKeeper session keeper's), with
     /// its exit code.
     #[error("{message}")]
@@ -225,6 +231,14 @@ impl CliError {
                 _ => exit::CANNOT_EXECUTE,
             },
             CliError::Reported { code, .. } => *code,
+            CliError::Fenced { error, .. } => match error {
+                FencedError::Stale { .. } | FencedError::OtherLock { .. } => exit::STALE_FENCE,
+                FencedError::InvalidData(_) | FencedError::Unsupported(_) => exit::USAGE,
+                FencedError::LockRecord { .. }
+                | FencedError::SeveralPermits { .. }
+                | FencedError::Contended { .. }
+                | FencedError::Store { .. } => exit::ERROR,
+            },
             CliError::Connect(_)
             | CliError::LockFile(_)
             | CliError::AlreadyUnlocked { .. }

@@ -11,6 +11,8 @@
 //!   lock is lost.
 //! - [`status`]: read the lock record without acquiring (every holder of a key with
 //!   more than one permit).
+//! - [`put`]: `put`, `get` and `delete`, fenced writes to the object a lock protects
+//!   (an S3 object, a DynamoDB item), refused by the store itself for a stale fence.
 //! - [`check_fence`]: whether a fence is still a current holder's (advisory, like
 //!   Chubby's `CheckSequencer`).
 //!
@@ -29,6 +31,7 @@ pub mod lockfile;
 mod logging;
 mod output;
 mod progress;
+pub mod put;
 pub mod run;
 pub mod status;
 mod sys;

@@ -73,6 +73,8 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
             "zk-version.lock",
             serde_json::to_vec(&good_lock_file("zk://127.0.0.1:1/x")).unwrap(),
         ),
+        ("bad-item.json", br#"{"state":"done"}"#.to_vec()),
+        ("data.txt", b"data".to_vec()),
     ];
     for (name, bytes) in &files {
         std::fs::write(d.join(name), bytes).unwrap();
@@ -87,6 +89,7 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
     let long_attribute = "p".repeat(256);
     let tab_key = format!("s3://{bucket}/a\tb");
     let g = good.as_str();
+    let data = format!("s3://{bucket}/data");
 
     #[rustfmt::skip]
     let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
@@ -154,6 +157,18 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["unlock", "zk-version.lock"], 1, vec!["not a ZooKeeper entry"]),
         (vec!["unlock", "dir.lock"], 1, vec!["dir.lock"]),
         (vec!["unlock", "--force", "binary.lock"], 1, vec!["not a lockwarden lock file"]),
+        // fenced writes: put, get, delete
+        (vec!["put", "--lock", g, &data, "data.txt"], 2, vec!["--fence"]),
+        (vec!["put", "--fence", "5", &data, "data.txt"], 2, vec!["--lock"]),
+        (vec!["delete", "--lock", g, &data], 2, vec!["--fence"]),
+        (vec!["put", "--fence", "five", "--lock", g, &data, "data.txt"], 2, vec!["--fence", "five"]),
+        (vec!["put", "--fence=-1", "--lock", g, &data, "data.txt"], 2, vec!["--fence", "-1"]),
+        (vec!["put", "--fence", "1", "--lock", "nope", &data, "data.txt"], 2, vec!["--lock", "is not a lock URL"]),
+        (vec!["put", "--fence", "1", "--lock", g, "ftp://x/y", "data.txt"], 2, vec!["unknown scheme \"ftp\""]),
+        (vec!["get", "gopher://x/y"], 2, vec!["unknown scheme \"gopher\""]),
+        (vec!["put", "--fence", "1", "--lock", g, "zk://127.0.0.1:1/x", "data.txt"], 2, vec!["zk://127.0.0.1:1/x", "not supported", "s3://BUCKET/KEY"]),
+        (vec!["put", "--fence", "1", "--lock", g, "dynamodb://no-such-table/k", "bad-item.json"], 2, vec!["dynamodb://no-such-table/k", "invalid data", "\"state\"", "expected one type"]),
+        (vec!["put", "--fence", "1", "--lock", g, &data, "no-such-file"], 1, vec!["no-such-file"]),
     ];
     for (argv, code, fragments) in &cases {
         let out = cli.run(argv).await;
@@ -194,4 +209,38 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
     expected.push("dir.lock".into());
     expected.sort();
     assert_eq!(names, expected);
+}
+
+/// Fenced writes need a target that is not a lock and a lock with one permit: both are
+/// refused with exit 1, a one-line message naming them, and nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_writes_refuse_a_lock_record_and_a_lock_with_several_permits() {
+    let bucket = Moto::shared().new_bucket("bad-fenced").await;
+    let lock = format!("s3://{bucket}/locks/mutex");
+    let semaphore = format!("s3://{bucket}/locks/semaphore");
+    let data = format!("s3://{bucket}/data");
+    let cli = cli();
+    std::fs::write(cli.path("data.txt"), "data").unwrap();
+    cli.run(&["lock", &lock, "-o", "mutex.lock"]).await.ok();
+    cli.run(&["lock", "--permits", "2", &semaphore, "-o", "sem.lock"])
+        .await
+        .ok();
+    let before = Moto::shared().object_keys(&bucket).await;
+
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+        (vec!["put", "--fence", "1", "--lock", &lock, &lock, "data.txt"], 1, vec![&lock, "lock record"]),
+        (vec!["delete", "--fence", "1", "--lock", &lock, &lock], 1, vec![&lock, "lock record"]),
+        (vec!["get", &lock], 1, vec![&lock, "lock record"]),
+        (vec!["put", "--fence", "1", "--lock", &semaphore, &data, "data.txt"], 1, vec![&semaphore, "has 2 permits", "exclusive holder"]),
+        (vec!["delete", "--fence", "1", "--lock", &semaphore, &data], 1, vec![&semaphore, "has 2 permits"]),
+    ];
+    for (argv, code, fragments) in &cases {
+        cli.run(argv)
+            .await
+            .expect(*code, fragments, &format!("{argv:?}"));
+    }
+    assert_eq!(Moto::shared().object_keys(&bucket).await, before);
+    cli.run(&["unlock", "mutex.lock"]).await.ok();
+    cli.run(&["unlock", "sem.lock"]).await.ok();
 }

@@ -270,14 +270,17 @@ async fn the_api_server_refuses_a_write_with_a_stale_fence() {
         .expect("unlabelled objects are untouched");
 }
 
-/// `lockwarden::backend::kubernetes::fenced::put`, the helper that always sets the
+/// `lockwarden::backend::FencedKubernetesObject`, the helper that always sets the
 /// fence: 8 holders with fences 1..8 race on one ConfigMap, round after round, each
 /// with a fence 8 higher than in the last round. The stored fence never goes down,
-/// every refusal is of a fence below the stored one and names both, and the last
-/// write of a round is the round's highest fence.
+/// every refusal is of a fence below the stored one, and the round's highest fence is
+/// what stays. Then `lockwarden put`/`get` on the same object: exit 5 naming both
+/// fences for a stale one, another lock's write refused, a manifest of another kind
+/// refused, deletes not offered.
 #[tokio::test]
 async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
-    use lockwarden::backend::kubernetes::fenced::{self, FencedObjectError, ObjectTarget};
+    use lockwarden::backend::{FencedKubernetesObject, FencedTarget};
+    use lockwarden::fenced::{Content, Fence, FencedError, FencedObject};
 
     const WRITERS: u64 = 8;
     const ROUNDS: u64 = 20;
@@ -287,41 +290,43 @@ async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     policy_in_force(&api).await;
 
-    let target = ObjectTarget::parse(&format!("k8s://{ns}/configmaps/ledger")).unwrap();
+    let url = format!("k8s://{ns}/configmaps/ledger");
+    let FencedTarget::KubernetesObject(target) = FencedTarget::parse(&url).unwrap() else {
+        panic!("{url} is an object target")
+    };
+    let object = FencedKubernetesObject::new(client.clone(), target);
     let lock = format!("k8s://{ns}/ledger-lock");
     let (mut written, mut refused) = (0, 0);
     let mut highest = 0;
     for round in 0..ROUNDS {
         let writes = (1..=WRITERS).map(|w| {
-            let (client, target, lock) = (client.clone(), target.clone(), lock.clone());
+            let (object, lock) = (&object, lock.clone());
             let fence = round * WRITERS + w;
             async move {
-                let manifest = json!({
-                    "apiVersion": "v1", "kind": "ConfigMap",
-                    "data": { "fence": fence.to_string() },
-                });
+                let manifest =
+                    format!("apiVersion: v1\nkind: ConfigMap\ndata:\n  fence: \"{fence}\"\n");
                 (
                     fence,
-                    fenced::put(&client, &target, manifest, fence, &lock).await,
+                    object
+                        .put(&Fence::new(fence, lock), manifest.as_bytes())
+                        .await,
                 )
             }
         });
         for (fence, result) in futures::future::join_all(writes).await {
             match result {
                 Ok(_) => written += 1,
-                Err(FencedObjectError::Stale { stored, yours, .. }) => {
-                    assert_eq!(yours, fence);
-                    assert!(stored > fence, "fence {fence} refused by stored {stored}");
+                Err(FencedError::Stale { stored, yours, .. }) => {
+                    assert_eq!(yours.0, fence);
+                    assert!(stored.0 > fence, "fence {fence} refused by stored {stored}");
                     refused += 1;
                 }
                 Err(e) => panic!("fence {fence}: {e}"),
             }
         }
-        let stored = fenced::get(&client, &target)
-            .await
-            .unwrap()
-            .expect("the object");
-        let fence = stored.fence.expect("a fenced object");
+        let stored = object.get().await.unwrap().expect("the object");
+        let by = stored.written_by.expect("a fenced object");
+        let fence = by.token.0;
         assert!(
             fence >= highest,
             "stored fence went down: {highest} -> {fence}"
@@ -331,12 +336,15 @@ async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
             (round + 1) * WRITERS,
             "round {round}: the highest fence wins"
         );
-        assert_eq!(stored.lock.as_deref(), Some(lock.as_str()));
-        let data = &stored.object.data["data"]["fence"];
-        assert_eq!(
-            data,
-            &json!(fence.to_string()),
-            "the data is the fence's own write"
+        assert_eq!(by.lock, lock);
+        let Content::Data(yaml) = stored.content else {
+            panic!("data")
+        };
+        let yaml = String::from_utf8(yaml).unwrap();
+        assert!(
+            yaml.contains(&format!("fence: '{fence}'"))
+                || yaml.contains(&format!("fence: \"{fence}\"")),
+            "{yaml}"
         );
         highest = fence;
     }
@@ -348,54 +356,73 @@ async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
         "the race refused nobody: the writers did not overlap"
     );
 
-    // Another lock's write is refused; a stale one names both fences.
-    let other = fenced::put(
-        &client,
-        &target,
-        json!({"apiVersion": "v1", "kind": "ConfigMap"}),
-        highest + 1,
-        "s3://b/other",
-    )
-    .await
-    .unwrap_err();
+    // The command line, as a holder under `lockwarden run` uses it.
+    let kube = support::cli::Cli::kube();
+    let file = kube.path("ledger.yaml");
+    std::fs::write(&file, "apiVersion: v1\nkind: ConfigMap\ndata:\n  v: cli\n").unwrap();
+    let file = file.to_str().unwrap();
+    let next = (highest + 1).to_string();
+    kube.run(&["put", "--fence", &next, "--lock", &lock, &url, file])
+        .await
+        .ok();
+    let out = kube.run(&["get", &url]).await;
+    out.ok();
+    assert!(out.stdout.contains("v: cli"), "{}", out.stdout);
     assert!(
-        other
-            .to_string()
-            .contains(&format!("fenced by lock {lock}")),
-        "{other}"
+        out.stderr.contains(&format!("fence {next} of lock {lock}")),
+        "{}",
+        out.stderr
     );
-    let stale = fenced::put(
-        &client,
-        &target,
-        json!({"apiVersion": "v1", "kind": "ConfigMap"}),
-        3,
+    kube.run(&["put", "--fence", "3", "--lock", &lock, &url, file])
+        .await
+        .code(5)
+        .one_line_error(&[
+            &url,
+            &format!("stale fence: object written by fence {next}, yours is 3"),
+        ]);
+    kube.run(&[
+        "put",
+        "--fence",
+        &next,
+        "--lock",
+        &format!("k8s://{ns}/other"),
+        &url,
+        file,
+    ])
+    .await
+    .code(5)
+    .one_line_error(&[&format!("fenced by lock {lock}")]);
+    std::fs::write(kube.path("secret.yaml"), "apiVersion: v1\nkind: Secret\n").unwrap();
+    kube.run(&[
+        "put",
+        "--fence",
+        &next,
+        "--lock",
         &lock,
-    )
+        &url,
+        kube.path("secret.yaml").to_str().unwrap(),
+    ])
     .await
-    .unwrap_err();
-    assert!(
-        stale.to_string().ends_with(&format!(
-            "stale fence: object written by fence {highest}, yours is 3"
-        )),
-        "{stale}"
+    .code(2)
+    .one_line_error(&["is a v1 Secret, not one of configmaps"]);
+    kube.run(&["delete", "--fence", &next, "--lock", &lock, &url])
+        .await
+        .code(2)
+        .one_line_error(&["deletes of Kubernetes objects are not fenced"]);
+    // A stale holder that bypasses `put` is still refused, by the API server.
+    let mut read_back = api.get("ledger").await.expect("get");
+    read_back
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(FENCE.into(), "3".into());
+    let message = refusal(
+        api.replace("ledger", &PostParams::default(), &read_back)
+            .await,
+        "a PUT with fence 3",
     );
-    // A manifest of another kind or object is refused before anything is sent.
-    for (manifest, problem) in [
-        (
-            json!({"apiVersion": "v1", "kind": "Secret"}),
-            "is a v1 Secret, not one of configmaps",
-        ),
-        (
-            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
-            "names object x",
-        ),
-    ] {
-        let e = fenced::put(&client, &target, manifest, highest, &lock)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(e, FencedObjectError::Manifest { .. }) && e.to_string().contains(problem),
-            "{e}"
-        );
-    }
+    assert!(
+        message.contains(&format!("object written by fence {next}, yours is 3")),
+        "{message}"
+    );
 }

@@ -28,10 +28,12 @@
 
 //!
 //! Modules: `key` (the URL `dynamodb://TABLE/KEY` and DynamoDB's name rules), `spec`
-//! (`spec.backend.dynamodb` of a DistributedLock), `store` ([`DynamoStore`]).
+//! (`spec.backend.dynamodb` of a DistributedLock), `store` ([`DynamoStore`]), `fenced`
+//! ([`FencedDynamoItem`], an item written only with fences).
 //!
 //! [`LockRecord::unknown`]: crate::lock::LockRecord::unknown
 
+mod fenced;
 mod key;
 mod spec;
 mod store;
@@ -40,6 +42,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use fenced::{DELETED_ATTRIBUTE, FENCE_ATTRIBUTE, FencedDynamoItem, LOCK_ATTRIBUTE};
 pub use key::{
     ATTRIBUTE_NAME_MAX_BYTES, DynamoDbKey, KEY_MAX_BYTES, SORT_KEY_MAX_BYTES, TABLE_MAX_LEN,
     TABLE_MIN_LEN, attribute_name, key_value, sort_key_value, table_name,
@@ -51,6 +54,7 @@ use crate::backend::aws::{
     AwsOptions, ClientCache, MAX_CACHED_CLIENTS, plain_http_client, sdk_config, service_endpoint,
 };
 use crate::backend::store::ConnectError;
+use crate::fenced::FencedObject;
 use crate::lock::{CasLock, LockBackend};
 
 /// How lock items sit in their table, beyond the AWS options.
@@ -166,6 +170,23 @@ pub async fn connect(
             })?;
     }
     Ok(Arc::new(CasLock::new(store)))
+}
+
+/// The fenced item at `key` (`lockwarden put dynamodb://TABLE/KEY`): KEY is the
+/// partition key value, `options.sort_key` the sort key's name and value where the
+/// table has one (its key schema is read from DescribeTable on first use).
+pub async fn connect_fenced(
+    key: &DynamoDbKey,
+    aws: &AwsOptions,
+    options: &DynamoDbOptions,
+) -> Box<dyn FencedObject> {
+    let client = client(aws).await;
+    Box::new(FencedDynamoItem::new(
+        client,
+        key.table.clone(),
+        key.key.clone(),
+        options.sort_key.clone(),
+    ))
 }
 
 /// The process's DynamoDB clients, one per endpoint, region, credentials and timeout.

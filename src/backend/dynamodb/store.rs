@@ -22,9 +22,9 @@ use crate::lock::{
 
 pub const DEFAULT_PARTITION_KEY: &str = "key";
 
-const OWNER: &str = "ownerName";
-const LEASE: &str = "leaseDuration";
-const RVN: &str = "recordVersionNumber";
+pub(super) const OWNER: &str = "ownerName";
+pub(super) const LEASE: &str = "leaseDuration";
+pub(super) const RVN: &str = "recordVersionNumber";
 const RELEASED: &str = "isReleased";
 const DATA: &str = "data";
 const FENCE: &str = "fence";

@@ -19,12 +19,19 @@
 //! The target URL names the object the way kubectl does:
 //! `k8s://NAMESPACE/RESOURCE/NAME`, RESOURCE a plural with its group when it has one
 //! (`configmaps`, `secrets`, `deployments.apps`). A Lease lock's URL has two segments;
-//! an object target always has three.
+//! an object target always has three. The data written is the whole object, as YAML or
+//! JSON (what `kubectl get -o yaml` prints); `get` prints it back as YAML.
 
+use async_trait::async_trait;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use kube::discovery::{self, Scope};
 use serde_json::Value;
+
+use super::KubernetesOptions;
+use crate::backend::store::{TargetError, invalid};
+use crate::fenced::{Content, Fence, FencedError, FencedObject, FencedRead, MAX_ATTEMPTS, Written};
+use crate::lock::FenceToken;
 
 /// The annotation carrying the fence that last wrote the object.
 pub const FENCE_ANNOTATION: &str = "lockwarden.io/fence";
@@ -33,11 +40,8 @@ pub const FENCE_LOCK_ANNOTATION: &str = "lockwarden.io/fence-lock";
 /// The label the admission policy selects fenced objects by.
 pub const FENCED_LABEL: &str = "lockwarden.io/fenced";
 
-/// Races lost to another writer (409 Conflict on the replace, AlreadyExists on the
-/// create) before `put` gives up; each retry re-reads the object. Holders of one lock
-/// write one after another, so a lost race is rare; a write loses one only to a
-/// write that succeeded in between.
-const ATTEMPTS: u32 = 10;
+/// The form of an object target, for messages.
+pub const OBJECT_FORM: &str = "k8s://NAMESPACE/RESOURCE/NAME";
 
 /// A namespaced object a fenced write targets: `k8s://NAMESPACE/RESOURCE/NAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,84 +54,35 @@ pub struct ObjectTarget {
     pub name: String,
 }
 
-/// The stored object, with the fence and lock that wrote it (if a fenced write did).
-#[derive(Clone, Debug)]
-pub struct StoredObject {
-    pub object: DynamicObject,
-    pub fence: Option<u64>,
-    pub lock: Option<String>,
-}
-
-/// Why a fenced write to a Kubernetes object failed.
-#[derive(Debug, thiserror::Error)]
-pub enum FencedObjectError {
-    #[error(
-        "{0}: not a Kubernetes object target: expected k8s://NAMESPACE/RESOURCE/NAME, e.g. \
-         k8s://prod/configmaps/ledger or k8s://prod/deployments.apps/web"
-    )]
-    Target(String),
-    #[error("{target}: the API server serves no namespaced resource {resource}")]
-    UnknownResource { target: String, resource: String },
-    #[error("{target}: the manifest {problem}")]
-    Manifest { target: String, problem: String },
-    #[error("{target}: stale fence: object written by fence {stored}, yours is {yours}")]
-    Stale {
-        target: String,
-        stored: u64,
-        yours: u64,
-    },
-    #[error(
-        "{target}: fenced by lock {stored}: a write fenced by lock {yours} is refused (fences of \
-         different locks do not compare)"
-    )]
-    OtherLock {
-        target: String,
-        stored: String,
-        yours: String,
-    },
-    #[error("{target}: stored {FENCE_ANNOTATION} is not a fence: {value:?}")]
-    StoredFence { target: String, value: String },
-    #[error("{target}: refused by the API server: {message}")]
-    Refused { target: String, message: String },
-    #[error("{target}: still losing races to other writers after {ATTEMPTS} attempts")]
-    Contended { target: String },
-    #[error("{target}: {source}")]
-    Api {
-        target: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
 impl ObjectTarget {
-    /// Parses `k8s://NAMESPACE/RESOURCE[.GROUP]/NAME`.
-    pub fn parse(url: &str) -> Result<ObjectTarget, FencedObjectError> {
-        let bad = || FencedObjectError::Target(url.to_string());
-        let rest = url.strip_prefix("k8s://").ok_or_else(bad)?;
+    /// Whether `rest` (the URL after `SCHEME://`) names an object — three segments —
+    /// rather than a Lease lock (`NAMESPACE/LEASE-NAME`).
+    pub fn is_object_path(rest: &str) -> bool {
+        rest.split('/').count() == 3
+    }
+
+    /// Parses `NAMESPACE/RESOURCE[.GROUP]/NAME`, the part of `url` after its scheme.
+    pub fn parse(url: &str, rest: &str) -> Result<ObjectTarget, TargetError> {
         let parts: Vec<&str> = rest.split('/').collect();
         let [namespace, resource, name] = parts[..] else {
-            return Err(bad());
+            return Err(invalid(url, "not NAMESPACE/RESOURCE/NAME", OBJECT_FORM));
         };
-        if [namespace, resource, name].iter().any(|s| s.is_empty()) {
-            return Err(bad());
+        for (part, what) in [
+            (namespace, "namespace"),
+            (resource, "resource"),
+            (name, "name"),
+        ] {
+            if part.is_empty() {
+                return Err(invalid(url, format!("the {what} is empty"), OBJECT_FORM));
+            }
         }
-        let (resource, group) = match resource.split_once('.') {
-            Some((plural, group)) => (plural, group),
-            None => (resource, ""),
-        };
+        let (resource, group) = resource.split_once('.').unwrap_or((resource, ""));
         Ok(ObjectTarget {
             namespace: namespace.to_string(),
-            resource: resource.to_string(),
+            resource: resource.to_ascii_lowercase(),
             group: group.to_string(),
             name: name.to_string(),
         })
-    }
-
-    /// Whether `url` has an object target's shape (three path segments), as opposed
-    /// to a Lease lock's `k8s://NAMESPACE/NAME`.
-    pub fn is_object_url(url: &str) -> bool {
-        url.strip_prefix("k8s://")
-            .is_some_and(|rest| rest.split('/').count() == 3)
     }
 
     pub fn url(&self) -> String {
@@ -147,235 +102,288 @@ impl ObjectTarget {
             format!("{}.{}", self.resource, self.group)
         }
     }
+}
 
-    fn api_error(&self, source: kube::Error) -> FencedObjectError {
-        FencedObjectError::Api {
-            target: self.url(),
-            source,
+/// One Kubernetes object written only with fences ([`FencedObject`]).
+pub struct FencedKubernetesObject {
+    client: kube::Client,
+    target: ObjectTarget,
+    url: String,
+}
+
+/// The object `target` names, reached with `options`' client (or a new one from the
+/// kubeconfig context it names).
+pub async fn connect_fenced(
+    target: &ObjectTarget,
+    options: &KubernetesOptions,
+) -> Result<Box<dyn FencedObject>, FencedError> {
+    let client = match &options.client {
+        Some(client) => client.clone(),
+        None => super::client(options.context.as_deref())
+            .await
+            .map_err(|cause| FencedError::store("connect", cause))?,
+    };
+    Ok(Box::new(FencedKubernetesObject::new(
+        client,
+        target.clone(),
+    )))
+}
+
+impl FencedKubernetesObject {
+    pub fn new(client: kube::Client, target: ObjectTarget) -> FencedKubernetesObject {
+        let url = target.url();
+        FencedKubernetesObject {
+            client,
+            target,
+            url,
         }
     }
 
     /// The API of the object's resource, found by discovery (its preferred version).
-    async fn api(
-        &self,
-        client: &kube::Client,
-    ) -> Result<(Api<DynamicObject>, ApiResource), FencedObjectError> {
-        let unknown = || FencedObjectError::UnknownResource {
-            target: self.url(),
-            resource: self.resource_name(),
+    async fn api(&self) -> Result<(Api<DynamicObject>, ApiResource), FencedError> {
+        let unknown = || {
+            FencedError::Unsupported(format!(
+                "the API server serves no namespaced resource {}",
+                self.target.resource_name()
+            ))
         };
-        let group = match discovery::group(client, &self.group).await {
+        let group = match discovery::group(&self.client, &self.target.group).await {
             Ok(group) => group,
             Err(kube::Error::Discovery(_)) => return Err(unknown()),
-            Err(e) => return Err(self.api_error(e)),
+            Err(e) => return Err(api_error("discover the resource", e)),
         };
         let (resource, caps) = group
             .recommended_resources()
             .into_iter()
-            .find(|(r, _)| r.plural == self.resource)
+            .find(|(r, _)| r.plural == self.target.resource)
             .ok_or_else(unknown)?;
         if caps.scope != Scope::Namespaced {
             return Err(unknown());
         }
-        let api = Api::namespaced_with(client.clone(), &self.namespace, &resource);
+        let api = Api::namespaced_with(self.client.clone(), &self.target.namespace, &resource);
         Ok((api, resource))
     }
-}
 
-/// Reads the object and the fence that last wrote it; `None` if it does not exist.
-pub async fn get(
-    client: &kube::Client,
-    target: &ObjectTarget,
-) -> Result<Option<StoredObject>, FencedObjectError> {
-    let (api, _) = target.api(client).await?;
-    let Some(object) = api
-        .get_opt(&target.name)
-        .await
-        .map_err(|e| target.api_error(e))?
-    else {
-        return Ok(None);
-    };
-    stored(target, object).map(Some)
-}
-
-/// Writes `manifest` (the whole object, YAML or JSON already parsed) as fence `fence`
-/// of lock `lock`: sets the fence annotations and the fenced label in the write, then
-/// creates the object or replaces it conditioned on the version just read. A stored
-/// fence above `fence`, or another lock's, refuses the write before it is sent; the
-/// admission policy refuses it again on the server if a newer write slipped in.
-pub async fn put(
-    client: &kube::Client,
-    target: &ObjectTarget,
-    manifest: Value,
-    fence: u64,
-    lock: &str,
-) -> Result<DynamicObject, FencedObjectError> {
-    let (api, resource) = target.api(client).await?;
-    let mut object = manifest_object(target, &resource, manifest)?;
-    let annotations = object.metadata.annotations.get_or_insert_default();
-    annotations.insert(FENCE_ANNOTATION.into(), fence.to_string());
-    annotations.insert(FENCE_LOCK_ANNOTATION.into(), lock.to_string());
-    object
-        .metadata
-        .labels
-        .get_or_insert_default()
-        .insert(FENCED_LABEL.into(), "true".into());
-
-    for _ in 0..ATTEMPTS {
-        let current = api
-            .get_opt(&target.name)
-            .await
-            .map_err(|e| target.api_error(e))?;
-        let result = match current {
-            None => {
-                object.metadata.resource_version = None;
-                api.create(&PostParams::default(), &object).await
-            }
-            Some(current) => {
-                let stored = stored(target, current)?;
-                check(target, &stored, fence, lock)?;
-                object.metadata.resource_version = stored.object.metadata.resource_version;
-                api.replace(&target.name, &PostParams::default(), &object)
-                    .await
-            }
-        };
-        match result {
-            Ok(written) => return Ok(written),
-            // Another writer got in between the read and the write: read again.
-            Err(kube::Error::Api(status)) if status.code == 409 => continue,
-            Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
-                return Err(refusal(target, &status.message, fence, lock));
-            }
-            Err(e) => return Err(target.api_error(e)),
+    /// The manifest as the object the target names; a manifest naming another object
+    /// or kind is refused rather than silently retargeted.
+    fn object(
+        &self,
+        resource: &ApiResource,
+        manifest: Value,
+    ) -> Result<DynamicObject, FencedError> {
+        let problem = |p: String| FencedError::InvalidData(format!("the manifest {p}"));
+        let mut object: DynamicObject = serde_json::from_value(manifest)
+            .map_err(|e| problem(format!("is not a Kubernetes object: {e}")))?;
+        let target = &self.target;
+        match object.metadata.name.as_deref() {
+            None => object.metadata.name = Some(target.name.clone()),
+            Some(name) if name == target.name => {}
+            Some(name) => return Err(problem(format!("names object {name}, not {}", target.name))),
         }
-    }
-    Err(FencedObjectError::Contended {
-        target: target.url(),
-    })
-}
-
-/// The manifest as the object `target` names; a manifest naming another object is
-/// refused rather than silently retargeted.
-fn manifest_object(
-    target: &ObjectTarget,
-    resource: &ApiResource,
-    manifest: Value,
-) -> Result<DynamicObject, FencedObjectError> {
-    let problem = |problem: String| FencedObjectError::Manifest {
-        target: target.url(),
-        problem,
-    };
-    let mut object: DynamicObject = serde_json::from_value(manifest)
-        .map_err(|e| problem(format!("is not a Kubernetes object: {e}")))?;
-    match object.metadata.name.as_deref() {
-        None => object.metadata.name = Some(target.name.clone()),
-        Some(name) if name == target.name => {}
-        Some(name) => return Err(problem(format!("names object {name}, not {}", target.name))),
-    }
-    match object.metadata.namespace.as_deref() {
-        None => object.metadata.namespace = Some(target.namespace.clone()),
-        Some(ns) if ns == target.namespace => {}
-        Some(ns) => {
+        match object.metadata.namespace.as_deref() {
+            None => object.metadata.namespace = Some(target.namespace.clone()),
+            Some(ns) if ns == target.namespace => {}
+            Some(ns) => {
+                return Err(problem(format!(
+                    "is in namespace {ns}, not {}",
+                    target.namespace
+                )));
+            }
+        }
+        let Some(types) = &object.types else {
+            return Err(problem("has no apiVersion and kind".into()));
+        };
+        if types.api_version != resource.api_version || types.kind != resource.kind {
             return Err(problem(format!(
-                "is in namespace {ns}, not {}",
-                target.namespace
+                "is a {} {}, not one of {} ({} {})",
+                types.api_version,
+                types.kind,
+                target.resource_name(),
+                resource.api_version,
+                resource.kind
             )));
         }
+        Ok(object)
     }
-    let Some(types) = &object.types else {
-        return Err(problem("has no apiVersion and kind".into()));
-    };
-    if types.api_version != resource.api_version || types.kind != resource.kind {
-        return Err(problem(format!(
-            "is a {} {}, not one of {} ({} {})",
-            types.api_version,
-            types.kind,
-            target.resource_name(),
-            resource.api_version,
-            resource.kind
-        )));
-    }
-    Ok(object)
 }
 
-fn stored(target: &ObjectTarget, object: DynamicObject) -> Result<StoredObject, FencedObjectError> {
-    let annotations = object.metadata.annotations.as_ref();
-    let fence = match annotations.and_then(|a| a.get(FENCE_ANNOTATION)) {
-        None => None,
-        Some(value) => Some(
-            value
-                .parse::<u64>()
-                .map_err(|_| FencedObjectError::StoredFence {
-                    target: target.url(),
-                    value: value.clone(),
-                })?,
-        ),
-    };
-    let lock = annotations
-        .and_then(|a| a.get(FENCE_LOCK_ANNOTATION))
-        .cloned();
-    Ok(StoredObject {
-        object,
-        fence,
-        lock,
-    })
+#[async_trait]
+impl FencedObject for FencedKubernetesObject {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sets the fence annotations and the fenced label in the write, then creates the
+    /// object or replaces it conditioned on the version just read. A stored fence above
+    /// ours, or another lock's, refuses the write before it is sent; the admission
+    /// policy refuses it again on the server if a newer write slipped in between.
+    async fn put(&self, fence: &Fence, data: &[u8]) -> Result<Written, FencedError> {
+        let manifest: Value = serde_yaml_ng::from_slice(data).map_err(|e| {
+            FencedError::InvalidData(format!("the manifest is not YAML or JSON: {e}"))
+        })?;
+        let (api, resource) = self.api().await?;
+        let mut object = self.object(&resource, manifest)?;
+        let annotations = object.metadata.annotations.get_or_insert_default();
+        annotations.insert(FENCE_ANNOTATION.into(), fence.token.to_string());
+        annotations.insert(FENCE_LOCK_ANNOTATION.into(), fence.lock.clone());
+        object
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(FENCED_LABEL.into(), "true".into());
+
+        let mut last = String::new();
+        for _ in 0..MAX_ATTEMPTS {
+            let current = api
+                .get_opt(&self.target.name)
+                .await
+                .map_err(|e| api_error("read", e))?;
+            let result = match current {
+                None => {
+                    object.metadata.resource_version = None;
+                    api.create(&PostParams::default(), &object).await
+                }
+                Some(current) => {
+                    let stored = StoredFence::of(&current)?;
+                    stored.check(fence)?;
+                    object.metadata.resource_version = current.metadata.resource_version;
+                    api.replace(&self.target.name, &PostParams::default(), &object)
+                        .await
+                }
+            };
+            match result {
+                Ok(written) => {
+                    return Ok(Written {
+                        version: written.metadata.resource_version,
+                    });
+                }
+                // Another writer got in between the read and the write: read again.
+                Err(kube::Error::Api(status)) if status.code == 409 => last = status.message,
+                Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => {
+                    return Err(refusal(&status.message, fence));
+                }
+                Err(e) => return Err(api_error("write", e)),
+            }
+        }
+        Err(FencedError::Contended {
+            attempts: MAX_ATTEMPTS,
+            last,
+        })
+    }
+
+    async fn get(&self) -> Result<Option<FencedRead>, FencedError> {
+        let (api, _) = self.api().await?;
+        let Some(object) = api
+            .get_opt(&self.target.name)
+            .await
+            .map_err(|e| api_error("read", e))?
+        else {
+            return Ok(None);
+        };
+        let stored = StoredFence::of(&object)?;
+        let yaml = serde_yaml_ng::to_string(&object)
+            .map_err(|e| FencedError::store("read", format!("cannot print the object: {e}")))?;
+        Ok(Some(FencedRead {
+            written_by: stored.fence.map(|token| Fence {
+                token,
+                lock: stored.lock.unwrap_or_default(),
+            }),
+            content: Content::Data(yaml.into_bytes()),
+        }))
+    }
+
+    /// Deletes are out of scope: admission sees no new object on a DELETE, so nothing
+    /// on the server could compare its fence, and a stale holder's delete would go
+    /// through. Write a fenced update that marks the object done instead.
+    async fn delete(&self, _fence: &Fence) -> Result<Written, FencedError> {
+        Err(FencedError::Unsupported(
+            "deletes of Kubernetes objects are not fenced (admission sees no new object on a \
+             DELETE, so no fence can be compared): write a fenced update that marks the object \
+             deleted, and remove it once no holder can write it"
+                .into(),
+        ))
+    }
 }
 
-/// The same comparison the admission policy makes, before the write is sent, so the
-/// refusal names both fences even where the policy is not installed.
-fn check(
-    target: &ObjectTarget,
-    stored: &StoredObject,
-    fence: u64,
-    lock: &str,
-) -> Result<(), FencedObjectError> {
-    if let Some(stored_lock) = &stored.lock
-        && stored_lock != lock
-    {
-        return Err(FencedObjectError::OtherLock {
-            target: target.url(),
-            stored: stored_lock.clone(),
-            yours: lock.to_string(),
-        });
+/// The fence and lock a stored object carries.
+struct StoredFence {
+    fence: Option<FenceToken>,
+    lock: Option<String>,
+}
+
+impl StoredFence {
+    fn of(object: &DynamicObject) -> Result<StoredFence, FencedError> {
+        let annotations = object.metadata.annotations.as_ref();
+        let fence = match annotations.and_then(|a| a.get(FENCE_ANNOTATION)) {
+            None => None,
+            Some(value) => Some(value.parse::<u64>().map(FenceToken).map_err(|_| {
+                FencedError::store(
+                    "read",
+                    format!("the stored {FENCE_ANNOTATION} is not a fence: {value:?}"),
+                )
+            })?),
+        };
+        let lock = annotations
+            .and_then(|a| a.get(FENCE_LOCK_ANNOTATION))
+            .cloned();
+        Ok(StoredFence { fence, lock })
     }
-    match stored.fence {
-        Some(stored) if stored > fence => Err(FencedObjectError::Stale {
-            target: target.url(),
-            stored,
-            yours: fence,
-        }),
-        _ => Ok(()),
+
+    /// The comparison the admission policy makes, before the write is sent, so the
+    /// refusal names both fences even where the policy is not installed. An object
+    /// that names no lock (fenced by `kubectl annotate` alone) compares fences only, as
+    /// the policy does.
+    fn check(&self, fence: &Fence) -> Result<(), FencedError> {
+        if let Some(stored) = &self.lock
+            && *stored != fence.lock
+        {
+            return Err(FencedError::OtherLock {
+                stored: stored.clone(),
+                yours: fence.lock.clone(),
+            });
+        }
+        match self.fence {
+            Some(stored) if stored > fence.token => Err(FencedError::Stale {
+                stored,
+                yours: fence.token,
+                deleted: false,
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn api_error(op: &str, e: kube::Error) -> FencedError {
+    FencedError::Store {
+        op: op.to_string(),
+        detail: e.to_string(),
+        source: Some(Box::new(e)),
     }
 }
 
 /// The policy's refusal, read back into the error a stale holder expects; any other
 /// refusal (RBAC, another policy) keeps the server's message.
-fn refusal(target: &ObjectTarget, message: &str, fence: u64, lock: &str) -> FencedObjectError {
+fn refusal(message: &str, fence: &Fence) -> FencedError {
     let stale = message
-        .split("stale fence: object written by fence ")
-        .nth(1)
-        .and_then(|rest| rest.split(',').next())
+        .split_once("stale fence: object written by fence ")
+        .and_then(|(_, rest)| rest.split(',').next())
         .and_then(|n| n.trim().parse::<u64>().ok());
     if let Some(stored) = stale {
-        return FencedObjectError::Stale {
-            target: target.url(),
-            stored,
-            yours: fence,
+        return FencedError::Stale {
+            stored: FenceToken(stored),
+            yours: fence.token,
+            deleted: false,
         };
     }
     if let Some((_, rest)) = message.split_once("fenced by lock ")
         && let Some((stored, _)) = rest.split_once(": a write fenced by")
     {
-        return FencedObjectError::OtherLock {
-            target: target.url(),
+        return FencedError::OtherLock {
             stored: stored.to_string(),
-            yours: lock.to_string(),
+            yours: fence.lock.clone(),
         };
     }
-    FencedObjectError::Refused {
-        target: target.url(),
-        message: message.to_string(),
-    }
+    FencedError::store("write", format!("refused by the API server: {message}"))
 }
 
 #[cfg(test)]
@@ -384,7 +392,11 @@ mod tests {
 
     #[test]
     fn object_targets_name_namespace_resource_and_name() {
-        let t = ObjectTarget::parse("k8s://prod/deployments.apps/web").unwrap();
+        let t = ObjectTarget::parse(
+            "k8s://prod/deployments.apps/web",
+            "prod/deployments.apps/web",
+        )
+        .unwrap();
         assert_eq!(
             (
                 t.namespace.as_str(),
@@ -395,48 +407,61 @@ mod tests {
             ("prod", "deployments", "apps", "web")
         );
         assert_eq!(t.url(), "k8s://prod/deployments.apps/web");
-        let cm = ObjectTarget::parse("k8s://prod/configmaps/ledger").unwrap();
+        let cm =
+            ObjectTarget::parse("k8s://prod/configmaps/ledger", "prod/configmaps/ledger").unwrap();
         assert_eq!(cm.group, "");
-        for bad in [
-            "k8s://prod/ledger",
-            "s3://b/k",
-            "k8s://prod//x",
-            "k8s://a/b/c/d",
-        ] {
-            let e = ObjectTarget::parse(bad).unwrap_err();
-            assert!(
-                e.to_string().contains("k8s://NAMESPACE/RESOURCE/NAME"),
-                "{e}"
-            );
+        for bad in ["prod//x", "a/b/c/d", "/configmaps/x"] {
+            let e = ObjectTarget::parse(bad, bad).unwrap_err();
+            assert!(e.to_string().contains(OBJECT_FORM), "{e}");
         }
-        assert!(ObjectTarget::is_object_url("k8s://prod/configmaps/ledger"));
-        assert!(!ObjectTarget::is_object_url("k8s://prod/ledger"));
+        assert!(ObjectTarget::is_object_path("prod/configmaps/ledger"));
+        assert!(!ObjectTarget::is_object_path("prod/ledger"));
     }
 
     #[test]
     fn the_policys_refusals_read_back_as_stale_or_other_lock() {
-        let t = ObjectTarget::parse("k8s://prod/configmaps/ledger").unwrap();
+        let fence = Fence::new(5, "k8s://prod/ledger");
         let stale = refusal(
-            &t,
             "admission webhook denied ...: stale fence: object written by fence 6, yours is 5",
-            5,
-            "k8s://prod/ledger",
+            &fence,
         );
         assert_eq!(
             stale.to_string(),
-            "k8s://prod/configmaps/ledger: stale fence: object written by fence 6, yours is 5"
+            "stale fence: object written by fence 6, yours is 5"
         );
         let other = refusal(
-            &t,
             "...: fenced by lock s3://b/a: a write fenced by lock s3://b/c is refused",
-            5,
-            "s3://b/c",
+            &fence,
         );
         assert!(
-            matches!(other, FencedObjectError::OtherLock { ref stored, .. } if stored == "s3://b/a"),
+            matches!(other, FencedError::OtherLock { ref stored, .. } if stored == "s3://b/a"),
             "{other}"
         );
-        let rbac = refusal(&t, "configmaps is forbidden: User cannot update", 5, "x");
-        assert!(matches!(rbac, FencedObjectError::Refused { .. }));
+        let rbac = refusal("configmaps is forbidden: User cannot update", &fence);
+        assert!(matches!(rbac, FencedError::Store { .. }), "{rbac}");
+    }
+
+    #[test]
+    fn a_stored_fence_refuses_lower_fences_and_other_locks() {
+        let stored = StoredFence {
+            fence: Some(FenceToken(6)),
+            lock: Some("k8s://a/l".into()),
+        };
+        assert!(stored.check(&Fence::new(6, "k8s://a/l")).is_ok());
+        assert!(stored.check(&Fence::new(7, "k8s://a/l")).is_ok());
+        assert!(matches!(
+            stored.check(&Fence::new(5, "k8s://a/l")),
+            Err(FencedError::Stale { .. })
+        ));
+        assert!(matches!(
+            stored.check(&Fence::new(9, "k8s://b/l")),
+            Err(FencedError::OtherLock { .. })
+        ));
+        // Fenced by annotation alone (no lock named): fences compare, any lock.
+        let bare = StoredFence {
+            fence: Some(FenceToken(6)),
+            lock: None,
+        };
+        assert!(bare.check(&Fence::new(6, "k8s://b/l")).is_ok());
     }
 }

@@ -16,8 +16,10 @@
 
 //!
 //! Modules: `key` (the URL `s3://BUCKET/KEY` and S3's name rules), `spec`
-//! (`spec.backend.s3` of a DistributedLock), `store` ([`S3Store`]).
+//! (`spec.backend.s3` of a DistributedLock), `store` ([`S3Store`]), `fenced`
+//! ([`FencedS3Object`], an object written only with fences).
 
+mod fenced;
 mod key;
 mod spec;
 mod store;
@@ -26,6 +28,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use fenced::{DELETED_METADATA, FENCE_METADATA, FencedS3Object, LOCK_METADATA};
 pub use key::{BUCKET_MAX_LEN, BUCKET_MIN_LEN, KEY_MAX_BYTES, S3Key, bucket_name, object_key};
 pub use spec::S3Backend;
 pub use store::{S3LOCK_LEASE, S3Store, parse_body};
@@ -34,6 +37,7 @@ use crate::backend::aws::{
     AwsOptions, ClientCache, MAX_CACHED_CLIENTS, plain_http_client, sdk_config, service_endpoint,
 };
 use crate::backend::store::ConnectError;
+use crate::fenced::FencedObject;
 use crate::lock::{CasLock, LockBackend};
 
 /// How to reach S3 beyond the AWS options.
@@ -85,6 +89,21 @@ pub async fn connect(
     Ok(Arc::new(
         CasLock::new(S3Store::new(client, key.bucket.clone(), key.key.clone()))
             .with_delete_on_release(s3.s3lock_compatible),
+    ))
+}
+
+/// The fenced object at `key` (`lockwarden put s3://BUCKET/KEY`), on the process's S3
+/// client for `aws` and `s3`.
+pub async fn connect_fenced(
+    key: &S3Key,
+    aws: &AwsOptions,
+    s3: &S3Options,
+) -> Box<dyn FencedObject> {
+    let client = client(aws, s3).await;
+    Box::new(FencedS3Object::new(
+        client,
+        key.bucket.clone(),
+        key.key.clone(),
     ))
 }
 

@@ -1,0 +1,106 @@
+//! `lockwarden put`, `get` and `delete` as a user runs them: exit 0 and 5, one-line
+//! errors naming the object and both fences, the fence and lock from the environment
+//! `lockwarden run` gives its command.
+
+use serde_json::Value;
+
+use super::support::cli::Cli;
+use super::support::moto::{Moto, new_table_at};
+use super::support::unique;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
+    let bucket = Moto::shared().new_bucket("fenced-cli").await;
+    let target = format!("s3://{bucket}/data/report.csv");
+    let lock = format!("s3://{bucket}/locks/report");
+    let cli = Cli::aws();
+    std::fs::write(cli.path("v5.csv"), "a,b\n5,5\n").unwrap();
+    std::fs::write(cli.path("v4.csv"), "a,b\n4,4\n").unwrap();
+
+    cli.run(&["put", "--fence", "5", "--lock", &lock, &target, "v5.csv"])
+        .await
+        .ok();
+    let out = cli.run(&["get", &target]).await;
+    out.ok();
+    assert_eq!(out.stdout, "a,b\n5,5\n");
+    assert_eq!(
+        out.stderr.trim(),
+        format!("lockwarden: {target}: written by fence 5 of lock {lock}")
+    );
+
+    cli.run(&["put", "--fence", "4", "--lock", &lock, &target, "v4.csv"])
+        .await
+        .code(5)
+        .one_line_error(&[
+            &target,
+            "stale fence: object written by fence 5, yours is 4",
+        ]);
+    cli.run(&["delete", "--fence", "4", "--lock", &lock, &target])
+        .await
+        .code(5)
+        .one_line_error(&[&target, "written by fence 5, yours is 4"]);
+    let other = format!("s3://{bucket}/locks/other");
+    cli.run(&["put", "--fence", "9", "--lock", &other, &target, "v4.csv"])
+        .await
+        .code(5)
+        .one_line_error(&[&target, &format!("fenced by lock {lock}"), &other]);
+
+    // Under `lockwarden run`, the fence and the lock come from the environment.
+    let holder = Cli::aws()
+        .with("LOCKWARDEN_FENCE", "6")
+        .with("LOCKWARDEN_URL", lock.as_str());
+    holder.run(&["delete", &target]).await.ok();
+    cli.run(&["get", &target])
+        .await
+        .code(1)
+        .one_line_error(&[&target, "deleted by fence 6"]);
+    let json = cli.run(&["get", "-o", "json", &target]).await;
+    json.ok();
+    let doc: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(doc["state"], "deleted");
+    assert_eq!(doc["fence"], 6);
+    assert_eq!(doc["lock"], lock.as_str());
+    cli.run(&["put", "--fence", "5", "--lock", &lock, &target, "v5.csv"])
+        .await
+        .code(5)
+        .one_line_error(&[
+            &target,
+            "stale fence: object deleted by fence 6, yours is 5",
+        ]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_and_get_on_dynamodb_take_and_print_dynamodb_json() {
+    let endpoint = Moto::shared().endpoint();
+    let table = new_table_at(&endpoint, "fenced-cli", "pk").await;
+    let target = format!("dynamodb://{table}/{}", unique("job"));
+    // Lock items live in a table of their own (partition key `key`, as dynamolock's).
+    let lock_table = new_table_at(&endpoint, "fenced-locks", "key").await;
+    let lock = format!("dynamodb://{lock_table}/the-lock");
+    let cli = Cli::aws();
+    std::fs::write(
+        cli.path("item.json"),
+        r#"{"count":{"N":"3"},"state":{"S":"done"}}"#,
+    )
+    .unwrap();
+    cli.run(&["put", "--fence", "2", "--lock", &lock, &target, "item.json"])
+        .await
+        .ok();
+    let out = cli.run(&["get", "--output", "json", &target]).await;
+    out.ok();
+    let doc: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(doc["state"], "written");
+    assert_eq!(doc["fence"], 2);
+    let data: Value = serde_json::from_str(doc["data"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        data,
+        serde_json::json!({"count": {"N": "3"}, "state": {"S": "done"}})
+    );
+    cli.run(&["put", "--fence", "1", "--lock", &lock, &target, "item.json"])
+        .await
+        .code(5)
+        .one_line_error(&[
+            &target,
+            "stale fence: object written by fence 2, yours is 1",
+        ]);
+}
