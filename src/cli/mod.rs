@@ -29,6 +29,7 @@ mod progress;
 pub mod run;
 pub mod status;
 mod sys;
+mod tree;
 pub mod unlock;
 
 use std::time::Duration;
