@@ -545,7 +545,7 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
             start_after: Duration::ZERO,
             lock_unlock_share: 0.0,
             hold: (Duration::from_secs(9), Duration::from_secs(9)),
-            ignores_sigterm: broken,
+            hands_writes_to_a_daemon: broken,
         }],
         faults: vec![(
             Duration::from_secs(3),
@@ -559,8 +559,10 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
 }
 
 /// The same proof for command-line holders: `run` must stop its command when the lock
-/// is lost; a command that ignores SIGTERM (and so outlives the lock by `--grace`)
-/// overlaps the engine client that took over, and its writes are refused.
+/// is lost. `run` stops every process of its command's tree by the holder deadline
+/// (rule 7), so the broken command hands its writes to a daemon outside that tree (the
+/// harness): they outlive the lock, overlap the engine client that took over, and are
+/// refused by the fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
     let _serial = SERIAL.lock().await;

@@ -53,7 +53,7 @@ pub const EXIT_CODES: &[ExitStatus] = &[
     },
     ExitStatus {
         code: exit::LOST,
-        meaning: "run: the lock was lost while COMMAND ran; COMMAND got SIGTERM (SIGKILL after --grace)",
+        meaning: "run: the lock was lost while COMMAND ran; every process COMMAND started got SIGTERM, then SIGKILL before the holder deadline",
     },
     ExitStatus {
         code: exit::STALE_FENCE,

@@ -35,6 +35,7 @@ pub mod put;
 pub mod run;
 pub mod status;
 mod sys;
+mod tree;
 pub mod unlock;
 
 use std::time::Duration;

@@ -4,37 +4,127 @@
 //! COMMAND gets `LOCKWARDEN_FENCE` (pass it to whatever the lock protects, which
 //! should reject writes carrying a lower fence), `LOCKWARDEN_HOLDER`, `LOCKWARDEN_URL`
 //! and `LOCKWARDEN_NONCE`. If the lock is lost while COMMAND runs (taken over, record
-//! deleted, or not renewed in time), COMMAND gets SIGTERM, then SIGKILL after
-//! `--grace`, and `run` exits with [`exit::LOST`].
+//! deleted), or is not renewed `--grace` plus the kill margin before its holder
+//! deadline, every process COMMAND started gets SIGTERM, then SIGKILL before the holder
+//! deadline, and `run` exits with [`exit::LOST`] (docs/design.md §3 rule 7: `run` is
+//! their child subreaper, so a process that double-forks or calls `setsid` is reached
+//! too).
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::time::Duration;
 
+use std::collections::HashSet;
+
 use clap::Args;
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::{Instant, sleep_until};
 
 use super::output::display_command;
 use super::progress::Progress;
-use super::{BackendArgs, CliError, PermitArgs, default_holder, exit, print_warning, sys};
+use super::{BackendArgs, CliError, PermitArgs, default_holder, exit, print_warning, sys, tree};
 use crate::backend::Target;
 use crate::lock::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
-    Permits, RenewPolicy, Stored,
+    Permits, RenewPolicy, SafetyMargins, Stored,
 };
 
 /// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
 /// (SIGKILL, machine loss) holds others off for about this long.
 pub const DEFAULT_LEASE: &str = "30s";
 
+/// `--grace` when none is given, if the lease leaves that much (else the most it leaves).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// Rule 7's k: how long before the holder deadline SIGKILL goes, the time to walk
+/// `/proc`, signal every process of the tree and see each gone, with room for a
+/// loaded machine's scheduling delays (tens to a hundred milliseconds on two busy cores).
+pub const KILL_MARGIN: Duration = Duration::from_millis(500);
+
+/// When `run` stops COMMAND's processes (docs/design.md §3 rule 7), on this process's
+/// monotonic clock, the one the holder deadline is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopTimes {
+    /// SIGTERM to every process of the tree.
+    pub term: Instant,
+    /// SIGKILL to every process still alive, repeated until none is.
+    pub kill: Instant,
+}
+
+impl StopTimes {
+    /// For a holder deadline that is not moved by a renewal in time: SIGKILL a kill
+    /// margin before it, SIGTERM `grace` before that, so the grace ends before the
+    /// deadline rather than after it.
+    pub fn before(deadline: Instant, grace: Duration) -> StopTimes {
+        let kill = earlier(deadline, KILL_MARGIN);
+        StopTimes {
+            term: earlier(kill, grace),
+            kill,
+        }
+    }
+
+    /// For a loss learnt at `now` (taken over, record deleted, session expired), or
+    /// processes COMMAND left behind when it exited: SIGTERM at once, SIGKILL after
+    /// `grace` but never later than [`StopTimes::before`] would.
+    pub fn now(now: Instant, deadline: Instant, grace: Duration) -> StopTimes {
+        StopTimes {
+            term: now,
+            kill: (now + grace).min(earlier(deadline, KILL_MARGIN)).max(now),
+        }
+    }
+}
+
+/// `t - by`, or on a clock too young to go back that far, `t` itself: only at boot,
+/// where no lease has been running for long either.
+fn earlier(t: Instant, by: Duration) -> Instant {
+    t.checked_sub(by).unwrap_or(t)
+}
+
+/// The longest `--grace` a granted lease leaves (rule 7): SIGTERM must not come while
+/// renewals are on schedule. After a write sent at t the deadline is
+/// `t + lease × (1 − δ) − margin`; the next renewal goes an interval after the reply
+/// and may take its request timeout; SIGKILL comes the kill margin before the
+/// deadline. Whole milliseconds, so the maximum a message names is itself accepted.
+pub fn longest_grace(granted: Duration, margins: &SafetyMargins) -> Duration {
+    let policy = RenewPolicy::for_lease(granted);
+    let left = margins
+        .holder_validity(granted)
+        .saturating_sub(policy.interval + policy.request_timeout + KILL_MARGIN);
+    Duration::from_millis(left.as_millis() as u64)
+}
+
+/// The grace `run` uses for a granted lease: the one asked for if it fits, refused
+/// (never clamped) if not; without `--grace`, [`DEFAULT_GRACE`] or what fits.
+pub fn grace_within(
+    asked: Option<Duration>,
+    granted: Duration,
+    margins: &SafetyMargins,
+) -> Result<Duration, String> {
+    let longest = longest_grace(granted, margins);
+    match asked {
+        None => Ok(DEFAULT_GRACE.min(longest)),
+        Some(grace) if grace <= longest => Ok(grace),
+        Some(grace) => Err(format!(
+            "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before the holder \
+             deadline, SIGTERM the grace before that, and renewals on schedule must not \
+             trigger it); give a shorter --grace or a longer lease",
+            humantime::format_duration(grace),
+            humantime::format_duration(granted),
+            humantime::format_duration(longest),
+            humantime::format_duration(KILL_MARGIN),
+        )),
+    }
+}
+
 #[derive(Args, Debug)]
 #[command(after_help = "\
 COMMAND gets LOCKWARDEN_FENCE, LOCKWARDEN_HOLDER, LOCKWARDEN_URL and LOCKWARDEN_NONCE in its \
 environment. SIGTERM and SIGHUP sent to lockwarden are passed on to COMMAND; Ctrl-C reaches it \
 from the terminal. run exits with COMMAND's status (128+N if signal N killed it), 3 if the lock \
-is held elsewhere, 4 if the lock was lost while COMMAND ran (COMMAND got SIGTERM, then SIGKILL \
-after --grace). On ZooKeeper the lease is the session timeout (10s).
+is held elsewhere, 4 if the lock was lost while COMMAND ran (every process COMMAND started got \
+SIGTERM, then SIGKILL before the holder deadline). On ZooKeeper the lease is the session timeout \
+(10s).
 
 More than one holder: `lockwarden run --permits 3 s3://locks/warehouse -- ./load.sh` runs at \
 most 3 loads at once (a semaphore; each gets its own LOCKWARDEN_FENCE). Readers and a writer: \
@@ -68,9 +158,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "TEXT")]
     pub data: Option<String>,
 
-    /// After the lock is lost: how long COMMAND has between SIGTERM and SIGKILL
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = super::parse_duration)]
-    pub grace: Duration,
+    /// How long COMMAND has between SIGTERM and SIGKILL when the lock is lost; both
+    /// come before the holder deadline, so at most what the lease leaves (refused above
+    /// it) [default: 10s, or that maximum if less]
+    #[arg(long, value_name = "DURATION", value_parser = super::parse_duration)]
+    pub grace: Option<Duration>,
 
     /// The command to run while the lock is held (after `--`)
     #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true)]
@@ -90,25 +182,43 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
+    let margins = backend.margins();
+    // The lease granted is the one asked for, except on ZooKeeper (the session
+    // timeout): there the grace can only be checked once the lock is acquired.
+    if !matches!(args.url, Target::ZooKeeper(_)) {
+        grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
+    }
     let lease = acquire(&args, permits, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
 
-    let policy = RenewPolicy::for_lease(lease.record.lease);
+    let granted = lease.record.lease;
+    let policy = RenewPolicy::for_lease(granted);
     let (fence, holder, nonce) = (
         lease.fence(),
         lease.holder().to_string(),
         lease.nonce().to_string(),
     );
     let held = HeldLock::hold(backend.clone(), lease, policy);
-    tracing::info!(%url, %fence, %holder, "lock held; starting the command");
+    let grace = match grace_within(args.grace, granted, &margins) {
+        Ok(grace) => grace,
+        Err(refused) => {
+            let _ = held.release().await;
+            return Err(CliError::Usage(refused));
+        }
+    };
+    tracing::info!(%url, %fence, %holder, ?grace, "lock held; starting the command");
 
-    // Handle signals before COMMAND exists, so none can kill us and orphan it.
-    let (mut term, mut hup, mut int) = match signals() {
+    // Handle signals before COMMAND exists, so none can kill us and orphan it; adopt
+    // COMMAND's orphans, so none leaves the tree `run` stops (rule 7).
+    let (mut term, mut hup, mut int) = match signals().and_then(|s| {
+        tree::become_subreaper()?;
+        Ok(s)
+    }) {
         Ok(signals) => signals,
         Err(source) => {
             let _ = held.release().await;
             return Err(CliError::Io {
-                context: format!("{url}: cannot handle signals"),
+                context: format!("{url}: cannot handle signals or adopt orphans"),
                 source,
             });
         }
@@ -137,10 +247,30 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     };
     let lost = held.lost();
     tokio::pin!(lost);
+    let mut deadline = held.deadline();
+    let mut renewing = true;
     let outcome = loop {
+        // Every confirmed renewal moves the deadline, and the stop with it.
+        let stop = StopTimes::before(*deadline.borrow_and_update(), grace);
         tokio::select! {
             status = child.wait() => break Ok(status),
-            state = &mut lost => break Err(state),
+            state = &mut lost => {
+                break Err((state, StopTimes::now(Instant::now(), *deadline.borrow(), grace)));
+            }
+            changed = deadline.changed(), if renewing => renewing = changed.is_ok(),
+            _ = sleep_until(stop.term) => {
+                let state = match held.state() {
+                    HolderState::Held { fence, .. } => HolderState::Expiring {
+                        fence,
+                        last_error: format!(
+                            "no renewal confirmed {} before the holder deadline",
+                            humantime::format_duration(grace + KILL_MARGIN)
+                        ),
+                    },
+                    other => other,
+                };
+                break Err((state, stop));
+            }
             _ = term.recv() => forward(sys::SIGTERM),
             _ = hup.recv() => forward(sys::SIGHUP),
             // The terminal sends Ctrl-C to COMMAND too; we wait for it to exit.
@@ -149,9 +279,26 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     };
 
     match outcome {
-        Ok(waited) => finish(waited, held, &url, &shown, args.lease).await,
-        Err(state) => {
-            let action = terminate(&mut child, &shown, args.grace).await;
+        Ok(waited) => {
+            // What COMMAND left running is still its work under the lock: it ends
+            // before the release lets the next holder start (rule 7). Usually nothing
+            // is left, and the release follows at once.
+            let leftovers = tree::live_descendants(std::process::id());
+            if !leftovers.is_empty() {
+                let times = StopTimes::now(Instant::now(), *deadline.borrow(), grace);
+                let stopped = stop_tree(None, times).await;
+                print_warning(&format!(
+                    "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}, \
+                     before releasing",
+                    leftovers.len(),
+                    stopped.termed,
+                    stopped.killing(times)
+                ));
+            }
+            finish(waited, held, &url, &shown, args.lease).await
+        }
+        Err((state, times)) => {
+            let action = terminate(&mut child, &shown, *deadline.borrow(), times).await;
             // A lock in jeopardy (not renewed in time) may still be ours: give it back,
             // without waiting long for a backend that is not answering.
             let _ = tokio::time::timeout(Duration::from_secs(10), held.release()).await;
@@ -239,35 +386,98 @@ fn signals() -> std::io::Result<(Signal, Signal, Signal)> {
     ))
 }
 
-/// Ends COMMAND after the lock was lost: SIGTERM, then SIGKILL after `grace`. Says
-/// what was done.
-async fn terminate(child: &mut Child, shown: &str, grace: Duration) -> String {
+/// Ends every process of COMMAND's tree after the lock was lost, by `times` (rule 7).
+/// Says what was done.
+async fn terminate(child: &mut Child, shown: &str, deadline: Instant, times: StopTimes) -> String {
     let pid = child.id();
-    let forward = |sig: i32| {
-        if let Some(pid) = pid {
-            let _ = sys::signal(pid, sig);
-        }
-    };
+    tracing::info!(
+        deadline_monotonic = sys::monotonic_seconds(deadline),
+        term_monotonic = sys::monotonic_seconds(times.term),
+        kill_monotonic = sys::monotonic_seconds(times.kill),
+        "stopping the command's processes before the holder deadline"
+    );
+    let stopped = stop_tree(pid, times).await;
     let mut action = match pid {
-        Some(pid) => format!("sent SIGTERM to {shown:?} (pid {pid})"),
-        None => format!("{shown:?} had already exited"),
+        Some(pid) => format!(
+            "sent SIGTERM to {shown:?} (pid {pid}){}",
+            stopped.killing(times)
+        ),
+        None => format!("{shown:?} had already exited{}", stopped.killing(times)),
     };
-    forward(sys::SIGTERM);
-    let status = match tokio::time::timeout(grace, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            forward(sys::SIGKILL);
-            action.push_str(&format!(
-                ", then SIGKILL after {}",
-                humantime::format_duration(grace)
-            ));
-            child.wait().await
-        }
-    };
-    if let Ok(status) = status {
+    if let Ok(status) = child.wait().await {
         action.push_str(&format!("; it exited with {}", describe(status)));
     }
     action
+}
+
+/// What [`stop_tree`] did.
+struct Stopped {
+    termed: usize,
+    killed: usize,
+}
+
+impl Stopped {
+    /// The SIGKILL part, if any: `, then SIGKILL to N process(es) after …`.
+    fn killing(&self, times: StopTimes) -> String {
+        if self.killed == 0 {
+            return String::new();
+        }
+        format!(
+            ", then SIGKILL to {} process(es) after {}, by the holder deadline",
+            self.killed,
+            humantime::format_duration(round_ms(times.kill - times.term)),
+        )
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+/// SIGTERM at `times.term` to `command` (COMMAND's pid, while it runs: it decides how
+/// its own children stop, as when a terminal or a container runtime stops it, and a
+/// shell whose children all got SIGTERM at once reports each as "Terminated"), or, when
+/// COMMAND has exited, to every process it left; then SIGKILL at `times.kill` to every
+/// process below `run` still alive, walking the tree again until none is (one forked
+/// between a walk and its parent's SIGKILL is found by the next walk). Adopted orphans
+/// are reaped; `command` is left for tokio to reap.
+async fn stop_tree(command: Option<u32>, times: StopTimes) -> Stopped {
+    let me = std::process::id();
+    sleep_until(times.term).await;
+    let mut termed = 0;
+    match command {
+        // Our own child, not yet reaped: its pid cannot have been recycled.
+        Some(pid) => termed += usize::from(sys::signal(pid, sys::SIGTERM).is_ok()),
+        None => {
+            for process in tree::live_descendants(me) {
+                termed += usize::from(tree::signal(&process, sys::SIGTERM).is_ok());
+            }
+        }
+    }
+    let mut killed = HashSet::new();
+    loop {
+        tree::reap_adopted(me, command);
+        let live = tree::live_descendants(me);
+        if live.is_empty() {
+            break;
+        }
+        let now = Instant::now();
+        if now >= times.kill {
+            for process in &live {
+                if tree::signal(process, sys::SIGKILL).is_ok() {
+                    killed.insert(process.pid);
+                }
+            }
+            // A process with SIGKILL pending dies when next scheduled.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        } else {
+            sleep_until((now + Duration::from_millis(20)).min(times.kill)).await;
+        }
+    }
+    Stopped {
+        termed,
+        killed: killed.len(),
+    }
 }
 
 /// Why the lock was lost, and who has it now when the loss itself does not say
@@ -310,5 +520,91 @@ fn describe(status: ExitStatus) -> String {
         (Some(code), _) => format!("status {code}"),
         (None, Some(sig)) => format!("signal {sig}"),
         _ => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn rule7_sigkill_comes_the_kill_margin_before_the_deadline_and_sigterm_the_grace_before_that() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let stop = StopTimes::before(deadline, ms(3000));
+        assert_eq!(stop.kill, deadline - KILL_MARGIN);
+        assert_eq!(stop.term, deadline - KILL_MARGIN - ms(3000));
+        assert!(stop.term <= stop.kill && stop.kill < deadline);
+        // No grace: both at once, still before the deadline.
+        let stop = StopTimes::before(deadline, Duration::ZERO);
+        assert_eq!(
+            (stop.term, stop.kill),
+            (deadline - KILL_MARGIN, deadline - KILL_MARGIN)
+        );
+    }
+
+    #[test]
+    fn rule7_a_loss_learnt_from_the_store_stops_at_once_and_kills_by_the_deadline() {
+        let now = Instant::now();
+        // Learnt early: the whole grace, and SIGKILL well before the deadline.
+        let deadline = now + Duration::from_secs(20);
+        let stop = StopTimes::now(now, deadline, ms(2000));
+        assert_eq!((stop.term, stop.kill), (now, now + ms(2000)));
+        // Learnt late: SIGKILL still the kill margin before the deadline.
+        let deadline = now + ms(700);
+        let stop = StopTimes::now(now, deadline, ms(2000));
+        assert_eq!((stop.term, stop.kill), (now, deadline - KILL_MARGIN));
+        // Learnt after it (a lease resumed expired): everything at once.
+        let stop = StopTimes::now(now + ms(900), deadline, ms(2000));
+        assert_eq!((stop.term, stop.kill), (now + ms(900), now + ms(900)));
+    }
+
+    #[test]
+    fn rule7_the_longest_grace_leaves_a_renewal_on_schedule_before_sigterm() {
+        let margins = SafetyMargins::default();
+        for (lease, longest) in [(30_000, 11_150), (10_000, 3_216), (3_000, 440), (1_000, 0)] {
+            let lease = ms(lease);
+            assert_eq!(longest_grace(lease, &margins), ms(longest), "{lease:?}");
+            // A write sent at t0 and answered at once; the next renewal goes one
+            // interval later and takes its whole request timeout: confirmed before
+            // SIGTERM, so a healthy schedule never stops COMMAND.
+            let t0 = Instant::now();
+            let policy = RenewPolicy::for_lease(lease);
+            let confirmed = t0 + policy.interval + policy.request_timeout;
+            let deadline = t0 + margins.holder_validity(lease);
+            let stop = StopTimes::before(deadline, longest_grace(lease, &margins));
+            if longest > 0 {
+                assert!(
+                    confirmed <= stop.term,
+                    "{lease:?}: {confirmed:?} > {:?}",
+                    stop.term
+                );
+            }
+            assert!(stop.kill < deadline);
+        }
+    }
+
+    #[test]
+    fn rule7_a_grace_above_what_the_lease_leaves_is_refused_not_clamped() {
+        let margins = SafetyMargins::default();
+        let lease = Duration::from_secs(3);
+        assert_eq!(grace_within(Some(ms(440)), lease, &margins), Ok(ms(440)));
+        let refused = grace_within(Some(ms(441)), lease, &margins).unwrap_err();
+        for needle in ["--grace 441ms", "3s lease", "at most 440ms"] {
+            assert!(refused.contains(needle), "{needle:?} not in {refused:?}");
+        }
+        // Without --grace: 10 s when the lease leaves that much, else what it leaves.
+        assert_eq!(
+            grace_within(None, Duration::from_secs(30), &margins),
+            Ok(DEFAULT_GRACE)
+        );
+        assert_eq!(grace_within(None, lease, &margins), Ok(ms(440)));
+        assert_eq!(
+            grace_within(None, Duration::from_secs(1), &margins),
+            Ok(Duration::ZERO)
+        );
     }
 }

@@ -73,3 +73,22 @@ fn user_of(uid: u32) -> Option<String> {
         (id == uid && !name.is_empty()).then(|| name.to_string())
     })
 }
+
+/// `t` as seconds of CLOCK_MONOTONIC, the clock tokio's and std's instants read on
+/// Linux, so that another process of this machine (a test) can compare it with its own
+/// readings of the same clock.
+pub fn monotonic_seconds(t: tokio::time::Instant) -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    let reference = tokio::time::Instant::now();
+    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    let now = now.tv_sec as f64 + now.tv_nsec as f64 / 1e9;
+    if t >= reference {
+        now + (t - reference).as_secs_f64()
+    } else {
+        now - (reference - t).as_secs_f64()
+    }
+}

@@ -82,6 +82,7 @@ pub struct HeldLock {
     nonce: String,
     holder: String,
     state: watch::Receiver<HolderState>,
+    deadline: watch::Receiver<Instant>,
     release: Option<oneshot::Sender<oneshot::Sender<Result<(), LockError>>>>,
     task: Option<JoinHandle<()>>,
 }
@@ -101,6 +102,7 @@ impl HeldLock {
             }
         };
         let (state_tx, state) = watch::channel(initial);
+        let (deadline_tx, deadline) = watch::channel(lease.deadline.instant());
         let (release, release_rx) = oneshot::channel();
         let fence = lease.fence();
         let nonce = lease.nonce().to_string();
@@ -109,6 +111,7 @@ impl HeldLock {
             backend: backend.clone(),
             policy: policy.within(lease.record.lease),
             state: state_tx,
+            deadline: deadline_tx,
         };
         let task = tokio::spawn(task.run(lease, release_rx));
         HeldLock {
@@ -117,6 +120,7 @@ impl HeldLock {
             nonce,
             holder,
             state,
+            deadline,
             release: Some(release),
             task: Some(task),
         }
@@ -172,6 +176,13 @@ impl HeldLock {
         self.state.clone()
     }
 
+    /// The holder deadline (rule 2) of the last confirmed write, on this process's
+    /// monotonic clock; it moves with every renewal. `run` stops its command before it
+    /// (rule 7).
+    pub fn deadline(&self) -> watch::Receiver<Instant> {
+        self.deadline.clone()
+    }
+
     /// Resolves when the lock is lost (or can no longer be claimed: `Expiring`).
     pub fn lost(&self) -> impl Future<Output = HolderState> + Send + 'static {
         let mut rx = self.state.clone();
@@ -225,6 +236,7 @@ struct HolderTask {
     backend: Arc<dyn LockBackend>,
     policy: RenewPolicy,
     state: watch::Sender<HolderState>,
+    deadline: watch::Sender<Instant>,
 }
 
 impl HolderTask {
@@ -290,6 +302,7 @@ impl HolderTask {
                     match result {
                         Ok(()) => {
                             next = Instant::now() + self.policy.interval;
+                            self.deadline.send_replace(lease.deadline.instant());
                             self.state.send_replace(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
                         }
                         Err(LockError::Lost { reason, .. }) => {

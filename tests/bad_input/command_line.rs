@@ -117,6 +117,9 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["lock", g, "--wait", "99999999999999999999999"], 2, vec!["--wait"]),
         (vec!["lock", g, "--wait=-1"], 2, vec!["--wait", "10, 90s or 5m"]),
         (vec!["run", g, "--grace", "0s", "--", "true"], 2, vec!["--grace", "greater than zero"]),
+        // Rule 7: SIGTERM and the grace after it both come before the holder deadline.
+        (vec!["run", g, "--grace", "30s", "--", "true"], 2, vec!["--grace 30s", "30s lease", "at most 11s 150ms"]),
+        (vec!["run", g, "--lease", "3s", "--grace", "1s", "--", "true"], 2, vec!["--grace 1s", "3s lease", "at most 440ms"]),
         (vec!["run", g, "--lease", "1h", "--lease", "2h", "--", "true"], 2, vec!["--lease", "cannot be used multiple times"]),
         // flags
         (vec!["lock", g, "--holder", "a\u{7}b"], 2, vec!["--holder", "printable"]),

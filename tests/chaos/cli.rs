@@ -43,9 +43,11 @@ pub struct CliSpec {
     pub lock_unlock_share: f64,
     /// How long each hold lasts.
     pub hold: (Duration, Duration),
-    /// Broken on purpose: `run`'s command ignores SIGTERM, so it outlives a lost lock
-    /// until `--grace` (5 s here) ends it with SIGKILL.
-    pub ignores_sigterm: bool,
+    /// Broken on purpose: `run`'s command hands its writes to a daemon outside `run`'s
+    /// process tree (the harness, asked over the register's socket), which `run`
+    /// cannot stop (docs/design.md §3 rule 7, "what stays outside"): its writes
+    /// outlive a lost lock, and only the fence refuses them.
+    pub hands_writes_to_a_daemon: bool,
 }
 
 /// The lock on key `k` as CLI slot `slot` names it: URL, backend flags, environment.
@@ -95,7 +97,9 @@ impl CliTarget {
 }
 
 /// The register's door for CLI commands: a loopback listener; each connection is one
-/// command's writes, `w KEY-INDEX WHO NONCE FENCE` per line.
+/// command's writes, `w KEY-INDEX WHO NONCE FENCE` per line. A line
+/// `d KEY-INDEX WHO NONCE FENCE N` asks the harness's daemon to make N such writes on
+/// the command's behalf, every 100 ms, over a connection of its own.
 pub async fn serve_register(
     keys: Vec<String>,
     history: Arc<History>,
@@ -112,7 +116,7 @@ pub async fn serve_register(
                 continue;
             };
             let (keys, history) = (keys.clone(), history.clone());
-            connections.push(tokio::spawn(command_writes(stream, keys, history)));
+            connections.push(tokio::spawn(command_writes(stream, keys, history, port)));
         }
         for c in connections {
             let _ = tokio::time::timeout(Duration::from_secs(30), c).await;
@@ -123,10 +127,19 @@ pub async fn serve_register(
 
 /// Applies one command's writes to the register as they arrive; its claim runs from
 /// its first write to its last.
-async fn command_writes(stream: tokio::net::TcpStream, keys: Vec<String>, history: Arc<History>) {
+async fn command_writes(
+    stream: tokio::net::TcpStream,
+    keys: Vec<String>,
+    history: Arc<History>,
+    port: u16,
+) {
     let mut lines = BufReader::new(stream).lines();
     let mut claim: Option<Claim> = None;
     while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(order) = line.strip_prefix("d ") {
+            tokio::spawn(daemon(order.to_string(), port));
+            continue;
+        }
         let fields: Vec<&str> = line.split(' ').collect();
         let ["w", k, who, nonce, fence] = fields[..] else {
             history.violation(format!(
@@ -166,6 +179,34 @@ async fn command_writes(stream: tokio::net::TcpStream, keys: Vec<String>, histor
     }
 }
 
+/// The daemon a broken command hands its writes to: `K WHO NONCE FENCE N` makes N
+/// writes with that fence, every 100 ms, from outside `run`'s process tree.
+async fn daemon(order: String, port: u16) {
+    let Some((write, count)) = order.rsplit_once(' ') else {
+        return;
+    };
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return;
+    };
+    use tokio::io::AsyncWriteExt;
+    for _ in 0..count.parse::<u32>().unwrap_or(0) {
+        if stream
+            .write_all(format!("w {write}\n").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The broken command: hands its writes to the daemon, then lives as long as the
+/// writes would take (so `run` still has something to stop).
+const HANDS_OFF: &str = r#"exec 3<>"/dev/tcp/127.0.0.1/$CHAOS_REGISTER" || exit 70
+echo "d $CHAOS_KEY $CHAOS_WHO $LOCKWARDEN_NONCE $LOCKWARDEN_FENCE $CHAOS_WRITES" >&3 || exit 71
+sleep "$((CHAOS_WRITES / 10 + 1))""#;
+
 /// The command `run` starts: writes to the register every 100 ms, `CHAOS_WRITES` times.
 const COMMAND: &str = r#"exec 3<>"/dev/tcp/127.0.0.1/$CHAOS_REGISTER" || exit 70
 for ((i = 0; i < CHAOS_WRITES; i++)); do
@@ -188,7 +229,11 @@ pub async fn contender(
     let mut round = 0;
     while !stop.load(Ordering::SeqCst) {
         round += 1;
-        let broken = if spec.ignores_sigterm { "-broken" } else { "" };
+        let broken = if spec.hands_writes_to_a_daemon {
+            "-broken"
+        } else {
+            ""
+        };
         let who = format!("cli-{}{broken}-k{k}-{round}", spec.slot);
         let hold_ms =
             rng.random_range(spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64);
@@ -218,10 +263,12 @@ async fn run(
     register: u16,
     history: &History,
 ) {
-    let (grace, command) = if spec.ignores_sigterm {
-        ("5s", format!("trap '' TERM\n{COMMAND}"))
+    // A 3 s lease leaves at most 440 ms of grace before the holder deadline (rule 7).
+    let grace = "400ms";
+    let command = if spec.hands_writes_to_a_daemon {
+        HANDS_OFF
     } else {
-        ("1s", COMMAND.to_string())
+        COMMAND
     };
     let mut args: Vec<String> = vec![
         "run".into(),
@@ -236,7 +283,7 @@ async fn run(
     ];
     args.extend(target.flags.iter().cloned());
     args.extend([target.url.clone(), "--".into()]);
-    args.extend(["bash".into(), "-c".into(), command]);
+    args.extend(["bash".into(), "-c".into(), command.into()]);
     let mut cmd = target.cli.command(&args);
     cmd.env("CHAOS_REGISTER", register.to_string())
         .env("CHAOS_KEY", k.to_string())

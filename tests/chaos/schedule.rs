@@ -332,7 +332,7 @@ impl Plan {
                 start_after: ms(side.random_range(0..500)),
                 lock_unlock_share: 0.3,
                 hold: (ms(200), ms(1500)),
-                ignores_sigterm: false,
+                hands_writes_to_a_daemon: false,
             })
             .collect();
         if side.random_bool(0.6) {

@@ -2,16 +2,17 @@
 //! stolen, and gets SIGTERM passed on.
 
 use super::*;
+use support::proxy::{Mode, Proxy};
 
 /// A lock stolen with `lock --force` by another process: `run` terminates its command
 /// (SIGTERM) and exits 4; the thief's lock is left alone.
-async fn stolen_while_running(lw: &Cli, url: &str, lease: &str) {
+async fn stolen_while_running(lw: &Cli, url: &str, lease: &str, grace: &str) {
     // The command records its pid, then waits; on SIGTERM it records that and exits.
     let script = "trap 'echo terminated > term.txt; exit 143' TERM; \
                   echo \"$LOCKWARDEN_FENCE\" > started.txt; \
                   while true; do sleep 0.1; done";
     let runner = lw.spawn(&[
-        "run", url, "--lease", lease, "--holder", "runner", "--grace", "30s", "--", "sh", "-c",
+        "run", url, "--lease", lease, "--holder", "runner", "--grace", grace, "--", "sh", "-c",
         script,
     ]);
     let started = lw.path("started.txt");
@@ -68,14 +69,16 @@ async fn stolen_while_running(lw: &Cli, url: &str, lease: &str) {
 async fn s3_run_exits_4_and_terminates_its_command_when_the_lock_is_stolen() {
     let bucket = Moto::shared().new_bucket("cli-steal").await;
     let lw = Cli::aws();
-    stolen_while_running(&lw, &format!("s3://{bucket}/stolen"), "3s").await;
+    // A 3 s lease leaves at most 440 ms of grace before the holder deadline.
+    stolen_while_running(&lw, &format!("s3://{bucket}/stolen"), "3s", "400ms").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_run_exits_4_and_terminates_its_command_when_the_lock_is_stolen() {
     let lw = Cli::new();
     let url = zk_url("steal");
-    stolen_while_running(&lw, &url, "10s").await;
+    // The lease is the 10 s session timeout: at most 3.216 s of grace.
+    stolen_while_running(&lw, &url, "10s", "3s").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,5 +123,282 @@ async fn run_of_a_held_lock_exits_3_without_running_the_command() {
     let out = lw.run(&["run", &url, "--", "/nonexistent/command"]).await;
     out.code(127)
         .one_line_error(&[&url, "/nonexistent/command"]);
+    assert_eq!(lw.status(&url).await["state"], "released");
+}
+
+/// Seconds of CLOCK_MONOTONIC, the clock `run` logs its holder deadline on.
+fn monotonic_now() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
+/// What the guarded resource saw: one line per write, `WRITER N`, stamped on arrival
+/// on CLOCK_MONOTONIC (an arrival is after its write, so "arrived before the deadline"
+/// proves "written before it"), and how many writers' connections have closed.
+#[derive(Default)]
+struct Register {
+    writes: std::sync::Mutex<Vec<(f64, String)>>,
+    closed: std::sync::atomic::AtomicUsize,
+}
+
+impl Register {
+    /// Serves on a loopback port until the test ends.
+    async fn serve() -> (u16, std::sync::Arc<Register>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let register = std::sync::Arc::new(Register::default());
+        let serving = register.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let register = serving.clone();
+                tokio::spawn(async move {
+                    let mut lines = BufReader::new(stream).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let t = monotonic_now();
+                        register.writes.lock().unwrap().push((t, line));
+                    }
+                    register
+                        .closed
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                });
+            }
+        });
+        (port, register)
+    }
+
+    fn writes(&self) -> Vec<(f64, String)> {
+        self.writes.lock().unwrap().clone()
+    }
+
+    fn writers(&self) -> std::collections::BTreeSet<String> {
+        self.writes()
+            .iter()
+            .filter_map(|(_, line)| line.split(' ').next().map(str::to_string))
+            .collect()
+    }
+}
+
+/// A writer, `bash -c "$WRITER" _ NAME`: ignores SIGTERM, connects to the register
+/// and writes `NAME N` every 50 ms, forever.
+const WRITER: &str = "trap '' TERM; exec 3<>/dev/tcp/127.0.0.1/$REGISTER || exit 70; \
+                      i=0; while :; do i=$((i+1)); echo \"$1 $i\" >&3 || exit 71; sleep 0.05; done";
+
+/// `text` without terminal colour sequences (`ESC [ … m`).
+fn without_colours(text: &str) -> String {
+    let mut plain = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
+}
+
+/// Commands whose writers must all be gone by the holder deadline (rule 7).
+enum Writers {
+    /// COMMAND itself ignores SIGTERM and keeps writing.
+    IgnoringSigterm,
+    /// COMMAND, a shell that dies of SIGTERM, waits for two writers that ignore it: one
+    /// in the background (`… &`, same process group) and one double-forked into a
+    /// session of its own (`setsid`, its parent gone at once: an orphan, re-parented).
+    InTheBackground,
+}
+
+impl Writers {
+    fn script(&self) -> &'static str {
+        match self {
+            Writers::IgnoringSigterm => "exec bash -c \"$WRITER\" _ main",
+            Writers::InTheBackground => {
+                "bash -c \"$WRITER\" _ background >/dev/null 2>&1 & \
+                 ( setsid bash -c \"$WRITER\" _ setsid >/dev/null 2>&1 & ); wait"
+            }
+        }
+    }
+
+    fn names(&self) -> &'static [&'static str] {
+        match self {
+            Writers::IgnoringSigterm => &["main"],
+            Writers::InTheBackground => &["background", "setsid"],
+        }
+    }
+}
+
+/// `run` holds `url` while `writers` write to a loopback register; the store behind
+/// `proxy` is then cut off, so renewals stop and `run`'s holder deadline comes. Every
+/// write must arrive before that deadline (which `run` logs on CLOCK_MONOTONIC), and
+/// the deadline is no later than the cut plus the holder validity of the lease (so
+/// the logged figure is not trusted blindly). Returns the margins: the deadline minus
+/// the last write.
+async fn writes_end_by_the_holder_deadline(
+    lw: &Cli,
+    url: &str,
+    flags: &[&str],
+    lease: Duration,
+    grace: &str,
+    proxy: &Proxy,
+    writers: Writers,
+) -> f64 {
+    let (port, register) = Register::serve().await;
+    let mut args = vec!["run", url, "--grace", grace, "--holder", "writer"];
+    args.extend(flags);
+    args.extend(["--", "bash", "-c", writers.script()]);
+    let mut cmd = lw.command(&args);
+    cmd.env("LOCKWARDEN_LOG", "lockwarden=info")
+        .env("REGISTER", port.to_string())
+        .env("WRITER", WRITER);
+    let runner = cmd.spawn().expect("spawn lockwarden");
+    eventually("every writer to write", || async {
+        writers
+            .names()
+            .iter()
+            .all(|name| register.writers().contains(*name))
+            .then_some(())
+    })
+    .await;
+    // Two renewals' worth of holding, then the store is cut off.
+    tokio::time::sleep(lease / 2).await;
+    let cut = monotonic_now();
+    proxy.set_mode(Mode::Blackhole);
+    // Past the deadline, let `run`'s release through (or find the lock gone).
+    tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    proxy.set_mode(Mode::Pass);
+    let out = finish(runner, String::new()).await;
+    out.code(4);
+    assert!(out.stderr.contains("lock lost"), "{out:#?}");
+    // `deadline_monotonic=SECONDS`, once the log's colour codes are gone.
+    let deadline: f64 = without_colours(&out.stderr)
+        .split("deadline_monotonic=")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("run logged no holder deadline: {out:#?}"));
+    let validity = lockwarden::lock::SafetyMargins::default().holder_validity(lease);
+    assert!(
+        deadline <= cut + validity.as_secs_f64(),
+        "the logged deadline {deadline} is after the cut {cut} plus {validity:?}"
+    );
+    // Every writer's connection closes: none is left running.
+    eventually("every writer to be gone", || async {
+        (register.closed.load(std::sync::atomic::Ordering::SeqCst) >= writers.names().len())
+            .then_some(())
+    })
+    .await;
+    let writes = register.writes();
+    let (last, line) = writes
+        .iter()
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .cloned()
+        .expect("writes");
+    let late: Vec<_> = writes.iter().filter(|(t, _)| *t > deadline).collect();
+    assert!(
+        late.is_empty(),
+        "{} writes after the holder deadline {deadline}: {late:?}",
+        late.len()
+    );
+    println!(
+        "{url}: {} writes, the last ({line:?}) {:.0} ms before the holder deadline; \
+         the store was cut {:.0} ms before it",
+        writes.len(),
+        (deadline - last) * 1e3,
+        (deadline - cut) * 1e3
+    );
+    deadline - last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule7_run_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_by_the_holder_deadline_on_s3()
+ {
+    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
+    let bucket = moto.new_bucket("cli-rule7").await;
+    for writers in [Writers::IgnoringSigterm, Writers::InTheBackground] {
+        let proxy = Proxy::start(moto.port());
+        let endpoint = proxy.endpoint();
+        let lw = Cli::aws();
+        let url = format!("s3://{bucket}/{}", unique("rule7"));
+        let lease = Duration::from_secs(3);
+        writes_end_by_the_holder_deadline(
+            &lw,
+            &url,
+            &["--endpoint", &endpoint, "--lease", "3s"],
+            lease,
+            "400ms",
+            &proxy,
+            writers,
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule7_run_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_by_the_holder_deadline_on_zookeeper()
+ {
+    let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
+        .await
+        .unwrap();
+    for writers in [Writers::IgnoringSigterm, Writers::InTheBackground] {
+        let proxy = Proxy::start(zk.nodes()[0].port());
+        let url = format!(
+            "zk://{}/lockwarden-cli/{}",
+            proxy.address(),
+            unique("rule7")
+        );
+        let lease = Duration::from_secs(4);
+        writes_end_by_the_holder_deadline(
+            &Cli::new(),
+            &url,
+            &["--session-timeout", "4s"],
+            lease,
+            "400ms",
+            &proxy,
+            writers,
+        )
+        .await;
+    }
+}
+
+/// COMMAND backgrounds a writer that ignores SIGTERM, in a session of its own, and
+/// exits: the writer is still work under the lock, so `run` stops it before releasing
+/// (after --grace), and nothing is written once `run` has exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule7_run_stops_what_its_command_left_running_before_releasing() {
+    let bucket = Moto::shared().new_bucket("cli-rule7-left").await;
+    let lw = Cli::aws();
+    let url = format!("s3://{bucket}/left");
+    let (port, register) = Register::serve().await;
+    let script = "( setsid bash -c \"$WRITER\" _ left >/dev/null 2>&1 & ); sleep 0.5";
+    let mut cmd = lw.command(&[
+        "run", &url, "--lease", "3s", "--grace", "300ms", "--", "bash", "-c", script,
+    ]);
+    cmd.env("REGISTER", port.to_string()).env("WRITER", WRITER);
+    let out = cmd.output().await.expect("run");
+    let exited = monotonic_now();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("exited and left") && stderr.contains("SIGKILL"),
+        "{stderr}"
+    );
+    eventually("the writer's connection to close", || async {
+        (register.closed.load(std::sync::atomic::Ordering::SeqCst) >= 1).then_some(())
+    })
+    .await;
+    let writes = register.writes();
+    assert!(!writes.is_empty(), "the left-behind writer never wrote");
+    assert!(
+        writes.iter().all(|(t, _)| *t <= exited),
+        "writes after run exited: {writes:?} (exited at {exited})"
+    );
     assert_eq!(lw.status(&url).await["state"], "released");
 }
