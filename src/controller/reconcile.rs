@@ -607,6 +607,7 @@ impl Reconciling<'_> {
             force: self.lock.spec.force,
             reclaim: false,
             permits: self.spec.permits,
+            cluster: Some(self.ctx.config.cluster_name.clone()),
         };
         match timed(
             self.ctx,

@@ -31,6 +31,7 @@ pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord>
                 acquired_at: std::time::SystemTime::UNIX_EPOCH,
                 renewed_at: std::time::SystemTime::UNIX_EPOCH,
                 set: None,
+                history: Vec::new(),
                 unknown: UnknownFields::new(),
             }),
             None => Err(not_ours),
