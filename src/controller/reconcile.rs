@@ -718,6 +718,7 @@ impl Reconciling<'_> {
                 .status()
                 .waiting(&holder.holder, holder.fence, queue_position),
         }
+        .with_history_of(holder)
         .since(Some(since.wall));
         self.write(waiting).await?;
         let mut pause = if backend.watches_changes() {
