@@ -203,6 +203,34 @@ pub fn to_text(history: &[Grant]) -> String {
     serde_json::to_string(history).expect("history serialises")
 }
 
+/// The history as JSON in ASCII only (other characters as `\uXXXX` escapes), at most
+/// `max` bytes long: the oldest entries are left out until it fits (`None` when not
+/// even the newest does). For stores that keep it in a size-limited header, such as
+/// S3's user metadata (2 KB in all).
+pub fn to_bounded_ascii(history: &[Grant], max: usize) -> Option<String> {
+    (0..history.len()).find_map(|skip| {
+        let text = ascii_json(&to_text(&history[skip..]));
+        (text.len() <= max).then_some(text)
+    })
+}
+
+/// JSON text with every non-ASCII character escaped: still the same JSON, since such
+/// characters only occur inside strings.
+fn ascii_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
 fn keep_last(grants: &mut Vec<Grant>) {
     let extra = grants.len().saturating_sub(HISTORY_LEN);
     grants.drain(..extra);
@@ -361,7 +389,11 @@ mod tests {
                 s("d", 4, "held")
             ]
         );
-        assert!(d.history.iter().all(|g| g.cluster.as_deref() == Some("east")));
+        assert!(
+            d.history
+                .iter()
+                .all(|g| g.cluster.as_deref() == Some("east"))
+        );
         assert!(d.history[..3].iter().all(|g| g.ended_at_ms.is_some()));
     }
 
@@ -369,7 +401,12 @@ mod tests {
     fn the_history_keeps_the_last_grants_only() {
         let mut r = granted("h0", 1, None, Ending::Released);
         for fence in 2..=20 {
-            r = granted(&format!("h{}", fence - 1), fence, Some(&r.released()), Ending::Released);
+            r = granted(
+                &format!("h{}", fence - 1),
+                fence,
+                Some(&r.released()),
+                Ending::Released,
+            );
         }
         let history = settled(&r);
         assert_eq!(history.len(), HISTORY_LEN);
@@ -397,7 +434,11 @@ mod tests {
         let next = granted("c", 3, Some(&tombstone), Ending::Released);
         assert_eq!(
             summary(&next.history),
-            [s("a", 1, "unknown"), s("old-build", 2, "released"), s("c", 3, "held")]
+            [
+                s("a", 1, "unknown"),
+                s("old-build", 2, "released"),
+                s("c", 3, "held")
+            ]
         );
     }
 
@@ -414,6 +455,30 @@ mod tests {
         let back: serde_json::Value = serde_json::from_str(&to_text(&history)).unwrap();
         assert_eq!(back[0]["ended"], "lost");
         assert_eq!(back[0]["why"], "x");
+    }
+
+    #[test]
+    fn the_ascii_form_fits_its_bound_by_leaving_out_the_oldest() {
+        let history: Vec<Grant> = (1..=8)
+            .map(|f| {
+                Grant::new(
+                    &format!("höld-{f}-😀"),
+                    Some("ost"),
+                    FenceToken(f),
+                    SystemTime::now(),
+                )
+            })
+            .collect();
+        let all = to_bounded_ascii(&history, usize::MAX).unwrap();
+        assert!(all.is_ascii(), "{all}");
+        assert_eq!(parse_text(&all), history, "the same JSON");
+        let bound = all.len() / 2;
+        let some = to_bounded_ascii(&history, bound).unwrap();
+        assert!(some.len() <= bound);
+        let kept = parse_text(&some);
+        assert!(!kept.is_empty() && kept.len() < history.len());
+        assert_eq!(kept.last(), history.last(), "the newest are kept");
+        assert_eq!(to_bounded_ascii(&history, 10), None);
     }
 
     #[test]
