@@ -302,11 +302,10 @@ pub fn after_grant(
 /// The history a release writes in its tombstone: the releasing grant closed.
 pub fn after_release(record: &LockRecord, now: SystemTime) -> Vec<Grant> {
     let mut history = record.history.clone();
-    match history.last_mut() {
-        Some(last) if last.is_grant_of(record) => last.end(Ending::Released, Some(now)),
-        // Our grant's entry is missing (a newer record format, a history cut by hand):
-        // the tombstone itself says who released, and `settled` adds it when read.
-        _ => {}
+    // Without an entry of our grant (dropped by a writer that keeps no history), the
+    // tombstone itself says who released, and `settled` adds it when read.
+    if let Some(last) = history.last_mut().filter(|g| g.is_grant_of(record)) {
+        last.end(Ending::Released, Some(now));
     }
     history
 }
