@@ -64,6 +64,7 @@ fn record() -> impl Strategy<Value = LockRecord> {
                     acquired_at: SystemTime::UNIX_EPOCH + Duration::from_millis(acquired),
                     renewed_at: SystemTime::UNIX_EPOCH + Duration::from_millis(renewed),
                     set: None,
+                    history: Vec::new(),
                     unknown: Default::default(),
                 }
             },

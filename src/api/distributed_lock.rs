@@ -175,6 +175,31 @@ impl std::fmt::Display for LockPhase {
     }
 }
 
+/// One grant of a key's holder history (`status.history`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::strip_nullable)]
+#[schemars(transform = crate::schema::kubernetes_integer_formats)]
+pub struct HistoryEntry {
+    /// Holder identity of the grant.
+    pub holder: String,
+    /// Where the holder ran: a controller's cluster name, a command-line tool's host
+    /// (absent when the store's record did not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The grant's fencing token.
+    pub fence: i64,
+    /// When it was granted (the granting writer's wall clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<Time>,
+    /// `held` (the key's current holder), `released`, `expired` (taken over after
+    /// its lease ran out), `forced`, `reclaimed` or `unknown`.
+    pub ended: String,
+    /// When it ended (the wall clock of the writer that ended it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Time>,
+}
+
 /// What the controller last saw and did. Written only on transitions.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -231,6 +256,12 @@ pub struct DistributedLockStatus {
     /// exclusive holder takes them all; keys with more than one permit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits_in_use: Option<u32>,
+    /// The key's holder history as the store kept it (its last grants, oldest first,
+    /// in every cluster), as last seen: refreshed only by status writes that happen
+    /// anyway (acquired, waiting for another holder), never by a write of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub history: Option<Vec<HistoryEntry>>,
     /// `Acquired` and others, keyed by type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]

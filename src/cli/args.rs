@@ -168,6 +168,7 @@ impl LockArgs {
             force: self.force,
             reclaim: self.reclaim,
             permits: self.permits.permits()?,
+            cluster: Some(sys::hostname()),
         })
     }
 }

@@ -370,6 +370,7 @@ async fn acquire(
         force: false,
         reclaim: args.reclaim,
         permits,
+        cluster: Some(sys::hostname()),
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;

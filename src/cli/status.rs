@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::{BackendArgs, CliError, PermitArgs, exit};
 use crate::backend::Target;
+use crate::lock::history::{self, Grant};
 use crate::lock::{HolderSet, LockState, Permits, Stored};
 
 #[derive(Args, Debug)]
@@ -23,6 +24,11 @@ pub struct StatusArgs {
     /// says whether the key agrees and whether a permit is free
     #[command(flatten)]
     pub permits: PermitArgs,
+
+    /// Also show the key's holder history: its last grants (holder, cluster, fence,
+    /// acquired, how and when each ended), oldest first
+    #[arg(long)]
+    pub history: bool,
 
     #[command(flatten)]
     pub backend: BackendArgs,
@@ -78,9 +84,45 @@ pub struct Status {
     /// Every holder of a key with more than one permit, in grant order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<SetHolder>,
+    /// The key's last grants, oldest first (`--history`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<HistoryEntry>>,
     /// Another tool's lock holds (or held) the key: it names no permits.
     #[serde(skip)]
     pub by_another_tool: bool,
+}
+
+/// One grant of the key's holder history ([`crate::lock::history`]).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    pub holder: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    pub fence: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    /// `held` (the current holder), `released`, `expired`, `forced`, `reclaimed` or
+    /// `unknown`.
+    pub ended: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+}
+
+impl HistoryEntry {
+    pub fn all(history: &[Grant]) -> Vec<HistoryEntry> {
+        history
+            .iter()
+            .map(|g| HistoryEntry {
+                holder: g.holder.clone(),
+                cluster: g.cluster.clone(),
+                fence: g.fence.0,
+                acquired_at: g.acquired_at().and_then(rfc3339),
+                ended: g.ended.to_string(),
+                ended_at: g.ended_at().and_then(rfc3339),
+            })
+            .collect()
+    }
 }
 
 /// One holder of a key with more than one permit.
@@ -171,6 +213,7 @@ impl Status {
             permits: None,
             permits_in_use: None,
             holders: Vec::new(),
+            history: None,
             by_another_tool: false,
         };
         let Some(stored) = stored else { return s };
@@ -285,9 +328,44 @@ impl Status {
             .unwrap_or_default();
         let header = header.iter().map(|h| h.to_string()).collect();
         format!(
-            "{}{note}{}",
+            "{}{note}{}{}",
             columns(&[header, row]),
-            self.holders_table(wide)
+            self.holders_table(wide),
+            self.history_table()
+        )
+    }
+
+    /// With `--history`: the key's last grants, oldest first. Empty otherwise.
+    fn history_table(&self) -> String {
+        let Some(history) = &self.history else {
+            return String::new();
+        };
+        if history.is_empty() {
+            return "history: none\n".into();
+        }
+        let mut rows = vec![
+            [
+                "FENCE", "HOLDER", "CLUSTER", "ACQUIRED", "ENDED", "ENDED AT",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        for g in history {
+            rows.push(vec![
+                g.fence.to_string(),
+                g.holder.clone(),
+                dash(&g.cluster),
+                dash(&g.acquired_at),
+                g.ended.clone(),
+                dash(&g.ended_at),
+            ]);
+        }
+        format!(
+            "history: last {} grant{}, oldest first\n{}",
+            history.len(),
+            if history.len() == 1 { "" } else { "s" },
+            columns(&rows)
         )
     }
 
@@ -370,8 +448,14 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
     // A store that is still starting is retried for the connect timeout, as `lock` does.
     let stored = crate::lock::when_reachable(|| backend.inspect()).await?;
     let note = stored.as_ref().and_then(|s| backend.note(s));
+    // From the record just read: the same as `LockBackend::history`, without a second
+    // read.
+    let history = args
+        .history
+        .then(|| HistoryEntry::all(&history::of_stored(stored.as_ref())));
     let mut status = Status {
         note,
+        history,
         ..Status::new(backend.url(), stored)
     };
     if let Some(permits) = asked.and_then(|asked| status.permits_note(asked)) {
@@ -513,6 +597,61 @@ mod tests {
             Some(sentence),
             "JSON/YAML: the sentence"
         );
+    }
+
+    #[test]
+    fn history_lists_the_grants_oldest_first_only_when_asked() {
+        use crate::lock::history::{after_grant, of_stored};
+        use crate::lock::{Ending, Grant};
+        let first = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(30), None);
+        let mut first = first;
+        first.history = vec![Grant::new(
+            "a",
+            Some("east"),
+            FenceToken(1),
+            first.acquired_at,
+        )];
+        let mut second =
+            LockRecord::new_acquisition("b", FenceToken(2), Duration::from_secs(30), None);
+        let grant = Grant::new("b", Some("west"), FenceToken(2), second.acquired_at);
+        second.history = after_grant(
+            Some(&first.released()),
+            Ending::Released,
+            grant,
+            SystemTime::now(),
+        );
+        let stored = Stored {
+            record: Ok(second),
+            version: Version("v2".into()),
+        };
+        let plain = Status::new("s3://b/k", Some(stored.clone()));
+        assert_eq!(
+            plain.table(false).lines().count(),
+            2,
+            "as before without --history"
+        );
+        assert!(
+            serde_json::to_value(&plain)
+                .unwrap()
+                .get("history")
+                .is_none()
+        );
+        let status = Status {
+            history: Some(HistoryEntry::all(&of_stored(Some(&stored)))),
+            ..Status::new("s3://b/k", Some(stored))
+        };
+        let table = status.table(false);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[2], "history: last 2 grants, oldest first", "{table}");
+        let cells = |l: &str| l.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(cells(lines[3])[..3], ["FENCE", "HOLDER", "CLUSTER"]);
+        let (a, b) = (cells(lines[4]), cells(lines[5]));
+        assert_eq!([&a[0], &a[1], &a[2], &a[4]], ["1", "a", "east", "released"]);
+        assert_eq!([&b[0], &b[1], &b[2], &b[4]], ["2", "b", "west", "held"]);
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["history"][0]["ended"], "released");
+        assert_eq!(json["history"][1]["cluster"], "west");
+        assert!(json["history"][1].get("endedAt").is_none());
     }
 
     #[test]

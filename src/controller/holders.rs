@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use super::status::Occupancy;
 use crate::api::DistributedLock;
+use crate::lock::history::{self, Grant};
 use crate::lock::{
     HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy, Stored,
 };
@@ -32,6 +33,8 @@ pub struct Acquisition {
     /// How the key was held right after this acquisition (keys with more than one
     /// permit).
     pub occupancy: Option<Occupancy>,
+    /// The key's holder history as our acquisition wrote it (`status.history`).
+    pub history: Vec<Grant>,
 }
 
 /// A held lock and the monitor that reports its transitions.
@@ -86,6 +89,7 @@ impl HolderTask {
             acquired_at: lease.acquired_at(),
             forced_from: lease.forced_from.clone(),
             occupancy: Occupancy::of(&lease.record),
+            history: history::of_record(&lease.record),
         };
         let held = HeldLock::hold(backend, lease, policy);
         let mut rx = held.watch();

@@ -609,6 +609,7 @@ impl Reconciling<'_> {
             force: self.lock.spec.force,
             reclaim: false,
             permits: self.spec.permits,
+            cluster: Some(self.ctx.config.cluster_name.clone()),
         };
         match timed(
             self.ctx,
@@ -719,6 +720,7 @@ impl Reconciling<'_> {
                 .status()
                 .waiting(&holder.holder, holder.fence, queue_position),
         }
+        .with_history_of(holder)
         .since(Some(since.wall));
         self.write(waiting).await?;
         let mut pause = if backend.watches_changes() {

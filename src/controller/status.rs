@@ -12,7 +12,8 @@ use serde_json::json;
 
 use super::holders::Acquisition;
 use crate::api::conditions::{self, ACQUIRED, reason};
-use crate::api::{DistributedLock, DistributedLockStatus, LockPhase};
+use crate::api::{DistributedLock, DistributedLockStatus, HistoryEntry, LockPhase};
+use crate::lock::history::{self, Grant};
 use crate::lock::{FenceToken, LockRecord};
 
 /// How a key with more than one permit is held (docs/design.md §6.2), as a record
@@ -79,8 +80,26 @@ pub struct Desired {
     pub waiting_since: Option<Time>,
     /// How the key was held when last seen (keys with more than one permit).
     pub occupancy: Option<Occupancy>,
+    /// The key's holder history as a record just read or written showed it; `None`:
+    /// keep what status says.
+    pub history: Option<Vec<HistoryEntry>>,
     /// `Acquired` condition: status, reason, message.
     pub acquired: (bool, &'static str, String),
+}
+
+/// The key's holder history as `status.history` shows it.
+pub fn history_entries(history: &[Grant]) -> Vec<HistoryEntry> {
+    history
+        .iter()
+        .map(|g| HistoryEntry {
+            holder: g.holder.clone(),
+            cluster: g.cluster.clone(),
+            fence: i64::try_from(g.fence.0).unwrap_or(i64::MAX),
+            acquired_at: g.acquired_at().and_then(time),
+            ended: g.ended.to_string(),
+            ended_at: g.ended_at().and_then(time),
+        })
+        .collect()
 }
 
 impl Desired {
@@ -124,7 +143,16 @@ impl Desired {
             nonce: Some(a.nonce.clone()),
             acquired_at: time(a.acquired_at),
             occupancy: a.occupancy,
+            history: Some(history_entries(&a.history)),
             acquired,
+            ..self
+        }
+    }
+
+    /// With the key's holder history as `holder` (a record just read) shows it.
+    pub fn with_history_of(self, holder: &LockRecord) -> Desired {
+        Desired {
+            history: Some(history_entries(&history::of_record(holder))),
             ..self
         }
     }
@@ -216,8 +244,13 @@ pub fn next_status(lock: &DistributedLock, desired: Desired) -> Option<Distribut
         &mut next.conditions,
         conditions::condition(ACQUIRED, ok, reason, message, generation, now()),
     );
+    // The history rides along with a write that happens anyway: a change of the
+    // history alone (seen while waiting, say) is no reason to write.
     if next == current {
         return None;
+    }
+    if let Some(history) = desired.history {
+        next.history = Some(history);
     }
     if held {
         next.renewed_at = Some(now());
@@ -325,6 +358,7 @@ mod tests {
                 since: None,
             }),
             occupancy: None,
+            history: Vec::new(),
         }
     }
 
@@ -353,6 +387,54 @@ mod tests {
         let expiring = Desired::for_key("s3", "s3://b/k").held(&acquisition(None), Some("timeout"));
         let next = next_status(&lock, expiring).expect("a transition");
         assert!(next.renewed_at > stored.renewed_at);
+    }
+
+    /// `status.history` costs no write of its own: a history that changed while
+    /// nothing else did (another waiter's view of the key) waits for the next write
+    /// that happens anyway, and that write carries it.
+    #[test]
+    fn the_history_rides_along_with_writes_that_happen_anyway() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let mut record = LockRecord::new_acquisition(
+            "east/ns/a",
+            FenceToken(4),
+            std::time::Duration::from_secs(30),
+            None,
+        );
+        let waiting = |r: &LockRecord| {
+            Desired::for_key("s3", "s3://b/k")
+                .waiting(&r.holder, r.fence, None)
+                .with_history_of(r)
+        };
+        let first = next_status(&lock, waiting(&record)).expect("first write");
+        let history = first
+            .history
+            .clone()
+            .expect("written with the first status");
+        assert_eq!((history[0].fence, history[0].ended.as_str()), (4, "held"));
+        lock.status = Some(first);
+        // Only the history differs: no write.
+        record.history = history::after_release(&record, SystemTime::now());
+        record.history.insert(
+            0,
+            Grant::new("west/ns/b", Some("west"), FenceToken(3), SystemTime::now()),
+        );
+        assert_eq!(next_status(&lock, waiting(&record)), None);
+        // Held by us now: that write carries our acquisition's history.
+        let ours = Acquisition {
+            history: history::after_grant(
+                Some(&record.released()),
+                crate::lock::Ending::Released,
+                Grant::new("c/ns/x", Some("c"), FenceToken(5), SystemTime::now()),
+                SystemTime::now(),
+            ),
+            ..acquisition(None)
+        };
+        let held = next_status(&lock, Desired::for_key("s3", "s3://b/k").held(&ours, None))
+            .expect("a transition");
+        let fences: Vec<i64> = held.history.unwrap().iter().map(|g| g.fence).collect();
+        assert_eq!(fences, [3, 4, 5]);
     }
 
     #[test]

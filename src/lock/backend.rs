@@ -28,6 +28,9 @@ pub struct AcquireRequest {
     /// The key's permits and how this holder takes it (docs/design.md §6.2); a mutex
     /// unless asked otherwise.
     pub permits: Permits,
+    /// Where the holder runs — the controller's cluster name, the CLI's host — for the
+    /// key's holder history ([`crate::lock::history`]); nothing else reads it.
+    pub cluster: Option<String>,
 }
 
 impl AcquireRequest {
@@ -39,6 +42,7 @@ impl AcquireRequest {
             force: false,
             reclaim: false,
             permits: Permits::MUTEX,
+            cluster: None,
         }
     }
 }
@@ -184,6 +188,15 @@ pub trait LockBackend: Send + Sync {
     /// this contender's next acquisition write, so a stale one costs a conflict and a
     /// read, never safety; it saves the read when it is current.
     async fn learn(&self, _released: Stored) {}
+
+    /// The key's holder history: its last grants, oldest first, the current holder
+    /// (if any) last ([`crate::lock::history`]). From the record as read; a store that
+    /// keeps no history (ZooKeeper) gives its current holder only. Empty for a key
+    /// nobody has held and for a foreign record.
+    async fn history(&self) -> Result<Vec<super::history::Grant>, LockError> {
+        let stored = self.inspect().await?;
+        Ok(super::history::of_stored(stored.as_ref()))
+    }
 
     /// What users of other tools on this key should know about `stored` (e.g. that
     /// another library sees a released record as held). `None`: nothing.

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, StoreError};
 use super::clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 use super::error::{HeldBy, LockError, LostReason};
+use super::history::{self, Ending, Grant};
 use super::record::{FenceToken, LockRecord, LockState, Stored, Version};
 
 /// How many times one `try_acquire` re-reads after losing a race before it reports
@@ -114,6 +115,8 @@ enum Plan {
         expected: Version,
         fence: FenceToken,
         forced_from: Option<HeldBy>,
+        /// How the grant being replaced ended, for the key's history.
+        ending: Ending,
     },
     /// Boxed: a record with a holder set is large, and this is the rare arm.
     Busy(Box<LockRecord>, std::time::Duration),
@@ -145,7 +148,7 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
             if let Some(lease) = self.adopt_pending(&mut st, current.as_ref()).await? {
                 return Ok(Attempt::Acquired(lease));
             }
-            let (expected, fence, forced_from) = match self.plan(req, current.as_ref(), &mut st)? {
+            let plan = match self.plan(req, current.as_ref(), &mut st)? {
                 Plan::Busy(holder, remaining) => {
                     st.last_seen = current;
                     return Ok(Attempt::Busy {
@@ -154,17 +157,32 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                         queue_position: None,
                     });
                 }
-                Plan::Create => (None, FenceToken::FIRST, None),
+                Plan::Create => (None, FenceToken::FIRST, None, Ending::Unknown),
                 Plan::Replace {
                     expected,
                     fence,
                     forced_from,
-                } => (Some(expected), fence, forced_from),
+                    ending,
+                } => (Some(expected), fence, forced_from, ending),
             };
+            let (expected, fence, forced_from, ending) = plan;
             let mut record =
                 LockRecord::new_acquisition(&req.holder, fence, req.lease, req.data.clone());
             // A newer build's fields stay with the key (docs/design.md §3).
             record.unknown = current.as_ref().map(Stored::unknown).unwrap_or_default();
+            // The key's history: the grant replaced closed, ours appended. A holder set
+            // keeps none, so after one the history starts again.
+            let replaced = match current.as_ref().map(|s| &s.record) {
+                Some(Ok(r)) if r.set.is_none() => Some(r),
+                _ => None,
+            };
+            let grant = Grant::new(
+                &req.holder,
+                req.cluster.as_deref(),
+                fence,
+                record.acquired_at,
+            );
+            record.history = history::after_grant(replaced, ending, grant, record.acquired_at);
             // `None`: the condition failed — someone else wrote first (or an SDK-level
             // retry found our first try had landed: it stays pending, so the next look
             // adopts it).
@@ -386,6 +404,7 @@ impl<S: RecordStore> CasLock<S> {
                     expected: version.clone(),
                     fence: FenceToken::FIRST,
                     forced_from: None,
+                    ending: Ending::Forced,
                 });
             }
         };
@@ -398,16 +417,17 @@ impl<S: RecordStore> CasLock<S> {
             });
         }
         let takeover_after = self.margins.takeover_after(r.lease);
-        let forced_from = if r.state == LockState::Released {
-            None
+        let (forced_from, ending) = if r.state == LockState::Released {
+            (None, Ending::Released)
         } else if req.force {
-            Some(HeldBy::from_record(r))
+            (Some(HeldBy::from_record(r)), Ending::Forced)
         } else if st.observer.is_expired(version, takeover_after) {
-            None
+            // Only this next writer knows the lease ran out: its history entry says so.
+            (None, Ending::Expired)
         } else if req.reclaim && r.holder == req.holder && !r.by_another_tool() {
             // Our own holder name's lock, left by an earlier run: taken back now, by
             // the same conditional write as a takeover, and reported as one.
-            Some(HeldBy::from_record(r))
+            (Some(HeldBy::from_record(r)), Ending::Reclaimed)
         } else {
             let remaining = st.observer.remaining(version, takeover_after);
             return Ok(Plan::Busy(Box::new(r.clone()), remaining));
@@ -426,6 +446,7 @@ impl<S: RecordStore> CasLock<S> {
             expected: version.clone(),
             fence,
             forced_from,
+            ending,
         })
     }
 
@@ -1141,6 +1162,52 @@ pub(super) mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(store.stored().unwrap().version, b_version);
+    }
+
+    // The key's holder history (lock/history.rs): informational, but each writer must
+    // leave it right — the granting writer appends, the one that ends a grant closes it.
+
+    #[tokio::test]
+    async fn the_history_lists_each_grant_with_its_fence_and_how_it_ended() {
+        let (store, a, lease) = held_by_a().await;
+        a.release(&lease).await.unwrap();
+        let b = contender(&store);
+        let b_req = AcquireRequest {
+            cluster: Some("west".into()),
+            ..req("b")
+        };
+        acquired(&b, &b_req).await;
+        // b stops renewing: c observes its lease run out and takes the key over.
+        let c = contender(&store);
+        let since = Instant::now();
+        busy(&c, &req("c")).await;
+        take_over(&c, "c", since).await;
+        acquired(&contender(&store), &forced("d")).await;
+        let history = a.history().await.unwrap();
+        let seen: Vec<(&str, u64, String)> = history
+            .iter()
+            .map(|g| (g.holder.as_str(), g.fence.0, g.ended.to_string()))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("a", 1, "released".to_string()),
+                ("b", 2, "expired".into()),
+                ("c", 3, "forced".into()),
+                ("d", 4, "held".into()),
+            ]
+        );
+        assert_eq!(history[1].cluster.as_deref(), Some("west"));
+        assert!(history[..3].iter().all(|g| g.ended_at_ms.is_some()));
+        assert_eq!(history[3].ended_at_ms, None);
+        // Renewals leave it as it is.
+        let stored_before = store.record().history;
+        let mut d = acquired(&contender(&store), &reclaiming("d")).await;
+        contender(&store).renew(&mut d).await.unwrap();
+        let after = store.record().history;
+        assert_eq!(after.len(), stored_before.len() + 1);
+        assert_eq!(after[3].ended, crate::lock::Ending::Reclaimed);
+        assert_eq!(after[4].fence, FenceToken(5));
     }
 
     // Rule 6: foreign or corrupt records are reported, never overwritten unless forced.

@@ -9,6 +9,7 @@
 //!   resolution, conditional force) on top of any [`RecordStore`].
 //! - [`permits`]: more than one holder per key ([`Permits`], [`Mode`], [`HolderSet`]);
 //!   `semaphore`: the protocol for such keys on a [`RecordStore`] (used by [`CasLock`]).
+//! - [`history`]: the key's last grants, kept in its record ([`Grant`]).
 //! - [`acquire`]: waiting with a deadline; [`held`]: a lock renewed in the background.
 //! - [`sequencer`]: [`check_fence`], whether a fence is still a current holder's
 //!   (Chubby's `CheckSequencer`; advisory).
@@ -19,6 +20,7 @@ pub mod cas;
 pub mod clock;
 pub mod error;
 pub mod held;
+pub mod history;
 #[cfg(test)]
 pub mod memory;
 pub mod names;
@@ -35,6 +37,7 @@ pub use cas::CasLock;
 pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
+pub use history::{Ending, Grant, HISTORY_LEN};
 pub use permits::{HolderSet, Mode, Permits, SetEntry};
 pub use record::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, NO_LEASE, Stored,

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::history::{self, Grant};
 use super::permits::HolderSet;
 
 /// The fields of a stored record that this build does not know, by name, kept as read
@@ -110,6 +111,9 @@ pub struct LockRecord {
     /// holder's name, the last fence granted, `Held` while anyone holds a permit).
     /// Exclusive locks leave it `None`, so their stored format is unchanged.
     pub set: Option<HolderSet>,
+    /// The key's last grants, oldest first ([`super::history`]): informational, never
+    /// read by a safety decision. Empty in a record written by a build without it.
+    pub history: Vec<Grant>,
     /// What a newer build wrote that this one does not know: written back with the
     /// record, through renewals, releases and the next acquisition.
     pub unknown: UnknownFields,
@@ -156,6 +160,7 @@ impl LockRecord {
             acquired_at: now,
             renewed_at: now,
             set: None,
+            history: Vec::new(),
             unknown: UnknownFields::new(),
         }
     }
@@ -172,10 +177,13 @@ impl LockRecord {
     /// The tombstone a release leaves: same nonce and fence, so the next acquisition
     /// continues the fence sequence.
     pub fn released(&self) -> LockRecord {
+        let now = SystemTime::now();
         LockRecord {
             revision: random_id(),
             state: LockState::Released,
-            renewed_at: SystemTime::now(),
+            renewed_at: now,
+            // The releaser closes its own grant in the history.
+            history: history::after_release(self, now),
             ..self.clone()
         }
     }
@@ -271,8 +279,20 @@ struct RecordDocument {
     /// foreign, so they see the key as held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     holders: Option<HolderSet>,
+    /// The key's last grants ([`super::history`]): read (leniently: a history that does
+    /// not parse is empty, never a reason to call the record foreign) but never written
+    /// into the body, because the previous release rejects a body with a field it does
+    /// not know (it predates the compatibility rule): stores keep the history beside
+    /// the body (S3: the object's user metadata).
+    #[serde(default, skip_serializing, deserialize_with = "lenient_history")]
+    history: Vec<Grant>,
     #[serde(flatten)]
     unknown: UnknownFields,
+}
+
+fn lenient_history<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Grant>, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(history::parse(&value))
 }
 
 const FORMAT_VERSION: u32 = 1;
@@ -302,6 +322,7 @@ impl LockRecord {
             acquired_at_ms: to_unix_ms(self.acquired_at),
             renewed_at_ms: to_unix_ms(self.renewed_at),
             holders: self.set.clone(),
+            history: self.history.clone(),
             unknown: self.unknown.clone(),
         };
         serde_json::to_vec(&doc).expect("record serialises")
@@ -340,6 +361,7 @@ impl LockRecord {
             acquired_at: from_unix_ms(doc.acquired_at_ms),
             renewed_at: from_unix_ms(doc.renewed_at_ms),
             set: doc.holders,
+            history: doc.history,
             unknown: doc.unknown,
         })
     }
@@ -478,6 +500,22 @@ mod tests {
         let mut no_nonce = newer_body();
         no_nonce.as_object_mut().unwrap().remove("nonce");
         assert!(LockRecord::from_json(&serde_json::to_vec(&no_nonce).unwrap()).is_err());
+    }
+
+    /// The previous release rejects a body with a field it does not know, so the
+    /// history never goes into the body (S3 keeps it in the object's metadata); a body
+    /// that has one (a later build's) is read.
+    #[test]
+    fn the_history_stays_out_of_the_body_the_previous_release_reads() {
+        let mut r = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(5), None);
+        r.history = vec![Grant::new("a", Some("east"), FenceToken(1), r.acquired_at)];
+        let body: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert!(body.get("history").is_none(), "{body}");
+        let mut later = body;
+        later["history"] = serde_json::to_value(&r.history).unwrap();
+        let read = LockRecord::from_json(&serde_json::to_vec(&later).unwrap()).unwrap();
+        assert_eq!(read.history, r.history);
+        assert!(read.unknown.is_empty());
     }
 
     #[test]

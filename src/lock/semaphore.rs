@@ -174,6 +174,9 @@ pub(super) fn record_of(set: HolderSet, unknown: &UnknownFields) -> LockRecord {
         acquired_at: summary.as_ref().map_or(now, SetEntry::acquired_at),
         renewed_at: now,
         set: Some(set),
+        // Not kept on keys with more than one permit (docs/backends.md "Holder
+        // history"): the set's entries are its current grants.
+        history: Vec::new(),
         unknown: unknown.clone(),
     }
 }
@@ -205,6 +208,7 @@ pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet, unknown: &UnknownFie
         acquired_at: entry.acquired_at(),
         renewed_at: entry.renewed_at(),
         set: Some(set.clone()),
+        history: Vec::new(),
         unknown: unknown.clone(),
     }
 }

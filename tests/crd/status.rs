@@ -1,6 +1,7 @@
 //! The status subresource, its selectable fields and printer columns.
 
 use super::*;
+use lockwarden::api::HistoryEntry;
 
 #[tokio::test]
 async fn status_is_written_through_the_status_subresource() {
@@ -59,6 +60,24 @@ async fn status_is_written_through_the_status_subresource() {
         observed_generation: generation,
         holders: Some(2),
         permits_in_use: Some(2),
+        history: Some(vec![
+            HistoryEntry {
+                holder: "cluster-b/ns/job".into(),
+                cluster: Some("cluster-b".into()),
+                fence: 41,
+                acquired_at: Some(now.clone()),
+                ended: "released".into(),
+                ended_at: Some(now.clone()),
+            },
+            HistoryEntry {
+                holder: "cluster-a/ns/job".into(),
+                cluster: Some("cluster-a".into()),
+                fence: 42,
+                acquired_at: Some(now.clone()),
+                ended: "held".into(),
+                ended_at: None,
+            },
+        ]),
         conditions: conds,
     };
     let apply = json!({
@@ -79,6 +98,13 @@ async fn status_is_written_through_the_status_subresource() {
     assert_eq!(got.fence, Some(42));
     assert_eq!((got.holders, got.permits_in_use), (Some(2), Some(2)));
     assert!(got.waiting_since.is_some(), "waitingSince is kept");
+    let history = got
+        .history
+        .as_deref()
+        .expect("status.history is in the schema");
+    let fences: Vec<i64> = history.iter().map(|g| g.fence).collect();
+    assert_eq!(fences, [41, 42]);
+    assert_eq!(history[0].cluster.as_deref(), Some("cluster-b"));
     assert_eq!(got.key.as_deref(), Some("s3://locks/team/job"));
     assert_eq!(got.backend.as_deref(), Some("s3"));
     assert_eq!(

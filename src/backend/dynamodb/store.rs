@@ -15,6 +15,7 @@ use aws_sdk_dynamodb::types::{
 
 use crate::backend::aws::{describe, status_and_code};
 use crate::duration::{format_duration, parse_duration};
+use crate::lock::history;
 use crate::lock::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
     RecordStore, StoreError, Stored, UnknownFields, Version,
@@ -37,8 +38,10 @@ const ACQUIRED: &str = "acquiredAtMs";
 const RENEWED: &str = "renewedAtMs";
 /// The holder set of a key with more than one permit (JSON); absent on mutexes.
 const HOLDERS: &str = "holders";
+/// The key's holder history (JSON text, `crate::lock::history`); absent when empty.
+const HISTORY: &str = "history";
 /// Every attribute this build writes: a record's unknown fields never take these names.
-const OURS: [&str; 11] = [
+const OURS: [&str; 12] = [
     OWNER,
     LEASE,
     RVN,
@@ -50,6 +53,7 @@ const OURS: [&str; 11] = [
     ACQUIRED,
     RENEWED,
     HOLDERS,
+    HISTORY,
 ];
 
 /// Where the lock items live.
@@ -316,6 +320,7 @@ fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
         ("#ren".to_string(), RENEWED.to_string()),
         ("#data".to_string(), DATA.to_string()),
         ("#holders".to_string(), HOLDERS.to_string()),
+        ("#history".to_string(), HISTORY.to_string()),
     ]);
     let mut values = HashMap::from([
         (
@@ -380,6 +385,15 @@ fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
             values.insert(":holders".into(), AttributeValue::S(holders.to_json()));
         }
         None => remove.push("#holders"),
+    }
+    if record.history.is_empty() {
+        remove.push("#history");
+    } else {
+        set.push("#history = :history".into());
+        values.insert(
+            ":history".into(),
+            AttributeValue::S(history::to_text(&record.history)),
+        );
     }
     let keys = std::iter::once(&layout.partition_key).chain(layout.sort_key.iter().map(|(k, _)| k));
     let reserved: Vec<&str> = OURS.into_iter().chain(keys.map(String::as_str)).collect();
@@ -497,6 +511,12 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         acquired_at,
         renewed_at,
         set,
+        // Read whoever wrote the item last: dynamolock keeps attributes it does not
+        // know, so the key's history survives its holds too.
+        history: match item.get(HISTORY) {
+            Some(AttributeValue::S(text)) => history::parse_text(text),
+            _ => Vec::new(),
+        },
         // Not read: no write of this build removes what it does not name.
         unknown: UnknownFields::new(),
     })
@@ -676,6 +696,36 @@ mod tests {
         ]);
         let err = parse_item(&item).unwrap_err();
         assert!(err.what.contains("ownerName is a number"), "{err}");
+    }
+
+    /// The history is one string attribute, removed when a record has none; read also
+    /// from an item dynamolock wrote last (it keeps attributes it does not know).
+    #[test]
+    fn the_history_is_an_attribute_of_ours() {
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
+        let update = update_of(&record, &TableLayout::new("t"));
+        assert!(update.expression.contains("REMOVE") && update.expression.contains("#history"));
+        record.history = vec![crate::lock::Grant::new(
+            "h",
+            Some("east"),
+            FenceToken(2),
+            record.acquired_at,
+        )];
+        let update = update_of(&record, &TableLayout::new("t"));
+        assert!(
+            update.expression.contains("#history = :history"),
+            "{}",
+            update.expression
+        );
+        let AttributeValue::S(text) = &update.values[":history"] else {
+            panic!("a string attribute")
+        };
+        let mut item = dynamolock_item(false);
+        item.insert(HISTORY.to_string(), AttributeValue::S(text.clone()));
+        let read = parse_item(&item).unwrap();
+        assert!(read.by_another_tool());
+        assert_eq!(read.history, record.history);
     }
 
     /// A record's unknown fields are written as attributes of their own, never in

@@ -9,6 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
+use crate::lock::history;
 use crate::lock::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
     RecordStore, StoreError, Stored, UnknownFields, Version,
@@ -22,13 +23,17 @@ const DATA: &str = "lockwarden.io/data";
 const HOLDER: &str = "lockwarden.io/holder";
 /// The holder set of a key with more than one permit (JSON); absent on mutexes.
 const HOLDERS: &str = "lockwarden.io/holders";
+/// The key's holder history (JSON, `crate::lock::history`); absent when empty.
+const HISTORY: &str = "lockwarden.io/history";
 /// Every annotation this build writes.
-const OURS: [&str; 7] = [NONCE, REVISION, LEASE_MS, STATE, DATA, HOLDER, HOLDERS];
+const OURS: [&str; 8] = [
+    NONCE, REVISION, LEASE_MS, STATE, DATA, HOLDER, HOLDERS, HISTORY,
+];
 /// The prefix of lockwarden's annotations: those this build does not know are a newer
 /// build's, read into [`LockRecord::unknown`].
 const PREFIX: &str = "lockwarden.io/";
 /// Annotations of ours that a record may leave out (then removed from the Lease).
-const OPTIONAL: [&str; 2] = [DATA, HOLDERS];
+const OPTIONAL: [&str; 3] = [DATA, HOLDERS, HISTORY];
 
 /// One lock as a Lease in a namespace.
 pub struct LeaseStore {
@@ -84,6 +89,9 @@ impl LeaseStore {
         }
         if let Some(set) = &record.set {
             annotations.insert(HOLDERS.to_string(), set.to_json());
+        }
+        if !record.history.is_empty() {
+            annotations.insert(HISTORY.to_string(), history::to_text(&record.history));
         }
         lease.metadata.labels.get_or_insert_default().insert(
             "app.kubernetes.io/managed-by".to_string(),
@@ -203,6 +211,12 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
     let seconds = spec.lease_duration_seconds.unwrap_or(0);
     let acquired_at = system_time(&spec.acquire_time);
     let renewed_at = system_time(&spec.renew_time);
+    // The key's history, whoever wrote the Lease last: client-go carries annotations
+    // it does not know through its updates.
+    let history = annotations
+        .get(HISTORY)
+        .map(|text| history::parse_text(text))
+        .unwrap_or_default();
     // The Lease as client-go reads it: held by `holderIdentity` unless that is empty,
     // with a nonce that can never be ours.
     let other_client = LockRecord {
@@ -220,6 +234,7 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
         acquired_at,
         renewed_at,
         set: None,
+        history: history.clone(),
         unknown: UnknownFields::new(),
     };
     let Some(nonce) = annotations.get(NONCE) else {
@@ -271,6 +286,7 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
             .get(HOLDERS)
             .map(|json| HolderSet::from_json(json))
             .transpose()?,
+        history,
         unknown: annotations
             .iter()
             .filter(|(name, _)| name.starts_with(PREFIX) && !OURS.contains(&name.as_str()))
@@ -442,6 +458,38 @@ mod tests {
         base.metadata.resource_version = Some("8".into());
         let next = store.to_lease(&without_data, Some(base));
         assert!(!next.metadata.annotations.unwrap().contains_key(DATA));
+    }
+
+    /// The history is an annotation of ours (never an unknown one), read also when
+    /// client-go wrote the Lease last (it keeps annotations), and removed when empty.
+    #[tokio::test]
+    async fn the_history_annotation_is_ours_and_survives_a_client_go_write() {
+        let store = LeaseStore::new(
+            Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+            "ns",
+            "lock",
+        );
+        let mut record =
+            LockRecord::new_acquisition("a", FenceToken(3), Duration::from_secs(30), None);
+        record.history = vec![crate::lock::Grant::new(
+            "a",
+            Some("east"),
+            FenceToken(3),
+            record.acquired_at,
+        )];
+        let mut lease = store.to_lease(&record, None);
+        let read = parse_lease(&lease).expect("ours");
+        assert_eq!(read.history, record.history);
+        assert!(read.unknown.is_empty(), "{:?}", read.unknown);
+        // client-go takes the Lease over: its update keeps our annotations.
+        lease.spec.as_mut().unwrap().holder_identity = Some("client-go-leader".into());
+        let theirs = parse_lease(&lease).expect("client-go's");
+        assert!(theirs.by_another_tool());
+        assert_eq!(theirs.history, record.history);
+        let mut without = read.clone();
+        without.history.clear();
+        let next = store.to_lease(&without, Some(lease));
+        assert!(!next.metadata.annotations.unwrap().contains_key(HISTORY));
     }
 
     #[test]

@@ -147,6 +147,7 @@ impl ZkLock {
                 acquired_at: wall_clock(stat.ctime),
                 renewed_at: wall_clock(stat.mtime),
                 set: None,
+                history: Vec::new(),
                 unknown: UnknownFields::new(),
             },
         }
