@@ -32,8 +32,10 @@
 //!   going on now (0 when none): histograms only see waits that ended;
 //! - `lockwarden_expiring_seconds{namespace,backend}`: gauge, how long the lock that has
 //!   been `LeaseExpiring` longest has been so (0 when none);
-//! - `lockwarden_queue_length{namespace,backend}`: gauge, ZooKeeper only (the only
-//!   store that reports a queue position): the largest position a waiting lock reported;
+//! - `lockwarden_queue_length{namespace,backend}`: gauge, where the store reports a
+//!   queue position (ZooKeeper; the others have no queue yet — a queue issue is
+//!   planned): the queue as the furthest waiting lock of the pair sees it (its position,
+//!   0 = next, plus one), 0 when none waits;
 //! - `lockwarden_handoffs_total{namespace,backend}`: acquisitions after waiting for
 //!   another holder (without force);
 //! - `lockwarden_takeovers_total{namespace,backend}`: acquisitions by force
@@ -174,17 +176,14 @@ pub const LOCK_BUCKETS: usize = 10;
 
 /// Series of one (namespace, backend) pair: two histograms (`LOCK_BUCKETS` + `+Inf`
 /// buckets, `_sum`, `_count` each), the two live gauges, hand-offs, takeovers and one
-/// loss counter per [`LossReason`]. A ZooKeeper pair has one more
-/// (`lockwarden_queue_length`). docs/metrics.md states the same formula.
+/// loss counter per [`LossReason`]. A pair in which a waiting lock reported a queue
+/// position has one more (`lockwarden_queue_length`). docs/metrics.md states the same
+/// formula.
 pub const SERIES_PER_PAIR: usize = 2 * (LOCK_BUCKETS + 3) + 2 + 2 + LossReason::ALL.len();
 
 fn lock_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.1, 4.0, LOCK_BUCKETS as u16))
 }
-
-/// The backend whose waiters learn a queue position (`lockwarden_queue_length`); the
-/// others have no queue until the queue issue adds one.
-const QUEUED_BACKEND: &str = "zookeeper";
 
 fn loss_labels(labels: &LockLabels, reason: LossReason) -> LossLabels {
     LossLabels {
@@ -226,6 +225,8 @@ pub struct Telemetry {
     tracked: Mutex<HashMap<String, Tracked>>,
     /// The (namespace, backend) pairs whose series exist.
     pairs: Mutex<HashSet<LockLabels>>,
+    /// The pairs in which a waiting lock reported a queue position.
+    queued: Mutex<HashSet<LockLabels>>,
     ready: AtomicBool,
 }
 
@@ -328,7 +329,7 @@ impl Telemetry {
         let queue_length = Family::<LockLabels, Gauge>::default();
         registry.register(
             "lockwarden_queue_length",
-            "Largest queue position a waiting lock reported (ZooKeeper only)",
+            "Waiting queue length as the furthest waiting lock sees it (stores with a queue: ZooKeeper)",
             queue_length.clone(),
         );
         let handoffs = Family::<LockLabels, Counter>::default();
@@ -378,6 +379,7 @@ impl Telemetry {
             phases: Mutex::default(),
             tracked: Mutex::default(),
             pairs: Mutex::default(),
+            queued: Mutex::default(),
             ready: AtomicBool::new(false),
         }
     }
@@ -397,9 +399,6 @@ impl Telemetry {
         self.hold.get_or_create_owned(labels);
         self.oldest_wait.get_or_create_owned(labels);
         self.expiring.get_or_create_owned(labels);
-        if labels.backend == QUEUED_BACKEND {
-            self.queue_length.get_or_create_owned(labels);
-        }
         self.handoffs.get_or_create(labels).inc_by(0);
         self.takeovers.get_or_create(labels).inc_by(0);
         for reason in LossReason::ALL {
@@ -438,6 +437,15 @@ impl Telemetry {
             None
         };
         entry.queue_position = view.queue_position.filter(|_| waiting);
+        if entry.queue_position.is_some() {
+            // The first position reported in a pair creates its queue-length series
+            // (only stores with a queue report one: ZooKeeper today).
+            let mut queued = self.queued.lock().expect("queued");
+            if !queued.contains(&entry.labels) {
+                self.queue_length.get_or_create_owned(&entry.labels);
+                queued.insert(entry.labels.clone());
+            }
+        }
         entry.waited = match view.phase {
             Some(LockPhase::Waiting) => true,
             // A wait that ended without acquiring is not followed by a hand-off.
@@ -539,20 +547,21 @@ impl Telemetry {
                 *e = e.max(age(since));
             }
             if let Some(position) = t.queue_position {
+                // Position 0 is the next in line: a queue of at least position + 1.
                 let q = queue.entry(t.labels.clone()).or_default();
-                *q = (*q).max(position);
+                *q = (*q).max(position.saturating_add(1));
             }
         }
         for labels in self.pairs.lock().expect("pairs").iter() {
             let get = |m: &HashMap<LockLabels, f64>| m.get(labels).copied().unwrap_or(0.0);
             self.oldest_wait.get_or_create(labels).set(get(&oldest));
             self.expiring.get_or_create(labels).set(get(&expiring));
-            if labels.backend == QUEUED_BACKEND {
-                let position = queue.get(labels).copied().unwrap_or(0);
-                self.queue_length
-                    .get_or_create(labels)
-                    .set(i64::from(position));
-            }
+        }
+        for labels in self.queued.lock().expect("queued").iter() {
+            let position = queue.get(labels).copied().unwrap_or(0);
+            self.queue_length
+                .get_or_create(labels)
+                .set(i64::from(position));
         }
     }
 
@@ -816,6 +825,12 @@ mod tests {
             telemetry.encode()
         );
         telemetry.observe_status("z", view("a", "zookeeper", LockPhase::Waiting));
+        assert_eq!(labelled_series(&telemetry.encode()), 2 * SERIES_PER_PAIR);
+        let queued = LockView {
+            queue_position: Some(1),
+            ..view("a", "zookeeper", LockPhase::Waiting)
+        };
+        telemetry.observe_status("z", queued);
         assert_eq!(
             labelled_series(&telemetry.encode()),
             2 * SERIES_PER_PAIR + 1
@@ -843,7 +858,7 @@ mod tests {
             .unwrap_or_else(|| panic!("{metrics}"));
         assert!(oldest >= 100.0, "{metrics}");
         assert!(
-            metrics.contains("lockwarden_queue_length{namespace=\"ns\",backend=\"zookeeper\"} 3\n"),
+            metrics.contains("lockwarden_queue_length{namespace=\"ns\",backend=\"zookeeper\"} 4\n"),
             "{metrics}"
         );
         telemetry.count_acquired("b", "ns", "zookeeper", Duration::from_secs(100), false);
