@@ -19,13 +19,41 @@
 //!   `controller::reconcile::ErrorCategory`), counted by the error policy;
 //! - `lockwarden_release_errors_total`: releases of a lock (or the look for it after a
 //!   restart) that the store did not confirm, on every release path of the reconciler.
+//!
+//! On-call metrics (docs/metrics.md has the full table, the loss-reason mapping and the
+//! series count). Labelled by `namespace` and `backend` (`kubernetes`, `s3`,
+//! `dynamodb`, `zookeeper`) only — never by lock name, so that the number of series
+//! grows with namespaces, not with locks:
+//! - `lockwarden_wait_duration_seconds{namespace,backend}`: histogram, wait → Held
+//!   (0 when the key was free), observed at each acquisition;
+//! - `lockwarden_hold_duration_seconds{namespace,backend}`: histogram, Held → the hold
+//!   ended (released, lost, deleted, made invalid);
+//! - `lockwarden_oldest_wait_seconds{namespace,backend}`: gauge, age of the oldest wait
+//!   going on now (0 when none): histograms only see waits that ended;
+//! - `lockwarden_expiring_seconds{namespace,backend}`: gauge, how long the lock that has
+//!   been `LeaseExpiring` longest has been so (0 when none);
+//! - `lockwarden_queue_length{namespace,backend}`: gauge, where the store reports a
+//!   queue position (ZooKeeper; the others have no queue yet — a queue issue is
+//!   planned): the queue as the furthest waiting lock of the pair sees it (its position,
+//!   0 = next, plus one), 0 when none waits;
+//! - `lockwarden_handoffs_total{namespace,backend}`: acquisitions after waiting for
+//!   another holder (without force);
+//! - `lockwarden_takeovers_total{namespace,backend}`: acquisitions by force
+//!   (`spec.force`) of a key someone else held;
+//! - `lockwarden_lock_losses_total{namespace,backend,reason}`: held locks lost, by
+//!   [`LossReason`];
+//! - `lockwarden_leader`: 1 on the replica that runs the controller, 0 on a standby.
+//!
+//! Every series of a (namespace, backend) pair is created, at zero, the first time a
+//! lock of that pair has its status written, so that `rate()`/`increase()` and alerts
+//! see a zero before the first event, and the series count is a formula of the pairs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -59,7 +87,111 @@ struct CategoryLabels {
     category: String,
 }
 
+/// The only labels of the on-call metrics: bounded by namespaces × backends.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LockLabels {
+    namespace: String,
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LossLabels {
+    namespace: String,
+    backend: String,
+    reason: String,
+}
+
+/// Why a held lock was lost, for `lockwarden_lock_losses_total{reason}`. The controller
+/// maps what it knows onto these (`controller::reconcile::loss_reason`; docs/metrics.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LossReason {
+    /// The lease ran out while the store was reachable (a ZooKeeper session expired,
+    /// the record no longer carries our nonce, a lock not resumable after a restart).
+    Expired,
+    /// Someone took it by force while our renewals were succeeding.
+    TakenOver,
+    /// Renewals had been failing (`LeaseExpiring`) before the loss: the store could not
+    /// be reached in time, whatever the store said when it answered again.
+    StoreUnavailable,
+    /// The record was deleted, released or replaced by someone else (a person with
+    /// `lockwarden release --force`, `kubectl delete lease`, another tool).
+    ReleasedByHand,
+}
+
+impl LossReason {
+    pub const ALL: [LossReason; 4] = [
+        LossReason::Expired,
+        LossReason::TakenOver,
+        LossReason::StoreUnavailable,
+        LossReason::ReleasedByHand,
+    ];
+
+    /// The `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::Expired => "expired",
+            LossReason::TakenOver => "taken_over",
+            LossReason::StoreUnavailable => "store_unavailable",
+            LossReason::ReleasedByHand => "released_by_hand",
+        }
+    }
+}
+
+/// What a status write said about a lock, for the on-call metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct LockView<'a> {
+    pub namespace: &'a str,
+    pub backend: &'a str,
+    pub phase: Option<LockPhase>,
+    /// `status.waitingSince` while waiting.
+    pub waiting_since: Option<SystemTime>,
+    /// Held, but renewals failing past the holder deadline (`LeaseExpiring`).
+    pub expiring: bool,
+    /// The position a store with a queue (ZooKeeper) reported.
+    pub queue_position: Option<u32>,
+}
+
+/// What the metrics keep about one lock (by uid) between status writes.
+#[derive(Debug)]
+struct Tracked {
+    labels: LockLabels,
+    waiting_since: Option<SystemTime>,
+    expiring_since: Option<SystemTime>,
+    queue_position: Option<u32>,
+    /// Written `Waiting` since its last acquisition: the next one is a hand-off.
+    waited: bool,
+}
+
+/// The code of the reconcile-error categories (`controller::reconcile::ErrorCategory`),
+/// created at zero so that alerts on their rate see them before the first error.
+const ERROR_CATEGORIES: [&str; 4] = ["store_unavailable", "conflict", "invalid", "kubernetes_api"];
+
 type HistogramFamily = Family<BackendLabels, Histogram, fn() -> Histogram>;
+type LockHistograms = Family<LockLabels, Histogram, fn() -> Histogram>;
+type SecondsGauges = Family<LockLabels, Gauge<f64, AtomicU64>>;
+
+/// Buckets of the wait and hold histograms: 0.1 s × 4^k, k = 0..9 (0.1 s .. ~7.3 h),
+/// plus `+Inf`. Few on purpose: every bucket is a series per namespace and backend.
+pub const LOCK_BUCKETS: usize = 10;
+
+/// Series of one (namespace, backend) pair: two histograms (`LOCK_BUCKETS` + `+Inf`
+/// buckets, `_sum`, `_count` each), the two live gauges, hand-offs, takeovers and one
+/// loss counter per [`LossReason`]. A pair in which a waiting lock reported a queue
+/// position has one more (`lockwarden_queue_length`). docs/metrics.md states the same
+/// formula.
+pub const SERIES_PER_PAIR: usize = 2 * (LOCK_BUCKETS + 3) + 2 + 2 + LossReason::ALL.len();
+
+fn lock_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.1, 4.0, LOCK_BUCKETS as u16))
+}
+
+fn loss_labels(labels: &LockLabels, reason: LossReason) -> LossLabels {
+    LossLabels {
+        namespace: labels.namespace.clone(),
+        backend: labels.backend.clone(),
+        reason: reason.as_str().to_string(),
+    }
+}
 
 fn request_histogram() -> Histogram {
     // 1 ms .. ~16 s
@@ -78,8 +210,23 @@ pub struct Telemetry {
     pods_deleted: Family<ReasonLabels, Counter>,
     reconcile_errors: Family<CategoryLabels, Counter>,
     release_errors: Counter,
+    wait: LockHistograms,
+    hold: LockHistograms,
+    oldest_wait: SecondsGauges,
+    expiring: SecondsGauges,
+    queue_length: Family<LockLabels, Gauge>,
+    handoffs: Family<LockLabels, Counter>,
+    takeovers: Family<LockLabels, Counter>,
+    losses: Family<LossLabels, Counter>,
+    leader: Gauge,
     /// Object (uid) → the phase counted for it in `locks`.
     phases: Mutex<HashMap<String, LockPhase>>,
+    /// Object (uid) → what the live gauges are computed from.
+    tracked: Mutex<HashMap<String, Tracked>>,
+    /// The (namespace, backend) pairs whose series exist.
+    pairs: Mutex<HashSet<LockLabels>>,
+    /// The pairs in which a waiting lock reported a queue position.
+    queued: Mutex<HashSet<LockLabels>>,
     ready: AtomicBool,
 }
 
@@ -142,11 +289,72 @@ impl Telemetry {
             "Failed reconciles of DistributedLocks, by category",
             reconcile_errors.clone(),
         );
+        for category in ERROR_CATEGORIES {
+            reconcile_errors
+                .get_or_create(&CategoryLabels {
+                    category: category.into(),
+                })
+                .inc_by(0);
+        }
         let release_errors = Counter::default();
         registry.register(
             "lockwarden_release_errors",
             "Releases of DistributedLocks that the store did not confirm",
             release_errors.clone(),
+        );
+        let wait: LockHistograms = Family::new_with_constructor(lock_histogram);
+        registry.register(
+            "lockwarden_wait_duration_seconds",
+            "Time from the start of a wait to Held (0 when the key was free), by namespace and backend",
+            wait.clone(),
+        );
+        let hold: LockHistograms = Family::new_with_constructor(lock_histogram);
+        registry.register(
+            "lockwarden_hold_duration_seconds",
+            "Time from Held to the end of the hold (released, lost, deleted), by namespace and backend",
+            hold.clone(),
+        );
+        let oldest_wait = SecondsGauges::default();
+        registry.register(
+            "lockwarden_oldest_wait_seconds",
+            "Age of the oldest wait going on now (0: none), by namespace and backend",
+            oldest_wait.clone(),
+        );
+        let expiring = SecondsGauges::default();
+        registry.register(
+            "lockwarden_expiring_seconds",
+            "How long the longest-expiring held lock has had renewals failing past its deadline (0: none)",
+            expiring.clone(),
+        );
+        let queue_length = Family::<LockLabels, Gauge>::default();
+        registry.register(
+            "lockwarden_queue_length",
+            "Waiting queue length as the furthest waiting lock sees it (stores with a queue: ZooKeeper)",
+            queue_length.clone(),
+        );
+        let handoffs = Family::<LockLabels, Counter>::default();
+        registry.register(
+            "lockwarden_handoffs",
+            "Acquisitions after waiting for another holder, without force",
+            handoffs.clone(),
+        );
+        let takeovers = Family::<LockLabels, Counter>::default();
+        registry.register(
+            "lockwarden_takeovers",
+            "Acquisitions by force (spec.force) of a key someone else held",
+            takeovers.clone(),
+        );
+        let losses = Family::<LossLabels, Counter>::default();
+        registry.register(
+            "lockwarden_lock_losses",
+            "Held locks lost, by namespace, backend and reason",
+            losses.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "lockwarden_leader",
+            "1 on the replica that runs the controller (the leader), 0 on a standby",
+            leader.clone(),
         );
         Telemetry {
             registry,
@@ -159,8 +367,201 @@ impl Telemetry {
             pods_deleted,
             reconcile_errors,
             release_errors,
+            wait,
+            hold,
+            oldest_wait,
+            expiring,
+            queue_length,
+            handoffs,
+            takeovers,
+            losses,
+            leader,
             phases: Mutex::default(),
+            tracked: Mutex::default(),
+            pairs: Mutex::default(),
+            queued: Mutex::default(),
             ready: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this replica runs the controller (`lockwarden_leader`).
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// Creates every series of the pair at zero, once (see the module doc).
+    fn ensure_pair(&self, labels: &LockLabels) {
+        let mut pairs = self.pairs.lock().expect("pairs");
+        if pairs.contains(labels) {
+            return;
+        }
+        self.wait.get_or_create_owned(labels);
+        self.hold.get_or_create_owned(labels);
+        self.oldest_wait.get_or_create_owned(labels);
+        self.expiring.get_or_create_owned(labels);
+        self.handoffs.get_or_create(labels).inc_by(0);
+        self.takeovers.get_or_create(labels).inc_by(0);
+        for reason in LossReason::ALL {
+            self.losses
+                .get_or_create(&loss_labels(labels, reason))
+                .inc_by(0);
+        }
+        pairs.insert(labels.clone());
+    }
+
+    /// Records what a status write said about the object `uid`: its phase (as
+    /// [`set_phase`](Self::set_phase)) and, for the live gauges, when its wait began,
+    /// since when it has been expiring, its queue position.
+    pub fn observe_status(&self, uid: &str, view: LockView<'_>) {
+        self.set_phase(uid, view.phase);
+        let labels = LockLabels {
+            namespace: view.namespace.to_string(),
+            backend: view.backend.to_string(),
+        };
+        self.ensure_pair(&labels);
+        let mut tracked = self.tracked.lock().expect("tracked");
+        let entry = tracked.entry(uid.to_string()).or_insert_with(|| Tracked {
+            labels: labels.clone(),
+            waiting_since: None,
+            expiring_since: None,
+            queue_position: None,
+            waited: false,
+        });
+        entry.labels = labels;
+        let waiting = view.phase == Some(LockPhase::Waiting);
+        entry.waiting_since = if waiting {
+            view.waiting_since
+                .or(entry.waiting_since)
+                .or_else(|| Some(SystemTime::now()))
+        } else {
+            None
+        };
+        entry.queue_position = view.queue_position.filter(|_| waiting);
+        if entry.queue_position.is_some() {
+            // The first position reported in a pair creates its queue-length series
+            // (only stores with a queue report one: ZooKeeper today).
+            let mut queued = self.queued.lock().expect("queued");
+            if !queued.contains(&entry.labels) {
+                self.queue_length.get_or_create_owned(&entry.labels);
+                queued.insert(entry.labels.clone());
+            }
+        }
+        entry.waited = match view.phase {
+            Some(LockPhase::Waiting) => true,
+            // A wait that ended without acquiring is not followed by a hand-off.
+            Some(LockPhase::Released | LockPhase::Lost | LockPhase::Failed) => false,
+            _ => entry.waited,
+        };
+        entry.expiring_since = if view.expiring {
+            entry.expiring_since.or_else(|| Some(SystemTime::now()))
+        } else {
+            None
+        };
+    }
+
+    /// Forgets the object `uid` (deleted): its phase and its part in the live gauges.
+    pub fn forget(&self, uid: &str) {
+        self.set_phase(uid, None);
+        self.tracked.lock().expect("tracked").remove(uid);
+    }
+
+    /// Whether the object `uid` was last written as `LeaseExpiring`.
+    pub fn was_expiring(&self, uid: &str) -> bool {
+        let tracked = self.tracked.lock().expect("tracked");
+        tracked.get(uid).is_some_and(|t| t.expiring_since.is_some())
+    }
+
+    /// An acquisition of the object `uid` after waiting `waited`: the wait histogram,
+    /// and a hand-off (it had been `Waiting`) or a takeover (`forced`).
+    pub fn count_acquired(
+        &self,
+        uid: &str,
+        namespace: &str,
+        backend: &str,
+        waited: Duration,
+        forced: bool,
+    ) {
+        let labels = LockLabels {
+            namespace: namespace.to_string(),
+            backend: backend.to_string(),
+        };
+        self.ensure_pair(&labels);
+        self.wait
+            .get_or_create(&labels)
+            .observe(waited.as_secs_f64());
+        let had_waited = {
+            let mut tracked = self.tracked.lock().expect("tracked");
+            tracked
+                .get_mut(uid)
+                .map(|t| std::mem::replace(&mut t.waited, false))
+                .unwrap_or(false)
+        };
+        if forced {
+            self.takeovers.get_or_create(&labels).inc();
+        } else if had_waited {
+            self.handoffs.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The end of a hold that began at `acquired_at` (wall clock: a resumed lock keeps
+    /// the time of its acquisition).
+    pub fn observe_hold(&self, namespace: &str, backend: &str, acquired_at: SystemTime) {
+        let labels = LockLabels {
+            namespace: namespace.to_string(),
+            backend: backend.to_string(),
+        };
+        self.ensure_pair(&labels);
+        let held = SystemTime::now()
+            .duration_since(acquired_at)
+            .unwrap_or_default();
+        self.hold.get_or_create(&labels).observe(held.as_secs_f64());
+    }
+
+    /// A held lock lost for `reason`.
+    pub fn count_loss(&self, namespace: &str, backend: &str, reason: LossReason) {
+        let labels = LockLabels {
+            namespace: namespace.to_string(),
+            backend: backend.to_string(),
+        };
+        self.ensure_pair(&labels);
+        self.losses
+            .get_or_create(&loss_labels(&labels, reason))
+            .inc();
+    }
+
+    /// Sets the live gauges from what is tracked now, for every known pair (0 where
+    /// nothing waits or expires): called at each scrape, so their values are as of it.
+    fn refresh_live_gauges(&self) {
+        let now = SystemTime::now();
+        let age = |since: SystemTime| now.duration_since(since).unwrap_or_default().as_secs_f64();
+        let mut oldest: HashMap<LockLabels, f64> = HashMap::new();
+        let mut expiring: HashMap<LockLabels, f64> = HashMap::new();
+        let mut queue: HashMap<LockLabels, u32> = HashMap::new();
+        for t in self.tracked.lock().expect("tracked").values() {
+            if let Some(since) = t.waiting_since {
+                let o = oldest.entry(t.labels.clone()).or_default();
+                *o = o.max(age(since));
+            }
+            if let Some(since) = t.expiring_since {
+                let e = expiring.entry(t.labels.clone()).or_default();
+                *e = e.max(age(since));
+            }
+            if let Some(position) = t.queue_position {
+                // Position 0 is the next in line: a queue of at least position + 1.
+                let q = queue.entry(t.labels.clone()).or_default();
+                *q = (*q).max(position.saturating_add(1));
+            }
+        }
+        for labels in self.pairs.lock().expect("pairs").iter() {
+            let get = |m: &HashMap<LockLabels, f64>| m.get(labels).copied().unwrap_or(0.0);
+            self.oldest_wait.get_or_create(labels).set(get(&oldest));
+            self.expiring.get_or_create(labels).set(get(&expiring));
+        }
+        for labels in self.queued.lock().expect("queued").iter() {
+            let position = queue.get(labels).copied().unwrap_or(0);
+            self.queue_length
+                .get_or_create(labels)
+                .set(i64::from(position));
         }
     }
 
@@ -253,6 +654,7 @@ impl Telemetry {
 
     /// The metrics in OpenMetrics text format.
     pub fn encode(&self) -> String {
+        self.refresh_live_gauges();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");
@@ -386,6 +788,118 @@ mod tests {
             telemetry
                 .encode()
                 .contains("lockwarden_locks{phase=\"Held\"} 1\n")
+        );
+    }
+
+    fn view<'a>(namespace: &'a str, backend: &'a str, phase: LockPhase) -> LockView<'a> {
+        LockView {
+            namespace,
+            backend,
+            phase: Some(phase),
+            waiting_since: None,
+            expiring: false,
+            queue_position: None,
+        }
+    }
+
+    /// Lines of the exposition whose series carry `namespace=`.
+    fn labelled_series(metrics: &str) -> usize {
+        metrics
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains("namespace=\""))
+            .count()
+    }
+
+    #[test]
+    fn series_per_pair_follow_the_formula_whatever_the_number_of_locks() {
+        let telemetry = Telemetry::new();
+        assert_eq!(labelled_series(&telemetry.encode()), 0);
+        // Many locks in one (namespace, backend) pair: the series of one pair.
+        for uid in 0..50 {
+            telemetry.observe_status(&uid.to_string(), view("a", "s3", LockPhase::Held));
+        }
+        assert_eq!(
+            labelled_series(&telemetry.encode()),
+            SERIES_PER_PAIR,
+            "{}",
+            telemetry.encode()
+        );
+        telemetry.observe_status("z", view("a", "zookeeper", LockPhase::Waiting));
+        assert_eq!(labelled_series(&telemetry.encode()), 2 * SERIES_PER_PAIR);
+        let queued = LockView {
+            queue_position: Some(1),
+            ..view("a", "zookeeper", LockPhase::Waiting)
+        };
+        telemetry.observe_status("z", queued);
+        assert_eq!(
+            labelled_series(&telemetry.encode()),
+            2 * SERIES_PER_PAIR + 1
+        );
+    }
+
+    #[test]
+    fn handoffs_takeovers_losses_and_live_gauges() {
+        let telemetry = Telemetry::new();
+        let waiting = LockView {
+            waiting_since: Some(SystemTime::now() - Duration::from_secs(100)),
+            queue_position: Some(3),
+            ..view("ns", "zookeeper", LockPhase::Waiting)
+        };
+        telemetry.observe_status("b", waiting);
+        let metrics = telemetry.encode();
+        let oldest = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(
+                    "lockwarden_oldest_wait_seconds{namespace=\"ns\",backend=\"zookeeper\"} ",
+                )
+            })
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{metrics}"));
+        assert!(oldest >= 100.0, "{metrics}");
+        assert!(
+            metrics.contains("lockwarden_queue_length{namespace=\"ns\",backend=\"zookeeper\"} 4\n"),
+            "{metrics}"
+        );
+        telemetry.count_acquired("b", "ns", "zookeeper", Duration::from_secs(100), false);
+        telemetry.observe_status("b", view("ns", "zookeeper", LockPhase::Held));
+        // Acquired without waiting, and by force: no hand-off, one takeover.
+        telemetry.count_acquired("c", "ns", "zookeeper", Duration::ZERO, false);
+        telemetry.count_acquired("d", "ns", "zookeeper", Duration::ZERO, true);
+        telemetry.observe_status(
+            "b",
+            LockView {
+                expiring: true,
+                ..view("ns", "zookeeper", LockPhase::Held)
+            },
+        );
+        assert!(telemetry.was_expiring("b"));
+        telemetry.count_loss("ns", "zookeeper", LossReason::StoreUnavailable);
+        telemetry.set_leader(true);
+        let metrics = telemetry.encode();
+        for line in [
+            "lockwarden_oldest_wait_seconds{namespace=\"ns\",backend=\"zookeeper\"} 0.0\n",
+            "lockwarden_queue_length{namespace=\"ns\",backend=\"zookeeper\"} 0\n",
+            "lockwarden_handoffs_total{namespace=\"ns\",backend=\"zookeeper\"} 1\n",
+            "lockwarden_takeovers_total{namespace=\"ns\",backend=\"zookeeper\"} 1\n",
+            "lockwarden_wait_duration_seconds_count{namespace=\"ns\",backend=\"zookeeper\"} 3\n",
+            "lockwarden_lock_losses_total{namespace=\"ns\",backend=\"zookeeper\",reason=\"store_unavailable\"} 1\n",
+            "lockwarden_lock_losses_total{namespace=\"ns\",backend=\"zookeeper\",reason=\"taken_over\"} 0\n",
+            "lockwarden_leader 1\n",
+        ] {
+            assert!(metrics.contains(line), "{line} in:\n{metrics}");
+        }
+        assert!(
+            !metrics.contains(
+                "lockwarden_expiring_seconds{namespace=\"ns\",backend=\"zookeeper\"} 0.0\n"
+            ),
+            "{metrics}"
+        );
+        telemetry.forget("b");
+        assert!(
+            telemetry.encode().contains(
+                "lockwarden_expiring_seconds{namespace=\"ns\",backend=\"zookeeper\"} 0.0\n"
+            )
         );
     }
 

@@ -136,6 +136,8 @@ pub async fn run_with(
     };
     wait_for_lock_api(&api).await?;
     crd_check::warn_if_outdated(&client).await;
+    // Only the replica that leads gets here (a standby waits in `run_elected`).
+    telemetry.set_leader(true);
 
     let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<DistributedLock>>();
     let ctx = Arc::new(Context::new(client, config, wake_tx, telemetry.clone()));

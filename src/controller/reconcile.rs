@@ -46,9 +46,9 @@ use crate::api::conditions::reason;
 use crate::api::{DistributedLock, LockPhase, SpecError};
 use crate::lock::{
     AcquireRequest, Attempt, CONNECT_TIMEOUT, HolderState, Lease, LockBackend, LockError,
-    LockRecord, RenewPolicy, Stored,
+    LockRecord, LostReason, RenewPolicy, Stored,
 };
-use crate::telemetry::Telemetry;
+use crate::telemetry::{LockView, LossReason, Telemetry};
 
 /// How long a held lock waits between reconciles when nothing happens (transitions
 /// arrive through the wake channel; this is only a safety net).
@@ -299,13 +299,49 @@ async fn write(
 ) -> Result<(), ReconcileError> {
     let uid = lock.uid().unwrap_or_default();
     let phase = desired.phase;
+    let namespace = lock_namespace(lock);
+    let backend = desired.backend.clone();
+    let view = LockView {
+        namespace: &namespace,
+        backend: backend.as_deref().unwrap_or_default(),
+        phase,
+        waiting_since: desired
+            .waiting_since
+            .as_ref()
+            .map(|t| SystemTime::from(t.0)),
+        expiring: phase == Some(LockPhase::Held) && desired.acquired.1 == reason::LEASE_EXPIRING,
+        queue_position: desired.queue_position.and_then(|p| u32::try_from(p).ok()),
+    };
     if let Some(next) = status::next_status(lock, desired) {
         status::write(api, &lock.name_any(), &next)
             .await
             .map_err(ReconcileError::Status)?;
     }
-    ctx.telemetry.set_phase(&uid, phase);
+    // A status without a backend (an invalid spec) has no labels: its phase only.
+    if view.backend.is_empty() {
+        ctx.telemetry.set_phase(&uid, phase);
+    } else {
+        ctx.telemetry.observe_status(&uid, view);
+    }
     Ok(())
+}
+
+/// What `lockwarden_lock_losses_total{reason}` says about a loss the store reported
+/// (docs/metrics.md, "Loss reasons"): renewals failing before it (`expiring`) make it
+/// `store_unavailable` whatever the store said once it answered again.
+pub fn loss_reason(why: &LostReason, expiring: bool) -> LossReason {
+    if expiring {
+        return LossReason::StoreUnavailable;
+    }
+    match why {
+        LostReason::TakenOver(_) => LossReason::TakenOver,
+        LostReason::Deleted | LostReason::ReleasedElsewhere | LostReason::Foreign(_) => {
+            LossReason::ReleasedByHand
+        }
+        LostReason::SessionExpired | LostReason::EntryGone | LostReason::NotOurs => {
+            LossReason::Expired
+        }
+    }
 }
 
 /// Writes a `Failed` status (final for this generation); a Warning Event when the lock
@@ -395,6 +431,11 @@ async fn reject(
     ctx.waiters.stop_waiting(obj);
     if let Some(task) = ctx.holders.remove(obj) {
         let key = task.key.clone();
+        if let Ok(kind) = lock.backend_kind() {
+            let namespace = lock_namespace(lock);
+            ctx.telemetry
+                .observe_hold(&namespace, kind.as_str(), task.acquisition.acquired_at);
+        }
         if let Err(e) = task.release().await {
             ctx.release_failed(obj, &key, &e);
         }
@@ -428,6 +469,26 @@ impl Reconciling<'_> {
 
     fn kind(&self) -> &'static str {
         self.spec.address.kind.as_str()
+    }
+
+    fn namespace(&self) -> String {
+        lock_namespace(self.lock)
+    }
+
+    /// The end of this lock's hold, for `lockwarden_hold_duration_seconds`.
+    fn hold_ended(&self, acquisition: &Acquisition) {
+        self.ctx
+            .telemetry
+            .observe_hold(&self.namespace(), self.kind(), acquisition.acquired_at);
+    }
+
+    /// Counts a loss, before the `Lost` status is written (which ends `LeaseExpiring`).
+    fn count_loss(&self, why: &LostReason) {
+        let expiring = self.ctx.telemetry.was_expiring(&self.uid);
+        let reason = loss_reason(why, expiring);
+        self.ctx
+            .telemetry
+            .count_loss(&self.namespace(), self.kind(), reason);
     }
 
     /// A status naming this lock's backend and key, to be completed.
@@ -489,10 +550,13 @@ impl Reconciling<'_> {
             }
             HolderState::Lost(why) => {
                 self.ctx.holders.remove(&self.obj);
+                self.hold_ended(acquisition);
+                self.count_loss(&why);
                 self.report_lost(format!("lock lost: {why}")).await
             }
             HolderState::Released => {
                 self.ctx.holders.remove(&self.obj);
+                self.hold_ended(acquisition);
                 let released = "released".to_string();
                 let desired =
                     self.status()
@@ -518,6 +582,7 @@ impl Reconciling<'_> {
             Some(task) => timed(self.ctx, self.kind(), "release", task.release()).await,
             None => Ok(None),
         };
+        self.hold_ended(acquisition);
         let released = result.as_ref().ok().cloned().flatten();
         self.ctx.hand_off(held_key, &self.obj, released).await;
         if let Err(e) = &result {
@@ -567,6 +632,15 @@ impl Reconciling<'_> {
             }
             Err(e) if e.is_transient() => self.backend_error(ReconcileError::Store(e)).await,
             Err(e) => {
+                // Held before the restart, not ours any more: a loss like any other.
+                match &e {
+                    LockError::Lost { reason, .. } => self.count_loss(reason),
+                    _ => self.ctx.telemetry.count_loss(
+                        &self.namespace(),
+                        self.kind(),
+                        LossReason::Expired,
+                    ),
+                }
                 let message = format!("could not resume after restart: {e}");
                 self.report_lost(message).await
             }
@@ -662,6 +736,13 @@ impl Reconciling<'_> {
         self.ctx.telemetry.observe_acquire(since.elapsed());
         let task = self.start_holder(backend, lease);
         let acq = task.acquisition.clone();
+        self.ctx.telemetry.count_acquired(
+            &self.uid,
+            &self.namespace(),
+            self.kind(),
+            since.elapsed(),
+            acq.forced_from.is_some(),
+        );
         tracing::debug!(lock = %self.obj, key = %self.key(), fence = acq.fence, "acquired");
         self.ctx.holders.insert(self.obj.clone(), task);
         self.write(self.status().held(&acq, None)).await?;
@@ -830,8 +911,7 @@ async fn cleanup(lock: Arc<DistributedLock>, ctx: &Context) -> Result<Action, Re
     {
         release_by_nonce(ctx, &lock, &obj, nonce, &address).await;
     }
-    ctx.telemetry
-        .set_phase(&lock.uid().unwrap_or_default(), None);
+    ctx.telemetry.forget(&lock.uid().unwrap_or_default());
     Ok(Action::await_change())
 }
 
@@ -865,6 +945,8 @@ async fn release_by_nonce(
             return;
         }
     };
+    ctx.telemetry
+        .observe_hold(&namespace, address.kind.as_str(), lease.acquired_at());
     if let Err(e) = backend.release(&lease).await {
         ctx.release_failed(obj, key, &e);
     }
@@ -881,6 +963,10 @@ async fn release_before_deletion(
     let key = task.key.clone();
     let fence = task.acquisition.fence;
     let kind = lock.backend_kind().map(|k| k.as_str()).unwrap_or_default();
+    if !kind.is_empty() {
+        ctx.telemetry
+            .observe_hold(&lock_namespace(lock), kind, task.acquisition.acquired_at);
+    }
     let result = timed(ctx, kind, "release", task.release()).await;
     tracing::debug!(lock = %obj, %key, "released before deletion; waking waiters");
     let released = result.as_ref().ok().cloned().flatten();

@@ -6,10 +6,11 @@
 //! controller itself run with nothing but the chart's RBAC (a client certificate for
 //! the chart's ServiceAccount) and the chart's own arguments.
 //!
-//! The ServiceMonitor CRD of the Prometheus Operator is not part of the test API
-//! server: `install_servicemonitor_crd` installs a minimal one (group, kind, an open
-//! schema), so the chart's ServiceMonitor is really applied, not just dry-run; its
-//! fields are checked on the rendered object.
+//! The ServiceMonitor and PrometheusRule CRDs of the Prometheus Operator are not part
+//! of the test API server: `install_servicemonitor_crd` installs minimal ones (group,
+//! kind, an open schema), so the chart's ServiceMonitor and alerts are really applied,
+//! not just dry-run; their fields are checked on the rendered objects (and the alerts
+//! by promtool in tests/telemetry).
 
 mod admission;
 mod controller;
@@ -236,38 +237,46 @@ async fn install_crd_from_chart(client: &Client) {
     install_lockwarden_crd(client).await;
 }
 
-/// A minimal stand-in for the Prometheus Operator's ServiceMonitor CRD (same group,
-/// version, kind; an open schema), so the chart's ServiceMonitor can be applied.
+/// Minimal stand-ins for the Prometheus Operator's ServiceMonitor and PrometheusRule
+/// CRDs (same group, version, kind; an open schema), so the chart's ServiceMonitor and
+/// alerts can be applied.
 async fn install_servicemonitor_crd() {
-    let crd = json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": { "name": "servicemonitors.monitoring.coreos.com" },
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": { "plural": "servicemonitors", "singular": "servicemonitor",
-                       "kind": "ServiceMonitor", "listKind": "ServiceMonitorList" },
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": { "openAPIV3Schema": {
-                    "type": "object", "x-kubernetes-preserve-unknown-fields": true,
-                }},
-            }],
-        },
-    });
-    apply(&crd.to_string(), "the ServiceMonitor CRD").await;
-    let out = kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=90s",
-            "crd/servicemonitors.monitoring.coreos.com",
-        ],
-        None,
-    )
-    .await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    for (plural, kind) in [
+        ("servicemonitors", "ServiceMonitor"),
+        ("prometheusrules", "PrometheusRule"),
+    ] {
+        let name = format!("{plural}.monitoring.coreos.com");
+        let crd = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": { "name": name },
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": { "plural": plural, "singular": kind.to_lowercase(),
+                           "kind": kind, "listKind": format!("{kind}List") },
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "schema": { "openAPIV3Schema": {
+                        "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                    }},
+                }],
+            },
+        });
+        apply(&crd.to_string(), &format!("the {kind} CRD")).await;
+        let crd_ref = format!("crd/{name}");
+        let out = kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=90s",
+                &crd_ref,
+            ],
+            None,
+        )
+        .await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
 }
 
 fn sa_user(namespace: &str, release: &str) -> String {

@@ -253,6 +253,12 @@ fn non_default_values_render_what_they_say() {
     }
     assert_eq!(one(&objs, "PodDisruptionBudget")["spec"]["minAvailable"], 2);
     assert_eq!(one(&objs, "Deployment")["spec"]["replicas"], 3);
+    // The alerts and the dashboard (tests/telemetry evaluates and checks them).
+    let rule = one(&objs, "PrometheusRule");
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let dashboard = one(&objs, "ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
 
     // Secrets: a get-only Role in each listed namespace, nothing else.
     let objs = objects(&render(

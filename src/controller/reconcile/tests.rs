@@ -654,3 +654,37 @@ fn kubernetes_errors_are_categorised_by_their_code() {
         ]
     );
 }
+
+/// `lockwarden_lock_losses_total{reason}`: every `LostReason` maps as docs/metrics.md
+/// ("Loss reasons") says, and renewals failing before the loss make it
+/// `store_unavailable` whatever the store said.
+#[test]
+fn loss_reasons_map_as_the_metrics_doc_says() {
+    use crate::lock::{FenceToken, ForeignRecord, HeldBy, LostReason};
+    use crate::telemetry::LossReason;
+    let by = HeldBy {
+        holder: "other".into(),
+        fence: FenceToken(2),
+        since: None,
+    };
+    let foreign = ForeignRecord {
+        what: "not ours".into(),
+    };
+    let rows = [
+        (LostReason::TakenOver(by.clone()), LossReason::TakenOver),
+        (LostReason::Deleted, LossReason::ReleasedByHand),
+        (LostReason::ReleasedElsewhere, LossReason::ReleasedByHand),
+        (LostReason::Foreign(foreign), LossReason::ReleasedByHand),
+        (LostReason::SessionExpired, LossReason::Expired),
+        (LostReason::EntryGone, LossReason::Expired),
+        (LostReason::NotOurs, LossReason::Expired),
+    ];
+    for (why, reason) in rows {
+        assert_eq!(super::loss_reason(&why, false), reason, "{why}");
+        assert_eq!(
+            super::loss_reason(&why, true),
+            LossReason::StoreUnavailable,
+            "{why} after LeaseExpiring"
+        );
+    }
+}

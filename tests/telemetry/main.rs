@@ -1,6 +1,13 @@
 //! `lockwarden controller` observability: /healthz, /readyz and /metrics of an
-//! in-process controller against a real API server, with a Kubernetes-Lease lock.
+//! in-process controller against a real API server, with a Kubernetes-Lease lock;
+//! [`scenario`]: the on-call metrics through a scripted scenario and the chart's alerts
+//! evaluated by `promtool test rules` over its scrapes; [`cardinality`]: the series
+//! count across namespaces and backends.
 
+mod cardinality;
+mod monitoring;
+mod scenario;
+#[path = "../support/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -14,10 +21,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Generous: the test machine is a loaded 2-core box.
-const TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// `GET path` over HTTP/1.1: (status code, body), or `None` if not reachable.
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+pub(crate) async fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
