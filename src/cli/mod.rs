@@ -21,6 +21,7 @@ mod args;
 pub mod completions;
 mod errors;
 mod keeper;
+pub mod kubectl;
 pub mod lock;
 pub mod lockfile;
 mod logging;

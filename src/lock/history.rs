@@ -361,7 +361,11 @@ mod tests {
                 s("d", 4, "held")
             ]
         );
-        assert!(d.history.iter().all(|g| g.cluster.as_deref() == Some("east")));
+        assert!(
+            d.history
+                .iter()
+                .all(|g| g.cluster.as_deref() == Some("east"))
+        );
         assert!(d.history[..3].iter().all(|g| g.ended_at_ms.is_some()));
     }
 
@@ -369,7 +373,12 @@ mod tests {
     fn the_history_keeps_the_last_grants_only() {
         let mut r = granted("h0", 1, None, Ending::Released);
         for fence in 2..=20 {
-            r = granted(&format!("h{}", fence - 1), fence, Some(&r.released()), Ending::Released);
+            r = granted(
+                &format!("h{}", fence - 1),
+                fence,
+                Some(&r.released()),
+                Ending::Released,
+            );
         }
         let history = settled(&r);
         assert_eq!(history.len(), HISTORY_LEN);
@@ -397,7 +406,11 @@ mod tests {
         let next = granted("c", 3, Some(&tombstone), Ending::Released);
         assert_eq!(
             summary(&next.history),
-            [s("a", 1, "unknown"), s("old-build", 2, "released"), s("c", 3, "held")]
+            [
+                s("a", 1, "unknown"),
+                s("old-build", 2, "released"),
+                s("c", 3, "held")
+            ]
         );
     }
 
