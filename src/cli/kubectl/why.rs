@@ -97,7 +97,7 @@ pub async fn why(
         match kind {
             ObjectKind::Pod => {
                 let pod: Pod = get(cluster, name).await?;
-                let unseen = !pod.labels().get(GATED_LABEL).is_some_and(|v| v == "true");
+                let unseen = pod.labels().get(GATED_LABEL).map(String::as_str) != Some("true");
                 explain(cluster, &pod, unseen.then(|| {
                 format!(
                     "the Pod has no label {GATED_LABEL}=true, so the controller never sees it \
