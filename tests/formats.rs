@@ -29,6 +29,7 @@ use lockwarden::lock::{
 use serde_json::{Value, json};
 use zookeeper_client::{Acls, CreateMode};
 
+use support::cli::Cli;
 use support::keys::Key;
 use support::kube::{ControlPlane, client_from_kubeconfig};
 use support::moto::{dynamodb_client_for, s3_client_for};
@@ -461,6 +462,99 @@ async fn two_builds_share_permits(key: Key) {
     let after = today.inspect().await.unwrap().expect("the released record");
     let set = after.record.expect("ours").set.expect("a holder set");
     assert!(set.holders.is_empty(), "{set:?}");
+}
+
+/// The previous release (`LOCKWARDEN_PREVIOUS_RELEASE`, built by scripts/testenv) has
+/// no holder history and predates the compatibility rule: it rejects a record body
+/// with a field it does not know, and rewrites a whole Lease. So this build keeps the
+/// history where the previous release still reads the key as lockwarden's: the
+/// DynamoDB attribute `history` (which its `UpdateItem` never touches, so the history
+/// survives), the S3 object's user metadata and the `lockwarden.io/history` Lease
+/// annotation (which its PUTs drop: the history then starts again from the record).
+/// Either way it takes and releases the key (`lockwarden run`), and this build then
+/// completes the history with the previous release's grant from the record itself.
+async fn the_previous_release_holds_a_key_with_history(key: Key, history_survives: bool) {
+    let (url, cli) = match &key {
+        Key::S3 { bucket, key, .. } => (format!("s3://{bucket}/{key}"), Cli::aws()),
+        Key::Dynamo { table, key, .. } => (format!("dynamodb://{table}/{key}"), Cli::aws()),
+        Key::Lease {
+            namespace, name, ..
+        } => (format!("k8s://{namespace}/{name}"), Cli::kube()),
+        Key::ZooKeeper { .. } => unreachable!("ZooKeeper keeps no history"),
+    };
+    let today = key.handle().await;
+    let with_cluster = AcquireRequest {
+        cluster: Some("east".into()),
+        ..request(TODAY, Permits::MUTEX)
+    };
+    let first = acquired(today.as_ref(), &with_cluster).await;
+    today.release(&first).await.expect("today's build releases");
+
+    cli.previous_release()
+        .run(&[
+            "run",
+            &url,
+            "--holder",
+            "previous-release",
+            "--wait",
+            "60s",
+            "--",
+            "true",
+        ])
+        .await
+        .ok();
+
+    let f = first.fence().0;
+    let seen = |history: Vec<lockwarden::lock::Grant>| -> Vec<(String, String, u64, String)> {
+        history
+            .iter()
+            .map(|g| {
+                let cluster = g.cluster.clone().unwrap_or_default();
+                (g.holder.clone(), cluster, g.fence.0, g.ended.to_string())
+            })
+            .collect()
+    };
+    let g = |holder: &str, cluster: &str, fence: u64, ended: &str| {
+        (
+            holder.to_string(),
+            cluster.to_string(),
+            fence,
+            ended.to_string(),
+        )
+    };
+    let mut expected = Vec::new();
+    if history_survives {
+        expected.push(g(TODAY, "east", f, "released"));
+    }
+    expected.push(g("previous-release", "", f + 1, "released"));
+    assert_eq!(
+        seen(today.history().await.expect("the key's history")),
+        expected,
+        "after the previous release's acquisition and release"
+    );
+    let again = acquired(today.as_ref(), &with_cluster).await;
+    assert_eq!(again.fence().0, f + 2);
+    expected.push(g(TODAY, "east", f + 2, "held"));
+    assert_eq!(
+        seen(today.history().await.expect("the key's history")),
+        expected
+    );
+    today.release(&again).await.expect("today's build releases");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_the_previous_release_holds_a_key_with_history() {
+    the_previous_release_holds_a_key_with_history(Key::s3().await, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamodb_the_previous_release_holds_a_key_with_history_and_keeps_it() {
+    the_previous_release_holds_a_key_with_history(Key::dynamo().await, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_the_previous_release_holds_a_key_with_history() {
+    the_previous_release_holds_a_key_with_history(Key::lease().await, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

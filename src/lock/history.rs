@@ -203,6 +203,34 @@ pub fn to_text(history: &[Grant]) -> String {
     serde_json::to_string(history).expect("history serialises")
 }
 
+/// The history as JSON in ASCII only (other characters as `\uXXXX` escapes), at most
+/// `max` bytes long: the oldest entries are left out until it fits (`None` when not
+/// even the newest does). For stores that keep it in a size-limited header, such as
+/// S3's user metadata (2 KB in all).
+pub fn to_bounded_ascii(history: &[Grant], max: usize) -> Option<String> {
+    (0..history.len()).find_map(|skip| {
+        let text = ascii_json(&to_text(&history[skip..]));
+        (text.len() <= max).then_some(text)
+    })
+}
+
+/// JSON text with every non-ASCII character escaped: still the same JSON, since such
+/// characters only occur inside strings.
+fn ascii_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for unit in c.encode_utf16(&mut units) {
+                out.push_str(&format!("\\u{unit:04x}"));
+            }
+        }
+    }
+    out
+}
+
 fn keep_last(grants: &mut Vec<Grant>) {
     let extra = grants.len().saturating_sub(HISTORY_LEN);
     grants.drain(..extra);
@@ -274,11 +302,10 @@ pub fn after_grant(
 /// The history a release writes in its tombstone: the releasing grant closed.
 pub fn after_release(record: &LockRecord, now: SystemTime) -> Vec<Grant> {
     let mut history = record.history.clone();
-    match history.last_mut() {
-        Some(last) if last.is_grant_of(record) => last.end(Ending::Released, Some(now)),
-        // Our grant's entry is missing (a newer record format, a history cut by hand):
-        // the tombstone itself says who released, and `settled` adds it when read.
-        _ => {}
+    // Without an entry of our grant (dropped by a writer that keeps no history), the
+    // tombstone itself says who released, and `settled` adds it when read.
+    if let Some(last) = history.last_mut().filter(|g| g.is_grant_of(record)) {
+        last.end(Ending::Released, Some(now));
     }
     history
 }
@@ -427,6 +454,30 @@ mod tests {
         let back: serde_json::Value = serde_json::from_str(&to_text(&history)).unwrap();
         assert_eq!(back[0]["ended"], "lost");
         assert_eq!(back[0]["why"], "x");
+    }
+
+    #[test]
+    fn the_ascii_form_fits_its_bound_by_leaving_out_the_oldest() {
+        let history: Vec<Grant> = (1..=8)
+            .map(|f| {
+                Grant::new(
+                    &format!("höld-{f}-😀"),
+                    Some("ost"),
+                    FenceToken(f),
+                    SystemTime::now(),
+                )
+            })
+            .collect();
+        let all = to_bounded_ascii(&history, usize::MAX).unwrap();
+        assert!(all.is_ascii(), "{all}");
+        assert_eq!(parse_text(&all), history, "the same JSON");
+        let bound = all.len() / 2;
+        let some = to_bounded_ascii(&history, bound).unwrap();
+        assert!(some.len() <= bound);
+        let kept = parse_text(&some);
+        assert!(!kept.is_empty() && kept.len() < history.len());
+        assert_eq!(kept.last(), history.last(), "the newest are kept");
+        assert_eq!(to_bounded_ascii(&history, 10), None);
     }
 
     #[test]

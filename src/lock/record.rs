@@ -279,13 +279,12 @@ struct RecordDocument {
     /// foreign, so they see the key as held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     holders: Option<HolderSet>,
-    /// The key's last grants ([`super::history`]). Read leniently: a history that does
-    /// not parse is empty, never a reason to call the record foreign.
-    #[serde(
-        default,
-        skip_serializing_if = "Vec::is_empty",
-        deserialize_with = "lenient_history"
-    )]
+    /// The key's last grants ([`super::history`]): read (leniently: a history that does
+    /// not parse is empty, never a reason to call the record foreign) but never written
+    /// into the body, because the previous release rejects a body with a field it does
+    /// not know (it predates the compatibility rule): stores keep the history beside
+    /// the body (S3: the object's user metadata).
+    #[serde(default, skip_serializing, deserialize_with = "lenient_history")]
     history: Vec<Grant>,
     #[serde(flatten)]
     unknown: UnknownFields,
@@ -501,6 +500,22 @@ mod tests {
         let mut no_nonce = newer_body();
         no_nonce.as_object_mut().unwrap().remove("nonce");
         assert!(LockRecord::from_json(&serde_json::to_vec(&no_nonce).unwrap()).is_err());
+    }
+
+    /// The previous release rejects a body with a field it does not know, so the
+    /// history never goes into the body (S3 keeps it in the object's metadata); a body
+    /// that has one (a later build's) is read.
+    #[test]
+    fn the_history_stays_out_of_the_body_the_previous_release_reads() {
+        let mut r = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(5), None);
+        r.history = vec![Grant::new("a", Some("east"), FenceToken(1), r.acquired_at)];
+        let body: serde_json::Value = serde_json::from_slice(&r.to_json()).unwrap();
+        assert!(body.get("history").is_none(), "{body}");
+        let mut later = body;
+        later["history"] = serde_json::to_value(&r.history).unwrap();
+        let read = LockRecord::from_json(&serde_json::to_vec(&later).unwrap()).unwrap();
+        assert_eq!(read.history, r.history);
+        assert!(read.unknown.is_empty());
     }
 
     #[test]

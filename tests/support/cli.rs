@@ -100,6 +100,8 @@ pub struct Cli {
     /// Start from an empty environment (only PATH kept) instead of removing the
     /// variables known to matter.
     clear_env: bool,
+    /// The binary run: this build's, or the previous release's ([`Cli::previous_release`]).
+    bin: PathBuf,
 }
 
 impl Default for Cli {
@@ -129,7 +131,25 @@ impl Cli {
             dir: tempfile::tempdir().expect("temp dir"),
             env,
             clear_env: false,
+            bin: PathBuf::from(BIN),
         }
+    }
+
+    /// Runs lockwarden as released at `LOCKWARDEN_PREVIOUS_RELEASE` instead of this
+    /// build: the binary `scripts/testenv` built beside the previous release's CRD
+    /// (`LOCKWARDEN_PREVIOUS_CRD`), for the formats shared across a rolling upgrade.
+    pub fn previous_release(mut self) -> Cli {
+        const INSTALL: &str = "run `eval \"$(scripts/testenv env)\"` (scripts/testenv builds \
+                               the previous release once)";
+        let crd = std::env::var_os("LOCKWARDEN_PREVIOUS_CRD")
+            .unwrap_or_else(|| panic!("LOCKWARDEN_PREVIOUS_CRD is not set: {INSTALL}"));
+        let bin = std::path::Path::new(&crd)
+            .parent()
+            .expect("the previous release's directory")
+            .join("bin/lockwarden");
+        assert!(bin.is_file(), "{} is missing: {INSTALL}", bin.display());
+        self.bin = bin;
+        self
     }
 
     /// With moto as the AWS endpoint.
@@ -173,7 +193,7 @@ impl Cli {
     }
 
     pub fn command<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(&self.bin);
         cmd.args(args).current_dir(self.dir.path());
         if self.clear_env {
             cmd.env_clear()
@@ -207,7 +227,7 @@ impl Cli {
         let out = tokio::time::timeout(TIMEOUT, self.command(args).output())
             .await
             .unwrap_or_else(|_| panic!("lockwarden {shown:?} did not finish within {TIMEOUT:?}"))
-            .unwrap_or_else(|e| panic!("cannot run {BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()));
         let out = Out {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -698,6 +698,36 @@ mod tests {
         assert!(err.what.contains("ownerName is a number"), "{err}");
     }
 
+    /// The history is one string attribute, removed when a record has none; read also
+    /// from an item dynamolock wrote last (it keeps attributes it does not know).
+    #[test]
+    fn the_history_is_an_attribute_of_ours() {
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
+        let update = update_of(&record, &TableLayout::new("t"));
+        assert!(update.expression.contains("REMOVE") && update.expression.contains("#history"));
+        record.history = vec![crate::lock::Grant::new(
+            "h",
+            Some("east"),
+            FenceToken(2),
+            record.acquired_at,
+        )];
+        let update = update_of(&record, &TableLayout::new("t"));
+        assert!(
+            update.expression.contains("#history = :history"),
+            "{}",
+            update.expression
+        );
+        let AttributeValue::S(text) = &update.values[":history"] else {
+            panic!("a string attribute")
+        };
+        let mut item = dynamolock_item(false);
+        item.insert(HISTORY.to_string(), AttributeValue::S(text.clone()));
+        let read = parse_item(&item).unwrap();
+        assert!(read.by_another_tool());
+        assert_eq!(read.history, record.history);
+    }
+
     /// A record's unknown fields are written as attributes of their own, never in
     /// place of lockwarden's or of the item's key.
     #[test]

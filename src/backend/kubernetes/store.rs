@@ -460,6 +460,38 @@ mod tests {
         assert!(!next.metadata.annotations.unwrap().contains_key(DATA));
     }
 
+    /// The history is an annotation of ours (never an unknown one), read also when
+    /// client-go wrote the Lease last (it keeps annotations), and removed when empty.
+    #[tokio::test]
+    async fn the_history_annotation_is_ours_and_survives_a_client_go_write() {
+        let store = LeaseStore::new(
+            Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+            "ns",
+            "lock",
+        );
+        let mut record =
+            LockRecord::new_acquisition("a", FenceToken(3), Duration::from_secs(30), None);
+        record.history = vec![crate::lock::Grant::new(
+            "a",
+            Some("east"),
+            FenceToken(3),
+            record.acquired_at,
+        )];
+        let mut lease = store.to_lease(&record, None);
+        let read = parse_lease(&lease).expect("ours");
+        assert_eq!(read.history, record.history);
+        assert!(read.unknown.is_empty(), "{:?}", read.unknown);
+        // client-go takes the Lease over: its update keeps our annotations.
+        lease.spec.as_mut().unwrap().holder_identity = Some("client-go-leader".into());
+        let theirs = parse_lease(&lease).expect("client-go's");
+        assert!(theirs.by_another_tool());
+        assert_eq!(theirs.history, record.history);
+        let mut without = read.clone();
+        without.history.clear();
+        let next = store.to_lease(&without, Some(lease));
+        assert!(!next.metadata.annotations.unwrap().contains_key(HISTORY));
+    }
+
     #[test]
     fn lease_seconds_round_up() {
         assert_eq!(lease_seconds(Duration::from_millis(1500)), 2);

@@ -7,10 +7,21 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::backend::aws::{describe, status_and_code};
+use crate::lock::history;
 use crate::lock::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, RecordStore,
     StoreError, Stored, UnknownFields, Version,
 };
+
+/// The user-metadata key (`x-amz-meta-lockwarden-history`) of the key's holder
+/// history (`crate::lock::history`): beside the body, because the previous release
+/// reads a body with a field it does not know as foreign.
+pub const HISTORY_METADATA: &str = "lockwarden-history";
+
+/// The longest history text stored: S3 allows 2 KB of user metadata per object (names
+/// and values together), and a PUT over it is refused, so the oldest entries are left
+/// out instead.
+pub const HISTORY_METADATA_MAX: usize = 1800;
 
 /// The lease reported for an s3lock lock, which has none.
 pub const S3LOCK_LEASE: std::time::Duration = crate::lock::NO_LEASE;
@@ -136,16 +147,21 @@ impl RecordStore for S3Store {
             }
         };
         let version = Version(out.e_tag().unwrap_or_default().to_string());
+        let history = out
+            .metadata()
+            .and_then(|m| m.get(HISTORY_METADATA))
+            .map(|text| history::parse_text(text));
         let bytes = out
             .body
             .collect()
             .await
             .map_err(|e| StoreError::Unavailable(format!("GET {}: reading body: {e}", self.url)))?
             .into_bytes();
-        Ok(Some(Stored {
-            record: parse_body(&bytes, &version.0),
-            version,
-        }))
+        let mut record = parse_body(&bytes, &version.0);
+        if let (Ok(r), Some(history)) = (record.as_mut(), history) {
+            r.history = history;
+        }
+        Ok(Some(Stored { record, version }))
     }
 
     async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
@@ -179,13 +195,16 @@ impl S3Store {
         record: &LockRecord,
         expected: Option<&Version>,
     ) -> Result<Version, StoreError> {
-        let req = self
+        let mut req = self
             .client
             .put_object()
             .bucket(&self.bucket)
             .key(&self.key)
             .content_type("application/json")
             .body(ByteStream::from(record.to_json()));
+        if let Some(text) = history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX) {
+            req = req.metadata(HISTORY_METADATA, text);
+        }
         let (req, op) = match expected {
             None => (req.if_none_match("*"), "PUT If-None-Match"),
             Some(v) => (req.if_match(&v.0), "PUT If-Match"),
