@@ -150,6 +150,62 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
         assert!(text.contains(&words), "{words:?} not in:\n{text}");
     }
 
+    // A second Job naming the lock waits for the first one's claim; a Job naming a lock
+    // that does not exist, and one created unsuspended, are called out.
+    jobs.create(
+        &PostParams::default(),
+        &job("second", &[(LOCK_ANNOTATION, "contested")], true),
+    )
+    .await
+    .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("lost", &[(LOCK_ANNOTATION, "missing")], true),
+    )
+    .await
+    .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &job("eager", &[(LOCK_ANNOTATION, "contested")], false),
+    )
+    .await
+    .unwrap();
+    let second = plugin_json(&dir, &["why", "job/second", "-n", &ns]).await;
+    let lock = &second["locks"][0];
+    assert_eq!(lock["state"], "claimed-by-another", "{second:#}");
+    assert_eq!(lock["holder"], "Job blocked", "{second:#}");
+    assert!(
+        lock["positionNote"]
+            .as_str()
+            .unwrap()
+            .contains("claims are not queued")
+    );
+    assert!(
+        lock["unblocks"]
+            .as_str()
+            .unwrap()
+            .starts_with("Job blocked finishing"),
+        "{second:#}"
+    );
+    let lost = plugin_json(&dir, &["why", "job/lost", "-n", &ns]).await;
+    assert_eq!(lost["locks"][0]["state"], "not-found", "{lost:#}");
+    assert!(
+        lost["locks"][0]["unblocks"]
+            .as_str()
+            .unwrap()
+            .contains("creating DistributedLock missing"),
+        "{lost:#}"
+    );
+    let eager = plugin_json(&dir, &["why", "job/eager", "-n", &ns]).await;
+    assert_eq!(eager["state"], "misconfigured", "{eager:#}");
+    assert!(
+        eager["summary"]
+            .as_str()
+            .unwrap()
+            .contains("is not suspended"),
+        "{eager:#}"
+    );
+
     // Released: the Job starts, and `why` says nothing blocks it.
     outsider.release(&lease).await.unwrap();
     wait_acquired(&locks, "contested", TIMEOUT).await;
