@@ -426,6 +426,20 @@ async fn status_and_history_agree_with_the_lock_after_hand_offs() {
             .unwrap()
             .starts_with("status.history")
     );
+    // The store itself (the Lease, read with this KUBECONFIG) has the same grants.
+    let stored = plugin_json(&dir, &["history", "dlock/handed", "--store", "-n", &ns]).await;
+    assert!(stored["source"].as_str().unwrap().starts_with("the store"));
+    let grants = |v: &Value| -> Vec<(i64, String, String)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                let text = |f: &str| g[f].as_str().unwrap().to_string();
+                (g["fence"].as_i64().unwrap(), text("holder"), text("ended"))
+            })
+            .collect()
+    };
+    assert_eq!(grants(&stored["history"]), grants(&mirrored));
     let table = plugin(&dir, &["history", "handed", "-n", &ns]).await;
     let rows: Vec<Vec<&str>> = table
         .lines()

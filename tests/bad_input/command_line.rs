@@ -229,6 +229,11 @@ async fn the_kubectl_plugin_refuses_bad_objects_and_flags() {
             &["unexpected argument '--bogus'"],
         ),
         (&["status", "-o", "table"], 2, &["invalid value 'table'"]),
+        (
+            &["status", "dlock/x", "--store"],
+            2,
+            &["unexpected argument '--store'"],
+        ),
         (&["status", "-n", "a", "-A"], 2, &["cannot be used with"]),
         (
             &["scale", "dlock/x"],

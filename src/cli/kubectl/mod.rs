@@ -125,6 +125,14 @@ pub enum PluginCommand {
         /// dlock/NAME (also distributedlock/NAME or NAME alone)
         #[arg(value_name = "dlock/NAME", required = true)]
         resource: Vec<String>,
+
+        /// Read the key's history from its store (the newest) instead of the lock's
+        /// status.history (as last mirrored); needs the store's credentials here, as
+        /// `lockwarden status --history` does (AWS_* for S3 and DynamoDB, KUBECONFIG
+        /// for Lease keys, the ensemble's address for ZooKeeper, whose key keeps only
+        /// its current holder)
+        #[arg(long)]
+        store: bool,
     },
 }
 
@@ -270,7 +278,7 @@ pub(crate) fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> 
 enum Asked {
     List,
     Status(String),
-    History(String),
+    History { name: String, store: bool },
     Why(ObjectKind, String),
 }
 
@@ -281,7 +289,10 @@ fn asked(command: &PluginCommand) -> Result<Asked, CliError> {
     Ok(match command {
         PluginCommand::Status { resource } if resource.is_empty() => Asked::List,
         PluginCommand::Status { resource } => Asked::Status(lock(resource)?),
-        PluginCommand::History { resource } => Asked::History(lock(resource)?),
+        PluginCommand::History { resource, store } => Asked::History {
+            name: lock(resource)?,
+            store: *store,
+        },
         PluginCommand::Why { resource } => {
             let (kind, name) = parse_resource(resource, &[ObjectKind::Job, ObjectKind::Pod], None)?;
             Asked::Why(kind, name)
@@ -300,7 +311,7 @@ pub async fn run(cli: PluginCli) -> Result<u8, CliError> {
             view::list(&cluster.client, namespace, output).await?
         }
         Asked::Status(name) => view::status(&cluster, &name, output).await?,
-        Asked::History(name) => view::history(&cluster, &name, output).await?,
+        Asked::History { name, store } => view::history(&cluster, &name, store, output).await?,
         Asked::Why(kind, name) => why::why(&cluster, kind, &name, output).await?,
     };
     print!("{text}");

@@ -261,6 +261,17 @@ pub(super) async fn get_lock(cluster: &Cluster, name: &str) -> Result<Distribute
         })
 }
 
+/// The key's history as its store keeps it now: the same read as `lockwarden status
+/// --history`, with the same credentials (this process's environment).
+async fn store_history(key: &str) -> Result<Vec<HistoryEntry>, CliError> {
+    let target = crate::backend::Target::parse(key)?;
+    let backend = target
+        .connect(&crate::cli::BackendArgs::default().options(None))
+        .await?;
+    let grants = crate::lock::when_reachable(|| backend.history()).await?;
+    Ok(crate::controller::status::history_entries(&grants))
+}
+
 /// What a lock's status says, without the cluster's other locks or Events.
 pub(super) fn lock_view(lock: &DistributedLock) -> LockView {
     let status = lock.status.clone().unwrap_or_default();
@@ -581,34 +592,51 @@ pub struct HistoryView {
 }
 
 /// Where `history` reads the grants, in words.
-const HISTORY_SOURCE: &str = "status.history: the store's holder history of the key as this \
+const FROM_STATUS: &str = "status.history: the store's holder history of the key as this \
      lock's controller last mirrored it (on the status writes it makes anyway: acquired, \
-     waiting for another holder); it needs no store credentials. The store's own, newest \
-     copy: lockwarden status --history KEY";
+     waiting for another holder); it needs no store credentials";
+const FROM_STORE: &str = "the store: the key's holder history as stored now, read with this \
+     environment's credentials for the store";
 
 pub async fn history(
     cluster: &Cluster,
     name: &str,
+    from_store: bool,
     output: Option<Output>,
 ) -> Result<String, CliError> {
     let lock = get_lock(cluster, name).await?;
     let status = lock.status.clone().unwrap_or_default();
+    let history = if from_store {
+        let key = status.key.clone().ok_or_else(|| {
+            CliError::Usage(format!(
+                "DistributedLock {name} names no key in its status yet (the controller has \
+                 not reported on it): its store cannot be read"
+            ))
+        })?;
+        store_history(&key).await?
+    } else {
+        status.history.clone().unwrap_or_default()
+    };
     let view = HistoryView {
         namespace: cluster.namespace.clone(),
         name: name.to_string(),
         key: status.key.clone(),
-        source: HISTORY_SOURCE.into(),
-        history: status.history.clone().unwrap_or_default(),
+        source: if from_store { FROM_STORE } else { FROM_STATUS }.into(),
+        history,
     };
     if let Some(o) = output {
         return Ok(render(&view, o));
     }
     let key = dash(&view.key);
     let mut out = format!("Key {key} of DistributedLock {}/{name}\n", view.namespace);
-    out.push_str(&format!(
-        "Source: status.history, as last mirrored by the controller (the store's own \
-         copy: lockwarden status --history {key})\n"
-    ));
+    out.push_str(&if from_store {
+        "Source: the store, as stored now\n".to_string()
+    } else {
+        format!(
+            "Source: status.history, as last mirrored by the controller (the store's own \
+             copy: --store, or lockwarden status --history {key})\n"
+        )
+    });
     if view.history.is_empty() {
         out.push_str("No grants recorded yet.\n");
         return Ok(out);
