@@ -488,6 +488,36 @@ async fn status_and_history_agree_with_the_lock_after_hand_offs() {
         .lines()
         .find(|l| l.starts_with("handed "))
         .expect(&list);
+    // --context picks a context of --kubeconfig, and its namespace is the default one,
+    // as with kubectl.
+    let mut config = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+    let mut context = config.contexts[0].clone();
+    context.name = "plugin-context".into();
+    context.context.as_mut().unwrap().namespace = Some(ns.clone());
+    config.contexts.push(context);
+    let with_context = dir.path().join("with-context.kubeconfig");
+    std::fs::write(&with_context, serde_yaml_ng::to_string(&config).unwrap()).unwrap();
+    let with_context = with_context.display().to_string();
+    let listed = plugin(
+        &dir,
+        &[
+            "status",
+            "--kubeconfig",
+            &with_context,
+            "--context",
+            "plugin-context",
+        ],
+    )
+    .await;
+    assert_eq!(listed, list, "the context's namespace is the default");
+    // -A: every namespace, each row naming its namespace.
+    let everywhere = plugin(&dir, &["status", "-A"]).await;
+    assert!(
+        everywhere
+            .lines()
+            .any(|l| l.starts_with(&format!("{ns} ")) && l.contains(" handed ")),
+        "{everywhere}"
+    );
     assert!(
         row.contains("Held") && row.contains(&fences[3].to_string()),
         "{list}"
@@ -536,4 +566,24 @@ async fn kubectl_finds_the_plugin_and_completes_it() {
     assert_eq!(names, "dlock/alpha\ndlock/beta\n:4\n");
     let names = complete(&["history", "--namespace=NS", "dlock/b"]).await;
     assert_eq!(names, "dlock/beta\n:4\n");
+    // why: the Jobs naming a lock and the Pods lockwarden watches.
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    jobs.create(
+        &PostParams::default(),
+        &job("nightly", &[(LOCK_ANNOTATION, "alpha")], true),
+    )
+    .await
+    .unwrap();
+    jobs.create(&PostParams::default(), &job("plain", &[], true))
+        .await
+        .unwrap();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &gated_pod("gated", &[(LOCK_ANNOTATION, "beta")], true, true),
+        )
+        .await
+        .unwrap();
+    let names = complete(&["why", "-n", "NS", ""]).await;
+    assert_eq!(names, "job/nightly\npod/gated\n:4\n");
 }
