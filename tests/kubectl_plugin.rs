@@ -174,6 +174,10 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
     let lock = &second["locks"][0];
     assert_eq!(lock["state"], "claimed-by-another", "{second:#}");
     assert_eq!(lock["holder"], "Job blocked", "{second:#}");
+    assert_eq!(
+        second["summary"],
+        "the Job waits for lock contested, claimed by Job blocked; position not known"
+    );
     assert!(
         lock["positionNote"]
             .as_str()
@@ -181,10 +185,9 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
             .contains("claims are not queued")
     );
     assert!(
-        lock["unblocks"]
-            .as_str()
-            .unwrap()
-            .starts_with("Job blocked finishing"),
+        lock["unblocks"].as_str().unwrap().starts_with(
+            "Job blocked finishing (it waits itself: the key is held by other-cluster/ops/nightly)"
+        ),
         "{second:#}"
     );
     let lost = plugin_json(&dir, &["why", "job/lost", "-n", &ns]).await;

@@ -225,7 +225,12 @@ async fn explain<W: GatedWorkload>(
                                 .fence
                                 .map(|f| format!(" (fence {f})"))
                                 .unwrap_or_default();
-                            format!(", held by {h}{fence}")
+                            let by = if first.state == "claimed-by-another" {
+                                "claimed"
+                            } else {
+                                "held"
+                            };
+                            format!(", {by} by {h}{fence}")
                         })
                         .unwrap_or_default();
                     let position = match first.position {
@@ -316,8 +321,16 @@ async fn lock_wait(
                                       let go, the next workload the controller reconciles \
                                       claims it"
                     .into();
+                // What the claimant itself waits for, if it does.
+                let behind = match (view.phase.as_deref(), &view.holder) {
+                    (Some("Waiting"), Some(holder)) => {
+                        format!(" (it waits itself: the key is held by {holder})")
+                    }
+                    _ => String::new(),
+                };
                 wait.unblocks = format!(
-                    "{by} finishing: the controller then lets the lock go and removes its claim"
+                    "{by} finishing{behind}: the controller then lets the lock go and removes \
+                     its claim"
                 );
                 return Ok(wait);
             }
