@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
+use lockwarden::cli::kubectl::{self, InvokedAs};
 use lockwarden::cli::{self, CliError};
 
 /// Distributed locks with fencing tokens in S3, DynamoDB, ZooKeeper and Kubernetes Leases.
@@ -81,16 +82,13 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
     Ok(code)
 }
 
-fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => return ExitCode::from(cli::report_parse_error(e)),
-    };
-    cli::init_logging(&cli.global);
-    // The controller serves many locks at once: threads for each core. Every other
-    // command does one thing and exits: a single-threaded runtime starts faster and
-    // uses less memory (issue 18: a CLI lighter than the Go tools).
-    let mut runtime = if matches!(cli.command, Command::Controller { .. }) {
+/// Runs `work` on a single-threaded runtime (a command that does one thing and exits)
+/// or, for the controller, one thread per core.
+fn block_on<F: std::future::Future<Output = anyhow::Result<u8>>>(
+    multi_thread: bool,
+    work: F,
+) -> ExitCode {
+    let mut runtime = if multi_thread {
         tokio::runtime::Builder::new_multi_thread()
     } else {
         tokio::runtime::Builder::new_current_thread()
@@ -100,7 +98,7 @@ fn main() -> ExitCode {
         .build()
         .context("cannot start the async runtime")
         .and_then(|runtime| {
-            let result = runtime.block_on(dispatch(cli.command));
+            let result = runtime.block_on(work);
             // Do not wait for background tasks (a ZooKeeper session, a renewal in
             // flight): the command's outcome is known.
             runtime.shutdown_timeout(std::time::Duration::from_millis(200));
@@ -116,4 +114,42 @@ fn main() -> ExitCode {
             )
         }
     }
+}
+
+/// `kubectl-lockwarden` / `kubectl_complete-lockwarden`: the same binary under the
+/// names kubectl looks for, with a command line of its own (kubectl passes no flags).
+fn plugin_main(mode: InvokedAs) -> ExitCode {
+    match mode {
+        InvokedAs::Completion => {
+            let args: Vec<String> = std::env::args_os()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            block_on(false, async move { Ok(kubectl::complete(args).await) })
+        }
+        InvokedAs::Plugin => {
+            let cli = match kubectl::PluginCli::try_parse() {
+                Ok(cli) => cli,
+                Err(e) => return ExitCode::from(cli::report_parse_error(e)),
+            };
+            cli::init_logging(&cli::GlobalArgs::default());
+            block_on(false, async move { Ok(kubectl::run(cli).await?) })
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    if let Some(mode) = kubectl::invoked_as(std::env::args_os().next().as_ref()) {
+        return plugin_main(mode);
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(cli::report_parse_error(e)),
+    };
+    cli::init_logging(&cli.global);
+    // The controller serves many locks at once: threads for each core. Every other
+    // command does one thing and exits: a single-threaded runtime starts faster and
+    // uses less memory (issue 18: a CLI lighter than the Go tools).
+    let multi_thread = matches!(cli.command, Command::Controller { .. });
+    block_on(multi_thread, dispatch(cli.command))
 }

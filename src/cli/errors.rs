@@ -188,6 +188,15 @@ pub enum CliError {
         context: String,
         source: std::io::Error,
     },
+
+    /// `kubectl lockwarden`: the cluster could not be reached or refused a read.
+    /// (The cause as text: kube's errors repeat their sources in their own message.)
+    #[error("{context}: {cause}")]
+    Kube { context: String, cause: String },
+
+    /// `kubectl lockwarden`: the object asked about does not exist.
+    #[error("{0}")]
+    NotFound(String),
 }
 
 fn round(d: Duration) -> Duration {
@@ -243,7 +252,9 @@ impl CliError {
             | CliError::LockFile(_)
             | CliError::AlreadyUnlocked { .. }
             | CliError::Lock(_)
-            | CliError::Io { .. } => exit::ERROR,
+            | CliError::Io { .. }
+            | CliError::Kube { .. }
+            | CliError::NotFound(_) => exit::ERROR,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod check_fence;
 pub mod completions;
 mod errors;
 mod keeper;
+pub mod kubectl;
 pub mod lock;
 pub mod lockfile;
 mod logging;

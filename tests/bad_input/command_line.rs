@@ -247,3 +247,84 @@ async fn fenced_writes_refuse_a_lock_record_and_a_lock_with_several_permits() {
     cli.run(&["unlock", "mutex.lock"]).await.ok();
     cli.run(&["unlock", "sem.lock"]).await.ok();
 }
+
+// ----- kubectl lockwarden ---------------------------------------------------------
+
+/// `kubectl-lockwarden` (the binary under its plugin name) refuses objects it cannot
+/// read, missing names and unknown flags before connecting anywhere: exit 2 and one
+/// line naming what is wrong and the expected form. Without a cluster it says so (1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubectl_plugin_refuses_bad_objects_and_flags() {
+    let plugins = support::kubectl::plugin_dir();
+    let plugin = plugins.path().join("kubectl-lockwarden");
+    let rows: &[(&[&str], i32, &[&str])] = &[
+        (
+            &["why", "svc/x"],
+            2,
+            &[
+                "\"svc\" is not a kind of object",
+                "expected job/NAME or pod/NAME",
+            ],
+        ),
+        (&["status", "svc/x"], 2, &["expected dlock/NAME"]),
+        (&["why", "dlock/x"], 2, &["\"dlock\" cannot be used here"]),
+        (&["why", "job/"], 2, &["the object's name is missing"]),
+        (&["history", "dlock/"], 2, &["the object's name is missing"]),
+        (
+            &["why", "nightly"],
+            2,
+            &["\"nightly\" names no kind of object"],
+        ),
+        (&["why"], 2, &["required arguments were not provided"]),
+        (&["history"], 2, &["required arguments were not provided"]),
+        (
+            &["history", "dlock/a", "dlock/b"],
+            2,
+            &["2 words given, one object"],
+        ),
+        (
+            &["status", "--bogus"],
+            2,
+            &["unexpected argument '--bogus'"],
+        ),
+        (&["status", "-o", "table"], 2, &["invalid value 'table'"]),
+        (
+            &["status", "dlock/x", "--store"],
+            2,
+            &["unexpected argument '--store'"],
+        ),
+        (&["status", "-n", "a", "-A"], 2, &["cannot be used with"]),
+        (
+            &["scale", "dlock/x"],
+            2,
+            &["unrecognized subcommand 'scale'"],
+        ),
+        (&["status", "dlock/x"], 1, &["no Kubernetes configuration"]),
+        (
+            &["why", "job/x", "--kubeconfig", "/nonexistent/config"],
+            1,
+            &["cannot read kubeconfig /nonexistent/config"],
+        ),
+    ];
+    for (args, code, fragments) in rows {
+        let out = tokio::process::Command::new(&plugin)
+            .args(*args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env("HOME", plugins.path())
+            .output()
+            .await
+            .expect("run kubectl-lockwarden");
+        let out = support::cli::Out {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        out.expect(
+            *code,
+            fragments,
+            &format!("kubectl lockwarden {}", args.join(" ")),
+        );
+    }
+}

@@ -68,3 +68,42 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// A directory to put on PATH holding the plugin as kubectl finds it: the built binary
+/// linked as `kubectl-lockwarden` and as its completion `kubectl_complete-lockwarden`
+/// (what the README tells users to do).
+pub fn plugin_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in ["kubectl-lockwarden", "kubectl_complete-lockwarden"] {
+        std::os::unix::fs::symlink(super::cli::BIN, dir.path().join(name))
+            .expect("link the plugin");
+    }
+    dir
+}
+
+/// The real `kubectl ARGS` with `plugins` first on PATH and the shared control plane's
+/// admin kubeconfig in KUBECONFIG (kubectl finds a plugin only when its name comes
+/// before any flag, so none is put in front).
+pub async fn kubectl_with_plugin(plugins: &Path, args: &[&str]) -> Output {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![plugins.to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    let plane = ControlPlane::shared();
+    let out = tokio::process::Command::new(tool("KUBECTL"))
+        .args(args)
+        .env("PATH", std::env::join_paths(dirs).expect("a PATH"))
+        .env("KUBECONFIG", plane.kubeconfig_path())
+        .env("KUBECACHEDIR", plane.dir().join("kubectl-cache"))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run kubectl");
+    eprintln!(
+        "$ kubectl {} -> {}\n{}",
+        args.join(" "),
+        out.status,
+        text(&out)
+    );
+    out
+}
