@@ -25,6 +25,8 @@ mod support;
 mod cli;
 #[path = "chaos/history.rs"]
 mod history;
+#[path = "chaos/mirror.rs"]
+mod mirror;
 #[path = "chaos/schedule.rs"]
 mod schedule;
 #[path = "chaos/world.rs"]
@@ -126,6 +128,8 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
     // Keys with more than one permit: "most permits in flight at once/permits" -> keys.
     let mut permits_in_flight: BTreeMap<String, u64> = BTreeMap::new();
     let mut exclusive_claims = 0;
+    // Rule (f) on S3 schedules: writes S3 acknowledged, stale ones it refused, unknown.
+    let mut s3_fenced = [0usize; 3];
     for i in 0..n {
         let seed = listed.as_ref().map_or(base + i, |l| l[i as usize]);
         let plan = if semaphore {
@@ -155,6 +159,9 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
                 .or_default() += 1;
         }
         exclusive_claims += r.exclusive_claims;
+        s3_fenced[0] += r.s3_fenced.acknowledged;
+        s3_fenced[1] += r.s3_fenced.refused;
+        s3_fenced[2] += r.s3_fenced.unverified;
         slowest = slowest.max(outcome.wall);
         eprintln!(
             "[chaos] {}/{n} seed {} {backend}: {} violations, {} acquisitions, {} writes, \
@@ -202,6 +209,7 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
             history: history_path.as_deref(),
             permits_in_flight: &permits_in_flight,
             exclusive_claims,
+            s3_fenced,
             file: summary_file,
         });
     }
@@ -230,6 +238,7 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
         history: history_path.as_deref(),
         permits_in_flight: &permits_in_flight,
         exclusive_claims,
+        s3_fenced,
         file: summary_file,
     });
     eprintln!(
@@ -267,6 +276,9 @@ struct Totals<'a> {
     /// Keys with more than one permit: "most in flight at once/permits" -> keys.
     permits_in_flight: &'a BTreeMap<String, u64>,
     exclusive_claims: usize,
+    /// S3 schedules, rule (f): register writes S3 acknowledged, stale ones S3 refused
+    /// itself, puts without a verdict.
+    s3_fenced: [usize; 3],
     /// The summary's file name in the world's directory.
     file: &'a str,
 }
@@ -330,6 +342,11 @@ fn summarize(t: &Totals) -> String {
         "semaphore_keys": t.permits_in_flight.values().sum::<u64>(),
         "semaphore_keys_by_most_permits_in_flight_of_permits": t.permits_in_flight,
         "semaphore_exclusive_claims": t.exclusive_claims,
+        "s3_fenced_writes": {
+            "acknowledged_by_s3": t.s3_fenced[0],
+            "stale_refused_by_s3": t.s3_fenced[1],
+            "without_a_verdict": t.s3_fenced[2],
+        },
     });
     let text = serde_json::to_string_pretty(&summary).unwrap();
     let _ = std::fs::write(world().dir.join(t.file), &text);
@@ -592,6 +609,48 @@ async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
             .any(|v| v.contains("(a)") && v.contains("cli-0-broken")),
         "the refused writes of the broken command were not reported: {v:?}"
     );
+    // Rule (f): S3 itself, in its conditional write, refused what the register refused,
+    // and no verdict of S3 differed from the register's.
+    let (ok, bad) = (correct.report.s3_fenced, broken.report.s3_fenced);
+    eprintln!("S3's verdicts: correct run {ok:?}, broken run {bad:?}");
+    assert!(ok.acknowledged > 0 && ok.refused == 0, "{ok:?}");
+    assert!(
+        bad.refused > 0,
+        "S3 refused none of the broken command's stale writes: {bad:?}"
+    );
+    assert!(
+        !v.iter().any(|v| v.contains("(f)")),
+        "S3 and the register disagreed: {v:?}"
+    );
+}
+
+/// Rule (f)'s checker: a mirror whose S3 object was written by a higher fence behind
+/// the register's back makes S3 refuse a write the register accepts, and that is
+/// reported as a disagreement, not counted as agreement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_s3_disagreeing_with_the_register() {
+    use history::{History, Kind};
+    let key = "s3://chaos/f".to_string();
+    let h = History::new(21, false);
+    h.mirror_to(mirror::S3Mirror::new(std::slice::from_ref(&key)).await);
+    assert!(h.write_fenced(&key, "engine-a", Kind::Engine, 3).await);
+    // Someone else wrote fence 9 to the S3 object only.
+    h.mirror_write_behind_the_registers_back(&key, 9).await;
+    assert!(
+        h.write_fenced(&key, "engine-a", Kind::Engine, 4).await,
+        "the register accepts 4"
+    );
+    let report = h.check(0.0, 1.0, &[], 100.0);
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.contains("(f) the register accepted fence 4")
+                && v.contains("stale fence: object written by fence 9")),
+        "{:?}",
+        report.violations
+    );
+    assert_eq!(report.s3_fenced.acknowledged, 1);
 }
 
 /// The plan generator can draw every fault kind on the backends it applies to (and

@@ -163,7 +163,7 @@ async fn command_writes(
             // The command's environment is the acquisition's evidence (rule (b)).
             history.acquired(key, who, t, nonce, fence, "");
         }
-        history.write(key, who, Kind::Cli, fence);
+        history.write_fenced(key, who, Kind::Cli, fence).await;
         let c = claim.get_or_insert_with(|| Claim {
             key: key.clone(),
             who: who.to_string(),
@@ -380,7 +380,9 @@ async fn lock_then_unlock(
     let mut claim: Option<Claim> = None;
     while history.now() < until {
         let t = history.now();
-        history.write(&target.key, who, Kind::Cli, fence);
+        history
+            .write_fenced(&target.key, who, Kind::Cli, fence)
+            .await;
         claim
             .get_or_insert_with(|| Claim {
                 key: target.key.clone(),

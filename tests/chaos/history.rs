@@ -3,11 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::time::Instant;
+
+use crate::mirror::{MirrorCounts, S3Mirror, Verdict};
 
 /// Who a claim or write belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +133,8 @@ pub struct History {
     pub seed: u64,
     base: Instant,
     inner: Mutex<Inner>,
+    /// S3 schedules: the register's writes also go to S3 as fenced puts (rule (f)).
+    mirror: OnceLock<S3Mirror>,
 }
 
 /// What a check found, and numbers for the summary.
@@ -147,6 +151,8 @@ pub struct Report {
     pub operations: usize,
     /// Per key: seconds from healing until some contender claimed the lock.
     pub liveness: Vec<f64>,
+    /// S3 schedules: what S3 said to the register's writes mirrored as fenced puts.
+    pub s3_fenced: MirrorCounts,
     /// Per key with more than one permit: (most permits in flight at once, permits).
     pub permits_in_flight: Vec<(u32, u32)>,
     /// Claims of exclusive holders on keys with more than one permit.
@@ -162,7 +168,20 @@ impl History {
                 session_bound,
                 ..Default::default()
             }),
+            mirror: OnceLock::new(),
         }
+    }
+
+    /// Writes `fence` to `key`'s S3 object only (the checker's own test: S3 then
+    /// disagrees with the register).
+    pub async fn mirror_write_behind_the_registers_back(&self, key: &str, fence: u64) {
+        let mirror = self.mirror.get().expect("a mirror");
+        mirror.write_object_only(key, fence).await;
+    }
+
+    /// Mirrors every later register write on a mutex key to S3 ([`S3Mirror`]).
+    pub fn mirror_to(&self, mirror: S3Mirror) {
+        assert!(self.mirror.set(mirror).is_ok(), "one mirror per history");
     }
 
     pub fn now(&self) -> f64 {
@@ -188,10 +207,32 @@ impl History {
             .insert(key.to_string(), lease);
     }
 
+    /// A write to the fenced register ([`History::write`]), and on S3 schedules the
+    /// same write to S3 as a fenced put, whose verdict must be the register's (rule
+    /// (f)). The write's time is when it was made, before it waits for its key's turn.
+    pub async fn write_fenced(&self, key: &str, writer: &str, kind: Kind, fence: u64) -> bool {
+        let t = self.now();
+        let Some(mirror) = self.mirror.get() else {
+            return self.write_at(key, writer, kind, fence, t);
+        };
+        let (accepted, verdict) = mirror
+            .write(key, writer, fence, || {
+                self.write_at(key, writer, kind, fence, t)
+            })
+            .await;
+        if let Verdict::Disagree(how) = verdict {
+            self.violation(format!("seed {}: {how}", self.seed));
+        }
+        accepted
+    }
+
     /// The fenced register: accepts a write iff its fence is at least the highest
     /// fence it has accepted for `key`.
     pub fn write(&self, key: &str, writer: &str, kind: Kind, fence: u64) -> bool {
-        let t = self.now();
+        self.write_at(key, writer, kind, fence, self.now())
+    }
+
+    fn write_at(&self, key: &str, writer: &str, kind: Kind, fence: u64, t: f64) -> bool {
         let mut inner = self.inner.lock().unwrap();
         let hw = inner.high_water.get(key).copied().unwrap_or(0);
         let accepted = fence >= hw;
@@ -546,6 +587,7 @@ impl History {
         let seed = self.seed;
         let mut report = Report {
             polls: inner.polls.len() + inner.set_polls.len(),
+            s3_fenced: self.mirror.get().map(S3Mirror::counts).unwrap_or_default(),
             ..Default::default()
         };
         let mut violations = std::mem::take(&mut inner.violations);

@@ -577,6 +577,18 @@ pub async fn run(plan: Plan) -> Outcome {
         .collect();
     let keys = Keys { urls, ..keys };
     let history = Arc::new(History::new(plan.seed, backend == Backend::ZooKeeper));
+    if backend == Backend::S3 {
+        // Rule (f): S3 itself refuses what the register refuses. Keys with several
+        // permits are not mirrored: fenced writes are for exclusive holders.
+        let mutexes: Vec<String> = keys
+            .urls
+            .iter()
+            .zip(&plan.permits)
+            .filter(|(_, n)| **n <= 1)
+            .map(|(url, _)| url.clone())
+            .collect();
+        history.mirror_to(crate::mirror::S3Mirror::new(&mutexes).await);
+    }
     for (url, &n) in keys.urls.iter().zip(&plan.permits) {
         if n > 1 {
             history.set_permits(url, n);
@@ -783,7 +795,9 @@ pub async fn run(plan: Plan) -> Outcome {
                         .map(|(id, s)| (id.clone(), s.1))
                         .collect();
                     for (id, fence) in acquired {
-                        history.write(&key, &id, Kind::Controller, fence);
+                        history
+                            .write_fenced(&key, &id, Kind::Controller, fence)
+                            .await;
                     }
                     tokio::time::sleep(ms(100)).await;
                 }
@@ -1164,7 +1178,7 @@ async fn engine(
             let t = history.now();
             last_claimed = Some(t);
             if permits.is_mutex() {
-                history.write(&key, &who, Kind::Engine, fence);
+                history.write_fenced(&key, &who, Kind::Engine, fence).await;
             } else {
                 history.write_permit(&key, &who, fence, weight);
             }
