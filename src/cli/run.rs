@@ -183,9 +183,10 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
     let margins = backend.margins();
-    // The lease granted is the one asked for, except on ZooKeeper (the session
-    // timeout): there the grace can only be checked once the lock is acquired.
-    if !matches!(args.url, Target::ZooKeeper(_)) {
+    // The lease granted is the one asked for, except on a session-bound store
+    // (ZooKeeper: the session timeout the server grants): there the grace can only be
+    // checked once the lock is acquired.
+    if !args.url.is_session_bound() {
         grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
     }
     let lease = acquire(&args, permits, backend.as_ref()).await?;
