@@ -259,7 +259,41 @@ pub fn next_status(lock: &DistributedLock, desired: Desired) -> Option<Distribut
 }
 
 /// Writes `status` with server-side apply.
+///
+/// During an upgrade the controller may run before the README's CRD step has
+/// installed this build's CRD, and server-side apply refuses a field the installed
+/// schema does not declare. `status.history` (CRD revision 3) is the only status field
+/// an older CRD lacks, and it is informational: without it the write is made again,
+/// so every other status field keeps being written (docs/design.md §3 "Stored formats
+/// that can evolve").
 pub async fn write(
+    api: &Api<DistributedLock>,
+    name: &str,
+    status: &DistributedLockStatus,
+) -> kube::Result<()> {
+    match apply(api, name, status).await {
+        Err(kube::Error::Api(e)) if status.history.is_some() && undeclared_history(&e.message) => {
+            tracing::debug!(
+                lock = name,
+                "the installed CRD has no status.history: written without it"
+            );
+            let without = DistributedLockStatus {
+                history: None,
+                ..status.clone()
+            };
+            apply(api, name, &without).await
+        }
+        other => other,
+    }
+}
+
+/// Whether the API server refused the apply because the installed CRD does not declare
+/// `status.history`.
+fn undeclared_history(message: &str) -> bool {
+    message.contains(".status.history") && message.contains("field not declared in schema")
+}
+
+async fn apply(
     api: &Api<DistributedLock>,
     name: &str,
     status: &DistributedLockStatus,
