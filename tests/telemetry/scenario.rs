@@ -195,6 +195,22 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
                 && is(m, &zk("lockwarden_oldest_wait_seconds"), 0.0)
         })
         .await;
+    // Let the ZooKeeper key go now, with a release: the rest of the scenario runs for a
+    // minute on a loaded machine, and a session that expired there would be a loss the
+    // alert expectations below do not list.
+    locks
+        .delete("zk-second", &DeleteParams::default())
+        .await
+        .unwrap();
+    support::eventually("zk-second released and gone", TIMEOUT, || async {
+        locks
+            .get_opt("zk-second")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
 
     // 7. A loss through the fault proxy: S3 (moto) behind a partitioning proxy. The
     //    renewals fail (LeaseExpiring: the gauge rises), a contender reaching S3
