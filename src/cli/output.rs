@@ -136,3 +136,29 @@ mod tests {
         assert_eq!(one_line("a\n  b\n\nc"), "a b c");
     }
 }
+
+/// Rows of cells (the first row the header), left-aligned in columns three spaces
+/// apart, one line each, as `status` and `kubectl lockwarden` print tables.
+pub fn columns(rows: &[Vec<String>]) -> String {
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..rows[0].len()).map(width).collect();
+    let mut out = String::new();
+    for row in rows {
+        let last = row.len() - 1;
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == last {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        // An empty last cell leaves no padding behind.
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
+}

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use super::output::columns;
 use super::{BackendArgs, CliError, PermitArgs, exit};
 use crate::backend::Target;
 use crate::lock::history::{self, Grant};
@@ -412,30 +413,6 @@ impl Status {
         }
         out
     }
-}
-
-/// Rows of cells, left-aligned in columns three spaces apart, one line each.
-fn columns(rows: &[Vec<String>]) -> String {
-    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..rows[0].len()).map(width).collect();
-    let mut out = String::new();
-    for row in rows {
-        let last = row.len() - 1;
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i == last {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}", w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(&cells.join("   "));
-        out.push('\n');
-    }
-    out
 }
 
 pub async fn run(args: StatusArgs) -> Result<u8, CliError> {

@@ -11,6 +11,7 @@ use super::{Cluster, Output, api_error, render};
 use crate::api::conditions::{self, ACQUIRED};
 use crate::api::{DistributedLock, HistoryEntry, LockPhase};
 use crate::cli::CliError;
+use crate::cli::output::columns;
 use crate::controller::gating::CLAIM_ANNOTATION;
 
 /// How many of an object's Events `status` and `why` show: the last ones.
@@ -498,31 +499,6 @@ pub(super) fn events_text(events: &[EventView]) -> String {
     let mut out = String::from("Events:\n");
     for l in columns(&rows).lines() {
         out.push_str(&format!("  {l}\n"));
-    }
-    out
-}
-
-/// Rows of cells, left-aligned, three spaces apart (as `lockwarden status`).
-pub(super) fn columns(rows: &[Vec<String>]) -> String {
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in rows {
-        let last = row.len() - 1;
-        let cells: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i == last {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}", w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(cells.join("   ").trim_end());
-        out.push('\n');
     }
     out
 }
