@@ -315,6 +315,18 @@ async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The API server's answer to an apply of `status.history` against a CRD from
+    /// before revision 3 is recognised; other refusals are not retried.
+    #[test]
+    fn a_crd_without_status_history_is_recognised() {
+        assert!(undeclared_history(
+            "failed to create typed patch object (ns/l; lockwarden.io/v1alpha1, Kind=DistributedLock): \
+             .status.history: field not declared in schema"
+        ));
+        assert!(!undeclared_history(".status.fence: field not declared in schema"));
+        assert!(!undeclared_history("status.history: Too many: 9: must have at most 8 items"));
+    }
     use crate::api::DistributedLockSpec;
     use crate::api::conditions::reason;
 
