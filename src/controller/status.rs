@@ -324,8 +324,12 @@ mod tests {
             "failed to create typed patch object (ns/l; lockwarden.io/v1alpha1, Kind=DistributedLock): \
              .status.history: field not declared in schema"
         ));
-        assert!(!undeclared_history(".status.fence: field not declared in schema"));
-        assert!(!undeclared_history("status.history: Too many: 9: must have at most 8 items"));
+        assert!(!undeclared_history(
+            ".status.fence: field not declared in schema"
+        ));
+        assert!(!undeclared_history(
+            "status.history: Too many: 9: must have at most 8 items"
+        ));
     }
     use crate::api::DistributedLockSpec;
     use crate::api::conditions::reason;
