@@ -127,16 +127,6 @@ pub(super) fn report_locked_lines(target: &Target, path: &Path) {
     println!("create {}", path.display());
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_become_one_line() {
-        assert_eq!(one_line("a\n  b\n\nc"), "a b c");
-    }
-}
-
 /// Rows of cells (the first row the header), left-aligned in columns three spaces
 /// apart, one line each, as `status` and `kubectl lockwarden` print tables.
 pub fn columns(rows: &[Vec<String>]) -> String {
@@ -161,4 +151,14 @@ pub fn columns(rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_become_one_line() {
+        assert_eq!(one_line("a\n  b\n\nc"), "a b c");
+    }
 }
