@@ -72,17 +72,15 @@ impl FencedS3Object {
     /// The object's ETag and fence, `None` if there is no object. An object without
     /// our metadata is checked not to be a lock record.
     async fn head(&self) -> Result<Option<Head>, FencedError> {
-        let out = match self
+        let sent = self
             .client
             .head_object()
             .bucket(&self.bucket)
             .key(&self.key)
             .send()
-            .await
-        {
-            Ok(out) => out,
-            Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => return Ok(None),
-            Err(e) => return Err(store_error(e, "HEAD")),
+            .await;
+        let Some(out) = unless_absent(sent, "HEAD")? else {
+            return Ok(None);
         };
         let etag = out.e_tag().unwrap_or_default().to_string();
         let (fence, deleted) = fence_of(out.metadata())?;
@@ -206,17 +204,15 @@ impl FencedObject for FencedS3Object {
     }
 
     async fn get(&self) -> Result<Option<FencedRead>, FencedError> {
-        let out = match self
+        let sent = self
             .client
             .get_object()
             .bucket(&self.bucket)
             .key(&self.key)
             .send()
-            .await
-        {
-            Ok(out) => out,
-            Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => return Ok(None),
-            Err(e) => return Err(store_error(e, "GET")),
+            .await;
+        let Some(out) = unless_absent(sent, "GET")? else {
+            return Ok(None);
         };
         let etag = out.e_tag().unwrap_or_default().to_string();
         let (written_by, deleted) = fence_of(out.metadata())?;
@@ -298,6 +294,21 @@ async fn read_body(body: ByteStream) -> Result<Vec<u8>, FencedError> {
         })?
         .into_bytes()
         .to_vec())
+}
+
+/// A read's answer, `None` when the object does not exist (404).
+fn unless_absent<T, E>(
+    sent: Result<T, SdkError<E, HttpResponse>>,
+    op: &str,
+) -> Result<Option<T>, FencedError>
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match sent {
+        Ok(out) => Ok(Some(out)),
+        Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
+        Err(e) => Err(store_error(e, op)),
+    }
 }
 
 fn store_error<E>(err: SdkError<E, HttpResponse>, op: &str) -> FencedError
