@@ -13,6 +13,9 @@ use crate::lock::{Mode, Permits};
 
 /// `spec.leaseDuration` when unset.
 pub const DEFAULT_LEASE_DURATION: &str = "30s";
+/// The longest `spec.lockDelay` (and `--lock-delay`): a delay blocks the key this long
+/// after every expiry, so a mistaken hour is refused rather than honoured.
+pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(600);
 /// `spec.renewInterval` when unset.
 pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
 
@@ -75,6 +78,18 @@ pub struct DistributedLockSpec {
     #[schemars(length(max = MAX_DURATION_LEN))]
     #[x_kube(validation = positive_duration("acquireTimeout"))]
     pub acquire_timeout: Option<String>,
+    /// After this lock *expires* (its holder stopped renewing; never after a release),
+    /// contenders wait this much longer before taking the key over, so that a holder's
+    /// work can finish stopping first (Go duration, at most 10m; docs/design.md rule 8).
+    /// Stored as part of the record's lease, which every reader — older lockwarden and
+    /// the foreign tools — already honours; the holder's own deadline stays
+    /// `leaseDuration`. When unset, a lock the controller makes for a workload takes
+    /// the delay its Pods' termination grace needs; others have none. Not supported on
+    /// ZooKeeper, whose session expiry deletes the holder's entry at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_DURATION_LEN))]
+    #[x_kube(validation = positive_duration("lockDelay"))]
+    pub lock_delay: Option<String>,
     /// Let go of the lock (or stop waiting) without deleting this object.
     #[serde(default)]
     pub release: bool,
@@ -110,6 +125,7 @@ impl Default for DistributedLockSpec {
             lease_duration: default_lease_duration(),
             renew_interval: default_renew_interval(),
             acquire_timeout: None,
+            lock_delay: None,
             release: false,
             force: false,
             data: None,
@@ -289,6 +305,24 @@ impl DistributedLockSpec {
             .transpose()
     }
 
+    /// `lockDelay`, parsed: positive and at most [`MAX_LOCK_DELAY`]; `None` when unset.
+    pub fn lock_delay(&self) -> Result<Option<Duration>, SpecError> {
+        let Some(text) = self.lock_delay.as_deref() else {
+            return Ok(None);
+        };
+        let delay = parse_field("spec.lockDelay", text)?;
+        if delay > MAX_LOCK_DELAY {
+            return Err(SpecError::Invalid {
+                field: "spec.lockDelay".into(),
+                message: format!(
+                    "{text} is above the maximum of {}s: a lock delay blocks the key that long after every expiry",
+                    MAX_LOCK_DELAY.as_secs()
+                ),
+            });
+        }
+        Ok(Some(delay))
+    }
+
     /// `permits` and `mode`, with the mode's default applied: shared when the key has
     /// more than one permit (a semaphore holder takes one), else exclusive.
     pub fn permits(&self) -> Permits {
@@ -326,6 +360,7 @@ impl DistributedLockSpec {
             });
         }
         self.acquire_timeout()?;
+        self.lock_delay()?;
         let permits = self.permits();
         permits.validate().map_err(|message| SpecError::Invalid {
             // The one mistake that is not the number's: shared with one permit.

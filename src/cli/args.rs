@@ -169,6 +169,7 @@ impl LockArgs {
             reclaim: self.reclaim,
             permits: self.permits.permits()?,
             cluster: Some(sys::hostname()),
+            lock_delay: Duration::ZERO,
         })
     }
 }

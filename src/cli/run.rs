@@ -372,6 +372,7 @@ async fn acquire(
         reclaim: args.reclaim,
         permits,
         cluster: Some(sys::hostname()),
+        lock_delay: Duration::ZERO,
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;

@@ -684,6 +684,7 @@ impl Reconciling<'_> {
             reclaim: false,
             permits: self.spec.permits,
             cluster: Some(self.ctx.config.cluster_name.clone()),
+            lock_delay: self.spec.lock_delay,
         };
         match timed(
             self.ctx,

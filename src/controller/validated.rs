@@ -53,6 +53,8 @@ pub struct ValidatedSpec {
     pub holder: String,
     /// `spec.permits` and `spec.mode` (its default applied; checked).
     pub permits: Permits,
+    /// `spec.lockDelay` (at most `MAX_LOCK_DELAY`); zero when unset.
+    pub lock_delay: Duration,
 }
 
 impl ValidatedSpec {
@@ -68,6 +70,7 @@ impl ValidatedSpec {
             acquire_timeout: spec.acquire_timeout()?,
             holder: lock.holder_identity(cluster_name),
             permits: spec.permits(),
+            lock_delay: spec.lock_delay()?.unwrap_or_default(),
         })
     }
 }

@@ -31,6 +31,10 @@ pub struct AcquireRequest {
     /// Where the holder runs — the controller's cluster name, the CLI's host — for the
     /// key's holder history ([`crate::lock::history`]); nothing else reads it.
     pub cluster: Option<String>,
+    /// The lock-delay (docs/design.md rule 8): stored as part of the record's lease, so
+    /// every contender waits `lease + lock_delay` after an expiry, while this holder's
+    /// own deadline (rule 2) stays on `lease`. Zero: none.
+    pub lock_delay: Duration,
 }
 
 impl AcquireRequest {
@@ -43,6 +47,7 @@ impl AcquireRequest {
             reclaim: false,
             permits: Permits::MUTEX,
             cluster: None,
+            lock_delay: Duration::ZERO,
         }
     }
 }

@@ -34,7 +34,11 @@ fn crd_file_is_up_to_date() {
 /// The digest of each revision's generated schema (`spec`), newest last. A change of
 /// the schema without a new [`lockwarden::api::CRD_REVISION`] would let a controller
 /// take an older installed CRD for its own; this table makes that change fail here.
-const REVISION_DIGESTS: &[(u32, &str)] = &[(2, "876a0b52c75ff2ea"), (3, "1987db5ae7c6c539")];
+const REVISION_DIGESTS: &[(u32, &str)] = &[
+    (2, "876a0b52c75ff2ea"),
+    (3, "1987db5ae7c6c539"),
+    (4, "eea41e3033a5b832"),
+];
 
 /// FNV-1a, 64 bits: stable across Rust releases (std's hashers promise no such thing).
 fn fnv1a(bytes: &[u8]) -> String {
