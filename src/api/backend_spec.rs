@@ -96,6 +96,16 @@ impl BackendSpec {
         self.selected().ok()?.credentials_secret()
     }
 
+    /// Whether the selected store can carry a lock-delay (docs/design.md rule 8):
+    /// `spec.lockDelay` is refused where it cannot. No store selected: nothing to
+    /// refuse yet (that error is `validate`'s).
+    pub fn supports_lock_delay(&self) -> bool {
+        match self.selected() {
+            Ok(selected) => selected.supports_lock_delay(),
+            Err(_) => true,
+        }
+    }
+
     /// The checks of the CRD's CEL rules for `spec.backend` at creation.
     pub fn validate(&self) -> Result<(), SpecError> {
         Ok(self.selected()?.validate()?)

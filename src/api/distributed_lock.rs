@@ -360,7 +360,15 @@ impl DistributedLockSpec {
             });
         }
         self.acquire_timeout()?;
-        self.lock_delay()?;
+        if self.lock_delay()?.is_some() && !self.backend.supports_lock_delay() {
+            return Err(SpecError::Invalid {
+                field: "spec.lockDelay".into(),
+                message: "not supported on a ZooKeeper backend: an expired session's entry is \
+                          deleted by the server and every waiter takes over at once, so no \
+                          delay can be stored; remove spec.lockDelay"
+                    .into(),
+            });
+        }
         let permits = self.permits();
         permits.validate().map_err(|message| SpecError::Invalid {
             // The one mistake that is not the number's: shared with one permit.

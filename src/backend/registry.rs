@@ -516,6 +516,11 @@ impl<'a> SelectedSpec<'a> {
     pub fn credentials_secret(&self) -> Option<&'a SecretRef> {
         on_spec!(*self, spec => spec.credentials_secret())
     }
+
+    /// Whether the store can carry a lock-delay (docs/design.md rule 8).
+    pub fn supports_lock_delay(&self) -> bool {
+        on_spec!(*self, spec => spec.supports_lock_delay())
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,12 @@ pub trait StoreSpec {
     fn credentials_secret(&self) -> Option<&SecretRef> {
         None
     }
+
+    /// Whether the store can carry a lock-delay (docs/design.md rule 8) in the lease
+    /// every contender reads.
+    fn supports_lock_delay(&self) -> bool {
+        true
+    }
 }
 
 /// Why a field of `spec.backend` cannot be used. `field` is its whole path

@@ -67,6 +67,10 @@ pub struct Lease {
     /// Whether this acquisition overwrote a live lock: someone else's (force), or this
     /// holder's own from an earlier run (reclaim).
     pub forced_from: Option<super::error::HeldBy>,
+    /// The lock-delay (rule 8) included in `record.lease`: every write carries
+    /// `lease + lock_delay` for contenders, while this holder's deadline and renewal
+    /// schedule run on [`holder_lease`](Self::holder_lease) alone.
+    pub lock_delay: Duration,
 }
 
 impl Lease {
@@ -77,7 +81,23 @@ impl Lease {
             deadline,
             unconfirmed: None,
             forced_from: None,
+            lock_delay: Duration::ZERO,
         }
+    }
+
+    /// This lease with `lock_delay` of its stored lease being the lock-delay (rule 8),
+    /// not time this holder may claim. It sets what every later [`confirm`](Self::confirm)
+    /// counts; the deadline given to [`new`](Self::new) is the caller's to compute
+    /// from [`holder_lease`](Self::holder_lease).
+    pub fn with_lock_delay(mut self, lock_delay: Duration) -> Self {
+        self.lock_delay = lock_delay;
+        self
+    }
+
+    /// The lease this holder claims the lock for (rule 2) and renews on: the stored
+    /// lease less the lock-delay every contender adds after an expiry (rule 8).
+    pub fn holder_lease(&self) -> Duration {
+        self.record.lease.saturating_sub(self.lock_delay)
     }
 
     pub fn fence(&self) -> FenceToken {
@@ -97,7 +117,8 @@ impl Lease {
     }
 
     /// Records a successful write sent at `sent`: the deadline moves to
-    /// `sent + lease × (1 − δ) − margin` (rule 2).
+    /// `sent + lease × (1 − δ) − margin` (rule 2), `lease` being the holder's own, not
+    /// the lock-delay the record also carries (rule 8).
     pub fn confirm(
         &mut self,
         record: LockRecord,
@@ -105,7 +126,8 @@ impl Lease {
         sent: tokio::time::Instant,
         margins: &SafetyMargins,
     ) {
-        self.deadline = HolderDeadline::after_write(sent, record.lease, margins);
+        let holder_lease = record.lease.saturating_sub(self.lock_delay);
+        self.deadline = HolderDeadline::after_write(sent, holder_lease, margins);
         self.record = record;
         self.version = version;
         self.unconfirmed = None;

@@ -2,6 +2,8 @@
 //! Lease). Every safety rule of docs/design.md §3 for those stores is implemented here,
 //! once; the stores only translate reads and conditional writes.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -102,9 +104,18 @@ impl<S: RecordStore> CasLock<S> {
         }))
     }
 
-    fn lease_from(&self, record: LockRecord, version: Version, sent: Instant) -> Lease {
-        let deadline = HolderDeadline::after_write(sent, record.lease, &self.margins);
-        Lease::new(record, version, deadline)
+    /// The lease of an acquisition write sent at `sent`. Its record carries the
+    /// holder's lease plus `lock_delay` (rule 8); the deadline runs on the holder's own.
+    fn lease_from(
+        &self,
+        record: LockRecord,
+        version: Version,
+        sent: Instant,
+        lock_delay: Duration,
+    ) -> Lease {
+        let holder_lease = record.lease.saturating_sub(lock_delay);
+        let deadline = HolderDeadline::after_write(sent, holder_lease, &self.margins);
+        Lease::new(record, version, deadline).with_lock_delay(lock_delay)
     }
 }
 
@@ -145,7 +156,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                 Some(s) if matches!(&s.record, Ok(r) if r.state == LockState::Released) => Some(s),
                 _ => self.read().await?,
             };
-            if let Some(lease) = self.adopt_pending(&mut st, current.as_ref()).await? {
+            if let Some(lease) = self
+                .adopt_pending(&mut st, current.as_ref(), req.lock_delay)
+                .await?
+            {
                 return Ok(Attempt::Acquired(lease));
             }
             let plan = match self.plan(req, current.as_ref(), &mut st)? {
@@ -166,8 +180,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                 } => (Some(expected), fence, forced_from, ending),
             };
             let (expected, fence, forced_from, ending) = plan;
+            // Rule 8: contenders read the holder's lease plus the lock-delay.
+            let stored_lease = req.lease + req.lock_delay;
             let mut record =
-                LockRecord::new_acquisition(&req.holder, fence, req.lease, req.data.clone());
+                LockRecord::new_acquisition(&req.holder, fence, stored_lease, req.data.clone());
             // A newer build's fields stay with the key (docs/design.md §3).
             record.unknown = current.as_ref().map(Stored::unknown).unwrap_or_default();
             // The key's history: the grant replaced closed, ours appended. A holder set
@@ -186,7 +202,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
             // `None`: the condition failed — someone else wrote first (or an SDK-level
             // retry found our first try had landed: it stays pending, so the next look
             // adopts it).
-            if let Some(mut lease) = self.write_acquisition(&mut st, expected, record).await? {
+            if let Some(mut lease) = self
+                .write_acquisition(&mut st, expected, record, req.lock_delay)
+                .await?
+            {
                 lease.forced_from = forced_from;
                 return Ok(Attempt::Acquired(lease));
             }
@@ -361,6 +380,7 @@ impl<S: RecordStore> CasLock<S> {
         &self,
         st: &mut ContenderState,
         current: Option<&Stored>,
+        lock_delay: Duration,
     ) -> Result<Option<Lease>, LockError> {
         let (Some(cur), Some((pending, sent))) = (current, &st.pending) else {
             return Ok(None);
@@ -368,7 +388,7 @@ impl<S: RecordStore> CasLock<S> {
         if !matches!(&cur.record, Ok(r) if r.is_write_of(pending)) {
             return Ok(None);
         }
-        let mut lease = self.lease_from(pending.clone(), cur.version.clone(), *sent);
+        let mut lease = self.lease_from(pending.clone(), cur.version.clone(), *sent, lock_delay);
         st.pending = None;
         if !lease.is_valid() {
             // Sent too long ago to claim on its own: confirm with a renewal.
@@ -457,6 +477,7 @@ impl<S: RecordStore> CasLock<S> {
         st: &mut ContenderState,
         expected: Option<Version>,
         record: LockRecord,
+        lock_delay: Duration,
     ) -> Result<Option<Lease>, LockError> {
         let sent = Instant::now();
         let written = match &expected {
@@ -467,7 +488,7 @@ impl<S: RecordStore> CasLock<S> {
             Ok(version) => {
                 st.pending = None;
                 st.observer.forget();
-                Ok(Some(self.lease_from(record, version, sent)))
+                Ok(Some(self.lease_from(record, version, sent, lock_delay)))
             }
             Err(StoreError::Conflict { current }) => {
                 st.pending = Some((record, sent));
@@ -480,7 +501,7 @@ impl<S: RecordStore> CasLock<S> {
                     Some(version) => {
                         st.pending = None;
                         st.observer.forget();
-                        Ok(Some(self.lease_from(record, version, sent)))
+                        Ok(Some(self.lease_from(record, version, sent, lock_delay)))
                     }
                     // Not there (yet): keep it pending, so a later attempt that finds
                     // it adopts it instead of waiting on itself.
@@ -849,6 +870,130 @@ pub(super) mod tests {
         let b = contender(&store);
         take_over(&b, "b", before).await;
         assert!(!a_lease.is_valid(), "two holders claim the lock at once");
+    }
+
+    // Rule 8: the lock-delay rides on the stored lease; the holder's deadline does not.
+
+    /// The lock-delay of the rule 8 tests: shorter than the lease, long enough that a
+    /// takeover without it would be caught by `take_over_after`.
+    pub(crate) const DELAY: Duration = Duration::from_millis(200);
+
+    fn delayed(holder: &str) -> AcquireRequest {
+        AcquireRequest {
+            lock_delay: DELAY,
+            ..req(holder)
+        }
+    }
+
+    /// Like `take_over`, for a record whose stored lease is `after − grace`: no takeover
+    /// before `since + after`.
+    async fn take_over_after(
+        lock: &CasLock<MemoryStore>,
+        holder: &str,
+        since: Instant,
+        after: Duration,
+    ) -> Lease {
+        let give_up = since + after * 20;
+        loop {
+            let attempt = lock.try_acquire(&req(holder)).await.unwrap();
+            let observed_at_most = since.elapsed();
+            match attempt {
+                Attempt::Acquired(lease) => {
+                    assert!(
+                        observed_at_most >= after,
+                        "took over after at most {observed_at_most:?} of observation; \
+                         rule 8 needs {after:?}"
+                    );
+                    return lease;
+                }
+                Attempt::Busy { .. } => assert!(Instant::now() < give_up, "never took over"),
+            }
+            sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn rule8_the_record_carries_lease_plus_delay_while_the_holder_deadline_runs_on_the_lease()
+     {
+        let store = store();
+        let a = contender(&store);
+        let before = Instant::now();
+        let lease = acquired(&a, &delayed("a")).await;
+        let after = Instant::now();
+        assert_eq!(store.record().lease, LEASE + DELAY);
+        assert_eq!(lease.holder_lease(), LEASE);
+        assert_eq!(lease.lock_delay, DELAY);
+        let deadline = lease.deadline.instant();
+        assert!(
+            deadline >= before + VALIDITY && deadline <= after + VALIDITY,
+            "the deadline is the lease's, not the stored lease's"
+        );
+    }
+
+    #[tokio::test]
+    async fn rule8_a_contender_waits_lease_plus_delay_plus_grace_after_an_expiry() {
+        let before = Instant::now();
+        let (store, _a, a_lease) = {
+            let store = store();
+            let a = contender(&store);
+            let lease = acquired(&a, &delayed("a")).await;
+            (store, a, lease)
+        };
+        let b = contender(&store);
+        let lease = take_over_after(&b, "b", before, TAKEOVER_AFTER + DELAY).await;
+        assert_eq!(lease.fence(), FenceToken(2));
+        assert!(!a_lease.is_valid(), "two holders claim the lock at once");
+    }
+
+    #[tokio::test]
+    async fn rule8_a_release_is_taken_at_once_without_the_delay() {
+        let store = store();
+        let (a, b) = (contender(&store), contender(&store));
+        let a_lease = acquired(&a, &delayed("a")).await;
+        a.release(&a_lease).await.unwrap();
+        // A release is a tombstone: no observation, no delay.
+        let b_lease = acquired(&b, &req("b")).await;
+        assert_eq!(b_lease.fence(), FenceToken(2));
+    }
+
+    #[tokio::test]
+    async fn rule8_a_renewal_keeps_the_delay_and_the_holders_deadline() {
+        let store = store();
+        let a = contender(&store);
+        let mut lease = acquired(&a, &delayed("a")).await;
+        for _ in 0..2 {
+            let before = Instant::now();
+            a.renew(&mut lease).await.unwrap();
+            let after = Instant::now();
+            assert_eq!(store.record().lease, LEASE + DELAY, "a renewal never shrinks it");
+            let deadline = lease.deadline.instant();
+            assert!(deadline >= before + VALIDITY && deadline <= after + VALIDITY);
+        }
+    }
+
+    #[tokio::test]
+    async fn rule8_an_acquisition_adopted_after_a_lost_reply_keeps_the_delay() {
+        let store = store();
+        let a = contender(&store);
+        store.next_write(Fault::IndeterminateApplied);
+        store.next_read(Fault::Pass).next_read(Fault::Unavailable);
+        assert!(a.try_acquire(&delayed("a")).await.unwrap_err().is_transient());
+        // The retry (rule 4) finds its own write: adopted with the same split.
+        let lease = acquired(&a, &delayed("a")).await;
+        assert_eq!(lease.holder_lease(), LEASE);
+        assert_eq!(store.record().lease, LEASE + DELAY);
+        assert_eq!(writes_by(&store, "a"), 1);
+    }
+
+    #[tokio::test]
+    async fn rule8_a_forced_takeover_does_not_wait_for_the_delay() {
+        let store = store();
+        acquired(&contender(&store), &delayed("a")).await;
+        let b = contender(&store);
+        // Force is a deliberate override: at once, reported, conditioned on the version.
+        let lease = acquired(&b, &forced("b")).await;
+        assert_eq!(lease.forced_from.map(|f| f.holder), Some("a".to_string()));
+        assert_eq!(store.record().holder, "b");
     }
 
     // Rule 3: every acquisition increments the fence; release leaves a tombstone.

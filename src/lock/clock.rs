@@ -205,4 +205,22 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn rule8_the_delay_adds_to_the_time_between_the_holders_deadline_and_a_takeover() {
+        let m = SafetyMargins::default();
+        for (lease_ms, delay_ms) in [(2_000u64, 3_000u64), (30_000, 30_000), (30_000, 600_000)] {
+            let (lease, delay) = (Duration::from_millis(lease_ms), Duration::from_millis(delay_ms));
+            // The holder's deadline runs on its lease; contenders observe lease + delay,
+            // on a clock that may run δ fast.
+            let holder_done = m.holder_validity(lease);
+            let contender_earliest = m.takeover_after(lease + delay).mul_f64(1.0 - m.drift);
+            // What the holder's processes get after its deadline: (D + grace)(1 − δ) +
+            // margin, as docs/design.md rule 8 argues.
+            let window = contender_earliest - holder_done;
+            let argued = (delay + m.grace).mul_f64(1.0 - m.drift) + m.margin;
+            let diff = window.abs_diff(argued);
+            assert!(diff < Duration::from_micros(1), "{window:?} vs {argued:?}");
+        }
+    }
 }

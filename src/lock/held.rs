@@ -109,7 +109,8 @@ impl HeldLock {
         let holder = lease.holder().to_string();
         let task = HolderTask {
             backend: backend.clone(),
-            policy: policy.within(lease.record.lease),
+            // The holder's own lease, not the lock-delay its record also carries.
+            policy: policy.within(lease.holder_lease()),
             state: state_tx,
             deadline: deadline_tx,
         };

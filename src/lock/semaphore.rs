@@ -351,7 +351,7 @@ impl<S: RecordStore> CasLock<S> {
         for attempt in 0..SET_RETRIES as u32 {
             let stored = self.read().await?;
             if let Some(lease) = self
-                .adopt_pending_permit(&mut st.set, stored.as_ref())
+                .adopt_pending_permit(&mut st.set, stored.as_ref(), req.lock_delay)
                 .await?
             {
                 return Ok(Attempt::Acquired(lease));
@@ -448,14 +448,18 @@ impl<S: RecordStore> CasLock<S> {
             ),
         })?;
         let mode = req.permits.mode;
-        let entry = SetEntry::new(&req.holder, fence, req.lease, mode, req.data.clone());
+        // Rule 8: every entry's lease carries the lock-delay for contenders.
+        let stored_lease = req.lease + req.lock_delay;
+        let entry = SetEntry::new(&req.holder, fence, stored_lease, mode, req.data.clone());
         let ours = st.waiting.as_ref().map(|w| &w.nonce);
         if set.waiting_writer.as_ref().map(|w| &w.nonce) == ours {
             set.waiting_writer = None;
         }
         set.holders.push(entry.clone());
         set.last_fence = fence;
-        let lease = self.write_grant(st, replacing, set, entry).await?;
+        let lease = self
+            .write_grant(st, replacing, set, entry, req.lock_delay)
+            .await?;
         if lease.is_some() {
             st.waiting = None;
         }
@@ -518,13 +522,16 @@ impl<S: RecordStore> CasLock<S> {
         (version, unknown): Replacing<'_>,
         set: HolderSet,
         entry: SetEntry,
+        lock_delay: Duration,
     ) -> Result<Option<Lease>, LockError> {
         let record = record_of(set, unknown);
         let sent = Instant::now();
         match self.write_set(version, &record).await {
             Ok(version) => {
                 st.pending = None;
-                Ok(Some(self.permit_lease(&entry, &record, version, sent)))
+                Ok(Some(
+                    self.permit_lease(&entry, &record, version, sent, lock_delay),
+                ))
             }
             Err(StoreError::Conflict { .. }) => {
                 lost_a_race();
@@ -534,7 +541,10 @@ impl<S: RecordStore> CasLock<S> {
             Err(StoreError::Indeterminate(cause)) => {
                 st.pending = Some((entry, sent));
                 let stored = self.read().await?;
-                match self.adopt_pending_permit(st, stored.as_ref()).await? {
+                match self
+                    .adopt_pending_permit(st, stored.as_ref(), lock_delay)
+                    .await?
+                {
                     Some(lease) => Ok(Some(lease)),
                     None => Err(self.unavailable(format!("acquire outcome unknown: {cause}"))),
                 }
@@ -549,10 +559,14 @@ impl<S: RecordStore> CasLock<S> {
         record: &LockRecord,
         version: Version,
         sent: Instant,
+        lock_delay: Duration,
     ) -> Lease {
         let set = record.set.clone().unwrap_or_default();
-        let deadline = HolderDeadline::after_write(sent, entry.lease(), &self.margins);
+        // Rule 8: the entry's lease carries the lock-delay; our deadline does not.
+        let holder_lease = entry.lease().saturating_sub(lock_delay);
+        let deadline = HolderDeadline::after_write(sent, holder_lease, &self.margins);
         Lease::new(entry_view(entry, &set, &record.unknown), version, deadline)
+            .with_lock_delay(lock_delay)
     }
 
     /// Rule 4 across attempts: an acquisition whose reply was lost, found in the set.
@@ -560,6 +574,7 @@ impl<S: RecordStore> CasLock<S> {
         &self,
         st: &mut SetContender,
         stored: Option<&Stored>,
+        lock_delay: Duration,
     ) -> Result<Option<Lease>, LockError> {
         let Some((pending, sent)) = &st.pending else {
             return Ok(None);
@@ -575,7 +590,7 @@ impl<S: RecordStore> CasLock<S> {
             return Ok(None);
         };
         let same_write = entry.revision == pending.revision;
-        let mut lease = self.permit_lease(entry, record, version.clone(), *sent);
+        let mut lease = self.permit_lease(entry, record, version.clone(), *sent, lock_delay);
         st.pending = None;
         if !same_write || !lease.is_valid() {
             // Not provably the write we sent then: confirm with a renewal.
@@ -607,8 +622,9 @@ impl<S: RecordStore> CasLock<S> {
             if entry.revision != ours {
                 match lease.unconfirmed.take() {
                     Some((pending, sent)) if pending.revision == entry.revision => {
+                        let holder_lease = entry.lease().saturating_sub(lease.lock_delay);
                         lease.deadline =
-                            HolderDeadline::after_write(sent, entry.lease(), &self.margins);
+                            HolderDeadline::after_write(sent, holder_lease, &self.margins);
                     }
                     _ => {}
                 }
@@ -796,7 +812,7 @@ mod tests {
 
     use super::*;
     use crate::lock::backend::LockBackend;
-    use crate::lock::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER};
+    use crate::lock::cas::tests::{DELAY, LEASE, MARGINS, TAKEOVER_AFTER};
     use crate::lock::memory::{Fault, MemoryStore};
     use crate::lock::permits::Permits;
 
@@ -858,6 +874,45 @@ mod tests {
         assert_eq!(holders(&store), ["a", "c", "d"]);
         assert_eq!(store.record().fence, FenceToken(4));
         assert_eq!(store.record().state, LockState::Held);
+    }
+
+    #[tokio::test]
+    async fn rule8_per_entry_each_permit_carries_the_delay_and_its_holder_deadline_does_not() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let (la, lb, lc) = (contender(&store), contender(&store), contender(&store));
+        let delayed = |holder| AcquireRequest {
+            lock_delay: DELAY,
+            ..req(holder, 2, Mode::Shared)
+        };
+        let before = Instant::now();
+        let _dead = acquired(&la, &delayed("a")).await;
+        let after = Instant::now();
+        let mut b = acquired(&lb, &delayed("b")).await;
+        let entry_leases = |store: &MemoryStore| -> Vec<Duration> {
+            let set = store.record().set.expect("a holder set");
+            set.holders.iter().map(SetEntry::lease).collect()
+        };
+        assert_eq!(entry_leases(&store), vec![LEASE + DELAY; 2]);
+        assert_eq!(b.holder_lease(), LEASE);
+        lb.renew(&mut b).await.unwrap();
+        assert_eq!(entry_leases(&store), vec![LEASE + DELAY; 2], "a renewal keeps it");
+        let validity = MARGINS.holder_validity(LEASE);
+        assert!(b.deadline.instant() <= Instant::now() + validity);
+        // a's entry is taken only after its lease, delay and grace have been observed.
+        let c = loop {
+            lb.renew(&mut b).await.unwrap();
+            match lc.try_acquire(&req("c", 2, Mode::Shared)).await.unwrap() {
+                Attempt::Acquired(lease) => break lease,
+                Attempt::Busy { .. } => {}
+            }
+            assert!(before.elapsed() < TAKEOVER_AFTER * 20, "never reclaimed");
+            sleep(Duration::from_millis(20)).await;
+        };
+        assert!(
+            after.elapsed() >= TAKEOVER_AFTER + DELAY,
+            "a's permit was taken before its lease, delay and grace"
+        );
+        assert_eq!(c.fence(), FenceToken(3));
     }
 
     #[tokio::test]

@@ -393,6 +393,9 @@ impl LockBackend for ZkLock {
                 message: "force is not supported with permits > 1".into(),
             });
         }
+        if !req.lock_delay.is_zero() {
+            return Err(lock_delay_refused(&self.url));
+        }
         let mut st = self.state.lock().await;
         let mut forced_from = None;
         for _ in 0..QUEUE_RETRIES {
@@ -796,6 +799,19 @@ impl Drop for ZkLock {
 
 fn wall_clock(ms: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// Rule 8 has nowhere to live on ZooKeeper: the holder's entry is ephemeral, so the
+/// server deletes it when the session expires and every watcher (kafka-kit's and
+/// Curator's included) is woken at once; no contender reads a lease it could extend.
+pub(crate) fn lock_delay_refused(url: &str) -> LockError {
+    LockError::Backend {
+        url: url.to_string(),
+        message: "a lock-delay is not supported on ZooKeeper: an expired session's entry is \
+                  deleted by the server and every waiter takes over at once, so no delay \
+                  can be stored; leave the lock-delay at 0"
+            .into(),
+    }
 }
 
 #[cfg(test)]

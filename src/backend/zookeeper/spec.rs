@@ -156,6 +156,12 @@ impl StoreSpec for ZooKeeperBackend {
         unchanged("zookeeper.path", &self.path, &old.path)?;
         unchanged("zookeeper.chroot", &self.chroot, &old.chroot)
     }
+
+    /// Rule 8 has nowhere to live: session expiry deletes the holder's entry and wakes
+    /// every waiter at once (docs/design.md rule 8).
+    fn supports_lock_delay(&self) -> bool {
+        false
+    }
 }
 
 // ---- The servers rule in Rust. ----
