@@ -223,6 +223,11 @@ impl Target {
         on_key!(self, key => key.is_session_bound())
     }
 
+    /// Whether a lock-delay (docs/design.md rule 8) can be stored for this key.
+    pub fn supports_lock_delay(&self) -> bool {
+        on_key!(self, key => key.supports_lock_delay())
+    }
+
     /// What names the lock in its store, without how the store is reached (a ZooKeeper
     /// URL's server list differs between clients of one ensemble): the same for every
     /// client of one lock. Workloads that take several locks take them in this order.

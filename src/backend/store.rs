@@ -45,6 +45,12 @@ pub trait StoreKey: Clone + fmt::Debug + fmt::Display + PartialEq + Eq + std::ha
         false
     }
 
+    /// Whether a lock-delay (docs/design.md rule 8) can be stored in the lease every
+    /// contender reads.
+    fn supports_lock_delay(&self) -> bool {
+        true
+    }
+
     /// Fields of `lockwarden lock`'s lock file that another tool reads for this key,
     /// written beside lockwarden's own (s3lock reads `Bucket`, `Key`, `Id`, `ETag`).
     fn lock_file_fields(&self, _nonce: &str, _version: &str) -> LockFileFields {

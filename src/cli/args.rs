@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::lockfile::LockFile;
 use super::sys;
+use crate::api::distributed_lock::MAX_LOCK_DELAY;
 use crate::backend::{Target, TargetError};
 use crate::duration::{DurationError, parse_duration as parse_go_duration};
 use crate::lock::{AcquireRequest, FenceToken, Mode, Permits};
@@ -125,6 +126,13 @@ pub struct LockArgs {
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_LEASE, value_parser = parse_lease)]
     pub lease: Duration,
 
+    /// After an expiry (never after a release), contenders wait this much longer than
+    /// the lease before taking over, so the holder's work has time to stop: stored as
+    /// part of the record's lease, which other tools honour too (at most 10m; not on
+    /// ZooKeeper) [default: 0]
+    #[arg(long, value_name = "DURATION", env = "LOCKWARDEN_LOCK_DELAY", value_parser = parse_lock_delay)]
+    pub lock_delay: Option<Duration>,
+
     /// Holder identity stored with the lock [default: user@host:pid]
     #[arg(long, value_name = "ID", value_parser = parse_holder)]
     pub holder: Option<String>,
@@ -169,9 +177,22 @@ impl LockArgs {
             reclaim: self.reclaim,
             permits: self.permits.permits()?,
             cluster: Some(sys::hostname()),
-            lock_delay: Duration::ZERO,
+            lock_delay: lock_delay_for(&self.url, self.lock_delay)?,
         })
     }
+}
+
+/// `--lock-delay` for `url`: refused on a store that cannot carry one (ZooKeeper).
+pub fn lock_delay_for(url: &Target, lock_delay: Option<Duration>) -> Result<Duration, ValueError> {
+    let delay = lock_delay.unwrap_or_default();
+    if !delay.is_zero() && !url.supports_lock_delay() {
+        return Err(ValueError(format!(
+            "--lock-delay {}: not supported on {url}: an expired session's entry is deleted by \
+             the server and every waiter takes over at once, so no delay can be stored",
+            humantime::format_duration(delay)
+        )));
+    }
+    Ok(delay)
 }
 
 /// `user@host:pid`, the default holder identity.
@@ -236,6 +257,24 @@ pub fn parse_lease(s: &str) -> Result<Duration, ValueError> {
     }
     if d > LONGEST {
         return Err(ValueError(format!("{s:?}: {TOO_LONG}")));
+    }
+    Ok(d)
+}
+
+/// `--lock-delay`: zero, or a duration up to [`MAX_LOCK_DELAY`] (docs/design.md rule 8:
+/// a delay blocks the key that long after every expiry, so a mistaken hour is refused).
+pub fn parse_lock_delay(s: &str) -> Result<Duration, ValueError> {
+    let d = match parse_go_duration(s.trim()) {
+        Ok(d) if d.is_zero() => return Ok(d),
+        Err(DurationError::Overflow) => Duration::MAX,
+        _ => parse_duration(s)?,
+    };
+    if d > MAX_LOCK_DELAY {
+        return Err(ValueError(format!(
+            "{s:?} is above the maximum lock-delay of {}: it would block the key that long \
+             after every expiry",
+            humantime::format_duration(MAX_LOCK_DELAY)
+        )));
     }
     Ok(d)
 }
@@ -381,6 +420,21 @@ mod tests {
                 .to_string()
                 .contains("at most 68 years")
         );
+    }
+
+    #[test]
+    fn rule8_lock_delays_are_zero_up_to_the_maximum() {
+        assert_eq!(parse_lock_delay("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_lock_delay("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_lock_delay("10m").unwrap(), MAX_LOCK_DELAY);
+        let above = parse_lock_delay("2h").unwrap_err().to_string();
+        assert!(above.contains("\"2h\"") && above.contains("10m"), "{above}");
+        assert!(parse_lock_delay("1000000000h").is_err());
+        assert!(parse_lock_delay("soon").is_err());
+        let zk = Target::parse("zk://127.0.0.1:2181/locks/a").unwrap();
+        let refused = lock_delay_for(&zk, Some(Duration::from_secs(3))).unwrap_err();
+        assert!(refused.to_string().contains("--lock-delay 3s: not supported on zk://"));
+        assert_eq!(lock_delay_for(&zk, None).unwrap(), Duration::ZERO);
     }
 
     #[test]

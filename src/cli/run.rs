@@ -143,6 +143,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = DEFAULT_LEASE, value_parser = super::parse_lease)]
     pub lease: Duration,
 
+    /// After an expiry (never after a release), contenders wait this much longer than
+    /// the lease before taking over, so the holder's work has time to stop: stored as
+    /// part of the record's lease, which other tools honour too (at most 10m; not on
+    /// ZooKeeper) [default: 0]
+    #[arg(long, value_name = "DURATION", env = "LOCKWARDEN_LOCK_DELAY", value_parser = super::parse_lock_delay)]
+    pub lock_delay: Option<Duration>,
+
     /// Holder identity stored with the lock [default: user@host:pid]
     #[arg(long, value_name = "ID", value_parser = super::parse_holder)]
     pub holder: Option<String>,
@@ -180,6 +187,8 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .permits
         .permits()
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    let lock_delay = super::args::lock_delay_for(&args.url, args.lock_delay)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
     let margins = backend.margins();
@@ -189,10 +198,12 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if !args.url.is_session_bound() {
         grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
     }
-    let lease = acquire(&args, permits, backend.as_ref()).await?;
+    let lease = acquire(&args, permits, lock_delay, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
 
-    let granted = lease.record.lease;
+    // The holder's own lease: the lock-delay the record carries is the contenders'
+    // (rule 8), never time this holder may run.
+    let granted = lease.holder_lease();
     let policy = RenewPolicy::for_lease(granted);
     let (fence, holder, nonce) = (
         lease.fence(),
@@ -362,6 +373,7 @@ async fn finish(
 async fn acquire(
     args: &RunArgs,
     permits: Permits,
+    lock_delay: Duration,
     backend: &dyn LockBackend,
 ) -> Result<Lease, CliError> {
     let req = AcquireRequest {
@@ -372,7 +384,7 @@ async fn acquire(
         reclaim: args.reclaim,
         permits,
         cluster: Some(sys::hostname()),
-        lock_delay: Duration::ZERO,
+        lock_delay,
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;

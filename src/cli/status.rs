@@ -88,6 +88,12 @@ pub struct Status {
     /// The key's last grants, oldest first (`--history`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<HistoryEntry>>,
+    /// Wall clock, as seen by this observer: a held record that is not renewed cannot
+    /// be taken over before this (rule 1: the stored lease — a lock-delay included,
+    /// rule 8 — plus the grace, counted from this read). A contender that saw this
+    /// version earlier counts from its own first sight; a renewal moves it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_takeover_before: Option<String>,
     /// Another tool's lock holds (or held) the key: it names no permits.
     #[serde(skip)]
     pub by_another_tool: bool,
@@ -215,6 +221,7 @@ impl Status {
             permits_in_use: None,
             holders: Vec::new(),
             history: None,
+            no_takeover_before: None,
             by_another_tool: false,
         };
         let Some(stored) = stored else { return s };
@@ -285,6 +292,18 @@ impl Status {
         Some(note)
     }
 
+    /// Sets [`Status::no_takeover_before`] for a record read at `read_at` by an
+    /// observer whose contenders wait `grace` beyond the stored lease.
+    pub fn with_takeover(mut self, read_at: SystemTime, grace: Duration) -> Self {
+        if self.state == "held"
+            && let Some(ms) = self.lease_ms
+        {
+            let after = Duration::from_millis(ms) + grace;
+            self.no_takeover_before = read_at.checked_add(after).and_then(rfc3339);
+        }
+        self
+    }
+
     fn age(&self, now: SystemTime) -> String {
         let Some(t) = self
             .acquired_at
@@ -322,11 +341,18 @@ impl Status {
                 dash(self.data.clone().or(self.found.clone())),
             ]);
         }
-        let note = self
+        let mut note = self
             .note
             .as_ref()
             .map(|n| format!("note: {n}\n"))
             .unwrap_or_default();
+        if let Some(t) = &self.no_takeover_before {
+            note.push_str(&format!(
+                "no takeover before {t} if it is not renewed (lease {} + grace, as seen from \
+                 here)\n",
+                self.lease.as_deref().unwrap_or("-")
+            ));
+        }
         let header = header.iter().map(|h| h.to_string()).collect();
         format!(
             "{}{note}{}{}",
@@ -424,6 +450,7 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     // A store that is still starting is retried for the connect timeout, as `lock` does.
     let stored = crate::lock::when_reachable(|| backend.inspect()).await?;
+    let read_at = SystemTime::now();
     let note = stored.as_ref().and_then(|s| backend.note(s));
     // From the record just read: the same as `LockBackend::history`, without a second
     // read.
@@ -434,7 +461,8 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
         note,
         history,
         ..Status::new(backend.url(), stored)
-    };
+    }
+    .with_takeover(read_at, backend.margins().grace);
     if let Some(permits) = asked.and_then(|asked| status.permits_note(asked)) {
         status.note = Some(match status.note.take() {
             Some(note) => format!("{note}; {permits}"),
@@ -646,5 +674,31 @@ mod tests {
             absent.permits_note(Permits::semaphore(2)).as_deref(),
             Some("all 2 permits free")
         );
+    }
+
+    #[test]
+    fn rule8_status_shows_when_a_held_record_could_be_taken_over_from_here() {
+        // A holder of a 2 s lease with a 3 s lock-delay stores 5 s.
+        let held = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(5), None);
+        let read_at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let grace = Duration::from_millis(250);
+        let stored = |record: LockRecord| Stored {
+            record: Ok(record),
+            version: Version("v1".into()),
+        };
+        let status = Status::new("s3://b/k", Some(stored(held.clone()))).with_takeover(read_at, grace);
+        let expected = crate::lock::rfc3339(read_at + Duration::from_millis(5_250));
+        assert_eq!(status.no_takeover_before.as_deref(), Some(expected.as_str()));
+        let table = status.table(false);
+        assert!(
+            table.contains(&format!("no takeover before {expected} if it is not renewed")),
+            "{table}"
+        );
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["noTakeoverBefore"], expected.as_str());
+        // A release is free at once: nothing to wait for.
+        let released = Status::new("s3://b/k", Some(stored(held.released()))).with_takeover(read_at, grace);
+        assert_eq!(released.no_takeover_before, None);
+        assert!(!released.table(false).contains("no takeover"));
     }
 }

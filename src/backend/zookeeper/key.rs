@@ -128,6 +128,12 @@ impl StoreKey for ZkKey {
     fn is_session_bound(&self) -> bool {
         true
     }
+
+    /// Session expiry deletes the holder's entry and wakes every waiter at once: no
+    /// lease for a delay to live in (docs/design.md rule 8).
+    fn supports_lock_delay(&self) -> bool {
+        false
+    }
 }
 
 impl fmt::Display for ZkKey {
