@@ -52,7 +52,8 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
 #[x_kube(
     validation = renew_below_half_lease(),
     validation = shared_needs_permits(),
-    validation = mode_immutable()
+    validation = mode_immutable(),
+    validation = lock_delay_needs_a_lease_store()
 )]
 pub struct DistributedLockSpec {
     /// Where the lock lives: exactly one of s3, dynamodb, zookeeper, kubernetes.
@@ -88,7 +89,10 @@ pub struct DistributedLockSpec {
     /// ZooKeeper, whose session expiry deletes the holder's entry at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_DURATION_LEN))]
-    #[x_kube(validation = positive_duration("lockDelay"))]
+    #[x_kube(
+        validation = positive_duration("lockDelay"),
+        validation = lock_delay_at_most_the_maximum()
+    )]
     pub lock_delay: Option<String>,
     /// Let go of the lock (or stop waiting) without deleting this object.
     #[serde(default)]

@@ -33,6 +33,30 @@ pub(crate) fn renew_below_half_lease() -> Rule {
 }
 
 /// On the backend: exactly one kind is set.
+/// On `lockDelay`: at most [`super::distributed_lock::MAX_LOCK_DELAY`] (docs/design.md
+/// rule 8: a delay blocks the key that long after every expiry).
+pub(crate) fn lock_delay_at_most_the_maximum() -> Rule {
+    let max = super::distributed_lock::MAX_LOCK_DELAY.as_secs();
+    Rule::new(format!(
+        "!self.matches({}) || duration(self) <= duration('{max}s')",
+        lit(DURATION_RE)
+    ))
+    .msg(format!(
+        "lockDelay must be at most {max}s: a lock delay blocks the key that long after every expiry"
+    ))
+}
+
+/// On the spec: no `lockDelay` on a ZooKeeper backend (docs/design.md rule 8: session
+/// expiry deletes the holder's entry and every waiter takes over at once).
+pub(crate) fn lock_delay_needs_a_lease_store() -> Rule {
+    Rule::new("!has(self.lockDelay) || !has(self.backend.zookeeper)")
+        .msg(
+            "lockDelay is not supported on a ZooKeeper backend: an expired session's entry is \
+             deleted by the server and every waiter takes over at once",
+        )
+        .field_path(".lockDelay")
+}
+
 pub(crate) fn exactly_one_backend() -> Rule {
     let count = BackendKind::ALL
         .iter()

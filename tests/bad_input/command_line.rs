@@ -121,6 +121,11 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["run", g, "--grace", "30s", "--", "true"], 2, vec!["--grace 30s", "30s lease", "at most 11s 150ms"]),
         (vec!["run", g, "--lease", "3s", "--grace", "1s", "--", "true"], 2, vec!["--grace 1s", "3s lease", "at most 440ms"]),
         (vec!["run", g, "--lease", "1h", "--lease", "2h", "--", "true"], 2, vec!["--lease", "cannot be used multiple times"]),
+        // Rule 8: the lock-delay is capped, and ZooKeeper has nowhere to keep it.
+        (vec!["lock", g, "--lock-delay", "2h"], 2, vec!["--lock-delay", "\"2h\"", "maximum lock-delay of 10m"]),
+        (vec!["run", g, "--lock-delay", "2h", "--", "true"], 2, vec!["--lock-delay", "\"2h\"", "maximum lock-delay of 10m"]),
+        (vec!["lock", "zk://127.0.0.1:1/locks/a", "--lock-delay", "3s"], 2, vec!["--lock-delay 3s: not supported on zk://"]),
+        (vec!["run", "zk://127.0.0.1:1/locks/a", "--lock-delay", "3s", "--", "true"], 2, vec!["--lock-delay 3s: not supported on zk://"]),
         // flags
         (vec!["lock", g, "--holder", "a\u{7}b"], 2, vec!["--holder", "printable"]),
         (vec!["lock", g, "--holder", &long_holder], 2, vec!["at most 256 characters"]),

@@ -13,6 +13,7 @@ mod cycle;
 mod docs;
 mod input;
 mod lifetime;
+mod lock_delay;
 mod permits;
 mod reclaim;
 mod run;

@@ -230,6 +230,20 @@ fn invalid_specs() -> Vec<Invalid> {
             ),
             "spec.renewInterval",
         ),
+        // Rule 8: the lock-delay is capped, and has nowhere to live on ZooKeeper.
+        invalid(
+            "lockDelay above the maximum",
+            spec(lease("l"), json!({ "lockDelay": "2h" })),
+            "spec.lockDelay",
+        ),
+        invalid(
+            "lockDelay on a zookeeper backend",
+            spec(
+                zookeeper(json!(["zk:2181"]), "/locks/db"),
+                json!({ "lockDelay": "30s" }),
+            ),
+            "spec.lockDelay",
+        ),
         invalid(
             "zero acquireTimeout",
             spec(lease("l"), json!({ "acquireTimeout": "0s" })),

@@ -38,6 +38,7 @@ const REVISION_DIGESTS: &[(u32, &str)] = &[
     (2, "876a0b52c75ff2ea"),
     (3, "1987db5ae7c6c539"),
     (4, "eea41e3033a5b832"),
+    (5, "f9b2932e907d13ca"),
 ];
 
 /// FNV-1a, 64 bits: stable across Rust releases (std's hashers promise no such thing).
