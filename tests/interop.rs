@@ -793,6 +793,67 @@ async fn dynamolock_takes_over_a_lockwarden_lock_that_is_no_longer_renewed() {
     taker.release().await;
 }
 
+/// A lockwarden lock with a 2 s lease and a 3 s lock-delay (docs/design.md rule 8),
+/// acquired once and never renewed nor released (a crashed holder): its record carries
+/// 5 s, the time every contender of another tool waits from its own first sight.
+const ABANDONED_LEASE: Duration = Duration::from_secs(2);
+const ABANDONED_DELAY: Duration = Duration::from_secs(3);
+
+async fn abandon_a_delayed_lock(url: &str, options: &ConnectOptions) {
+    let backend = engine(url, options).await;
+    let req = AcquireRequest {
+        lock_delay: ABANDONED_DELAY,
+        ..request("lockwarden-delayed", ABANDONED_LEASE)
+    };
+    acquire(backend.as_ref(), &req, Wait::No)
+        .await
+        .expect("acquire");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule8_dynamolock_waits_out_the_lock_delay_of_an_expired_lockwarden_lock() {
+    let (table, key, url) = dynamo_key().await;
+    abandon_a_delayed_lock(&url, &aws_options(false)).await;
+    // dynamolock's observation starts with its first read, after this instant, and
+    // lasts the item's leaseDuration: lease + delay.
+    let spawned = std::time::Instant::now();
+    let mut taker = dynamolock(&table, &key, "taker", "60s");
+    taker.expect("ACQUIRED").await;
+    let waited = spawned.elapsed();
+    assert!(
+        waited >= ABANDONED_LEASE + ABANDONED_DELAY,
+        "dynamolock took over after {waited:?}, before the lease and the delay"
+    );
+    println!("dynamolock took the expired lock over after {waited:?} (lease 2s + delay 3s)");
+    taker.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule8_client_go_waits_out_the_lock_delay_of_an_expired_lockwarden_lease() {
+    let ns = kube_namespace("interop-delay").await;
+    let name = unique("lease");
+    let url = format!("k8s://{ns}/{name}");
+    let options = ConnectOptions {
+        kubernetes: KubernetesOptions {
+            client: Some(ControlPlane::shared().client().await),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    abandon_a_delayed_lock(&url, &options).await;
+    // client-go observes leaseDurationSeconds (5) from its own first sight.
+    let spawned = std::time::Instant::now();
+    let mut elector = leader(&ns, &name, "go-leader", &["--wait", "60s"]);
+    elector.expect("ACQUIRED").await;
+    let waited = spawned.elapsed();
+    assert!(
+        waited >= ABANDONED_LEASE + ABANDONED_DELAY,
+        "client-go took over after {waited:?}, before the lease and the delay"
+    );
+    println!("client-go took the expired Lease over after {waited:?} (lease 2s + delay 3s)");
+    elector.release().await;
+}
+
 // ---------------------------------------------------------------------------------
 // ZooKeeper: DataDog kafka-kit's lock
 

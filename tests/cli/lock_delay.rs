@@ -134,3 +134,37 @@ async fn rule8_run_holds_on_its_lease_and_stores_the_delay() {
         .ok();
     lw.unlock("next.lock").await;
 }
+
+/// The previous release reads the stored lease (`leaseMs`, `leaseDuration`) and waits
+/// it out by its own rule 1: the delay reaches it without it knowing of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule8_the_previous_release_waits_out_the_lock_delay() {
+    let bucket = Moto::shared().new_bucket("cli-lock-delay-prev").await;
+    let table = Moto::shared().new_table("cli-lock-delay-prev", "key").await;
+    let lw = Cli::aws();
+    let previous = Cli::aws().previous_release();
+    for (store, url) in [
+        ("s3", format!("s3://{bucket}/delayed")),
+        ("dynamodb", format!("dynamodb://{table}/delayed")),
+    ] {
+        // The expired holder's lock file stays behind, as a crashed holder's would.
+        let file = format!("{store}.lock");
+        lw.run(&[
+            "lock", &url, "-o", &file, "--holder", "a", "--lease", LEASE, "--lock-delay", DELAY,
+        ])
+        .await
+        .ok();
+        let began = Instant::now();
+        previous
+            .run(&["lock", &url, "-o", "old.lock", "--holder", "old", "--wait", "60"])
+            .await
+            .ok();
+        let waited = began.elapsed();
+        assert!(
+            waited >= STORED + GRACE,
+            "{url}: the previous release took over after {waited:?}, before lease + delay + grace"
+        );
+        println!("{url}: the previous release took over after {waited:?}");
+        previous.run(&["unlock", "old.lock"]).await.ok();
+    }
+}
