@@ -433,7 +433,11 @@ mod tests {
         assert!(parse_lock_delay("soon").is_err());
         let zk = Target::parse("zk://127.0.0.1:2181/locks/a").unwrap();
         let refused = lock_delay_for(&zk, Some(Duration::from_secs(3))).unwrap_err();
-        assert!(refused.to_string().contains("--lock-delay 3s: not supported on zk://"));
+        assert!(
+            refused
+                .to_string()
+                .contains("--lock-delay 3s: not supported on zk://")
+        );
         assert_eq!(lock_delay_for(&zk, None).unwrap(), Duration::ZERO);
     }
 

@@ -686,18 +686,25 @@ mod tests {
             record: Ok(record),
             version: Version("v1".into()),
         };
-        let status = Status::new("s3://b/k", Some(stored(held.clone()))).with_takeover(read_at, grace);
+        let status =
+            Status::new("s3://b/k", Some(stored(held.clone()))).with_takeover(read_at, grace);
         let expected = crate::lock::rfc3339(read_at + Duration::from_millis(5_250));
-        assert_eq!(status.no_takeover_before.as_deref(), Some(expected.as_str()));
+        assert_eq!(
+            status.no_takeover_before.as_deref(),
+            Some(expected.as_str())
+        );
         let table = status.table(false);
         assert!(
-            table.contains(&format!("no takeover before {expected} if it is not renewed")),
+            table.contains(&format!(
+                "no takeover before {expected} if it is not renewed"
+            )),
             "{table}"
         );
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["noTakeoverBefore"], expected.as_str());
         // A release is free at once: nothing to wait for.
-        let released = Status::new("s3://b/k", Some(stored(held.released()))).with_takeover(read_at, grace);
+        let released =
+            Status::new("s3://b/k", Some(stored(held.released()))).with_takeover(read_at, grace);
         assert_eq!(released.no_takeover_before, None);
         assert!(!released.table(false).contains("no takeover"));
     }

@@ -914,7 +914,7 @@ pub(super) mod tests {
 
     #[tokio::test]
     async fn rule8_the_record_carries_lease_plus_delay_while_the_holder_deadline_runs_on_the_lease()
-     {
+    {
         let store = store();
         let a = contender(&store);
         let before = Instant::now();
@@ -965,7 +965,11 @@ pub(super) mod tests {
             let before = Instant::now();
             a.renew(&mut lease).await.unwrap();
             let after = Instant::now();
-            assert_eq!(store.record().lease, LEASE + DELAY, "a renewal never shrinks it");
+            assert_eq!(
+                store.record().lease,
+                LEASE + DELAY,
+                "a renewal never shrinks it"
+            );
             let deadline = lease.deadline.instant();
             assert!(deadline >= before + VALIDITY && deadline <= after + VALIDITY);
         }
@@ -977,7 +981,12 @@ pub(super) mod tests {
         let a = contender(&store);
         store.next_write(Fault::IndeterminateApplied);
         store.next_read(Fault::Pass).next_read(Fault::Unavailable);
-        assert!(a.try_acquire(&delayed("a")).await.unwrap_err().is_transient());
+        assert!(
+            a.try_acquire(&delayed("a"))
+                .await
+                .unwrap_err()
+                .is_transient()
+        );
         // The retry (rule 4) finds its own write: adopted with the same split.
         let lease = acquired(&a, &delayed("a")).await;
         assert_eq!(lease.holder_lease(), LEASE);

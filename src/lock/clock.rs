@@ -210,7 +210,10 @@ mod tests {
     fn rule8_the_delay_adds_to_the_time_between_the_holders_deadline_and_a_takeover() {
         let m = SafetyMargins::default();
         for (lease_ms, delay_ms) in [(2_000u64, 3_000u64), (30_000, 30_000), (30_000, 600_000)] {
-            let (lease, delay) = (Duration::from_millis(lease_ms), Duration::from_millis(delay_ms));
+            let (lease, delay) = (
+                Duration::from_millis(lease_ms),
+                Duration::from_millis(delay_ms),
+            );
             // The holder's deadline runs on its lease; contenders observe lease + delay,
             // on a clock that may run δ fast.
             let holder_done = m.holder_validity(lease);

@@ -895,7 +895,11 @@ mod tests {
         assert_eq!(entry_leases(&store), vec![LEASE + DELAY; 2]);
         assert_eq!(b.holder_lease(), LEASE);
         lb.renew(&mut b).await.unwrap();
-        assert_eq!(entry_leases(&store), vec![LEASE + DELAY; 2], "a renewal keeps it");
+        assert_eq!(
+            entry_leases(&store),
+            vec![LEASE + DELAY; 2],
+            "a renewal keeps it"
+        );
         let validity = MARGINS.holder_validity(LEASE);
         assert!(b.deadline.instant() <= Instant::now() + validity);
         // a's entry is taken only after its lease, delay and grace have been observed.

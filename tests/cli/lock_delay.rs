@@ -16,7 +16,16 @@ const GRACE: Duration = Duration::from_millis(250);
 /// contender that waits; then a clean release taken without waiting.
 async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> Duration {
     lw.run(&[
-        "lock", url, "-o", "a.lock", "--holder", "a", "--lease", LEASE, "--lock-delay", DELAY,
+        "lock",
+        url,
+        "-o",
+        "a.lock",
+        "--holder",
+        "a",
+        "--lease",
+        LEASE,
+        "--lock-delay",
+        DELAY,
     ])
     .await
     .ok();
@@ -44,7 +53,16 @@ async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> D
 
     // A clean release writes a tombstone: the next holder takes it without waiting.
     lw.run(&[
-        "lock", url, "-o", "c.lock", "--holder", "c", "--lease", LEASE, "--lock-delay", DELAY,
+        "lock",
+        url,
+        "-o",
+        "c.lock",
+        "--holder",
+        "c",
+        "--lease",
+        LEASE,
+        "--lock-delay",
+        DELAY,
     ])
     .await
     .ok();
@@ -65,23 +83,30 @@ async fn rule8_s3_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rule8_dynamodb_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not()
-{
+async fn rule8_dynamodb_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not() {
     let table = Moto::shared().new_table("cli-lock-delay", "key").await;
     let url = format!("dynamodb://{table}/delayed");
     expiry_waits_the_delay_and_a_release_does_not(&Cli::aws(), &url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rule8_kubernetes_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not()
-{
+async fn rule8_kubernetes_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not() {
     let plane = ControlPlane::shared();
     let client = plane.client().await;
     let namespace = plane.namespace(&client, "cli-lock-delay").await;
     let lw = Cli::kube();
     let url = format!("k8s://{namespace}/delayed");
     lw.run(&[
-        "lock", &url, "-o", "a.lock", "--holder", "a", "--lease", LEASE, "--lock-delay", DELAY,
+        "lock",
+        &url,
+        "-o",
+        "a.lock",
+        "--holder",
+        "a",
+        "--lease",
+        LEASE,
+        "--lock-delay",
+        DELAY,
     ])
     .await
     .ok();
@@ -105,7 +130,16 @@ async fn rule8_run_holds_on_its_lease_and_stores_the_delay() {
     let url = format!("s3://{bucket}/run");
     // The --grace bound is the holder's lease's (3s leaves 440ms), not the stored 8s's.
     lw.run(&[
-        "run", &url, "--lease", "3s", "--lock-delay", "5s", "--grace", "1s", "--", "true",
+        "run",
+        &url,
+        "--lease",
+        "3s",
+        "--lock-delay",
+        "5s",
+        "--grace",
+        "1s",
+        "--",
+        "true",
     ])
     .await
     .code(2)
@@ -150,13 +184,24 @@ async fn rule8_the_previous_release_waits_out_the_lock_delay() {
         // The expired holder's lock file stays behind, as a crashed holder's would.
         let file = format!("{store}.lock");
         lw.run(&[
-            "lock", &url, "-o", &file, "--holder", "a", "--lease", LEASE, "--lock-delay", DELAY,
+            "lock",
+            &url,
+            "-o",
+            &file,
+            "--holder",
+            "a",
+            "--lease",
+            LEASE,
+            "--lock-delay",
+            DELAY,
         ])
         .await
         .ok();
         let began = Instant::now();
         previous
-            .run(&["lock", &url, "-o", "old.lock", "--holder", "old", "--wait", "60"])
+            .run(&[
+                "lock", &url, "-o", "old.lock", "--holder", "old", "--wait", "60",
+            ])
             .await
             .ok();
         let waited = began.elapsed();
