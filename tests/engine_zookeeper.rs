@@ -144,6 +144,33 @@ async fn mutual_exclusion_under_contention() {
     );
 }
 
+/// Rule 8 has nowhere to live on ZooKeeper: the engine refuses a lock-delay with one
+/// clear error, and leaves no queue entry behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule8_a_lock_delay_is_refused_on_zookeeper() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("lock-delay");
+    let sessions = ZkSessions::new();
+    let lock = sessions.lock(&zk.connect_string(), &path).expect("lock");
+    let req = AcquireRequest {
+        lock_delay: Duration::from_secs(30),
+        ..request("delayed")
+    };
+    let err = lock.try_acquire(&req).await.expect_err("refused");
+    let message = err.to_string();
+    assert!(
+        matches!(err, LockError::Backend { .. })
+            && message.contains("a lock-delay is not supported on ZooKeeper"),
+        "{message}"
+    );
+    assert!(!message.contains('\n'), "one line: {message}");
+    let raw = raw_client().await;
+    let queued = raw.list_children(&path).await.unwrap_or_default();
+    assert!(queued.is_empty(), "no entry was queued: {queued:?}");
+    // Without a delay the same key is taken as always.
+    expect_acquired(&lock, "plain").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifo_order_of_waiters_is_kept() {
     const WAITERS: usize = 5;

@@ -517,6 +517,36 @@ mod tests {
     }
 
     #[test]
+    fn rule8_lock_delay_is_capped_and_refused_on_zookeeper() {
+        let mut spec = s3_spec();
+        spec.lock_delay = Some("10m".into());
+        spec.validate().unwrap();
+        spec.lock_delay = Some("2h".into());
+        let above = spec.validate().unwrap_err().to_string();
+        assert!(
+            above.starts_with("spec.lockDelay: 2h is above the maximum of 600s"),
+            "{above}"
+        );
+        spec.lock_delay = Some("30s".into());
+        spec.backend = BackendSpec {
+            zookeeper: Some(ZooKeeperBackend {
+                servers: vec!["zk:2181".into()],
+                path: "/locks/db".into(),
+                chroot: None,
+                session_timeout: None,
+            }),
+            ..Default::default()
+        };
+        let zk = spec.validate().unwrap_err().to_string();
+        assert!(
+            zk.starts_with("spec.lockDelay: not supported on a ZooKeeper backend"),
+            "{zk}"
+        );
+        spec.lock_delay = None;
+        spec.validate().unwrap();
+    }
+
+    #[test]
     fn lock_urls() {
         let zk = BackendSpec {
             zookeeper: Some(ZooKeeperBackend {
