@@ -33,9 +33,10 @@ pub async fn run(args: LockArgs) -> Result<u8, CliError> {
         // Without its file nobody could unlock it: let go at once.
         let undo = match backend.release(&lease).await {
             Ok(()) => "the lock was released again".to_string(),
+            // The stored lease, a lock-delay included (rule 8): what contenders wait.
             Err(r) => format!(
                 "releasing the lock again failed too ({r}); it expires after {}",
-                file.lease
+                humantime::format_duration(lease.record.lease)
             ),
         };
         return Err(CliError::Reported {
