@@ -623,6 +623,11 @@ impl Reconciling<'_> {
         };
         match backend.resume(&self.spec.holder, nonce).await {
             Ok(resumed) => {
+                // The stored lease does not say how much of it is the lock-delay (rule 8):
+                // the spec does. Set before the first renewal, which every resumed lease
+                // needs (its deadline starts expired), so the deadline runs on the
+                // holder's own lease from the start.
+                let resumed = resumed.with_lock_delay(self.spec.lock_delay);
                 let task = self.start_holder(backend, resumed);
                 let policy = self.policy();
                 task.settled(policy.request_timeout + policy.retry).await;
