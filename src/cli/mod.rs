@@ -35,6 +35,7 @@ mod progress;
 pub mod put;
 pub mod run;
 pub mod status;
+mod stop;
 mod sys;
 mod tree;
 pub mod unlock;
