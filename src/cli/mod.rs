@@ -25,6 +25,7 @@ mod args;
 pub mod check_fence;
 pub mod completions;
 mod errors;
+pub mod guard;
 mod keeper;
 pub mod kubectl;
 pub mod lock;
@@ -44,7 +45,7 @@ use std::time::Duration;
 
 pub use args::{
     BackendArgs, GlobalArgs, LogFormat, PermitArgs, ValueError, default_holder, parse_duration,
-    parse_fence, parse_holder, parse_lease, parse_target, parse_wait,
+    parse_fence, parse_holder, parse_lease, parse_nonce, parse_target, parse_wait,
 };
 pub use errors::{CliError, EXIT_CODES, ExitStatus, after_help, exit};
 pub use logging::init_logging;

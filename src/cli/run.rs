@@ -21,7 +21,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::output::display_command;
 use super::progress::Progress;
-pub use super::stop::{KILL_MARGIN, StopTimes};
+use super::stop::grace_up_to;
+pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
 use super::stop::{exit_code, stop_tree, terminate};
 use super::{BackendArgs, CliError, PermitArgs, default_holder, print_warning, sys, tree};
 use crate::backend::Target;
@@ -34,22 +35,6 @@ use crate::lock::{
 /// (SIGKILL, machine loss) holds others off for about this long.
 pub const DEFAULT_LEASE: &str = "30s";
 
-/// `--grace` when none is given, if the lease leaves that much (else the most it leaves).
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
-
-/// The longest `--grace` a granted lease leaves (rule 7): SIGTERM must not come while
-/// renewals are on schedule. After a write sent at t the deadline is
-/// `t + lease × (1 − δ) − margin`; the next renewal goes an interval after the reply
-/// and may take its request timeout; SIGKILL comes the kill margin before the
-/// deadline. Whole milliseconds, so the maximum a message names is itself accepted.
-pub fn longest_grace(granted: Duration, margins: &SafetyMargins) -> Duration {
-    let policy = RenewPolicy::for_lease(granted);
-    let left = margins
-        .holder_validity(granted)
-        .saturating_sub(policy.interval + policy.request_timeout + KILL_MARGIN);
-    Duration::from_millis(left.as_millis() as u64)
-}
-
 /// The grace `run` uses for a granted lease: the one asked for if it fits, refused
 /// (never clamped) if not; without `--grace`, [`DEFAULT_GRACE`] or what fits.
 pub fn grace_within(
@@ -57,20 +42,12 @@ pub fn grace_within(
     granted: Duration,
     margins: &SafetyMargins,
 ) -> Result<Duration, String> {
-    let longest = longest_grace(granted, margins);
-    match asked {
-        None => Ok(DEFAULT_GRACE.min(longest)),
-        Some(grace) if grace <= longest => Ok(grace),
-        Some(grace) => Err(format!(
-            "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before the holder \
-             deadline, SIGTERM the grace before that, and renewals on schedule must not \
-             trigger it); give a shorter --grace or a longer lease",
-            humantime::format_duration(grace),
-            humantime::format_duration(granted),
-            humantime::format_duration(longest),
-            humantime::format_duration(KILL_MARGIN),
-        )),
-    }
+    grace_up_to(
+        asked,
+        longest_grace(granted, margins),
+        granted,
+        "the holder deadline",
+    )
 }
 
 #[derive(Args, Debug)]

@@ -11,11 +11,53 @@ use tokio::process::Child;
 use tokio::time::{Instant, sleep_until};
 
 use super::{sys, tree};
+use crate::lock::{RenewPolicy, SafetyMargins};
 
 /// Rule 7's k: how long before the holder deadline SIGKILL goes, the time to walk
 /// `/proc`, signal every process of the tree and see each gone, with room for a
 /// loaded machine's scheduling delays (tens to a hundred milliseconds on two busy cores).
 pub const KILL_MARGIN: Duration = Duration::from_millis(500);
+
+/// `--grace` when none is given, if the deadline leaves that much (else the most it
+/// leaves).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// The longest `--grace` a granted lease leaves (rule 7): SIGTERM must not come while
+/// renewals are on schedule. After a write sent at t the deadline is
+/// `t + lease × (1 − δ) − margin`; the next renewal goes an interval after the reply
+/// and may take its request timeout; SIGKILL comes the kill margin before the
+/// deadline. Whole milliseconds, so the maximum a message names is itself accepted.
+pub fn longest_grace(granted: Duration, margins: &SafetyMargins) -> Duration {
+    let policy = RenewPolicy::for_lease(granted);
+    let left = margins
+        .holder_validity(granted)
+        .saturating_sub(policy.interval + policy.request_timeout + KILL_MARGIN);
+    Duration::from_millis(left.as_millis() as u64)
+}
+
+/// The grace asked for if it is at most `longest`, refused (never clamped) if not;
+/// without `--grace`, [`DEFAULT_GRACE`] or `longest` if less. `deadline` names what
+/// SIGKILL comes before, for the message.
+pub fn grace_up_to(
+    asked: Option<Duration>,
+    longest: Duration,
+    lease: Duration,
+    deadline: &str,
+) -> Result<Duration, String> {
+    match asked {
+        None => Ok(DEFAULT_GRACE.min(longest)),
+        Some(grace) if grace <= longest => Ok(grace),
+        Some(grace) => Err(format!(
+            "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before {deadline}, \
+             SIGTERM the grace before that, and renewals on schedule must not trigger it); \
+             give a shorter --grace or a longer lease",
+            humantime::format_duration(grace),
+            humantime::format_duration(lease),
+            humantime::format_duration(longest),
+            humantime::format_duration(KILL_MARGIN),
+        )),
+    }
+}
 
 /// When COMMAND's processes are stopped (docs/design.md §3 rules 7 and 9), on this
 /// process's monotonic clock, the one the deadline is on.
