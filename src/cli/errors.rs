@@ -35,7 +35,7 @@ pub struct ExitStatus {
 pub const EXIT_CODES: &[ExitStatus] = &[
     ExitStatus {
         code: exit::OK,
-        meaning: "success (run: the exit status of COMMAND, 128+N if a signal N killed it)",
+        meaning: "success (run, guard: the exit status of COMMAND, 128+N if a signal N killed it)",
     },
     ExitStatus {
         code: exit::ERROR,
@@ -183,9 +183,10 @@ pub enum CliError {
         action: String,
     },
 
-    /// `guard`: the lock could not be read when the guard started.
-    #[error("{url}: cannot read the lock: {cause}")]
-    Unreadable { url: String, cause: String },
+    /// `guard`: the lock could not be read when the guard started (`cause` names the
+    /// lock URL).
+    #[error("{cause}; the command was not started")]
+    Unreadable { cause: String },
 
     #[error("{url}: cannot run {command:?}: {source}")]
     Spawn {

@@ -268,7 +268,6 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
     let lease = match &first.seen {
         Seen::NoAnswer(cause) => {
             return Err(CliError::Unreadable {
-                url,
                 cause: cause.clone(),
             });
         }

@@ -26,6 +26,7 @@ pub mod check_fence;
 pub mod completions;
 mod errors;
 pub mod guard;
+pub mod install;
 mod keeper;
 pub mod kubectl;
 pub mod lock;
