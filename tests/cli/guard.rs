@@ -1,6 +1,8 @@
 //! `guard`: the node-side stop (docs/design.md §3 rule 9). A `lockwarden run` keeper
 //! holds the lock through one fault proxy; the guard reads the record through another
 //! and stops its command's whole tree by the deadline it derives from its own reads.
+//! S3 (moto) and Kubernetes Leases (kube-apiserver; there the store *is* the API
+//! server, so "the holder cut off" is the controller's situation when it is partitioned).
 
 use super::run::{Register, WRITER, Writers, monotonic_now, without_colours};
 use super::*;
@@ -11,21 +13,19 @@ const LEASE: Duration = Duration::from_secs(4);
 
 /// A holder that renews: `run` through `proxy`, whose command records the nonce and
 /// fence the guard needs (what the controller puts in the Pod's annotations).
-async fn keeper(lw: &Cli, url: &str, proxy: &Proxy) -> (Child, String, String) {
-    let holder = lw.spawn(&[
-        "run",
-        url,
-        "--endpoint",
-        &proxy.endpoint(),
-        "--lease",
-        "4s",
-        "--holder",
-        "keeper",
+async fn keeper(lw: &Cli, url: &str, path: &StorePath) -> (Child, String, String) {
+    let mut args = vec!["run", url, "--lease", "4s", "--holder", "keeper"];
+    args.extend(path.flags());
+    args.extend([
         "--",
         "sh",
         "-c",
         "echo \"$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE\" > held.txt; exec sleep 600",
     ]);
+    let holder = path
+        .apply(&mut lw.command(&args))
+        .spawn()
+        .expect("spawn the keeper");
     let held = lw.path("held.txt");
     let (nonce, fence) = eventually("the keeper to hold the lock", || async {
         let text = std::fs::read_to_string(&held).ok()?;
@@ -34,6 +34,85 @@ async fn keeper(lw: &Cli, url: &str, proxy: &Proxy) -> (Child, String, String) {
     })
     .await;
     (holder, nonce, fence)
+}
+
+/// The lock's store.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    S3,
+    Lease,
+}
+
+/// One process's way to the store, through its own fault proxy: S3 by `--endpoint`,
+/// the API server by a kubeconfig naming the proxy (the serving certificate names
+/// 127.0.0.1, whatever the port).
+struct StorePath {
+    proxy: Proxy,
+    flags: Vec<String>,
+    kubeconfig: Option<std::path::PathBuf>,
+}
+
+impl StorePath {
+    fn new(store: Store, dir: &std::path::Path, name: &str) -> StorePath {
+        match store {
+            Store::S3 => {
+                let proxy = Proxy::start(Moto::shared().port());
+                let flags = vec!["--endpoint".to_string(), proxy.endpoint()];
+                StorePath {
+                    proxy,
+                    flags,
+                    kubeconfig: None,
+                }
+            }
+            Store::Lease => {
+                let plane = ControlPlane::shared();
+                let proxy = Proxy::start(plane.port());
+                let admin = std::fs::read_to_string(plane.kubeconfig_path()).unwrap();
+                let direct = format!("127.0.0.1:{}", plane.port());
+                assert!(admin.contains(&direct), "{admin}");
+                let path = dir.join(format!("{name}.kubeconfig"));
+                let through = proxy.address();
+                std::fs::write(&path, admin.replace(&direct, &through)).unwrap();
+                StorePath {
+                    proxy,
+                    flags: Vec::new(),
+                    kubeconfig: Some(path),
+                }
+            }
+        }
+    }
+
+    fn flags(&self) -> impl Iterator<Item = &str> {
+        self.flags.iter().map(String::as_str)
+    }
+
+    fn apply<'a>(&self, cmd: &'a mut tokio::process::Command) -> &'a mut tokio::process::Command {
+        if let Some(kubeconfig) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", kubeconfig);
+        }
+        cmd
+    }
+}
+
+/// A fresh lock URL on `store`, and the CLI that reaches it directly.
+async fn fresh_lock(store: Store) -> (Cli, String) {
+    match store {
+        Store::S3 => {
+            let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
+            let bucket = moto.new_bucket("cli-guard").await;
+            (Cli::aws(), format!("s3://{bucket}/{}", unique("guard")))
+        }
+        Store::Lease => {
+            let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+                .await
+                .unwrap();
+            let namespace = plane.namespace(&plane.client().await, "cli-guard").await;
+            (
+                Cli::kube(),
+                format!("k8s://{namespace}/{}", unique("guard")),
+            )
+        }
+    }
 }
 
 /// Which side loses the store.
@@ -50,28 +129,18 @@ enum Cut {
 /// it logs on CLOCK_MONOTONIC and which is checked against the cut), and, when the
 /// holder was cut, before a contender's first write. Returns the margin of the last
 /// guarded write before the earliest of those.
-async fn guarded_writes_end_in_time(cut: Cut, writers: Writers) -> f64 {
-    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
-    let bucket = moto.new_bucket("cli-guard").await;
-    let (holder_proxy, guard_proxy) = (Proxy::start(moto.port()), Proxy::start(moto.port()));
-    let lw = Cli::aws();
-    let url = format!("s3://{bucket}/{}", unique("guard"));
-    let (_holder, nonce, fence) = keeper(&lw, &url, &holder_proxy).await;
+async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers) -> f64 {
+    let (lw, url) = fresh_lock(store).await;
+    let holder_path = StorePath::new(store, lw.dir(), "holder");
+    let guard_path = StorePath::new(store, lw.dir(), "guard");
+    let (_holder, nonce, fence) = keeper(&lw, &url, &holder_path).await;
 
     let (port, register) = Register::serve().await;
-    let mut cmd = lw.command(&[
-        "guard",
-        "--url",
-        &url,
-        "--grace",
-        "300ms",
-        "--endpoint",
-        &guard_proxy.endpoint(),
-        "--",
-        "bash",
-        "-c",
-        writers.script(),
-    ]);
+    let mut args = vec!["guard", "--url", &url, "--grace", "300ms"];
+    args.extend(guard_path.flags());
+    args.extend(["--", "bash", "-c", writers.script()]);
+    let mut cmd = lw.command(&args);
+    guard_path.apply(&mut cmd);
     // The acquisition as the Pod gets it from its annotations: in the environment.
     cmd.env("LOCKWARDEN_NONCE", &nonce)
         .env("LOCKWARDEN_FENCE", &fence)
@@ -91,7 +160,7 @@ async fn guarded_writes_end_in_time(cut: Cut, writers: Writers) -> f64 {
     let cut_at = monotonic_now();
     let contender = match cut {
         Cut::Holder => {
-            holder_proxy.set_mode(Mode::Blackhole);
+            holder_path.proxy.set_mode(Mode::Blackhole);
             // The next holder, straight to the store: it writes once it has the lock.
             let mut cmd = lw.command(&[
                 "run",
@@ -109,7 +178,7 @@ async fn guarded_writes_end_in_time(cut: Cut, writers: Writers) -> f64 {
             Some(cmd.spawn().expect("spawn the contender"))
         }
         Cut::Guard => {
-            guard_proxy.set_mode(Mode::Blackhole);
+            guard_path.proxy.set_mode(Mode::Blackhole);
             None
         }
     };
@@ -180,13 +249,19 @@ async fn guarded_writes_end_in_time(cut: Cut, writers: Writers) -> f64 {
 async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_before_a_contender_takes_over_on_s3()
  {
     for writers in [Writers::IgnoringSigterm, Writers::InTheBackground] {
-        guarded_writes_end_in_time(Cut::Holder, writers).await;
+        guarded_writes_end_in_time(Store::S3, Cut::Holder, writers).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule9_the_guard_stops_its_command_by_its_deadline_when_its_own_reads_are_cut_on_s3() {
-    guarded_writes_end_in_time(Cut::Guard, Writers::IgnoringSigterm).await;
+    guarded_writes_end_in_time(Store::S3, Cut::Guard, Writers::IgnoringSigterm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_before_a_contender_takes_over_on_a_lease()
+ {
+    guarded_writes_end_in_time(Store::Lease, Cut::Holder, Writers::IgnoringSigterm).await;
 }
 
 /// The guard starts COMMAND once it has seen a renewal, passes the fence on, and exits
@@ -194,12 +269,9 @@ async fn rule9_the_guard_stops_its_command_by_its_deadline_when_its_own_reads_ar
 /// COMMAND starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_runs_its_command_after_a_renewal_and_exits_with_its_status() {
-    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
-    let bucket = moto.new_bucket("cli-guard-ok").await;
-    let proxy = Proxy::start(moto.port());
-    let lw = Cli::aws();
-    let url = format!("s3://{bucket}/ok");
-    let (_holder, nonce, fence) = keeper(&lw, &url, &proxy).await;
+    let (lw, url) = fresh_lock(Store::S3).await;
+    let path = StorePath::new(Store::S3, lw.dir(), "holder");
+    let (_holder, nonce, fence) = keeper(&lw, &url, &path).await;
     let started = Instant::now();
     let out = lw
         .run(&[
