@@ -295,7 +295,14 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
         tx,
     ));
     let _stop_reading = AbortOnDrop(reader);
-    tracing::info!(%url, fence = %args.fence, ?grace, ?poll, "waiting for a renewal");
+    tracing::info!(
+        %url,
+        fence = %args.fence,
+        ?grace,
+        ?poll,
+        pid = std::process::id(),
+        "waiting for a renewal"
+    );
 
     // COMMAND starts only once a renewal is seen: before that no deadline is known.
     // A holder that does not renew within the stored lease has itself given up.

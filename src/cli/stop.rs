@@ -111,7 +111,7 @@ pub(crate) async fn terminate(
         deadline_monotonic = sys::monotonic_seconds(deadline),
         term_monotonic = sys::monotonic_seconds(times.term),
         kill_monotonic = sys::monotonic_seconds(times.kill),
-        "stopping the command's processes before the holder deadline"
+        "stopping the command's processes before the deadline"
     );
     let stopped = stop_tree(pid, times).await;
     let mut action = match pid {
@@ -140,7 +140,7 @@ impl Stopped {
             return String::new();
         }
         format!(
-            ", then SIGKILL to {} process(es) after {}, by the holder deadline",
+            ", then SIGKILL to {} process(es) after {}, by the deadline",
             self.killed,
             humantime::format_duration(round_ms(times.kill - times.term)),
         )

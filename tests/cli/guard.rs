@@ -115,6 +115,16 @@ async fn fresh_lock(store: Store) -> (Cli, String) {
     }
 }
 
+/// How the guard runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum As {
+    /// A child of the test, as on a terminal.
+    Child,
+    /// PID 1 of a PID namespace of its own (with its own /proc), as a container's
+    /// entrypoint: orphans come to it, and its SIGKILL sweep is `kill(-1)` too.
+    Pid1,
+}
+
 /// Which side loses the store.
 #[derive(Clone, Copy, Debug)]
 enum Cut {
@@ -129,7 +139,7 @@ enum Cut {
 /// it logs on CLOCK_MONOTONIC and which is checked against the cut), and, when the
 /// holder was cut, before a contender's first write. Returns the margin of the last
 /// guarded write before the earliest of those.
-async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers) -> f64 {
+async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pid: As) -> f64 {
     let (lw, url) = fresh_lock(store).await;
     let holder_path = StorePath::new(store, lw.dir(), "holder");
     let guard_path = StorePath::new(store, lw.dir(), "guard");
@@ -139,7 +149,11 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers) ->
     let mut args = vec!["guard", "--url", &url, "--grace", "300ms"];
     args.extend(guard_path.flags());
     args.extend(["--", "bash", "-c", writers.script()]);
-    let mut cmd = lw.command(&args);
+    let wrapper: &[&str] = match pid {
+        As::Child => &[],
+        As::Pid1 => &["unshare", "--pid", "--fork", "--mount-proc"],
+    };
+    let mut cmd = lw.command_under(wrapper, &args);
     guard_path.apply(&mut cmd);
     // The acquisition as the Pod gets it from its annotations: in the environment.
     cmd.env("LOCKWARDEN_NONCE", &nonce)
@@ -189,6 +203,14 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers) ->
         "{out:#?}"
     );
     let logged = without_colours(&out.stderr);
+    if pid == As::Pid1 {
+        assert!(
+            logged
+                .lines()
+                .any(|l| l.ends_with(" pid=1") || l.contains(" pid=1 ")),
+            "not PID 1: {out:#?}"
+        );
+    }
     let deadline: f64 = logged
         .rsplit("deadline_monotonic=")
         .next()
@@ -249,19 +271,32 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers) ->
 async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_before_a_contender_takes_over_on_s3()
  {
     for writers in [Writers::IgnoringSigterm, Writers::InTheBackground] {
-        guarded_writes_end_in_time(Store::S3, Cut::Holder, writers).await;
+        guarded_writes_end_in_time(Store::S3, Cut::Holder, writers, As::Child).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule9_the_guard_stops_its_command_by_its_deadline_when_its_own_reads_are_cut_on_s3() {
-    guarded_writes_end_in_time(Store::S3, Cut::Guard, Writers::IgnoringSigterm).await;
+    guarded_writes_end_in_time(Store::S3, Cut::Guard, Writers::IgnoringSigterm, As::Child).await;
+}
+
+/// As a container's entrypoint: PID 1 of its own PID namespace (root may create one, as
+/// the test servers' harness runs), the double-forked writer re-parented to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_as_pid_1_stops_every_writer_of_its_namespace_by_its_deadline_on_s3() {
+    guarded_writes_end_in_time(Store::S3, Cut::Guard, Writers::InTheBackground, As::Pid1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_before_a_contender_takes_over_on_a_lease()
  {
-    guarded_writes_end_in_time(Store::Lease, Cut::Holder, Writers::IgnoringSigterm).await;
+    guarded_writes_end_in_time(
+        Store::Lease,
+        Cut::Holder,
+        Writers::IgnoringSigterm,
+        As::Child,
+    )
+    .await;
 }
 
 /// The guard starts COMMAND once it has seen a renewal, passes the fence on, and exits
