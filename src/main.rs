@@ -33,6 +33,10 @@ enum Command {
     Unlock(cli::unlock::UnlockArgs),
     /// Run a command while holding a lock, renewed in the background
     Run(cli::run::RunArgs),
+    /// Run a command as a container's entrypoint and stop it by the lock's deadline, read from the store on its own (a gated workload's node-side stop)
+    Guard(cli::guard::GuardArgs),
+    /// Copy this binary into DIR (an init container's step before `guard`: the image has no shell or cp)
+    Install(cli::install::InstallArgs),
     /// Show a lock's holder (every holder of a key with permits), fence, version and lease without acquiring it
     Status(cli::status::StatusArgs),
     /// Write data to an S3 object or DynamoDB item with your fence; a stale fence is refused (exit 5)
@@ -61,6 +65,8 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Lock(args) => cli::lock::run(args).await?,
         Command::Unlock(args) => cli::unlock::run(args).await?,
         Command::Run(args) => cli::run::run(args).await?,
+        Command::Guard(args) => cli::guard::run(args).await?,
+        Command::Install(args) => cli::install::run(args)?,
         Command::Status(args) => cli::status::run(args).await?,
         Command::Put(args) => cli::put::put(args).await?,
         Command::Get(args) => cli::put::get(args).await?,

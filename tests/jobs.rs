@@ -1123,6 +1123,14 @@ async fn every_example_reaches_the_state_its_comment_promises() {
                     Some(&format!("migrate-schema/{}", job.uid().unwrap()))
                 );
             }
+            "guarded-job.yaml" => {
+                let job = wait_unsuspended(&jobs, "guarded-report").await;
+                let lock = wait_acquired(&locks, "guarded-report").await;
+                assert_eq!(
+                    template_annotations(&job).get(FENCE_ANNOTATION),
+                    Some(&lock.status.as_ref().unwrap().fence.unwrap().to_string())
+                );
+            }
             "job-queue.yaml" => check_job_queue_example(&jobs, &locks).await,
             "semaphore.yaml" => check_semaphore_example(&jobs, &locks).await,
             "shared-exclusive.yaml" => check_shared_exclusive_example(&locks).await,

@@ -234,6 +234,22 @@ pub fn parse_fence(s: &str) -> Result<FenceToken, ValueError> {
 /// The longest wait or lease: what the clock can add to now everywhere (68 years).
 const LONGEST: Duration = Duration::from_secs(i32::MAX as u64);
 
+/// A nonce as the store keeps it: not empty (an annotation the downward API did not
+/// find comes as an empty value), printable.
+pub fn parse_nonce(s: &str) -> Result<String, ValueError> {
+    if s.trim().is_empty() {
+        return Err(ValueError(
+            "the nonce is empty: is the Pod's lockwarden.io/nonce annotation set?".into(),
+        ));
+    }
+    if s.len() > 256 || s.chars().any(char::is_control) {
+        return Err(ValueError(
+            "a nonce is at most 256 printable characters".into(),
+        ));
+    }
+    Ok(s.to_string())
+}
+
 /// A positive duration in Go's form, as everywhere else in lockwarden
 /// ([`crate::duration`]): `30s`, `5m`, `1h30m`, `1500ms`, `1.5h`.
 pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
@@ -315,6 +331,14 @@ pub fn parse_holder(s: &str) -> Result<String, ValueError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_nonce_names_the_annotation() {
+        let refused = parse_nonce("").unwrap_err().to_string();
+        assert!(refused.contains("lockwarden.io/nonce"), "{refused}");
+        assert!(parse_nonce("a\u{7}b").is_err());
+        assert_eq!(parse_nonce("0123abcd").unwrap(), "0123abcd");
+    }
 
     #[test]
     fn a_fence_is_plain_decimal_digits() {

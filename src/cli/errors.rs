@@ -16,6 +16,7 @@ pub mod exit {
     pub const HELD: u8 = 3;
     pub const LOST: u8 = 4;
     pub const STALE_FENCE: u8 = 5;
+    pub const UNCONFIRMED: u8 = 6;
     pub const CANNOT_EXECUTE: u8 = 126;
     pub const NOT_FOUND: u8 = 127;
 }
@@ -34,7 +35,7 @@ pub struct ExitStatus {
 pub const EXIT_CODES: &[ExitStatus] = &[
     ExitStatus {
         code: exit::OK,
-        meaning: "success (run: the exit status of COMMAND, 128+N if a signal N killed it)",
+        meaning: "success (run, guard: the exit status of COMMAND, 128+N if a signal N killed it)",
     },
     ExitStatus {
         code: exit::ERROR,
@@ -53,7 +54,8 @@ pub const EXIT_CODES: &[ExitStatus] = &[
     },
     ExitStatus {
         code: exit::LOST,
-        meaning: "run: the lock was lost while COMMAND ran; every process COMMAND started got SIGTERM, then SIGKILL before the holder deadline",
+        meaning: "run: the lock was lost while COMMAND ran; every process COMMAND started got SIGTERM, then SIGKILL before the holder deadline \
+                  (guard: the lock is not held with this nonce: COMMAND was stopped the same way, or never started)",
     },
     ExitStatus {
         code: exit::STALE_FENCE,
@@ -61,12 +63,18 @@ pub const EXIT_CODES: &[ExitStatus] = &[
                   check-fence: the fence is not a current holder's",
     },
     ExitStatus {
+        code: exit::UNCONFIRMED,
+        meaning: "guard: the lock could not be confirmed by the guard's deadline (no renewal seen, or the store not answering); \
+                  every process of COMMAND got SIGTERM, then SIGKILL before that deadline (at start: no renewal within the \
+                  stored lease, COMMAND never started)",
+    },
+    ExitStatus {
         code: exit::CANNOT_EXECUTE,
-        meaning: "run: COMMAND could not be executed",
+        meaning: "run, guard: COMMAND could not be executed",
     },
     ExitStatus {
         code: exit::NOT_FOUND,
-        meaning: "run: COMMAND was not found",
+        meaning: "run, guard: COMMAND was not found",
     },
 ];
 
@@ -163,6 +171,23 @@ pub enum CliError {
         action: String,
     },
 
+    /// `guard`: the store shows the lock is not held with the guard's nonce at start.
+    #[error("{url}: the lock is not held with this nonce ({detail}); the command was not started")]
+    NotHeld { url: String, detail: String },
+
+    /// `guard`: no renewal of the lock seen in time (rule 9).
+    #[error("{url}: the lock could not be confirmed by the guard's deadline: {reason}; {action}")]
+    Unconfirmed {
+        url: String,
+        reason: String,
+        action: String,
+    },
+
+    /// `guard`: the lock could not be read when the guard started (`cause` names the
+    /// lock URL).
+    #[error("{cause}; the command was not started")]
+    Unreadable { cause: String },
+
     #[error("{url}: cannot run {command:?}: {source}")]
     Spawn {
         url: String,
@@ -234,7 +259,8 @@ impl CliError {
             | CliError::TimedOut { .. }
             | CliError::Foreign { .. }
             | CliError::Mismatch { .. } => exit::HELD,
-            CliError::Lost { .. } => exit::LOST,
+            CliError::Lost { .. } | CliError::NotHeld { .. } => exit::LOST,
+            CliError::Unconfirmed { .. } => exit::UNCONFIRMED,
             CliError::Spawn { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,
@@ -252,6 +278,7 @@ impl CliError {
             | CliError::LockFile(_)
             | CliError::AlreadyUnlocked { .. }
             | CliError::Lock(_)
+            | CliError::Unreadable { .. }
             | CliError::Io { .. }
             | CliError::Kube { .. }
             | CliError::NotFound(_) => exit::ERROR,
@@ -273,6 +300,7 @@ mod tests {
             exit::HELD,
             exit::LOST,
             exit::STALE_FENCE,
+            exit::UNCONFIRMED,
             exit::CANNOT_EXECUTE,
             exit::NOT_FOUND,
         ];

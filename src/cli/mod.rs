@@ -25,6 +25,8 @@ mod args;
 pub mod check_fence;
 pub mod completions;
 mod errors;
+pub mod guard;
+pub mod install;
 mod keeper;
 pub mod kubectl;
 pub mod lock;
@@ -35,6 +37,7 @@ mod progress;
 pub mod put;
 pub mod run;
 pub mod status;
+mod stop;
 mod sys;
 mod tree;
 pub mod unlock;
@@ -43,7 +46,8 @@ use std::time::Duration;
 
 pub use args::{
     BackendArgs, GlobalArgs, LogFormat, PermitArgs, ValueError, default_holder, parse_duration,
-    parse_fence, parse_holder, parse_lease, parse_lock_delay, parse_target, parse_wait,
+    parse_fence, parse_holder, parse_lease, parse_lock_delay, parse_nonce, parse_target,
+    parse_wait,
 };
 pub use errors::{CliError, EXIT_CODES, ExitStatus, after_help, exit};
 pub use logging::init_logging;

@@ -14,8 +14,6 @@ use std::ffi::OsString;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use std::collections::HashSet;
-
 use clap::Args;
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -23,7 +21,10 @@ use tokio::time::{Instant, sleep_until};
 
 use super::output::display_command;
 use super::progress::Progress;
-use super::{BackendArgs, CliError, PermitArgs, default_holder, exit, print_warning, sys, tree};
+use super::stop::grace_up_to;
+pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
+use super::stop::{exit_code, stop_tree, terminate};
+use super::{BackendArgs, CliError, PermitArgs, default_holder, print_warning, sys, tree};
 use crate::backend::Target;
 use crate::lock::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
@@ -34,66 +35,6 @@ use crate::lock::{
 /// (SIGKILL, machine loss) holds others off for about this long.
 pub const DEFAULT_LEASE: &str = "30s";
 
-/// `--grace` when none is given, if the lease leaves that much (else the most it leaves).
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
-
-/// Rule 7's k: how long before the holder deadline SIGKILL goes, the time to walk
-/// `/proc`, signal every process of the tree and see each gone, with room for a
-/// loaded machine's scheduling delays (tens to a hundred milliseconds on two busy cores).
-pub const KILL_MARGIN: Duration = Duration::from_millis(500);
-
-/// When `run` stops COMMAND's processes (docs/design.md §3 rule 7), on this process's
-/// monotonic clock, the one the holder deadline is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StopTimes {
-    /// SIGTERM to every process of the tree.
-    pub term: Instant,
-    /// SIGKILL to every process still alive, repeated until none is.
-    pub kill: Instant,
-}
-
-impl StopTimes {
-    /// For a holder deadline that is not moved by a renewal in time: SIGKILL a kill
-    /// margin before it, SIGTERM `grace` before that, so the grace ends before the
-    /// deadline rather than after it.
-    pub fn before(deadline: Instant, grace: Duration) -> StopTimes {
-        let kill = earlier(deadline, KILL_MARGIN);
-        StopTimes {
-            term: earlier(kill, grace),
-            kill,
-        }
-    }
-
-    /// For a loss learnt at `now` (taken over, record deleted, session expired), or
-    /// processes COMMAND left behind when it exited: SIGTERM at once, SIGKILL after
-    /// `grace` but never later than [`StopTimes::before`] would.
-    pub fn now(now: Instant, deadline: Instant, grace: Duration) -> StopTimes {
-        StopTimes {
-            term: now,
-            kill: (now + grace).min(earlier(deadline, KILL_MARGIN)).max(now),
-        }
-    }
-}
-
-/// `t - by`, or on a clock too young to go back that far, `t` itself: only at boot,
-/// where no lease has been running for long either.
-fn earlier(t: Instant, by: Duration) -> Instant {
-    t.checked_sub(by).unwrap_or(t)
-}
-
-/// The longest `--grace` a granted lease leaves (rule 7): SIGTERM must not come while
-/// renewals are on schedule. After a write sent at t the deadline is
-/// `t + lease × (1 − δ) − margin`; the next renewal goes an interval after the reply
-/// and may take its request timeout; SIGKILL comes the kill margin before the
-/// deadline. Whole milliseconds, so the maximum a message names is itself accepted.
-pub fn longest_grace(granted: Duration, margins: &SafetyMargins) -> Duration {
-    let policy = RenewPolicy::for_lease(granted);
-    let left = margins
-        .holder_validity(granted)
-        .saturating_sub(policy.interval + policy.request_timeout + KILL_MARGIN);
-    Duration::from_millis(left.as_millis() as u64)
-}
-
 /// The grace `run` uses for a granted lease: the one asked for if it fits, refused
 /// (never clamped) if not; without `--grace`, [`DEFAULT_GRACE`] or what fits.
 pub fn grace_within(
@@ -101,20 +42,12 @@ pub fn grace_within(
     granted: Duration,
     margins: &SafetyMargins,
 ) -> Result<Duration, String> {
-    let longest = longest_grace(granted, margins);
-    match asked {
-        None => Ok(DEFAULT_GRACE.min(longest)),
-        Some(grace) if grace <= longest => Ok(grace),
-        Some(grace) => Err(format!(
-            "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before the holder \
-             deadline, SIGTERM the grace before that, and renewals on schedule must not \
-             trigger it); give a shorter --grace or a longer lease",
-            humantime::format_duration(grace),
-            humantime::format_duration(granted),
-            humantime::format_duration(longest),
-            humantime::format_duration(KILL_MARGIN),
-        )),
-    }
+    grace_up_to(
+        asked,
+        longest_grace(granted, margins),
+        granted,
+        "the holder deadline",
+    )
 }
 
 #[derive(Args, Debug)]
@@ -401,100 +334,6 @@ fn signals() -> std::io::Result<(Signal, Signal, Signal)> {
     ))
 }
 
-/// Ends every process of COMMAND's tree after the lock was lost, by `times` (rule 7).
-/// Says what was done.
-async fn terminate(child: &mut Child, shown: &str, deadline: Instant, times: StopTimes) -> String {
-    let pid = child.id();
-    tracing::info!(
-        deadline_monotonic = sys::monotonic_seconds(deadline),
-        term_monotonic = sys::monotonic_seconds(times.term),
-        kill_monotonic = sys::monotonic_seconds(times.kill),
-        "stopping the command's processes before the holder deadline"
-    );
-    let stopped = stop_tree(pid, times).await;
-    let mut action = match pid {
-        Some(pid) => format!(
-            "sent SIGTERM to {shown:?} (pid {pid}){}",
-            stopped.killing(times)
-        ),
-        None => format!("{shown:?} had already exited{}", stopped.killing(times)),
-    };
-    if let Ok(status) = child.wait().await {
-        action.push_str(&format!("; it exited with {}", describe(status)));
-    }
-    action
-}
-
-/// What [`stop_tree`] did.
-struct Stopped {
-    termed: usize,
-    killed: usize,
-}
-
-impl Stopped {
-    /// The SIGKILL part, if any: `, then SIGKILL to N process(es) after …`.
-    fn killing(&self, times: StopTimes) -> String {
-        if self.killed == 0 {
-            return String::new();
-        }
-        format!(
-            ", then SIGKILL to {} process(es) after {}, by the holder deadline",
-            self.killed,
-            humantime::format_duration(round_ms(times.kill - times.term)),
-        )
-    }
-}
-
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(d.as_millis() as u64)
-}
-
-/// SIGTERM at `times.term` to `command` (COMMAND's pid, while it runs: it decides how
-/// its own children stop, as when a terminal or a container runtime stops it, and a
-/// shell whose children all got SIGTERM at once reports each as "Terminated"), or, when
-/// COMMAND has exited, to every process it left; then SIGKILL at `times.kill` to every
-/// process below `run` still alive, walking the tree again until none is (one forked
-/// between a walk and its parent's SIGKILL is found by the next walk). Adopted orphans
-/// are reaped; `command` is left for tokio to reap.
-async fn stop_tree(command: Option<u32>, times: StopTimes) -> Stopped {
-    let me = std::process::id();
-    sleep_until(times.term).await;
-    let mut termed = 0;
-    match command {
-        // Our own child, not yet reaped: its pid cannot have been recycled.
-        Some(pid) => termed += usize::from(sys::signal(pid, sys::SIGTERM).is_ok()),
-        None => {
-            for process in tree::live_descendants(me) {
-                termed += usize::from(tree::signal(&process, sys::SIGTERM).is_ok());
-            }
-        }
-    }
-    let mut killed = HashSet::new();
-    loop {
-        tree::reap_adopted(me, command);
-        let live = tree::live_descendants(me);
-        if live.is_empty() {
-            break;
-        }
-        let now = Instant::now();
-        if now >= times.kill {
-            for process in &live {
-                if tree::signal(process, sys::SIGKILL).is_ok() {
-                    killed.insert(process.pid);
-                }
-            }
-            // A process with SIGKILL pending dies when next scheduled.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        } else {
-            sleep_until((now + Duration::from_millis(20)).min(times.kill)).await;
-        }
-    }
-    Stopped {
-        termed,
-        killed: killed.len(),
-    }
-}
-
 /// Why the lock was lost, and who has it now when the loss itself does not say
 /// (ZooKeeper: our entry was deleted).
 async fn loss_reason(state: &HolderState, backend: &dyn LockBackend, nonce: &str) -> String {
@@ -517,25 +356,6 @@ async fn loss_reason(state: &HolderState, backend: &dyn LockBackend, nonce: &str
         reason.push_str(&format!(" (now held by {} (fence {}))", r.holder, r.fence));
     }
     reason
-}
-
-/// The shell's convention: the exit status, or 128 + the signal that killed it.
-fn exit_code(status: ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => (code & 0xff) as u8,
-        (None, Some(sig)) => (128 + sig).clamp(0, 255) as u8,
-        (None, None) => exit::ERROR,
-    }
-}
-
-fn describe(status: ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("status {code}"),
-        (None, Some(sig)) => format!("signal {sig}"),
-        _ => status.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -21,6 +21,15 @@ pub fn signal(pid: u32, sig: i32) -> io::Result<()> {
     }
 }
 
+/// SIGKILL to every process this one may signal except itself: `kill(-1, SIGKILL)`.
+/// Only for PID 1 of a PID namespace, where that is every other process of the
+/// namespace (a container's), never the host's.
+pub fn kill_every_other_process() {
+    debug_assert_eq!(std::process::id(), 1);
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe { libc::kill(-1, SIGKILL) };
+}
+
 /// Leaves the terminal's session and process group, so that a Ctrl-C or a closed
 /// terminal does not reach this process.
 pub fn detach() -> io::Result<()> {

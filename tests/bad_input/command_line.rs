@@ -149,6 +149,14 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["check-fence", g, " 5"], 2, vec!["\" 5\" is not a fence"]),
         (vec!["check-fence", g, "18446744073709551616"], 2, vec!["\"18446744073709551616\" is not a fence", "18446744073709551615"]),
         (vec!["check-fence", g, ""], 2, vec!["\"\" is not a fence"]),
+        // guard (rule 9): the acquisition it guards, as the Pod's annotations give it
+        (vec!["guard", "--url", g, "--nonce", "n1", "--fence", "1"], 2, vec!["<COMMAND>"]),
+        (vec!["guard", "--url", g, "--nonce", "", "--fence", "1", "--", "true"], 2, vec!["--nonce", "lockwarden.io/nonce"]),
+        (vec!["guard", "--url", g, "--nonce", "n1", "--fence", "three", "--", "true"], 2, vec!["--fence", "\"three\" is not a fence"]),
+        (vec!["guard", "--url", g, "--nonce", "n1", "--", "true"], 2, vec!["--fence"]),
+        (vec!["guard", "--url", "zk://127.0.0.1:1/x", "--nonce", "n1", "--fence", "1", "--", "true"], 2, vec!["cannot watch", "session expires"]),
+        (vec!["guard", "--url", g, "--nonce", "n1", "--fence", "1", "--", "true"], 4, vec![g, "not held with this nonce", "no record"]),
+        (vec!["guard", "--url", g, "--endpoint", "http://127.0.0.1:1", "--nonce", "n1", "--fence", "1", "--", "true"], 1, vec![g, "backend unavailable", "not started"]),
         // lock files
         (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
         (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),

@@ -11,6 +11,7 @@ mod check_fence;
 mod connecting;
 mod cycle;
 mod docs;
+mod guard;
 mod input;
 mod lifetime;
 mod lock_delay;

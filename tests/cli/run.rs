@@ -127,7 +127,7 @@ async fn run_of_a_held_lock_exits_3_without_running_the_command() {
 }
 
 /// Seconds of CLOCK_MONOTONIC, the clock `run` logs its holder deadline on.
-fn monotonic_now() -> f64 {
+pub(super) fn monotonic_now() -> f64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -141,14 +141,14 @@ fn monotonic_now() -> f64 {
 /// on CLOCK_MONOTONIC (an arrival is after its write, so "arrived before the deadline"
 /// proves "written before it"), and how many writers' connections have closed.
 #[derive(Default)]
-struct Register {
+pub(super) struct Register {
     writes: std::sync::Mutex<Vec<(f64, String)>>,
-    closed: std::sync::atomic::AtomicUsize,
+    pub(super) closed: std::sync::atomic::AtomicUsize,
 }
 
 impl Register {
     /// Serves on a loopback port until the test ends.
-    async fn serve() -> (u16, std::sync::Arc<Register>) {
+    pub(super) async fn serve() -> (u16, std::sync::Arc<Register>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let register = std::sync::Arc::new(Register::default());
@@ -171,11 +171,11 @@ impl Register {
         (port, register)
     }
 
-    fn writes(&self) -> Vec<(f64, String)> {
+    pub(super) fn writes(&self) -> Vec<(f64, String)> {
         self.writes.lock().unwrap().clone()
     }
 
-    fn writers(&self) -> std::collections::BTreeSet<String> {
+    pub(super) fn writers(&self) -> std::collections::BTreeSet<String> {
         self.writes()
             .iter()
             .filter_map(|(_, line)| line.split(' ').next().map(str::to_string))
@@ -185,11 +185,11 @@ impl Register {
 
 /// A writer, `bash -c "$WRITER" _ NAME`: ignores SIGTERM, connects to the register
 /// and writes `NAME N` every 50 ms, forever.
-const WRITER: &str = "trap '' TERM; exec 3<>/dev/tcp/127.0.0.1/$REGISTER || exit 70; \
+pub(super) const WRITER: &str = "trap '' TERM; exec 3<>/dev/tcp/127.0.0.1/$REGISTER || exit 70; \
                       i=0; while :; do i=$((i+1)); echo \"$1 $i\" >&3 || exit 71; sleep 0.05; done";
 
 /// `text` without terminal colour sequences (`ESC [ … m`).
-fn without_colours(text: &str) -> String {
+pub(super) fn without_colours(text: &str) -> String {
     let mut plain = String::new();
     let mut chars = text.chars();
     while let Some(c) = chars.next() {
@@ -207,7 +207,7 @@ fn without_colours(text: &str) -> String {
 }
 
 /// Commands whose writers must all be gone by the holder deadline (rule 7).
-enum Writers {
+pub(super) enum Writers {
     /// COMMAND itself ignores SIGTERM and keeps writing.
     IgnoringSigterm,
     /// COMMAND, a shell that dies of SIGTERM, waits for two writers that ignore it: one
@@ -217,7 +217,7 @@ enum Writers {
 }
 
 impl Writers {
-    fn script(&self) -> &'static str {
+    pub(super) fn script(&self) -> &'static str {
         match self {
             Writers::IgnoringSigterm => "exec bash -c \"$WRITER\" _ main",
             Writers::InTheBackground => {
@@ -227,7 +227,7 @@ impl Writers {
         }
     }
 
-    fn names(&self) -> &'static [&'static str] {
+    pub(super) fn names(&self) -> &'static [&'static str] {
         match self {
             Writers::IgnoringSigterm => &["main"],
             Writers::InTheBackground => &["background", "setsid"],

@@ -193,7 +193,24 @@ impl Cli {
     }
 
     pub fn command<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
-        let mut cmd = Command::new(&self.bin);
+        self.command_under::<&str, S>(&[], args)
+    }
+
+    /// [`Cli::command`] run by `wrapper` (a program and its arguments, the binary's
+    /// path and `args` following), e.g. `unshare --pid --fork` to run it as PID 1.
+    pub fn command_under<W: AsRef<OsStr>, S: AsRef<OsStr>>(
+        &self,
+        wrapper: &[W],
+        args: &[S],
+    ) -> Command {
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(&self.bin),
+            Some((program, rest)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(rest).arg(&self.bin);
+                cmd
+            }
+        };
         cmd.args(args).current_dir(self.dir.path());
         if self.clear_env {
             cmd.env_clear()

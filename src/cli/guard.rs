@@ -1,0 +1,716 @@
+//! `lockwarden guard -- COMMAND…`: the node-side stop (docs/design.md §3 rule 9).
+//!
+//! A gated workload's lock is held by someone else (the controller); if that holder is
+//! stopped or cut off, or the kubelet is cut off from the API server, nobody tells the
+//! workload to stop. The guard runs as the container's entrypoint, runs COMMAND as its
+//! child, reads the lock's record in the store on its own, and stops COMMAND's whole
+//! process tree by a deadline it derives from what it read — whenever it cannot confirm
+//! that the record still carries the acquisition's nonce.
+//!
+//! The pure part is [`GuardDeadline`] (what the reads prove); the rest is the process
+//! side shared with `run` ([`super::stop`]) and the PID 1 duties of an entrypoint.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::process::Child;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until};
+
+use super::output::display_command;
+use super::stop::{
+    KILL_MARGIN, StopTimes, exit_code, grace_up_to, longest_grace, stop_tree, terminate,
+};
+use super::{BackendArgs, CliError, parse_fence, print_warning, sys, tree};
+use crate::backend::Target;
+use crate::lock::{FenceToken, LockBackend, LockState, SafetyMargins, Stored};
+
+/// What one read of the record showed about the acquisition the guard watches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Held with our nonce: the revision of our own entry (the record's, on a key with
+    /// one permit), its stored lease (what contenders observe it for) and its fence.
+    Ours {
+        revision: String,
+        lease: Duration,
+        fence: FenceToken,
+    },
+    /// Not ours: another nonce, a released tombstone, no record, a foreign record.
+    NotOurs(String),
+    /// No answer (an error, a timeout): nothing learnt, nothing moves.
+    NoAnswer(String),
+}
+
+impl Seen {
+    /// Our acquisition (by `nonce`) in what a read returned. On a key with several
+    /// permits only our own entry's revision proves a renewal: the other holders'
+    /// writes change the record, not our entry.
+    pub fn of(stored: Option<&Stored>, nonce: &str) -> Seen {
+        let Some(stored) = stored else {
+            return Seen::NotOurs("no record".into());
+        };
+        let record = match &stored.record {
+            Ok(record) => record,
+            Err(foreign) => return Seen::NotOurs(format!("a foreign record ({foreign})")),
+        };
+        if let Some(set) = &record.set {
+            return match set.entry(nonce) {
+                Some(entry) => Seen::Ours {
+                    revision: entry.revision.clone(),
+                    lease: Duration::from_millis(entry.lease_ms),
+                    fence: entry.fence,
+                },
+                None => Seen::NotOurs("no permit of the key carries this nonce".into()),
+            };
+        }
+        match (record.nonce == nonce, record.state) {
+            (true, LockState::Held) => Seen::Ours {
+                revision: record.revision.clone(),
+                lease: record.lease,
+                fence: record.fence,
+            },
+            (true, LockState::Released) => Seen::NotOurs("released".into()),
+            (false, LockState::Held) => Seen::NotOurs(format!(
+                "held by {} (fence {})",
+                record.holder, record.fence
+            )),
+            (false, LockState::Released) => Seen::NotOurs(format!(
+                "released, last by {} (fence {})",
+                record.holder, record.fence
+            )),
+        }
+    }
+}
+
+/// One read of the record: sent and answered on the guard's monotonic clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Read {
+    pub sent: Instant,
+    pub replied: Instant,
+    pub seen: Seen,
+}
+
+/// What a read changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing new: the same revision, no answer, or the first revision seen.
+    Unchanged,
+    /// A renewal observed: the deadline moved to this instant.
+    Renewed { deadline: Instant },
+    /// The store says the lock is not ours, as of `at` (the reply).
+    Lost { at: Instant, why: String },
+}
+
+/// Rule 9: the guard's deadline, from its own reads alone.
+///
+/// Seeing revision R says nothing about when R was written; what a linearizable read
+/// does prove is that a revision R' first seen after R was written after the last read
+/// that still showed R was served, so after that read was *sent*. A contender observes
+/// R' for its stored lease plus the grace from no earlier than that write (rule 1), so
+/// the work must stop by `t_send(last read showing R) + lease(R') × (1 − δ) − margin`.
+/// Before the first renewal is seen, no deadline is known.
+#[derive(Debug)]
+pub struct GuardDeadline {
+    margins: SafetyMargins,
+    /// The revision last seen and the send time of the latest read showing it.
+    latest: Option<(String, Instant)>,
+    deadline: Option<Instant>,
+}
+
+impl GuardDeadline {
+    pub fn new(margins: SafetyMargins) -> Self {
+        GuardDeadline {
+            margins,
+            latest: None,
+            deadline: None,
+        }
+    }
+
+    /// The instant by which the work must have stopped, once a renewal was seen.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Takes one answered (or unanswered) read into account. Reads come in the order
+    /// they were sent; each is answered (or given up) before the next is sent.
+    pub fn read(&mut self, read: &Read) -> Step {
+        let (revision, lease) = match &read.seen {
+            Seen::NoAnswer(_) => return Step::Unchanged,
+            Seen::NotOurs(why) => {
+                return Step::Lost {
+                    at: read.replied,
+                    why: why.clone(),
+                };
+            }
+            Seen::Ours {
+                revision, lease, ..
+            } => (revision, *lease),
+        };
+        match self.latest.take() {
+            Some((seen, _)) if seen == *revision => {
+                self.latest = Some((seen, read.sent));
+                Step::Unchanged
+            }
+            Some((_, previous_sent)) => {
+                // Written after `previous_sent`, observed by contenders for its own lease.
+                let deadline = previous_sent + self.margins.holder_validity(lease);
+                let deadline = self.deadline.map_or(deadline, |d| d.max(deadline));
+                self.deadline = Some(deadline);
+                self.latest = Some((revision.clone(), read.sent));
+                Step::Renewed { deadline }
+            }
+            None => {
+                self.latest = Some((revision.clone(), read.sent));
+                Step::Unchanged
+            }
+        }
+    }
+}
+
+/// How often the guard reads the record: a twentieth of the stored lease (at least
+/// 100 ms), so that two polls are a small part of what the grace may use (rule 9).
+pub fn poll_interval(lease: Duration) -> Duration {
+    (lease / 20).max(Duration::from_millis(100))
+}
+
+/// The longest `--grace` for a stored lease: `run`'s bound (renewals on schedule must
+/// not trigger SIGTERM), less two polls, since the guard's deadline runs from the send
+/// of the read *before* the one that showed a renewal, and it sees the next renewal
+/// only at its next read.
+pub fn longest_guard_grace(lease: Duration, margins: &SafetyMargins) -> Duration {
+    longest_grace(lease, margins).saturating_sub(2 * poll_interval(lease))
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+The guard runs as a container's entrypoint (PID 1, exec form) in front of the workload's \
+command. It reads the lock's record on its own (a linearizable read every twentieth of the \
+stored lease) and starts COMMAND once it has seen one renewal carrying NONCE; from then on \
+its deadline is the send time of the last read that showed the previous revision plus the \
+stored lease × (1 − δ) − margin. If no renewal moves it in time, COMMAND gets SIGTERM at \
+deadline − 500ms − grace and every process of the container SIGKILL at deadline − 500ms; a \
+record that is not ours any more stops COMMAND at once. COMMAND gets LOCKWARDEN_FENCE, \
+LOCKWARDEN_URL and LOCKWARDEN_NONCE. SIGTERM, SIGINT and SIGHUP are passed on to COMMAND, \
+orphans are reaped, and the guard exits with COMMAND's status (128+N for signal N); 4 if the \
+lock is not held with NONCE (COMMAND stopped, or never started), 6 if the lock could not be \
+confirmed by the deadline. S3, DynamoDB and Kubernetes Leases; not ZooKeeper (a queue entry \
+lives until its session expires and then goes at once: no read tells how long it stays).
+
+  lockwarden guard --url s3://locks/nightly --nonce \"$NONCE\" --fence \"$FENCE\" -- ./job.sh")]
+pub struct GuardArgs {
+    /// The lock: s3://BUCKET/KEY, dynamodb://TABLE/KEY or k8s://NAMESPACE/LEASE-NAME
+    /// (the Pod's lockwarden.io/url annotation)
+    #[arg(long, env = "LOCKWARDEN_URL", value_name = "URL", value_parser = super::parse_target)]
+    pub url: Target,
+
+    /// The acquisition to guard (the Pod's lockwarden.io/nonce annotation)
+    #[arg(long, env = "LOCKWARDEN_NONCE", value_name = "NONCE", value_parser = super::parse_nonce)]
+    pub nonce: String,
+
+    /// Its fence (the Pod's lockwarden.io/fence annotation), passed on to COMMAND
+    #[arg(long, env = "LOCKWARDEN_FENCE", value_name = "N", value_parser = parse_fence)]
+    pub fence: FenceToken,
+
+    /// How long COMMAND has between SIGTERM and SIGKILL; both come before the guard's
+    /// deadline, so at most what the stored lease leaves (refused above it) [default:
+    /// 10s, or that maximum if less]
+    #[arg(long, value_name = "DURATION", value_parser = super::parse_duration)]
+    pub grace: Option<Duration>,
+
+    /// The command to guard (after `--`)
+    #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true)]
+    pub command: Vec<OsString>,
+
+    #[command(flatten)]
+    pub backend: BackendArgs,
+}
+
+/// Why the guard stopped COMMAND, and when it had to.
+enum Stop {
+    Lost(String),
+    Unconfirmed(String),
+}
+
+pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
+    if args.url.is_session_bound() {
+        return Err(CliError::Usage(format!(
+            "{}: the guard cannot watch this lock: its queue entry lives until the holder's \
+             session expires and is then deleted at once, so no read tells how long it stays \
+             held (S3, DynamoDB and Kubernetes Leases can be guarded)",
+            args.url
+        )));
+    }
+    let backend = args.url.connect(&args.backend.options(None)).await?;
+    let url = backend.url().to_string();
+    let margins = backend.margins();
+
+    // Signals are ours before anything else, and orphans are adopted (PID 1 adopts
+    // them anyway; elsewhere the subreaper keeps them in the tree).
+    let signals = (|| -> std::io::Result<_> {
+        let handles = (
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::hangup())?,
+            signal(SignalKind::child())?,
+        );
+        tree::become_subreaper()?;
+        Ok(handles)
+    })();
+    let (mut term, mut int, mut hup, mut chld) = signals.map_err(|source| CliError::Io {
+        context: format!("{url}: cannot handle signals or adopt orphans"),
+        source,
+    })?;
+
+    // The first read: the lock must be ours, now.
+    let first = read_once(backend.as_ref(), &args.nonce, crate::lock::CONNECT_TIMEOUT).await;
+    let lease = match &first.seen {
+        Seen::NoAnswer(cause) => {
+            return Err(CliError::Unreadable {
+                cause: cause.clone(),
+            });
+        }
+        Seen::NotOurs(why) => return Err(not_held(&url, why)),
+        Seen::Ours { fence, .. } if *fence != args.fence => {
+            return Err(CliError::Usage(format!(
+                "--fence {}: the acquisition with this nonce has fence {fence}",
+                args.fence
+            )));
+        }
+        Seen::Ours { lease, .. } => *lease,
+    };
+    let longest = longest_guard_grace(lease, &margins);
+    let grace =
+        grace_up_to(args.grace, longest, lease, "the guard's deadline").map_err(CliError::Usage)?;
+    let poll = poll_interval(lease);
+    let mut clock = GuardDeadline::new(margins);
+    clock.read(&first);
+    let (tx, mut reads) = mpsc::channel(4);
+    let reader = tokio::spawn(read_every(
+        backend.clone(),
+        args.nonce.clone(),
+        poll,
+        first.sent + poll,
+        tx,
+    ));
+    let _stop_reading = AbortOnDrop(reader);
+    tracing::info!(
+        %url,
+        fence = %args.fence,
+        ?grace,
+        ?poll,
+        pid = std::process::id(),
+        "waiting for a renewal"
+    );
+
+    // COMMAND starts only once a renewal is seen: before that no deadline is known.
+    // A holder that does not renew within the stored lease has itself given up.
+    let give_up = first.sent + lease;
+    let mut deadline = loop {
+        if let Some(deadline) = clock.deadline()
+            && StopTimes::before(deadline, grace).term > Instant::now()
+        {
+            break deadline;
+        }
+        tokio::select! {
+            // The reader only ends with the guard: a dead one confirms nothing.
+            Some(read) = reads.recv() => {
+                if let Step::Lost { why, .. } = clock.read(&read) {
+                    return Err(not_held(&url, &why));
+                }
+            }
+            _ = sleep_until(give_up) => {
+                return Err(CliError::Unconfirmed {
+                    url,
+                    reason: format!(
+                        "no renewal seen within the stored lease ({})",
+                        humantime::format_duration(lease)
+                    ),
+                    action: "the command was not started".into(),
+                });
+            }
+            _ = term.recv() => return Ok(128 + sys::SIGTERM as u8),
+            _ = int.recv() => return Ok(128 + libc::SIGINT as u8),
+        }
+    };
+    tracing::info!(
+        %url,
+        until_monotonic = sys::monotonic_seconds(deadline),
+        "renewal seen; starting the command"
+    );
+
+    let shown = display_command(&args.command);
+    let mut child =
+        spawn(&args.command, args.fence, &url, &args.nonce).map_err(|source| CliError::Spawn {
+            url: url.clone(),
+            command: shown.clone(),
+            source,
+        })?;
+    let pid = child.id();
+    let me = std::process::id();
+    let forward = |sig: i32| {
+        if let Some(pid) = pid {
+            let _ = sys::signal(pid, sig);
+        }
+    };
+
+    let outcome = loop {
+        // Every observed renewal moves the deadline, and the stop with it.
+        let stop = StopTimes::before(deadline, grace);
+        tokio::select! {
+            status = child.wait() => break Ok(status),
+            // The reader only ends with the guard: a dead one confirms nothing.
+            Some(read) = reads.recv() => {
+                match clock.read(&read) {
+                    Step::Renewed { deadline: moved } => {
+                        tracing::debug!(deadline_monotonic = sys::monotonic_seconds(moved), "renewal seen");
+                        deadline = moved;
+                    }
+                    Step::Lost { at, why } => {
+                        break Err((Stop::Lost(why), StopTimes::now(at.max(Instant::now()), deadline, grace)));
+                    }
+                    Step::Unchanged => {
+                        if let Seen::NoAnswer(cause) = &read.seen {
+                            tracing::warn!(%url, %cause, "the lock could not be read");
+                        }
+                    }
+                }
+            }
+            _ = sleep_until(stop.term) => {
+                let reason = format!(
+                    "no renewal seen {} before the deadline",
+                    humantime::format_duration(grace + KILL_MARGIN)
+                );
+                break Err((Stop::Unconfirmed(reason), stop));
+            }
+            _ = term.recv() => forward(sys::SIGTERM),
+            _ = int.recv() => forward(libc::SIGINT),
+            _ = hup.recv() => forward(sys::SIGHUP),
+            // PID 1's duty: orphans that ended are reaped (COMMAND is tokio's to reap).
+            _ = chld.recv() => { tree::reap_adopted(me, pid); }
+        }
+    };
+
+    match outcome {
+        Ok(waited) => {
+            let status = waited.map_err(|source| CliError::Io {
+                context: format!("{url}: waiting for {shown:?}"),
+                source,
+            })?;
+            // What COMMAND left running is still work under the lock: it stops by the
+            // deadline too, as under `run` (rule 7).
+            let leftovers = tree::live_descendants(me);
+            if !leftovers.is_empty() {
+                let times = StopTimes::now(Instant::now(), deadline, grace);
+                let stopped = stop_tree(None, times).await;
+                print_warning(&format!(
+                    "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
+                    leftovers.len(),
+                    stopped.termed,
+                    stopped.killing(times)
+                ));
+            }
+            Ok(exit_code(status))
+        }
+        Err((stop, times)) => {
+            let action = terminate(&mut child, &shown, deadline, times).await;
+            Err(match stop {
+                Stop::Lost(reason) => CliError::Lost {
+                    url,
+                    reason,
+                    action,
+                },
+                Stop::Unconfirmed(reason) => CliError::Unconfirmed {
+                    url,
+                    reason,
+                    action,
+                },
+            })
+        }
+    }
+}
+
+fn not_held(url: &str, why: &str) -> CliError {
+    CliError::NotHeld {
+        url: url.to_string(),
+        detail: why.to_string(),
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One read, given up after `timeout` (a hung read must not hold the next one back).
+async fn read_once(backend: &dyn LockBackend, nonce: &str, timeout: Duration) -> Read {
+    let sent = Instant::now();
+    let seen = match tokio::time::timeout(timeout, backend.inspect()).await {
+        Ok(Ok(stored)) => Seen::of(stored.as_ref(), nonce),
+        Ok(Err(e)) => Seen::NoAnswer(e.to_string()),
+        Err(_) => Seen::NoAnswer(format!(
+            "no answer within {}",
+            humantime::format_duration(timeout)
+        )),
+    };
+    Read {
+        sent,
+        replied: Instant::now(),
+        seen,
+    }
+}
+
+/// A read every `poll` from `start`, each given up after `poll`, so one read at most
+/// is in flight and a hung one costs one poll.
+async fn read_every(
+    backend: std::sync::Arc<dyn LockBackend>,
+    nonce: String,
+    poll: Duration,
+    start: Instant,
+    reads: mpsc::Sender<Read>,
+) {
+    let mut next = start;
+    loop {
+        sleep_until(next).await;
+        next = Instant::now() + poll;
+        let read = read_once(backend.as_ref(), &nonce, poll).await;
+        if reads.send(read).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Starts COMMAND with the fence, URL and nonce in its environment.
+fn spawn(
+    command: &[OsString],
+    fence: FenceToken,
+    url: &str,
+    nonce: &str,
+) -> std::io::Result<Child> {
+    tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("LOCKWARDEN_FENCE", fence.to_string())
+        .env("LOCKWARDEN_URL", url)
+        .env("LOCKWARDEN_NONCE", nonce)
+        .spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn ours(revision: &str, lease_ms: u64) -> Seen {
+        Seen::Ours {
+            revision: revision.into(),
+            lease: ms(lease_ms),
+            fence: FenceToken(7),
+        }
+    }
+
+    /// A read sent at `t0 + sent` ms, answered 20 ms later.
+    fn read(t0: Instant, sent: u64, seen: Seen) -> Read {
+        Read {
+            sent: t0 + ms(sent),
+            replied: t0 + ms(sent + 20),
+            seen,
+        }
+    }
+
+    #[test]
+    fn rule9_no_deadline_before_one_renewal_is_seen() {
+        let t0 = Instant::now();
+        let mut clock = GuardDeadline::new(SafetyMargins::default());
+        for at in [0, 150, 300, 450] {
+            assert_eq!(clock.read(&read(t0, at, ours("r0", 3000))), Step::Unchanged);
+        }
+        assert_eq!(
+            clock.deadline(),
+            None,
+            "the same revision proves no renewal"
+        );
+        assert_eq!(
+            clock.read(&read(t0, 600, Seen::NoAnswer("timeout".into()))),
+            Step::Unchanged
+        );
+        assert_eq!(clock.deadline(), None);
+    }
+
+    #[test]
+    fn rule9_the_deadline_runs_from_the_send_of_the_last_read_showing_the_previous_revision() {
+        let margins = SafetyMargins::default();
+        let t0 = Instant::now();
+        let mut clock = GuardDeadline::new(margins);
+        clock.read(&read(t0, 0, ours("r0", 3000)));
+        clock.read(&read(t0, 150, ours("r0", 3000)));
+        // An unanswered read in between proves nothing either way.
+        clock.read(&read(t0, 300, Seen::NoAnswer("timeout".into())));
+        let expected = t0 + ms(150) + margins.holder_validity(ms(3000));
+        assert_eq!(
+            clock.read(&read(t0, 450, ours("r1", 3000))),
+            Step::Renewed { deadline: expected }
+        );
+        // Seeing r1 again does not move it: when r1 was written is not known better.
+        assert_eq!(
+            clock.read(&read(t0, 600, ours("r1", 3000))),
+            Step::Unchanged
+        );
+        assert_eq!(clock.deadline(), Some(expected));
+        // The next renewal moves it from the last read that still showed r1, with the
+        // lease stored in the new revision.
+        let moved = t0 + ms(600) + margins.holder_validity(ms(6000));
+        assert_eq!(
+            clock.read(&read(t0, 750, ours("r2", 6000))),
+            Step::Renewed { deadline: moved }
+        );
+        // A revision stored with a shorter lease never pulls the deadline back.
+        assert_eq!(
+            clock.read(&read(t0, 900, ours("r3", 100))),
+            Step::Renewed { deadline: moved }
+        );
+    }
+
+    #[test]
+    fn rule9_a_record_that_is_not_ours_is_a_loss_as_of_the_reply() {
+        let t0 = Instant::now();
+        let mut clock = GuardDeadline::new(SafetyMargins::default());
+        clock.read(&read(t0, 0, ours("r0", 3000)));
+        let step = clock.read(&read(t0, 150, Seen::NotOurs("released".into())));
+        assert_eq!(
+            step,
+            Step::Lost {
+                at: t0 + ms(170),
+                why: "released".into()
+            }
+        );
+    }
+
+    /// The safety argument with drift: the holder's write of r1 lands after the guard's
+    /// last read showing r0 was sent; a contender whose clock runs δ faster starts
+    /// observing r1 no earlier than the write and takes over after `lease + grace` of
+    /// its own time, which is `(lease + grace) / (1 + δ)` of the guard's. The deadline
+    /// comes first, and SIGKILL a kill margin before it.
+    #[test]
+    fn rule9_the_deadline_precedes_the_earliest_takeover_of_a_contender_whose_clock_runs_fast() {
+        let margins = SafetyMargins::default();
+        for lease in [ms(1000), ms(3000), ms(30_000), ms(3_600_000)] {
+            let t0 = Instant::now();
+            let mut clock = GuardDeadline::new(margins);
+            let poll = poll_interval(lease);
+            clock.read(&read(t0, 0, ours("r0", lease.as_millis() as u64)));
+            let last_r0 = t0 + poll;
+            clock.read(&Read {
+                sent: last_r0,
+                replied: last_r0 + ms(20),
+                seen: ours("r0", lease.as_millis() as u64),
+            });
+            // The write of r1 lands the instant after the read showing r0 was served:
+            // the earliest it can be, so the worst case for the guard.
+            let written = last_r0 + ms(1);
+            let Step::Renewed { deadline } = clock.read(&Read {
+                sent: last_r0 + poll,
+                replied: last_r0 + poll + ms(20),
+                seen: ours("r1", lease.as_millis() as u64),
+            }) else {
+                panic!("a new revision is a renewal");
+            };
+            let fast = 1.0 + margins.drift;
+            let takeover = written + margins.takeover_after(lease).div_f64(fast);
+            assert!(
+                deadline < takeover,
+                "{lease:?}: deadline {deadline:?} not before takeover {takeover:?}"
+            );
+            let stop = StopTimes::before(deadline, longest_guard_grace(lease, &margins));
+            assert!(stop.term <= stop.kill && stop.kill < deadline);
+        }
+    }
+
+    #[test]
+    fn rule9_the_longest_grace_leaves_a_renewal_on_schedule_and_two_polls_before_sigterm() {
+        use crate::lock::RenewPolicy;
+        let margins = SafetyMargins::default();
+        for (lease, longest) in [(30_000, 8_150), (4_000, 436), (3_000, 140), (1_500, 0)] {
+            let lease = ms(lease);
+            assert_eq!(
+                longest_guard_grace(lease, &margins),
+                ms(longest),
+                "{lease:?}"
+            );
+            // The holder's renewal r1 is written just after the guard's read s showing
+            // r0; the next renewal goes one interval after r1's reply and takes its
+            // whole request timeout; the guard reads every poll. It sees that renewal
+            // by its second read after the write, before SIGTERM.
+            let s = Instant::now();
+            let policy = RenewPolicy::for_lease(lease);
+            let poll = poll_interval(lease);
+            let next_written = s + poll + policy.interval + policy.request_timeout;
+            let seen = next_written + poll;
+            let deadline = s + margins.holder_validity(lease);
+            let stop = StopTimes::before(deadline, longest_guard_grace(lease, &margins));
+            if longest > 0 {
+                assert!(seen <= stop.term, "{lease:?}: {seen:?} > {:?}", stop.term);
+            }
+        }
+    }
+
+    #[test]
+    fn rule9_only_our_own_entry_proves_a_renewal_on_a_key_with_permits() {
+        use crate::lock::{HolderSet, LockRecord, Mode, SetEntry, Version};
+        let entry = |nonce: &str, revision: &str| SetEntry {
+            holder: "h".into(),
+            nonce: nonce.into(),
+            revision: revision.into(),
+            fence: FenceToken(3),
+            lease_ms: 4000,
+            mode: Mode::Shared,
+            data: None,
+            acquired_at_ms: 0,
+            renewed_at_ms: 0,
+            unknown: Default::default(),
+        };
+        let stored = |other_revision: &str| {
+            let mut record = LockRecord::new_acquisition("h", FenceToken(3), ms(4000), None);
+            record.nonce = "another".into();
+            record.revision = random_revision(other_revision);
+            record.set = Some(HolderSet {
+                permits: 2,
+                last_fence: FenceToken(3),
+                holders: vec![entry("another", other_revision), entry("mine", "e1")],
+                waiting_writer: None,
+                unknown: Default::default(),
+            });
+            Stored {
+                record: Ok(record),
+                version: Version(other_revision.into()),
+            }
+        };
+        // Another holder renews: the record changes, our entry does not.
+        let a = Seen::of(Some(&stored("x1")), "mine");
+        let b = Seen::of(Some(&stored("x2")), "mine");
+        assert_eq!(a, b);
+        assert_eq!(
+            a,
+            Seen::Ours {
+                revision: "e1".into(),
+                lease: ms(4000),
+                fence: FenceToken(3)
+            }
+        );
+        assert!(matches!(
+            Seen::of(Some(&stored("x1")), "gone"),
+            Seen::NotOurs(_)
+        ));
+        assert!(matches!(Seen::of(None, "mine"), Seen::NotOurs(_)));
+    }
+
+    fn random_revision(seed: &str) -> String {
+        format!("record-{seed}")
+    }
+}

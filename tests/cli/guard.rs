@@ -1,0 +1,370 @@
+//! `guard`: the node-side stop (docs/design.md §3 rule 9). A `lockwarden run` keeper
+//! holds the lock through one fault proxy; the guard reads the record through another
+//! and stops its command's whole tree by the deadline it derives from its own reads.
+//! S3 (moto) and Kubernetes Leases (kube-apiserver; there the store *is* the API
+//! server, so "the holder cut off" is the controller's situation when it is partitioned).
+
+use super::run::{Register, WRITER, Writers, monotonic_now, without_colours};
+use super::*;
+use support::proxy::{Mode, Proxy};
+
+/// The keeper's lease: long enough that a 300 ms grace fits the guard's bound (436 ms).
+const LEASE: Duration = Duration::from_secs(4);
+
+/// A holder that renews: `run` through `proxy`, whose command records the nonce and
+/// fence the guard needs (what the controller puts in the Pod's annotations).
+async fn keeper(lw: &Cli, url: &str, path: &StorePath) -> (Child, String, String) {
+    let mut args = vec!["run", url, "--lease", "4s", "--holder", "keeper"];
+    args.extend(path.flags());
+    args.extend([
+        "--",
+        "sh",
+        "-c",
+        "echo \"$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE\" > held.txt; exec sleep 600",
+    ]);
+    let holder = path
+        .apply(&mut lw.command(&args))
+        .spawn()
+        .expect("spawn the keeper");
+    let held = lw.path("held.txt");
+    let (nonce, fence) = eventually("the keeper to hold the lock", || async {
+        let text = std::fs::read_to_string(&held).ok()?;
+        let (nonce, fence) = text.trim().split_once(' ')?;
+        Some((nonce.to_string(), fence.to_string()))
+    })
+    .await;
+    (holder, nonce, fence)
+}
+
+/// The lock's store.
+#[derive(Clone, Copy, Debug)]
+enum Store {
+    S3,
+    Lease,
+}
+
+/// One process's way to the store, through its own fault proxy: S3 by `--endpoint`,
+/// the API server by a kubeconfig naming the proxy (the serving certificate names
+/// 127.0.0.1, whatever the port).
+struct StorePath {
+    proxy: Proxy,
+    flags: Vec<String>,
+    kubeconfig: Option<std::path::PathBuf>,
+}
+
+impl StorePath {
+    fn new(store: Store, dir: &std::path::Path, name: &str) -> StorePath {
+        match store {
+            Store::S3 => {
+                let proxy = Proxy::start(Moto::shared().port());
+                let flags = vec!["--endpoint".to_string(), proxy.endpoint()];
+                StorePath {
+                    proxy,
+                    flags,
+                    kubeconfig: None,
+                }
+            }
+            Store::Lease => {
+                let plane = ControlPlane::shared();
+                let proxy = Proxy::start(plane.port());
+                let admin = std::fs::read_to_string(plane.kubeconfig_path()).unwrap();
+                let direct = format!("127.0.0.1:{}", plane.port());
+                assert!(admin.contains(&direct), "{admin}");
+                let path = dir.join(format!("{name}.kubeconfig"));
+                let through = proxy.address();
+                std::fs::write(&path, admin.replace(&direct, &through)).unwrap();
+                StorePath {
+                    proxy,
+                    flags: Vec::new(),
+                    kubeconfig: Some(path),
+                }
+            }
+        }
+    }
+
+    fn flags(&self) -> impl Iterator<Item = &str> {
+        self.flags.iter().map(String::as_str)
+    }
+
+    fn apply<'a>(&self, cmd: &'a mut tokio::process::Command) -> &'a mut tokio::process::Command {
+        if let Some(kubeconfig) = &self.kubeconfig {
+            cmd.env("KUBECONFIG", kubeconfig);
+        }
+        cmd
+    }
+}
+
+/// A fresh lock URL on `store`, and the CLI that reaches it directly.
+async fn fresh_lock(store: Store) -> (Cli, String) {
+    match store {
+        Store::S3 => {
+            let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
+            let bucket = moto.new_bucket("cli-guard").await;
+            (Cli::aws(), format!("s3://{bucket}/{}", unique("guard")))
+        }
+        Store::Lease => {
+            let plane = tokio::task::spawn_blocking(ControlPlane::shared)
+                .await
+                .unwrap();
+            let namespace = plane.namespace(&plane.client().await, "cli-guard").await;
+            (
+                Cli::kube(),
+                format!("k8s://{namespace}/{}", unique("guard")),
+            )
+        }
+    }
+}
+
+/// How the guard runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum As {
+    /// A child of the test, as on a terminal.
+    Child,
+    /// PID 1 of a PID namespace of its own (with its own /proc), as a container's
+    /// entrypoint: orphans come to it, and its SIGKILL sweep is `kill(-1)` too.
+    Pid1,
+}
+
+/// Which side loses the store.
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// The holder: renewals stop, a contender takes over after observing the expiry.
+    Holder,
+    /// The guard: it can no longer confirm anything, though the holder renews on.
+    Guard,
+}
+
+/// The guard runs `writers`; the store is then cut off from `cut`'s side. Every write
+/// of the guarded processes must reach the register before the guard's deadline (which
+/// it logs on CLOCK_MONOTONIC and which is checked against the cut), and, when the
+/// holder was cut, before a contender's first write. Returns the margin of the last
+/// guarded write before the earliest of those.
+async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pid: As) -> f64 {
+    let (lw, url) = fresh_lock(store).await;
+    let holder_path = StorePath::new(store, lw.dir(), "holder");
+    let guard_path = StorePath::new(store, lw.dir(), "guard");
+    let (_holder, nonce, fence) = keeper(&lw, &url, &holder_path).await;
+
+    let (port, register) = Register::serve().await;
+    let mut args = vec!["guard", "--url", &url, "--grace", "300ms"];
+    args.extend(guard_path.flags());
+    args.extend(["--", "bash", "-c", writers.script()]);
+    let wrapper: &[&str] = match pid {
+        As::Child => &[],
+        As::Pid1 => &["unshare", "--pid", "--fork", "--mount-proc"],
+    };
+    let mut cmd = lw.command_under(wrapper, &args);
+    guard_path.apply(&mut cmd);
+    // The acquisition as the Pod gets it from its annotations: in the environment.
+    cmd.env("LOCKWARDEN_NONCE", &nonce)
+        .env("LOCKWARDEN_FENCE", &fence)
+        .env("LOCKWARDEN_LOG", "lockwarden=info")
+        .env("REGISTER", port.to_string())
+        .env("WRITER", WRITER);
+    let guard = cmd.spawn().expect("spawn lockwarden guard");
+    eventually("every guarded writer to write", || async {
+        writers
+            .names()
+            .iter()
+            .all(|name| register.writers().contains(*name))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(LEASE / 2).await;
+    let cut_at = monotonic_now();
+    let contender = match cut {
+        Cut::Holder => {
+            holder_path.proxy.set_mode(Mode::Blackhole);
+            // The next holder, straight to the store: it writes once it has the lock.
+            let mut cmd = lw.command(&[
+                "run",
+                &url,
+                "--wait",
+                "60",
+                "--holder",
+                "contender",
+                "--",
+                "bash",
+                "-c",
+                "echo contender 1 >/dev/tcp/127.0.0.1/$REGISTER",
+            ]);
+            cmd.env("REGISTER", port.to_string());
+            Some(cmd.spawn().expect("spawn the contender"))
+        }
+        Cut::Guard => {
+            guard_path.proxy.set_mode(Mode::Blackhole);
+            None
+        }
+    };
+    let out = finish(guard, String::new()).await;
+    out.code(6);
+    assert!(
+        out.stderr.contains("could not be confirmed") && out.stderr.contains("SIGKILL"),
+        "{out:#?}"
+    );
+    let logged = without_colours(&out.stderr);
+    if pid == As::Pid1 {
+        assert!(
+            logged
+                .lines()
+                .any(|l| l.ends_with(" pid=1") || l.contains(" pid=1 ")),
+            "not PID 1: {out:#?}"
+        );
+    }
+    let deadline: f64 = logged
+        .rsplit("deadline_monotonic=")
+        .next()
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the guard logged no deadline: {out:#?}"));
+    // The last read showing the previous revision was sent before the cut.
+    let validity = lockwarden::lock::SafetyMargins::default().holder_validity(LEASE);
+    assert!(
+        deadline <= cut_at + validity.as_secs_f64(),
+        "the logged deadline {deadline} is after the cut {cut_at} plus {validity:?}"
+    );
+    eventually("every guarded writer to be gone", || async {
+        (register.closed.load(std::sync::atomic::Ordering::SeqCst) >= writers.names().len())
+            .then_some(())
+    })
+    .await;
+    let mut limit = deadline;
+    if let Some(contender) = contender {
+        let out = finish(contender, String::new()).await;
+        out.ok();
+        let first: f64 = register
+            .writes()
+            .iter()
+            .filter(|(_, line)| line.starts_with("contender"))
+            .map(|(t, _)| *t)
+            .next()
+            .unwrap_or_else(|| panic!("the contender never wrote: {out:#?}"));
+        println!(
+            "{url}: the contender's first write {:.0} ms after the guard's deadline",
+            (first - deadline) * 1e3
+        );
+        limit = limit.min(first);
+    }
+    let guarded: Vec<_> = register
+        .writes()
+        .into_iter()
+        .filter(|(_, line)| !line.starts_with("contender"))
+        .collect();
+    let last = guarded.iter().map(|(t, _)| *t).fold(f64::MIN, f64::max);
+    let late: Vec<_> = guarded.iter().filter(|(t, _)| *t > limit).collect();
+    assert!(
+        late.is_empty(),
+        "{} guarded writes after {limit} (deadline {deadline}): {late:?}",
+        late.len()
+    );
+    println!(
+        "{url} ({cut:?} cut): {} guarded writes, the last {:.0} ms before the guard's deadline, \
+         which came {:.0} ms after the cut",
+        guarded.len(),
+        (deadline - last) * 1e3,
+        (deadline - cut_at) * 1e3
+    );
+    limit - last
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_before_a_contender_takes_over_on_s3()
+ {
+    for writers in [Writers::IgnoringSigterm, Writers::InTheBackground] {
+        guarded_writes_end_in_time(Store::S3, Cut::Holder, writers, As::Child).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_stops_its_command_by_its_deadline_when_its_own_reads_are_cut_on_s3() {
+    guarded_writes_end_in_time(Store::S3, Cut::Guard, Writers::IgnoringSigterm, As::Child).await;
+}
+
+/// As a container's entrypoint: PID 1 of its own PID namespace (root may create one, as
+/// the test servers' harness runs), the double-forked writer re-parented to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_as_pid_1_stops_every_writer_of_its_namespace_by_its_deadline_on_s3() {
+    guarded_writes_end_in_time(Store::S3, Cut::Guard, Writers::InTheBackground, As::Pid1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_before_a_contender_takes_over_on_a_lease()
+ {
+    guarded_writes_end_in_time(
+        Store::Lease,
+        Cut::Holder,
+        Writers::IgnoringSigterm,
+        As::Child,
+    )
+    .await;
+}
+
+/// The guard starts COMMAND once it has seen a renewal, passes the fence on, and exits
+/// with COMMAND's status; a grace the stored lease does not leave is refused before
+/// COMMAND starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_runs_its_command_after_a_renewal_and_exits_with_its_status() {
+    let (lw, url) = fresh_lock(Store::S3).await;
+    let path = StorePath::new(Store::S3, lw.dir(), "holder");
+    let (_holder, nonce, fence) = keeper(&lw, &url, &path).await;
+    let started = Instant::now();
+    let out = lw
+        .run(&[
+            "guard",
+            "--url",
+            &url,
+            "--nonce",
+            &nonce,
+            "--fence",
+            &fence,
+            "--",
+            "sh",
+            "-c",
+            "echo \"$LOCKWARDEN_FENCE\" > fence.txt; exit 3",
+        ])
+        .await;
+    out.code(3);
+    assert_eq!(
+        std::fs::read_to_string(lw.path("fence.txt"))
+            .unwrap()
+            .trim(),
+        fence
+    );
+    println!(
+        "the guard waited for a renewal and ran its command in {:.2?}",
+        started.elapsed()
+    );
+    let out = lw
+        .run(&[
+            "guard", "--url", &url, "--nonce", &nonce, "--fence", &fence, "--grace", "1s", "--",
+            "touch", "ran.txt",
+        ])
+        .await;
+    out.code(2)
+        .one_line_error(&["--grace 1s", "4s lease", "at most 436ms"]);
+    let other: u64 = fence.parse::<u64>().unwrap() + 1;
+    let out = lw
+        .run(&[
+            "guard",
+            "--url",
+            &url,
+            "--nonce",
+            &nonce,
+            "--fence",
+            &other.to_string(),
+            "--",
+            "touch",
+            "ran.txt",
+        ])
+        .await;
+    out.code(2).one_line_error(&["--fence", "has fence"]);
+    let out = lw
+        .run(&[
+            "guard", "--url", &url, "--nonce", "not-ours", "--fence", &fence, "--", "touch",
+            "ran.txt",
+        ])
+        .await;
+    out.code(4)
+        .one_line_error(&[&url, "not held with this nonce", "keeper"]);
+    assert!(!lw.path("ran.txt").exists(), "the command must not run");
+}
