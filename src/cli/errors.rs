@@ -208,7 +208,7 @@ pub enum CliError {
     #[error("{message}")]
     Reported { code: u8, message: String },
 
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Io {
         context: String,
         source: std::io::Error,
