@@ -537,4 +537,91 @@ mod release_waits_for_the_pods {
             "the finalizer went, so the Job is gone"
         );
     }
+
+    /// A suspended Job on template `tpl` (a Lease template, or ZooKeeper's) whose Pods
+    /// have `grace` seconds of grace period; the template's `lockDelay` as given.
+    fn template_scene(
+        grace: i64,
+        zookeeper: bool,
+        delay: Option<&str>,
+    ) -> (FakeApi, Arc<Gating<Job>>) {
+        let api = FakeApi::default();
+        let backend = if zookeeper {
+            json!({ "zookeeper": { "servers": ["127.0.0.1:2181"], "path": "/locks/a" } })
+        } else {
+            json!({ "kubernetes": { "leaseName": "a" } })
+        };
+        let mut spec = json!({ "backend": backend, "release": true });
+        if let Some(delay) = delay {
+            spec["lockDelay"] = json!(delay);
+        }
+        api.put(
+            TEMPLATE,
+            json!({
+                "apiVersion": "lockwarden.io/v1alpha1", "kind": "DistributedLock",
+                "metadata": { "name": "tpl", "namespace": "ns" }, "spec": spec,
+            }),
+        );
+        api.put(
+            JOB,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "j", "namespace": "ns", "uid": "job-uid",
+                              "annotations": { TEMPLATE_ANNOTATION: "tpl" } },
+                "spec": { "suspend": true, "template": {
+                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never",
+                              "terminationGracePeriodSeconds": grace },
+                } },
+            }),
+        );
+        let (cache, _writer) = reflector::store();
+        let ctx = Arc::new(Gating::<Job>::new(
+            api.client(),
+            ControllerConfig::default(),
+            cache,
+            Arc::new(Telemetry::new()),
+            Kinds::default().with::<Job>(),
+        ));
+        (api, ctx)
+    }
+
+    const TEMPLATE: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/tpl";
+    const OWN: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/j-job-uid";
+
+    /// The Job's own lock as created (finalizer first, then the lock).
+    async fn own_lock_delay(api: &FakeApi, ctx: &Arc<Gating<Job>>) -> Value {
+        step(api, ctx).await;
+        step(api, ctx).await;
+        api.get(OWN).expect("the Job's own lock")["spec"]["lockDelay"].clone()
+    }
+
+    #[tokio::test]
+    async fn rule8_a_templates_own_lock_gets_the_delay_its_pods_need() {
+        let (api, ctx) = template_scene(30, false, None);
+        assert_eq!(own_lock_delay(&api, &ctx).await, "37s");
+        let (api, ctx) = template_scene(1, false, None);
+        assert_eq!(own_lock_delay(&api, &ctx).await, "7s");
+        // The template's own delay is kept (a shorter one is warned about at start).
+        let (api, ctx) = template_scene(30, false, Some("5s"));
+        assert_eq!(own_lock_delay(&api, &ctx).await, "5s");
+        // ZooKeeper cannot carry one.
+        let (api, ctx) = template_scene(30, true, None);
+        assert!(own_lock_delay(&api, &ctx).await.is_null());
+    }
+
+    #[tokio::test]
+    async fn stop_a_grace_too_long_for_any_delay_keeps_the_job_unstarted_with_a_warning() {
+        let (api, ctx) = template_scene(3600, false, None);
+        step(&api, &ctx).await;
+        let job = step(&api, &ctx).await;
+        assert!(api.get(OWN).is_none(), "no lock taken");
+        assert_eq!(job.spec.as_ref().unwrap().suspend, Some(true));
+        let status = &job.annotations()[STATUS_ANNOTATION];
+        assert!(
+            status.contains("terminationGracePeriodSeconds 3600")
+                && status.contains("maximum of 600s"),
+            "{status}"
+        );
+        assert_eq!(api.event_reasons(), ["LockDelayTooLong"]);
+    }
 }
