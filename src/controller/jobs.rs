@@ -29,6 +29,7 @@ use serde_json::json;
 
 use super::gating::kind;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
+use super::gating::stop;
 use super::gating::{GatedWorkload, Kind, OnLockLost, Readiness, Stopped, Stopping, machine};
 use crate::api::conditions;
 use crate::telemetry::Telemetry;
@@ -119,14 +120,17 @@ impl GatedWorkload for Job {
     }
 
     /// Its status counts no Pod active or terminating (`ready` Pods are among the
-    /// active; a `Complete` condition alone is not proof), and no Pod of it that the
-    /// API server still has is anything but `Succeeded` or `Failed`: the Job controller
+    /// active; a `Complete` condition alone is not proof), and every Pod of it the API
+    /// server still has has ended ([`stop::pod_processes_ended`]): the Job controller
     /// may not count the Pods of a Job being deleted.
     async fn processes_ended(&self, client: &kube::Client) -> Result<bool, kube::Error> {
         if !pods_gone(self) {
             return Ok(false);
         }
-        Ok(job_pods(self, client).await?.iter().all(pod_ended))
+        Ok(job_pods(self, client)
+            .await?
+            .iter()
+            .all(stop::pod_processes_ended))
     }
 
     /// Deletes each of its Pods not already being deleted, with the Pod's own grace
@@ -134,7 +138,8 @@ impl GatedWorkload for Job {
     async fn delete_pods(&self, client: &kube::Client) -> Result<(), kube::Error> {
         let pods = Api::<Pod>::namespaced(client.clone(), &self.namespace().unwrap_or_default());
         for pod in job_pods(self, client).await? {
-            if pod.metadata.deletion_timestamp.is_some() || pod_ended(&pod) {
+            if pod.metadata.deletion_timestamp.is_some() || stop::pod_processes_ended(&pod) {
+                // Already on its way out, or ended.
                 continue;
             }
             let params = DeleteParams {
@@ -280,14 +285,6 @@ pub fn pods_gone(job: &Job) -> bool {
         return true;
     };
     status.active.unwrap_or(0) == 0 && status.terminating.unwrap_or(0) == 0
-}
-
-/// A Pod whose containers have all ended for good: `Succeeded` or `Failed`.
-fn pod_ended(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
 }
 
 /// The Pods of a Job, by the label the Job controller puts on them.

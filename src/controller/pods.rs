@@ -25,6 +25,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::gating::lockset::{self, RanWith, WorkloadLock};
+use super::gating::stop;
 use super::gating::{
     FENCE_ANNOTATION, FENCES_ANNOTATION, GatedWorkload, Kind, LOCK_ANNOTATION, OnLockLost, Stopped,
     Stopping, TEMPLATE_ANNOTATION,
@@ -165,8 +166,7 @@ pub fn finished(pod: &Pod) -> bool {
 
 /// Terminal, or never bound to a node: none of its containers can run.
 pub fn processes_ended(pod: &Pod) -> bool {
-    let bound = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-    finished(pod) || !bound
+    stop::pod_processes_ended(pod)
 }
 
 /// Whether the Pod still carries lockwarden's scheduling gate.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 
 use super::lockset::RanWith;
 use crate::api::distributed_lock::MAX_LOCK_DELAY;
@@ -83,6 +83,23 @@ fn max_grace_seconds(margins: &SafetyMargins) -> u64 {
         - (STOP_SEEN_WITHIN + KILL_TIME).as_secs_f64())
         / (1.0 + margins.drift);
     max.floor().max(0.0) as u64
+}
+
+/// Whether none of a Pod's containers can run any more: it is `Succeeded` or `Failed`
+/// (the kubelet reports a terminal phase once they have stopped, for a deleted Pod too
+/// since Kubernetes 1.27), or it is not bound to a node and never will be (being
+/// deleted, or held by a scheduling gate): it ran nothing.
+pub fn pod_processes_ended(pod: &Pod) -> bool {
+    let terminal = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"));
+    let spec = pod.spec.as_ref();
+    let bound = spec.is_some_and(|s| s.node_name.is_some());
+    let unschedulable = pod.metadata.deletion_timestamp.is_some()
+        || spec.is_some_and(|s| s.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()));
+    terminal || (!bound && unschedulable)
 }
 
 /// One warning per lock the workload runs with whose `lockDelay` is shorter than

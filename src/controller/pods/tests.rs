@@ -108,7 +108,15 @@ fn phases_follow_the_gate_the_fence_and_the_pod_phase() {
     assert!(processes_ended(&deleted));
     let mut unbound = running.clone();
     unbound.spec.as_mut().unwrap().node_name = None;
-    assert!(processes_ended(&unbound), "never bound: nothing ran");
+    assert!(
+        !processes_ended(&unbound),
+        "not bound yet, but the scheduler may still bind it"
+    );
+    unbound.metadata.deletion_timestamp = deleted.metadata.deletion_timestamp.clone();
+    assert!(
+        processes_ended(&unbound),
+        "deleted before it was bound: nothing ran"
+    );
 
     running.status = Some(serde_json::from_value(json!({ "phase": "Succeeded" })).unwrap());
     assert_eq!(Phase::of(&running), Phase::Finished);
