@@ -544,7 +544,7 @@ async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
             let p = pods.get("bound").await.ok()?;
             p.annotations()
                 .get(STATUS_ANNOTATION)?
-                .contains("once its containers have stopped")
+                .contains("once its processes have ended")
                 .then_some(())
         },
     )

@@ -43,7 +43,11 @@ impl FakeApi {
                     .map(|b| b.to_bytes())
                     .unwrap_or_default();
                 let body: Option<Value> = serde_json::from_slice(&bytes).ok();
-                let (status, answer) = api.answer(&parts.method, parts.uri.path(), body);
+                let selector = parts.uri.query().and_then(label_selector);
+                let (status, answer) = match (&parts.method, selector) {
+                    (&Method::GET, Some(selector)) => api.list(parts.uri.path(), &selector),
+                    _ => api.answer(&parts.method, parts.uri.path(), body),
+                };
                 let response = Response::builder()
                     .status(status)
                     .header("content-type", "application/json")
@@ -98,6 +102,23 @@ impl FakeApi {
     /// The requests (`METHOD path`) since the last call, Events left out.
     pub fn take_requests(&self) -> Vec<String> {
         std::mem::take(&mut self.0.lock().expect("fake api").requests)
+    }
+
+    /// A LIST with a label selector (`key=value`, one term): the objects directly
+    /// under the collection `path` whose labels match.
+    fn list(&self, path: &str, selector: &(String, String)) -> (StatusCode, Value) {
+        let mut state = self.0.lock().expect("fake api");
+        state.requests.push(format!("LIST {path}"));
+        let prefix = format!("{path}/");
+        let items: Vec<Value> = state
+            .objects
+            .iter()
+            .filter(|(at, _)| at.strip_prefix(&prefix).is_some_and(|n| !n.contains('/')))
+            .filter(|(_, o)| o["metadata"]["labels"][&selector.0] == selector.1.as_str())
+            .map(|(_, o)| o.clone())
+            .collect();
+        let list = json!({ "kind": "List", "apiVersion": "v1", "metadata": {}, "items": items });
+        (StatusCode::OK, list)
     }
 
     fn answer(&self, method: &Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -177,6 +198,16 @@ impl FakeApi {
             _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", path),
         }
     }
+}
+
+/// `labelSelector=key%3Dvalue` of a query, decoded.
+fn label_selector(query: &str) -> Option<(String, String)> {
+    let value = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("labelSelector="))?;
+    let decoded = value.replace("%3D", "=").replace("%2F", "/");
+    let (key, value) = decoded.split_once('=')?;
+    Some((key.to_string(), value.to_string()))
 }
 
 /// Deleted and its last finalizer gone: the API server removes it.

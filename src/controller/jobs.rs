@@ -11,24 +11,25 @@
 //!   Job's resourceVersion;
 //! - finished means `Complete` or `Failed`;
 //! - stopping after a loss suspends it (one patch conditioned on its resourceVersion),
-//!   so the Job controller deletes its Pods, and lets its locks go at once, so it waits
-//!   for them anew: `on-lock-lost: suspend` (default); `fail` does the same and marks it
+//!   the machine deletes its Pods with their grace period, and its locks are let go
+//!   once the Pods have ended (docs/design.md §6.3), so it waits for them anew: `on-lock-lost: suspend` (default); `fail` does the same and marks it
 //!   stopped for good (`lockwarden.io/stopped`); `ignore` only warns;
 //! - a Job stopped after a loss is "the next Job" of its own lock (a new acquisition, a
 //!   higher fence): it restarts only once the Pods of the run that lost it are gone,
 //!   and after `status.startTime` is cleared (see [`clear_start_time`]).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 
 use super::gating::kind;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
+use super::gating::stop;
 use super::gating::{GatedWorkload, Kind, OnLockLost, Readiness, Stopped, Stopping, machine};
 use crate::api::conditions;
 use crate::telemetry::Telemetry;
@@ -114,13 +115,47 @@ impl GatedWorkload for Job {
         )
     }
 
-    fn termination_grace(&self) -> Duration {
-        let seconds = self
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.as_ref())
-            .and_then(|s| s.termination_grace_period_seconds);
-        kind::termination_grace(seconds)
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.as_ref()?.template.spec.as_ref()
+    }
+
+    /// Its status counts no Pod active or terminating (`ready` Pods are among the
+    /// active; a `Complete` condition alone is not proof), and every Pod of it the API
+    /// server still has has ended ([`stop::pod_processes_ended`]): the Job controller
+    /// may not count the Pods of a Job being deleted.
+    async fn processes_ended(&self, client: &kube::Client) -> Result<bool, kube::Error> {
+        if !pods_gone(self) {
+            return Ok(false);
+        }
+        Ok(job_pods(self, client)
+            .await?
+            .iter()
+            .all(stop::pod_processes_ended))
+    }
+
+    /// Deletes each of its Pods not already being deleted, with the Pod's own grace
+    /// period, conditioned on its uid.
+    async fn delete_pods(&self, client: &kube::Client) -> Result<(), kube::Error> {
+        let pods = Api::<Pod>::namespaced(client.clone(), &self.namespace().unwrap_or_default());
+        for pod in job_pods(self, client).await? {
+            if pod.metadata.deletion_timestamp.is_some() || stop::pod_processes_ended(&pod) {
+                // Already on its way out, or ended.
+                continue;
+            }
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: pod.uid(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match pods.delete(&pod.name_any(), &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     fn priority(&self) -> Option<i32> {
@@ -164,16 +199,16 @@ impl GatedWorkload for Job {
         })
     }
 
-    /// Suspends it (the Job controller deletes its Pods, which get SIGTERM and their
-    /// grace period) and records the fence it ran with, so it waits for a new
-    /// acquisition; `fail` also marks it stopped for good.
+    /// Suspends it and records the fence it ran with, so it waits for a new acquisition;
+    /// `fail` also marks it stopped for good. The machine then deletes its Pods (they
+    /// get SIGTERM and their grace period) and lets its locks go once they have ended.
     async fn stop(&self, api: &Api<Job>, stop: &Stopping<'_>) -> Result<Stopped<Job>, kube::Error> {
         let what = stop.what_happened();
         let (message, event_reason) = if stop.for_good {
             (
                 format!(
                     "stopped for good (on-lock-lost: fail): {what}; suspended, the lock \
-                     released, never started again"
+                     let go once its Pods have ended, never started again"
                 ),
                 "Stopped",
             )
@@ -250,6 +285,18 @@ pub fn pods_gone(job: &Job) -> bool {
         return true;
     };
     status.active.unwrap_or(0) == 0 && status.terminating.unwrap_or(0) == 0
+}
+
+/// The Pods of a Job, by the label the Job controller puts on them.
+async fn job_pods(job: &Job, client: &kube::Client) -> Result<Vec<Pod>, kube::Error> {
+    let (Some(ns), Some(uid)) = (job.namespace(), job.uid()) else {
+        return Ok(Vec::new());
+    };
+    let selector = format!("batch.kubernetes.io/controller-uid={uid}");
+    Ok(Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items)
 }
 
 /// The name of a Job's own lock: the Job's name and the start of its uid, so a Job

@@ -17,17 +17,15 @@
 //! - stopping after a loss deletes it with its grace period (`on-lock-lost: delete`,
 //!   the default; its owner, if any, makes a new, gated Pod); `ignore` only warns.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate};
+use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate, PodSpec};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::watcher;
 use serde_json::json;
 
-use super::gating::kind;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
+use super::gating::stop;
 use super::gating::{
     FENCE_ANNOTATION, FENCES_ANNOTATION, GatedWorkload, Kind, LOCK_ANNOTATION, OnLockLost, Stopped,
     Stopping, TEMPLATE_ANNOTATION,
@@ -82,14 +80,11 @@ impl GatedWorkload for Pod {
         lockset::fences_of(self.annotations(), locks)
     }
 
-    /// Bound to a node and not terminal: its containers get their grace period, and the
-    /// kubelet (since Kubernetes 1.27) reports a terminal phase once they have stopped.
-    /// (A Pod never bound to a node ran nothing.)
-    fn still_running_after_delete(&self) -> Option<&'static str> {
-        let bound = self.spec.as_ref().is_some_and(|s| s.node_name.is_some());
-        (running(self) && bound && !finished(self)).then_some(
-            "its containers have stopped (the kubelet reports the Pod Succeeded or Failed)",
-        )
+    /// Terminal, or never bound to a node (it ran nothing): the kubelet (since
+    /// Kubernetes 1.27) reports a terminal phase of a deleted Pod once its containers
+    /// have stopped, so until then they may run their grace period.
+    async fn processes_ended(&self, _client: &kube::Client) -> Result<bool, kube::Error> {
+        Ok(processes_ended(self))
     }
 
     fn gate_without_lock(&self) -> Option<String> {
@@ -114,12 +109,8 @@ impl GatedWorkload for Pod {
         )
     }
 
-    fn termination_grace(&self) -> Duration {
-        kind::termination_grace(
-            self.spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds),
-        )
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.as_ref()
     }
 
     fn priority(&self) -> Option<i32> {
@@ -171,6 +162,11 @@ impl GatedWorkload for Pod {
 /// `Succeeded` or `Failed`: its containers have all ended for good.
 pub fn finished(pod: &Pod) -> bool {
     pod.finished().is_some()
+}
+
+/// Terminal, or never bound to a node: none of its containers can run.
+pub fn processes_ended(pod: &Pod) -> bool {
+    stop::pod_processes_ended(pod)
 }
 
 /// Whether the Pod still carries lockwarden's scheduling gate.

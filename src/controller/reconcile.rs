@@ -38,6 +38,7 @@ use tokio::time::Instant;
 use super::config::{ControllerConfig, FINALIZER};
 use super::connect::{ConnectFailure, Connector, FromSecrets};
 use super::events::Events;
+use super::gating::CLAIM_ANNOTATION;
 use super::holders::{Acquisition, HolderTask, Holders, Owner};
 use super::status::{self, Desired, Occupancy};
 use super::validated::{LockAddress, ValidatedSpec};
@@ -57,6 +58,10 @@ const HELD_RESYNC: Duration = Duration::from_secs(300);
 /// How long a waiter on a store with watches (ZooKeeper) waits on its watch before it
 /// looks again anyway: only a safety net for a watch lost with a connection.
 const WATCH_RECHECK: Duration = Duration::from_secs(30);
+
+/// How often a lock being deleted under a workload whose processes may still run looks
+/// again (their end changes the workload, not the lock).
+const CLAIMANT_RECHECK: Duration = Duration::from_secs(2);
 
 /// Why a reconcile failed. [`error_policy`] backs off by its [`category`](Self::category).
 #[derive(Debug, thiserror::Error)]
@@ -268,6 +273,10 @@ pub async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
     let ns = lock_namespace(&lock);
+    if claimant_still_runs(&lock, &ctx).await {
+        // Its holder task (if any) keeps renewing meanwhile.
+        return Ok(Action::requeue(CLAIMANT_RECHECK));
+    }
     let api = Api::<DistributedLock>::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, lock, |event| async {
         match event {
@@ -283,6 +292,37 @@ pub async fn reconcile(
     })
     .await
     .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+}
+
+/// Being deleted while the workload that claims it may still run processes: not
+/// released yet (docs/design.md §6.3) — a clean release would let the next holder start
+/// at once beside them. It stays held and renewed until they are observed ended (the
+/// gating machine stops the workload, whose lock is no longer usable); a lock already
+/// lost writes nothing either way. When the claimant cannot be asked, it waits too.
+async fn claimant_still_runs(lock: &DistributedLock, ctx: &Context) -> bool {
+    if lock.metadata.deletion_timestamp.is_none()
+        || !lock.finalizers().iter().any(|f| f == FINALIZER)
+    {
+        return false;
+    }
+    let Some(claim) = lock.annotations().get(CLAIM_ANNOTATION) else {
+        return false;
+    };
+    let kinds = super::gated_kinds();
+    let Some(claimant) = kinds.claimant(claim) else {
+        return false;
+    };
+    let ns = lock_namespace(lock);
+    match kinds
+        .processes_ended(ctx.client.clone(), &ns, &claimant)
+        .await
+    {
+        Ok(ended) => !ended,
+        Err(error) => {
+            tracing::warn!(lock = %lock.name_any(), %error, "cannot tell whether the claimant's processes ended; not releasing yet");
+            true
+        }
+    }
 }
 
 fn lock_namespace(lock: &DistributedLock) -> String {

@@ -5,7 +5,6 @@
 //! API server; the test plays the lock controller by writing the lock's status).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use kube::api::Api;
@@ -28,6 +27,8 @@ use crate::telemetry::Telemetry;
 
 /// Where `Work` keeps the fence of a run that lost its lock.
 const LOST_FENCE: &str = "test.lockwarden.io/lost-fence";
+/// Marks a Work whose processes have not ended (`GatedWorkload::processes_ended`).
+const PROCESSES_RUNNING: &str = "test.lockwarden.io/processes-running";
 
 #[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
 #[kube(
@@ -92,8 +93,13 @@ impl GatedWorkload for Work {
         ("NotPaused", format!("names {what} but is not paused"))
     }
 
-    fn termination_grace(&self) -> Duration {
-        Duration::ZERO
+    fn pod_spec(&self) -> Option<&k8s_openapi::api::core::v1::PodSpec> {
+        None
+    }
+
+    /// Ended unless marked as still running processes.
+    async fn processes_ended(&self, _client: &kube::Client) -> Result<bool, kube::Error> {
+        Ok(!self.annotations().contains_key(PROCESSES_RUNNING))
     }
 
     fn start_patch(&self, ran: &RanWith, _locks: &[WorkloadLock]) -> serde_json::Value {
@@ -209,11 +215,32 @@ async fn the_machine_drives_a_new_kind_through_claim_start_loss_stop_and_finish(
     step().await;
     assert_eq!(api.take_requests(), [format!("GET {LOCK}")]);
 
-    // Loss: stopped the kind's way, the fence it ran with recorded, the lock let go.
+    // Loss while its processes may still run: stopped the kind's way, the fence it ran
+    // with recorded, the lock not let go (docs/design.md §6.3).
+    let mut running = api.get(WORK_PATH).unwrap();
+    running["metadata"]["annotations"][PROCESSES_RUNNING] = json!("yes");
+    api.put(WORK_PATH, running);
     lock_status(&api, "Lost", false, 5);
     let work = step().await;
     assert!(work.spec.paused);
     assert_eq!(work.annotations()[LOST_FENCE], "5");
+    let lock = api.get(LOCK).unwrap();
+    assert_ne!(lock["spec"]["release"], true);
+    assert_eq!(
+        lock["metadata"]["annotations"][CLAIM_ANNOTATION],
+        "work/w/uid-2"
+    );
+    step().await;
+    assert_ne!(api.get(LOCK).unwrap()["spec"]["release"], true);
+
+    // Its processes ended: the lost acquisition is let go.
+    let mut ended = api.get(WORK_PATH).unwrap();
+    ended["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(PROCESSES_RUNNING);
+    api.put(WORK_PATH, ended);
+    step().await;
     let lock = api.get(LOCK).unwrap();
     assert_eq!(lock["spec"]["release"], true);
     assert!(lock["metadata"]["annotations"][CLAIM_ANNOTATION].is_null());
@@ -230,6 +257,17 @@ async fn the_machine_drives_a_new_kind_through_claim_start_loss_stop_and_finish(
     );
     assert_eq!(
         api.event_reasons(),
-        ["Waiting", "Started", "Paused", "Released"]
+        // Named lock db has no lockDelay, below what a workload with unknown Pods
+        // needs (the default grace): warned about once, at the start. Then waiting for
+        // the processes to end, and letting the lost acquisition go.
+        [
+            "Waiting",
+            "Started",
+            "LockDelayTooShort",
+            "Paused",
+            "Waiting",
+            "Waiting",
+            "Released"
+        ]
     );
 }

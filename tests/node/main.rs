@@ -12,6 +12,7 @@
 //! takeover stays covered by the process-level leader-election tests.
 
 mod failover;
+mod stop;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -84,8 +84,10 @@ Secrets are never here: they get Roles of their own, only where locks live.
 # Pod gating: watch Pods labelled lockwarden.io/gated=true (RBAC cannot limit a
 # watch to a label; the controller asks for that selector), add the fence and remove
 # the scheduling gate in one patch, delete a Pod whose lock is lost
-# (lockwarden.io/on-lock-lost: delete), and look a claimant Pod up by name. Never
-# create, update or exec.
+# (lockwarden.io/on-lock-lost: delete), and look a claimant Pod up by name. Job
+# gating: list a Job's Pods by its controller-uid label (no lock is released while one
+# still runs) and delete them with their own grace period when the Job's lock is lost
+# or the Job is deleted (docs/design.md §6.3). Never create, update or exec.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]

@@ -222,9 +222,14 @@ pub fn is_old_acquisition(lock: &DistributedLock, lost_fence: i64) -> bool {
     let Some(status) = &lock.status else {
         return false;
     };
+    // A Lost lock is final for its generation, whatever fence its status shows now (it
+    // may name the holder that took it over): it must be let go before a new acquisition.
     !lock.spec.release
-        && matches!(status.phase, Some(LockPhase::Held | LockPhase::Lost))
-        && status.fence.is_some_and(|f| f <= lost_fence)
+        && match status.phase {
+            Some(LockPhase::Lost) => true,
+            Some(LockPhase::Held) => status.fence.is_some_and(|f| f <= lost_fence),
+            _ => false,
+        }
 }
 
 /// Why a lock is not (yet) held, and whether that is a problem (Warning) rather than

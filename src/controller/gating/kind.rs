@@ -13,11 +13,11 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::PodSpec;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -191,12 +191,6 @@ pub trait GatedWorkload:
         BTreeMap::new()
     }
 
-    /// Being deleted while its processes may still run: its locks are let go only once
-    /// it has finished. `Some(note)` says what it waits for.
-    fn still_running_after_delete(&self) -> Option<&'static str> {
-        None
-    }
-
     /// Held back by lockwarden's gate without naming a lock: it would wait forever.
     /// What to tell its owner, `None` if this kind has no such state.
     fn gate_without_lock(&self) -> Option<String> {
@@ -207,9 +201,21 @@ pub trait GatedWorkload:
     /// without them: the Warning's reason and message.
     fn not_held_back(&self, what: &str) -> (&'static str, String);
 
-    /// How long its processes may run on after being told to stop (the Pods' grace
-    /// period): the bound a stop must leave room for (the guard issue's lock-delay).
-    fn termination_grace(&self) -> Duration;
+    /// The spec of its Pods (a Job's pod template, a Pod's own): their grace period and
+    /// preStop hooks are what a lock-delay must cover (docs/design.md §6.3).
+    fn pod_spec(&self) -> Option<&PodSpec>;
+
+    /// Whether every process of it is observed ended, so that nothing of it can act any
+    /// more and its locks may be released cleanly (docs/design.md §6.3). Asked of what
+    /// the API server reports (the object, and its Pods where the kind has several).
+    async fn processes_ended(&self, client: &kube::Client) -> Result<bool, kube::Error>;
+
+    /// Deletes its processes' Pods with their own grace period (never 0) when stopping
+    /// it or once it is deleted, so their grace starts without waiting for another
+    /// controller (a Job's Pods; a Pod's stop already deletes it).
+    async fn delete_pods(&self, _client: &kube::Client) -> Result<(), kube::Error> {
+        Ok(())
+    }
 
     /// The priority its owner gave it (`lockwarden.io/priority`, else its Pods'
     /// priority), for a lock's queue; `None` when it has none.
@@ -283,11 +289,6 @@ pub async fn patch_as_read<W: GatedWorkload>(
     .await
 }
 
-/// A Pod's `terminationGracePeriodSeconds`, or Kubernetes' default of 30 s.
-pub fn termination_grace(seconds: Option<i64>) -> Duration {
-    Duration::from_secs(seconds.map_or(30, |s| s.max(0) as u64))
-}
-
 /// Merges `from` into `into` as a JSON merge patch would (RFC 7386, objects only).
 pub fn merge(into: &mut serde_json::Value, from: serde_json::Value) {
     match (into, from) {
@@ -315,6 +316,16 @@ trait Registered: Send + Sync {
 
     /// Whether the workload `name` with `uid` exists and has not finished.
     async fn alive(
+        &self,
+        client: kube::Client,
+        ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<bool, kube::Error>;
+
+    /// Whether the processes of workload `name` with `uid` are observed ended (it is
+    /// gone, or another object now has its name: nothing of it is left to ask about).
+    async fn processes_ended(
         &self,
         client: kube::Client,
         ns: &str,
@@ -351,6 +362,22 @@ impl<W: GatedWorkload> Registered for Of<W> {
             .get_opt(name)
             .await?
             .is_some_and(|w| w.uid().as_deref() == Some(uid) && w.finished().is_none()))
+    }
+
+    async fn processes_ended(
+        &self,
+        client: kube::Client,
+        ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<bool, kube::Error> {
+        match Api::<W>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await?
+        {
+            Some(w) if w.uid().as_deref() == Some(uid) => w.processes_ended(&client).await,
+            _ => Ok(true),
+        }
     }
 
     fn run(
@@ -420,6 +447,25 @@ impl Kinds {
             Some(kind) => kind.alive(client, ns, &claimant.name, &claimant.uid).await,
             // Not a kind of ours: assume it lives rather than steal its claim.
             None => Ok(true),
+        }
+    }
+
+    /// Whether the claimant's processes are observed ended (docs/design.md §6.3). A kind
+    /// not registered here (a newer lockwarden's): assumed running, as in [`alive`].
+    ///
+    /// [`alive`]: Kinds::alive
+    pub async fn processes_ended(
+        &self,
+        client: kube::Client,
+        ns: &str,
+        claimant: &Claimant,
+    ) -> Result<bool, kube::Error> {
+        match self.0.iter().find(|k| k.kind() == claimant.kind) {
+            Some(kind) => {
+                kind.processes_ended(client, ns, &claimant.name, &claimant.uid)
+                    .await
+            }
+            None => Ok(false),
         }
     }
 

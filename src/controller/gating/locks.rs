@@ -6,7 +6,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::runtime::events::EventType;
 use serde_json::json;
 
+use std::time::Duration;
+
 use super::decide::Gate;
+use super::machine::Ended;
 use super::{CLAIM_ANNOTATION, Kinds, Workload};
 use crate::api::{DistributedLock, LockPhase};
 
@@ -120,12 +123,15 @@ async fn claimed_by_other(
 
 /// The workload's own lock `name`, created from the template on first use; or why it
 /// cannot be. Its holder identity is the workload's ([`Workload::holder`]) in `cluster`.
+/// A template without `lockDelay` on a store that can carry one gets `needed_delay`,
+/// the delay the workload's Pods need (docs/design.md §6.3).
 pub async fn own_lock(
     locks: &Api<DistributedLock>,
     cluster: &str,
     workload: &Workload,
     template: &str,
     name: &str,
+    needed_delay: Duration,
 ) -> Result<Claim, kube::Error> {
     let kind = workload.kind.as_str();
     if let Some(lock) = locks.get_opt(name).await? {
@@ -174,6 +180,9 @@ pub async fn own_lock(
     // A template's force would make every workload take the key over from the previous.
     spec.force = false;
     spec.holder_identity = Some(workload.holder(cluster));
+    if spec.lock_delay.is_none() && spec.backend.supports_lock_delay() && !needed_delay.is_zero() {
+        spec.lock_delay = Some(format!("{}s", needed_delay.as_secs()));
+    }
     if let Err(e) = crate::lock::names::kubernetes_name(name) {
         return Ok(Claim::Waiting(
             EventType::Warning,
@@ -196,10 +205,12 @@ pub async fn own_lock(
 }
 
 /// Lets the workload's lock `name` go: deletes its own lock, releases and unclaims a
-/// named one. `ran` says whether the workload was started with the lock (a named lock
+/// named one. Only with [`Ended`], the observation that the workload's processes have
+/// ended (docs/design.md §6.3): a clean release lets the next holder start at once. `ran` says whether the workload was started with the lock (a named lock
 /// it ran with is let go even when its claim was removed by hand). Returns what was
 /// done, `None` if there was nothing of this workload's to let go.
 pub async fn let_go(
+    _ended: &Ended,
     locks: &Api<DistributedLock>,
     workload: &Workload,
     gate: &Gate,

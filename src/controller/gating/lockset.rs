@@ -10,13 +10,19 @@
 //! of them is a loss of the workload's lock.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::decide::{self, Gate, LockSet};
 use super::locks::{self, Claim, claim, own_lock};
-use super::{FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, Kinds, Workload};
+use super::machine::Ended;
+use super::{
+    FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, Kinds, NONCE_ANNOTATION,
+    NONCES_ANNOTATION, URL_ANNOTATION, URLS_ANNOTATION, Workload,
+};
 use crate::api::DistributedLock;
 use crate::controller::validated::LockAddress;
 
@@ -93,22 +99,82 @@ pub async fn in_take_order(
     Ok(Ok(keyed.into_iter().map(|(_, lock)| lock).collect()))
 }
 
-/// What a workload runs with: per lock, in the order taken, its fence and holder.
+/// One lock a workload runs with, as the lock's status and spec say when it starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RanWith(pub Vec<(String, i64, String)>);
+pub struct Ran {
+    /// The DistributedLock's name.
+    pub name: String,
+    pub fence: i64,
+    /// The holder identity written in the store.
+    pub holder: String,
+    /// The acquisition's nonce (`status.nonce`), for the node-side guard.
+    pub nonce: String,
+    /// The store URL of the lock (`s3://bucket/key`, …), for the node-side guard.
+    pub url: String,
+    /// `spec.lockDelay` (zero when unset).
+    pub lock_delay: Duration,
+    /// Whether its store can carry a lock-delay (not ZooKeeper).
+    pub supports_lock_delay: bool,
+}
+
+impl Ran {
+    /// What `lock`, held for the workload with `fence` and `holder`, runs with.
+    pub fn of(lock: &DistributedLock, fence: i64, holder: String) -> Ran {
+        let ns = lock.namespace().unwrap_or_default();
+        Ran {
+            name: lock.name_any(),
+            fence,
+            holder,
+            nonce: lock
+                .status
+                .as_ref()
+                .and_then(|s| s.nonce.clone())
+                .unwrap_or_default(),
+            url: lock.spec.backend.lock_url(&ns).unwrap_or_default(),
+            lock_delay: lock.spec.lock_delay().ok().flatten().unwrap_or_default(),
+            supports_lock_delay: lock.spec.backend.supports_lock_delay(),
+        }
+    }
+}
+
+/// What a workload runs with: per lock, in the order taken.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RanWith(pub Vec<Ran>);
 
 impl RanWith {
-    /// The annotations that record it on the workload: `lockwarden.io/fence` and
-    /// `lockwarden.io/holder` for one lock, `lockwarden.io/fences` for several.
+    /// The annotations that record it on the workload: `lockwarden.io/fence`,
+    /// `lockwarden.io/holder`, `lockwarden.io/nonce` and `lockwarden.io/url` for one
+    /// lock; `lockwarden.io/fences`, `lockwarden.io/nonces` and `lockwarden.io/urls`
+    /// (`NAME=VALUE` per lock, in the order taken; comma-separated, the URLs
+    /// space-separated) for several. The nonce and URL are
+    /// what the node-side guard reads the record by.
     pub fn annotations(&self) -> serde_json::Map<String, serde_json::Value> {
         let mut out = serde_json::Map::new();
         match &self.0[..] {
-            [(_, fence, holder)] => {
-                out.insert(FENCE_ANNOTATION.into(), fence.to_string().into());
-                out.insert(HOLDER_ANNOTATION.into(), holder.clone().into());
+            [one] => {
+                out.insert(FENCE_ANNOTATION.into(), one.fence.to_string().into());
+                out.insert(HOLDER_ANNOTATION.into(), one.holder.clone().into());
+                out.insert(NONCE_ANNOTATION.into(), one.nonce.clone().into());
+                out.insert(URL_ANNOTATION.into(), one.url.clone().into());
             }
             several => {
-                out.insert(FENCES_ANNOTATION.into(), format_fences(several).into());
+                let list = |value: fn(&Ran) -> String, separator: &str| {
+                    several
+                        .iter()
+                        .map(|r| format!("{}={}", r.name, value(r)))
+                        .collect::<Vec<_>>()
+                        .join(separator)
+                };
+                out.insert(
+                    FENCES_ANNOTATION.into(),
+                    list(|r| r.fence.to_string(), ",").into(),
+                );
+                out.insert(
+                    NONCES_ANNOTATION.into(),
+                    list(|r| r.nonce.clone(), ",").into(),
+                );
+                // Spaces: a ZooKeeper URL's server list has commas.
+                out.insert(URLS_ANNOTATION.into(), list(|r| r.url.clone(), " ").into());
             }
         }
         out
@@ -117,12 +183,15 @@ impl RanWith {
     /// "lock db (fence 3)" or "locks db, bucket (fences db=3,bucket=7)".
     pub fn describe(&self) -> String {
         match &self.0[..] {
-            [(name, fence, holder)] => format!("lock {name} (fence {fence}, holder {holder})"),
+            [one] => format!(
+                "lock {} (fence {}, holder {})",
+                one.name, one.fence, one.holder
+            ),
             several => format!(
                 "locks {} (fences {})",
                 several
                     .iter()
-                    .map(|l| l.0.as_str())
+                    .map(|l| l.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
                 format_fences(several)
@@ -131,10 +200,10 @@ impl RanWith {
     }
 }
 
-fn format_fences(locks: &[(String, i64, String)]) -> String {
+fn format_fences(locks: &[Ran]) -> String {
     locks
         .iter()
-        .map(|(name, fence, _)| format!("{name}={fence}"))
+        .map(|r| format!("{}={}", r.name, r.fence))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -229,6 +298,11 @@ pub struct Taker<'a> {
     /// Per lock, the fence the workload ran with before it was stopped after a loss: that
     /// acquisition is let go and a new one taken.
     pub lost: &'a BTreeMap<String, i64>,
+    /// Whether the processes of the run that lost it are observed ended: only then is a
+    /// lost acquisition let go (docs/design.md §6.3).
+    pub ended: Option<&'a Ended>,
+    /// The lock-delay the workload's Pods need, for its own locks made from templates.
+    pub needed_delay: Duration,
 }
 
 impl Taker<'_> {
@@ -249,8 +323,17 @@ impl Taker<'_> {
             if let Some(&lost) = self.lost.get(&lock.name)
                 && decide::is_old_acquisition(&found, lost)
             {
-                // Still the acquisition the workload lost: let it go, so the next is new.
-                locks::let_go(self.api, self.workload, &lock.gate, &lock.name, true).await?;
+                // Still the acquisition the workload lost: let it go, so the next is new —
+                // once the processes of the run that lost it have ended.
+                let Some(ended) = self.ended else {
+                    let message = format!(
+                        "waiting for lock {}: the processes of the run that lost it (fence \
+                         {lost}) have not ended yet",
+                        lock.name
+                    );
+                    return Ok(step((EventType::Normal, "Waiting", message)));
+                };
+                locks::let_go(ended, self.api, self.workload, &lock.gate, &lock.name, true).await?;
                 let message = format!(
                     "waiting for lock {}: letting go of the acquisition lost with fence {lost}",
                     lock.name
@@ -266,7 +349,7 @@ impl Taker<'_> {
                 };
                 return Ok(step((type_, reason, message)));
             };
-            held.0.push((lock.name.clone(), fence, holder));
+            held.0.push(Ran::of(&found, fence, holder));
         }
         Ok(Taking::Held(held))
     }
@@ -284,7 +367,15 @@ impl Taker<'_> {
                 .await
             }
             Gate::Template(template) => {
-                own_lock(self.api, self.cluster, self.workload, template, &lock.name).await
+                own_lock(
+                    self.api,
+                    self.cluster,
+                    self.workload,
+                    template,
+                    &lock.name,
+                    self.needed_delay,
+                )
+                .await
             }
         }
     }
@@ -303,7 +394,7 @@ fn progress(message: String, i: usize, ordered: &[WorkloadLock], held: &RanWith)
             "; holding {}",
             held.0
                 .iter()
-                .map(|(n, f, _)| format!("{n} (fence {f})"))
+                .map(|r| format!("{} (fence {})", r.name, r.fence))
                 .collect::<Vec<_>>()
                 .join(", ")
         )
@@ -317,6 +408,7 @@ fn progress(message: String, i: usize, ordered: &[WorkloadLock], held: &RanWith)
 
 /// Lets every lock of the workload go; what was done, for the Event.
 pub async fn let_go_all(
+    ended: &Ended,
     api: &Api<DistributedLock>,
     workload: &Workload,
     locks: &[WorkloadLock],
@@ -324,7 +416,8 @@ pub async fn let_go_all(
 ) -> Result<Vec<String>, kube::Error> {
     let mut notes = Vec::new();
     for lock in locks {
-        if let Some(note) = locks::let_go(api, workload, &lock.gate, &lock.name, ran).await? {
+        if let Some(note) = locks::let_go(ended, api, workload, &lock.gate, &lock.name, ran).await?
+        {
             notes.push(note);
         }
     }
@@ -342,20 +435,36 @@ mod tests {
         }
     }
 
+    fn ran(name: &str, fence: i64) -> Ran {
+        Ran {
+            name: name.into(),
+            fence,
+            holder: format!("c/ns/{name}"),
+            nonce: format!("n-{name}"),
+            url: format!("s3://b/{name}"),
+            lock_delay: Duration::ZERO,
+            supports_lock_delay: true,
+        }
+    }
+
     #[test]
-    fn one_lock_is_recorded_as_fence_and_holder_several_as_fences() {
-        let one = RanWith(vec![("db".into(), 3, "c/ns/db".into())]);
+    fn one_lock_is_recorded_as_fence_holder_nonce_and_url_several_as_lists() {
+        let one = RanWith(vec![ran("db", 3)]);
         let a = one.annotations();
         assert_eq!(a[FENCE_ANNOTATION], "3");
         assert_eq!(a[HOLDER_ANNOTATION], "c/ns/db");
+        assert_eq!(a[NONCE_ANNOTATION], "n-db");
+        assert_eq!(a[URL_ANNOTATION], "s3://b/db");
         assert!(!a.contains_key(FENCES_ANNOTATION));
-        let two = RanWith(vec![
-            ("db".into(), 3, "h".into()),
-            ("bucket".into(), 7, "h".into()),
-        ]);
+        assert!(!a.contains_key(NONCES_ANNOTATION));
+        let two = RanWith(vec![ran("db", 3), ran("bucket", 7)]);
         let a = two.annotations();
+        // The same order in every list: the order taken.
         assert_eq!(a[FENCES_ANNOTATION], "db=3,bucket=7");
+        assert_eq!(a[NONCES_ANNOTATION], "db=n-db,bucket=n-bucket");
+        assert_eq!(a[URLS_ANNOTATION], "db=s3://b/db bucket=s3://b/bucket");
         assert!(!a.contains_key(FENCE_ANNOTATION));
+        assert!(!a.contains_key(NONCE_ANNOTATION));
     }
 
     #[test]
@@ -384,7 +493,7 @@ mod tests {
     #[test]
     fn progress_names_the_step_and_what_is_held() {
         let ordered = [lock("a"), lock("b"), lock("c")];
-        let held = RanWith(vec![("a".into(), 4, "h".into())]);
+        let held = RanWith(vec![ran("a", 4)]);
         assert_eq!(
             progress("waiting for lock b: held by x".into(), 1, &ordered, &held),
             "lock 2 of 3 in order: waiting for lock b: held by x; holding a (fence 4)"

@@ -38,15 +38,33 @@ use super::decide::{self, LockSet, LossPolicy};
 use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
 use super::running::{Running, Step};
+use super::stop;
 use super::writes::{add_finalizer, has_finalizer, remove_finalizer, report, set_status};
 use super::{NotHeldSince, Workload};
 use crate::api::DistributedLock;
 use crate::controller::config::ControllerConfig;
 use crate::controller::events::Events;
+use crate::lock::SafetyMargins;
 use crate::telemetry::Telemetry;
 
 /// Safety net for a waiting workload: lock changes arrive through the watch.
 const WAITING_RESYNC: Duration = Duration::from_secs(60);
+/// How often a workload whose locks wait for its processes to end looks again: the end
+/// of a Pod does not always change the workload itself (a Job being deleted).
+const PROCESSES_RECHECK: Duration = Duration::from_secs(2);
+
+/// The observation that a workload's processes have all ended (docs/design.md §6.3):
+/// the only way to let its locks go cleanly, made only by [`Run::observe_ended`].
+pub struct Ended(());
+
+/// What [`Run::let_go_when_ended`] came to.
+enum LetGo {
+    /// Its processes may still run: nothing was let go (a held lock keeps being
+    /// renewed, a lost one expires with its delay).
+    Running,
+    /// Ended: its locks were let go; what was done, `None` if nothing.
+    Ended(Option<String>),
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatingError {
@@ -295,12 +313,25 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         self.ctx.not_held_since.forget(&self.workload.uid);
     }
 
-    /// Lets every lock of `obj` go (a named lock it ran with even when its claim was
-    /// removed by hand); what was done, `None` if nothing.
-    async fn let_go(&self, obj: &W, set: &LockSet) -> Result<Option<String>, GatingError> {
+    /// Whether `obj`'s processes are observed ended.
+    async fn observe_ended(&self, obj: &W) -> Result<Option<Ended>, GatingError> {
+        Ok(obj
+            .processes_ended(&self.ctx.client)
+            .await?
+            .then_some(Ended(())))
+    }
+
+    /// The one rule every release path goes through (docs/design.md §6.3): lets every
+    /// lock of `obj` go (a named lock it ran with even when its claim was removed by
+    /// hand) only once its processes are observed ended; until then nothing is written.
+    async fn let_go_when_ended(&self, obj: &W, set: &LockSet) -> Result<LetGo, GatingError> {
+        let Some(ended) = self.observe_ended(obj).await? else {
+            return Ok(LetGo::Running);
+        };
         let locks = self.named(set);
-        let notes = lockset::let_go_all(&self.locks, &self.workload, &locks, obj.running()).await?;
-        Ok((!notes.is_empty()).then(|| notes.join("; ")))
+        let notes =
+            lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, obj.running()).await?;
+        Ok(LetGo::Ended((!notes.is_empty()).then(|| notes.join("; "))))
     }
 
     /// Deleted: once nothing of it can run any more, let the locks go and drop the
@@ -310,26 +341,29 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             self.forget_not_held();
             return Ok(Action::await_change());
         }
-        if let Some(waits_for) = self.obj.still_running_after_delete() {
-            // Its processes get their grace period; the end comes through the watch.
-            if let Some(set) = &set {
-                let message = format!(
-                    "deleted; {} is let go once {waits_for}",
-                    describe(&self.named(set))
-                );
-                self.report(EventType::Normal, "Terminating", message)
-                    .await?;
+        if let Some(set) = set {
+            match self.let_go_when_ended(self.obj, &set).await? {
+                LetGo::Running => {
+                    // Its Pods get their grace period, starting now (a Job's Pods are
+                    // otherwise deleted only once the Job is gone).
+                    self.obj.delete_pods(&self.ctx.client).await?;
+                    let message = format!(
+                        "deleted; {} is let go once its processes have ended",
+                        describe(&self.named(&set))
+                    );
+                    self.report(EventType::Normal, "Terminating", message)
+                        .await?;
+                    return Ok(Action::requeue(PROCESSES_RECHECK));
+                }
+                LetGo::Ended(Some(note)) => {
+                    let message = format!("{note}: {} deleted", W::KIND.name);
+                    self.event(self.obj, EventType::Normal, "Released", message)
+                        .await;
+                }
+                LetGo::Ended(None) => {}
             }
-            return Ok(Action::await_change());
         }
         self.forget_not_held();
-        if let Some(set) = set
-            && let Some(note) = self.let_go(self.obj, &set).await?
-        {
-            let message = format!("{note}: {} deleted", W::KIND.name);
-            self.event(self.obj, EventType::Normal, "Released", message)
-                .await;
-        }
         remove_finalizer(&self.api, self.obj).await?;
         Ok(Action::await_change())
     }
@@ -343,9 +377,16 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         let how = self.obj.finished().unwrap_or("finished").to_lowercase();
         let kind = W::KIND.name;
         let what = describe(&self.named(set));
-        let message = match self.let_go(self.obj, set).await? {
-            Some(note) => format!("{note}: {kind} {how}"),
-            None => format!("{kind} {how}; {what} was already let go"),
+        let message = match self.let_go_when_ended(self.obj, set).await? {
+            LetGo::Ended(Some(note)) => format!("{note}: {kind} {how}"),
+            LetGo::Ended(None) => format!("{kind} {how}; {what} was already let go"),
+            LetGo::Running => {
+                let message =
+                    format!("{kind} {how}; {what} is let go once its processes have ended");
+                self.report(EventType::Normal, "Terminating", message)
+                    .await?;
+                return Ok(Action::requeue(PROCESSES_RECHECK));
+            }
         };
         // The finalizer goes first: its patch is conditioned on the resourceVersion
         // this reconcile read, which the status write would change.
@@ -380,7 +421,9 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// started again.
     async fn on_stopped_for_good(self, settings: &Settings) -> Result<Action, GatingError> {
         if has_finalizer(self.obj) {
-            self.let_go(self.obj, &settings.locks).await?;
+            if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
+                return Ok(Action::requeue(PROCESSES_RECHECK));
+            }
             remove_finalizer(&self.api, self.obj).await?;
         }
         Ok(Action::await_change())
@@ -436,9 +479,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         }
     }
 
-    /// Stops a running workload whose lock is no longer held, the kind's way; then lets
-    /// its locks go now if the kind says so (a Job waits for its lock anew), or through
-    /// the finalizer once it has finished (a deleted Pod).
+    /// Stops a running workload whose lock is no longer held, the kind's way, and deletes
+    /// its Pods at once with their own grace period; then lets its locks go once its
+    /// processes have ended: here if they already have and the kind says so (a Job waits
+    /// for its lock anew), else in the phase it is now in (held back, stopped for good,
+    /// or deleted).
     async fn stop(
         self,
         settings: &Settings,
@@ -462,10 +507,16 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             stopped.message,
         )
         .await;
+        // Their grace periods start now, not once another controller gets to them (§6.3:
+        // W). If this fails, the Job controller still deletes them.
+        if let Err(e) = object.delete_pods(&self.ctx.client).await {
+            tracing::warn!(kind = W::KIND.name, name = %self.obj.name_any(), error = %e,
+                "could not delete the Pods of a stopped workload; its own controller will");
+        }
         if stopped.let_go_now {
             // If this fails, the stopped (or re-gated) workload picks up from here.
-            self.let_go(&object, &settings.locks).await?;
-            if stopping.for_good {
+            let let_go = self.let_go_when_ended(&object, &settings.locks).await?;
+            if matches!(let_go, LetGo::Ended(_)) && stopping.for_good {
                 remove_finalizer(&self.api, &object).await?;
             }
         }
@@ -480,6 +531,19 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             // The patched object comes back through the watch.
             return Ok(Action::await_change());
         }
+        let needed_delay =
+            match stop::needed_lock_delay(self.obj.pod_spec(), &SafetyMargins::default()) {
+                Ok(needed) => needed,
+                Err(too_long) => {
+                    let message = format!(
+                        "not started: its Pods' {too_long}, so a contender could start while \
+                     they still run"
+                    );
+                    self.report(EventType::Warning, "LockDelayTooLong", message)
+                        .await?;
+                    return Ok(Action::await_change());
+                }
+            };
         let ordered =
             match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
                 Ok(ordered) => ordered,
@@ -489,6 +553,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 }
             };
         let lost = self.obj.lost_fences(&ordered);
+        let ended = if lost.is_empty() {
+            None
+        } else {
+            self.observe_ended(self.obj).await?
+        };
         let in_use_by = |name: &str| self.in_use_by(name);
         let taker = Taker {
             api: &self.locks,
@@ -497,6 +566,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             cluster: &self.ctx.config.cluster_name,
             in_use_by: &in_use_by,
             lost: &lost,
+            ended: ended.as_ref(),
+            needed_delay,
         };
         let ran = match taker.take(&ordered).await? {
             Taking::Held(ran) => ran,
@@ -510,7 +581,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             .ready_to_start(&self.api, !lost.is_empty(), &describe(&ordered))
             .await?
         {
-            Readiness::Ready => self.start(&ordered, ran).await,
+            Readiness::Ready => self.start(&ordered, ran, needed_delay).await,
             Readiness::Wait(message) => {
                 self.report(EventType::Normal, "Waiting", message).await?;
                 Ok(Action::await_change())
@@ -527,7 +598,14 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     }
 
     /// The kind's one write that sets the fences and lifts its gate.
-    async fn start(self, locks: &[WorkloadLock], ran: RanWith) -> Result<Action, GatingError> {
+    /// A lock whose delay is shorter than `needed` is warned about once, as it starts
+    /// (the fence and the guard remain).
+    async fn start(
+        self,
+        locks: &[WorkloadLock],
+        ran: RanWith,
+        needed: Duration,
+    ) -> Result<Action, GatingError> {
         let message = format!("started holding {}", ran.describe());
         let started = self.obj.start(&self.api, &ran, locks, &message).await?;
         tracing::info!(
@@ -536,6 +614,10 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         );
         self.event(&started, EventType::Normal, "Started", message)
             .await;
+        for short in stop::too_short(&ran, needed) {
+            self.event(&started, EventType::Warning, "LockDelayTooShort", short)
+                .await;
+        }
         Ok(Action::await_change())
     }
 }

@@ -14,6 +14,7 @@ pub mod locks;
 pub mod lockset;
 pub mod machine;
 pub mod running;
+pub mod stop;
 pub mod writes;
 
 pub use kind::{Claimant, GatedWorkload, Kind, Kinds, OnLockLost, Readiness, Stopped, Stopping};
@@ -57,6 +58,20 @@ pub const FENCES_ANNOTATION: &str = "lockwarden.io/fences";
 /// Annotation written by lockwarden next to the fence: the holder identity written in
 /// the lock store.
 pub const HOLDER_ANNOTATION: &str = "lockwarden.io/holder";
+/// Annotation written by lockwarden next to the fence: the nonce of the acquisition the
+/// workload was started with, which the node-side guard (`lockwarden guard`) finds in
+/// the lock's record while the lock is held for it.
+pub const NONCE_ANNOTATION: &str = "lockwarden.io/nonce";
+/// Annotation written by lockwarden for several locks, instead of [`NONCE_ANNOTATION`]:
+/// `NAME=NONCE` per lock, in the order of [`FENCES_ANNOTATION`].
+pub const NONCES_ANNOTATION: &str = "lockwarden.io/nonces";
+/// Annotation written by lockwarden next to the fence: the store URL of the lock
+/// (`s3://bucket/key`, …), where the node-side guard reads the record.
+pub const URL_ANNOTATION: &str = "lockwarden.io/url";
+/// Annotation written by lockwarden for several locks, instead of [`URL_ANNOTATION`]:
+/// `NAME=URL` per lock, space-separated (a ZooKeeper URL's server list has commas), in
+/// the order of [`FENCES_ANNOTATION`].
+pub const URLS_ANNOTATION: &str = "lockwarden.io/urls";
 /// Annotation written by lockwarden: why the workload is (still) gated, or what the
 /// controller did.
 pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";

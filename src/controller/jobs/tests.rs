@@ -313,3 +313,315 @@ fn pods_of_a_suspended_job() {
     j.status = Some(serde_json::from_value(json!({ "active": 0 })).unwrap());
     assert!(pods_gone(&j));
 }
+
+/// The release paths against the scripted API (docs/design.md §6.3): the test plays the
+/// lock controller, the Job controller and the kubelet by writing the objects.
+mod release_waits_for_the_pods {
+    use std::sync::Arc;
+
+    use kube::runtime::reflector;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::controller::config::{ControllerConfig, FINALIZER};
+    use crate::controller::fake_api::FakeApi;
+    use crate::controller::gating::Kinds;
+    use crate::controller::gating::machine::{Gating, reconcile};
+    use crate::telemetry::Telemetry;
+
+    const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
+    const JOB: &str = "/apis/batch/v1/namespaces/ns/jobs/j";
+    const POD: &str = "/api/v1/namespaces/ns/pods/j-abc";
+
+    /// A running gated Job (fence 5, `on-lock-lost: policy`) with one Pod Running on a
+    /// node, its lock db claimed and held for it.
+    fn scene(policy: &str) -> (FakeApi, Arc<Gating<Job>>) {
+        let api = FakeApi::default();
+        api.put(
+            LOCK,
+            json!({
+                "apiVersion": "lockwarden.io/v1alpha1", "kind": "DistributedLock",
+                "metadata": { "name": "db", "namespace": "ns",
+                              "annotations": { CLAIM_ANNOTATION: "j/job-uid" } },
+                "spec": { "backend": { "kubernetes": { "leaseName": "db" } } },
+            }),
+        );
+        lock_status(&api, "Held", true, 5);
+        api.put(
+            JOB,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "j", "namespace": "ns", "uid": "job-uid",
+                              "finalizers": [FINALIZER],
+                              "annotations": { LOCK_ANNOTATION: "db", ON_LOCK_LOST_ANNOTATION: policy } },
+                "spec": { "suspend": false, "template": {
+                    "metadata": { "annotations": { FENCE_ANNOTATION: "5" } },
+                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never" },
+                } },
+                "status": { "active": 1 },
+            }),
+        );
+        api.put(
+            POD,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "j-abc", "namespace": "ns", "uid": "pod-uid",
+                              // The Job controller's tracking finalizer keeps a deleted
+                              // Pod until it has ended.
+                              "finalizers": ["batch.kubernetes.io/job-tracking"],
+                              "labels": { "batch.kubernetes.io/controller-uid": "job-uid" } },
+                "spec": { "nodeName": "node-1", "containers": [{ "name": "c" }] },
+                "status": { "phase": "Running" },
+            }),
+        );
+        let (cache, _writer) = reflector::store();
+        let ctx = Arc::new(Gating::<Job>::new(
+            api.client(),
+            ControllerConfig::default(),
+            cache,
+            Arc::new(Telemetry::new()),
+            Kinds::default().with::<Job>(),
+        ));
+        (api, ctx)
+    }
+
+    /// Plays the lock controller: db's status.
+    fn lock_status(api: &FakeApi, phase: &str, acquired: bool, fence: i64) {
+        let mut lock = api.get(LOCK).expect("lock db");
+        let generation = lock["metadata"]["generation"].clone();
+        lock["status"] = json!({
+            "phase": phase, "fence": fence, "holder": "c/ns/job/j/job-uid",
+            "nonce": "nonce-5", "observedGeneration": generation,
+            "conditions": [{
+                "type": "Acquired", "status": if acquired { "True" } else { "False" },
+                "reason": if acquired { "LeaseHeld" } else { "Lost" }, "message": "m",
+                "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }],
+        });
+        api.put(LOCK, lock);
+    }
+
+    /// Plays another controller: merges `patch` into the object at `path`.
+    fn change(api: &FakeApi, path: &str, patch: Value) {
+        let mut object = api.get(path).expect(path);
+        json_patch::merge(&mut object, &patch);
+        api.put(path, object);
+    }
+
+    async fn step(api: &FakeApi, ctx: &Arc<Gating<Job>>) -> Job {
+        let job: Job = api.object(JOB);
+        reconcile(Arc::new(job), ctx.clone())
+            .await
+            .expect("reconcile");
+        api.object(JOB)
+    }
+
+    /// Whether db was let go cleanly (released and unclaimed).
+    fn released(api: &FakeApi) -> bool {
+        let lock = api.get(LOCK).unwrap();
+        lock["spec"]["release"] == true
+            && lock["metadata"]["annotations"][CLAIM_ANNOTATION].is_null()
+    }
+
+    /// The kubelet reports the Pod ended and the Job controller counts nothing left.
+    fn pods_end(api: &FakeApi) {
+        change(api, POD, json!({ "status": { "phase": "Failed" } }));
+        change(
+            api,
+            JOB,
+            json!({ "status": { "active": 0, "terminating": 0 } }),
+        );
+    }
+
+    /// Loss: the Job is suspended, lockwarden deletes its Pod itself (the Pod's own grace
+    /// period), and db stays claimed, unreleased, while the Pod terminates.
+    async fn lose(api: &FakeApi, ctx: &Arc<Gating<Job>>) -> Job {
+        lock_status(api, "Lost", false, 5);
+        api.take_requests();
+        let job = step(api, ctx).await;
+        let requests = api.take_requests();
+        let suspend = requests.iter().position(|r| r == &format!("PATCH {JOB}"));
+        let delete = requests.iter().position(|r| r == &format!("DELETE {POD}"));
+        assert!(
+            suspend.is_some() && delete.is_some() && suspend < delete,
+            "the suspend patch, then the Pod's delete: {requests:?}"
+        );
+        assert!(job.spec.as_ref().unwrap().suspend == Some(true));
+        let pod = api.get(POD).unwrap();
+        assert!(!pod["metadata"]["deletionTimestamp"].is_null(), "{pod}");
+        assert!(!released(api), "released while the Pod may run");
+        // The Job controller's view: the Pod terminating.
+        change(
+            api,
+            JOB,
+            json!({ "status": { "active": 0, "terminating": 1 } }),
+        );
+        job
+    }
+
+    #[tokio::test]
+    async fn stop_a_suspended_jobs_lock_is_released_only_once_its_pods_have_ended() {
+        let (api, ctx) = scene("suspend");
+        lose(&api, &ctx).await;
+        let job = step(&api, &ctx).await;
+        assert!(!released(&api), "released while the Pod terminates");
+        let status = &job.annotations()[STATUS_ANNOTATION];
+        assert!(status.contains("have not ended yet"), "{status}");
+        pods_end(&api);
+        step(&api, &ctx).await;
+        assert!(released(&api), "released once the Pod ended");
+    }
+
+    #[tokio::test]
+    async fn stop_on_lock_lost_fail_releases_only_once_its_pods_have_ended() {
+        let (api, ctx) = scene("fail");
+        lose(&api, &ctx).await;
+        let job = step(&api, &ctx).await;
+        assert!(!released(&api), "released while the Pod terminates");
+        assert!(job.finalizers().iter().any(|f| f == FINALIZER));
+        pods_end(&api);
+        let job = step(&api, &ctx).await;
+        assert!(released(&api), "released once the Pod ended");
+        assert!(job.finalizers().is_empty());
+    }
+
+    #[tokio::test]
+    async fn stop_a_complete_job_whose_pod_still_terminates_is_not_released_yet() {
+        let (api, ctx) = scene("suspend");
+        change(
+            &api,
+            JOB,
+            json!({ "status": { "active": 0, "terminating": 1,
+                    "conditions": [{ "type": "Complete", "status": "True" }] } }),
+        );
+        step(&api, &ctx).await;
+        assert!(!released(&api), "a Complete condition alone is not proof");
+        pods_end(&api);
+        let job = step(&api, &ctx).await;
+        assert!(released(&api));
+        assert!(job.finalizers().is_empty());
+    }
+
+    #[tokio::test]
+    async fn stop_a_job_deleted_while_running_deletes_its_pods_and_releases_once_they_ended() {
+        let (api, ctx) = scene("suspend");
+        change(
+            &api,
+            JOB,
+            json!({ "metadata": { "deletionTimestamp": "2026-01-01T00:00:00Z" } }),
+        );
+        api.take_requests();
+        step(&api, &ctx).await;
+        assert!(
+            api.take_requests().contains(&format!("DELETE {POD}")),
+            "the Pod is deleted (its grace starts now)"
+        );
+        assert!(!released(&api), "released while the Pod may run");
+        // The Job controller may not count the Pods of a Job being deleted: the Pod
+        // itself is what is looked at.
+        change(
+            &api,
+            JOB,
+            json!({ "status": { "active": 0, "terminating": 0 } }),
+        );
+        step(&api, &ctx).await;
+        assert!(!released(&api), "released while the Pod terminates");
+        change(&api, POD, json!({ "status": { "phase": "Succeeded" } }));
+        let job: Job = api.object(JOB);
+        reconcile(Arc::new(job), ctx.clone())
+            .await
+            .expect("reconcile");
+        assert!(released(&api));
+        assert!(
+            api.get(JOB).is_none(),
+            "the finalizer went, so the Job is gone"
+        );
+    }
+
+    /// A suspended Job on template `tpl` (a Lease template, or ZooKeeper's) whose Pods
+    /// have `grace` seconds of grace period; the template's `lockDelay` as given.
+    fn template_scene(
+        grace: i64,
+        zookeeper: bool,
+        delay: Option<&str>,
+    ) -> (FakeApi, Arc<Gating<Job>>) {
+        let api = FakeApi::default();
+        let backend = if zookeeper {
+            json!({ "zookeeper": { "servers": ["127.0.0.1:2181"], "path": "/locks/a" } })
+        } else {
+            json!({ "kubernetes": { "leaseName": "a" } })
+        };
+        let mut spec = json!({ "backend": backend, "release": true });
+        if let Some(delay) = delay {
+            spec["lockDelay"] = json!(delay);
+        }
+        api.put(
+            TEMPLATE,
+            json!({
+                "apiVersion": "lockwarden.io/v1alpha1", "kind": "DistributedLock",
+                "metadata": { "name": "tpl", "namespace": "ns" }, "spec": spec,
+            }),
+        );
+        api.put(
+            JOB,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "j", "namespace": "ns", "uid": "job-uid",
+                              "annotations": { TEMPLATE_ANNOTATION: "tpl" } },
+                "spec": { "suspend": true, "template": {
+                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never",
+                              "terminationGracePeriodSeconds": grace },
+                } },
+            }),
+        );
+        let (cache, _writer) = reflector::store();
+        let ctx = Arc::new(Gating::<Job>::new(
+            api.client(),
+            ControllerConfig::default(),
+            cache,
+            Arc::new(Telemetry::new()),
+            Kinds::default().with::<Job>(),
+        ));
+        (api, ctx)
+    }
+
+    const TEMPLATE: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/tpl";
+    const OWN: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/j-job-uid";
+
+    /// The Job's own lock as created (finalizer first, then the lock).
+    async fn own_lock_delay(api: &FakeApi, ctx: &Arc<Gating<Job>>) -> Value {
+        step(api, ctx).await;
+        step(api, ctx).await;
+        api.get(OWN).expect("the Job's own lock")["spec"]["lockDelay"].clone()
+    }
+
+    #[tokio::test]
+    async fn rule8_a_templates_own_lock_gets_the_delay_its_pods_need() {
+        let (api, ctx) = template_scene(30, false, None);
+        assert_eq!(own_lock_delay(&api, &ctx).await, "37s");
+        let (api, ctx) = template_scene(1, false, None);
+        assert_eq!(own_lock_delay(&api, &ctx).await, "7s");
+        // The template's own delay is kept (a shorter one is warned about at start).
+        let (api, ctx) = template_scene(30, false, Some("5s"));
+        assert_eq!(own_lock_delay(&api, &ctx).await, "5s");
+        // ZooKeeper cannot carry one.
+        let (api, ctx) = template_scene(30, true, None);
+        assert!(own_lock_delay(&api, &ctx).await.is_null());
+    }
+
+    #[tokio::test]
+    async fn stop_a_grace_too_long_for_any_delay_keeps_the_job_unstarted_with_a_warning() {
+        let (api, ctx) = template_scene(3600, false, None);
+        step(&api, &ctx).await;
+        let job = step(&api, &ctx).await;
+        assert!(api.get(OWN).is_none(), "no lock taken");
+        assert_eq!(job.spec.as_ref().unwrap().suspend, Some(true));
+        let status = &job.annotations()[STATUS_ANNOTATION];
+        assert!(
+            status.contains("terminationGracePeriodSeconds 3600")
+                && status.contains("maximum of 600s"),
+            "{status}"
+        );
+        assert_eq!(api.event_reasons(), ["LockDelayTooLong"]);
+    }
+}

@@ -101,16 +101,21 @@ fn phases_follow_the_gate_the_fence_and_the_pod_phase() {
     );
     assert_eq!(Phase::of(&deleted), Phase::Deleted);
     assert!(
-        deleted.still_running_after_delete().is_some(),
+        !processes_ended(&deleted),
         "bound, not terminal: containers may run"
     );
     deleted.status = Some(serde_json::from_value(json!({ "phase": "Failed" })).unwrap());
-    assert!(deleted.still_running_after_delete().is_none());
+    assert!(processes_ended(&deleted));
     let mut unbound = running.clone();
     unbound.spec.as_mut().unwrap().node_name = None;
     assert!(
-        unbound.still_running_after_delete().is_none(),
-        "never bound: nothing ran"
+        !processes_ended(&unbound),
+        "not bound yet, but the scheduler may still bind it"
+    );
+    unbound.metadata.deletion_timestamp = deleted.metadata.deletion_timestamp.clone();
+    assert!(
+        processes_ended(&unbound),
+        "deleted before it was bound: nothing ran"
     );
 
     running.status = Some(serde_json::from_value(json!({ "phase": "Succeeded" })).unwrap());
@@ -153,4 +158,127 @@ fn a_pods_own_lock_and_claim_say_it_is_a_pod() {
         (owner.kind.as_str(), owner.api_version.as_str()),
         ("Pod", "v1")
     );
+}
+
+/// The release paths against the scripted API (docs/design.md §6.3): the test plays the
+/// lock controller and the kubelet by writing the objects.
+mod release_waits_for_the_containers {
+    use std::sync::Arc;
+
+    use kube::ResourceExt;
+    use kube::runtime::reflector;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::controller::config::{ControllerConfig, FINALIZER};
+    use crate::controller::fake_api::FakeApi;
+    use crate::controller::gating::machine::{Gating, reconcile};
+    use crate::controller::gating::{CLAIM_ANNOTATION, Kinds};
+    use crate::telemetry::Telemetry;
+
+    const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
+    const POD: &str = "/api/v1/namespaces/ns/pods/p";
+
+    /// A gated Pod running on a node with fence 5, its lock db claimed and held for it.
+    fn scene() -> (FakeApi, Arc<Gating<Pod>>) {
+        let api = FakeApi::default();
+        api.put(
+            LOCK,
+            json!({
+                "apiVersion": "lockwarden.io/v1alpha1", "kind": "DistributedLock",
+                "metadata": { "name": "db", "namespace": "ns",
+                              "annotations": { CLAIM_ANNOTATION: "pod/p/pod-uid" } },
+                "spec": { "backend": { "kubernetes": { "leaseName": "db" } } },
+            }),
+        );
+        lock_status(&api, "Held", true);
+        api.put(
+            POD,
+            json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "p", "namespace": "ns", "uid": "pod-uid",
+                              "finalizers": [FINALIZER],
+                              "labels": { GATED_LABEL: "true" },
+                              "annotations": { LOCK_ANNOTATION: "db", FENCE_ANNOTATION: "5" } },
+                "spec": { "nodeName": "node-1", "containers": [{ "name": "c" }] },
+                "status": { "phase": "Running" },
+            }),
+        );
+        let (cache, _writer) = reflector::store();
+        let ctx = Arc::new(Gating::<Pod>::new(
+            api.client(),
+            ControllerConfig::default(),
+            cache,
+            Arc::new(Telemetry::new()),
+            Kinds::default().with::<Pod>(),
+        ));
+        (api, ctx)
+    }
+
+    fn lock_status(api: &FakeApi, phase: &str, acquired: bool) {
+        let mut lock = api.get(LOCK).expect("lock db");
+        let generation = lock["metadata"]["generation"].clone();
+        lock["status"] = json!({
+            "phase": phase, "fence": 5, "holder": "c/ns/pod/p/pod-uid",
+            "observedGeneration": generation,
+            "conditions": [{
+                "type": "Acquired", "status": if acquired { "True" } else { "False" },
+                "reason": if acquired { "LeaseHeld" } else { "Lost" }, "message": "m",
+                "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }],
+        });
+        api.put(LOCK, lock);
+    }
+
+    fn change(api: &FakeApi, path: &str, patch: Value) {
+        let mut object = api.get(path).expect(path);
+        json_patch::merge(&mut object, &patch);
+        api.put(path, object);
+    }
+
+    async fn step(api: &FakeApi, ctx: &Arc<Gating<Pod>>) {
+        let pod: Pod = api.object(POD);
+        reconcile(Arc::new(pod), ctx.clone())
+            .await
+            .expect("reconcile");
+    }
+
+    fn released(api: &FakeApi) -> bool {
+        let lock = api.get(LOCK).unwrap();
+        lock["spec"]["release"] == true
+            && lock["metadata"]["annotations"][CLAIM_ANNOTATION].is_null()
+    }
+
+    #[tokio::test]
+    async fn stop_a_pod_deleted_after_a_loss_is_released_only_once_it_has_ended() {
+        let (api, ctx) = scene();
+        lock_status(&api, "Lost", false);
+        step(&api, &ctx).await;
+        let pod: Pod = api.object(POD);
+        assert!(pod.metadata.deletion_timestamp.is_some(), "deleted");
+        step(&api, &ctx).await;
+        assert!(!released(&api), "released while its containers may run");
+        change(&api, POD, json!({ "status": { "phase": "Failed" } }));
+        step(&api, &ctx).await;
+        assert!(released(&api));
+        assert!(api.get(POD).is_none(), "the finalizer went");
+    }
+
+    #[tokio::test]
+    async fn stop_a_force_deleted_running_pod_is_released_only_once_it_has_ended() {
+        let (api, ctx) = scene();
+        change(
+            &api,
+            POD,
+            json!({ "metadata": { "deletionTimestamp": "2026-01-01T00:00:00Z",
+                                  "deletionGracePeriodSeconds": 0 } }),
+        );
+        step(&api, &ctx).await;
+        assert!(!released(&api), "released while its containers may run");
+        let pod: Pod = api.object(POD);
+        assert!(pod.finalizers().iter().any(|f| f == FINALIZER));
+        change(&api, POD, json!({ "status": { "phase": "Succeeded" } }));
+        step(&api, &ctx).await;
+        assert!(released(&api));
+    }
 }

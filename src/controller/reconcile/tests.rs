@@ -397,6 +397,66 @@ async fn released_on_delete_before_the_finalizer_goes() {
     assert!(!f.metrics().contains("lockwarden_locks{phase=\"Held\"} 1\n"));
 }
 
+/// docs/design.md §6.3: a lock deleted while the Job that claims it still has a Pod
+/// running is not released (no clean release beside running processes); it stays held
+/// until the Job's Pods are observed ended, then is released.
+#[tokio::test]
+async fn stop_a_lock_deleted_under_a_running_job_is_released_only_once_its_pods_ended() {
+    const JOB_PATH: &str = "/apis/batch/v1/namespaces/team/jobs/j";
+    const PODS_PATH: &str = "/api/v1/namespaces/team/pods";
+    let mut f = fixture();
+    let mut lock = f.held_lock().await;
+    lock.metadata.annotations = Some(
+        [(
+            crate::controller::gating::CLAIM_ANNOTATION.to_string(),
+            "j/job-uid".to_string(),
+        )]
+        .into(),
+    );
+    mark_deleted(&mut lock);
+    let job = |active: i32| {
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": { "name": "j", "namespace": NAMESPACE, "uid": "job-uid" },
+            "spec": { "template": { "spec": { "containers": [{ "name": "c" }] } } },
+            "status": { "active": active },
+        })
+    };
+    let running = job(1);
+    let (result, ()) = f
+        .reconcile(&lock, move |mut server| async move {
+            server.expect(Method::GET, JOB_PATH).await.ok(&running);
+            (server, ())
+        })
+        .await;
+    assert_eq!(
+        result.expect("waits"),
+        Action::requeue(super::CLAIMANT_RECHECK)
+    );
+    assert_eq!(f.store.record().state, LockState::Held, "not released");
+
+    let ended = job(0);
+    let mut gone = lock.clone();
+    gone.metadata.finalizers = None;
+    let store = f.store.clone();
+    let (result, ()) = f
+        .reconcile(&lock, move |mut server| async move {
+            server.expect(Method::GET, JOB_PATH).await.ok(&ended);
+            let list = server.expect(Method::GET, PODS_PATH).await;
+            assert!(list.query.contains("controller-uid"), "{}", list.query);
+            list.ok(&json!({ "apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [] }));
+            event(&mut server, "Normal", "Released").await;
+            server
+                .expect(Method::PATCH, LOCK_PATH)
+                .await
+                .ok(&serde_json::to_value(&gone).expect("JSON"));
+            assert_eq!(store.record().state, LockState::Released);
+            (server, ())
+        })
+        .await;
+    assert_eq!(result.expect("cleaned up"), Action::await_change());
+}
+
 #[tokio::test]
 async fn a_release_the_store_refuses_on_delete_is_counted_and_told() {
     let mut f = fixture();

@@ -1,0 +1,324 @@
+//! The work stops before the next holder (docs/design.md §6.3), on the real node: a
+//! gated Job whose container ignores SIGTERM (a shell as PID 1 with `trap '' TERM`,
+//! `terminationGracePeriodSeconds: 30`) holds an S3 lock (moto on loopback) that only
+//! the controller reaches through a fault proxy; the proxy is cut, so the lock's holder
+//! deadline comes and the controller stops the Job, while a contender on the host (the
+//! engine in-process, straight to moto) waits for the key and writes to the same
+//! loopback register the moment it acquires. Every write is stamped on arrival on
+//! CLOCK_MONOTONIC by the register: the Job's last write must arrive before the
+//! contender's first.
+//!
+//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
+//! the min and median, and each must be positive.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
+use lockwarden::api::DistributedLock;
+use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
+use lockwarden::lock::{AcquireRequest, Attempt, LockBackend};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::{FAILOVER_NAMESPACE, TIMEOUT, with_controller};
+use crate::support::eventually;
+use crate::support::locks::{s3_lock, timed};
+use crate::support::moto::{self, Moto};
+use crate::support::node::Node;
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::unique;
+
+/// The Job's lease and renew interval: short, so a trial takes about a minute.
+const LEASE: &str = "6s";
+const RENEW: &str = "2s";
+/// How long the contender sees the record before the cut: its observation (rule 1)
+/// runs from the first read of the version the holder last wrote.
+const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
+
+/// CLOCK_MONOTONIC in seconds: the register's clock.
+fn monotonic_now() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
+/// The guarded resource: one line per write (`WRITER N`), stamped on arrival on
+/// CLOCK_MONOTONIC (an arrival is after its write, so an arrival order is a bound on
+/// the write order the other way round only for the later write: the margin below is
+/// the contender's first *arrival* minus the Job's last *arrival*, and the Job's write
+/// happened before its arrival).
+#[derive(Default)]
+struct Register {
+    writes: Mutex<Vec<(f64, String)>>,
+}
+
+impl Register {
+    async fn serve() -> (u16, Arc<Register>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let register = Arc::new(Register::default());
+        let serving = register.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let register = serving.clone();
+                tokio::spawn(async move {
+                    let mut lines = BufReader::new(stream).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let t = monotonic_now();
+                        register.writes.lock().unwrap().push((t, line));
+                    }
+                });
+            }
+        });
+        (port, register)
+    }
+
+    /// Arrival times of `writer`'s lines.
+    fn of(&self, writer: &str) -> Vec<f64> {
+        self.writes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, line)| line.split(' ').next() == Some(writer))
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+/// The Secret with moto's credentials in the namespace the release may read Secrets
+/// of (created once; the failover test makes the same one).
+async fn ensure_aws_secret(client: &Client, ns: &str) {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": { "name": "aws" },
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": moto::ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": moto::SECRET_ACCESS_KEY,
+        },
+    }))
+    .unwrap();
+    match Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create {ns}/aws: {e}"),
+    }
+}
+
+/// The contender's backend: straight to moto, never through the proxy.
+async fn direct_backend(bucket: &str, key: &str) -> Arc<dyn LockBackend> {
+    let options = ConnectOptions {
+        aws: AwsOptions {
+            endpoint: Some(Moto::shared().endpoint()),
+            region: Some(moto::REGION.into()),
+            credentials: Some(Credentials::new(
+                moto::ACCESS_KEY_ID,
+                moto::SECRET_ACCESS_KEY,
+                None,
+            )),
+            ..AwsOptions::default()
+        },
+        s3: S3Options {
+            force_path_style: Some(true),
+            ..S3Options::default()
+        },
+        ..ConnectOptions::default()
+    };
+    let target = Target::parse(&format!("s3://{bucket}/{key}")).unwrap();
+    target.connect(&options).await.expect("an S3 backend")
+}
+
+/// A gated Job with a lock template whose container ignores SIGTERM and writes
+/// `job N` to the register every 100 ms through busybox's nc (host network: the
+/// register is on the host's loopback).
+fn ignoring_job(name: &str, template: &str, image: &str, register_port: u16) -> Job {
+    let script = format!(
+        "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
+         | nc 127.0.0.1 {register_port}"
+    );
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "annotations": { "lockwarden.io/lock-template": template } },
+        "spec": {
+            "suspend": true,
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "hostNetwork": true,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 30,
+                "containers": [{
+                    "name": "writer", "image": image, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                }],
+            }},
+        },
+    }))
+    .expect("a Job")
+}
+
+/// What one trial measured, in seconds on CLOCK_MONOTONIC.
+struct Trial {
+    /// The contender's first arrival minus the Job's last: positive is safe.
+    margin: f64,
+    cut_to_job_last: f64,
+    cut_to_contender_first: f64,
+    lock_delay: Option<String>,
+}
+
+async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usize) -> Trial {
+    let key = unique("stop");
+    let proxy = Proxy::start(Moto::shared().port());
+    let (port, register) = Register::serve().await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
+    let jobs = Api::<Job>::namespaced(client.clone(), ns);
+    let template_name = format!("stop-tpl-{n}-{}", &key[key.len() - 6..]);
+    let job_name = format!("stop-job-{n}-{}", &key[key.len() - 6..]);
+    let mut template = timed(
+        s3_lock(&template_name, bucket, &key, proxy.endpoint(), "aws"),
+        LEASE,
+        RENEW,
+    );
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    jobs.create(
+        &PostParams::default(),
+        &ignoring_job(&job_name, &template_name, &node.images().workload, port),
+    )
+    .await
+    .expect("create the Job");
+    eventually("the Job's first write", TIMEOUT, || async {
+        (!register.of("job").is_empty()).then_some(())
+    })
+    .await;
+    // The Job's own lock, as the controller made it from the template.
+    let own_lock = eventually("the Job's own lock", TIMEOUT, || async {
+        let list = locks.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|l| l.name_any().starts_with(&format!("{job_name}-")))
+    })
+    .await;
+    let lock_delay = own_lock.spec.lock_delay.clone();
+
+    // The contender: waits for the key straight through moto, and writes to the
+    // register the moment it acquires.
+    let backend = direct_backend(bucket, &key).await;
+    let mut line = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the register");
+    let contender = tokio::spawn(async move {
+        let request = AcquireRequest::new("contender", Duration::from_secs(6));
+        loop {
+            match backend.try_acquire(&request).await {
+                Ok(Attempt::Acquired(lease)) => {
+                    line.write_all(b"contender 1\n").await.unwrap();
+                    line.flush().await.unwrap();
+                    return (backend, lease);
+                }
+                Ok(Attempt::Busy { retry_in, .. }) => {
+                    let pause = retry_in.unwrap_or(Duration::from_millis(100));
+                    tokio::time::sleep(pause.min(Duration::from_millis(100))).await;
+                }
+                Err(e) => {
+                    eprintln!("stop: contender attempt failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+    tokio::time::sleep(CONTENDER_HEAD_START).await;
+
+    let cut = monotonic_now();
+    proxy.set_mode(Mode::Blackhole);
+    let (contender_backend, contender_lease) =
+        tokio::time::timeout(Duration::from_secs(300), contender)
+            .await
+            .expect("the contender acquires within 300 s of the cut")
+            .expect("the contender task");
+    // The Job's writes end at the latest when its Pod is gone (grace period over).
+    eventually("the Job's Pods gone", Duration::from_secs(180), || async {
+        let pods = crate::support::kube::job_pods(client, ns, &job_name).await;
+        pods.iter()
+            .all(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
+            })
+            .then_some(())
+    })
+    .await;
+    // A last write in flight arrives within a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let job_last = *register
+        .of("job")
+        .last()
+        .expect("the Job wrote to the register");
+    let contender_first = register.of("contender")[0];
+    let _ = contender_backend.release(&contender_lease).await;
+    let _ = jobs
+        .delete(
+            &job_name,
+            &DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..Default::default()
+            },
+        )
+        .await;
+    let _ = locks.delete(&template_name, &DeleteParams::default()).await;
+    drop(proxy);
+    Trial {
+        margin: contender_first - job_last,
+        cut_to_job_last: job_last - cut,
+        cut_to_contender_first: contender_first - cut,
+        lock_delay,
+    }
+}
+
+/// The Job's last write arrives before the contender's first, after the store is cut
+/// off from the controller (docs/design.md §6.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when_the_store_is_cut_on_s3()
+ {
+    let (node, client, _shared) = with_controller().await;
+    let trials: usize = std::env::var("LOCKWARDEN_NODE_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let ns = FAILOVER_NAMESPACE;
+    ensure_aws_secret(&client, ns).await;
+    let bucket = Moto::shared().new_bucket("node-stop").await;
+    let mut margins = Vec::new();
+    for n in 0..trials {
+        let trial = one_trial(node, &client, ns, &bucket, n).await;
+        println!(
+            "stop: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
+             contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
+            trial.margin, trial.cut_to_job_last, trial.cut_to_contender_first, trial.lock_delay
+        );
+        margins.push(trial.margin);
+    }
+    let mut sorted = margins.clone();
+    sorted.sort_by(f64::total_cmp);
+    println!(
+        "stop: {trials} trial(s): margin min {:+.3} s, median {:+.3} s",
+        sorted[0],
+        sorted[sorted.len() / 2]
+    );
+    assert!(
+        margins.iter().all(|m| *m > 0.0),
+        "the Job wrote after the contender's first write (margins in seconds: {margins:?})"
+    );
+}
