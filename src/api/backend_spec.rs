@@ -127,11 +127,4 @@ impl BackendSpec {
         }
         Ok(())
     }
-
-    /// Whether the selected store can carry a lock-delay (docs/design.md §6.3): every
-    /// store whose record holds the lease contenders wait out. Not ZooKeeper, whose
-    /// session expiry deletes the holder's entry and wakes every contender at once.
-    pub fn supports_lock_delay(&self) -> bool {
-        self.kind().is_ok_and(|kind| kind != BackendKind::ZooKeeper)
-    }
 }
