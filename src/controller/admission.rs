@@ -17,7 +17,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::gating::{GatedWorkload, decide};
+use super::gating::{GUARD_ANNOTATION, GatedWorkload, decide};
 use super::jobs::JOB;
 use super::pods::{GATED_LABEL, POD, SCHEDULING_GATE};
 
@@ -53,4 +53,36 @@ pub fn pod_misuse(pod: &Pod) -> Result<(), String> {
         Some(_) if !gated => Err(pod.not_held_back("a lock").1),
         Some(_) => Ok(()),
     }
+}
+
+/// Why a workload of any gated kind, annotated `lockwarden.io/guard: "true"` and created
+/// like this, is misuse, if it is: a container without `command`, which the chart's
+/// guard injection (charts/lockwarden/templates/guard-injection.yaml, the same rule in
+/// CEL) cannot wrap, since admission does not know its image's ENTRYPOINT. The
+/// controller refuses it too ([`decide::guard_missing`]: it does not run the guard).
+pub fn guard_misuse<W: GatedWorkload>(workload: &W) -> Result<(), String> {
+    if workload
+        .annotations()
+        .get(GUARD_ANNOTATION)
+        .map(String::as_str)
+        != Some("true")
+    {
+        return Ok(());
+    }
+    let without: Vec<&str> = workload
+        .pod_spec()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.command.as_ref().is_none_or(Vec::is_empty))
+        .map(|c| c.name.as_str())
+        .collect();
+    if without.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{GUARD_ANNOTATION}: \"true\" but container {} has no command, so the guard cannot \
+         wrap it",
+        without.join(", ")
+    ))
 }

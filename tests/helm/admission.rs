@@ -218,7 +218,7 @@ async fn install_rules(client: &Client, rendered: &str) {
 
 /// `kubectl create` (or with `dry_run`, a server-side dry run) of `object` in `ns`:
 /// `Ok(stdout)` or `Err(stderr)`.
-async fn create(ns: &str, object: &Value, dry_run: bool) -> Result<String, String> {
+pub(super) async fn create(ns: &str, object: &Value, dry_run: bool) -> Result<String, String> {
     let mut args = vec!["create", "--namespace", ns, "-o", "json", "-f", "-"];
     if dry_run {
         args.push("--dry-run=server");
@@ -319,7 +319,7 @@ fn cron_job(name: &str, job_annotations: Value, suspend: bool, template: Value) 
 }
 
 /// Asserts `object` is refused at creation with a message containing `fragment`.
-async fn refused(ns: &str, object: &Value, fragment: &str) {
+pub(super) async fn refused(ns: &str, object: &Value, fragment: &str) {
     let what = format!("{} {}", object["kind"], object["metadata"]["name"]);
     match create(ns, object, false).await {
         Ok(_) => panic!("{what} was admitted; expected: {fragment}"),
@@ -330,7 +330,7 @@ async fn refused(ns: &str, object: &Value, fragment: &str) {
     }
 }
 
-async fn admitted(ns: &str, object: &Value) -> Value {
+pub(super) async fn admitted(ns: &str, object: &Value) -> Value {
     let what = format!("{} {}", object["kind"], object["metadata"]["name"]);
     let out = create(ns, object, false)
         .await

@@ -15,6 +15,7 @@
 mod admission;
 mod controller;
 mod fencing;
+mod guard;
 mod install;
 mod rbac;
 mod render;

@@ -198,3 +198,57 @@ joined by dots, at most 253 characters; no '/', so no other namespace).
   messageExpression: "'{{ .at }}' + 'lockwarden.io/on-lock-lost: \"' + {{ $a }}['lockwarden.io/on-lock-lost'] + '\" is not one of {{ join ", " .onLockLost }} (for a {{ .kind }})'"
   reason: Invalid
 {{- end -}}
+
+{{/*
+Whether the API server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy
+("true" or ""). Against a cluster helm discovers every served kind, so the answer is
+exact (an API server that turned the API off says so). An offline render (`helm
+template`) knows groups and versions only, not kinds — ValidatingAdmissionPolicy, served
+on every supported version, is then missing too —, so there the version decides: GA and
+on by default from 1.36.
+*/}}
+{{- define "lockwarden.mutatingPolicyServed" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" }}true{{ end -}}
+{{- else if semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+A value from values.yaml as a CEL ApplyConfiguration literal of type .type (e.g.
+Object.spec.initContainers.securityContext): maps become typed objects, lists of maps
+lists of the same type, strings single-quoted.
+*/}}
+{{- define "lockwarden.celLiteral" -}}
+{{- $type := .type -}}
+{{- if kindIs "map" .value -}}
+{{ $type }}{
+{{- $first := true -}}
+{{- range $k, $v := .value -}}
+{{- if not $first }}, {{ end -}}{{- $first = false -}}
+{{ $k }}: {{ include "lockwarden.celLiteral" (dict "type" (printf "%s.%s" $type $k) "value" $v) }}
+{{- end -}}
+}
+{{- else if kindIs "slice" .value -}}
+[
+{{- range $i, $v := .value -}}
+{{- if $i }}, {{ end -}}
+{{ include "lockwarden.celLiteral" (dict "type" $type "value" $v) }}
+{{- end -}}
+]
+{{- else if kindIs "string" .value -}}
+'{{ .value }}'
+{{- else -}}
+{{ .value }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Guard injection (templates/guard-injection.yaml): whether container c runs `lockwarden
+guard` — its command and args together start with a file named lockwarden and the word
+guard (controller/gating/decide.rs `runs_guard` says the same).
+*/}}
+{{- define "lockwarden.runsGuard" -}}
+[c.?command.orValue([]) + c.?args.orValue([])].exists(argv, size(argv) >= 2 && (argv[0] == 'lockwarden' || argv[0].endsWith('/lockwarden')) && argv[1] == 'guard')
+{{- end -}}

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use kube::ResourceExt;
 
 use crate::api::conditions::{self, ACQUIRED, reason};
@@ -13,8 +14,8 @@ use crate::duration::{format_duration, parse_duration};
 use crate::lock::{SafetyMargins, names};
 
 use super::{
-    Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
-    OnLockLost, TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
+    GUARD_ANNOTATION, Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION,
+    ON_LOCK_LOST_ANNOTATION, OnLockLost, TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
 };
 
 /// One lock a workload asks for.
@@ -167,6 +168,63 @@ pub fn names_lock(annotations: &BTreeMap<String, String>, name: &str) -> bool {
                 .get(*a)
                 .is_some_and(|v| v.split(',').any(|n| n.trim() == name))
         })
+}
+
+/// Whether `container` runs the node-side guard: its command and args together start
+/// with a file named `lockwarden` and the word `guard` (the chart's
+/// `lockwarden.runsGuard` in CEL says the same).
+pub fn runs_guard(container: &Container) -> bool {
+    let mut argv = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten());
+    let program = argv.next().map(String::as_str);
+    program.is_some_and(|p| p.rsplit('/').next() == Some("lockwarden"))
+        && argv.next().map(String::as_str) == Some("guard")
+}
+
+/// What stands between a workload annotated `lockwarden.io/guard: "true"` and its start:
+/// the containers of `spec` (its Pods' spec) that do not run the guard, in a message
+/// for the Warning; `None` when it does not ask for the guard or every container runs
+/// it. Its containers cannot be changed any more (a suspended Job's template, a Pod),
+/// so only the owner can fix it, by creating it anew with the guard.
+pub fn guard_missing(
+    annotations: &BTreeMap<String, String>,
+    spec: Option<&PodSpec>,
+) -> Option<String> {
+    if annotations.get(GUARD_ANNOTATION).map(String::as_str) != Some("true") {
+        return None;
+    }
+    let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let unguarded: Vec<&Container> = containers.iter().filter(|c| !runs_guard(c)).collect();
+    if unguarded.is_empty() && !containers.is_empty() {
+        return None;
+    }
+    let names: Vec<&str> = unguarded.iter().map(|c| c.name.as_str()).collect();
+    let without_command: Vec<&str> = unguarded
+        .iter()
+        .filter(|c| c.command.as_ref().is_none_or(Vec::is_empty))
+        .map(|c| c.name.as_str())
+        .collect();
+    let hint = if without_command.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} has no command: the guard can only wrap a command, so set it)",
+            without_command.join(", ")
+        )
+    };
+    Some(format!(
+        "not started: {GUARD_ANNOTATION} is \"true\" but container {} does not run \
+         `lockwarden guard`{hint}; created before the guard's admission policy, or with it \
+         off: add the guard to the template, see README \"Guard\"",
+        if names.is_empty() {
+            "(none)".to_string()
+        } else {
+            names.join(", ")
+        }
+    ))
 }
 
 /// The longest `lockwarden.io/lost-grace` that still stops the workload before another
@@ -458,6 +516,77 @@ mod tests {
         assert_eq!(
             not_held_reason(&lock).0,
             "waiting for lock db: no permit free: 3 of 3 in use by 2 holders"
+        );
+    }
+
+    fn container(name: &str, command: &[&str], args: &[&str]) -> Container {
+        let list = |l: &[&str]| (!l.is_empty()).then(|| l.iter().map(|s| s.to_string()).collect());
+        Container {
+            name: name.into(),
+            command: list(command),
+            args: list(args),
+            ..Container::default()
+        }
+    }
+
+    #[test]
+    fn guard_runs_where_command_and_args_start_with_lockwarden_guard() {
+        assert!(runs_guard(&container(
+            "a",
+            &["/g/lockwarden", "guard", "--", "sh"],
+            &[]
+        )));
+        assert!(runs_guard(&container(
+            "a",
+            &["lockwarden"],
+            &["guard", "--", "sh"]
+        )));
+        assert!(!runs_guard(&container(
+            "a",
+            &["sh", "-c", "lockwarden guard"],
+            &[]
+        )));
+        assert!(!runs_guard(&container(
+            "a",
+            &["/g/notlockwarden", "guard"],
+            &[]
+        )));
+        assert!(!runs_guard(&container("a", &["/g/lockwarden", "run"], &[])));
+        assert!(!runs_guard(&container("a", &[], &[])));
+    }
+
+    #[test]
+    fn guard_missing_names_each_unguarded_container_and_one_without_command() {
+        let ask = BTreeMap::from([(GUARD_ANNOTATION.to_string(), "true".to_string())]);
+        let spec = |containers: Vec<Container>| PodSpec {
+            containers,
+            ..PodSpec::default()
+        };
+        let guarded = container("ok", &["/g/lockwarden", "guard", "--", "x"], &[]);
+        assert_eq!(
+            guard_missing(&ask, Some(&spec(vec![guarded.clone()]))),
+            None
+        );
+        // Not asked for: none of its business.
+        let plain = container("work", &["sh"], &[]);
+        assert_eq!(
+            guard_missing(&BTreeMap::new(), Some(&spec(vec![plain.clone()]))),
+            None
+        );
+        let message = guard_missing(
+            &ask,
+            Some(&spec(vec![
+                guarded,
+                plain,
+                container("entry", &[], &["run"]),
+            ])),
+        )
+        .unwrap();
+        assert!(
+            message.contains("container work, entry does not run `lockwarden guard`")
+                && message.contains("(entry has no command")
+                && message.contains("add the guard to the template, see README \"Guard\""),
+            "{message}"
         );
     }
 }

@@ -531,6 +531,13 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             // The patched object comes back through the watch.
             return Ok(Action::await_change());
         }
+        // Its containers cannot change any more: only its owner can add the guard, by
+        // creating it anew. Checked before any lock is taken for it.
+        if let Some(message) = decide::guard_missing(self.obj.annotations(), self.obj.pod_spec()) {
+            self.report(EventType::Warning, "GuardMissing", message)
+                .await?;
+            return Ok(Action::await_change());
+        }
         let needed_delay =
             match stop::needed_lock_delay(self.obj.pod_spec(), &SafetyMargins::default()) {
                 Ok(needed) => needed,

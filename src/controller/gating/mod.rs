@@ -44,6 +44,11 @@ pub const LOCKS_ANNOTATION: &str = "lockwarden.io/locks";
 pub const TEMPLATES_ANNOTATION: &str = "lockwarden.io/lock-templates";
 /// Annotation: what to do once a running workload's lock is no longer held.
 pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
+/// Annotation: `"true"` asks for the node-side guard in every container (`lockwarden
+/// guard`, docs/design.md §6.3): the chart's admission policy adds it at creation, and
+/// the controller does not start a workload whose containers lack it
+/// ([`decide::guard_missing`]).
+pub const GUARD_ANNOTATION: &str = "lockwarden.io/guard";
 /// Annotation: how long a lock past its holder deadline may stay so before the
 /// workload is stopped (a duration, less than [`decide::max_lost_grace`]; zero by
 /// default).

@@ -325,8 +325,8 @@ mod release_waits_for_the_pods {
     use super::*;
     use crate::controller::config::{ControllerConfig, FINALIZER};
     use crate::controller::fake_api::FakeApi;
-    use crate::controller::gating::Kinds;
     use crate::controller::gating::machine::{Gating, reconcile};
+    use crate::controller::gating::{GUARD_ANNOTATION, Kinds};
     use crate::telemetry::Telemetry;
 
     const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
@@ -623,5 +623,54 @@ mod release_waits_for_the_pods {
             "{status}"
         );
         assert_eq!(api.event_reasons(), ["LockDelayTooLong"]);
+    }
+
+    /// The Job of `scene` as created suspended and never started, annotated
+    /// `lockwarden.io/guard: "true"`, its one container running `command`; db held for
+    /// it.
+    fn guard_scene(command: Value) -> (FakeApi, Arc<Gating<Job>>) {
+        let (api, ctx) = scene("suspend");
+        let mut job = api.get(JOB).unwrap();
+        job["metadata"]["annotations"][GUARD_ANNOTATION] = json!("true");
+        job["spec"]["suspend"] = json!(true);
+        job["spec"]["template"] = json!({ "spec": {
+            "containers": [{ "name": "work", "command": command }],
+            "restartPolicy": "Never",
+        } });
+        job["status"] = json!({});
+        api.put(JOB, job);
+        (api, ctx)
+    }
+
+    #[tokio::test]
+    async fn guard_a_job_asking_for_the_guard_without_it_stays_suspended_with_a_warning() {
+        let (api, ctx) = guard_scene(json!(["sh", "-c", "work"]));
+        let job = step(&api, &ctx).await;
+        assert_eq!(job.spec.as_ref().unwrap().suspend, Some(true));
+        let status = &job.annotations()[STATUS_ANNOTATION];
+        assert!(
+            status.contains("container work does not run `lockwarden guard`")
+                && status.contains("created before the guard's admission policy")
+                && status.contains("README \"Guard\""),
+            "{status}"
+        );
+        assert_eq!(api.event_reasons(), ["GuardMissing"]);
+        // Nothing about its fence was written: it never ran.
+        assert!(job.spec.unwrap().template.metadata.is_none());
+    }
+
+    #[tokio::test]
+    async fn guard_a_job_whose_containers_run_the_guard_is_started() {
+        let (api, ctx) = guard_scene(json!(["/lockwarden-guard/lockwarden", "guard", "--", "sh"]));
+        let job = step(&api, &ctx).await;
+        assert_eq!(job.spec.as_ref().unwrap().suspend, Some(false), "{job:?}");
+        // (A named lock without a lock-delay is warned about too: not the guard's.)
+        let reasons = api.event_reasons();
+        assert_eq!(
+            reasons.first().map(String::as_str),
+            Some("Started"),
+            "{reasons:?}"
+        );
+        assert!(!reasons.iter().any(|r| r == "GuardMissing"), "{reasons:?}");
     }
 }

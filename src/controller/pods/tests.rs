@@ -173,7 +173,7 @@ mod release_waits_for_the_containers {
     use crate::controller::config::{ControllerConfig, FINALIZER};
     use crate::controller::fake_api::FakeApi;
     use crate::controller::gating::machine::{Gating, reconcile};
-    use crate::controller::gating::{CLAIM_ANNOTATION, Kinds};
+    use crate::controller::gating::{CLAIM_ANNOTATION, GUARD_ANNOTATION, Kinds, STATUS_ANNOTATION};
     use crate::telemetry::Telemetry;
 
     const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
@@ -280,5 +280,50 @@ mod release_waits_for_the_containers {
         change(&api, POD, json!({ "status": { "phase": "Succeeded" } }));
         step(&api, &ctx).await;
         assert!(released(&api));
+    }
+
+    /// A labelled Pod as created with the gate and `lockwarden.io/guard: "true"`, its one
+    /// container running `command`; db held for it.
+    fn guard_scene(command: Value) -> (FakeApi, Arc<Gating<Pod>>) {
+        let (api, ctx) = scene();
+        let mut pod = api.get(POD).unwrap();
+        pod["metadata"]["annotations"] = json!({ LOCK_ANNOTATION: "db", GUARD_ANNOTATION: "true" });
+        pod["spec"] = json!({
+            "schedulingGates": [{ "name": SCHEDULING_GATE }],
+            "containers": [{ "name": "work", "command": command }],
+        });
+        pod["status"] = json!({ "phase": "Pending" });
+        api.put(POD, pod);
+        (api, ctx)
+    }
+
+    #[tokio::test]
+    async fn guard_a_pod_asking_for_the_guard_without_it_stays_gated_with_a_warning() {
+        let (api, ctx) = guard_scene(json!(["sh", "-c", "work"]));
+        step(&api, &ctx).await;
+        let pod: Pod = api.object(POD);
+        assert!(pod.held_back(), "still gated");
+        let status = &pod.annotations()[STATUS_ANNOTATION];
+        assert!(
+            status.contains("container work does not run `lockwarden guard`"),
+            "{status}"
+        );
+        assert_eq!(api.event_reasons(), ["GuardMissing"]);
+    }
+
+    #[tokio::test]
+    async fn guard_a_pod_whose_containers_run_the_guard_is_ungated() {
+        let (api, ctx) = guard_scene(json!(["lockwarden", "guard", "--", "sh"]));
+        step(&api, &ctx).await;
+        let pod: Pod = api.object(POD);
+        assert!(!pod.held_back(), "ungated: {pod:?}");
+        // (A named lock without a lock-delay is warned about too: not the guard's.)
+        let reasons = api.event_reasons();
+        assert_eq!(
+            reasons.first().map(String::as_str),
+            Some("Started"),
+            "{reasons:?}"
+        );
+        assert!(!reasons.iter().any(|r| r == "GuardMissing"), "{reasons:?}");
     }
 }
