@@ -215,15 +215,15 @@ pub fn guard_missing(
             without_command.join(", ")
         )
     };
+    let which = match names.as_slice() {
+        [] => "it has no container that runs".to_string(),
+        [one] => format!("container {one} does not run"),
+        many => format!("containers {} do not run", many.join(", ")),
+    };
     Some(format!(
-        "not started: {GUARD_ANNOTATION} is \"true\" but container {} does not run \
-         `lockwarden guard`{hint}; created before the guard's admission policy, or with it \
-         off: add the guard to the template, see README \"Guard\"",
-        if names.is_empty() {
-            "(none)".to_string()
-        } else {
-            names.join(", ")
-        }
+        "not started: {GUARD_ANNOTATION} is \"true\" but {which} `lockwarden guard`{hint}; \
+         created before the guard's admission policy, or with it off: add the guard to the \
+         template, see README \"Guard\""
     ))
 }
 
@@ -583,7 +583,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            message.contains("container work, entry does not run `lockwarden guard`")
+            message.contains("containers work, entry do not run `lockwarden guard`")
                 && message.contains("(entry has no command")
                 && message.contains("add the guard to the template, see README \"Guard\""),
             "{message}"
