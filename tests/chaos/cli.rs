@@ -15,8 +15,19 @@
 //!   unlocks — sometimes late, after the lease, when the key may be someone else's and
 //!   `unlock` must leave it alone.
 //!
+//! - a guarded round (S3, DynamoDB, Leases): a holder, `run URL [--lock-delay D] --
+//!   sleep`, holds the key and renews; beside it `guard --url URL --nonce N --fence F --
+//!   bash -c …` runs the same writer as `run`'s command, with the holder's nonce and
+//!   fence (what a gated Pod gets from its annotations). The guard reads the record
+//!   through proxies of its own and must stop the writer by its own deadline whenever it
+//!   cannot confirm the record still carries the nonce — the holder SIGSTOPped
+//!   (`cli-holder-sigstop`) or cut off, or the guard itself cut off. The guard logs its
+//!   deadlines on CLOCK_MONOTONIC; the harness records the latest, and a guarded write
+//!   that arrives after it is a violation (rule (g), docs/safety.md).
+//!
 //! Every process runs in a process group of its own, so the `cli-sigkill` fault kills a
-//! `run` and its command together, as a machine that dies would.
+//! `run` and its command together (a guard, its command and its holder too), as a
+//! machine that dies would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +41,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 
 use super::history::{Claim, History, Kind};
-use super::schedule::{Backend, LEASE};
-use super::world::world;
+use super::schedule::{Backend, LEASE, LONGEST_LOCK_DELAY};
+use super::world::{Paths, world};
 use crate::support::cli::Cli;
 use crate::support::moto::REGION;
 
@@ -43,7 +54,9 @@ pub struct CliSpec {
     pub lock_unlock_share: f64,
     /// How long each hold lasts.
     pub hold: (Duration, Duration),
-    /// Broken on purpose: `run`'s command hands its writes to a daemon outside `run`'s
+    /// How often a round is a guarded one (0 on ZooKeeper, which the guard refuses).
+    pub guarded_share: f64,
+    /// Broken on purpose: `run`'s (or the guard's) command hands its writes to a daemon outside `run`'s
     /// process tree (the harness, asked over the register's socket), which `run`
     /// cannot stop (docs/design.md §3 rule 7, "what stays outside"): its writes
     /// outlive a lost lock, and only the fence refuses them.
@@ -56,44 +69,73 @@ pub struct CliTarget {
     pub url: String,
     pub flags: Vec<String>,
     pub cli: Cli,
+    /// The guard's way to the store: its own proxies (S3, DynamoDB, Leases).
+    pub guard_flags: Vec<String>,
+    pub guard_cli: Cli,
 }
 
 impl CliTarget {
     /// `key_url` is the key as the checker names it; on ZooKeeper the URL names the
     /// slot's own proxies instead, with `zk_path`.
     pub fn new(backend: Backend, slot: usize, key_url: &str, zk_path: &str) -> CliTarget {
-        let paths = &world().clis[slot];
-        let mut flags = Vec::new();
-        let mut cli = Cli::new();
-        let url = match backend {
-            Backend::Lease => {
-                cli = cli.with("KUBECONFIG", paths.kubeconfig.display().to_string());
-                key_url.to_string()
-            }
-            Backend::S3 | Backend::DynamoDb => {
-                flags.extend([
-                    "--endpoint".into(),
-                    paths.paths.moto().endpoint(),
-                    "--region".into(),
-                    REGION.into(),
-                ]);
-                if backend == Backend::S3 {
-                    flags.push("--path-style".into());
-                }
-                key_url.to_string()
-            }
-            Backend::ZooKeeper => {
-                flags.extend(["--session-timeout".into(), format!("{}s", LEASE.as_secs())]);
-                format!("zk://{}{zk_path}", paths.paths.zk_connect())
-            }
+        let slot = &world().clis[slot];
+        let (url, flags, cli) = through(backend, &slot.paths, &slot.kubeconfig, key_url, zk_path);
+        let (guard_flags, guard_cli) = if backend == Backend::ZooKeeper {
+            (Vec::new(), Cli::new())
+        } else {
+            let (_, flags, cli) = through(
+                backend,
+                &slot.guard_paths,
+                &slot.guard_kubeconfig,
+                key_url,
+                zk_path,
+            );
+            (flags, cli)
         };
         CliTarget {
             key: key_url.to_string(),
             url,
             flags,
             cli,
+            guard_flags,
+            guard_cli,
         }
     }
+}
+
+/// The URL, flags and CLI that reach `key_url` through `paths`.
+fn through(
+    backend: Backend,
+    paths: &Paths,
+    kubeconfig: &std::path::Path,
+    key_url: &str,
+    zk_path: &str,
+) -> (String, Vec<String>, Cli) {
+    let mut flags = Vec::new();
+    let mut cli = Cli::new();
+    let url = match backend {
+        Backend::Lease => {
+            cli = cli.with("KUBECONFIG", kubeconfig.display().to_string());
+            key_url.to_string()
+        }
+        Backend::S3 | Backend::DynamoDb => {
+            flags.extend([
+                "--endpoint".into(),
+                paths.moto().endpoint(),
+                "--region".into(),
+                REGION.into(),
+            ]);
+            if backend == Backend::S3 {
+                flags.push("--path-style".into());
+            }
+            key_url.to_string()
+        }
+        Backend::ZooKeeper => {
+            flags.extend(["--session-timeout".into(), format!("{}s", LEASE.as_secs())]);
+            format!("zk://{}{zk_path}", paths.zk_connect())
+        }
+    };
+    (url, flags, cli)
 }
 
 /// The register's door for CLI commands: a loopback listener; each connection is one
@@ -225,6 +267,8 @@ pub async fn contender(
     seed: u64,
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
+    // Guarded rounds from a stream of their own: the other draws stay as they were.
+    let mut guarded_rng = StdRng::seed_from_u64(seed ^ 0x6a4d);
     tokio::time::sleep(spec.start_after).await;
     let mut round = 0;
     while !stop.load(Ordering::SeqCst) {
@@ -234,12 +278,27 @@ pub async fn contender(
         } else {
             ""
         };
-        let who = format!("cli-{}{broken}-k{k}-{round}", spec.slot);
+        let guarded = guarded_rng.random_bool(spec.guarded_share);
+        let kind = if guarded { "-guard" } else { "" };
+        let who = format!("cli-{}{kind}{broken}-k{k}-{round}", spec.slot);
         let hold_ms =
             rng.random_range(spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64);
         // Short and long waits: ZooKeeper queues and busy keys need the long ones.
         let wait = [2, 4, 6][rng.random_range(0..3)];
-        if rng.random_bool(spec.lock_unlock_share) {
+        if guarded {
+            // Some holders ask for a lock-delay (rule 8): the stored lease, which the
+            // guard's deadline runs on, is then longer than the holder's own.
+            let lock_delay = guarded_rng.random_bool(0.4).then(|| {
+                [500, 1000, LONGEST_LOCK_DELAY.as_millis() as u64][guarded_rng.random_range(0..3)]
+            });
+            let round = Round {
+                who: &who,
+                hold_ms,
+                wait,
+                lock_delay,
+            };
+            guarded_round(&spec, &target, k, round, register, &history).await;
+        } else if rng.random_bool(spec.lock_unlock_share) {
             let late = rng.random_bool(0.25);
             lock_then_unlock(&spec, &target, &who, (hold_ms, wait), late, &history).await;
         } else {
@@ -441,4 +500,271 @@ async fn run_to_end(spec: &CliSpec, target: &CliTarget, args: &[String]) -> (Opt
         Ok(Err(e)) => (None, e.to_string()),
         Err(_) => (None, "still running after 60 s".into()),
     }
+}
+
+/// One guarded round's parameters.
+struct Round<'a> {
+    who: &'a str,
+    hold_ms: u64,
+    wait: u64,
+    /// The holder's `--lock-delay`, in milliseconds.
+    lock_delay: Option<u64>,
+}
+
+/// The holder of a guarded round: takes the lock, writes its nonce and fence where the
+/// harness reads them (as the controller puts them in a Pod's annotations), and holds
+/// it, renewing, until the harness ends it.
+const HOLDER: &str = r#"echo "$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE" > "$CHAOS_HELD.tmp"
+mv "$CHAOS_HELD.tmp" "$CHAOS_HELD"
+exec sleep 600"#;
+
+/// A guarded round: a `run` holder, and `guard` running the writer with its nonce and
+/// fence (module docs). Records the guard's outcome and its latest deadline.
+async fn guarded_round(
+    spec: &CliSpec,
+    target: &CliTarget,
+    k: usize,
+    round: Round<'_>,
+    register: u16,
+    history: &History,
+) {
+    let Round {
+        who,
+        hold_ms,
+        wait,
+        lock_delay,
+    } = round;
+    let holder_who = format!("{who}-holder");
+    let held = target.cli.path(&format!("{who}.held"));
+    let holder_log = target.cli.path(&format!("{who}.holder.log"));
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--lease".into(),
+        lease_flag(),
+        "--wait".into(),
+        wait.to_string(),
+        "--holder".into(),
+        holder_who.clone(),
+    ];
+    if let Some(delay) = lock_delay {
+        args.extend(["--lock-delay".into(), format!("{delay}ms")]);
+    }
+    args.extend(target.flags.iter().cloned());
+    args.extend([target.url.clone(), "--".into()]);
+    args.extend(["bash".into(), "-c".into(), HOLDER.into()]);
+    let mut cmd = target.cli.command(&args);
+    let Ok(log) = std::fs::File::create(&holder_log) else {
+        return;
+    };
+    cmd.env("CHAOS_HELD", &held)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0);
+    let invoke = history.now();
+    let Ok(mut holder) = cmd.spawn() else {
+        history.failed(
+            &target.key,
+            &holder_who,
+            "run",
+            invoke,
+            "fail",
+            "cannot start lockwarden",
+        );
+        return;
+    };
+    let holder_pid = holder.id();
+    let slot = &world().clis[spec.slot];
+    slot.holder_started(holder_pid);
+
+    // The holder's nonce and fence, once it holds the lock.
+    let acquired = tokio::time::Instant::now() + Duration::from_secs(wait + 30);
+    let mut holding = None;
+    while tokio::time::Instant::now() < acquired {
+        if let Some(pair) = std::fs::read_to_string(&held).ok().and_then(|t| {
+            let (nonce, fence) = t.trim().split_once(' ')?;
+            Some((nonce.to_string(), fence.to_string()))
+        }) {
+            holding = Some(pair);
+            break;
+        }
+        if matches!(holder.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if let Some((nonce, fence)) = holding {
+        guard(
+            spec,
+            target,
+            k,
+            (who, hold_ms),
+            (&nonce, &fence),
+            lock_delay,
+            register,
+            history,
+        )
+        .await;
+        // The round is over: the holder stops its `sleep` and releases (if it still
+        // holds the lock; a stopped holder gets the SIGTERM when it is continued).
+        if let Some(pid) = holder_pid {
+            // SAFETY: kill(2) on the holder we started; plain integers.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(60), holder.wait()).await;
+    if ended.is_err()
+        && let Some(pid) = holder_pid
+    {
+        // SAFETY: as above, on its process group.
+        unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        let _ = holder.wait().await;
+    }
+    slot.holder_ended(holder_pid);
+    let detail = std::fs::read_to_string(&holder_log).unwrap_or_default();
+    let code = match ended {
+        Ok(Ok(status)) => status
+            .code()
+            .map_or("killed".to_string(), |c| c.to_string()),
+        _ => "killed".into(),
+    };
+    history.record(
+        json!({"process": holder_who, "op": "run", "key": target.key,
+        "invoke": invoke, "complete": history.now(), "result": "ok",
+        "detail": format!("exit {code}: {}", last_lines(&detail, 3)), "lockDelayMs": lock_delay}),
+    );
+}
+
+/// `guard --url URL --nonce N --fence F -- bash -c WRITER`, to its end.
+#[allow(clippy::too_many_arguments)]
+async fn guard(
+    spec: &CliSpec,
+    target: &CliTarget,
+    k: usize,
+    (who, hold_ms): (&str, u64),
+    (nonce, fence): (&str, &str),
+    lock_delay: Option<u64>,
+    register: u16,
+    history: &History,
+) {
+    let command = if spec.hands_writes_to_a_daemon {
+        HANDS_OFF
+    } else {
+        COMMAND
+    };
+    // No --grace: the guard's default, the longest the stored lease leaves.
+    let mut args: Vec<String> = vec![
+        "guard".into(),
+        "--url".into(),
+        target.key.clone(),
+        "--nonce".into(),
+        nonce.into(),
+        "--fence".into(),
+        fence.into(),
+    ];
+    args.extend(target.guard_flags.iter().cloned());
+    args.extend(["--".into(), "bash".into(), "-c".into(), command.into()]);
+    let mut cmd = target.guard_cli.command(&args);
+    // Debug: every deadline a renewal moves is logged, not only the first and last.
+    cmd.env("LOCKWARDEN_LOG", "lockwarden=debug")
+        .env("CHAOS_REGISTER", register.to_string())
+        .env("CHAOS_KEY", k.to_string())
+        .env("CHAOS_WHO", who)
+        .env("CHAOS_WRITES", (hold_ms / 100 + 1).to_string())
+        .process_group(0);
+    let invoke = history.now();
+    let Ok(child) = cmd.spawn() else {
+        history.failed(
+            &target.key,
+            who,
+            "guard",
+            invoke,
+            "fail",
+            "cannot start lockwarden",
+        );
+        return;
+    };
+    let pid = child.id();
+    world().clis[spec.slot].started(pid);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await;
+    world().clis[spec.slot].ended(pid);
+    let (code, stderr) = match out {
+        Ok(Ok(out)) => (
+            out.status.code(),
+            without_colours(&String::from_utf8_lossy(&out.stderr)),
+        ),
+        Ok(Err(e)) => (None, e.to_string()),
+        Err(_) => (None, "still running after 60 s".into()),
+    };
+    // The guard's deadline on CLOCK_MONOTONIC, on the history's clock.
+    let deadline = latest_deadline(&stderr).map(|d| d - monotonic_now() + history.now());
+    history.guard_deadline(&target.key, who, deadline);
+    // 0: the command ended in time; 6: stopped, the lock unconfirmed by the deadline;
+    // 4: the lock not (or no longer) held with the nonce; others: the store unreadable
+    // at start, killed by a fault. Outcomes, not violations: the writes decide.
+    let outcome = match code {
+        Some(0) => "ended".to_string(),
+        Some(6) => "stopped-unconfirmed".into(),
+        Some(4) => "stopped-not-held".into(),
+        Some(c) => format!("exit-{c}"),
+        None => "killed".into(),
+    };
+    history.guard_outcome(&outcome);
+    history.record(
+        json!({"process": who, "op": "guard", "key": target.key, "invoke": invoke,
+        "complete": history.now(), "result": if code == Some(0) { "ok" } else { "unknown" },
+        "outcome": outcome, "deadline": deadline, "lockDelayMs": lock_delay,
+        "detail": last_lines(&stderr, 2)}),
+    );
+}
+
+/// The latest deadline the guard logged (`until_monotonic=` when it started the
+/// command, `deadline_monotonic=` at every renewal and when it stopped it): deadlines
+/// only move forward, so the latest bounds every write.
+fn latest_deadline(log: &str) -> Option<f64> {
+    ["until_monotonic=", "deadline_monotonic="]
+        .iter()
+        .flat_map(|field| log.split(field).skip(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .fold(None, |latest: Option<f64>, d| {
+            Some(latest.map_or(d, |l| l.max(d)))
+        })
+}
+
+/// Seconds of CLOCK_MONOTONIC, the clock the guard logs its deadlines on.
+fn monotonic_now() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
+/// `text` without ANSI colour sequences.
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.trim().lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
