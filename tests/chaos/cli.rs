@@ -41,7 +41,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 
 use super::history::{Claim, History, Kind};
-use super::schedule::{Backend, LEASE, LONGEST_LOCK_DELAY};
+use super::schedule::{Backend, LEASE};
 use super::world::{Paths, world};
 use crate::support::cli::Cli;
 use crate::support::moto::REGION;
@@ -288,9 +288,9 @@ pub async fn contender(
         if guarded {
             // Some holders ask for a lock-delay (rule 8): the stored lease, which the
             // guard's deadline runs on, is then longer than the holder's own.
-            let lock_delay = guarded_rng.random_bool(0.4).then(|| {
-                [500, 1000, LONGEST_LOCK_DELAY.as_millis() as u64][guarded_rng.random_range(0..3)]
-            });
+            let lock_delay = guarded_rng
+                .random_bool(0.4)
+                .then(|| [500, 1000, 2000][guarded_rng.random_range(0..3)]);
             let round = Round {
                 who: &who,
                 hold_ms,

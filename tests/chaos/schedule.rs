@@ -72,8 +72,6 @@ pub const LEASE: Duration = Duration::from_secs(3);
 /// How often a CLI round on S3, DynamoDB or a Lease is a guarded one
 /// (`tests/chaos/cli.rs`, `guarded`).
 pub const GUARDED_SHARE: f64 = 0.35;
-/// The longest `--lock-delay` a guarded round's holder asks for.
-pub const LONGEST_LOCK_DELAY: Duration = Duration::from_secs(2);
 const CONTROLLER_ZK_SESSION: Duration = Duration::from_secs(10);
 
 /// A fault and its parameters. Durations are how long the fault lasts.
@@ -121,8 +119,8 @@ pub enum Fault {
         slot: usize,
     },
     /// The holders of one CLI slot's guarded rounds SIGSTOPped (each with its process
-    /// group) for `lasts`, past their stored lease, lock-delay included; every holder
-    /// that starts meanwhile is stopped too. Their guards are not: only a guard can
+    /// group) for `lasts`, past the 3 s lease (not always past a lock-delay); every
+    /// holder that starts meanwhile is stopped too. Their guards are not: only a guard can
     /// stop the guarded command by its deadline (docs/design.md §3 rule 9).
     HolderPause {
         slot: usize,
@@ -379,12 +377,17 @@ impl Plan {
             }
             if guarded.random_bool(0.5) {
                 let slot = guarded.random_range(0..clis.len());
-                // Later than the other faults: a guarded round must be under way.
-                let at = ms(guarded.random_range(1000..3000));
+                // A little later than the other faults: a guarded round must be under way.
+                let at = ms(guarded.random_range(1000..2500));
                 let fault = if guarded.random_bool(0.6) {
+                    // Every round of the slot guarded, so the pause finds a holder.
+                    clis[slot].guarded_share = 1.0;
+                    // Past a holder's lease: a takeover, unless its lock-delay (rule 8)
+                    // holds contenders back longer. Either way only the guard stops the
+                    // guarded command, by its deadline.
                     Fault::HolderPause {
                         slot,
-                        lasts: LEASE + LONGEST_LOCK_DELAY + ms(guarded.random_range(500..2000)),
+                        lasts: LEASE + ms(guarded.random_range(500..2000)),
                     }
                 } else {
                     Fault::Network {
