@@ -851,6 +851,45 @@ fn semaphore_plans_stay_within_their_bounds() {
 
 /// The checker's rules on hand-made histories (no servers): each rule reports what it
 /// must, and nothing else.
+/// Rule (g) on hand-made histories: a guarded command's write after its guard's
+/// latest deadline is reported, one before it is not, and writes whose guard logged
+/// no deadline at all are reported too.
+#[test]
+fn checker_rule_g_on_synthetic_histories() {
+    use history::{History, Kind};
+    let key = "s3://b/g".to_string();
+    let rule_g = |h: &History| -> Vec<String> {
+        h.check(0.0, 1e6, &[], 1e6)
+            .violations
+            .into_iter()
+            .filter(|v| v.contains("(g)"))
+            .collect()
+    };
+    // The write lands at once (history time ~0 s).
+    let h = History::new(31, false);
+    assert!(h.write(&key, "cli-0-guard-k0-1", Kind::Cli, 1));
+    h.guard_deadline(&key, "cli-0-guard-k0-1", Some(1000.0));
+    assert_eq!(rule_g(&h), Vec::<String>::new());
+
+    let h = History::new(32, false);
+    h.guard_deadline(&key, "cli-0-guard-k0-1", Some(-1.0));
+    assert!(h.write(&key, "cli-0-guard-k0-1", Kind::Cli, 1));
+    // Another writer's write is not the guarded command's.
+    assert!(h.write(&key, "engine-0", Kind::Engine, 2));
+    let v = rule_g(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("1 time(s) after its guard's deadline"),
+        "{v:?}"
+    );
+
+    let h = History::new(33, false);
+    assert!(h.write(&key, "cli-0-guard-k0-1", Kind::Cli, 1));
+    h.guard_deadline(&key, "cli-0-guard-k0-1", None);
+    let v = rule_g(&h);
+    assert!(v.len() == 1 && v[0].contains("logged no deadline"), "{v:?}");
+}
+
 #[test]
 fn checker_rules_on_synthetic_histories() {
     use history::{Claim, History, Kind};
