@@ -15,15 +15,16 @@
 //!   unlocks — sometimes late, after the lease, when the key may be someone else's and
 //!   `unlock` must leave it alone.
 //!
-//! - a guarded round (S3, DynamoDB, Leases): a holder, `run URL [--lock-delay D] --
-//!   sleep`, holds the key and renews; beside it `guard --url URL --nonce N --fence F --
-//!   bash -c …` runs the same writer as `run`'s command, with the holder's nonce and
-//!   fence (what a gated Pod gets from its annotations). The guard reads the record
-//!   through proxies of its own and must stop the writer by its own deadline whenever it
-//!   cannot confirm the record still carries the nonce — the holder SIGSTOPped
-//!   (`cli-holder-sigstop`) or cut off, or the guard itself cut off. The guard logs its
-//!   deadlines on CLOCK_MONOTONIC; the harness records the latest, and a guarded write
-//!   that arrives after it is a violation (rule (g), docs/safety.md).
+//! - a guarded round (S3, DynamoDB, Leases): `run URL [--lock-delay D] -- lockwarden
+//!   guard --url URL -- bash -c …`. `run` holds the key and renews; its command, the
+//!   guard, gets the nonce and fence from `run`'s environment (what a gated Pod gets
+//!   from its annotations), reads the record through proxies of its own and runs the
+//!   same writer as `run`'s command. It must stop the writer by its own deadline
+//!   whenever it cannot confirm the record still carries the nonce — the holder `run`
+//!   SIGSTOPped alone (`cli-holder-sigstop`) or cut off, or the guard itself cut off.
+//!   The guard logs its deadlines on CLOCK_MONOTONIC; the harness records the latest,
+//!   and a guarded write that arrives after it is a violation (rule (g),
+//!   docs/safety.md).
 //!
 //! Every process runs in a process group of its own, so the `cli-sigkill` fault kills a
 //! `run` and its command together (a guard, its command and its holder too), as a
@@ -43,7 +44,7 @@ use tokio::net::TcpListener;
 use super::history::{Claim, History, Kind};
 use super::schedule::{Backend, LEASE};
 use super::world::{Paths, world};
-use crate::support::cli::Cli;
+use crate::support::cli::{BIN, Cli};
 use crate::support::moto::REGION;
 
 #[derive(Clone, Debug)]
@@ -69,9 +70,10 @@ pub struct CliTarget {
     pub url: String,
     pub flags: Vec<String>,
     pub cli: Cli,
-    /// The guard's way to the store: its own proxies (S3, DynamoDB, Leases).
+    /// The guard's way to the store: its own proxies (S3, DynamoDB; a kubeconfig
+    /// through its own API-server proxy for Leases).
     pub guard_flags: Vec<String>,
-    pub guard_cli: Cli,
+    pub guard_kubeconfig: Option<std::path::PathBuf>,
 }
 
 impl CliTarget {
@@ -80,17 +82,19 @@ impl CliTarget {
     pub fn new(backend: Backend, slot: usize, key_url: &str, zk_path: &str) -> CliTarget {
         let slot = &world().clis[slot];
         let (url, flags, cli) = through(backend, &slot.paths, &slot.kubeconfig, key_url, zk_path);
-        let (guard_flags, guard_cli) = if backend == Backend::ZooKeeper {
-            (Vec::new(), Cli::new())
-        } else {
-            let (_, flags, cli) = through(
-                backend,
-                &slot.guard_paths,
-                &slot.guard_kubeconfig,
-                key_url,
-                zk_path,
-            );
-            (flags, cli)
+        let (guard_flags, guard_kubeconfig) = match backend {
+            Backend::ZooKeeper => (Vec::new(), None),
+            Backend::Lease => (Vec::new(), Some(slot.guard_kubeconfig.clone())),
+            Backend::S3 | Backend::DynamoDb => {
+                let (_, flags, _) = through(
+                    backend,
+                    &slot.guard_paths,
+                    &slot.guard_kubeconfig,
+                    key_url,
+                    zk_path,
+                );
+                (flags, None)
+            }
         };
         CliTarget {
             key: key_url.to_string(),
@@ -98,7 +102,7 @@ impl CliTarget {
             flags,
             cli,
             guard_flags,
-            guard_cli,
+            guard_kubeconfig,
         }
     }
 }
@@ -511,15 +515,20 @@ struct Round<'a> {
     lock_delay: Option<u64>,
 }
 
-/// The holder of a guarded round: takes the lock, writes its nonce and fence where the
-/// harness reads them (as the controller puts them in a Pod's annotations), and holds
-/// it, renewing, until the harness ends it.
-const HOLDER: &str = r#"echo "$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE" > "$CHAOS_HELD.tmp"
-mv "$CHAOS_HELD.tmp" "$CHAOS_HELD"
-exec sleep 600"#;
+/// The holder's command: the guard (`"$@"`), its log in a file of its own so that its
+/// deadlines are not mixed with the holder's.
+const GUARD_LOGGED: &str = r#"exec 2>"$CHAOS_GUARD_LOG"; exec "$@""#;
 
-/// A guarded round: a `run` holder, and `guard` running the writer with its nonce and
-/// fence (module docs). Records the guard's outcome and its latest deadline.
+/// A guarded round: `run URL [--lock-delay D] -- lockwarden guard -- bash -c WRITER`.
+/// The holder is `run`: it takes the key and renews, and its command is the guard,
+/// which gets the nonce and fence from the environment `run` gives it (as a gated Pod
+/// gets them from its annotations), reads the record through proxies of its own and
+/// runs the writer. `run` releases only once its command's whole tree has ended, as
+/// a controller releases a gated workload's lock only once its processes are gone
+/// (issue 26: every release path waits for the processes); a holder that released
+/// while the guarded command still ran would hand the key over before the guard could
+/// see it. `cli-holder-sigstop` stops the `run` process alone: its command, the guard,
+/// runs on, and only the guard can stop the writer, by its own deadline.
 async fn guarded_round(
     spec: &CliSpec,
     target: &CliTarget,
@@ -535,14 +544,22 @@ async fn guarded_round(
         lock_delay,
     } = round;
     let holder_who = format!("{who}-holder");
-    let held = target.cli.path(&format!("{who}.held"));
     let holder_log = target.cli.path(&format!("{who}.holder.log"));
+    let guard_log = target.cli.path(&format!("{who}.guard.log"));
+    let writer = if spec.hands_writes_to_a_daemon {
+        HANDS_OFF
+    } else {
+        COMMAND
+    };
+    // A 3 s lease leaves `run` at most 440 ms of grace (rule 7).
     let mut args: Vec<String> = vec![
         "run".into(),
         "--lease".into(),
         lease_flag(),
         "--wait".into(),
         wait.to_string(),
+        "--grace".into(),
+        "400ms".into(),
         "--holder".into(),
         holder_who.clone(),
     ];
@@ -551,12 +568,37 @@ async fn guarded_round(
     }
     args.extend(target.flags.iter().cloned());
     args.extend([target.url.clone(), "--".into()]);
-    args.extend(["bash".into(), "-c".into(), HOLDER.into()]);
+    args.extend([
+        "bash".into(),
+        "-c".into(),
+        GUARD_LOGGED.into(),
+        "guard".into(),
+    ]);
+    // The guard's environment: its own kubeconfig, and every deadline it derives in
+    // its log (debug: the renewals' too). Its nonce and fence come from `run`.
+    args.push("env".into());
+    args.push("LOCKWARDEN_LOG=lockwarden=debug".into());
+    if let Some(kubeconfig) = &target.guard_kubeconfig {
+        args.push(format!("KUBECONFIG={}", kubeconfig.display()));
+    }
+    // No --grace: the guard's default, the longest the stored lease leaves.
+    args.extend([
+        BIN.into(),
+        "guard".into(),
+        "--url".into(),
+        target.key.clone(),
+    ]);
+    args.extend(target.guard_flags.iter().cloned());
+    args.extend(["--".into(), "bash".into(), "-c".into(), writer.into()]);
     let mut cmd = target.cli.command(&args);
     let Ok(log) = std::fs::File::create(&holder_log) else {
         return;
     };
-    cmd.env("CHAOS_HELD", &held)
+    cmd.env("CHAOS_GUARD_LOG", &guard_log)
+        .env("CHAOS_REGISTER", register.to_string())
+        .env("CHAOS_KEY", k.to_string())
+        .env("CHAOS_WHO", who)
+        .env("CHAOS_WRITES", (hold_ms / 100 + 1).to_string())
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .process_group(0);
@@ -572,148 +614,63 @@ async fn guarded_round(
         );
         return;
     };
-    let holder_pid = holder.id();
+    let pid = holder.id();
     let slot = &world().clis[spec.slot];
-    slot.holder_started(holder_pid);
-
-    // The holder's nonce and fence, once it holds the lock.
-    let acquired = tokio::time::Instant::now() + Duration::from_secs(wait + 30);
-    let mut holding = None;
-    while tokio::time::Instant::now() < acquired {
-        if let Some(pair) = std::fs::read_to_string(&held).ok().and_then(|t| {
-            let (nonce, fence) = t.trim().split_once(' ')?;
-            Some((nonce.to_string(), fence.to_string()))
-        }) {
-            holding = Some(pair);
-            break;
-        }
-        if matches!(holder.try_wait(), Ok(Some(_))) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if let Some((nonce, fence)) = holding {
-        guard(
-            spec,
-            target,
-            k,
-            (who, hold_ms),
-            (&nonce, &fence),
-            lock_delay,
-            register,
-            history,
-        )
-        .await;
-        // The round is over: the holder stops its `sleep` and releases (if it still
-        // holds the lock; a stopped holder gets the SIGTERM when it is continued).
-        if let Some(pid) = holder_pid {
-            // SAFETY: kill(2) on the holder we started; plain integers.
-            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        }
-    }
-    let ended = tokio::time::timeout(Duration::from_secs(60), holder.wait()).await;
+    slot.holder_started(pid);
+    let ended = tokio::time::timeout(Duration::from_secs(90), holder.wait()).await;
     if ended.is_err()
-        && let Some(pid) = holder_pid
+        && let Some(pid) = pid
     {
-        // SAFETY: as above, on its process group.
+        // SAFETY: kill(2) on the process group of the holder we started.
         unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
         let _ = holder.wait().await;
     }
-    slot.holder_ended(holder_pid);
-    let detail = std::fs::read_to_string(&holder_log).unwrap_or_default();
+    slot.holder_ended(pid);
     let code = match ended {
-        Ok(Ok(status)) => status
-            .code()
-            .map_or("killed".to_string(), |c| c.to_string()),
-        _ => "killed".into(),
+        Ok(Ok(status)) => status.code(),
+        _ => None,
     };
+    let holder_said = std::fs::read_to_string(&holder_log).unwrap_or_default();
     history.record(
         json!({"process": holder_who, "op": "run", "key": target.key,
-        "invoke": invoke, "complete": history.now(), "result": "ok",
-        "detail": format!("exit {code}: {}", last_lines(&detail, 3)), "lockDelayMs": lock_delay}),
+        "invoke": invoke, "complete": history.now(),
+        "result": match code { Some(0) => "ok", Some(3) => "fail", _ => "unknown" },
+        "detail": format!("exit {code:?}: {}", last_lines(&holder_said, 3)),
+        "lockDelayMs": lock_delay}),
     );
-}
 
-/// `guard --url URL --nonce N --fence F -- bash -c WRITER`, to its end.
-#[allow(clippy::too_many_arguments)]
-async fn guard(
-    spec: &CliSpec,
-    target: &CliTarget,
-    k: usize,
-    (who, hold_ms): (&str, u64),
-    (nonce, fence): (&str, &str),
-    lock_delay: Option<u64>,
-    register: u16,
-    history: &History,
-) {
-    let command = if spec.hands_writes_to_a_daemon {
-        HANDS_OFF
-    } else {
-        COMMAND
-    };
-    // No --grace: the guard's default, the longest the stored lease leaves.
-    let mut args: Vec<String> = vec![
-        "guard".into(),
-        "--url".into(),
-        target.key.clone(),
-        "--nonce".into(),
-        nonce.into(),
-        "--fence".into(),
-        fence.into(),
-    ];
-    args.extend(target.guard_flags.iter().cloned());
-    args.extend(["--".into(), "bash".into(), "-c".into(), command.into()]);
-    let mut cmd = target.guard_cli.command(&args);
-    // Debug: every deadline a renewal moves is logged, not only the first and last.
-    cmd.env("LOCKWARDEN_LOG", "lockwarden=debug")
-        .env("CHAOS_REGISTER", register.to_string())
-        .env("CHAOS_KEY", k.to_string())
-        .env("CHAOS_WHO", who)
-        .env("CHAOS_WRITES", (hold_ms / 100 + 1).to_string())
-        .process_group(0);
-    let invoke = history.now();
-    let Ok(child) = cmd.spawn() else {
-        history.failed(
-            &target.key,
-            who,
-            "guard",
-            invoke,
-            "fail",
-            "cannot start lockwarden",
-        );
+    // The guard ran only if `run` acquired the lock.
+    let Ok(guard_said) = std::fs::read_to_string(&guard_log) else {
         return;
     };
-    let pid = child.id();
-    world().clis[spec.slot].started(pid);
-    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output()).await;
-    world().clis[spec.slot].ended(pid);
-    let (code, stderr) = match out {
-        Ok(Ok(out)) => (
-            out.status.code(),
-            without_colours(&String::from_utf8_lossy(&out.stderr)),
-        ),
-        Ok(Err(e)) => (None, e.to_string()),
-        Err(_) => (None, "still running after 60 s".into()),
-    };
-    // The guard's deadline on CLOCK_MONOTONIC, on the history's clock.
-    let deadline = latest_deadline(&stderr).map(|d| d - monotonic_now() + history.now());
+    let guard_said = without_colours(&guard_said);
+    // Its deadline on CLOCK_MONOTONIC, on the history's clock.
+    let deadline = latest_deadline(&guard_said).map(|d| d - monotonic_now() + history.now());
     history.guard_deadline(&target.key, who, deadline);
-    // 0: the command ended in time; 6: stopped, the lock unconfirmed by the deadline;
-    // 4: the lock not (or no longer) held with the nonce; others: the store unreadable
-    // at start, killed by a fault. Outcomes, not violations: the writes decide.
-    let outcome = match code {
-        Some(0) => "ended".to_string(),
-        Some(6) => "stopped-unconfirmed".into(),
-        Some(4) => "stopped-not-held".into(),
-        Some(c) => format!("exit-{c}"),
-        None => "killed".into(),
+    // Outcomes, not violations: the writes decide.
+    let outcome = if guard_said.contains("could not be confirmed") {
+        // Exit 6: the writer stopped (or never started) by the guard's own deadline.
+        "stopped-unconfirmed".to_string()
+    } else if guard_said.contains("lock lost while the command ran")
+        || guard_said.contains("not held with this nonce")
+    {
+        // Exit 4: the record was not ours any more.
+        "stopped-not-held".into()
+    } else {
+        match code {
+            Some(0) => "ended".into(),
+            // `run` stopped its command, the guard with it (a loss `run` saw first).
+            Some(4) => "stopped-by-the-holder".into(),
+            Some(c) => format!("exit-{c}"),
+            None => "killed".into(),
+        }
     };
     history.guard_outcome(&outcome);
     history.record(
         json!({"process": who, "op": "guard", "key": target.key, "invoke": invoke,
         "complete": history.now(), "result": if code == Some(0) { "ok" } else { "unknown" },
         "outcome": outcome, "deadline": deadline, "lockDelayMs": lock_delay,
-        "detail": last_lines(&stderr, 2)}),
+        "detail": last_lines(&guard_said, 2)}),
     );
 }
 

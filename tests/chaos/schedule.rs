@@ -118,10 +118,11 @@ pub enum Fault {
     CliKill {
         slot: usize,
     },
-    /// The holders of one CLI slot's guarded rounds SIGSTOPped (each with its process
-    /// group) for `lasts`, past the 3 s lease (not always past a lock-delay); every
-    /// holder that starts meanwhile is stopped too. Their guards are not: only a guard can
-    /// stop the guarded command by its deadline (docs/design.md §3 rule 9).
+    /// The holders (`run`) of one CLI slot's guarded rounds SIGSTOPped, the process
+    /// alone, for `lasts`, past the 3 s lease (not always past a lock-delay); every
+    /// holder that starts meanwhile is stopped too. Their commands, the guards, are
+    /// not: only a guard can stop the guarded writer then, by its own deadline
+    /// (docs/design.md §3 rule 9).
     HolderPause {
         slot: usize,
         lasts: Duration,

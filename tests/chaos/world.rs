@@ -199,8 +199,8 @@ pub struct CliSlot {
     pub guard_paths: Paths,
     pub guard_kubeconfig: PathBuf,
     running: Mutex<Vec<u32>>,
-    /// The process groups of the holders of guarded rounds now running (for
-    /// `cli-holder-sigstop`): SIGSTOP reaches the holder, never the guard.
+    /// The holders (`run`) of guarded rounds now running, for `cli-holder-sigstop`:
+    /// SIGSTOP reaches the holder process alone, never its command, the guard.
     holders: Mutex<Vec<u32>>,
     /// Holders stopped by `cli-holder-sigstop`, to be continued when it ends.
     stopped: Mutex<Vec<u32>>,
@@ -226,7 +226,7 @@ impl CliSlot {
         running.len()
     }
 
-    /// A guarded round's holder started (`pid` leads its process group).
+    /// A guarded round's holder started (`pid` leads its process group, the guard in it).
     pub fn holder_started(&self, pid: Option<u32>) {
         self.started(pid);
         self.holders.lock().unwrap().extend(pid);
@@ -237,16 +237,16 @@ impl CliSlot {
         self.holders.lock().unwrap().retain(|p| Some(*p) != pid);
     }
 
-    /// SIGSTOP to every holder's process group now running and not stopped yet; how
-    /// many were stopped by this call.
+    /// SIGSTOP to every holder process now running and not stopped yet (not to its
+    /// process group: the guard runs on); how many were stopped by this call.
     pub fn stop_holders(&self) -> usize {
         let holders = self.holders.lock().unwrap().clone();
         let mut stopped = self.stopped.lock().unwrap();
         let mut n = 0;
         for pid in holders {
             if !stopped.contains(&pid) {
-                // SAFETY: kill(2) on a process group; plain integers.
-                unsafe { libc::kill(-(pid as i32), libc::SIGSTOP) };
+                // SAFETY: kill(2) on one process; plain integers.
+                unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
                 stopped.push(pid);
                 n += 1;
             }
@@ -259,7 +259,7 @@ impl CliSlot {
         let stopped = std::mem::take(&mut *self.stopped.lock().unwrap());
         for pid in &stopped {
             // SAFETY: as above.
-            unsafe { libc::kill(-(*pid as i32), libc::SIGCONT) };
+            unsafe { libc::kill(*pid as i32, libc::SIGCONT) };
         }
         stopped.len()
     }
