@@ -598,7 +598,8 @@ async fn guarded_round(
         .env("CHAOS_REGISTER", register.to_string())
         .env("CHAOS_KEY", k.to_string())
         .env("CHAOS_WHO", who)
-        .env("CHAOS_WRITES", (hold_ms / 100 + 1).to_string())
+        // 2 s longer than a `run`'s command: still writing when its holder stops.
+        .env("CHAOS_WRITES", (hold_ms / 100 + 21).to_string())
         .stdout(std::process::Stdio::null())
         .stderr(log)
         .process_group(0);

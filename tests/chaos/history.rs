@@ -354,6 +354,18 @@ impl History {
             .push((key.into(), who.into(), deadline));
     }
 
+    /// When the latest register write of a writer whose name starts with `prefix` was
+    /// made.
+    pub fn last_write_by(&self, prefix: &str) -> Option<f64> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .writes
+            .iter()
+            .rev()
+            .find(|w| w.writer.starts_with(prefix))
+            .map(|w| w.t)
+    }
+
     /// How one guarded round ended, counted for the summary.
     pub fn guard_outcome(&self, outcome: &str) {
         *self

@@ -911,6 +911,19 @@ pub async fn run(plan: Plan) -> Outcome {
         let item_keys = keys.names.clone();
         fault_tasks.push(tokio::spawn(async move {
             tokio::time::sleep(at).await;
+            if let Fault::HolderPause { slot, .. } = fault {
+                // Meant for a holder whose guard runs the writer: wait (at most 5 s) until
+                // one of the slot's guarded writers has just written.
+                let prefix = format!("cli-{slot}-guard-");
+                let until = history.now() + 5.0;
+                while history.now() < until
+                    && !history
+                        .last_write_by(&prefix)
+                        .is_some_and(|t| history.now() - t < 0.3)
+                {
+                    tokio::time::sleep(ms(50)).await;
+                }
+            }
             let t0 = history.now();
             history.record(
                 json!({"process": "nemesis", "op": "fault-start", "fault": fault.kind(),
