@@ -128,6 +128,9 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
     // Keys with more than one permit: "most permits in flight at once/permits" -> keys.
     let mut permits_in_flight: BTreeMap<String, u64> = BTreeMap::new();
     let mut exclusive_claims = 0;
+    // Guarded rounds: claims of guarded commands, and how the rounds ended.
+    let mut guarded_claims = 0;
+    let mut guard_outcomes: BTreeMap<String, usize> = BTreeMap::new();
     // Rule (f) on S3 schedules: writes S3 acknowledged, stale ones it refused, unknown.
     let mut s3_fenced = [0usize; 3];
     for i in 0..n {
@@ -159,19 +162,25 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
                 .or_default() += 1;
         }
         exclusive_claims += r.exclusive_claims;
+        guarded_claims += r.guarded_claims;
+        for (outcome, count) in &r.guard_outcomes {
+            *guard_outcomes.entry(outcome.clone()).or_default() += count;
+        }
         s3_fenced[0] += r.s3_fenced.acknowledged;
         s3_fenced[1] += r.s3_fenced.refused;
         s3_fenced[2] += r.s3_fenced.unverified;
         slowest = slowest.max(outcome.wall);
         eprintln!(
             "[chaos] {}/{n} seed {} {backend}: {} violations, {} acquisitions, {} writes, \
-             {} CLI claims, permits in flight (most, of) {:?}, liveness {:?} s, {:.1?}",
+             {} CLI claims ({} guarded), permits in flight (most, of) {:?}, liveness {:?} s, \
+             {:.1?}",
             i + 1,
             outcome.plan.seed,
             r.violations.len(),
             r.acquisitions,
             r.writes_accepted,
             r.cli_claims,
+            r.guarded_claims,
             r.permits_in_flight,
             r.liveness
                 .iter()
@@ -209,6 +218,8 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
             history: history_path.as_deref(),
             permits_in_flight: &permits_in_flight,
             exclusive_claims,
+            guarded_claims,
+            guard_outcomes: &guard_outcomes,
             s3_fenced,
             file: summary_file,
         });
@@ -238,6 +249,8 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
         history: history_path.as_deref(),
         permits_in_flight: &permits_in_flight,
         exclusive_claims,
+        guarded_claims,
+        guard_outcomes: &guard_outcomes,
         s3_fenced,
         file: summary_file,
     });
@@ -276,6 +289,9 @@ struct Totals<'a> {
     /// Keys with more than one permit: "most in flight at once/permits" -> keys.
     permits_in_flight: &'a BTreeMap<String, u64>,
     exclusive_claims: usize,
+    /// Claims of commands under `lockwarden guard`, and how guarded rounds ended.
+    guarded_claims: usize,
+    guard_outcomes: &'a BTreeMap<String, usize>,
     /// S3 schedules, rule (f): register writes S3 acknowledged, stale ones S3 refused
     /// itself, puts without a verdict.
     s3_fenced: [usize; 3],
@@ -330,6 +346,8 @@ fn summarize(t: &Totals) -> String {
         "claims": claims,
         "cli_claims": cli_claims,
         "schedules_where_a_cli_process_held_a_lock": cli_schedules,
+        "guarded_claims": t.guarded_claims,
+        "guarded_rounds_by_outcome": t.guard_outcomes,
         "observer_reads": polls,
         "violations": t.violations,
         "controller_processes_restarted_after_exiting_on_their_own":
@@ -562,6 +580,7 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
             start_after: Duration::ZERO,
             lock_unlock_share: 0.0,
             hold: (Duration::from_secs(9), Duration::from_secs(9)),
+            guarded_share: 0.0,
             hands_writes_to_a_daemon: broken,
         }],
         faults: vec![(
@@ -624,6 +643,90 @@ async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
     );
 }
 
+/// A plan on S3 with one guarded CLI slot and an engine client, no controllers: the
+/// slot's first round is guarded (a `run` holder, `guard` running a writer for 9 s
+/// with the holder's nonce and fence); its holder is SIGSTOPped from 3.5 s for 8 s,
+/// past its stored lease, and the engine client takes over meanwhile.
+fn guard_pause_plan(seed: u64, broken: bool) -> Plan {
+    Plan {
+        seed,
+        backend: Backend::S3,
+        keys: 1,
+        permits: vec![1],
+        controllers: vec![],
+        engines: vec![EngineSpec {
+            slot: 0,
+            key: None,
+            contender: 0,
+            permits: Permits::MUTEX,
+            ignores_deadline: false,
+            start_after: Duration::from_secs(3),
+            hold: (Duration::from_millis(300), Duration::from_millis(800)),
+        }],
+        clis: vec![cli::CliSpec {
+            slot: 0,
+            start_after: Duration::ZERO,
+            lock_unlock_share: 0.0,
+            hold: (Duration::from_secs(9), Duration::from_secs(9)),
+            guarded_share: 1.0,
+            hands_writes_to_a_daemon: broken,
+        }],
+        faults: vec![(
+            Duration::from_millis(3500),
+            Fault::HolderPause {
+                slot: 0,
+                lasts: Duration::from_secs(8),
+            },
+        )],
+    }
+}
+
+/// The same proof for `lockwarden guard` (docs/design.md §3 rule 9): its holder is
+/// SIGSTOPped and cannot stop anything, so only the guard's own deadline stops the
+/// writer. A correct guard stops its command's whole tree by that deadline and nothing
+/// is reported; a guarded command that hands its writes to a daemon outside the
+/// guard's tree (the harness, asked over the register's socket — no production knob
+/// needed) writes on after the guard's logged deadline (g), overlaps the engine client
+/// that took over (c), and is refused by the fence (a).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_a_guard_that_ignores_its_deadline() {
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(guard_pause_plan(5, false)).await;
+    let r = &correct.report;
+    assert!(
+        r.violations.is_empty(),
+        "a correct guard was reported: {:?}",
+        r.violations
+    );
+    eprintln!("guarded rounds of the correct plan: {:?}", r.guard_outcomes);
+    assert!(
+        r.guarded_claims > 0,
+        "the guarded command never wrote: the plan tested nothing"
+    );
+    assert!(
+        r.guard_outcomes.contains_key("stopped-unconfirmed"),
+        "no guard had to stop its command by its own deadline: {:?}",
+        r.guard_outcomes
+    );
+    let broken = schedule::run(guard_pause_plan(6, true)).await;
+    let v = &broken.report.violations;
+    eprintln!(
+        "violations reported for the broken guarded command:\n{}",
+        v.join("\n")
+    );
+    for (rule, what) in [
+        ("(g)", "its writes after the guard's deadline"),
+        ("(c) overlapping claims", "its overlap with the next holder"),
+        ("(a)", "its refused writes"),
+    ] {
+        assert!(
+            v.iter()
+                .any(|v| v.contains(rule) && v.contains("cli-0-guard-broken")),
+            "{what} were not reported: {v:?}"
+        );
+    }
+}
+
 /// Rule (f)'s checker: a mirror whose S3 object was written by a higher fence behind
 /// the register's back makes S3 refuse a write the register accepts, and that is
 /// reported as a disagreement, not counted as agreement.
@@ -680,6 +783,7 @@ fn plans_cover_every_fault_kind() {
         "apiserver-sigstop",
         "apiserver-restart",
         "cli-sigkill",
+        "cli-holder-sigstop",
     ] {
         assert!(first.contains_key(kind), "no plan has a {kind} fault");
     }
@@ -747,6 +851,45 @@ fn semaphore_plans_stay_within_their_bounds() {
 
 /// The checker's rules on hand-made histories (no servers): each rule reports what it
 /// must, and nothing else.
+/// Rule (g) on hand-made histories: a guarded command's write after its guard's
+/// latest deadline is reported, one before it is not, and writes whose guard logged
+/// no deadline at all are reported too.
+#[test]
+fn checker_rule_g_on_synthetic_histories() {
+    use history::{History, Kind};
+    let key = "s3://b/g".to_string();
+    let rule_g = |h: &History| -> Vec<String> {
+        h.check(0.0, 1e6, &[], 1e6)
+            .violations
+            .into_iter()
+            .filter(|v| v.contains("(g)"))
+            .collect()
+    };
+    // The write lands at once (history time ~0 s).
+    let h = History::new(31, false);
+    assert!(h.write(&key, "cli-0-guard-k0-1", Kind::Cli, 1));
+    h.guard_deadline(&key, "cli-0-guard-k0-1", Some(1000.0));
+    assert_eq!(rule_g(&h), Vec::<String>::new());
+
+    let h = History::new(32, false);
+    h.guard_deadline(&key, "cli-0-guard-k0-1", Some(-1.0));
+    assert!(h.write(&key, "cli-0-guard-k0-1", Kind::Cli, 1));
+    // Another writer's write is not the guarded command's.
+    assert!(h.write(&key, "engine-0", Kind::Engine, 2));
+    let v = rule_g(&h);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("1 time(s) after its guard's deadline"),
+        "{v:?}"
+    );
+
+    let h = History::new(33, false);
+    assert!(h.write(&key, "cli-0-guard-k0-1", Kind::Cli, 1));
+    h.guard_deadline(&key, "cli-0-guard-k0-1", None);
+    let v = rule_g(&h);
+    assert!(v.len() == 1 && v[0].contains("logged no deadline"), "{v:?}");
+}
+
 #[test]
 fn checker_rules_on_synthetic_histories() {
     use history::{Claim, History, Kind};

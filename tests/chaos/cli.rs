@@ -15,8 +15,20 @@
 //!   unlocks — sometimes late, after the lease, when the key may be someone else's and
 //!   `unlock` must leave it alone.
 //!
+//! - a guarded round (S3, DynamoDB, Leases): `run URL [--lock-delay D] -- lockwarden
+//!   guard --url URL -- bash -c …`. `run` holds the key and renews; its command, the
+//!   guard, gets the nonce and fence from `run`'s environment (what a gated Pod gets
+//!   from its annotations), reads the record through proxies of its own and runs the
+//!   same writer as `run`'s command. It must stop the writer by its own deadline
+//!   whenever it cannot confirm the record still carries the nonce — the holder `run`
+//!   SIGSTOPped alone (`cli-holder-sigstop`) or cut off, or the guard itself cut off.
+//!   The guard logs its deadlines on CLOCK_MONOTONIC; the harness records the latest,
+//!   and a guarded write that arrives after it is a violation (rule (g),
+//!   docs/safety.md).
+//!
 //! Every process runs in a process group of its own, so the `cli-sigkill` fault kills a
-//! `run` and its command together, as a machine that dies would.
+//! `run` and its command together (a guard, its command and its holder too), as a
+//! machine that dies would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,8 +43,8 @@ use tokio::net::TcpListener;
 
 use super::history::{Claim, History, Kind};
 use super::schedule::{Backend, LEASE};
-use super::world::world;
-use crate::support::cli::Cli;
+use super::world::{Paths, world};
+use crate::support::cli::{BIN, Cli};
 use crate::support::moto::REGION;
 
 #[derive(Clone, Debug)]
@@ -43,7 +55,9 @@ pub struct CliSpec {
     pub lock_unlock_share: f64,
     /// How long each hold lasts.
     pub hold: (Duration, Duration),
-    /// Broken on purpose: `run`'s command hands its writes to a daemon outside `run`'s
+    /// How often a round is a guarded one (0 on ZooKeeper, which the guard refuses).
+    pub guarded_share: f64,
+    /// Broken on purpose: `run`'s (or the guard's) command hands its writes to a daemon outside `run`'s
     /// process tree (the harness, asked over the register's socket), which `run`
     /// cannot stop (docs/design.md §3 rule 7, "what stays outside"): its writes
     /// outlive a lost lock, and only the fence refuses them.
@@ -56,35 +70,30 @@ pub struct CliTarget {
     pub url: String,
     pub flags: Vec<String>,
     pub cli: Cli,
+    /// The guard's way to the store: its own proxies (S3, DynamoDB; a kubeconfig
+    /// through its own API-server proxy for Leases).
+    pub guard_flags: Vec<String>,
+    pub guard_kubeconfig: Option<std::path::PathBuf>,
 }
 
 impl CliTarget {
     /// `key_url` is the key as the checker names it; on ZooKeeper the URL names the
     /// slot's own proxies instead, with `zk_path`.
     pub fn new(backend: Backend, slot: usize, key_url: &str, zk_path: &str) -> CliTarget {
-        let paths = &world().clis[slot];
-        let mut flags = Vec::new();
-        let mut cli = Cli::new();
-        let url = match backend {
-            Backend::Lease => {
-                cli = cli.with("KUBECONFIG", paths.kubeconfig.display().to_string());
-                key_url.to_string()
-            }
+        let slot = &world().clis[slot];
+        let (url, flags, cli) = through(backend, &slot.paths, &slot.kubeconfig, key_url, zk_path);
+        let (guard_flags, guard_kubeconfig) = match backend {
+            Backend::ZooKeeper => (Vec::new(), None),
+            Backend::Lease => (Vec::new(), Some(slot.guard_kubeconfig.clone())),
             Backend::S3 | Backend::DynamoDb => {
-                flags.extend([
-                    "--endpoint".into(),
-                    paths.paths.moto().endpoint(),
-                    "--region".into(),
-                    REGION.into(),
-                ]);
-                if backend == Backend::S3 {
-                    flags.push("--path-style".into());
-                }
-                key_url.to_string()
-            }
-            Backend::ZooKeeper => {
-                flags.extend(["--session-timeout".into(), format!("{}s", LEASE.as_secs())]);
-                format!("zk://{}{zk_path}", paths.paths.zk_connect())
+                let (_, flags, _) = through(
+                    backend,
+                    &slot.guard_paths,
+                    &slot.guard_kubeconfig,
+                    key_url,
+                    zk_path,
+                );
+                (flags, None)
             }
         };
         CliTarget {
@@ -92,8 +101,45 @@ impl CliTarget {
             url,
             flags,
             cli,
+            guard_flags,
+            guard_kubeconfig,
         }
     }
+}
+
+/// The URL, flags and CLI that reach `key_url` through `paths`.
+fn through(
+    backend: Backend,
+    paths: &Paths,
+    kubeconfig: &std::path::Path,
+    key_url: &str,
+    zk_path: &str,
+) -> (String, Vec<String>, Cli) {
+    let mut flags = Vec::new();
+    let mut cli = Cli::new();
+    let url = match backend {
+        Backend::Lease => {
+            cli = cli.with("KUBECONFIG", kubeconfig.display().to_string());
+            key_url.to_string()
+        }
+        Backend::S3 | Backend::DynamoDb => {
+            flags.extend([
+                "--endpoint".into(),
+                paths.moto().endpoint(),
+                "--region".into(),
+                REGION.into(),
+            ]);
+            if backend == Backend::S3 {
+                flags.push("--path-style".into());
+            }
+            key_url.to_string()
+        }
+        Backend::ZooKeeper => {
+            flags.extend(["--session-timeout".into(), format!("{}s", LEASE.as_secs())]);
+            format!("zk://{}{zk_path}", paths.zk_connect())
+        }
+    };
+    (url, flags, cli)
 }
 
 /// The register's door for CLI commands: a loopback listener; each connection is one
@@ -225,6 +271,8 @@ pub async fn contender(
     seed: u64,
 ) {
     let mut rng = StdRng::seed_from_u64(seed);
+    // Guarded rounds from a stream of their own: the other draws stay as they were.
+    let mut guarded_rng = StdRng::seed_from_u64(seed ^ 0x6a4d);
     tokio::time::sleep(spec.start_after).await;
     let mut round = 0;
     while !stop.load(Ordering::SeqCst) {
@@ -234,12 +282,27 @@ pub async fn contender(
         } else {
             ""
         };
-        let who = format!("cli-{}{broken}-k{k}-{round}", spec.slot);
+        let guarded = guarded_rng.random_bool(spec.guarded_share);
+        let kind = if guarded { "-guard" } else { "" };
+        let who = format!("cli-{}{kind}{broken}-k{k}-{round}", spec.slot);
         let hold_ms =
             rng.random_range(spec.hold.0.as_millis() as u64..=spec.hold.1.as_millis() as u64);
         // Short and long waits: ZooKeeper queues and busy keys need the long ones.
         let wait = [2, 4, 6][rng.random_range(0..3)];
-        if rng.random_bool(spec.lock_unlock_share) {
+        if guarded {
+            // Some holders ask for a lock-delay (rule 8): the stored lease, which the
+            // guard's deadline runs on, is then longer than the holder's own.
+            let lock_delay = guarded_rng
+                .random_bool(0.4)
+                .then(|| [500, 1000, 2000][guarded_rng.random_range(0..3)]);
+            let round = Round {
+                who: &who,
+                hold_ms,
+                wait,
+                lock_delay,
+            };
+            guarded_round(&spec, &target, k, round, register, &history).await;
+        } else if rng.random_bool(spec.lock_unlock_share) {
             let late = rng.random_bool(0.25);
             lock_then_unlock(&spec, &target, &who, (hold_ms, wait), late, &history).await;
         } else {
@@ -441,4 +504,225 @@ async fn run_to_end(spec: &CliSpec, target: &CliTarget, args: &[String]) -> (Opt
         Ok(Err(e)) => (None, e.to_string()),
         Err(_) => (None, "still running after 60 s".into()),
     }
+}
+
+/// One guarded round's parameters.
+struct Round<'a> {
+    who: &'a str,
+    hold_ms: u64,
+    wait: u64,
+    /// The holder's `--lock-delay`, in milliseconds.
+    lock_delay: Option<u64>,
+}
+
+/// The holder's command: the guard (`"$@"`), its log in a file of its own so that its
+/// deadlines are not mixed with the holder's.
+const GUARD_LOGGED: &str = r#"exec 2>"$CHAOS_GUARD_LOG"; exec "$@""#;
+
+/// A guarded round: `run URL [--lock-delay D] -- lockwarden guard -- bash -c WRITER`.
+/// The holder is `run`: it takes the key and renews, and its command is the guard,
+/// which gets the nonce and fence from the environment `run` gives it (as a gated Pod
+/// gets them from its annotations), reads the record through proxies of its own and
+/// runs the writer. `run` releases only once its command's whole tree has ended, as
+/// a controller releases a gated workload's lock only once its processes are gone
+/// (issue 26: every release path waits for the processes); a holder that released
+/// while the guarded command still ran would hand the key over before the guard could
+/// see it. `cli-holder-sigstop` stops the `run` process alone: its command, the guard,
+/// runs on, and only the guard can stop the writer, by its own deadline.
+async fn guarded_round(
+    spec: &CliSpec,
+    target: &CliTarget,
+    k: usize,
+    round: Round<'_>,
+    register: u16,
+    history: &History,
+) {
+    let Round {
+        who,
+        hold_ms,
+        wait,
+        lock_delay,
+    } = round;
+    let holder_who = format!("{who}-holder");
+    let holder_log = target.cli.path(&format!("{who}.holder.log"));
+    let guard_log = target.cli.path(&format!("{who}.guard.log"));
+    let writer = if spec.hands_writes_to_a_daemon {
+        HANDS_OFF
+    } else {
+        COMMAND
+    };
+    // A 3 s lease leaves `run` at most 440 ms of grace (rule 7).
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--lease".into(),
+        lease_flag(),
+        "--wait".into(),
+        wait.to_string(),
+        "--grace".into(),
+        "400ms".into(),
+        "--holder".into(),
+        holder_who.clone(),
+    ];
+    if let Some(delay) = lock_delay {
+        args.extend(["--lock-delay".into(), format!("{delay}ms")]);
+    }
+    args.extend(target.flags.iter().cloned());
+    args.extend([target.url.clone(), "--".into()]);
+    args.extend([
+        "bash".into(),
+        "-c".into(),
+        GUARD_LOGGED.into(),
+        "guard".into(),
+    ]);
+    // The guard's environment: its own kubeconfig, and every deadline it derives in
+    // its log (debug: the renewals' too). Its nonce and fence come from `run`.
+    args.push("env".into());
+    args.push("LOCKWARDEN_LOG=lockwarden=debug".into());
+    if let Some(kubeconfig) = &target.guard_kubeconfig {
+        args.push(format!("KUBECONFIG={}", kubeconfig.display()));
+    }
+    // No --grace: the guard's default, the longest the stored lease leaves.
+    args.extend([
+        BIN.into(),
+        "guard".into(),
+        "--url".into(),
+        target.key.clone(),
+    ]);
+    args.extend(target.guard_flags.iter().cloned());
+    args.extend(["--".into(), "bash".into(), "-c".into(), writer.into()]);
+    let mut cmd = target.cli.command(&args);
+    let Ok(log) = std::fs::File::create(&holder_log) else {
+        return;
+    };
+    cmd.env("CHAOS_GUARD_LOG", &guard_log)
+        .env("CHAOS_REGISTER", register.to_string())
+        .env("CHAOS_KEY", k.to_string())
+        .env("CHAOS_WHO", who)
+        // 2 s longer than a `run`'s command: still writing when its holder stops.
+        .env("CHAOS_WRITES", (hold_ms / 100 + 21).to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .process_group(0);
+    let invoke = history.now();
+    let Ok(mut holder) = cmd.spawn() else {
+        history.failed(
+            &target.key,
+            &holder_who,
+            "run",
+            invoke,
+            "fail",
+            "cannot start lockwarden",
+        );
+        return;
+    };
+    let pid = holder.id();
+    let slot = &world().clis[spec.slot];
+    slot.holder_started(pid);
+    let ended = tokio::time::timeout(Duration::from_secs(90), holder.wait()).await;
+    if ended.is_err()
+        && let Some(pid) = pid
+    {
+        // SAFETY: kill(2) on the process group of the holder we started.
+        unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+        let _ = holder.wait().await;
+    }
+    slot.holder_ended(pid);
+    let code = match ended {
+        Ok(Ok(status)) => status.code(),
+        _ => None,
+    };
+    let holder_said = std::fs::read_to_string(&holder_log).unwrap_or_default();
+    history.record(
+        json!({"process": holder_who, "op": "run", "key": target.key,
+        "invoke": invoke, "complete": history.now(),
+        "result": match code { Some(0) => "ok", Some(3) => "fail", _ => "unknown" },
+        "detail": format!("exit {code:?}: {}", last_lines(&holder_said, 3)),
+        "lockDelayMs": lock_delay}),
+    );
+
+    // The guard ran only if `run` acquired the lock.
+    let Ok(guard_said) = std::fs::read_to_string(&guard_log) else {
+        return;
+    };
+    let guard_said = without_colours(&guard_said);
+    // Its deadline on CLOCK_MONOTONIC, on the history's clock.
+    let deadline = latest_deadline(&guard_said).map(|d| d - monotonic_now() + history.now());
+    history.guard_deadline(&target.key, who, deadline);
+    // Outcomes, not violations: the writes decide.
+    let outcome = if guard_said.contains("could not be confirmed") {
+        // Exit 6: the writer stopped (or never started) by the guard's own deadline.
+        "stopped-unconfirmed".to_string()
+    } else if guard_said.contains("lock lost while the command ran")
+        || guard_said.contains("not held with this nonce")
+    {
+        // Exit 4: the record was not ours any more.
+        "stopped-not-held".into()
+    } else {
+        match code {
+            Some(0) => "ended".into(),
+            // `run` stopped its command, the guard with it (a loss `run` saw first).
+            Some(4) => "stopped-by-the-holder".into(),
+            Some(c) => format!("exit-{c}"),
+            None => "killed".into(),
+        }
+    };
+    history.guard_outcome(&outcome);
+    history.record(
+        json!({"process": who, "op": "guard", "key": target.key, "invoke": invoke,
+        "complete": history.now(), "result": if code == Some(0) { "ok" } else { "unknown" },
+        "outcome": outcome, "deadline": deadline, "lockDelayMs": lock_delay,
+        "detail": last_lines(&guard_said, 2)}),
+    );
+}
+
+/// The latest deadline the guard logged (`until_monotonic=` when it started the
+/// command, `deadline_monotonic=` at every renewal and when it stopped it): deadlines
+/// only move forward, so the latest bounds every write.
+fn latest_deadline(log: &str) -> Option<f64> {
+    ["until_monotonic=", "deadline_monotonic="]
+        .iter()
+        .flat_map(|field| log.split(field).skip(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .fold(None, |latest: Option<f64>, d| {
+            Some(latest.map_or(d, |l| l.max(d)))
+        })
+}
+
+/// Seconds of CLOCK_MONOTONIC, the clock the guard logs its deadlines on.
+fn monotonic_now() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
+/// `text` without ANSI colour sequences.
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.trim().lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

@@ -126,6 +126,10 @@ struct Inner {
     /// key -> its permits, for keys with more than one (checked by the permit rules).
     permits: HashMap<String, u32>,
     set_polls: Vec<SetPoll>,
+    /// Guarded rounds: (key, who, the guard's latest deadline if it logged one).
+    guard_deadlines: Vec<(String, String, Option<f64>)>,
+    /// How guarded rounds ended (`ended`, `stopped-unconfirmed`…) -> count.
+    guard_outcomes: BTreeMap<String, usize>,
 }
 
 /// The history of one schedule. Times are seconds since the schedule began.
@@ -157,6 +161,10 @@ pub struct Report {
     pub permits_in_flight: Vec<(u32, u32)>,
     /// Claims of exclusive holders on keys with more than one permit.
     pub exclusive_claims: usize,
+    /// Claims of guarded commands (under `lockwarden guard`).
+    pub guarded_claims: usize,
+    /// How guarded rounds ended -> count.
+    pub guard_outcomes: BTreeMap<String, usize>,
 }
 
 impl History {
@@ -334,6 +342,39 @@ impl History {
             json!({"process": who, "op": op, "key": key, "invoke": invoke, "complete": t,
                    "result": result, "error": error}),
         );
+    }
+
+    /// The latest deadline the guard of `who` logged (history time), or `None` if it
+    /// logged none: rule (g) checks `who`'s writes against it.
+    pub fn guard_deadline(&self, key: &str, who: &str, deadline: Option<f64>) {
+        self.inner
+            .lock()
+            .unwrap()
+            .guard_deadlines
+            .push((key.into(), who.into(), deadline));
+    }
+
+    /// When the latest register write of a writer whose name starts with `prefix` was
+    /// made.
+    pub fn last_write_by(&self, prefix: &str) -> Option<f64> {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .writes
+            .iter()
+            .rev()
+            .find(|w| w.writer.starts_with(prefix))
+            .map(|w| w.t)
+    }
+
+    /// How one guarded round ended, counted for the summary.
+    pub fn guard_outcome(&self, outcome: &str) {
+        *self
+            .inner
+            .lock()
+            .unwrap()
+            .guard_outcomes
+            .entry(outcome.into())
+            .or_default() += 1;
     }
 
     pub fn claim(&self, claim: Claim) {
@@ -696,6 +737,48 @@ impl History {
                         b.start,
                         b.end
                     ));
+                }
+            }
+        }
+
+        // (g) No guarded write arrives after its guard's deadline (rule 9): the guard
+        // stops its command's whole tree a kill margin before it. An arrival is after
+        // its write, so an arrival before the deadline proves the write was.
+        report.guarded_claims = inner
+            .claims
+            .iter()
+            .filter(|c| {
+                inner
+                    .guard_deadlines
+                    .iter()
+                    .any(|(_, who, _)| *who == c.who)
+            })
+            .count();
+        report.guard_outcomes = inner.guard_outcomes.clone();
+        for (key, who, deadline) in &inner.guard_deadlines {
+            let writes: Vec<f64> = inner
+                .writes
+                .iter()
+                .filter(|w| &w.writer == who && &w.key == key)
+                .map(|w| w.t)
+                .collect();
+            let Some(&last) = writes.iter().max_by(|a, b| a.total_cmp(b)) else {
+                continue;
+            };
+            match deadline {
+                None => violations.push(format!(
+                    "seed {seed}: (g) the command guarded as {who} wrote to {key} (last at \
+                     {last:.3}s) but its guard logged no deadline"
+                )),
+                Some(d) => {
+                    let late = writes.iter().filter(|t| **t > *d).count();
+                    if late > 0 {
+                        violations.push(format!(
+                            "seed {seed}: (g) the command guarded as {who} wrote to {key} {late} \
+                             time(s) after its guard's deadline {d:.3}s, the last {:.0} ms after it",
+                            (last - d) * 1000.0
+                        ));
+                    }
                 }
             }
         }

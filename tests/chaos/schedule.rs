@@ -69,6 +69,9 @@ impl Backend {
 /// Controllers' ZooKeeper sessions use the process default, 10 s: the controller does
 /// not apply `spec.backend.zookeeper.sessionTimeout` (reported in docs/safety.md).
 pub const LEASE: Duration = Duration::from_secs(3);
+/// How often a CLI round on S3, DynamoDB or a Lease is a guarded one
+/// (`tests/chaos/cli.rs`, `guarded`).
+pub const GUARDED_SHARE: f64 = 0.35;
 const CONTROLLER_ZK_SESSION: Duration = Duration::from_secs(10);
 
 /// A fault and its parameters. Durations are how long the fault lasts.
@@ -115,6 +118,15 @@ pub enum Fault {
     CliKill {
         slot: usize,
     },
+    /// The holders (`run`) of one CLI slot's guarded rounds SIGSTOPped, the process
+    /// alone, for `lasts`, past the 3 s lease (not always past a lock-delay); every
+    /// holder that starts meanwhile is stopped too. Their commands, the guards, are
+    /// not: only a guard can stop the guarded writer then, by its own deadline
+    /// (docs/design.md §3 rule 9).
+    HolderPause {
+        slot: usize,
+        lasts: Duration,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +134,8 @@ pub enum Contender {
     Engine(usize),
     Controller(usize),
     Cli(usize),
+    /// The guard of a CLI slot's guarded rounds (its own proxies).
+    Guard(usize),
 }
 
 impl Fault {
@@ -149,6 +163,7 @@ impl Fault {
             Fault::ZkQuorumLoss { .. } => "zookeeper-quorum-loss".into(),
             Fault::ApiServerPause { .. } => "apiserver-sigstop".into(),
             Fault::CliKill { .. } => "cli-sigkill".into(),
+            Fault::HolderPause { .. } => "cli-holder-sigstop".into(),
         }
     }
 }
@@ -278,7 +293,7 @@ impl Plan {
                     }
                     used_paths.push(target);
                     let session = match target {
-                        Contender::Engine(_) | Contender::Cli(_) => LEASE,
+                        Contender::Engine(_) | Contender::Cli(_) | Contender::Guard(_) => LEASE,
                         Contender::Controller(_) => CONTROLLER_ZK_SESSION,
                     };
                     Fault::SessionExpiry {
@@ -332,6 +347,7 @@ impl Plan {
                 start_after: ms(side.random_range(0..500)),
                 lock_unlock_share: 0.3,
                 hold: (ms(200), ms(1500)),
+                guarded_share: 0.0,
                 hands_writes_to_a_daemon: false,
             })
             .collect();
@@ -351,6 +367,38 @@ impl Plan {
                 }),
             };
             faults.extend(fault.map(|f| (at, f)));
+        }
+        // Guarded rounds and their faults, from a side stream of their own, for the
+        // same reason. Not on ZooKeeper: the guard refuses it (rule 9).
+        let mut clis = clis;
+        let mut guarded = StdRng::seed_from_u64(seed ^ 0x5eed_0004);
+        if backend != Backend::ZooKeeper {
+            for spec in &mut clis {
+                spec.guarded_share = GUARDED_SHARE;
+            }
+            if guarded.random_bool(0.5) {
+                let slot = guarded.random_range(0..clis.len());
+                // A little later than the other faults: a guarded round must be under way.
+                let at = ms(guarded.random_range(1000..2500));
+                let fault = if guarded.random_bool(0.6) {
+                    // Every round of the slot guarded, so the pause finds a holder.
+                    clis[slot].guarded_share = 1.0;
+                    // Past a holder's lease: a takeover, unless its lock-delay (rule 8)
+                    // holds contenders back longer. Either way only the guard stops the
+                    // guarded command, by its deadline.
+                    Fault::HolderPause {
+                        slot,
+                        lasts: LEASE + ms(guarded.random_range(500..2000)),
+                    }
+                } else {
+                    Fault::Network {
+                        target: Contender::Guard(slot),
+                        mode: network_mode(&mut guarded),
+                        lasts: ms(guarded.random_range(500..5000)),
+                    }
+                };
+                faults.push((at, fault));
+            }
         }
         Plan {
             seed,
@@ -537,7 +585,7 @@ pub async fn run(plan: Plan) -> Outcome {
             .engines
             .iter()
             .chain(w.controllers.iter().map(|c| &c.paths))
-            .chain(w.clis.iter().map(|c| &c.paths))
+            .chain(w.clis.iter().flat_map(|c| [&c.paths, &c.guard_paths]))
         {
             match backend {
                 Backend::S3 | Backend::DynamoDb => {
@@ -863,6 +911,19 @@ pub async fn run(plan: Plan) -> Outcome {
         let item_keys = keys.names.clone();
         fault_tasks.push(tokio::spawn(async move {
             tokio::time::sleep(at).await;
+            if let Fault::HolderPause { slot, .. } = fault {
+                // Meant for a holder whose guard runs the writer: wait (at most 5 s) until
+                // one of the slot's guarded writers has just written.
+                let prefix = format!("cli-{slot}-guard-");
+                let until = history.now() + 5.0;
+                while history.now() < until
+                    && !history
+                        .last_write_by(&prefix)
+                        .is_some_and(|t| history.now() - t < 0.3)
+                {
+                    tokio::time::sleep(ms(50)).await;
+                }
+            }
             let t0 = history.now();
             history.record(
                 json!({"process": "nemesis", "op": "fault-start", "fault": fault.kind(),
@@ -1219,6 +1280,7 @@ async fn inject(fault: &Fault) {
         Contender::Engine(s) => &world().engines[s],
         Contender::Controller(c) => &world().controllers[c].paths,
         Contender::Cli(s) => &world().clis[s].paths,
+        Contender::Guard(s) => &world().clis[s].guard_paths,
     };
     match fault {
         Fault::ControllerKill { controller, down } => {
@@ -1310,6 +1372,14 @@ async fn inject(fault: &Fault) {
         Fault::CliKill { slot } => {
             world().clis[slot].kill_all();
         }
+        Fault::HolderPause { slot, lasts } => {
+            let until = tokio::time::Instant::now() + lasts;
+            while tokio::time::Instant::now() < until {
+                world().clis[slot].stop_holders();
+                tokio::time::sleep(ms(50)).await;
+            }
+            world().clis[slot].continue_holders();
+        }
     }
 }
 
@@ -1327,7 +1397,7 @@ async fn restart_moto(bucket: &str, objects: &[String], table: &str, items: &[St
         .engines
         .iter()
         .chain(w.controllers.iter().map(|c| &c.paths))
-        .chain(w.clis.iter().map(|c| &c.paths))
+        .chain(w.clis.iter().flat_map(|c| [&c.paths, &c.guard_paths]))
         .map(|p| p.moto())
         .collect();
     let modes: Vec<Mode> = proxies.iter().map(|p| p.mode()).collect();

@@ -190,10 +190,20 @@ impl Controller {
 
 /// A slot for command-line contenders: its proxies, a kubeconfig through its API
 /// proxy, and the process groups of its commands now running (for `cli-sigkill`).
+/// A guarded round's `lockwarden guard` reaches the store through proxies of its own
+/// (`guard_paths`), so a fault can cut the guard off while its holder renews, or the
+/// holder while the guard reads on.
 pub struct CliSlot {
     pub paths: Paths,
     pub kubeconfig: PathBuf,
+    pub guard_paths: Paths,
+    pub guard_kubeconfig: PathBuf,
     running: Mutex<Vec<u32>>,
+    /// The holders (`run`) of guarded rounds now running, for `cli-holder-sigstop`:
+    /// SIGSTOP reaches the holder process alone, never its command, the guard.
+    holders: Mutex<Vec<u32>>,
+    /// Holders stopped by `cli-holder-sigstop`, to be continued when it ends.
+    stopped: Mutex<Vec<u32>>,
 }
 
 impl CliSlot {
@@ -214,6 +224,44 @@ impl CliSlot {
             unsafe { libc::kill(-(*pid as i32), libc::SIGKILL) };
         }
         running.len()
+    }
+
+    /// A guarded round's holder started (`pid` leads its process group, the guard in it).
+    pub fn holder_started(&self, pid: Option<u32>) {
+        self.started(pid);
+        self.holders.lock().unwrap().extend(pid);
+    }
+
+    pub fn holder_ended(&self, pid: Option<u32>) {
+        self.ended(pid);
+        self.holders.lock().unwrap().retain(|p| Some(*p) != pid);
+    }
+
+    /// SIGSTOP to every holder process now running and not stopped yet (not to its
+    /// process group: the guard runs on); how many were stopped by this call.
+    pub fn stop_holders(&self) -> usize {
+        let holders = self.holders.lock().unwrap().clone();
+        let mut stopped = self.stopped.lock().unwrap();
+        let mut n = 0;
+        for pid in holders {
+            if !stopped.contains(&pid) {
+                // SAFETY: kill(2) on one process; plain integers.
+                unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+                stopped.push(pid);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// SIGCONT to every holder [`CliSlot::stop_holders`] stopped.
+    pub fn continue_holders(&self) -> usize {
+        let stopped = std::mem::take(&mut *self.stopped.lock().unwrap());
+        for pid in &stopped {
+            // SAFETY: as above.
+            unsafe { libc::kill(*pid as i32, libc::SIGCONT) };
+        }
+        stopped.len()
     }
 }
 
@@ -316,23 +364,33 @@ impl World {
             controllers.push(controller);
         }
         let engines = (0..ENGINE_PATHS).map(|_| Paths::new(west.port())).collect();
+        let through = |paths: &Paths, name: String| {
+            let kubeconfig = dir.join(format!("{name}.kubeconfig"));
+            let text = std::fs::read_to_string(west.kubeconfig_path()).unwrap();
+            std::fs::write(
+                &kubeconfig,
+                text.replace(
+                    west.url(),
+                    &format!("https://127.0.0.1:{}", paths.api.port()),
+                ),
+            )
+            .unwrap();
+            kubeconfig
+        };
         let clis = (0..CLI_SLOTS)
             .map(|slot| {
                 let paths = Paths::new(west.port());
-                let kubeconfig = dir.join(format!("cli-{slot}.kubeconfig"));
-                let text = std::fs::read_to_string(west.kubeconfig_path()).unwrap();
-                std::fs::write(
-                    &kubeconfig,
-                    text.replace(
-                        west.url(),
-                        &format!("https://127.0.0.1:{}", paths.api.port()),
-                    ),
-                )
-                .unwrap();
+                let kubeconfig = through(&paths, format!("cli-{slot}"));
+                let guard_paths = Paths::new(west.port());
+                let guard_kubeconfig = through(&guard_paths, format!("cli-{slot}-guard"));
                 CliSlot {
                     paths,
                     kubeconfig,
+                    guard_paths,
+                    guard_kubeconfig,
                     running: Mutex::new(Vec::new()),
+                    holders: Mutex::new(Vec::new()),
+                    stopped: Mutex::new(Vec::new()),
                 }
             })
             .collect();
@@ -402,6 +460,9 @@ impl World {
 
     /// Every contender's paths back to `Pass`, every controller running.
     pub fn heal(&self) {
+        for c in &self.clis {
+            c.continue_holders();
+        }
         for c in &self.controllers {
             c.paths.heal();
             c.ensure_running();
@@ -409,7 +470,7 @@ impl World {
         for e in self
             .engines
             .iter()
-            .chain(self.clis.iter().map(|c| &c.paths))
+            .chain(self.clis.iter().flat_map(|c| [&c.paths, &c.guard_paths]))
         {
             e.heal();
         }
