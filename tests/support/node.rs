@@ -49,7 +49,7 @@ use kube::api::Api;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -180,6 +180,8 @@ impl Node {
 
     fn launch() -> Node {
         let started = Instant::now();
+        // Before the machine lock and the servers: a cold build takes minutes.
+        let binary = static_binary();
         let machine_lock = take_machine_lock();
         // What a killed test binary left behind, before it can get in the way.
         if let Ok(previous) = std::fs::read_to_string(STATE_FILE) {
@@ -208,7 +210,7 @@ impl Node {
         let plane = ControlPlane::start_with(ControlPlaneOptions::for_node());
         let scheduler = start_scheduler(&plane, &dir);
         let mut containerd = start_containerd(&dir);
-        let images = import_images(&mut containerd, &dir);
+        let images = import_images(&mut containerd, &dir, &binary);
         let kubelet = start_kubelet(&plane, &dir);
         let node = Node {
             plane,
@@ -551,15 +553,46 @@ fn ctr(args: &[&str]) -> std::process::Output {
         .expect("run ctr")
 }
 
-/// Imports the pause, workload and lockwarden images (the latter built now, for this
-/// build's binary), the previous release's and the kubectl image into the node's
-/// containerd, where the CRI plugin finds them.
-fn import_images(containerd: &mut ServerProcess, dir: &Path) -> Images {
-    let images_dir = tool("LOCKWARDEN_NODE_IMAGES");
-    let binary = env!("CARGO_BIN_EXE_lockwarden");
+/// lockwarden built as one static binary (`scripts/static-binary`): the image's binary,
+/// which `lockwarden install` copies into workload images (busybox here) for
+/// `lockwarden guard`, so it must not need their C library. `LOCKWARDEN_STATIC_BINARY`
+/// when scripts/test built it already; otherwise the script runs now, into this build's
+/// target directory (cargo does nothing when it is up to date; a cold one takes minutes).
+fn static_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("LOCKWARDEN_STATIC_BINARY").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    // <target>/debug/lockwarden: the same target directory, whatever named it.
+    let target_dir = Path::new(env!("CARGO_BIN_EXE_lockwarden"))
+        .ancestors()
+        .nth(2)
+        .expect("the binary's target directory")
+        .to_path_buf();
     let started = Instant::now();
+    let out = Command::new(repo_root().join("scripts/static-binary"))
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/static-binary");
+    assert!(out.status.success(), "scripts/static-binary failed (its output above)");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    eprintln!(
+        "[support] the static binary {} ({:.1?})",
+        path.display(),
+        started.elapsed()
+    );
+    path
+}
+
+/// Imports the pause, workload and lockwarden images (the latter built now, around the
+/// static binary), the previous release's and the kubectl image into the node's
+/// containerd, where the CRI plugin finds them.
+fn import_images(containerd: &mut ServerProcess, dir: &Path, binary: &Path) -> Images {
+    let images_dir = tool("LOCKWARDEN_NODE_IMAGES");
+    let started = Instant::now();
+    let binary = binary.display().to_string();
     let out = Command::new(repo_root().join("scripts/testenv"))
-        .args(["lockwarden-image", binary])
+        .args(["lockwarden-image", &binary])
         .output()
         .expect("run scripts/testenv lockwarden-image");
     assert!(
