@@ -574,7 +574,10 @@ fn static_binary() -> PathBuf {
         .stderr(Stdio::inherit())
         .output()
         .expect("run scripts/static-binary");
-    assert!(out.status.success(), "scripts/static-binary failed (its output above)");
+    assert!(
+        out.status.success(),
+        "scripts/static-binary failed (its output above)"
+    );
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     eprintln!(
         "[support] the static binary {} ({:.1?})",

@@ -1,0 +1,273 @@
+//! `lockwarden guard` on the real node (docs/design.md §3 rule 9, §6.3): a gated Job
+//! on a Kubernetes Lease lock whose container ignores SIGTERM (a shell with
+//! `trap '' TERM`, `terminationGracePeriodSeconds: 30`) runs under the guard, in the
+//! busybox image (the guard binary is the static one `lockwarden install` copies from
+//! lockwarden's image). The controller that holds the lock is SIGSTOPped, so nobody
+//! renews the Lease and nobody stops the Pod but the guard; a contender on the host (the
+//! engine in-process, with the admin client) waits for the Lease and writes to the
+//! loopback register the moment it acquires. The Job's last write must arrive before
+//! the contender's first.
+//!
+//! On Leases the store is the API server. Cutting the in-cluster controller from it
+//! alone needs its `KUBERNETES_SERVICE_PORT` through a fault proxy, a value of the
+//! release every node test shares; a stopped controller is the same fault as far as the
+//! lock is concerned (no renewal, no stop from the controller), and the guard, which
+//! reads the Lease through the API server too, keeps reaching it.
+//!
+//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
+//! the min and median, and each must be positive.
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use kube::{Client, ResourceExt};
+use lockwarden::api::DistributedLock;
+use lockwarden::backend::{ConnectOptions, KubernetesOptions, Target};
+use serde_json::json;
+
+use super::trials::{Register, contend, monotonic_now, report_margins, trial_count};
+use super::{CONTROLLER, TIMEOUT, controller_pid, controller_ready, wait_controller_ready};
+use crate::support::eventually;
+use crate::support::locks::lease_lock_timed;
+use crate::support::node::Node;
+use crate::support::unique;
+
+/// The Job's lease and renew interval: short, so a trial takes about a minute.
+const LEASE: &str = "6s";
+const RENEW: &str = "2s";
+/// How long the contender sees the record before the fault: its observation (rule 1)
+/// runs from the first read of the version the holder last wrote.
+const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
+/// The workload's container, for podFailurePolicy.
+const CONTAINER: &str = "writer";
+
+/// Sends SIGCONT to the stopped process when dropped, so a failing trial never leaves
+/// the controller stopped for the tests after it.
+struct Stopped(i32);
+
+impl Stopped {
+    fn stop(pid: i32) -> Stopped {
+        // SAFETY: kill(2) with a pid and a signal number; no memory is passed.
+        assert_eq!(
+            unsafe { libc::kill(pid, libc::SIGSTOP) },
+            0,
+            "SIGSTOP {pid}"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// `get` on Leases for the namespace's default service account: the guard reads the
+/// Lease itself.
+async fn allow_reading_leases(client: &Client, ns: &str) {
+    let role: Role = serde_json::from_value(json!({
+        "metadata": { "name": "guard" },
+        "rules": [{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"] }],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create the guard's Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "guard" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "guard" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the guard's RoleBinding");
+}
+
+/// A gated Job with a lock template, as examples/guarded-job.yaml: an init container
+/// copies the guard from lockwarden's image, and the busybox container runs
+/// `lockwarden guard -- sh -c …`, a shell that ignores SIGTERM and writes `job N` to the
+/// register every 100 ms through busybox's nc (host network: the register and the API
+/// server are on the host's loopback, hence the service's host and port).
+fn guarded_job(name: &str, template: &str, node: &Node, register_port: u16) -> Job {
+    let script = format!(
+        "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
+         | nc 127.0.0.1 {register_port}"
+    );
+    let from_annotation = |variable: &str, annotation: &str| {
+        json!({ "name": variable, "valueFrom": { "fieldRef": {
+            "fieldPath": format!("metadata.annotations['{annotation}']") } } })
+    };
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "annotations": { "lockwarden.io/lock-template": template } },
+        "spec": {
+            "suspend": true,
+            "backoffLimit": 0,
+            "podFailurePolicy": { "rules": [{
+                "action": "Ignore",
+                "onExitCodes": { "containerName": CONTAINER, "operator": "In", "values": [4, 6] },
+            }]},
+            "template": { "spec": {
+                "hostNetwork": true,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 30,
+                "volumes": [{ "name": "guard", "emptyDir": {} }],
+                "initContainers": [{
+                    "name": "install-guard", "image": node.images().lockwarden,
+                    "imagePullPolicy": "Never",
+                    "command": ["/usr/local/bin/lockwarden", "install", "/guard"],
+                    "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
+                }],
+                "containers": [{
+                    "name": CONTAINER, "image": node.images().workload, "imagePullPolicy": "Never",
+                    "command": ["/guard/lockwarden", "guard", "--", "sh", "-c", script],
+                    "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
+                    "env": [
+                        from_annotation("LOCKWARDEN_URL", "lockwarden.io/url"),
+                        from_annotation("LOCKWARDEN_NONCE", "lockwarden.io/nonce"),
+                        from_annotation("LOCKWARDEN_FENCE", "lockwarden.io/fence"),
+                        { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
+                        { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
+                    ],
+                }],
+            }},
+        },
+    }))
+    .expect("a Job")
+}
+
+/// What one trial measured, in seconds on CLOCK_MONOTONIC.
+struct Trial {
+    /// The contender's first arrival minus the Job's last: positive is safe.
+    margin: f64,
+    stop_to_job_last: f64,
+    stop_to_contender_first: f64,
+    lock_delay: Option<String>,
+}
+
+async fn one_trial(node: &Node, client: &Client, ns: &str, n: usize) -> Trial {
+    let key = unique("guard");
+    let suffix = &key[key.len() - 6..];
+    let (port, register) = Register::serve().await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
+    let jobs = Api::<Job>::namespaced(client.clone(), ns);
+    let template_name = format!("guard-tpl-{n}-{suffix}");
+    let job_name = format!("guard-job-{n}-{suffix}");
+    let mut template = lease_lock_timed(&template_name, &key, LEASE, RENEW);
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    jobs.create(
+        &PostParams::default(),
+        &guarded_job(&job_name, &template_name, node, port),
+    )
+    .await
+    .expect("create the Job");
+    eventually("the guarded Job's first write", TIMEOUT, || async {
+        (!register.of("job").is_empty()).then_some(())
+    })
+    .await;
+    let own_lock = eventually("the Job's own lock", TIMEOUT, || async {
+        let list = locks.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|l| l.name_any().starts_with(&format!("{job_name}-")))
+    })
+    .await;
+    let lock_delay = own_lock.spec.lock_delay.clone();
+
+    // The contender: the engine on the host, straight to the API server.
+    let options = ConnectOptions {
+        kubernetes: KubernetesOptions {
+            client: Some(client.clone()),
+            ..KubernetesOptions::default()
+        },
+        ..ConnectOptions::default()
+    };
+    let backend = Target::parse(&format!("k8s://{ns}/{key}"))
+        .unwrap()
+        .connect(&options)
+        .await
+        .expect("a Lease backend");
+    let contender = contend(backend, port, Duration::from_secs(6)).await;
+    tokio::time::sleep(CONTENDER_HEAD_START).await;
+
+    // The fault: the controller stops (no renewal, no stop of the Job from it).
+    let pod = wait_controller_ready(node, client).await;
+    let pid = controller_pid(&pod).expect("the controller's process on this host");
+    let stopped_at = monotonic_now();
+    let stopped = Stopped::stop(pid);
+    let (contender_backend, contender_lease) =
+        tokio::time::timeout(Duration::from_secs(300), contender)
+            .await
+            .expect("the contender acquires within 300 s of the SIGSTOP")
+            .expect("the contender task");
+    // The contender wrote; from here on nothing the Job writes can be safe. The Job goes
+    // (its Pods too), then the controller resumes.
+    jobs.delete(
+        &job_name,
+        &DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("delete the Job");
+    drop(stopped);
+    eventually("the Job's Pods gone", Duration::from_secs(180), || async {
+        crate::support::kube::job_pods(client, ns, &job_name)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    // A last write in flight arrives within a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let job_last = *register
+        .of("job")
+        .last()
+        .expect("the Job wrote to the register");
+    let contender_first = register.of("contender")[0];
+    let _ = contender_backend.release(&contender_lease).await;
+    let _ = locks.delete(&template_name, &DeleteParams::default()).await;
+    Trial {
+        margin: contender_first - job_last,
+        stop_to_job_last: job_last - stopped_at,
+        stop_to_contender_first: contender_first - stopped_at,
+        lock_delay,
+    }
+}
+
+/// The guarded Job's last write arrives before the contender's first, after the
+/// controller holding its Lease lock is SIGSTOPped: the guard alone stops it
+/// (docs/design.md §3 rule 9, §6.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_on_a_lease()
+ {
+    // Alone with the controller: stopping it is not other tests' business.
+    let _alone = CONTROLLER.write().await;
+    let (node, client) = controller_ready().await;
+    let ns = node.namespace(&client, "node-guard").await;
+    allow_reading_leases(&client, &ns).await;
+    let trials = trial_count();
+    let mut margins = Vec::new();
+    for n in 0..trials {
+        let trial = one_trial(node, &client, &ns, n).await;
+        println!(
+            "guard: trial {n}: margin {:+.3} s (SIGSTOP → Job's last write {:.3} s, SIGSTOP → \
+             contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
+            trial.margin, trial.stop_to_job_last, trial.stop_to_contender_first, trial.lock_delay
+        );
+        margins.push(trial.margin);
+    }
+    report_margins("guard", &margins);
+    super::delete_namespace(&client, &ns).await;
+}
