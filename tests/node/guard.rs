@@ -17,6 +17,8 @@
 //! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
 //! the min and median, and each must be positive.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -28,11 +30,13 @@ use lockwarden::backend::{ConnectOptions, KubernetesOptions, Target};
 use serde_json::json;
 
 use super::trials::{Register, contend, monotonic_now, report_margins, trial_count};
-use super::{CONTROLLER, TIMEOUT, controller_pid, controller_ready, wait_controller_ready};
-use crate::support::eventually;
+use super::{
+    CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_ready, wait_controller_ready,
+};
 use crate::support::locks::lease_lock_timed;
 use crate::support::node::Node;
-use crate::support::unique;
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::{ServerProcess, eventually, tool, unique};
 
 /// The Job's lease and renew interval: short, so a trial takes about a minute.
 const LEASE: &str = "6s";
@@ -151,7 +155,78 @@ struct Trial {
     lock_delay: Option<String>,
 }
 
-async fn one_trial(node: &Node, client: &Client, ns: &str, n: usize) -> Trial {
+/// How the controller holding the Job's lock is taken out of the trial.
+enum Fault<'a> {
+    /// The release's controller process is SIGSTOPped (SIGCONT when the trial ends).
+    Sigstop,
+    /// As `Sigstop`, and the kubelet is cut from the API server at the same moment
+    /// (its proxy blackholed; passing again when the trial ends): nothing that talks to
+    /// the API server on the Pod's behalf can stop it either.
+    SigstopAndKubeletCut,
+    /// The controller reaches the API server through this proxy, which is cut
+    /// (blackholed; passing again when the trial ends).
+    Cut(&'a Proxy),
+}
+
+/// What undoes a fault when dropped: SIGCONT to the stopped process, or the proxy
+/// passing again.
+struct Undo<'a> {
+    _stopped: Option<Stopped>,
+    cut: Vec<&'a Proxy>,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        for proxy in &self.cut {
+            proxy.set_mode(Mode::Pass);
+        }
+    }
+}
+
+impl<'a> Fault<'a> {
+    /// Inflicts the fault; the CLOCK_MONOTONIC time it took effect.
+    async fn inflict(&self, node: &'a Node, client: &Client) -> (f64, Undo<'a>) {
+        match self {
+            Fault::Sigstop | Fault::SigstopAndKubeletCut => {
+                let pod = wait_controller_ready(node, client).await;
+                let pid = controller_pid(&pod).expect("the controller's process on this host");
+                let at = monotonic_now();
+                let mut cut = Vec::new();
+                if matches!(self, Fault::SigstopAndKubeletCut) {
+                    node.kubelet_api().set_mode(Mode::Blackhole);
+                    cut.push(node.kubelet_api());
+                }
+                let stopped = Some(Stopped::stop(pid));
+                (
+                    at,
+                    Undo {
+                        _stopped: stopped,
+                        cut,
+                    },
+                )
+            }
+            Fault::Cut(proxy) => {
+                let at = monotonic_now();
+                proxy.set_mode(Mode::Blackhole);
+                (
+                    at,
+                    Undo {
+                        _stopped: None,
+                        cut: vec![*proxy],
+                    },
+                )
+            }
+        }
+    }
+}
+
+async fn one_trial<'a>(
+    node: &'a Node,
+    client: &Client,
+    ns: &str,
+    n: usize,
+    fault: &Fault<'a>,
+) -> Trial {
     let key = unique("guard");
     let suffix = &key[key.len() - 6..];
     let (port, register) = Register::serve().await;
@@ -200,11 +275,8 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, n: usize) -> Trial {
     let contender = contend(backend, port, Duration::from_secs(6)).await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
 
-    // The fault: the controller stops (no renewal, no stop of the Job from it).
-    let pod = wait_controller_ready(node, client).await;
-    let pid = controller_pid(&pod).expect("the controller's process on this host");
-    let stopped_at = monotonic_now();
-    let stopped = Stopped::stop(pid);
+    // The fault: no renewal from the controller, and no stop of the Job from it.
+    let (stopped_at, undo) = fault.inflict(node, client).await;
     let (contender_backend, contender_lease) =
         tokio::time::timeout(Duration::from_secs(300), contender)
             .await
@@ -221,7 +293,7 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, n: usize) -> Trial {
     )
     .await
     .expect("delete the Job");
-    drop(stopped);
+    drop(undo);
     eventually("the Job's Pods gone", Duration::from_secs(180), || async {
         crate::support::kube::job_pods(client, ns, &job_name)
             .await
@@ -260,7 +332,7 @@ async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_contro
     let trials = trial_count();
     let mut margins = Vec::new();
     for n in 0..trials {
-        let trial = one_trial(node, &client, &ns, n).await;
+        let trial = one_trial(node, &client, &ns, n, &Fault::Sigstop).await;
         println!(
             "guard: trial {n}: margin {:+.3} s (SIGSTOP → Job's last write {:.3} s, SIGSTOP → \
              contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
@@ -269,5 +341,141 @@ async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_contro
         margins.push(trial.margin);
     }
     report_margins("guard", &margins);
+    super::delete_namespace(&client, &ns).await;
+}
+
+/// The release's controller scaled to zero and a `lockwarden controller` on the host in
+/// its place, for one namespace, reaching the API server through a proxy. Dropped: the
+/// host controller is killed and the release scaled back to one replica (kubectl, so it
+/// runs in a panic's unwinding too); the caller waits for it to be Ready.
+struct HostController {
+    _process: ServerProcess,
+    kubeconfig: PathBuf,
+}
+
+/// `kubectl scale` of the release's Deployment to `replicas`.
+fn scale_release(kubeconfig: &Path, replicas: u32) -> std::process::Output {
+    Command::new(tool("KUBECTL"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["scale", "deployment", "-n", RELEASE_NAMESPACE])
+        .args(["-l", "app.kubernetes.io/instance=lockwarden"])
+        .arg(format!("--replicas={replicas}"))
+        .output()
+        .expect("run kubectl scale")
+}
+
+impl HostController {
+    async fn start(node: &Node, client: &Client, ns: &str, api: &Proxy) -> HostController {
+        let admin = node.plane().kubeconfig_path().to_path_buf();
+        let out = scale_release(&admin, 0);
+        assert!(
+            out.status.success(),
+            "kubectl scale the release to 0: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The release's controller gone first: one controller gates the Job.
+        eventually("the release's controller gone", TIMEOUT, || async {
+            super::controller_pods(client)
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+        let dir = node.dir().join(unique("host-controller"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("through-proxy.kubeconfig");
+        let text = std::fs::read_to_string(&admin).unwrap();
+        std::fs::write(
+            &kubeconfig,
+            text.replace(
+                node.plane().url(),
+                &format!("https://127.0.0.1:{}", api.port()),
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lockwarden"));
+        cmd.args([
+            "controller",
+            "--cluster-name",
+            "node-guard-host",
+            "--watch-namespace",
+            ns,
+            "--metrics-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", &kubeconfig);
+        HostController {
+            _process: ServerProcess::start("host-controller", cmd, &dir),
+            kubeconfig: admin,
+        }
+    }
+}
+
+impl Drop for HostController {
+    fn drop(&mut self) {
+        let out = scale_release(&self.kubeconfig, 1);
+        if !out.status.success() {
+            eprintln!(
+                "guard: kubectl scale the release back to 1 failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// The guarded Job's last write arrives before the contender's first, after the
+/// controller holding its Lease lock is cut from the API server, its store: the
+/// release's controller is replaced for the test by one on the host that reaches the
+/// API server through a fault proxy (the release's own way there is a value every
+/// node test shares), and the proxy blackholes. The guard reads the Lease itself and
+/// stops the Job (docs/design.md §3 rule 9, §6.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_cut_from_the_api_server_on_a_lease()
+ {
+    let _alone = CONTROLLER.write().await;
+    let (node, client) = controller_ready().await;
+    let ns = node.namespace(&client, "node-guard-cut").await;
+    allow_reading_leases(&client, &ns).await;
+    let api = Proxy::start(node.plane().port());
+    let host = HostController::start(node, &client, &ns, &api).await;
+    let trials = trial_count();
+    let mut margins = Vec::new();
+    for n in 0..trials {
+        let trial = one_trial(node, &client, &ns, n, &Fault::Cut(&api)).await;
+        println!(
+            "guard-cut: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
+             contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
+            trial.margin, trial.stop_to_job_last, trial.stop_to_contender_first, trial.lock_delay
+        );
+        margins.push(trial.margin);
+    }
+    drop(host);
+    report_margins("guard-cut", &margins);
+    super::delete_namespace(&client, &ns).await;
+    wait_controller_ready(node, &client).await;
+}
+
+/// As the SIGSTOP trial, with the kubelet cut from the API server too (a fault proxy
+/// between them) from the moment the controller stops: the Pod's stop comes from the
+/// guard alone, which reads the Lease from the API server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_and_the_kubelet_cut_on_a_lease()
+ {
+    let _alone = CONTROLLER.write().await;
+    let (node, client) = controller_ready().await;
+    let ns = node.namespace(&client, "node-guard-kubelet").await;
+    allow_reading_leases(&client, &ns).await;
+    let mut margins = Vec::new();
+    for n in 0..trial_count() {
+        let trial = one_trial(node, &client, &ns, n, &Fault::SigstopAndKubeletCut).await;
+        println!(
+            "guard-kubelet: trial {n}: margin {:+.3} s (SIGSTOP and kubelet cut → Job's last \
+             write {:.3} s, → contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
+            trial.margin, trial.stop_to_job_last, trial.stop_to_contender_first, trial.lock_delay
+        );
+        margins.push(trial.margin);
+    }
+    report_margins("guard-kubelet", &margins);
     super::delete_namespace(&client, &ns).await;
 }

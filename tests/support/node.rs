@@ -41,6 +41,7 @@
 //! makes the test binary exit non-zero, naming it.
 
 use super::kube::{ControlPlane, ControlPlaneOptions, client_from_kubeconfig};
+use super::proxy::Proxy;
 use super::{ServerProcess, free_port, repo_root, tool, unique, wait_for_port, work_dir};
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, ServiceAccount};
@@ -97,6 +98,8 @@ pub struct Node {
     plane: ControlPlane,
     dir: PathBuf,
     images: Images,
+    /// The kubelet's way to the API server (its kubeconfig names this proxy).
+    kubelet_api: Proxy,
     processes: Mutex<NodeProcesses>,
     /// Network interfaces present before the node started.
     interfaces_before: Vec<String>,
@@ -211,11 +214,13 @@ impl Node {
         let scheduler = start_scheduler(&plane, &dir);
         let mut containerd = start_containerd(&dir);
         let images = import_images(&mut containerd, &dir, &binary);
-        let kubelet = start_kubelet(&plane, &dir);
+        let kubelet_api = Proxy::start(plane.port());
+        let kubelet = start_kubelet(&plane, &dir, &kubelet_api);
         let node = Node {
             plane,
             dir,
             images,
+            kubelet_api,
             processes: Mutex::new(NodeProcesses {
                 kubelet: Some(kubelet),
                 scheduler: Some(scheduler),
@@ -312,6 +317,13 @@ impl Node {
             let _ = std::fs::remove_file(STATE_FILE);
         }
         left
+    }
+
+    /// The proxy between the kubelet and the API server: passing, except while a test
+    /// cuts the kubelet off (such a test runs alone: it holds the controller's write
+    /// lock, and sets it passing again before it ends, also when it fails).
+    pub fn kubelet_api(&self) -> &Proxy {
+        &self.kubelet_api
     }
 
     /// The node's containerd socket (`ctr --address`), to import an image built after
@@ -656,12 +668,19 @@ fn create_cgroup_root() {
 }
 
 /// The kubelet, as `system:node:localhost` (Node authorizer), bound to 127.0.0.1.
-fn start_kubelet(plane: &ControlPlane, dir: &Path) -> ServerProcess {
+/// Its kubeconfig reaches the API server through `api`, a proxy a test may cut.
+fn start_kubelet(plane: &ControlPlane, dir: &Path, api: &Proxy) -> ServerProcess {
     create_cgroup_root();
     let root = kubelet_root();
     std::fs::create_dir_all(&root).expect("create the kubelet root dir");
     let kubeconfig =
         plane.user_kubeconfig(&format!("system:node:{NODE_NAME}"), Some("system:nodes"));
+    let text = std::fs::read_to_string(&kubeconfig).expect("read the kubelet's kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        text.replace(plane.url(), &format!("https://127.0.0.1:{}", api.port())),
+    )
+    .expect("write the kubelet's kubeconfig");
     let (port, healthz_port) = (free_port(), free_port());
     let config = serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
