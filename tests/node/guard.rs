@@ -2,19 +2,23 @@
 //! on a Kubernetes Lease lock whose container ignores SIGTERM (a shell with
 //! `trap '' TERM`, `terminationGracePeriodSeconds: 30`) runs under the guard, in the
 //! busybox image (the guard binary is the static one `lockwarden install` copies from
-//! lockwarden's image). The controller that holds the lock is SIGSTOPped, so nobody
-//! renews the Lease and nobody stops the Pod but the guard; a contender on the host (the
-//! engine in-process, with the admin client) waits for the Lease and writes to the
-//! loopback register the moment it acquires. The Job's last write must arrive before
-//! the contender's first.
+//! lockwarden's image). The controller holding the lock is taken out, so nobody renews
+//! the Lease and nobody stops the Pod but the guard; a contender on the host (the engine
+//! in-process, with the admin client) waits for the Lease and writes to the loopback
+//! register the moment it acquires. The Job's last write must arrive before the
+//! contender's first. Three faults:
 //!
-//! On Leases the store is the API server. Cutting the in-cluster controller from it
-//! alone needs its `KUBERNETES_SERVICE_PORT` through a fault proxy, a value of the
-//! release every node test shares; a stopped controller is the same fault as far as the
-//! lock is concerned (no renewal, no stop from the controller), and the guard, which
-//! reads the Lease through the API server too, keeps reaching it.
+//! - the release's controller SIGSTOPped;
+//! - the controller cut from the API server, which on Leases is the store: the
+//!   release's own way there (`KUBERNETES_SERVICE_PORT`) is a value every node test
+//!   shares, so for this test the release is scaled to zero and a `lockwarden
+//!   controller` on the host takes its place, reaching the API server through a fault
+//!   proxy that is blackholed;
+//! - the controller SIGSTOPped and the kubelet cut from the API server (its proxy,
+//!   `Node::kubelet_api`, blackholed) at once.
 //!
-//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
+//! The guard reads the Lease from the API server itself, which none of these cut.
+//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats each trial; every margin is printed with
 //! the min and median, and each must be positive.
 
 use std::path::{Path, PathBuf};
