@@ -39,8 +39,8 @@ use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use serde_json::json;
 
 use super::{
-    CONTROLLER, RELEASE, RELEASE_NAMESPACE, TIMEOUT, controller_pods, controller_ready,
-    gated_host_network_job, helm, is_true, phase, text,
+    CONTROLLER, RELEASE, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_pods,
+    controller_ready, gated_host_network_job, helm, is_true, phase, text,
 };
 use crate::support::locks::{acquired, aws_secret, lease_lock_timed, s3_lock, timed};
 use crate::support::moto::Moto;
@@ -285,20 +285,6 @@ async fn delete_and_recover(
     })
     .await;
     wait_all_renewed(client, ns, s3, since, started).await
-}
-
-/// The PID of the controller container's `lockwarden` process on this host: the one in
-/// the Pod's cgroup (other lockwarden processes may run on the machine).
-fn controller_pid(pod: &Pod) -> Option<i32> {
-    let uid = pod.metadata.uid.as_deref()?;
-    // The cgroupfs driver names a Pod's cgroup pod<uid>.
-    let needle = format!("pod{uid}");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
-        (comm.trim() == "lockwarden" && cgroup.contains(&needle)).then_some(pid)
-    })
 }
 
 fn restarts(pod: &Pod) -> i32 {

@@ -12,9 +12,11 @@
 //! takeover stays covered by the process-level leader-election tests.
 
 mod failover;
+mod guard;
 mod stop;
 #[path = "../support/mod.rs"]
 mod support;
+mod trials;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -152,6 +154,20 @@ async fn controller_pods(client: &Client) -> Vec<Pod> {
         .await
         .expect("list the controller's Pods")
         .items
+}
+
+/// The PID of the controller container's `lockwarden` process on this host: the one in
+/// the Pod's cgroup (other lockwarden processes may run on the machine).
+pub(crate) fn controller_pid(pod: &Pod) -> Option<i32> {
+    let uid = pod.metadata.uid.as_deref()?;
+    // The cgroupfs driver names a Pod's cgroup pod<uid>.
+    let needle = format!("pod{uid}");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        let cgroup = std::fs::read_to_string(e.path().join("cgroup")).ok()?;
+        (comm.trim() == "lockwarden" && cgroup.contains(&needle)).then_some(pid)
+    })
 }
 
 fn condition(pod: &Pod, type_: &str) -> Option<(String, Option<String>)> {

@@ -11,7 +11,7 @@
 //! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
 //! the min and median, and each must be positive.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -20,10 +20,10 @@ use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
 use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
-use lockwarden::lock::{AcquireRequest, Attempt, LockBackend};
+use lockwarden::lock::LockBackend;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
+use super::trials::{Register, contend, monotonic_now, report_margins, trial_count};
 use super::{FAILOVER_NAMESPACE, TIMEOUT, with_controller};
 use crate::support::eventually;
 use crate::support::locks::{s3_lock, timed};
@@ -38,60 +38,6 @@ const RENEW: &str = "2s";
 /// How long the contender sees the record before the cut: its observation (rule 1)
 /// runs from the first read of the version the holder last wrote.
 const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
-
-/// CLOCK_MONOTONIC in seconds: the register's clock.
-fn monotonic_now() -> f64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
-}
-
-/// The guarded resource: one line per write (`WRITER N`), stamped on arrival on
-/// CLOCK_MONOTONIC (an arrival is after its write, so an arrival order is a bound on
-/// the write order the other way round only for the later write: the margin below is
-/// the contender's first *arrival* minus the Job's last *arrival*, and the Job's write
-/// happened before its arrival).
-#[derive(Default)]
-struct Register {
-    writes: Mutex<Vec<(f64, String)>>,
-}
-
-impl Register {
-    async fn serve() -> (u16, Arc<Register>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let register = Arc::new(Register::default());
-        let serving = register.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let register = serving.clone();
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stream).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let t = monotonic_now();
-                        register.writes.lock().unwrap().push((t, line));
-                    }
-                });
-            }
-        });
-        (port, register)
-    }
-
-    /// Arrival times of `writer`'s lines.
-    fn of(&self, writer: &str) -> Vec<f64> {
-        self.writes
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, line)| line.split(' ').next() == Some(writer))
-            .map(|(t, _)| *t)
-            .collect()
-    }
-}
 
 /// The Secret with moto's credentials in the namespace the release may read Secrets
 /// of (created once; the failover test makes the same one).
@@ -214,29 +160,7 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usiz
     // The contender: waits for the key straight through moto, and writes to the
     // register the moment it acquires.
     let backend = direct_backend(bucket, &key).await;
-    let mut line = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the register");
-    let contender = tokio::spawn(async move {
-        let request = AcquireRequest::new("contender", Duration::from_secs(6));
-        loop {
-            match backend.try_acquire(&request).await {
-                Ok(Attempt::Acquired(lease)) => {
-                    line.write_all(b"contender 1\n").await.unwrap();
-                    line.flush().await.unwrap();
-                    return (backend, lease);
-                }
-                Ok(Attempt::Busy { retry_in, .. }) => {
-                    let pause = retry_in.unwrap_or(Duration::from_millis(100));
-                    tokio::time::sleep(pause.min(Duration::from_millis(100))).await;
-                }
-                Err(e) => {
-                    eprintln!("stop: contender attempt failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    });
+    let contender = contend(backend, port, Duration::from_secs(6)).await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
 
     let cut = monotonic_now();
@@ -292,11 +216,7 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usiz
 async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when_the_store_is_cut_on_s3()
  {
     let (node, client, _shared) = with_controller().await;
-    let trials: usize = std::env::var("LOCKWARDEN_NODE_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-        .max(1);
+    let trials = trial_count();
     let ns = FAILOVER_NAMESPACE;
     ensure_aws_secret(&client, ns).await;
     let bucket = Moto::shared().new_bucket("node-stop").await;
@@ -310,15 +230,5 @@ async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when
         );
         margins.push(trial.margin);
     }
-    let mut sorted = margins.clone();
-    sorted.sort_by(f64::total_cmp);
-    println!(
-        "stop: {trials} trial(s): margin min {:+.3} s, median {:+.3} s",
-        sorted[0],
-        sorted[sorted.len() / 2]
-    );
-    assert!(
-        margins.iter().all(|m| *m > 0.0),
-        "the Job wrote after the contender's first write (margins in seconds: {margins:?})"
-    );
+    report_margins("stop", &margins);
 }

@@ -41,6 +41,7 @@
 //! makes the test binary exit non-zero, naming it.
 
 use super::kube::{ControlPlane, ControlPlaneOptions, client_from_kubeconfig};
+use super::proxy::Proxy;
 use super::{ServerProcess, free_port, repo_root, tool, unique, wait_for_port, work_dir};
 
 use k8s_openapi::api::core::v1::{Node as KubeNode, ServiceAccount};
@@ -49,7 +50,7 @@ use kube::api::Api;
 use std::fs::File;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,8 @@ pub struct Node {
     plane: ControlPlane,
     dir: PathBuf,
     images: Images,
+    /// The kubelet's way to the API server (its kubeconfig names this proxy).
+    kubelet_api: Proxy,
     processes: Mutex<NodeProcesses>,
     /// Network interfaces present before the node started.
     interfaces_before: Vec<String>,
@@ -180,6 +183,8 @@ impl Node {
 
     fn launch() -> Node {
         let started = Instant::now();
+        // Before the machine lock and the servers: a cold build takes minutes.
+        let binary = static_binary();
         let machine_lock = take_machine_lock();
         // What a killed test binary left behind, before it can get in the way.
         if let Ok(previous) = std::fs::read_to_string(STATE_FILE) {
@@ -208,12 +213,14 @@ impl Node {
         let plane = ControlPlane::start_with(ControlPlaneOptions::for_node());
         let scheduler = start_scheduler(&plane, &dir);
         let mut containerd = start_containerd(&dir);
-        let images = import_images(&mut containerd, &dir);
-        let kubelet = start_kubelet(&plane, &dir);
+        let images = import_images(&mut containerd, &dir, &binary);
+        let kubelet_api = Proxy::start(plane.port());
+        let kubelet = start_kubelet(&plane, &dir, &kubelet_api);
         let node = Node {
             plane,
             dir,
             images,
+            kubelet_api,
             processes: Mutex::new(NodeProcesses {
                 kubelet: Some(kubelet),
                 scheduler: Some(scheduler),
@@ -310,6 +317,13 @@ impl Node {
             let _ = std::fs::remove_file(STATE_FILE);
         }
         left
+    }
+
+    /// The proxy between the kubelet and the API server: passing, except while a test
+    /// cuts the kubelet off (such a test runs alone: it holds the controller's write
+    /// lock, and sets it passing again before it ends, also when it fails).
+    pub fn kubelet_api(&self) -> &Proxy {
+        &self.kubelet_api
     }
 
     /// The node's containerd socket (`ctr --address`), to import an image built after
@@ -551,15 +565,49 @@ fn ctr(args: &[&str]) -> std::process::Output {
         .expect("run ctr")
 }
 
-/// Imports the pause, workload and lockwarden images (the latter built now, for this
-/// build's binary), the previous release's and the kubectl image into the node's
-/// containerd, where the CRI plugin finds them.
-fn import_images(containerd: &mut ServerProcess, dir: &Path) -> Images {
-    let images_dir = tool("LOCKWARDEN_NODE_IMAGES");
-    let binary = env!("CARGO_BIN_EXE_lockwarden");
+/// lockwarden built as one static binary (`scripts/static-binary`): the image's binary,
+/// which `lockwarden install` copies into workload images (busybox here) for
+/// `lockwarden guard`, so it must not need their C library. `LOCKWARDEN_STATIC_BINARY`
+/// when scripts/test built it already; otherwise the script runs now, into this build's
+/// target directory (cargo does nothing when it is up to date; a cold one takes minutes).
+fn static_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("LOCKWARDEN_STATIC_BINARY").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    // <target>/debug/lockwarden: the same target directory, whatever named it.
+    let target_dir = Path::new(env!("CARGO_BIN_EXE_lockwarden"))
+        .ancestors()
+        .nth(2)
+        .expect("the binary's target directory")
+        .to_path_buf();
     let started = Instant::now();
+    let out = Command::new(repo_root().join("scripts/static-binary"))
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run scripts/static-binary");
+    assert!(
+        out.status.success(),
+        "scripts/static-binary failed (its output above)"
+    );
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    eprintln!(
+        "[support] the static binary {} ({:.1?})",
+        path.display(),
+        started.elapsed()
+    );
+    path
+}
+
+/// Imports the pause, workload and lockwarden images (the latter built now, around the
+/// static binary), the previous release's and the kubectl image into the node's
+/// containerd, where the CRI plugin finds them.
+fn import_images(containerd: &mut ServerProcess, dir: &Path, binary: &Path) -> Images {
+    let images_dir = tool("LOCKWARDEN_NODE_IMAGES");
+    let started = Instant::now();
+    let binary = binary.display().to_string();
     let out = Command::new(repo_root().join("scripts/testenv"))
-        .args(["lockwarden-image", binary])
+        .args(["lockwarden-image", &binary])
         .output()
         .expect("run scripts/testenv lockwarden-image");
     assert!(
@@ -620,12 +668,19 @@ fn create_cgroup_root() {
 }
 
 /// The kubelet, as `system:node:localhost` (Node authorizer), bound to 127.0.0.1.
-fn start_kubelet(plane: &ControlPlane, dir: &Path) -> ServerProcess {
+/// Its kubeconfig reaches the API server through `api`, a proxy a test may cut.
+fn start_kubelet(plane: &ControlPlane, dir: &Path, api: &Proxy) -> ServerProcess {
     create_cgroup_root();
     let root = kubelet_root();
     std::fs::create_dir_all(&root).expect("create the kubelet root dir");
     let kubeconfig =
         plane.user_kubeconfig(&format!("system:node:{NODE_NAME}"), Some("system:nodes"));
+    let text = std::fs::read_to_string(&kubeconfig).expect("read the kubelet's kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        text.replace(plane.url(), &format!("https://127.0.0.1:{}", api.port())),
+    )
+    .expect("write the kubelet's kubeconfig");
     let (port, healthz_port) = (free_port(), free_port());
     let config = serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",

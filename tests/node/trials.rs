@@ -1,0 +1,125 @@
+//! What the node's stop trials (stop.rs, guard.rs) share: the register the writers
+//! write to, a contender that writes there the moment it acquires, the trial count and
+//! the margins' summary.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockwarden::lock::{AcquireRequest, Attempt, Lease, LockBackend};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::task::JoinHandle;
+
+/// CLOCK_MONOTONIC in seconds: the register's clock.
+pub fn monotonic_now() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
+/// The guarded resource: one line per write (`WRITER N`), stamped on arrival on
+/// CLOCK_MONOTONIC (an arrival is after its write, so an arrival order is a bound on
+/// the write order the other way round only for the later write: a margin is the
+/// contender's first *arrival* minus the workload's last *arrival*, and the workload's
+/// write happened before its arrival).
+#[derive(Default)]
+pub struct Register {
+    writes: Mutex<Vec<(f64, String)>>,
+}
+
+impl Register {
+    /// A register on a free loopback port: the port and the register.
+    pub async fn serve() -> (u16, Arc<Register>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let register = Arc::new(Register::default());
+        let serving = register.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let register = serving.clone();
+                tokio::spawn(async move {
+                    let mut lines = BufReader::new(stream).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let t = monotonic_now();
+                        register.writes.lock().unwrap().push((t, line));
+                    }
+                });
+            }
+        });
+        (port, register)
+    }
+
+    /// Arrival times of `writer`'s lines.
+    pub fn of(&self, writer: &str) -> Vec<f64> {
+        self.writes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, line)| line.split(' ').next() == Some(writer))
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+/// The contender: tries `backend` every 100 ms (or sooner when told) and writes
+/// `contender 1` to the register on `port` the moment it acquires; the task ends with
+/// the backend and its lease, to release.
+pub async fn contend(
+    backend: Arc<dyn LockBackend>,
+    port: u16,
+    lease: Duration,
+) -> JoinHandle<(Arc<dyn LockBackend>, Lease)> {
+    let mut line = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the register");
+    tokio::spawn(async move {
+        let request = AcquireRequest::new("contender", lease);
+        loop {
+            match backend.try_acquire(&request).await {
+                Ok(Attempt::Acquired(lease)) => {
+                    line.write_all(b"contender 1\n").await.unwrap();
+                    line.flush().await.unwrap();
+                    return (backend, lease);
+                }
+                Ok(Attempt::Busy { retry_in, .. }) => {
+                    let pause = retry_in.unwrap_or(Duration::from_millis(100));
+                    tokio::time::sleep(pause.min(Duration::from_millis(100))).await;
+                }
+                Err(e) => {
+                    eprintln!("trial: contender attempt failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
+/// How many trials a test runs: `LOCKWARDEN_NODE_TRIALS`, 1 by default.
+pub fn trial_count() -> usize {
+    std::env::var("LOCKWARDEN_NODE_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Prints the margins' min and median under `name`, and asserts each is positive (the
+/// workload's last write arrived before the contender's first).
+pub fn report_margins(name: &str, margins: &[f64]) {
+    let mut sorted = margins.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    println!(
+        "{name}: {} trial(s): margin min {:+.3} s, median {:+.3} s",
+        margins.len(),
+        sorted[0],
+        sorted[sorted.len() / 2]
+    );
+    assert!(
+        margins.iter().all(|m| *m > 0.0),
+        "{name}: the workload wrote after the contender's first write (margins in seconds: \
+         {margins:?})"
+    );
+}
