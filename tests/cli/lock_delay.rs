@@ -12,16 +12,16 @@ const STORED: Duration = Duration::from_millis(4_500);
 /// The contenders' grace beyond the stored lease (rule 1's default).
 const GRACE: Duration = Duration::from_millis(250);
 
-/// A holder that never renews (`lock` exits, as a crashed holder would), then a
-/// contender that waits; then a clean release taken without waiting.
-async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> Duration {
+/// `lockwarden lock URL` as HOLDER with the tests' lease and lock-delay, its lock file
+/// OUT; whether it acquired is for the caller's next read to show.
+async fn lock_with_delay(lw: &Cli, url: &str, out: &str, holder: &str) {
     lw.run(&[
         "lock",
         url,
         "-o",
-        "a.lock",
+        out,
         "--holder",
-        "a",
+        holder,
         "--lease",
         LEASE,
         "--lock-delay",
@@ -29,6 +29,12 @@ async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> D
     ])
     .await
     .ok();
+}
+
+/// A holder that never renews (`lock` exits, as a crashed holder would), then a
+/// contender that waits; then a clean release taken without waiting.
+async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> Duration {
+    lock_with_delay(lw, url, "a.lock", "a").await;
     let status = lw.status(url).await;
     assert_eq!(status["leaseMs"], STORED.as_millis() as u64, "{status}");
     assert!(
@@ -52,20 +58,7 @@ async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> D
     lw.unlock("b.lock").await;
 
     // A clean release writes a tombstone: the next holder takes it without waiting.
-    lw.run(&[
-        "lock",
-        url,
-        "-o",
-        "c.lock",
-        "--holder",
-        "c",
-        "--lease",
-        LEASE,
-        "--lock-delay",
-        DELAY,
-    ])
-    .await
-    .ok();
+    lock_with_delay(lw, url, "c.lock", "c").await;
     lw.unlock("c.lock").await;
     lw.run(&["lock", url, "-o", "d.lock", "--holder", "d", "--wait", "0"])
         .await
@@ -96,20 +89,7 @@ async fn rule8_kubernetes_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_
     let namespace = plane.namespace(&client, "cli-lock-delay").await;
     let lw = Cli::kube();
     let url = format!("k8s://{namespace}/delayed");
-    lw.run(&[
-        "lock",
-        &url,
-        "-o",
-        "a.lock",
-        "--holder",
-        "a",
-        "--lease",
-        LEASE,
-        "--lock-delay",
-        DELAY,
-    ])
-    .await
-    .ok();
+    lock_with_delay(&lw, &url, "a.lock", "a").await;
     // What client-go reads: whole seconds, rounded up.
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(client.clone(), &namespace);

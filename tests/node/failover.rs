@@ -608,5 +608,13 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     );
     contender.abort();
     super::delete_namespace(&client, &contender_ns).await;
-    super::delete_namespace(&client, &ns).await;
+    // Only this test's objects go, not the namespace: the release's Role for reading
+    // its Secrets was made in it by `helm install`, and later tests (stop.rs) use it.
+    jobs.delete_collection(&DeleteParams::background(), &ListParams::default())
+        .await
+        .expect("delete the failover Jobs");
+    locks
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete the failover locks");
 }
