@@ -245,48 +245,18 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
     let margins = backend.margins();
-
-    // Signals are ours before anything else, and orphans are adopted (PID 1 adopts
-    // them anyway; elsewhere the subreaper keeps them in the tree).
-    let signals = (|| -> std::io::Result<_> {
-        let handles = (
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::hangup())?,
-            signal(SignalKind::child())?,
-        );
-        tree::become_subreaper()?;
-        Ok(handles)
-    })();
-    let (mut term, mut int, mut hup, mut chld) = signals.map_err(|source| CliError::Io {
-        context: format!("{url}: cannot handle signals or adopt orphans"),
-        source,
-    })?;
+    let mut signals = Signals::take(&url)?;
 
     // The first read: the lock must be ours, now.
     let first = read_once(backend.as_ref(), &args.nonce, crate::lock::CONNECT_TIMEOUT).await;
-    let lease = match &first.seen {
-        Seen::NoAnswer(cause) => {
-            return Err(CliError::Unreadable {
-                cause: cause.clone(),
-            });
-        }
-        Seen::NotOurs(why) => return Err(not_held(&url, why)),
-        Seen::Ours { fence, .. } if *fence != args.fence => {
-            return Err(CliError::Usage(format!(
-                "--fence {}: the acquisition with this nonce has fence {fence}",
-                args.fence
-            )));
-        }
-        Seen::Ours { lease, .. } => *lease,
-    };
+    let lease = ours_at_start(&first, &url, args.fence)?;
     let longest = longest_guard_grace(lease, &margins);
     let grace =
         grace_up_to(args.grace, longest, lease, "the guard's deadline").map_err(CliError::Usage)?;
     let poll = poll_interval(lease);
     let mut clock = GuardDeadline::new(margins);
     clock.read(&first);
-    let (tx, mut reads) = mpsc::channel(4);
+    let (tx, reads) = mpsc::channel(4);
     let reader = tokio::spawn(read_every(
         backend.clone(),
         args.nonce.clone(),
@@ -304,129 +274,226 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
         "waiting for a renewal"
     );
 
-    // COMMAND starts only once a renewal is seen: before that no deadline is known.
-    // A holder that does not renew within the stored lease has itself given up.
-    let give_up = first.sent + lease;
-    let mut deadline = loop {
-        if let Some(deadline) = clock.deadline()
-            && StopTimes::before(deadline, grace).term > Instant::now()
-        {
-            break deadline;
-        }
-        tokio::select! {
-            // The reader only ends with the guard: a dead one confirms nothing.
-            Some(read) = reads.recv() => {
-                if let Step::Lost { why, .. } = clock.read(&read) {
-                    return Err(not_held(&url, &why));
-                }
-            }
-            _ = sleep_until(give_up) => {
-                return Err(CliError::Unconfirmed {
-                    url,
-                    reason: format!(
-                        "no renewal seen within the stored lease ({})",
-                        humantime::format_duration(lease)
-                    ),
-                    action: "the command was not started".into(),
-                });
-            }
-            _ = term.recv() => return Ok(128 + sys::SIGTERM as u8),
-            _ = int.recv() => return Ok(128 + libc::SIGINT as u8),
-        }
+    let mut watch = Watch {
+        url,
+        grace,
+        clock,
+        reads,
     };
-    tracing::info!(
-        %url,
-        until_monotonic = sys::monotonic_seconds(deadline),
-        "renewal seen; starting the command"
-    );
+    let deadline = match watch
+        .first_renewal(&mut signals, first.sent + lease, lease)
+        .await?
+    {
+        Started::Deadline(deadline) => deadline,
+        Started::Signalled(code) => return Ok(code),
+    };
+    watch.command(&args, signals, deadline).await
+}
 
-    let shown = display_command(&args.command);
-    let mut child =
-        spawn(&args.command, args.fence, &url, &args.nonce).map_err(|source| CliError::Spawn {
-            url: url.clone(),
-            command: shown.clone(),
+/// The signals the guard handles itself, taken before anything else runs; orphans are
+/// adopted too (PID 1 adopts them anyway; elsewhere the subreaper keeps them in the
+/// tree).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    chld: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn take(url: &str) -> Result<Signals, CliError> {
+        let taken = (|| -> std::io::Result<_> {
+            let signals = Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+                hup: signal(SignalKind::hangup())?,
+                chld: signal(SignalKind::child())?,
+            };
+            tree::become_subreaper()?;
+            Ok(signals)
+        })();
+        taken.map_err(|source| CliError::Io {
+            context: format!("{url}: cannot handle signals or adopt orphans"),
             source,
-        })?;
-    let pid = child.id();
-    let me = std::process::id();
-    let forward = |sig: i32| {
-        if let Some(pid) = pid {
-            let _ = sys::signal(pid, sig);
-        }
-    };
+        })
+    }
+}
 
-    let outcome = loop {
-        // Every observed renewal moves the deadline, and the stop with it.
-        let stop = StopTimes::before(deadline, grace);
-        tokio::select! {
-            status = child.wait() => break Ok(status),
-            // The reader only ends with the guard: a dead one confirms nothing.
-            Some(read) = reads.recv() => {
-                match clock.read(&read) {
-                    Step::Renewed { deadline: moved } => {
-                        tracing::debug!(deadline_monotonic = sys::monotonic_seconds(moved), "renewal seen");
-                        deadline = moved;
+/// The stored lease of the acquisition the first read shows, if it is ours with the
+/// fence we were given; else why the command must not start.
+fn ours_at_start(first: &Read, url: &str, fence: FenceToken) -> Result<Duration, CliError> {
+    match &first.seen {
+        Seen::NoAnswer(cause) => Err(CliError::Unreadable {
+            cause: cause.clone(),
+        }),
+        Seen::NotOurs(why) => Err(not_held(url, why)),
+        Seen::Ours { fence: found, .. } if *found != fence => Err(CliError::Usage(format!(
+            "--fence {fence}: the acquisition with this nonce has fence {found}"
+        ))),
+        Seen::Ours { lease, .. } => Ok(*lease),
+    }
+}
+
+/// How the wait for the first renewal ended without an error.
+enum Started {
+    /// A renewal was seen: the command may start, to be stopped by this deadline.
+    Deadline(Instant),
+    /// The guard was told to stop first: its exit code.
+    Signalled(u8),
+}
+
+/// The guard's view of the lock while it waits and while COMMAND runs.
+struct Watch {
+    url: String,
+    grace: Duration,
+    clock: GuardDeadline,
+    reads: mpsc::Receiver<Read>,
+}
+
+impl Watch {
+    /// COMMAND starts only once a renewal is seen: before that no deadline is known. A
+    /// holder that does not renew by `give_up` (the stored lease after the first read)
+    /// has itself given up.
+    async fn first_renewal(
+        &mut self,
+        signals: &mut Signals,
+        give_up: Instant,
+        lease: Duration,
+    ) -> Result<Started, CliError> {
+        let deadline = loop {
+            if let Some(deadline) = self.clock.deadline()
+                && StopTimes::before(deadline, self.grace).term > Instant::now()
+            {
+                break deadline;
+            }
+            tokio::select! {
+                // The reader only ends with the guard: a dead one confirms nothing.
+                Some(read) = self.reads.recv() => {
+                    if let Step::Lost { why, .. } = self.clock.read(&read) {
+                        return Err(not_held(&self.url, &why));
                     }
-                    Step::Lost { at, why } => {
-                        break Err((Stop::Lost(why), StopTimes::now(at.max(Instant::now()), deadline, grace)));
-                    }
-                    Step::Unchanged => {
-                        if let Seen::NoAnswer(cause) = &read.seen {
-                            tracing::warn!(%url, %cause, "the lock could not be read");
+                }
+                _ = sleep_until(give_up) => {
+                    return Err(CliError::Unconfirmed {
+                        url: self.url.clone(),
+                        reason: format!(
+                            "no renewal seen within the stored lease ({})",
+                            humantime::format_duration(lease)
+                        ),
+                        action: "the command was not started".into(),
+                    });
+                }
+                _ = signals.term.recv() => return Ok(Started::Signalled(128 + sys::SIGTERM as u8)),
+                _ = signals.int.recv() => return Ok(Started::Signalled(128 + libc::SIGINT as u8)),
+            }
+        };
+        tracing::info!(
+            url = %self.url,
+            until_monotonic = sys::monotonic_seconds(deadline),
+            "renewal seen; starting the command"
+        );
+        Ok(Started::Deadline(deadline))
+    }
+
+    /// Runs COMMAND as the guard's child until it ends on its own or the lock cannot be
+    /// confirmed by the deadline (which every observed renewal moves), then stops it.
+    async fn command(
+        mut self,
+        args: &GuardArgs,
+        mut signals: Signals,
+        mut deadline: Instant,
+    ) -> Result<u8, CliError> {
+        let url = self.url.clone();
+        let grace = self.grace;
+        let shown = display_command(&args.command);
+        let mut child = spawn(&args.command, args.fence, &url, &args.nonce).map_err(|source| {
+            CliError::Spawn {
+                url: url.clone(),
+                command: shown.clone(),
+                source,
+            }
+        })?;
+        let pid = child.id();
+        let me = std::process::id();
+        let forward = |sig: i32| {
+            if let Some(pid) = pid {
+                let _ = sys::signal(pid, sig);
+            }
+        };
+
+        let outcome = loop {
+            // Every observed renewal moves the deadline, and the stop with it.
+            let stop = StopTimes::before(deadline, grace);
+            tokio::select! {
+                status = child.wait() => break Ok(status),
+                // The reader only ends with the guard: a dead one confirms nothing.
+                Some(read) = self.reads.recv() => {
+                    match self.clock.read(&read) {
+                        Step::Renewed { deadline: moved } => {
+                            tracing::debug!(deadline_monotonic = sys::monotonic_seconds(moved), "renewal seen");
+                            deadline = moved;
+                        }
+                        Step::Lost { at, why } => {
+                            break Err((Stop::Lost(why), StopTimes::now(at.max(Instant::now()), deadline, grace)));
+                        }
+                        Step::Unchanged => {
+                            if let Seen::NoAnswer(cause) = &read.seen {
+                                tracing::warn!(%url, %cause, "the lock could not be read");
+                            }
                         }
                     }
                 }
+                _ = sleep_until(stop.term) => {
+                    let reason = format!(
+                        "no renewal seen {} before the deadline",
+                        humantime::format_duration(grace + KILL_MARGIN)
+                    );
+                    break Err((Stop::Unconfirmed(reason), stop));
+                }
+                _ = signals.term.recv() => forward(sys::SIGTERM),
+                _ = signals.int.recv() => forward(libc::SIGINT),
+                _ = signals.hup.recv() => forward(sys::SIGHUP),
+                // PID 1's duty: orphans that ended are reaped (COMMAND is tokio's to reap).
+                _ = signals.chld.recv() => { tree::reap_adopted(me, pid); }
             }
-            _ = sleep_until(stop.term) => {
-                let reason = format!(
-                    "no renewal seen {} before the deadline",
-                    humantime::format_duration(grace + KILL_MARGIN)
-                );
-                break Err((Stop::Unconfirmed(reason), stop));
-            }
-            _ = term.recv() => forward(sys::SIGTERM),
-            _ = int.recv() => forward(libc::SIGINT),
-            _ = hup.recv() => forward(sys::SIGHUP),
-            // PID 1's duty: orphans that ended are reaped (COMMAND is tokio's to reap).
-            _ = chld.recv() => { tree::reap_adopted(me, pid); }
-        }
-    };
+        };
 
-    match outcome {
-        Ok(waited) => {
-            let status = waited.map_err(|source| CliError::Io {
-                context: format!("{url}: waiting for {shown:?}"),
-                source,
-            })?;
-            // What COMMAND left running is still work under the lock: it stops by the
-            // deadline too, as under `run` (rule 7).
-            let leftovers = tree::live_descendants(me);
-            if !leftovers.is_empty() {
-                let times = StopTimes::now(Instant::now(), deadline, grace);
-                let stopped = stop_tree(None, times).await;
-                print_warning(&format!(
-                    "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
-                    leftovers.len(),
-                    stopped.termed,
-                    stopped.killing(times)
-                ));
+        match outcome {
+            Ok(waited) => {
+                let status = waited.map_err(|source| CliError::Io {
+                    context: format!("{url}: waiting for {shown:?}"),
+                    source,
+                })?;
+                // What COMMAND left running is still work under the lock: it stops by
+                // the deadline too, as under `run` (rule 7).
+                let leftovers = tree::live_descendants(me);
+                if !leftovers.is_empty() {
+                    let times = StopTimes::now(Instant::now(), deadline, grace);
+                    let stopped = stop_tree(None, times).await;
+                    print_warning(&format!(
+                        "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
+                        leftovers.len(),
+                        stopped.termed,
+                        stopped.killing(times)
+                    ));
+                }
+                Ok(exit_code(status))
             }
-            Ok(exit_code(status))
-        }
-        Err((stop, times)) => {
-            let action = terminate(&mut child, &shown, deadline, times).await;
-            Err(match stop {
-                Stop::Lost(reason) => CliError::Lost {
-                    url,
-                    reason,
-                    action,
-                },
-                Stop::Unconfirmed(reason) => CliError::Unconfirmed {
-                    url,
-                    reason,
-                    action,
-                },
-            })
+            Err((stop, times)) => {
+                let action = terminate(&mut child, &shown, deadline, times).await;
+                Err(match stop {
+                    Stop::Lost(reason) => CliError::Lost {
+                        url,
+                        reason,
+                        action,
+                    },
+                    Stop::Unconfirmed(reason) => CliError::Unconfirmed {
+                        url,
+                        reason,
+                        action,
+                    },
+                })
+            }
         }
     }
 }
