@@ -192,7 +192,11 @@ its deadline is the send time of the last read that showed the previous revision
 stored lease × (1 − δ) − margin. If no renewal moves it in time, COMMAND gets SIGTERM at \
 deadline − 500ms − grace and every process of the container SIGKILL at deadline − 500ms; a \
 record that is not ours any more stops COMMAND at once. COMMAND gets LOCKWARDEN_FENCE, \
-LOCKWARDEN_URL and LOCKWARDEN_NONCE. SIGTERM, SIGINT and SIGHUP are passed on to COMMAND, \
+LOCKWARDEN_URL and LOCKWARDEN_NONCE. A workload on several locks passes --urls, --nonces and \
+--fences (LOCKWARDEN_URLS, LOCKWARDEN_NONCES, LOCKWARDEN_FENCES: the Pod's lockwarden.io/urls, \
+nonces and fences annotations): every lock is read, COMMAND starts once each has shown a \
+renewal and stops by the earliest of their deadlines, and gets the three variables as given. \
+SIGTERM, SIGINT and SIGHUP are passed on to COMMAND, \
 orphans are reaped, and the guard exits with COMMAND's status (128+N for signal N); 4 if the \
 lock is not held with NONCE (COMMAND stopped, or never started), 6 if the lock could not be \
 confirmed by the deadline. S3, DynamoDB and Kubernetes Leases; not ZooKeeper (a queue entry \
@@ -200,18 +204,35 @@ lives until its session expires and then goes at once: no read tells how long it
 
   lockwarden guard --url s3://locks/nightly --nonce \"$NONCE\" --fence \"$FENCE\" -- ./job.sh")]
 pub struct GuardArgs {
+    // The six below are plain strings checked by `GuardArgs::locks`: the downward API
+    // gives a Pod every variable it names, as "" when the annotation is absent (a
+    // workload has either the single-lock or the several-lock annotations), and clap
+    // would take an empty variable as a value given.
     /// The lock: s3://BUCKET/KEY, dynamodb://TABLE/KEY or k8s://NAMESPACE/LEASE-NAME
     /// (the Pod's lockwarden.io/url annotation)
-    #[arg(long, env = "LOCKWARDEN_URL", value_name = "URL", value_parser = super::parse_target)]
-    pub url: Target,
+    #[arg(long, env = "LOCKWARDEN_URL", value_name = "URL")]
+    pub url: Option<String>,
 
     /// The acquisition to guard (the Pod's lockwarden.io/nonce annotation)
-    #[arg(long, env = "LOCKWARDEN_NONCE", value_name = "NONCE", value_parser = super::parse_nonce)]
-    pub nonce: String,
+    #[arg(long, env = "LOCKWARDEN_NONCE", value_name = "NONCE")]
+    pub nonce: Option<String>,
 
     /// Its fence (the Pod's lockwarden.io/fence annotation), passed on to COMMAND
-    #[arg(long, env = "LOCKWARDEN_FENCE", value_name = "N", value_parser = parse_fence)]
-    pub fence: FenceToken,
+    #[arg(long, env = "LOCKWARDEN_FENCE", value_name = "N")]
+    pub fence: Option<String>,
+
+    /// Several locks, all guarded: NAME=URL per lock, space-separated (the Pod's
+    /// lockwarden.io/urls annotation); with --nonces and --fences
+    #[arg(long, env = "LOCKWARDEN_URLS", value_name = "NAME=URL …")]
+    pub urls: Option<String>,
+
+    /// NAME=NONCE per lock, comma-separated (lockwarden.io/nonces)
+    #[arg(long, env = "LOCKWARDEN_NONCES", value_name = "NAME=NONCE,…")]
+    pub nonces: Option<String>,
+
+    /// NAME=N per lock, comma-separated (lockwarden.io/fences), passed on to COMMAND
+    #[arg(long, env = "LOCKWARDEN_FENCES", value_name = "NAME=N,…")]
+    pub fences: Option<String>,
 
     /// How long COMMAND has between SIGTERM and SIGKILL; both come before the guard's
     /// deadline, so at most what the stored lease leaves (refused above it) [default:
@@ -227,67 +248,246 @@ pub struct GuardArgs {
     pub backend: BackendArgs,
 }
 
-/// Why the guard stopped COMMAND, and when it had to.
+/// One lock the guard watches: its name among several (`None` for the only one), where
+/// it is stored, the acquisition and its fence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Guarded {
+    pub name: Option<String>,
+    pub url: Target,
+    pub nonce: String,
+    pub fence: FenceToken,
+}
+
+impl GuardArgs {
+    /// The locks to guard: the one of --url/--nonce/--fence, or every one of
+    /// --urls/--nonces/--fences; an empty value counts as not given.
+    pub fn locks(&self) -> Result<Vec<Guarded>, String> {
+        fn given(value: &Option<String>) -> Option<&str> {
+            value.as_deref().filter(|v| !v.trim().is_empty())
+        }
+        let one = [
+            ("--url", "url", given(&self.url)),
+            ("--nonce", "nonce", given(&self.nonce)),
+            ("--fence", "fence", given(&self.fence)),
+        ];
+        let several_ = [
+            ("--urls", "urls", given(&self.urls)),
+            ("--nonces", "nonces", given(&self.nonces)),
+            ("--fences", "fences", given(&self.fences)),
+        ];
+        let any = |set: &[(&str, &str, Option<&str>)]| set.iter().any(|(_, _, v)| v.is_some());
+        let complete = |set: &[(&str, &str, Option<&str>)]| -> Result<(), String> {
+            match set.iter().find(|(_, _, v)| v.is_none()) {
+                None => Ok(()),
+                Some((flag, annotation, _)) => Err(format!(
+                    "{flag} ({}) is missing or empty: is the Pod's lockwarden.io/{annotation} \
+                     annotation set?",
+                    env_name(flag)
+                )),
+            }
+        };
+        match (any(&one), any(&several_)) {
+            (true, true) => Err(
+                "both --url/--nonce/--fence and --urls/--nonces/--fences are given: a \
+                 workload carries the one set for one lock or the other for several"
+                    .into(),
+            ),
+            (false, false) => Err(
+                "no lock to guard: give --url, --nonce and --fence (LOCKWARDEN_URL, \
+                 LOCKWARDEN_NONCE, LOCKWARDEN_FENCE: the Pod's lockwarden.io/url, nonce and \
+                 fence annotations), or --urls, --nonces and --fences for several locks"
+                    .into(),
+            ),
+            (true, false) => {
+                complete(&one)?;
+                let [(_, _, Some(url)), (_, _, Some(nonce)), (_, _, Some(fence))] = one else {
+                    unreachable!("checked complete")
+                };
+                Ok(vec![Guarded {
+                    name: None,
+                    url: Target::parse(url).map_err(|e| format!("--url: {e}"))?,
+                    nonce: super::parse_nonce(nonce).map_err(|e| format!("--nonce: {e}"))?,
+                    fence: parse_fence(fence).map_err(|e| format!("--fence: {e}"))?,
+                }])
+            }
+            (false, true) => {
+                complete(&several_)?;
+                let [
+                    (_, _, Some(urls)),
+                    (_, _, Some(nonces)),
+                    (_, _, Some(fences)),
+                ] = several_
+                else {
+                    unreachable!("checked complete")
+                };
+                several(urls, nonces, fences)
+            }
+        }
+    }
+}
+
+/// The environment variable of a guard flag (`--nonces` → `LOCKWARDEN_NONCES`).
+fn env_name(flag: &str) -> String {
+    format!("LOCKWARDEN_{}", flag.trim_start_matches('-').to_uppercase())
+}
+
+/// `NAME=VALUE` pairs split by `separator`, for the flag `flag`.
+fn named_values<'a>(
+    text: &'a str,
+    separator: char,
+    flag: &str,
+) -> Result<Vec<(&'a str, &'a str)>, String> {
+    let pairs: Vec<&str> = text
+        .split(separator)
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    if pairs.is_empty() {
+        return Err(format!(
+            "{flag} ({}) is missing or empty: is the Pod's lockwarden.io/{} annotation set?",
+            env_name(flag),
+            flag.trim_start_matches('-')
+        ));
+    }
+    pairs
+        .into_iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((name, value)) if !name.is_empty() && !value.is_empty() => Ok((name, value)),
+            _ => Err(format!("{flag}: {pair:?} is not NAME=VALUE")),
+        })
+        .collect()
+}
+
+/// The locks of the plural annotations (README "Jobs"): `NAME=URL` space-separated,
+/// `NAME=NONCE` and `NAME=FENCE` comma-separated, in the order of the fences; every
+/// lock named once in each.
+pub fn several(urls: &str, nonces: &str, fences: &str) -> Result<Vec<Guarded>, String> {
+    let urls = named_values(urls, ' ', "--urls")?;
+    let nonces = named_values(nonces, ',', "--nonces")?;
+    let fences = named_values(fences, ',', "--fences")?;
+    let find = |pairs: &[(&str, &str)], name: &str, flag: &str| -> Result<String, String> {
+        match pairs.iter().filter(|(n, _)| *n == name).count() {
+            1 => Ok(pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .unwrap()
+                .1
+                .to_string()),
+            0 => Err(format!("{flag} names no lock {name:?} (--fences does)")),
+            _ => Err(format!("{flag} names lock {name:?} more than once")),
+        }
+    };
+    if urls.len() != fences.len() || nonces.len() != fences.len() {
+        return Err(format!(
+            "--urls, --nonces and --fences name {}, {} and {} locks: each must name every lock once",
+            urls.len(),
+            nonces.len(),
+            fences.len()
+        ));
+    }
+    fences
+        .iter()
+        .map(|(name, fence)| {
+            let url = find(&urls, name, "--urls")?;
+            let nonce = find(&nonces, name, "--nonces")?;
+            Ok(Guarded {
+                name: Some(name.to_string()),
+                url: Target::parse(&url).map_err(|e| format!("--urls: {name}: {e}"))?,
+                nonce: super::parse_nonce(&nonce).map_err(|e| format!("--nonces: {name}: {e}"))?,
+                fence: parse_fence(fence).map_err(|e| format!("--fences: {name}: {e}"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()
+        .and_then(|locks| {
+            match locks
+                .iter()
+                .enumerate()
+                .find(|(i, l)| locks[..*i].iter().any(|o| o.name == l.name))
+            {
+                Some((_, dup)) => Err(format!(
+                    "--fences names lock {:?} more than once",
+                    dup.name.as_deref().unwrap_or_default()
+                )),
+                None => Ok(locks),
+            }
+        })
+}
+
+/// Why the guard stopped COMMAND (the index of the lock that stopped it), and when it
+/// had to.
 enum Stop {
-    Lost(String),
-    Unconfirmed(String),
+    Lost(usize, String),
+    Unconfirmed(usize, String),
 }
 
 pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
-    if args.url.is_session_bound() {
+    let locks = args.locks().map_err(CliError::Usage)?;
+    if let Some(bound) = locks.iter().find(|l| l.url.is_session_bound()) {
         return Err(CliError::Usage(format!(
             "{}: the guard cannot watch this lock: its queue entry lives until the holder's \
              session expires and is then deleted at once, so no read tells how long it stays \
              held (S3, DynamoDB and Kubernetes Leases can be guarded)",
-            args.url
+            bound.url
         )));
     }
-    let backend = args.url.connect(&args.backend.options(None)).await?;
-    let url = backend.url().to_string();
-    let margins = backend.margins();
-    let mut signals = Signals::take(&url)?;
+    let mut backends = Vec::with_capacity(locks.len());
+    for lock in &locks {
+        backends.push(lock.url.connect(&args.backend.options(None)).await?);
+    }
+    let urls: Vec<String> = backends.iter().map(|b| b.url().to_string()).collect();
+    let mut signals = Signals::take(&urls.join(" "))?;
 
-    // The first read: the lock must be ours, now.
-    let first = read_once(backend.as_ref(), &args.nonce, crate::lock::CONNECT_TIMEOUT).await;
-    let lease = ours_at_start(&first, &url, args.fence)?;
-    let longest = longest_guard_grace(lease, &margins);
+    // The first reads: every lock must be ours, now.
+    let mut firsts = Vec::with_capacity(locks.len());
+    for ((lock, backend), url) in locks.iter().zip(&backends).zip(&urls) {
+        let first = read_once(backend.as_ref(), &lock.nonce, crate::lock::CONNECT_TIMEOUT).await;
+        let lease = ours_at_start(&first, url, lock.fence)?;
+        firsts.push((first, lease));
+    }
+    // One grace for COMMAND: what the lock leaving the least allows.
+    let (longest, lease) = firsts
+        .iter()
+        .zip(&backends)
+        .map(|((_, lease), backend)| (longest_guard_grace(*lease, &backend.margins()), *lease))
+        .min()
+        .expect("at least one lock");
     let grace =
         grace_up_to(args.grace, longest, lease, "the guard's deadline").map_err(CliError::Usage)?;
-    let poll = poll_interval(lease);
-    let mut clock = GuardDeadline::new(margins);
-    clock.read(&first);
-    let (tx, reads) = mpsc::channel(4);
-    let reader = tokio::spawn(read_every(
-        backend.clone(),
-        args.nonce.clone(),
-        poll,
-        first.sent + poll,
-        tx,
-    ));
-    let _stop_reading = AbortOnDrop(reader);
-    tracing::info!(
-        %url,
-        fence = %args.fence,
-        ?grace,
-        ?poll,
-        pid = std::process::id(),
-        "waiting for a renewal"
-    );
-
+    let (tx, reads) = mpsc::channel(4 * locks.len());
+    let mut readers = Vec::with_capacity(locks.len());
+    let mut watched = Vec::with_capacity(locks.len());
+    for (i, (((lock, backend), url), (first, lease))) in
+        locks.iter().zip(backends).zip(urls).zip(firsts).enumerate()
+    {
+        let poll = poll_interval(lease);
+        let mut clock = GuardDeadline::new(backend.margins());
+        clock.read(&first);
+        readers.push(AbortOnDrop(tokio::spawn(read_every(
+            i,
+            backend,
+            lock.nonce.clone(),
+            poll,
+            first.sent + poll,
+            tx.clone(),
+        ))));
+        tracing::info!(%url, fence = %lock.fence, ?grace, ?poll, pid = std::process::id(), "waiting for a renewal");
+        watched.push(Watched {
+            url,
+            clock,
+            give_up: first.sent + lease,
+            lease,
+        });
+    }
     let mut watch = Watch {
-        url,
         grace,
-        clock,
+        locks: watched,
         reads,
     };
-    let deadline = match watch
-        .first_renewal(&mut signals, first.sent + lease, lease)
-        .await?
-    {
+    let deadline = match watch.first_renewal(&mut signals).await? {
         Started::Deadline(deadline) => deadline,
         Started::Signalled(code) => return Ok(code),
     };
-    watch.command(&args, signals, deadline).await
+    watch.command(&args, &locks, signals, deadline).await
 }
 
 /// The signals the guard handles itself, taken before anything else runs; orphans are
@@ -342,43 +542,76 @@ enum Started {
     Signalled(u8),
 }
 
-/// The guard's view of the lock while it waits and while COMMAND runs.
-struct Watch {
+/// One lock as the guard sees it.
+struct Watched {
     url: String,
-    grace: Duration,
     clock: GuardDeadline,
-    reads: mpsc::Receiver<Read>,
+    /// While the guard waits to start COMMAND: a holder that has not renewed this lock
+    /// by then (its stored lease after the first read) has itself given up.
+    give_up: Instant,
+    lease: Duration,
+}
+
+/// The guard's view of its locks while it waits and while COMMAND runs.
+struct Watch {
+    grace: Duration,
+    locks: Vec<Watched>,
+    /// Every lock's reads, tagged with its index in `locks`.
+    reads: mpsc::Receiver<(usize, Read)>,
 }
 
 impl Watch {
-    /// COMMAND starts only once a renewal is seen: before that no deadline is known. A
-    /// holder that does not renew by `give_up` (the stored lease after the first read)
-    /// has itself given up.
-    async fn first_renewal(
-        &mut self,
-        signals: &mut Signals,
-        give_up: Instant,
-        lease: Duration,
-    ) -> Result<Started, CliError> {
+    /// The earliest of the locks' deadlines and the lock it is of, once every lock has
+    /// one: the work must stop by the first of them.
+    fn deadline(&self) -> Option<(Instant, usize)> {
+        let mut earliest: Option<(Instant, usize)> = None;
+        for (i, lock) in self.locks.iter().enumerate() {
+            let deadline = lock.clock.deadline()?;
+            if earliest.is_none_or(|(e, _)| deadline < e) {
+                earliest = Some((deadline, i));
+            }
+        }
+        earliest
+    }
+
+    /// COMMAND starts only once a renewal is seen on every lock: before that no deadline
+    /// is known. A lock whose holder does not renew it by its `give_up` has been given
+    /// up.
+    async fn first_renewal(&mut self, signals: &mut Signals) -> Result<Started, CliError> {
         let deadline = loop {
-            if let Some(deadline) = self.clock.deadline()
-                && StopTimes::before(deadline, self.grace).term > Instant::now()
+            let now = Instant::now();
+            let confirmed = |lock: &Watched| {
+                lock.clock
+                    .deadline()
+                    .is_some_and(|d| StopTimes::before(d, self.grace).term > now)
+            };
+            if let Some((deadline, _)) = self.deadline()
+                && self.locks.iter().all(confirmed)
             {
                 break deadline;
             }
+            let (waiting, give_up) = self
+                .locks
+                .iter()
+                .enumerate()
+                .filter(|(_, lock)| !confirmed(lock))
+                .map(|(i, lock)| (i, lock.give_up))
+                .min_by_key(|(_, at)| *at)
+                .expect("a lock not yet confirmed");
             tokio::select! {
-                // The reader only ends with the guard: a dead one confirms nothing.
-                Some(read) = self.reads.recv() => {
-                    if let Step::Lost { why, .. } = self.clock.read(&read) {
-                        return Err(not_held(&self.url, &why));
+                // The readers only end with the guard: a dead one confirms nothing.
+                Some((i, read)) = self.reads.recv() => {
+                    if let Step::Lost { why, .. } = self.locks[i].clock.read(&read) {
+                        return Err(not_held(&self.locks[i].url, &why));
                     }
                 }
                 _ = sleep_until(give_up) => {
+                    let lock = &self.locks[waiting];
                     return Err(CliError::Unconfirmed {
-                        url: self.url.clone(),
+                        url: lock.url.clone(),
                         reason: format!(
                             "no renewal seen within the stored lease ({})",
-                            humantime::format_duration(lease)
+                            humantime::format_duration(lock.lease)
                         ),
                         action: "the command was not started".into(),
                     });
@@ -388,30 +621,35 @@ impl Watch {
             }
         };
         tracing::info!(
-            url = %self.url,
+            url = %self.urls(),
             until_monotonic = sys::monotonic_seconds(deadline),
             "renewal seen; starting the command"
         );
         Ok(Started::Deadline(deadline))
     }
 
-    /// Runs COMMAND as the guard's child until it ends on its own or the lock cannot be
+    fn urls(&self) -> String {
+        let urls: Vec<&str> = self.locks.iter().map(|l| l.url.as_str()).collect();
+        urls.join(" ")
+    }
+
+    /// Runs COMMAND as the guard's child until it ends on its own or a lock cannot be
     /// confirmed by the deadline (which every observed renewal moves), then stops it.
     async fn command(
         mut self,
         args: &GuardArgs,
+        locks: &[Guarded],
         mut signals: Signals,
         mut deadline: Instant,
     ) -> Result<u8, CliError> {
-        let url = self.url.clone();
+        let url = self.urls();
         let grace = self.grace;
         let shown = display_command(&args.command);
-        let mut child = spawn(&args.command, args.fence, &url, &args.nonce).map_err(|source| {
-            CliError::Spawn {
-                url: url.clone(),
-                command: shown.clone(),
-                source,
-            }
+        let environment = environment(locks, &self.locks);
+        let mut child = spawn(&args.command, &environment).map_err(|source| CliError::Spawn {
+            url: url.clone(),
+            command: shown.clone(),
+            source,
         })?;
         let pid = child.id();
         let me = std::process::id();
@@ -426,19 +664,23 @@ impl Watch {
             let stop = StopTimes::before(deadline, grace);
             tokio::select! {
                 status = child.wait() => break Ok(status),
-                // The reader only ends with the guard: a dead one confirms nothing.
-                Some(read) = self.reads.recv() => {
-                    match self.clock.read(&read) {
-                        Step::Renewed { deadline: moved } => {
-                            tracing::debug!(deadline_monotonic = sys::monotonic_seconds(moved), "renewal seen");
-                            deadline = moved;
+                // The readers only end with the guard: a dead one confirms nothing.
+                Some((i, read)) = self.reads.recv() => {
+                    match self.locks[i].clock.read(&read) {
+                        Step::Renewed { .. } => {
+                            // Every lock has a deadline since COMMAND started; the work
+                            // stops by the earliest.
+                            if let Some((moved, _)) = self.deadline() {
+                                tracing::debug!(deadline_monotonic = sys::monotonic_seconds(moved), "renewal seen");
+                                deadline = moved;
+                            }
                         }
                         Step::Lost { at, why } => {
-                            break Err((Stop::Lost(why), StopTimes::now(at.max(Instant::now()), deadline, grace)));
+                            break Err((Stop::Lost(i, why), StopTimes::now(at.max(Instant::now()), deadline, grace)));
                         }
                         Step::Unchanged => {
                             if let Seen::NoAnswer(cause) = &read.seen {
-                                tracing::warn!(%url, %cause, "the lock could not be read");
+                                tracing::warn!(url = %self.locks[i].url, %cause, "the lock could not be read");
                             }
                         }
                     }
@@ -448,7 +690,8 @@ impl Watch {
                         "no renewal seen {} before the deadline",
                         humantime::format_duration(grace + KILL_MARGIN)
                     );
-                    break Err((Stop::Unconfirmed(reason), stop));
+                    let (_, i) = self.deadline().unwrap_or((deadline, 0));
+                    break Err((Stop::Unconfirmed(i, reason), stop));
                 }
                 _ = signals.term.recv() => forward(sys::SIGTERM),
                 _ = signals.int.recv() => forward(libc::SIGINT),
@@ -482,13 +725,13 @@ impl Watch {
             Err((stop, times)) => {
                 let action = terminate(&mut child, &shown, deadline, times).await;
                 Err(match stop {
-                    Stop::Lost(reason) => CliError::Lost {
-                        url,
+                    Stop::Lost(i, reason) => CliError::Lost {
+                        url: self.locks[i].url.clone(),
                         reason,
                         action,
                     },
-                    Stop::Unconfirmed(reason) => CliError::Unconfirmed {
-                        url,
+                    Stop::Unconfirmed(i, reason) => CliError::Unconfirmed {
+                        url: self.locks[i].url.clone(),
                         reason,
                         action,
                     },
@@ -531,38 +774,67 @@ async fn read_once(backend: &dyn LockBackend, nonce: &str, timeout: Duration) ->
     }
 }
 
-/// A read every `poll` from `start`, each given up after `poll`, so one read at most
-/// is in flight and a hung one costs one poll.
+/// A read of lock `index` every `poll` from `start`, each given up after `poll`, so one
+/// read at most is in flight and a hung one costs one poll.
 async fn read_every(
+    index: usize,
     backend: std::sync::Arc<dyn LockBackend>,
     nonce: String,
     poll: Duration,
     start: Instant,
-    reads: mpsc::Sender<Read>,
+    reads: mpsc::Sender<(usize, Read)>,
 ) {
     let mut next = start;
     loop {
         sleep_until(next).await;
         next = Instant::now() + poll;
         let read = read_once(backend.as_ref(), &nonce, poll).await;
-        if reads.send(read).await.is_err() {
+        if reads.send((index, read)).await.is_err() {
             return;
         }
     }
 }
 
-/// Starts COMMAND with the fence, URL and nonce in its environment.
-fn spawn(
-    command: &[OsString],
-    fence: FenceToken,
-    url: &str,
-    nonce: &str,
-) -> std::io::Result<Child> {
+/// What COMMAND finds in its environment: LOCKWARDEN_FENCE, LOCKWARDEN_URL and
+/// LOCKWARDEN_NONCE for one lock; LOCKWARDEN_FENCES, LOCKWARDEN_URLS and
+/// LOCKWARDEN_NONCES (the annotations' formats) for several.
+fn environment(locks: &[Guarded], watched: &[Watched]) -> Vec<(&'static str, String)> {
+    if let [only] = locks
+        && only.name.is_none()
+    {
+        return vec![
+            ("LOCKWARDEN_FENCE", only.fence.to_string()),
+            ("LOCKWARDEN_URL", watched[0].url.clone()),
+            ("LOCKWARDEN_NONCE", only.nonce.clone()),
+        ];
+    }
+    let name = |lock: &Guarded| lock.name.clone().unwrap_or_default();
+    let joined = |separator: &str, value: &dyn Fn(usize, &Guarded) -> String| {
+        let parts: Vec<String> = locks
+            .iter()
+            .enumerate()
+            .map(|(i, lock)| format!("{}={}", name(lock), value(i, lock)))
+            .collect();
+        parts.join(separator)
+    };
+    vec![
+        (
+            "LOCKWARDEN_FENCES",
+            joined(",", &|_, l| l.fence.to_string()),
+        ),
+        (
+            "LOCKWARDEN_URLS",
+            joined(" ", &|i, _| watched[i].url.clone()),
+        ),
+        ("LOCKWARDEN_NONCES", joined(",", &|_, l| l.nonce.clone())),
+    ]
+}
+
+/// Starts COMMAND with `environment` added to the guard's own.
+fn spawn(command: &[OsString], environment: &[(&'static str, String)]) -> std::io::Result<Child> {
     tokio::process::Command::new(&command[0])
         .args(&command[1..])
-        .env("LOCKWARDEN_FENCE", fence.to_string())
-        .env("LOCKWARDEN_URL", url)
-        .env("LOCKWARDEN_NONCE", nonce)
+        .envs(environment.iter().map(|(k, v)| (*k, v.as_str())))
         .spawn()
 }
 
@@ -775,6 +1047,116 @@ mod tests {
             Seen::NotOurs(_)
         ));
         assert!(matches!(Seen::of(None, "mine"), Seen::NotOurs(_)));
+    }
+
+    #[test]
+    fn several_locks_come_in_the_order_of_the_fences_each_named_once() {
+        let locks = several(
+            "db=s3://locks/db  bucket=k8s://ns/bucket",
+            "bucket=n2,db=n1",
+            "db=3,bucket=7",
+        )
+        .unwrap();
+        let seen: Vec<(Option<&str>, String, &str, u64)> = locks
+            .iter()
+            .map(|l| {
+                (
+                    l.name.as_deref(),
+                    l.url.to_string(),
+                    l.nonce.as_str(),
+                    l.fence.0,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                (Some("db"), "s3://locks/db".to_string(), "n1", 3),
+                (Some("bucket"), "k8s://ns/bucket".to_string(), "n2", 7),
+            ]
+        );
+        for (urls, nonces, fences, says) in [
+            (
+                "db=s3://locks/db",
+                "db=n1",
+                "db=3,bucket=7",
+                "name 1, 1 and 2 locks",
+            ),
+            (
+                "db=s3://locks/db bucket=s3://locks/x",
+                "db=n1,other=n2",
+                "db=3,bucket=7",
+                "--nonces names no lock \"bucket\"",
+            ),
+            (
+                "db=s3://locks/db db=s3://locks/x",
+                "db=n1,bucket=n2",
+                "db=3,bucket=7",
+                "--urls names lock \"db\" more than once",
+            ),
+            (
+                "db=s3://locks/db bucket=s3://locks/x",
+                "db=n1,bucket=n2",
+                "db=3,bucket=x",
+                "--fences: bucket: \"x\" is not a fence",
+            ),
+            (
+                "db=s3://locks/db bucket",
+                "db=n1,bucket=n2",
+                "db=3,bucket=7",
+                "--urls: \"bucket\" is not NAME=VALUE",
+            ),
+            (
+                "",
+                "",
+                "",
+                "--urls (LOCKWARDEN_URLS) is missing or empty: is the Pod's lockwarden.io/urls annotation set?",
+            ),
+            ("db=nope://x", "db=n1", "db=1", "--urls: db: "),
+        ] {
+            let error = several(urls, nonces, fences).unwrap_err();
+            assert!(
+                error.contains(says),
+                "{urls:?} {nonces:?} {fences:?}: {error}"
+            );
+        }
+    }
+
+    /// With several locks COMMAND starts once every lock has shown a renewal, and its
+    /// deadline is the earliest of theirs.
+    #[test]
+    fn rule9_several_locks_stop_the_command_by_the_earliest_deadline() {
+        let margins = SafetyMargins::default();
+        let t0 = Instant::now();
+        let (_tx, reads) = mpsc::channel(1);
+        let watched = |url: &str| Watched {
+            url: url.into(),
+            clock: GuardDeadline::new(margins),
+            give_up: t0 + ms(3000),
+            lease: ms(3000),
+        };
+        let mut watch = Watch {
+            grace: ms(100),
+            locks: vec![watched("s3://b/a"), watched("s3://b/b")],
+            reads,
+        };
+        for lock in &mut watch.locks {
+            lock.clock.read(&read(t0, 0, ours("r0", 3000)));
+        }
+        watch.locks[0].clock.read(&read(t0, 150, ours("r1", 3000)));
+        assert_eq!(watch.deadline(), None, "lock b has shown no renewal yet");
+        watch.locks[1].clock.read(&read(t0, 300, ours("r1", 3000)));
+        // Both renewals were written after the reads sent at 0: the same deadline.
+        let both = t0 + margins.holder_validity(ms(3000));
+        assert_eq!(watch.deadline(), Some((both, 0)));
+        // a renews again: its deadline moves on, b's is now the earlier one.
+        watch.locks[0].clock.read(&read(t0, 450, ours("r1", 3000)));
+        watch.locks[0].clock.read(&read(t0, 600, ours("r2", 3000)));
+        assert_eq!(
+            watch.locks[0].clock.deadline(),
+            Some(t0 + ms(450) + margins.holder_validity(ms(3000)))
+        );
+        assert_eq!(watch.deadline(), Some((both, 1)));
     }
 
     fn random_revision(seed: &str) -> String {

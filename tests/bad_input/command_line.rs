@@ -151,12 +151,19 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["check-fence", g, ""], 2, vec!["\"\" is not a fence"]),
         // guard (rule 9): the acquisition it guards, as the Pod's annotations give it
         (vec!["guard", "--url", g, "--nonce", "n1", "--fence", "1"], 2, vec!["<COMMAND>"]),
-        (vec!["guard", "--url", g, "--nonce", "", "--fence", "1", "--", "true"], 2, vec!["--nonce", "lockwarden.io/nonce"]),
+        (vec!["guard", "--url", g, "--nonce", "", "--fence", "1", "--", "true"], 2, vec!["--nonce (LOCKWARDEN_NONCE) is missing or empty", "lockwarden.io/nonce"]),
         (vec!["guard", "--url", g, "--nonce", "n1", "--fence", "three", "--", "true"], 2, vec!["--fence", "\"three\" is not a fence"]),
-        (vec!["guard", "--url", g, "--nonce", "n1", "--", "true"], 2, vec!["--fence"]),
+        (vec!["guard", "--url", g, "--nonce", "n1", "--", "true"], 2, vec!["--fence (LOCKWARDEN_FENCE) is missing or empty"]),
+        (vec!["guard", "--", "true"], 2, vec!["no lock to guard", "--url", "--urls"]),
         (vec!["guard", "--url", "zk://127.0.0.1:1/x", "--nonce", "n1", "--fence", "1", "--", "true"], 2, vec!["cannot watch", "session expires"]),
         (vec!["guard", "--url", g, "--nonce", "n1", "--fence", "1", "--", "true"], 4, vec![g, "not held with this nonce", "no record"]),
         (vec!["guard", "--url", g, "--endpoint", "http://127.0.0.1:1", "--nonce", "n1", "--fence", "1", "--", "true"], 1, vec![g, "backend unavailable", "not started"]),
+        // guard of several locks: --urls/--nonces/--fences, every lock named once in each
+        (vec!["guard", "--urls", "a=s3://locks/a", "--nonces", "a=n1", "--fences", "a=1,b=2", "--", "true"], 2, vec!["--urls, --nonces and --fences name 1, 1 and 2 locks"]),
+        (vec!["guard", "--urls", "a=s3://locks/a b=s3://locks/b", "--nonces", "a=n1,c=n2", "--fences", "a=1,b=2", "--", "true"], 2, vec!["--nonces names no lock \"b\""]),
+        (vec!["guard", "--urls", "a=s3://locks/a", "--nonces", "a=n1", "--", "true"], 2, vec!["--fences (LOCKWARDEN_FENCES) is missing or empty"]),
+        (vec!["guard", "--url", g, "--urls", "a=s3://locks/a", "--nonces", "a=n1", "--fences", "a=1", "--", "true"], 2, vec!["both --url/--nonce/--fence and --urls/--nonces/--fences"]),
+        (vec!["guard", "--urls", "a=zk://127.0.0.1:1/x", "--nonces", "a=n1", "--fences", "a=1", "--", "true"], 2, vec!["cannot watch", "session expires"]),
         // lock files
         (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
         (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),

@@ -14,19 +14,25 @@ const LEASE: Duration = Duration::from_secs(4);
 /// A holder that renews: `run` through `proxy`, whose command records the nonce and
 /// fence the guard needs (what the controller puts in the Pod's annotations).
 async fn keeper(lw: &Cli, url: &str, path: &StorePath) -> (Child, String, String) {
+    keeper_writing(lw, url, path, "held.txt").await
+}
+
+/// [`keeper`], recording the nonce and fence in `file` (one per keeper of a test).
+async fn keeper_writing(
+    lw: &Cli,
+    url: &str,
+    path: &StorePath,
+    file: &str,
+) -> (Child, String, String) {
+    let script = format!("echo \"$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE\" > {file}; exec sleep 600");
     let mut args = vec!["run", url, "--lease", "4s", "--holder", "keeper"];
     args.extend(path.flags());
-    args.extend([
-        "--",
-        "sh",
-        "-c",
-        "echo \"$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE\" > held.txt; exec sleep 600",
-    ]);
+    args.extend(["--", "sh", "-c", &script]);
     let holder = path
         .apply(&mut lw.command(&args))
         .spawn()
         .expect("spawn the keeper");
-    let held = lw.path("held.txt");
+    let held = lw.path(file);
     let (nonce, fence) = eventually("the keeper to hold the lock", || async {
         let text = std::fs::read_to_string(&held).ok()?;
         let (nonce, fence) = text.trim().split_once(' ')?;
@@ -367,4 +373,56 @@ async fn the_guard_runs_its_command_after_a_renewal_and_exits_with_its_status() 
     out.code(4)
         .one_line_error(&[&url, "not held with this nonce", "keeper"]);
     assert!(!lw.path("ran.txt").exists(), "the command must not run");
+}
+
+/// A workload on several locks: the guard reads each one, starts COMMAND once both have
+/// shown a renewal (COMMAND gets the plural variables), and stops it when either cannot
+/// be confirmed, naming that lock. The single-lock variables are set but empty, as the
+/// downward API gives them to a workload whose single-lock annotations are absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule9_the_guard_of_several_locks_stops_its_command_when_either_cannot_be_confirmed_on_s3()
+{
+    let (lw, db) = fresh_lock(Store::S3).await;
+    let bucket = format!("{db}-bucket");
+    let db_path = StorePath::new(Store::S3, lw.dir(), "db");
+    let bucket_path = StorePath::new(Store::S3, lw.dir(), "bucket");
+    let guard_path = StorePath::new(Store::S3, lw.dir(), "guard");
+    let (_db_keeper, db_nonce, db_fence) = keeper_writing(&lw, &db, &db_path, "db.txt").await;
+    let (_bucket_keeper, bucket_nonce, bucket_fence) =
+        keeper_writing(&lw, &bucket, &bucket_path, "bucket.txt").await;
+    let urls = format!("db={db} bucket={bucket}");
+    let fences = format!("db={db_fence},bucket={bucket_fence}");
+    let mut args = vec!["guard", "--grace", "300ms"];
+    args.extend(guard_path.flags());
+    args.extend([
+        "--",
+        "sh",
+        "-c",
+        "echo \"$LOCKWARDEN_FENCES|$LOCKWARDEN_URLS\" > env.txt; exec sleep 600",
+    ]);
+    let mut cmd = lw.command(&args);
+    cmd.env("LOCKWARDEN_URL", "")
+        .env("LOCKWARDEN_NONCE", "")
+        .env("LOCKWARDEN_FENCE", "")
+        .env("LOCKWARDEN_URLS", &urls)
+        .env(
+            "LOCKWARDEN_NONCES",
+            format!("bucket={bucket_nonce},db={db_nonce}"),
+        )
+        .env("LOCKWARDEN_FENCES", &fences);
+    let mut guard = cmd.spawn().expect("spawn lockwarden guard");
+    let seen = eventually("the guarded command to start", || async {
+        std::fs::read_to_string(lw.path("env.txt")).ok()
+    });
+    let seen = tokio::select! {
+        seen = seen => seen,
+        _ = guard.wait() => panic!("the guard exited first: {:#?}", finish(guard, String::new()).await),
+    };
+    assert_eq!(seen.trim(), format!("{fences}|{urls}"));
+    // The bucket's holder is cut off: its renewals stop, the db's go on.
+    bucket_path.proxy.set_mode(Mode::Blackhole);
+    let out = finish(guard, String::new()).await;
+    out.code(6)
+        .one_line_error(&[&bucket, "could not be confirmed", "sent SIGTERM"]);
+    assert!(!out.stderr.contains(&format!("{db}:")), "{out:#?}");
 }

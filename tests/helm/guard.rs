@@ -223,8 +223,11 @@ fn assert_guarded(spec: &Value) {
             env,
             [
                 ("LOCKWARDEN_FENCE".to_string(), field("fence")),
+                ("LOCKWARDEN_FENCES".to_string(), field("fences")),
                 ("LOCKWARDEN_NONCE".to_string(), field("nonce")),
+                ("LOCKWARDEN_NONCES".to_string(), field("nonces")),
                 ("LOCKWARDEN_URL".to_string(), field("url")),
+                ("LOCKWARDEN_URLS".to_string(), field("urls")),
             ],
             "{c}"
         );
