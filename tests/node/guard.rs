@@ -23,17 +23,20 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
 use lockwarden::backend::{ConnectOptions, KubernetesOptions, Target};
+use lockwarden::lock::LockBackend;
 use serde_json::json;
 
-use super::trials::{Register, contend, monotonic_now, report_margins, trial_count};
+use super::trials::{RecordSampler, Register, contend, monotonic_now, report_margins, trial_count};
 use super::{
     CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_ready, wait_controller_ready,
 };
@@ -98,12 +101,12 @@ async fn allow_reading_leases(client: &Client, ns: &str) {
         .expect("create the guard's RoleBinding");
 }
 
-/// A gated Job with a lock template, as examples/guarded-job.yaml: an init container
-/// copies the guard from lockwarden's image, and the busybox container runs
+/// The guarded Pod spec of examples/guarded-job.yaml: an init container copies the
+/// guard from lockwarden's image, and the busybox container runs
 /// `lockwarden guard -- sh -c …`, a shell that ignores SIGTERM and writes `job N` to the
 /// register every 100 ms through busybox's nc (host network: the register and the API
 /// server are on the host's loopback, hence the service's host and port).
-fn guarded_job(name: &str, template: &str, node: &Node, register_port: u16) -> Job {
+fn guarded_pod_spec(node: &Node, register_port: u16) -> serde_json::Value {
     let script = format!(
         "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
          | nc 127.0.0.1 {register_port}"
@@ -112,42 +115,137 @@ fn guarded_job(name: &str, template: &str, node: &Node, register_port: u16) -> J
         json!({ "name": variable, "valueFrom": { "fieldRef": {
             "fieldPath": format!("metadata.annotations['{annotation}']") } } })
     };
-    serde_json::from_value(json!({
-        "metadata": { "name": name, "annotations": { "lockwarden.io/lock-template": template } },
-        "spec": {
-            "suspend": true,
-            "backoffLimit": 0,
-            "podFailurePolicy": { "rules": [{
-                "action": "Ignore",
-                "onExitCodes": { "containerName": CONTAINER, "operator": "In", "values": [4, 6] },
-            }]},
-            "template": { "spec": {
-                "hostNetwork": true,
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 30,
-                "volumes": [{ "name": "guard", "emptyDir": {} }],
-                "initContainers": [{
-                    "name": "install-guard", "image": node.images().lockwarden,
-                    "imagePullPolicy": "Never",
-                    "command": ["/usr/local/bin/lockwarden", "install", "/guard"],
-                    "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
-                }],
-                "containers": [{
-                    "name": CONTAINER, "image": node.images().workload, "imagePullPolicy": "Never",
-                    "command": ["/guard/lockwarden", "guard", "--", "sh", "-c", script],
-                    "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
-                    "env": [
-                        from_annotation("LOCKWARDEN_URL", "lockwarden.io/url"),
-                        from_annotation("LOCKWARDEN_NONCE", "lockwarden.io/nonce"),
-                        from_annotation("LOCKWARDEN_FENCE", "lockwarden.io/fence"),
-                        { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
-                        { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
-                    ],
-                }],
-            }},
-        },
-    }))
-    .expect("a Job")
+    json!({
+        "hostNetwork": true,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 30,
+        "volumes": [{ "name": "guard", "emptyDir": {} }],
+        "initContainers": [{
+            "name": "install-guard", "image": node.images().lockwarden,
+            "imagePullPolicy": "Never",
+            "command": ["/usr/local/bin/lockwarden", "install", "/guard"],
+            "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
+        }],
+        "containers": [{
+            "name": CONTAINER, "image": node.images().workload, "imagePullPolicy": "Never",
+            "command": ["/guard/lockwarden", "guard", "--", "sh", "-c", script],
+            "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
+            "env": [
+                from_annotation("LOCKWARDEN_URL", "lockwarden.io/url"),
+                from_annotation("LOCKWARDEN_NONCE", "lockwarden.io/nonce"),
+                from_annotation("LOCKWARDEN_FENCE", "lockwarden.io/fence"),
+                { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
+                { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
+            ],
+        }],
+    })
+}
+
+/// The gated, guarded workload a trial runs on the lock template: a Job (its Pod made
+/// by the Job controller, stopped by suspending it) or a bare Pod (gated by
+/// lockwarden's scheduling gate, stopped by deleting it).
+#[derive(Clone, Copy)]
+pub enum Workload {
+    Job,
+    Pod,
+}
+
+impl Workload {
+    /// Creates the workload `name` with `spec` as its Pod spec, gated on the lock
+    /// template `template` (with `on-lock-lost: POLICY` if given).
+    async fn create(
+        self,
+        client: &Client,
+        ns: &str,
+        name: &str,
+        (template, on_lock_lost): (&str, Option<&str>),
+        spec: serde_json::Value,
+    ) {
+        let mut annotations = json!({ "lockwarden.io/lock-template": template });
+        if let Some(policy) = on_lock_lost {
+            annotations["lockwarden.io/on-lock-lost"] = json!(policy);
+        }
+        match self {
+            Workload::Job => {
+                let job: Job = serde_json::from_value(json!({
+                    "metadata": { "name": name, "annotations": annotations },
+                    "spec": {
+                        "suspend": true,
+                        "backoffLimit": 0,
+                        "podFailurePolicy": { "rules": [{
+                            "action": "Ignore",
+                            "onExitCodes": {
+                                "containerName": CONTAINER, "operator": "In", "values": [4, 6],
+                            },
+                        }]},
+                        "template": { "spec": spec },
+                    },
+                }))
+                .expect("a Job");
+                Api::<Job>::namespaced(client.clone(), ns)
+                    .create(&PostParams::default(), &job)
+                    .await
+                    .expect("create the Job");
+            }
+            Workload::Pod => {
+                let mut spec = spec;
+                spec["schedulingGates"] = json!([{ "name": "lockwarden.io/lock" }]);
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {
+                        "name": name,
+                        "annotations": annotations,
+                        "labels": { "lockwarden.io/gated": "true" },
+                    },
+                    "spec": spec,
+                }))
+                .expect("a Pod");
+                Api::<Pod>::namespaced(client.clone(), ns)
+                    .create(&PostParams::default(), &pod)
+                    .await
+                    .expect("create the Pod");
+            }
+        }
+    }
+
+    /// Deletes the workload (a Job's Pods with it, in the background).
+    async fn delete(self, client: &Client, ns: &str, name: &str) {
+        let params = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        let deleted = match self {
+            Workload::Job => Api::<Job>::namespaced(client.clone(), ns)
+                .delete(name, &params)
+                .await
+                .map(drop),
+            Workload::Pod => Api::<Pod>::namespaced(client.clone(), ns)
+                .delete(name, &params)
+                .await
+                .map(drop),
+        };
+        deleted.unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    }
+
+    /// Whether none of the workload's Pods exists any more.
+    async fn pods_gone(self, client: &Client, ns: &str, name: &str) -> bool {
+        match self {
+            Workload::Job => crate::support::kube::job_pods(client, ns, name)
+                .await
+                .is_empty(),
+            Workload::Pod => Api::<Pod>::namespaced(client.clone(), ns)
+                .get_opt(name)
+                .await
+                .unwrap_or_else(|e| panic!("get Pod {name}: {e}"))
+                .is_none(),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Job => "job",
+            Workload::Pod => "pod",
+        }
+    }
 }
 
 /// What one trial measured, in seconds on CLOCK_MONOTONIC.
@@ -229,88 +327,63 @@ async fn one_trial<'a>(
     client: &Client,
     ns: &str,
     n: usize,
+    workload: Workload,
     fault: &Fault<'a>,
 ) -> Trial {
     let key = unique("guard");
     let suffix = &key[key.len() - 6..];
     let (port, register) = Register::serve().await;
     let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
-    let jobs = Api::<Job>::namespaced(client.clone(), ns);
     let template_name = format!("guard-tpl-{n}-{suffix}");
-    let job_name = format!("guard-job-{n}-{suffix}");
+    let name = format!("guard-{}-{n}-{suffix}", workload.name());
     let mut template = lease_lock_timed(&template_name, &key, LEASE, RENEW);
     template.spec.release = true;
     locks
         .create(&PostParams::default(), &template)
         .await
         .expect("create the template");
-    jobs.create(
-        &PostParams::default(),
-        &guarded_job(&job_name, &template_name, node, port),
-    )
-    .await
-    .expect("create the Job");
-    eventually("the guarded Job's first write", TIMEOUT, || async {
+    let spec = guarded_pod_spec(node, port);
+    workload
+        .create(client, ns, &name, (&template_name, None), spec)
+        .await;
+    eventually("the guarded workload's first write", TIMEOUT, || async {
         (!register.of("job").is_empty()).then_some(())
     })
     .await;
-    let own_lock = eventually("the Job's own lock", TIMEOUT, || async {
-        let list = locks.list(&Default::default()).await.ok()?;
-        list.items
-            .into_iter()
-            .find(|l| l.name_any().starts_with(&format!("{job_name}-")))
-    })
-    .await;
+    let own_lock = own_lock(&locks, &name).await;
     let lock_delay = own_lock.spec.lock_delay.clone();
 
-    // The contender: the engine on the host, straight to the API server.
-    let options = ConnectOptions {
-        kubernetes: KubernetesOptions {
-            client: Some(client.clone()),
-            ..KubernetesOptions::default()
-        },
-        ..ConnectOptions::default()
-    };
-    let backend = Target::parse(&format!("k8s://{ns}/{key}"))
-        .unwrap()
-        .connect(&options)
-        .await
-        .expect("a Lease backend");
-    let contender = contend(backend, port, Duration::from_secs(6)).await;
+    let contender = contend(
+        lease_backend(client, ns, &key).await,
+        port,
+        Duration::from_secs(6),
+    )
+    .await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
 
-    // The fault: no renewal from the controller, and no stop of the Job from it.
+    // The fault: no renewal from the controller, and no stop of the workload from it.
     let (stopped_at, undo) = fault.inflict(node, client).await;
     let (contender_backend, contender_lease) =
         tokio::time::timeout(Duration::from_secs(300), contender)
             .await
-            .expect("the contender acquires within 300 s of the SIGSTOP")
+            .expect("the contender acquires within 300 s of the fault")
             .expect("the contender task");
-    // The contender wrote; from here on nothing the Job writes can be safe. The Job goes
+    // The contender wrote; from here on nothing the workload writes can be safe. It goes
     // (its Pods too), then the controller resumes.
-    jobs.delete(
-        &job_name,
-        &DeleteParams {
-            propagation_policy: Some(PropagationPolicy::Background),
-            ..Default::default()
-        },
-    )
-    .await
-    .expect("delete the Job");
+    workload.delete(client, ns, &name).await;
     drop(undo);
-    eventually("the Job's Pods gone", Duration::from_secs(180), || async {
-        crate::support::kube::job_pods(client, ns, &job_name)
-            .await
-            .is_empty()
-            .then_some(())
-    })
+    eventually(
+        "the workload's Pods gone",
+        Duration::from_secs(180),
+        || async { workload.pods_gone(client, ns, &name).await.then_some(()) },
+    )
     .await;
     // A last write in flight arrives within a moment.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let job_last = *register
         .of("job")
         .last()
-        .expect("the Job wrote to the register");
+        .expect("the workload wrote to the register");
     let contender_first = register.of("contender")[0];
     let _ = contender_backend.release(&contender_lease).await;
     let _ = locks.delete(&template_name, &DeleteParams::default()).await;
@@ -322,30 +395,100 @@ async fn one_trial<'a>(
     }
 }
 
+/// The workload `name`'s own lock, as the controller made it from the template.
+async fn own_lock(locks: &Api<DistributedLock>, name: &str) -> DistributedLock {
+    eventually("the workload's own lock", TIMEOUT, || async {
+        let list = locks.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|l| l.name_any().starts_with(&format!("{name}-")))
+    })
+    .await
+}
+
+/// The engine on the host on the Lease `ns/key`, straight to the API server.
+async fn lease_backend(client: &Client, ns: &str, key: &str) -> Arc<dyn LockBackend> {
+    let options = ConnectOptions {
+        kubernetes: KubernetesOptions {
+            client: Some(client.clone()),
+            ..KubernetesOptions::default()
+        },
+        ..ConnectOptions::default()
+    };
+    Target::parse(&format!("k8s://{ns}/{key}"))
+        .unwrap()
+        .connect(&options)
+        .await
+        .expect("a Lease backend")
+}
+
+/// What takes the controller holding the workload's lock out of a test's trials.
+#[derive(Clone, Copy)]
+enum Outage {
+    /// [`Fault::Sigstop`].
+    Sigstop,
+    /// [`Fault::Cut`], the controller being a [`HostController`] behind a proxy.
+    ControllerCut,
+    /// [`Fault::SigstopAndKubeletCut`].
+    SigstopAndKubeletCut,
+}
+
+/// Runs `trial_count(in_suite)` trials of `workload` under `outage` in a namespace of
+/// its own, printing each margin under `label`, and asserts every one is positive.
+async fn guarded_trials(label: &str, workload: Workload, outage: Outage, in_suite: usize) {
+    // Alone with the controller: stopping it is not other tests' business.
+    let _alone = CONTROLLER.write().await;
+    let (node, client) = controller_ready().await;
+    let ns = node
+        .namespace(&client, &format!("node-{label}-{}", workload.name()))
+        .await;
+    allow_reading_leases(&client, &ns).await;
+    let api = matches!(outage, Outage::ControllerCut).then(|| Proxy::start(node.plane().port()));
+    let host = match &api {
+        Some(api) => Some(HostController::start(node, &client, &ns, api).await),
+        None => None,
+    };
+    let fault = match outage {
+        Outage::Sigstop => Fault::Sigstop,
+        Outage::SigstopAndKubeletCut => Fault::SigstopAndKubeletCut,
+        Outage::ControllerCut => Fault::Cut(api.as_ref().expect("the controller's proxy")),
+    };
+    let mut margins = Vec::new();
+    for n in 0..trial_count(in_suite) {
+        let trial = one_trial(node, &client, &ns, n, workload, &fault).await;
+        println!(
+            "{label} ({}): trial {n}: margin {:+.3} s (fault → its last write {:.3} s, fault → \
+             contender's first write {:.3} s; its lock's lockDelay {:?})",
+            workload.name(),
+            trial.margin,
+            trial.stop_to_job_last,
+            trial.stop_to_contender_first,
+            trial.lock_delay
+        );
+        margins.push(trial.margin);
+    }
+    drop(host);
+    report_margins(&format!("{label} ({})", workload.name()), &margins);
+    super::delete_namespace(&client, &ns).await;
+    if matches!(outage, Outage::ControllerCut) {
+        wait_controller_ready(node, &client).await;
+    }
+}
+
 /// The guarded Job's last write arrives before the contender's first, after the
 /// controller holding its Lease lock is SIGSTOPped: the guard alone stops it
 /// (docs/design.md §3 rule 9, §6.3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_on_a_lease()
  {
-    // Alone with the controller: stopping it is not other tests' business.
-    let _alone = CONTROLLER.write().await;
-    let (node, client) = controller_ready().await;
-    let ns = node.namespace(&client, "node-guard").await;
-    allow_reading_leases(&client, &ns).await;
-    let trials = trial_count();
-    let mut margins = Vec::new();
-    for n in 0..trials {
-        let trial = one_trial(node, &client, &ns, n, &Fault::Sigstop).await;
-        println!(
-            "guard: trial {n}: margin {:+.3} s (SIGSTOP → Job's last write {:.3} s, SIGSTOP → \
-             contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
-            trial.margin, trial.stop_to_job_last, trial.stop_to_contender_first, trial.lock_delay
-        );
-        margins.push(trial.margin);
-    }
-    report_margins("guard", &margins);
-    super::delete_namespace(&client, &ns).await;
+    guarded_trials("guard", Workload::Job, Outage::Sigstop, 1).await;
+}
+
+/// The same with a gated Pod (lockwarden's scheduling gate) in place of the Job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_stops_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_on_a_lease()
+ {
+    guarded_trials("guard", Workload::Pod, Outage::Sigstop, 1).await;
 }
 
 /// The release's controller scaled to zero and a `lockwarden controller` on the host in
@@ -433,31 +576,18 @@ impl Drop for HostController {
 /// release's controller is replaced for the test by one on the host that reaches the
 /// API server through a fault proxy (the release's own way there is a value every
 /// node test shares), and the proxy blackholes. The guard reads the Lease itself and
-/// stops the Job (docs/design.md §3 rule 9, §6.3).
+/// stops the Job (docs/design.md §3 rule 9, §6.3). Two trials in the suite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_cut_from_the_api_server_on_a_lease()
  {
-    let _alone = CONTROLLER.write().await;
-    let (node, client) = controller_ready().await;
-    let ns = node.namespace(&client, "node-guard-cut").await;
-    allow_reading_leases(&client, &ns).await;
-    let api = Proxy::start(node.plane().port());
-    let host = HostController::start(node, &client, &ns, &api).await;
-    let trials = trial_count();
-    let mut margins = Vec::new();
-    for n in 0..trials {
-        let trial = one_trial(node, &client, &ns, n, &Fault::Cut(&api)).await;
-        println!(
-            "guard-cut: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
-             contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
-            trial.margin, trial.stop_to_job_last, trial.stop_to_contender_first, trial.lock_delay
-        );
-        margins.push(trial.margin);
-    }
-    drop(host);
-    report_margins("guard-cut", &margins);
-    super::delete_namespace(&client, &ns).await;
-    wait_controller_ready(node, &client).await;
+    guarded_trials("guard-cut", Workload::Job, Outage::ControllerCut, 2).await;
+}
+
+/// The same with a gated Pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_stops_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_cut_from_the_api_server_on_a_lease()
+ {
+    guarded_trials("guard-cut", Workload::Pod, Outage::ControllerCut, 1).await;
 }
 
 /// As the SIGSTOP trial, with the kubelet cut from the API server too (a fault proxy
@@ -466,20 +596,103 @@ async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_contro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_and_the_kubelet_cut_on_a_lease()
  {
-    let _alone = CONTROLLER.write().await;
-    let (node, client) = controller_ready().await;
-    let ns = node.namespace(&client, "node-guard-kubelet").await;
+    guarded_trials(
+        "guard-kubelet",
+        Workload::Job,
+        Outage::SigstopAndKubeletCut,
+        1,
+    )
+    .await;
+}
+
+/// The same with a gated Pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_stops_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_and_the_kubelet_cut_on_a_lease()
+ {
+    guarded_trials(
+        "guard-kubelet",
+        Workload::Pod,
+        Outage::SigstopAndKubeletCut,
+        1,
+    )
+    .await;
+}
+
+/// Deleting the DistributedLock of a running guarded Job (docs/design.md §6.3, "every
+/// release path waits for the processes"): the controller stops the Job (for good:
+/// `on-lock-lost: fail`) and deletes its Pod with its 30 s grace, which the shell as the guard's child ignores; the lock
+/// stays held (renewed, the Lease still the Job's) until the Pod has ended, and only
+/// then is it released. A sampler reads the Lease every 200 ms: no read before the Job's
+/// last write shows it free or someone else's, and the contender's first write comes
+/// after the Job's last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it_only_once_its_processes_ended_on_a_lease()
+ {
+    let (node, client, _shared) = super::with_controller().await;
+    let ns = node.namespace(&client, "node-guard-delete").await;
     allow_reading_leases(&client, &ns).await;
-    let mut margins = Vec::new();
-    for n in 0..trial_count() {
-        let trial = one_trial(node, &client, &ns, n, &Fault::SigstopAndKubeletCut).await;
-        println!(
-            "guard-kubelet: trial {n}: margin {:+.3} s (SIGSTOP and kubelet cut → Job's last \
-             write {:.3} s, → contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
-            trial.margin, trial.stop_to_job_last, trial.stop_to_contender_first, trial.lock_delay
-        );
-        margins.push(trial.margin);
-    }
-    report_margins("guard-kubelet", &margins);
+    let key = unique("guard-delete");
+    let (port, register) = Register::serve().await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let template_name = "guard-delete-tpl";
+    let name = "guard-delete-job";
+    let mut template = lease_lock_timed(template_name, &key, LEASE, RENEW);
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    // `fail`: stopped for good, so the Job does not wait for the key again (it would
+    // race the contender for it; fair order is another matter).
+    let spec = guarded_pod_spec(node, port);
+    Workload::Job
+        .create(&client, &ns, name, (template_name, Some("fail")), spec)
+        .await;
+    eventually("the guarded Job's first write", TIMEOUT, || async {
+        (!register.of("job").is_empty()).then_some(())
+    })
+    .await;
+    let own = own_lock(&locks, name).await;
+    let sampler = RecordSampler::start(lease_backend(&client, &ns, &key).await);
+    let contender = contend(
+        lease_backend(&client, &ns, &key).await,
+        port,
+        Duration::from_secs(6),
+    )
+    .await;
+    tokio::time::sleep(CONTENDER_HEAD_START).await;
+
+    let deleted_at = monotonic_now();
+    locks
+        .delete(&own.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete the Job's lock");
+    let (contender_backend, contender_lease) =
+        tokio::time::timeout(Duration::from_secs(300), contender)
+            .await
+            .expect("the contender acquires within 300 s of the lock's deletion")
+            .expect("the contender task");
+    eventually("the Job's Pods gone", Duration::from_secs(180), || async {
+        Workload::Job
+            .pods_gone(&client, &ns, name)
+            .await
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let job_last = *register.of("job").last().expect("the Job wrote");
+    let contender_first = register.of("contender")[0];
+    let samples = sampler.stop();
+    println!(
+        "guard-delete: margin {:+.3} s (deletion → Job's last write {:.3} s, → contender's \
+         first write {:.3} s; {} reads of the Lease)",
+        contender_first - job_last,
+        job_last - deleted_at,
+        contender_first - deleted_at,
+        samples.len()
+    );
+    RecordSampler::assert_held_until(&samples, job_last, "the Job's");
+    report_margins("guard-delete", &[contender_first - job_last]);
+    let _ = contender_backend.release(&contender_lease).await;
     super::delete_namespace(&client, &ns).await;
 }

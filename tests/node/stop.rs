@@ -23,7 +23,7 @@ use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Ta
 use lockwarden::lock::LockBackend;
 use serde_json::json;
 
-use super::trials::{Register, contend, monotonic_now, report_margins, trial_count};
+use super::trials::{RecordSampler, Register, contend, monotonic_now, report_margins, trial_count};
 use super::{FAILOVER_NAMESPACE, TIMEOUT, with_controller};
 use crate::support::eventually;
 use crate::support::locks::{s3_lock, timed};
@@ -86,13 +86,23 @@ async fn direct_backend(bucket: &str, key: &str) -> Arc<dyn LockBackend> {
 /// A gated Job with a lock template whose container ignores SIGTERM and writes
 /// `job N` to the register every 100 ms through busybox's nc (host network: the
 /// register is on the host's loopback).
-fn ignoring_job(name: &str, template: &str, image: &str, register_port: u16) -> Job {
+fn ignoring_job(
+    name: &str,
+    template: &str,
+    on_lock_lost: Option<&str>,
+    image: &str,
+    register_port: u16,
+) -> Job {
     let script = format!(
         "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
          | nc 127.0.0.1 {register_port}"
     );
+    let mut annotations = json!({ "lockwarden.io/lock-template": template });
+    if let Some(policy) = on_lock_lost {
+        annotations["lockwarden.io/on-lock-lost"] = json!(policy);
+    }
     serde_json::from_value(json!({
-        "metadata": { "name": name, "annotations": { "lockwarden.io/lock-template": template } },
+        "metadata": { "name": name, "annotations": annotations },
         "spec": {
             "suspend": true,
             "backoffLimit": 0,
@@ -119,7 +129,25 @@ struct Trial {
     lock_delay: Option<String>,
 }
 
-async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usize) -> Trial {
+/// How a trial's store outage goes.
+#[derive(Clone, Copy)]
+enum Outage {
+    /// The store stays cut from the controller (`on-lock-lost` as the Job's default).
+    Cut,
+    /// The Job is `on-lock-lost: fail`, and the store is reachable again as soon as the
+    /// controller has stopped it (while its Pod still runs its 30 s grace): a release the
+    /// controller wrote then would let the contender in beside the Pod.
+    HealOnceFailed,
+}
+
+async fn one_trial(
+    node: &Node,
+    client: &Client,
+    ns: &str,
+    bucket: &str,
+    n: usize,
+    outage: Outage,
+) -> Trial {
     let key = unique("stop");
     let proxy = Proxy::start(Moto::shared().port());
     let (port, register) = Register::serve().await;
@@ -139,7 +167,13 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usiz
         .expect("create the template");
     jobs.create(
         &PostParams::default(),
-        &ignoring_job(&job_name, &template_name, &node.images().workload, port),
+        &ignoring_job(
+            &job_name,
+            &template_name,
+            matches!(outage, Outage::HealOnceFailed).then_some("fail"),
+            &node.images().workload,
+            port,
+        ),
     )
     .await
     .expect("create the Job");
@@ -159,12 +193,26 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usiz
 
     // The contender: waits for the key straight through moto, and writes to the
     // register the moment it acquires.
+    let sampler = RecordSampler::start(direct_backend(bucket, &key).await);
     let backend = direct_backend(bucket, &key).await;
     let contender = contend(backend, port, Duration::from_secs(6)).await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
 
     let cut = monotonic_now();
     proxy.set_mode(Mode::Blackhole);
+    if let Outage::HealOnceFailed = outage {
+        eventually("the Job stopped for good", TIMEOUT, || async {
+            let job = jobs.get(&job_name).await.ok()?;
+            let failed = job.annotations().contains_key("lockwarden.io/stopped");
+            (job.spec.as_ref()?.suspend == Some(true) && failed).then_some(())
+        })
+        .await;
+        proxy.set_mode(Mode::Pass);
+        println!(
+            "stop: the Job stopped for good {:.3} s after the cut; the store is reachable again",
+            monotonic_now() - cut
+        );
+    }
     let (contender_backend, contender_lease) =
         tokio::time::timeout(Duration::from_secs(300), contender)
             .await
@@ -190,6 +238,7 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usiz
         .last()
         .expect("the Job wrote to the register");
     let contender_first = register.of("contender")[0];
+    RecordSampler::assert_held_until(&sampler.stop(), job_last, "the Job's");
     let _ = contender_backend.release(&contender_lease).await;
     let _ = jobs
         .delete(
@@ -210,25 +259,40 @@ async fn one_trial(node: &Node, client: &Client, ns: &str, bucket: &str, n: usiz
     }
 }
 
-/// The Job's last write arrives before the contender's first, after the store is cut
-/// off from the controller (docs/design.md §6.3).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when_the_store_is_cut_on_s3()
- {
+/// Runs `trial_count(in_suite)` trials under `outage` on one bucket, printing each
+/// margin under `label`, and asserts every one is positive.
+async fn trials(label: &str, outage: Outage, in_suite: usize) {
     let (node, client, _shared) = with_controller().await;
-    let trials = trial_count();
     let ns = FAILOVER_NAMESPACE;
     ensure_aws_secret(&client, ns).await;
     let bucket = Moto::shared().new_bucket("node-stop").await;
     let mut margins = Vec::new();
-    for n in 0..trials {
-        let trial = one_trial(node, &client, ns, &bucket, n).await;
+    for n in 0..trial_count(in_suite) {
+        let trial = one_trial(node, &client, ns, &bucket, n, outage).await;
         println!(
-            "stop: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
+            "{label}: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
              contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
             trial.margin, trial.cut_to_job_last, trial.cut_to_contender_first, trial.lock_delay
         );
         margins.push(trial.margin);
     }
-    report_margins("stop", &margins);
+    report_margins(label, &margins);
+}
+
+/// The Job's last write arrives before the contender's first, after the store is cut
+/// off from the controller (docs/design.md §6.3); the store never shows the key free
+/// while the Job writes. Two trials in the suite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when_the_store_is_cut_on_s3()
+ {
+    trials("stop", Outage::Cut, 2).await;
+}
+
+/// `on-lock-lost: fail` takes the same release path (docs/design.md §6.3, "every release
+/// path waits for the processes"): the store back while the stopped Job's Pod still
+/// runs, the controller writes no release until the Pod has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_before_next_on_lock_lost_fail_releases_nothing_until_the_jobs_processes_ended_on_s3()
+{
+    trials("stop-fail", Outage::HealOnceFailed, 1).await;
 }

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockwarden::lock::{AcquireRequest, Attempt, Lease, LockBackend};
+use lockwarden::lock::{AcquireRequest, Attempt, Lease, LockBackend, LockState};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::task::JoinHandle;
 
@@ -97,13 +97,91 @@ pub async fn contend(
     })
 }
 
-/// How many trials a test runs: `LOCKWARDEN_NODE_TRIALS`, 1 by default.
-pub fn trial_count() -> usize {
+/// How many trials a test runs: `LOCKWARDEN_NODE_TRIALS`, else `in_suite` (what the
+/// suite runs; the long runs set the variable).
+pub fn trial_count(in_suite: usize) -> usize {
     std::env::var("LOCKWARDEN_NODE_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
+        .unwrap_or(in_suite)
         .max(1)
+}
+
+/// Reads a lock's record in its store every 200 ms on its own task, for a test to
+/// check who the store said held the key, and when (CLOCK_MONOTONIC, the register's
+/// clock: a sample's time is its read's *send* time, so a sample showing the workload's
+/// holder proves the record was still its at that instant or later).
+pub struct RecordSampler {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    task: JoinHandle<()>,
+}
+
+/// One read of the record.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub at: f64,
+    /// The holder and its fence, `None` when the record is absent, released or
+    /// unreadable as ours (the fence tells a new acquisition by the same holder apart).
+    pub holder: Option<(String, u64)>,
+}
+
+impl RecordSampler {
+    pub fn start(backend: Arc<dyn LockBackend>) -> RecordSampler {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let sink = samples.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let at = monotonic_now();
+                match backend.inspect().await {
+                    Ok(stored) => {
+                        let holder = stored
+                            .and_then(|s| s.record.ok())
+                            .filter(|r| r.state == LockState::Held)
+                            .map(|r| (r.holder, r.fence.0));
+                        sink.lock().unwrap().push(Sample { at, holder });
+                    }
+                    Err(e) => eprintln!("trial: sampler read failed: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        RecordSampler { samples, task }
+    }
+
+    /// Stops sampling; the samples taken.
+    pub fn stop(self) -> Vec<Sample> {
+        self.task.abort();
+        self.samples.lock().unwrap().clone()
+    }
+
+    /// Asserts that every read sent before `until` found the record held by one and the
+    /// same acquisition (the workload's: the first read's holder and fence), never free,
+    /// re-acquired nor the contender's — the store never let the key go while the
+    /// workload still wrote.
+    pub fn assert_held_until(samples: &[Sample], until: f64, whose: &str) {
+        let before: Vec<&Sample> = samples.iter().filter(|s| s.at < until).collect();
+        assert!(
+            !before.is_empty(),
+            "no read of the record before {whose} last write"
+        );
+        let first = before[0].holder.clone();
+        assert!(
+            first.is_some(),
+            "the record was not held at the first read: {before:?}"
+        );
+        if let Some(other) = before.iter().find(|s| s.holder != first) {
+            panic!(
+                "the store showed {:?} at {:.3}, before {whose} last write at {until:.3} \
+                 (the record was let go, or taken, while the work ran); first holder {first:?}",
+                other.holder, other.at
+            );
+        }
+        println!(
+            "trial: {} reads of the record before {whose} last write, every one held by {:?}",
+            before.len(),
+            first
+        );
+    }
 }
 
 /// Prints the margins' min and median under `name`, and asserts each is positive (the
