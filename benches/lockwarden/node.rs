@@ -21,7 +21,7 @@
 use super::*;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use support::node::Node;
 
 /// Generous: a loaded 2-core machine, and a Pod's start includes its sandbox.
@@ -302,15 +302,30 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let ns = node.namespace(&client, "bench-node").await;
     let register = node.host_dir("bench-register");
     let image = node.images().workload.clone();
-    let controller = tokio::spawn(controller::run_with(
-        client.clone(),
-        ControllerConfig {
-            cluster_name: "bench-node".into(),
-            namespace: Some(ns.clone()),
-            ..Default::default()
-        },
-        Arc::new(lockwarden::telemetry::Telemetry::new()),
-    ));
+    // Two builds side by side (LOCKWARDEN_BENCH_NODE_BEFORE): each hand-off under one
+    // build's `lockwarden controller` process, alternating; otherwise the controller of
+    // this build, in this process.
+    let mut versions = std::env::var_os("LOCKWARDEN_BENCH_NODE_BEFORE").map(|before| {
+        Versions::new(
+            PathBuf::from(before),
+            PathBuf::from(env!("CARGO_BIN_EXE_lockwarden")),
+        )
+    });
+    let controller = match &mut versions {
+        Some(versions) => {
+            versions.run(Build::After, node, &ns).await;
+            None
+        }
+        None => Some(tokio::spawn(controller::run_with(
+            client.clone(),
+            ControllerConfig {
+                cluster_name: "bench-node".into(),
+                namespace: Some(ns.clone()),
+                ..Default::default()
+            },
+            Arc::new(lockwarden::telemetry::Telemetry::new()),
+        ))),
+    };
     let timeline = Timeline::start(&client, &ns);
     let jobs = Api::<Job>::namespaced(client.clone(), &ns);
     let lock = "handoff";
@@ -340,12 +355,20 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     .unwrap();
     let mut current_fence = wait_line(&register, &current, "first").await.fence;
 
-    let n = opts.n(20);
+    // Two builds: 30 pairs, each build once per pair, the order alternating pair by pair.
+    let n = if versions.is_some() {
+        2 * opts.n(30)
+    } else {
+        opts.n(20)
+    };
     let mut floor = Vec::new();
     let mut handoff = Vec::new();
     // Per hand-off, the time between consecutive `points` (below).
     let mut raw: [Vec<f64>; 9] = Default::default();
     for i in 0..n {
+        if let Some(versions) = &mut versions {
+            versions.run(Build::for_handoff(i), node, &ns).await;
+        }
         // The floor: a plain Job from its create request to its first line.
         let plain = format!("plain-{i}");
         let created = now_us();
@@ -415,12 +438,22 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
             first.fence,
             floor[i]
         );
+        if let Some(versions) = &mut versions {
+            // lockwarden's own part: Job k Complete → Job k+1 started (stages 3..6).
+            let own: f64 = (3..6).map(|k| raw[k][i]).sum();
+            versions.record(i, handoff[i], own);
+        }
         current = next;
         current_fence = first.fence;
     }
     std::fs::write(register.join(format!("go-{current}")), "").unwrap();
     timeline.step(&current, Step::Complete).await;
-    controller.abort();
+    if let Some(controller) = controller {
+        controller.abort();
+    }
+    if let Some(versions) = versions {
+        note(&report, versions.finish());
+    }
 
     let handoff = summary(
         "hand-off: Job k's container's last line → Job k+1's container's first line",
@@ -501,4 +534,187 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
         floor,
         stages,
     });
+}
+
+/// Which build's controller runs a hand-off when two are compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Build {
+    Before,
+    After,
+}
+
+impl Build {
+    /// Hand-offs 2p and 2p+1 are pair p: before then after in even pairs, after then
+    /// before in odd ones, so neither build always runs first after a swap.
+    fn for_handoff(i: usize) -> Build {
+        let first = if (i / 2).is_multiple_of(2) {
+            Build::Before
+        } else {
+            Build::After
+        };
+        match (i % 2, first) {
+            (0, b) => b,
+            (_, Build::Before) => Build::After,
+            (_, Build::After) => Build::Before,
+        }
+    }
+}
+
+/// Two lockwarden builds' controllers as host processes, one at a time, and the
+/// hand-offs measured under each: `LOCKWARDEN_BENCH_NODE_BEFORE` names the older
+/// binary, the newer is this build's. A swap kills the running controller (SIGKILL: no
+/// lock is released; the next resumes the running Job's lock from its status, as after
+/// a crash) and waits for the other's `/readyz` before the next sample starts, so the
+/// swap is outside every measured interval.
+struct Versions {
+    before: PathBuf,
+    after: PathBuf,
+    running: Option<(Build, std::process::Child)>,
+    /// Per pair: (before's hand-off, after's hand-off), in ms.
+    pairs: Vec<(f64, f64)>,
+    /// Per pair, lockwarden's own part of each (Job k Complete → Job k+1 started).
+    own: Vec<(f64, f64)>,
+}
+
+impl Versions {
+    fn new(before: PathBuf, after: PathBuf) -> Versions {
+        assert!(
+            before.is_file(),
+            "LOCKWARDEN_BENCH_NODE_BEFORE={}: not a file (an older lockwarden binary)",
+            before.display()
+        );
+        Versions {
+            before,
+            after,
+            running: None,
+            pairs: Vec::new(),
+            own: Vec::new(),
+        }
+    }
+
+    /// Makes `build`'s controller the one running, watching `ns` on the node.
+    async fn run(&mut self, build: Build, node: &Node, ns: &str) {
+        if matches!(&self.running, Some((b, _)) if *b == build) {
+            return;
+        }
+        if let Some((_, mut child)) = self.running.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let binary = match build {
+            Build::Before => &self.before,
+            Build::After => &self.after,
+        };
+        let port = support::free_port();
+        let log = node.dir().join(format!("controller-{build:?}-{port}.log"));
+        let log = std::fs::File::create(&log).expect("create the controller's log");
+        let child = Command::new(binary)
+            .args([
+                "controller",
+                "--cluster-name",
+                "bench-node",
+                "--watch-namespace",
+                ns,
+            ])
+            .arg("--metrics-address")
+            .arg(format!("127.0.0.1:{port}"))
+            .env("KUBECONFIG", node.plane().kubeconfig_path())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
+        self.running = Some((build, child));
+        let deadline = Instant::now() + TIMEOUT;
+        while !ready(port).await {
+            assert!(
+                Instant::now() < deadline,
+                "the {build:?} controller ({}) is not ready after {TIMEOUT:?}",
+                binary.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Hand-off `i` took `ms`, of which `own` ms were lockwarden's.
+    fn record(&mut self, i: usize, ms: f64, own: f64) {
+        if i.is_multiple_of(2) {
+            self.pairs.push((f64::NAN, f64::NAN));
+            self.own.push((f64::NAN, f64::NAN));
+        }
+        let (pair, own_pair) = (self.pairs.last_mut().unwrap(), self.own.last_mut().unwrap());
+        match Build::for_handoff(i) {
+            Build::Before => (pair.0, own_pair.0) = (ms, own),
+            Build::After => (pair.1, own_pair.1) = (ms, own),
+        }
+    }
+
+    /// Kills the running controller; the summary: each build's hand-off and the
+    /// paired differences (after − before).
+    fn finish(mut self) -> String {
+        if let Some((_, mut child)) = self.running.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let line = |v: &[f64]| {
+            format!(
+                "p50 {:.0} ms (p25 {:.0}, p75 {:.0}, min {:.0}, max {:.0})",
+                pct(v, 0.5),
+                pct(v, 0.25),
+                pct(v, 0.75),
+                v.iter().copied().fold(f64::NAN, f64::min),
+                v.iter().copied().fold(f64::NAN, f64::max)
+            )
+        };
+        // Each build's series and the paired differences (after − before), complete
+        // pairs only.
+        let compare = |pairs: &[(f64, f64)]| {
+            let pairs: Vec<(f64, f64)> = pairs
+                .iter()
+                .copied()
+                .filter(|(b, a)| b.is_finite() && a.is_finite())
+                .collect();
+            let before: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+            let after: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+            let diff: Vec<f64> = pairs.iter().map(|(b, a)| a - b).collect();
+            (
+                pairs.len(),
+                format!(
+                    "before {}; after {}; paired difference after − before {}",
+                    line(&before),
+                    line(&after),
+                    line(&diff)
+                ),
+            )
+        };
+        let (n, handoff) = compare(&self.pairs);
+        let (_, own) = compare(&self.own);
+        let text = format!(
+            "node, two builds ({n} alternating pairs; before = {}): hand-off: {handoff}. \
+             lockwarden's part (Job k Complete → Job k+1 started): {own}",
+            self.before.display()
+        );
+        for (p, ((b, a), (ob, oa))) in self.pairs.iter().zip(&self.own).enumerate() {
+            eprintln!(
+                "[bench] node pair {p}: before {b:.0} ms, after {a:.0} ms, after − before \
+                 {:+.0} ms (lockwarden's part {ob:.0} → {oa:.0} ms)",
+                a - b
+            );
+        }
+        text
+    }
+}
+
+/// Whether the controller's `/readyz` on `port` answers 200.
+async fn ready(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let request = "GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    response.starts_with(b"HTTP/1.0 200") || response.starts_with(b"HTTP/1.1 200")
 }
