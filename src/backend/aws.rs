@@ -193,6 +193,46 @@ pub(crate) fn plain_http_client(
         .map(|_| aws_smithy_http_client::Builder::new().build_http())
 }
 
+/// Whether the service whose endpoint variable is `variable` (`AWS_ENDPOINT_URL_S3`,
+/// …) is reached over TLS, which the SDK verifies against the system's root
+/// certificates: an `https://` endpoint, or AWS itself when none is set. (An endpoint
+/// from an AWS profile is not looked at: profiles name AWS's own, TLS endpoints.)
+pub fn reached_over_tls(options: &AwsOptions, variable: &str) -> bool {
+    let set = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let endpoint = set(variable)
+        .or_else(|| options.endpoint.clone())
+        .or_else(|| set("AWS_ENDPOINT_URL"));
+    !endpoint.is_some_and(|e| e.starts_with("http://"))
+}
+
+/// Why this system cannot verify a TLS certificate, if it cannot: no root certificate
+/// where the SDK looks (`SSL_CERT_FILE` and `SSL_CERT_DIR` when set, else the system's
+/// bundle and directory). A workload image without CA certificates (busybox, scratch)
+/// is such a system: every request would fail its handshake, and a debug build of the
+/// SDK panics instead. Reads and parses the bundle: for a process's start, not per
+/// request.
+pub fn missing_root_certificates() -> Option<String> {
+    let found = rustls_native_certs::load_native_certs();
+    if !found.certs.is_empty() {
+        return None;
+    }
+    let searched = match (
+        std::env::var_os("SSL_CERT_FILE"),
+        std::env::var_os("SSL_CERT_DIR"),
+    ) {
+        (None, None) => "the system's certificate bundle and directory".to_string(),
+        (file, dir) => [("SSL_CERT_FILE", file), ("SSL_CERT_DIR", dir)]
+            .into_iter()
+            .filter_map(|(name, v)| v.map(|v| format!("{name}={}", v.to_string_lossy())))
+            .collect::<Vec<_>>()
+            .join(", "),
+    };
+    Some(format!(
+        "no CA certificates found ({searched}), so the store's TLS certificate cannot be \
+         verified: use an image with CA certificates, or mount a bundle and set SSL_CERT_FILE"
+    ))
+}
+
 /// Distinct client configurations kept at once. Each Secret (and each rotation of one)
 /// is a configuration; past this many the cache starts afresh, which costs only new
 /// clients for the locks that connect next: clients in use stay with their locks.

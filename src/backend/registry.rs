@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::aws::{AwsFlags, AwsOptions};
+use super::aws::{self, AwsFlags, AwsOptions};
 use super::dynamodb::{self, DynamoDbBackend, DynamoDbFlags, DynamoDbKey, DynamoDbOptions};
 use super::kubernetes::{self, KubernetesBackend, KubernetesFlags, KubernetesOptions, LeaseKey};
 use super::s3::{self, S3Backend, S3Flags, S3Key, S3Options};
@@ -245,6 +245,18 @@ impl Target {
     /// ([`StoreKey::check_lock_file_fields`]).
     pub fn check_lock_file_fields(&self, fields: &super::LockFileFields) -> Result<(), String> {
         on_key!(self, key => key.check_lock_file_fields(fields))
+    }
+
+    /// Whether reaching this lock with `options` verifies a TLS certificate against the
+    /// system's root certificates (S3 and DynamoDB over `https://`, AWS itself by
+    /// default). A Lease is reached with the kubeconfig's or service account's own CA,
+    /// and ZooKeeper without TLS.
+    pub fn needs_system_roots(&self, options: &ConnectOptions) -> bool {
+        match self {
+            Target::S3(_) => aws::reached_over_tls(&options.aws, "AWS_ENDPOINT_URL_S3"),
+            Target::DynamoDb(_) => aws::reached_over_tls(&options.aws, "AWS_ENDPOINT_URL_DYNAMODB"),
+            Target::ZooKeeper(_) | Target::Kubernetes(_) => false,
+        }
     }
 
     /// [`connect`] for this lock.

@@ -430,9 +430,19 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
             bound.url
         )));
     }
+    let options = args.backend.options(None);
+    // The guard runs inside the workload's image, which need not have what
+    // lockwarden's own image has.
+    if let Some(tls) = locks.iter().find(|l| l.url.needs_system_roots(&options))
+        && let Some(why) = crate::backend::aws::missing_root_certificates()
+    {
+        return Err(CliError::Unreadable {
+            cause: format!("{}: {why}", tls.url),
+        });
+    }
     let mut backends = Vec::with_capacity(locks.len());
     for lock in &locks {
-        backends.push(lock.url.connect(&args.backend.options(None)).await?);
+        backends.push(lock.url.connect(&options).await?);
     }
     let urls: Vec<String> = backends.iter().map(|b| b.url().to_string()).collect();
     let mut signals = Signals::take(&urls.join(" "))?;

@@ -204,6 +204,36 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         out.expect(*code, fragments, &case);
     }
 
+    // The guard outside the image it is meant for: S3 over TLS (AWS itself, no
+    // endpoint) where no CA certificate can be found, as in busybox or scratch.
+    let bare = Cli::new()
+        .clearing_env()
+        .with("SSL_CERT_FILE", "/nonexistent/ca.pem")
+        .with("SSL_CERT_DIR", "/nonexistent/certs");
+    let out = bare
+        .run(&[
+            "guard",
+            "--url",
+            "s3://locks/k",
+            "--nonce",
+            "n1",
+            "--fence",
+            "1",
+            "--",
+            "true",
+        ])
+        .await;
+    out.expect(
+        1,
+        &[
+            "s3://locks/k",
+            "no CA certificates found",
+            "SSL_CERT_FILE=/nonexistent/ca.pem",
+            "not started",
+        ],
+        "guard without CA certificates",
+    );
+
     // An argument that is not UTF-8 at all.
     let mut raw = b"s3://".to_vec();
     raw.extend_from_slice(&[0xff, 0xfe]);
