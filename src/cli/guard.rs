@@ -717,19 +717,7 @@ impl Watch {
                     context: format!("{url}: waiting for {shown:?}"),
                     source,
                 })?;
-                // What COMMAND left running is still work under the lock: it stops by
-                // the deadline too, as under `run` (rule 7).
-                let leftovers = tree::live_descendants(me);
-                if !leftovers.is_empty() {
-                    let times = StopTimes::now(Instant::now(), deadline, grace);
-                    let stopped = stop_tree(None, times).await;
-                    print_warning(&format!(
-                        "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
-                        leftovers.len(),
-                        stopped.termed,
-                        stopped.killing(times)
-                    ));
-                }
+                stop_leftovers(me, &shown, deadline, grace).await;
                 Ok(exit_code(status))
             }
             Err((stop, times)) => {
@@ -749,6 +737,23 @@ impl Watch {
             }
         }
     }
+}
+
+/// COMMAND ended on its own: what it left running is still work under the lock, so it
+/// stops by the deadline too, as under `run` (rule 7).
+async fn stop_leftovers(me: u32, shown: &str, deadline: Instant, grace: Duration) {
+    let leftovers = tree::live_descendants(me);
+    if leftovers.is_empty() {
+        return;
+    }
+    let times = StopTimes::now(Instant::now(), deadline, grace);
+    let stopped = stop_tree(None, times).await;
+    print_warning(&format!(
+        "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
+        leftovers.len(),
+        stopped.termed,
+        stopped.killing(times)
+    ));
 }
 
 fn not_held(url: &str, why: &str) -> CliError {
