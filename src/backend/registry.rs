@@ -228,6 +228,11 @@ impl Target {
         on_key!(self, key => key.supports_lock_delay())
     }
 
+    /// Whether a queued contender may ask for a priority or a weight here.
+    pub fn supports_priorities(&self) -> bool {
+        on_key!(self, key => key.supports_priorities())
+    }
+
     /// What names the lock in its store, without how the store is reached (a ZooKeeper
     /// URL's server list differs between clients of one ensemble): the same for every
     /// client of one lock. Workloads that take several locks take them in this order.

@@ -51,6 +51,12 @@ pub trait StoreKey: Clone + fmt::Debug + fmt::Display + PartialEq + Eq + std::ha
         true
     }
 
+    /// Whether a queued contender may ask for a priority or a weight (docs/design.md
+    /// §6.4): the key's queue lives in its record and grants follow it.
+    fn supports_priorities(&self) -> bool {
+        true
+    }
+
     /// Fields of `lockwarden lock`'s lock file that another tool reads for this key,
     /// written beside lockwarden's own (s3lock reads `Bucket`, `Key`, `Id`, `ETag`).
     fn lock_file_fields(&self, _nonce: &str, _version: &str) -> LockFileFields {

@@ -11,7 +11,7 @@ use super::sys;
 use crate::api::distributed_lock::MAX_LOCK_DELAY;
 use crate::backend::{Target, TargetError};
 use crate::duration::{DurationError, parse_duration as parse_go_duration};
-use crate::lock::{AcquireRequest, FenceToken, Mode, Permits};
+use crate::lock::{AcquireRequest, FenceToken, Mode, Permits, Queueing};
 
 /// Options every command that talks to a backend accepts: each store's flags,
 /// declared with the store ([`crate::backend::StoreFlags`]).
@@ -37,6 +37,67 @@ pub struct PermitArgs {
     /// readers); the default with one permit
     #[arg(long)]
     pub exclusive: bool,
+}
+
+/// Waiting in the key's queue (docs/design.md §6.4).
+#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Queue")]
+pub struct QueueArgs {
+    /// Wait in the key's queue: granted in arrival order (a ticket the store hands
+    /// out), after higher priorities, across every host and cluster. On S3, DynamoDB
+    /// and Leases the queue lives in the key's record; on ZooKeeper a key is always a
+    /// queue
+    #[arg(long)]
+    pub queue: bool,
+
+    /// With --queue: go before waiters of a lower priority (never preempting a holder)
+    /// [default: 0]
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "queue",
+        allow_negative_numbers = true
+    )]
+    pub priority: Option<i32>,
+
+    /// With --queue: take K of the key's --permits at once (shared holders)
+    /// [default: 1]
+    #[arg(long, value_name = "K", requires = "queue")]
+    pub weight: Option<u32>,
+}
+
+impl QueueArgs {
+    /// What the queue flags ask for on `url` with `permits`: `None` without --queue;
+    /// an error naming the flag when a value does not fit.
+    pub fn queueing(&self, url: &Target, permits: Permits) -> Result<Option<Queueing>, ValueError> {
+        if !self.queue {
+            return Ok(None);
+        }
+        let queueing = Queueing {
+            priority: self.priority.unwrap_or(0),
+            weight: self.weight.unwrap_or(1),
+        };
+        if !url.supports_priorities() {
+            for (flag, given) in [
+                ("--priority", self.priority.is_some()),
+                ("--weight", self.weight.is_some()),
+            ] {
+                if given {
+                    return Err(ValueError(format!(
+                        "{flag}: not supported on {url}: its queue is the order of the entries, \
+                         which every client of the key obeys (lowest first); a priority or \
+                         weight would let two clients hold it at once"
+                    )));
+                }
+            }
+            // The entries' order is the queue already.
+            return Ok(None);
+        }
+        queueing
+            .validate(permits)
+            .map_err(|message| ValueError(format!("--weight: {message}")))?;
+        Ok(Some(queueing))
+    }
 }
 
 impl PermitArgs {
@@ -152,6 +213,9 @@ pub struct LockArgs {
     pub permits: PermitArgs,
 
     #[command(flatten)]
+    pub queue: QueueArgs,
+
+    #[command(flatten)]
     pub backend: BackendArgs,
 
     /// Internal: be the process that keeps a ZooKeeper lock's session.
@@ -169,15 +233,25 @@ impl LockArgs {
     /// What `lock` asks the store for; an error if the permit flags do not fit
     /// together.
     pub fn request(&self) -> Result<AcquireRequest, ValueError> {
+        let permits = self.permits.permits()?;
+        let queue = self.queue.queueing(&self.url, permits)?;
+        if self.force && queue.is_some() {
+            return Err(ValueError(
+                "--force with --queue: a forced takeover does not wait its turn; \
+                 drop one of them"
+                    .into(),
+            ));
+        }
         Ok(AcquireRequest {
             holder: self.holder.clone().unwrap_or_else(default_holder),
             lease: self.lease,
             data: self.data.clone(),
             force: self.force,
             reclaim: self.reclaim,
-            permits: self.permits.permits()?,
+            permits,
             cluster: Some(sys::hostname()),
             lock_delay: lock_delay_for(&self.url, self.lock_delay)?,
+            queue,
         })
     }
 }

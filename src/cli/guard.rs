@@ -1027,6 +1027,10 @@ mod tests {
             data: None,
             acquired_at_ms: 0,
             renewed_at_ms: 0,
+            weight: 1,
+            priority: 0,
+            ticket: 0,
+            overtaken: 0,
             unknown: Default::default(),
         };
         let stored = |other_revision: &str| {
@@ -1038,6 +1042,7 @@ mod tests {
                 last_fence: FenceToken(3),
                 holders: vec![entry("another", other_revision), entry("mine", "e1")],
                 waiting_writer: None,
+                queue: None,
                 unknown: Default::default(),
             });
             Stored {

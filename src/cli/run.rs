@@ -24,11 +24,13 @@ use super::progress::Progress;
 use super::stop::grace_up_to;
 pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
 use super::stop::{exit_code, stop_tree, terminate};
-use super::{BackendArgs, CliError, PermitArgs, default_holder, print_warning, sys, tree};
+use super::{
+    BackendArgs, CliError, PermitArgs, QueueArgs, default_holder, print_warning, sys, tree,
+};
 use crate::backend::Target;
 use crate::lock::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
-    Permits, RenewPolicy, SafetyMargins, Stored,
+    Permits, Queueing, RenewPolicy, SafetyMargins, Stored,
 };
 
 /// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
@@ -112,6 +114,9 @@ pub struct RunArgs {
     pub permits: PermitArgs,
 
     #[command(flatten)]
+    pub queue: QueueArgs,
+
+    #[command(flatten)]
     pub backend: BackendArgs,
 }
 
@@ -122,6 +127,10 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let lock_delay = super::args::lock_delay_for(&args.url, args.lock_delay)
         .map_err(|e| CliError::Usage(e.to_string()))?;
+    let queue = args
+        .queue
+        .queueing(&args.url, permits)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
     let margins = backend.margins();
@@ -131,7 +140,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if !args.url.is_session_bound() {
         grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
     }
-    let lease = acquire(&args, permits, lock_delay, backend.as_ref()).await?;
+    let lease = acquire(&args, permits, lock_delay, queue, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
 
     // The holder's own lease: the lock-delay the record carries is the contenders'
@@ -307,6 +316,7 @@ async fn acquire(
     args: &RunArgs,
     permits: Permits,
     lock_delay: Duration,
+    queue: Option<Queueing>,
     backend: &dyn LockBackend,
 ) -> Result<Lease, CliError> {
     let req = AcquireRequest {
@@ -318,6 +328,7 @@ async fn acquire(
         permits,
         cluster: Some(sys::hostname()),
         lock_delay,
+        queue,
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;

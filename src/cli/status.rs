@@ -504,6 +504,7 @@ mod tests {
             permits: 3,
             holders: vec![entry("a", 7), entry("b", 8)],
             waiting_writer: None,
+            queue: None,
             last_fence: FenceToken(8),
             unknown: Default::default(),
         });

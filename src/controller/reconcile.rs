@@ -730,6 +730,7 @@ impl Reconciling<'_> {
             permits: self.spec.permits,
             cluster: Some(self.ctx.config.cluster_name.clone()),
             lock_delay: self.spec.lock_delay,
+            queue: None,
         };
         match timed(
             self.ctx,

@@ -35,6 +35,11 @@ pub struct AcquireRequest {
     /// every contender waits `lease + lock_delay` after an expiry, while this holder's
     /// own deadline (rule 2) stays on `lease`. Zero: none.
     pub lock_delay: Duration,
+    /// Wait in the key's queue, with this priority and weight (docs/design.md §6.4):
+    /// on S3, DynamoDB and Leases the key's record keeps the queue; `None` keeps
+    /// today's race for the key unless the key already has a queue, which every
+    /// contender of this build then joins.
+    pub queue: Option<super::queue::Queueing>,
 }
 
 impl AcquireRequest {
@@ -48,6 +53,7 @@ impl AcquireRequest {
             permits: Permits::MUTEX,
             cluster: None,
             lock_delay: Duration::ZERO,
+            queue: None,
         }
     }
 }
@@ -150,7 +156,8 @@ pub enum Attempt {
         /// When it is worth trying again: the remaining observation time before the
         /// holder's lease could be seen expired, if known.
         retry_in: Option<Duration>,
-        /// Position in the backend's waiting queue (ZooKeeper), 0 = next.
+        /// Position in the key's queue (a queued key, or ZooKeeper), 0 = next; `None`
+        /// when this contender is not registered in one.
         queue_position: Option<u32>,
     },
 }

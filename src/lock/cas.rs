@@ -131,6 +131,9 @@ enum Plan {
     },
     /// Boxed: a record with a holder set is large, and this is the rare arm.
     Busy(Box<LockRecord>, std::time::Duration),
+    /// The key has a queue (docs/design.md §6.4): every contender of this build joins
+    /// it rather than race the waiters.
+    Queued,
 }
 
 #[async_trait]
@@ -144,7 +147,7 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
     }
 
     async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
-        if !req.permits.is_mutex() {
+        if !req.permits.is_mutex() || req.queue.is_some() {
             return self.try_acquire_permit(req).await;
         }
         let mut st = self.state.lock().await;
@@ -163,6 +166,14 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                 return Ok(Attempt::Acquired(lease));
             }
             let plan = match self.plan(req, current.as_ref(), &mut st)? {
+                Plan::Queued => {
+                    drop(st);
+                    let queued = AcquireRequest {
+                        queue: Some(Default::default()),
+                        ..req.clone()
+                    };
+                    return self.try_acquire_permit(&queued).await;
+                }
                 Plan::Busy(holder, remaining) => {
                     st.last_seen = current;
                     return Ok(Attempt::Busy {
@@ -428,6 +439,9 @@ impl<S: RecordStore> CasLock<S> {
                 });
             }
         };
+        if r.set.as_ref().is_some_and(|s| s.queue.is_some()) && !req.force {
+            return Ok(Plan::Queued);
+        }
         // A key with more than one permit in use: every lock on it must agree.
         if let Some(set) = r.set.as_ref().filter(|s| !s.holders.is_empty()) {
             return Err(LockError::PermitsDisagree {

@@ -25,6 +25,7 @@ pub mod history;
 pub mod memory;
 pub mod names;
 pub mod permits;
+pub mod queue;
 pub mod record;
 #[cfg(test)]
 mod rolling_upgrade;
@@ -38,7 +39,8 @@ pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use history::{Ending, Grant, HISTORY_LEN};
-pub use permits::{HolderSet, Mode, Permits, SetEntry};
+pub use permits::{HolderSet, Mode, Permits, Queue, SetEntry};
+pub use queue::{QueueView, Queueing};
 pub use record::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, NO_LEASE, Stored,
     UnknownFields, Version, rfc3339,

@@ -122,9 +122,44 @@ pub struct SetEntry {
     pub data: Option<String>,
     pub acquired_at_ms: u64,
     pub renewed_at_ms: u64,
+    /// How many of the key's permits a shared entry takes (1 unless asked): weighted
+    /// entries exist only in a queued set (docs/design.md §6.4).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub weight: u32,
+    /// The entry's priority in a queued set: higher goes first.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub priority: i32,
+    /// The arrival ticket the store handed out when the entry joined the queue (a
+    /// counter in the record, never a clock); a holder keeps the one it waited with.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub ticket: u64,
+    /// How many later arrivals were granted before this waiter (a higher priority):
+    /// for people to see that a low priority is being passed over.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub overtaken: u32,
     /// What a newer build wrote in this entry that this one does not know.
     #[serde(flatten)]
     pub unknown: UnknownFields,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 impl SetEntry {
@@ -146,7 +181,20 @@ impl SetEntry {
             data,
             acquired_at_ms: now,
             renewed_at_ms: now,
+            weight: 1,
+            priority: 0,
+            ticket: 0,
+            overtaken: 0,
             unknown: UnknownFields::new(),
+        }
+    }
+
+    /// The permits this entry takes in a set of `permits`: an exclusive entry takes
+    /// them all.
+    pub fn permits_taken(&self, permits: u32) -> u32 {
+        match self.mode {
+            Mode::Exclusive => permits,
+            Mode::Shared => self.weight,
         }
     }
 
@@ -194,19 +242,82 @@ pub struct HolderSet {
     /// lease ignores it (rule 1, as for a holder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_writer: Option<SetEntry>,
+    /// The key's queue, when it has one (docs/design.md §6.4): waiters are granted in
+    /// (priority, ticket) order. A queued set is stored in a shape a build without
+    /// queues reads as foreign ([`HolderSet::to_json`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Queue>,
     /// What a newer build wrote in the set that this one does not know.
     #[serde(flatten)]
     pub unknown: UnknownFields,
 }
 
+/// A key's queue of waiters, kept in its holder set (docs/design.md §6.4).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Queue {
+    /// The ticket the next waiter to register takes: arrival order is the order of
+    /// the store's conditional writes, never a clock.
+    pub next_ticket: u64,
+    /// The registered waiters, in ticket order. Each is refreshed by its waiter like a
+    /// lease (its revision changes) and expires by rule 1 per entry.
+    #[serde(default)]
+    pub waiters: Vec<SetEntry>,
+    /// The key's last hold times in milliseconds, oldest first (at most
+    /// [`Queue::HOLD_TIMES`]), written by releases: for the expected start that status
+    /// shows; no decision reads them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hold_ms: Vec<u64>,
+    /// What a newer build wrote in the queue that this one does not know.
+    #[serde(flatten)]
+    pub unknown: UnknownFields,
+}
+
+impl Queue {
+    /// The most waiters a key's queue registers. A waiter beyond them, or one whose
+    /// entry would take the set past [`Queue::MAX_SET_BYTES`], waits unregistered and
+    /// never overtakes a registered one.
+    pub const MAX_WAITERS: usize = 256;
+
+    /// The most bytes a queued set may take: the smallest store's budget is a Lease's
+    /// annotations, 256 KiB in all, which also carry the record's other fields and
+    /// the key's history. 256 holders and 256 waiters with names of 60 bytes take
+    /// about 160 KiB (`a_full_queue_with_every_permit_held_fits_a_lease`); long names or
+    /// data lower the number of waiters, never the holders.
+    pub const MAX_SET_BYTES: usize = 200 * 1024;
+
+    /// How many hold times the queue keeps for its estimate.
+    pub const HOLD_TIMES: usize = 8;
+
+    /// The waiters in grant order: higher priority first, then earlier ticket.
+    pub fn in_order(&self) -> Vec<&SetEntry> {
+        let mut order: Vec<&SetEntry> = self.waiters.iter().collect();
+        order.sort_by_key(|w| (std::cmp::Reverse(w.priority), w.ticket));
+        order
+    }
+
+    /// A waiter's position in grant order (0 = next).
+    pub fn position(&self, nonce: &str) -> Option<usize> {
+        self.in_order().iter().position(|w| w.nonce == nonce)
+    }
+
+    /// Records a finished hold, keeping the last [`Queue::HOLD_TIMES`].
+    pub fn record_hold(&mut self, held: Duration) {
+        self.hold_ms.push(held.as_millis() as u64);
+        let excess = self.hold_ms.len().saturating_sub(Self::HOLD_TIMES);
+        self.hold_ms.drain(..excess);
+    }
+}
+
 impl HolderSet {
-    /// The permits in use: an exclusive holder takes them all.
+    /// The permits in use: an exclusive holder takes them all, a weighted one its
+    /// weight.
     pub fn in_use(&self) -> u32 {
-        if self.holders.iter().any(|h| h.mode == Mode::Exclusive) {
-            self.permits
-        } else {
-            self.holders.len() as u32
-        }
+        self.holders
+            .iter()
+            .map(|h| h.permits_taken(self.permits))
+            .sum::<u32>()
+            .min(self.permits)
     }
 
     pub fn entry(&self, nonce: &str) -> Option<&SetEntry> {
@@ -215,27 +326,73 @@ impl HolderSet {
 
     /// The form every store keeps (an S3 body field, a DynamoDB attribute, a Lease
     /// annotation).
+    ///
+    /// A queued set names its holders `granted`, not `holders`: a build without queues
+    /// requires `holders`, so it reads the key as foreign and never writes it. It would
+    /// otherwise ignore the queue (unfair, but safe) and the weights — admitting
+    /// holders beyond the permits (docs/design.md §6.4, "Stored format").
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("holder set serialises")
+        let mut value = serde_json::to_value(self).expect("holder set serialises");
+        if self.queue.is_some()
+            && let Some(map) = value.as_object_mut()
+            && let Some(holders) = map.remove(HOLDERS)
+        {
+            map.insert(GRANTED.to_string(), holders);
+        }
+        value.to_string()
     }
 
     pub fn from_json(text: &str) -> Result<HolderSet, ForeignRecord> {
-        let set: HolderSet = serde_json::from_str(text).map_err(|e| {
+        let not_a_set = |e: &dyn fmt::Display| {
             ForeignRecord::from_bytes(
                 &format!("not a lockwarden holder set: {e}"),
                 text.as_bytes(),
             )
-        })?;
-        if set.permits < 2 || set.permits > Permits::MAX {
+        };
+        let mut value: serde_json::Value = serde_json::from_str(text).map_err(|e| not_a_set(&e))?;
+        let queued = match value.as_object_mut() {
+            Some(map) if !map.contains_key(HOLDERS) => match map.remove(GRANTED) {
+                Some(granted) => {
+                    map.insert(HOLDERS.to_string(), granted);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        };
+        let set: HolderSet = serde_json::from_value(value).map_err(|e| not_a_set(&e))?;
+        if queued != set.queue.is_some() {
+            return Err(ForeignRecord::new(
+                "a lockwarden holder set whose queue and holder field disagree \
+                 (a queued set names its holders `granted`)",
+            ));
+        }
+        // A queue makes a one-permit key a set (a queued mutex).
+        let fewest = if queued { 1 } else { 2 };
+        if set.permits < fewest || set.permits > Permits::MAX {
             return Err(ForeignRecord::new(format!(
-                "a lockwarden holder set with {} permits (expected 2 to {})",
+                "a lockwarden holder set with {} permits (expected {fewest} to {})",
                 set.permits,
                 Permits::MAX
+            )));
+        }
+        let mut entries = set
+            .holders
+            .iter()
+            .chain(set.queue.iter().flat_map(|q| q.waiters.iter()));
+        if let Some(bad) = entries.find(|e| e.weight == 0 || e.weight > set.permits) {
+            return Err(ForeignRecord::new(format!(
+                "a lockwarden holder set with an entry of weight {} on {} permits",
+                bad.weight, set.permits
             )));
         }
         Ok(set)
     }
 }
+
+/// The field a set's holders are stored under; a queued set's are under [`GRANTED`].
+const HOLDERS: &str = "holders";
+const GRANTED: &str = "granted";
 
 pub(super) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)

@@ -32,6 +32,7 @@ use super::cas::CasLock;
 use super::clock::HolderDeadline;
 use super::error::{HeldBy, LockError, LostReason};
 use super::permits::{HolderSet, Mode, SetEntry};
+use super::queue;
 use super::record::{FenceToken, LockRecord, LockState, Stored, UnknownFields, Version, random_id};
 
 /// How many times one acquisition attempt re-reads after losing a write race before it
@@ -51,7 +52,7 @@ pub fn lost_write_races() -> u64 {
     LOST_WRITE_RACES.load(Ordering::Relaxed)
 }
 
-fn lost_a_race() {
+pub(super) fn lost_a_race() {
     LOST_WRITE_RACES.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -71,9 +72,20 @@ pub(super) struct SetContender {
     observed: HashMap<String, (String, Instant)>,
     /// Rule 4: our acquisition entry whose write's outcome we never learned.
     pending: Option<(SetEntry, Instant)>,
-    /// Our registration as the waiting writer, reused across attempts so others see
-    /// one live entry.
-    waiting: Option<SetEntry>,
+    /// Our registration as the waiting writer (or in the key's queue), reused across
+    /// attempts so others see one live entry.
+    pub(super) waiting: Option<SetEntry>,
+    /// When we last sent a write of our queue registration: it is refreshed every
+    /// third of its lease (docs/design.md §6.4).
+    pub(super) waiting_written: Option<Instant>,
+}
+
+/// Every entry of a set that expires by rule 1: holders, the waiting writer, waiters.
+fn entries(set: &HolderSet) -> impl Iterator<Item = &SetEntry> {
+    set.holders
+        .iter()
+        .chain(set.waiting_writer.iter())
+        .chain(set.queue.iter().flat_map(|q| q.waiters.iter()))
 }
 
 impl SetContender {
@@ -85,10 +97,9 @@ impl SetContender {
         takeover_after: impl Fn(Duration) -> Duration,
     ) -> Vec<String> {
         let now = Instant::now();
-        let entries = set.holders.iter().chain(set.waiting_writer.iter());
         let mut seen = HashMap::new();
         let mut expired = Vec::new();
-        for e in entries {
+        for e in entries(set) {
             let since = match self.observed.get(&e.nonce) {
                 Some((revision, since)) if *revision == e.revision => *since,
                 _ => now,
@@ -114,17 +125,18 @@ impl SetContender {
         {
             set.waiting_writer = None;
         }
+        if let Some(queue) = set.queue.as_mut() {
+            queue.waiters.retain(|w| !expired.contains(&w.nonce));
+        }
     }
 
     /// How long until the first live entry of `set` could be seen expired.
-    fn next_expiry(
+    pub(super) fn next_expiry(
         &self,
         set: &HolderSet,
         takeover_after: impl Fn(Duration) -> Duration,
     ) -> Duration {
-        set.holders
-            .iter()
-            .chain(set.waiting_writer.iter())
+        entries(set)
             .map(|e| match self.observed.get(&e.nonce) {
                 Some((_, since)) => takeover_after(e.lease()).saturating_sub(since.elapsed()),
                 None => takeover_after(e.lease()),
@@ -136,14 +148,14 @@ impl SetContender {
 
 /// The record as a set, the version a write must name (`None`: create), and the
 /// record's fields this build does not know, which every rewrite carries.
-struct Current {
-    set: HolderSet,
-    version: Option<Version>,
-    unknown: UnknownFields,
+pub(super) struct Current {
+    pub(super) set: HolderSet,
+    pub(super) version: Option<Version>,
+    pub(super) unknown: UnknownFields,
     /// Another tool's lock holds the key (s3lock, dynamolock, client-go): it stands in
     /// `set` as one exclusive entry, observed like any other (rule 1), and the record
     /// is its, so nothing but a grant after its observed expiry may replace it.
-    another_tool: Option<LockRecord>,
+    pub(super) another_tool: Option<LockRecord>,
 }
 
 /// The record a set is stored as. The summary fields are for other tools and older
@@ -152,8 +164,15 @@ struct Current {
 pub(super) fn record_of(set: HolderSet, unknown: &UnknownFields) -> LockRecord {
     let now = SystemTime::now();
     let summary = set.holders.first().cloned();
+    // A queued key with waiters and no holder stays held for other tools: the head is
+    // about to take it (docs/design.md §6.4, foreign tools wait while the queue drains).
+    let queued_for = set
+        .holders
+        .is_empty()
+        .then(|| queue::summary_holder(&set))
+        .flatten();
     LockRecord {
-        holder: holder_summary(&set),
+        holder: queued_for.clone().unwrap_or_else(|| holder_summary(&set)),
         // A fresh id per write: the body (and so an S3 ETag) is unique per write.
         nonce: format!("set:{}", random_id()),
         revision: random_id(),
@@ -164,8 +183,14 @@ pub(super) fn record_of(set: HolderSet, unknown: &UnknownFields) -> LockRecord {
             .map(SetEntry::lease)
             .max()
             .or(set.waiting_writer.as_ref().map(SetEntry::lease))
+            .or(set
+                .queue
+                .iter()
+                .flat_map(|q| q.waiters.iter())
+                .map(SetEntry::lease)
+                .max())
             .unwrap_or(Duration::from_secs(1)),
-        state: if set.holders.is_empty() {
+        state: if set.holders.is_empty() && queued_for.is_none() {
             LockState::Released
         } else {
             LockState::Held
@@ -218,7 +243,7 @@ pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet, unknown: &UnknownFie
 type Replacing<'a> = (Option<&'a Version>, &'a UnknownFields);
 /// With `req.reclaim`: the set without the first entry held under our holder name
 /// (left by an earlier run of this holder), and who that was.
-fn reclaimable(set: &HolderSet, req: &AcquireRequest) -> Option<(HolderSet, HeldBy)> {
+pub(super) fn reclaimable(set: &HolderSet, req: &AcquireRequest) -> Option<(HolderSet, HeldBy)> {
     if !req.reclaim {
         return None;
     }
@@ -287,16 +312,23 @@ impl<S: RecordStore> CasLock<S> {
             Some(set) => HolderSet {
                 permits,
                 waiting_writer: set.waiting_writer.clone(),
+                queue: set.queue.clone(),
                 ..HolderSet::default()
             },
             // Another tool's lock has no permits: held, permits unknown. It counts as
             // one exclusive holder (its revision is the store's version, which every
             // write of that tool changes); the first lockwarden holder after it names
             // the permits.
-            None if r.state == LockState::Held && r.by_another_tool() => {
+            // A queued mutex contender (docs/design.md §6.4) sees a held mutex record
+            // the same way, as its one exclusive holder, observed by the record's
+            // version; the record is ours, so its unknown fields are carried.
+            None if r.state == LockState::Held
+                && (r.by_another_tool() || (req.queue.is_some() && permits == 1)) =>
+            {
                 let mut entry = SetEntry::new(&r.holder, r.fence, r.lease, Mode::Exclusive, None);
                 entry.nonce = r.nonce.clone();
                 entry.revision = stored.version.0.clone();
+                let another_tool = r.by_another_tool();
                 return Ok(Current {
                     set: HolderSet {
                         permits,
@@ -305,9 +337,13 @@ impl<S: RecordStore> CasLock<S> {
                         ..HolderSet::default()
                     },
                     version: Some(stored.version.clone()),
-                    // The record is the other tool's: nothing of it is ours to carry.
-                    unknown: UnknownFields::new(),
-                    another_tool: Some(r.clone()),
+                    // Another tool's record: nothing of it is ours to carry.
+                    unknown: if another_tool {
+                        UnknownFields::new()
+                    } else {
+                        r.unknown.clone()
+                    },
+                    another_tool: another_tool.then(|| r.clone()),
                 });
             }
             None if r.state == LockState::Held => {
@@ -340,8 +376,8 @@ impl<S: RecordStore> CasLock<S> {
         if req.force {
             return Err(LockError::Backend {
                 url: self.url(),
-                message: "force is not supported on a key with more than one permit: \
-                          release the holders instead"
+                message: "force is not supported on a key with more than one permit or a \
+                          queue: release the holders instead"
                     .into(),
             });
         }
@@ -364,6 +400,22 @@ impl<S: RecordStore> CasLock<S> {
             } = self.as_set(req, stored.as_ref())?;
             last_seen = Some(set.clone());
             st.set.drop_expired(&mut set, takeover_after);
+            if req.queue.is_some() || set.queue.is_some() {
+                // A queued key (or a queued contender): docs/design.md §6.4.
+                let current = Current {
+                    set,
+                    version,
+                    unknown,
+                    another_tool,
+                };
+                match self.queued_attempt(&mut st.set, req, current).await? {
+                    Some(attempt) => return Ok(attempt),
+                    None => {
+                        back_off(attempt).await;
+                        continue;
+                    }
+                }
+            }
             let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
             if let Some(holder) = another_tool.filter(|_| !set.holders.is_empty()) {
                 // Busy, and no waiting-writer registration: the record is the other
@@ -503,7 +555,7 @@ impl<S: RecordStore> CasLock<S> {
     }
 
     /// Creates the record or replaces `version` with it.
-    async fn write_set(
+    pub(super) async fn write_set(
         &self,
         version: Option<&Version>,
         record: &LockRecord,
@@ -516,7 +568,7 @@ impl<S: RecordStore> CasLock<S> {
 
     /// The grant's one conditional write, with rule 4 for a lost reply. `None`: lost a
     /// race (re-read and decide again).
-    async fn write_grant(
+    pub(super) async fn write_grant(
         &self,
         st: &mut SetContender,
         (version, unknown): Replacing<'_>,
@@ -717,7 +769,16 @@ impl<S: RecordStore> CasLock<S> {
             }
             let mut set = base.clone();
             set.holders.retain(|h| h.nonce != lease.record.nonce);
-            let empty = set.holders.is_empty() && set.waiting_writer.is_none();
+            if let Some(queue) = set.queue.as_mut() {
+                // For the queue's expected start (informational: wall clock).
+                let held = SystemTime::now()
+                    .duration_since(lease.record.acquired_at)
+                    .unwrap_or_default();
+                queue.record_hold(held);
+            }
+            let empty = set.holders.is_empty()
+                && set.waiting_writer.is_none()
+                && set.queue.as_ref().is_none_or(|q| q.waiters.is_empty());
             match self
                 .store
                 .replace(&version, &record_of(set, &unknown))
@@ -772,6 +833,7 @@ impl<S: RecordStore> CasLock<S> {
     /// Gives up waiting: takes our waiting-writer registration back out of the set.
     pub(super) async fn abandon_permit(&self) {
         let mut st = self.state.lock().await;
+        st.set.waiting_written = None;
         let Some(waiting) = st.set.waiting.take() else {
             return;
         };
@@ -786,10 +848,14 @@ impl<S: RecordStore> CasLock<S> {
             let Some(mut set) = record.set.clone() else {
                 return;
             };
-            if set.waiting_writer.as_ref().map(|w| &w.nonce) != Some(&waiting.nonce) {
+            let ours = |w: &SetEntry| w.nonce == waiting.nonce;
+            if let Some(queue) = set.queue.as_mut().filter(|q| q.waiters.iter().any(ours)) {
+                queue.waiters.retain(|w| !ours(w));
+            } else if set.waiting_writer.as_ref().is_some_and(ours) {
+                set.waiting_writer = None;
+            } else {
                 return;
             }
-            set.waiting_writer = None;
             match self
                 .store
                 .replace(&version, &record_of(set, &record.unknown))

@@ -249,6 +249,7 @@ mod tests {
             permits: Permits::semaphore(3).total,
             holders: vec![entry("a", 6), entry("b", 8)],
             waiting_writer: None,
+            queue: None,
             last_fence: FenceToken(8),
             unknown: Default::default(),
         });

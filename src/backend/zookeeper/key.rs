@@ -134,6 +134,13 @@ impl StoreKey for ZkKey {
     fn supports_lock_delay(&self) -> bool {
         false
     }
+
+    /// The queue is the sequence of entries, and "the lowest sequence holds" is what
+    /// every client of the key (kafka-kit, Curator, earlier lockwarden) obeys: a
+    /// priority would let two of them hold at once (docs/design.md §6.4).
+    fn supports_priorities(&self) -> bool {
+        false
+    }
 }
 
 impl fmt::Display for ZkKey {

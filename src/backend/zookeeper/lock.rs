@@ -18,7 +18,8 @@ use super::{definite, permanent, session_ended};
 use crate::lock::error::{Cause, While};
 use crate::lock::{
     AcquireRequest, Attempt, ForeignRecord, HeldBy, HolderDeadline, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, Mode, SafetyMargins, Stored, UnknownFields, Version,
+    LockRecord, LockState, LostReason, Mode, Queueing, SafetyMargins, Stored, UnknownFields,
+    Version,
 };
 
 /// One lock path in ZooKeeper, as seen by one contender: each `ZkLock` has at most one
@@ -395,6 +396,19 @@ impl LockBackend for ZkLock {
         }
         if !req.lock_delay.is_zero() {
             return Err(lock_delay_refused(&self.url));
+        }
+        if req.queue.is_some_and(|q| q != Queueing::default()) {
+            // docs/design.md §6.4: the entries' sequence is the queue every client of
+            // the key obeys ("the lowest sequence holds"); a grant by priority or
+            // weight would let one of them hold next to another.
+            return Err(LockError::Backend {
+                url: self.url.clone(),
+                message: "a queue priority or weight is not supported on ZooKeeper: its queue \
+                          is the order of the entries, which kafka-kit, Curator and earlier \
+                          lockwarden builds obey; they would hold the key beside a waiter \
+                          granted out of that order"
+                    .into(),
+            });
         }
         let mut st = self.state.lock().await;
         let mut forced_from = None;

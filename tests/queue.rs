@@ -1,0 +1,301 @@
+//! Queues (docs/design.md §6.4) against the real servers, on S3, DynamoDB and Leases:
+//! arrival order across two "clusters" and the CLI, a priority overtaking, weights.
+//!
+//! Orders are asserted, never timings: the grant order is read off the fences (every
+//! grant takes the key's next one), and the arrival order is the order in which the
+//! test let each contender register (each registration is confirmed in the store
+//! before the next contender starts).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockwarden::lock::{
+    AcquireRequest, Attempt, Lease, LockBackend, LockRecord, Permits, Queueing, Stored,
+};
+use support::cli::Cli;
+use support::keys::Key;
+use tokio::time::{Instant, sleep};
+
+/// Far beyond anything a loaded 2-core machine needs for one step.
+const GIVE_UP: Duration = Duration::from_secs(120);
+
+fn queued(holder: &str, cluster: &str, priority: i32) -> AcquireRequest {
+    AcquireRequest {
+        cluster: Some(cluster.into()),
+        queue: Some(Queueing {
+            priority,
+            weight: 1,
+        }),
+        ..AcquireRequest::new(holder, Duration::from_secs(30))
+    }
+}
+
+/// The key's record as stored now.
+async fn record(key: &Key) -> LockRecord {
+    match key.handle().await.inspect().await.expect("read the key") {
+        Some(Stored { record: Ok(r), .. }) => r,
+        other => panic!("expected a lockwarden record, found {other:?}"),
+    }
+}
+
+/// The holders registered in the key's queue, in ticket order.
+async fn registered(key: &Key) -> Vec<String> {
+    let record = record(key).await;
+    let mut waiters = record
+        .set
+        .and_then(|s| s.queue)
+        .map(|q| q.waiters)
+        .unwrap_or_default();
+    waiters.sort_by_key(|w| w.ticket);
+    waiters.into_iter().map(|w| w.holder).collect()
+}
+
+/// Waits until `holder` is registered in the key's queue.
+async fn until_registered(key: &Key, holder: &str) {
+    let give_up = Instant::now() + GIVE_UP;
+    while !registered(key).await.iter().any(|h| h == holder) {
+        assert!(Instant::now() < give_up, "{holder} never registered");
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One attempt that must find the key busy and register (or keep) a place.
+async fn register(lock: &dyn LockBackend, req: &AcquireRequest) -> u32 {
+    let give_up = Instant::now() + GIVE_UP;
+    loop {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Busy {
+                queue_position: Some(p),
+                ..
+            }) => return p,
+            Ok(other) => panic!("{} should have queued: {other:?}", req.holder),
+            Err(e) if e.is_transient() => {}
+            Err(e) => panic!("{}: {e}", req.holder),
+        }
+        assert!(Instant::now() < give_up, "{} never registered", req.holder);
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for the grant as `lockwarden` does: tries again when the attempt says.
+async fn take(lock: &dyn LockBackend, req: &AcquireRequest) -> Lease {
+    let give_up = Instant::now() + GIVE_UP;
+    loop {
+        let pause = match lock.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => return lease,
+            Ok(Attempt::Busy { retry_in, .. }) => retry_in.unwrap_or(Duration::from_millis(100)),
+            Err(e) if e.is_transient() => Duration::from_millis(50),
+            Err(e) => panic!("{}: {e}", req.holder),
+        };
+        assert!(Instant::now() < give_up, "{} never granted", req.holder);
+        lock.changed(pause.min(Duration::from_secs(1))).await;
+    }
+}
+
+/// The grants seen: (fence, holder).
+type Grants = Arc<Mutex<Vec<(u64, String)>>>;
+
+/// An engine contender: registers (already done), waits its turn, holds briefly.
+async fn engine_contender(lock: Arc<dyn LockBackend>, req: AcquireRequest, grants: Grants) {
+    let lease = take(lock.as_ref(), &req).await;
+    grants
+        .lock()
+        .unwrap()
+        .push((lease.fence().0, req.holder.clone()));
+    sleep(Duration::from_millis(50)).await;
+    lock.release(&lease).await.expect("release");
+}
+
+/// The CLI as a user runs it: `lockwarden lock URL --queue --wait`, then `unlock`.
+async fn cli_contender(cli: Arc<Cli>, url: String, holder: String, grants: Grants) {
+    let file = format!("{holder}.lock");
+    let out = cli
+        .run(&[
+            "lock", &url, "--queue", "--wait", "5m", "--lease", "30s", "--holder", &holder,
+            "--output", &file,
+        ])
+        .await;
+    out.ok();
+    let fence = cli.read_json(&file)["fence"].as_u64().expect("a fence");
+    grants.lock().unwrap().push((fence, holder));
+    cli.run(&["unlock", &file]).await.ok();
+}
+
+fn cli_for(key: &Key) -> (Cli, String) {
+    match key {
+        Key::S3 {
+            endpoint,
+            bucket,
+            key,
+        } => (
+            Cli::new().with("AWS_ENDPOINT_URL", endpoint.clone()),
+            format!("s3://{bucket}/{key}"),
+        ),
+        Key::Dynamo {
+            endpoint,
+            table,
+            key,
+        } => (
+            Cli::new().with("AWS_ENDPOINT_URL", endpoint.clone()),
+            format!("dynamodb://{table}/{key}"),
+        ),
+        Key::Lease {
+            kubeconfig,
+            namespace,
+            name,
+        } => (
+            Cli::new().with("KUBECONFIG", kubeconfig.display().to_string()),
+            format!("k8s://{namespace}/{name}"),
+        ),
+        Key::ZooKeeper { .. } => panic!("ZooKeeper keeps its own queue"),
+    }
+}
+
+/// 20 engine contenders of two clusters and 2 CLI `lock --queue --wait` processes
+/// register one after the other while the key is held; then all of them wait at once.
+/// Sorted by fence, the grants are the arrival order.
+async fn arrival_order_across_clusters(key: Key) {
+    let first = key.handle().await;
+    let held = take(first.as_ref(), &queued("first", "east", 0)).await;
+    let (cli, url) = cli_for(&key);
+    let cli = Arc::new(cli);
+    let grants: Grants = Arc::default();
+    let mut arrival = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..22 {
+        if i == 5 || i == 16 {
+            let holder = format!("cli-{i}");
+            tasks.push(tokio::spawn(cli_contender(
+                cli.clone(),
+                url.clone(),
+                holder.clone(),
+                grants.clone(),
+            )));
+            until_registered(&key, &holder).await;
+            arrival.push(holder);
+            continue;
+        }
+        let cluster = if i % 2 == 0 { "east" } else { "west" };
+        let holder = format!("{cluster}/team/lock-{i}");
+        let req = queued(&holder, cluster, 0);
+        let lock = key.handle().await;
+        register(lock.as_ref(), &req).await;
+        tasks.push(tokio::spawn(engine_contender(lock, req, grants.clone())));
+        arrival.push(holder);
+    }
+    assert_eq!(
+        registered(&key).await,
+        arrival,
+        "tickets follow registration"
+    );
+    first.release(&held).await.unwrap();
+    for task in tasks {
+        task.await.expect("a contender failed");
+    }
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort();
+    let order: Vec<String> = grants.into_iter().map(|(_, h)| h).collect();
+    assert_eq!(order, arrival, "granted out of arrival order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_grants_follow_arrival_across_clusters_and_the_cli_on_s3() {
+    arrival_order_across_clusters(Key::s3().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_grants_follow_arrival_across_clusters_and_the_cli_on_dynamodb() {
+    arrival_order_across_clusters(Key::dynamo().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_grants_follow_arrival_across_clusters_and_the_cli_on_a_lease() {
+    arrival_order_across_clusters(Key::lease().await).await;
+}
+
+/// A later waiter with a higher priority goes next; the holder is not preempted; the
+/// overtaken waiter's count is in the record.
+async fn priority_overtakes(key: Key) {
+    let (la, low, high) = (key.handle().await, key.handle().await, key.handle().await);
+    let a = take(la.as_ref(), &queued("a", "east", 0)).await;
+    let low_req = queued("low", "east", 0);
+    let high_req = queued("high", "west", 10);
+    assert_eq!(register(low.as_ref(), &low_req).await, 0);
+    assert_eq!(register(high.as_ref(), &high_req).await, 0);
+    assert_eq!(record(&key).await.set.unwrap().holders[0].holder, "a");
+    la.release(&a).await.unwrap();
+    let h = take(high.as_ref(), &high_req).await;
+    let set = record(&key).await.set.unwrap();
+    let waiter = &set.queue.as_ref().unwrap().waiters[0];
+    assert_eq!((waiter.holder.as_str(), waiter.overtaken), ("low", 1));
+    high.release(&h).await.unwrap();
+    let l = take(low.as_ref(), &low_req).await;
+    assert!(l.fence() > h.fence());
+}
+
+#[tokio::test]
+async fn priority_a_later_higher_priority_waiter_is_granted_next_on_s3() {
+    priority_overtakes(Key::s3().await).await;
+}
+
+#[tokio::test]
+async fn priority_a_later_higher_priority_waiter_is_granted_next_on_dynamodb() {
+    priority_overtakes(Key::dynamo().await).await;
+}
+
+#[tokio::test]
+async fn priority_a_later_higher_priority_waiter_is_granted_next_on_a_lease() {
+    priority_overtakes(Key::lease().await).await;
+}
+
+/// Permits 4, 24 requests of weight 3 and 1 interleaved, each taken, held briefly and
+/// released: never more than 4 permits in use (checked on every grant against the
+/// live holds), every request granted.
+async fn weights(key: Key) {
+    let in_use = Arc::new(Mutex::new(0u32));
+    let mut tasks = Vec::new();
+    for i in 0..24u32 {
+        let weight = if i % 2 == 0 { 3 } else { 1 };
+        let req = AcquireRequest {
+            permits: Permits::semaphore(4),
+            queue: Some(Queueing {
+                priority: 0,
+                weight,
+            }),
+            ..AcquireRequest::new(format!("w{i}-of-{weight}"), Duration::from_secs(30))
+        };
+        let lock = key.handle().await;
+        let in_use = in_use.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = take(lock.as_ref(), &req).await;
+            {
+                let mut n = in_use.lock().unwrap();
+                *n += weight;
+                assert!(*n <= 4, "{n} permits in use after granting {}", req.holder);
+            }
+            sleep(Duration::from_millis(30)).await;
+            *in_use.lock().unwrap() -= weight;
+            lock.release(&lease).await.expect("release");
+        }));
+    }
+    for task in tasks {
+        task.await.expect("a weighted request failed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_s3() {
+    weights(Key::s3().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_dynamodb() {
+    weights(Key::dynamo().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_a_lease() {
+    weights(Key::lease().await).await;
+}
