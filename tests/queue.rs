@@ -11,9 +11,13 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use lockwarden::lock::{
     AcquireRequest, Attempt, Lease, LockBackend, LockRecord, Permits, Queueing, Stored,
 };
+use serde_json::json;
 use support::cli::Cli;
 use support::keys::Key;
 use tokio::time::{Instant, sleep};
@@ -298,4 +302,141 @@ async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_a_lease() {
     weights(Key::lease().await).await;
+}
+
+/// A queued DistributedLock on `key`, named `name` in its cluster's namespace.
+fn queued_lock(name: &str, key: &Key, secret_namespace_has_aws: bool) -> DistributedLock {
+    let mut lock = match key {
+        Key::Lease {
+            namespace,
+            name: lease,
+            ..
+        } => {
+            let mut lock = support::locks::lease_lock(name, lease);
+            lock.spec.backend.kubernetes = Some(KubernetesBackend {
+                lease_name: lease.clone(),
+                namespace: Some(namespace.clone()),
+            });
+            lock
+        }
+        Key::S3 {
+            endpoint,
+            bucket,
+            key,
+        } => {
+            assert!(secret_namespace_has_aws, "an S3 lock needs the aws Secret");
+            support::locks::s3_lock(name, bucket, key, endpoint.clone(), "aws")
+        }
+        _ => panic!("queued DistributedLocks are tested on Leases and S3"),
+    };
+    lock.spec.queue = true;
+    lock
+}
+
+/// Two controllers (cluster-a, cluster-b) with 10 queued DistributedLocks each on one
+/// key, and 2 CLI `lock --queue --wait` processes, register one after the other while
+/// an engine holder holds the key; then the holder lets go and the test releases each
+/// lock as soon as its status says Held. Sorted by fence, the grants are the arrival
+/// order. While they wait, their status shows their place: position and length.
+async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) {
+    let (client, ns_a) = support::kube::namespace_with_controller("queue-a", "cluster-a").await;
+    let (_, ns_b) = support::kube::namespace_with_controller("queue-b", "cluster-b").await;
+    let s3 = matches!(key, Key::S3 { .. });
+    if s3 {
+        support::locks::aws_secret(&client, &ns_a).await;
+        support::locks::aws_secret(&client, &ns_b).await;
+    }
+    let first = key.handle().await;
+    let held = take(first.as_ref(), &queued("first", "east", 0)).await;
+    let (cli, url) = cli_for(&key);
+    let cli = Arc::new(cli);
+    let grants: Grants = Arc::default();
+    let mut arrival = Vec::new();
+    let mut clis = Vec::new();
+    let mut locks = Vec::new();
+    for i in 0..22 {
+        if i == 7 || i == 14 {
+            let holder = format!("cli-{i}");
+            clis.push(tokio::spawn(cli_contender(
+                cli.clone(),
+                url.clone(),
+                holder.clone(),
+                grants.clone(),
+            )));
+            until_registered(&key, &holder).await;
+            arrival.push(holder);
+            continue;
+        }
+        let (cluster, namespace) = if i % 2 == 0 {
+            ("cluster-a", &ns_a)
+        } else {
+            ("cluster-b", &ns_b)
+        };
+        let name = format!("lock-{i}");
+        let api: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
+        api.create(&PostParams::default(), &queued_lock(&name, &key, s3))
+            .await
+            .expect("create a queued lock");
+        let holder = format!("{cluster}/{namespace}/{name}");
+        until_registered(&key, &holder).await;
+        locks.push((api, name, holder.clone()));
+        arrival.push(holder);
+    }
+    // The status of a waiter shows its place: the last one is behind everyone.
+    let (api, name, _) = locks.last().unwrap();
+    let place = support::eventually("the last lock's queue position", GIVE_UP, || async {
+        let status = api.get(name).await.ok()?.status?;
+        Some((status.queue_position?, status.queue_length?))
+    })
+    .await;
+    assert_eq!(place, (21, 22), "position and length of the last to arrive");
+    first.release(&held).await.unwrap();
+    // Release each lock as soon as it holds the key.
+    let give_up = Instant::now() + GIVE_UP * 2;
+    let mut pending: Vec<_> = locks;
+    while !pending.is_empty() {
+        let mut still = Vec::new();
+        for (api, name, holder) in pending {
+            let status = api.get(&name).await.expect("get the lock").status;
+            match status.filter(|s| s.phase == Some(LockPhase::Held)) {
+                Some(s) => {
+                    let fence = s.fence.expect("a held lock's fence") as u64;
+                    grants.lock().unwrap().push((fence, holder));
+                    api.patch(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {"release": true}})),
+                    )
+                    .await
+                    .expect("release the lock");
+                }
+                None => still.push((api, name, holder)),
+            }
+        }
+        pending = still;
+        assert!(
+            Instant::now() < give_up,
+            "{} locks never held",
+            pending.len()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    for task in clis {
+        task.await.expect("a CLI contender failed");
+    }
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort();
+    let order: Vec<String> = grants.into_iter().map(|(_, h)| h).collect();
+    assert_eq!(order, arrival, "granted out of arrival order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_a_lease()
+{
+    queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::lease().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_s3() {
+    queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::s3().await).await;
 }

@@ -106,6 +106,14 @@ impl BackendSpec {
         }
     }
 
+    /// Whether the selected store takes queue priorities and weights (not ZooKeeper).
+    pub fn supports_priorities(&self) -> bool {
+        match self.selected() {
+            Ok(selected) => selected.supports_priorities(),
+            Err(_) => true,
+        }
+    }
+
     /// The checks of the CRD's CEL rules for `spec.backend` at creation.
     pub fn validate(&self) -> Result<(), SpecError> {
         Ok(self.selected()?.validate()?)

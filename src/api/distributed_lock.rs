@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::SpecError;
 use super::backend_spec::{BackendKind, BackendSpec};
 use super::validation::*;
-use crate::lock::{Mode, Permits};
+use crate::lock::{Mode, Permits, Queueing};
 
 /// `spec.leaseDuration` when unset.
 pub const DEFAULT_LEASE_DURATION: &str = "30s";
@@ -41,6 +41,8 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
     printcolumn = r#"{"name":"Fence","type":"integer","jsonPath":".status.fence","description":"Fencing token of the current acquisition"}"#,
     printcolumn = r#"{"name":"Permits","type":"integer","jsonPath":".spec.permits","description":"How many may hold the key at once"}"#,
     printcolumn = r#"{"name":"In Use","type":"integer","jsonPath":".status.permitsInUse","description":"Permits of the key in use, as last seen (keys with more than one permit)"}"#,
+    printcolumn = r#"{"name":"Position","type":"integer","jsonPath":".status.queuePosition","description":"Place in the key's queue while waiting, 0 = next"}"#,
+    printcolumn = r#"{"name":"Expected","type":"string","jsonPath":".status.expectedStart","description":"Expected grant, from the key's recent hold times"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     selectable = ".status.backend",
     selectable = ".status.key",
@@ -53,7 +55,10 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
     validation = renew_below_half_lease(),
     validation = shared_needs_permits(),
     validation = mode_immutable(),
-    validation = lock_delay_needs_a_lease_store()
+    validation = lock_delay_needs_a_lease_store(),
+    validation = needs_a_queue("priority"),
+    validation = needs_a_queue("weight"),
+    validation = weight_at_most_the_permits()
 )]
 pub struct DistributedLockSpec {
     /// Where the lock lives: exactly one of s3, dynamodb, zookeeper, kubernetes.
@@ -119,6 +124,24 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "mode_schema")]
     pub mode: Option<Mode>,
+    /// Wait in the key's queue (docs/design.md §6.4): granted in arrival order (a
+    /// ticket the store hands out), after higher priorities, across every cluster and
+    /// the CLI. On S3, DynamoDB and Leases the queue lives in the key's record; a
+    /// ZooKeeper key is always a queue. A key with a queue is joined by every lock on
+    /// it, queued or not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queue: bool,
+    /// With `queue`: waiters of a higher priority are granted before lower ones (a
+    /// holder is never preempted). Default 0. Values are compared across clusters as
+    /// they are: clusters sharing a key must agree on what they mean. Not supported on
+    /// ZooKeeper.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// With `queue`: how many of the key's `permits` this (shared) lock takes at once.
+    /// Default 1, at most `permits`. Not supported on ZooKeeper.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = Permits::MAX))]
+    pub weight: Option<u32>,
 }
 
 impl Default for DistributedLockSpec {
@@ -135,6 +158,9 @@ impl Default for DistributedLockSpec {
             data: None,
             permits: default_permits(),
             mode: None,
+            queue: false,
+            priority: None,
+            weight: None,
         }
     }
 }
@@ -258,9 +284,20 @@ pub struct DistributedLockStatus {
     /// Informational: when the lease would expire without renewal (wall clock).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<Time>,
-    /// Position in the backend's waiting queue (ZooKeeper), 0 = next.
+    /// Position in the key's queue (a queued lock, or ZooKeeper), 0 = next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i32>,
+    /// How many wait in the key's queue (a queued lock on S3, DynamoDB or a Lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_length: Option<i32>,
+    /// When this waiter may expect its grant, estimated from the key's recent hold
+    /// times (RFC 3339, a string: `kubectl` prints a `date` column in the future as
+    /// `<invalid>`); unset until the key has hold times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_start: Option<String>,
+    /// How many later arrivals of a higher priority were granted before this waiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overtaken: Option<u32>,
     /// When this lock began waiting for its key (wall clock): `acquireTimeout` counts
     /// from here, also across controller restarts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -341,6 +378,40 @@ impl DistributedLockSpec {
         }
     }
 
+    /// What `queue`, `priority` and `weight` ask for: `None` without a queue, and on
+    /// ZooKeeper, whose key is a queue by itself (docs/design.md §6.4).
+    pub fn queueing(&self) -> Result<Option<Queueing>, SpecError> {
+        let invalid = |field: &str, message: String| SpecError::Invalid {
+            field: field.into(),
+            message,
+        };
+        let on_zookeeper = !self.backend.supports_priorities();
+        for (field, given) in [
+            ("spec.priority", self.priority.is_some()),
+            ("spec.weight", self.weight.is_some()),
+        ] {
+            if given && (!self.queue || on_zookeeper) {
+                return Err(invalid(
+                    field,
+                    "needs queue: true, on S3, DynamoDB or a Lease (a ZooKeeper key's queue is \
+                     the order of its entries, which every client of the key obeys)"
+                        .into(),
+                ));
+            }
+        }
+        if !self.queue || on_zookeeper {
+            return Ok(None);
+        }
+        let queueing = Queueing {
+            priority: self.priority.unwrap_or(0),
+            weight: self.weight.unwrap_or(1),
+        };
+        queueing
+            .validate(self.permits())
+            .map_err(|message| invalid("spec.weight", message))?;
+        Ok(Some(queueing))
+    }
+
     /// The holder identity: `holderIdentity`, or `<cluster_name>/<namespace>/<name>`
     /// when it is unset or empty.
     pub fn holder_identity(&self, cluster_name: &str, namespace: &str, name: &str) -> String {
@@ -383,6 +454,7 @@ impl DistributedLockSpec {
             },
             message,
         })?;
+        self.queueing()?;
         if self.holder_identity.as_ref().is_some_and(|h| h.len() > 512) {
             return Err(SpecError::Invalid {
                 field: "spec.holderIdentity".into(),

@@ -57,6 +57,28 @@ pub(crate) fn lock_delay_needs_a_lease_store() -> Rule {
         .field_path(".lockDelay")
 }
 
+/// `spec.priority` / `spec.weight` need `queue: true` on a store whose queue lives in
+/// the record (docs/design.md §6.4).
+pub(crate) fn needs_a_queue(field: &'static str) -> Rule {
+    Rule::new(format!(
+        "!has(self.{field}) || (has(self.queue) && self.queue && !has(self.backend.zookeeper))"
+    ))
+    .msg(format!(
+        "{field} needs queue: true, on S3, DynamoDB or a Lease (a ZooKeeper key's queue is \
+         the order of its entries, which every client of the key obeys)"
+    ))
+    .field_path(format!(".{field}"))
+}
+
+pub(crate) fn weight_at_most_the_permits() -> Rule {
+    Rule::new(
+        "!has(self.weight) || self.weight == 1 || \
+         (self.weight <= self.permits && (!has(self.mode) || self.mode != 'exclusive'))",
+    )
+    .msg("weight must be at most permits, on a shared lock (an exclusive one takes them all)")
+    .field_path(".weight")
+}
+
 pub(crate) fn exactly_one_backend() -> Rule {
     let count = BackendKind::ALL
         .iter()

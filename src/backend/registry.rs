@@ -543,6 +543,11 @@ impl<'a> SelectedSpec<'a> {
     pub fn supports_lock_delay(&self) -> bool {
         on_spec!(*self, spec => spec.supports_lock_delay())
     }
+
+    /// Whether a queued lock may ask for a priority or a weight here.
+    pub fn supports_priorities(&self) -> bool {
+        on_spec!(*self, spec => spec.supports_priorities())
+    }
 }
 
 #[cfg(test)]

@@ -39,6 +39,11 @@ pub trait StoreSpec {
     fn supports_lock_delay(&self) -> bool {
         true
     }
+
+    /// Whether a queued lock may ask for a priority or a weight (docs/design.md §6.4).
+    fn supports_priorities(&self) -> bool {
+        true
+    }
 }
 
 /// Why a field of `spec.backend` cannot be used. `field` is its whole path

@@ -47,7 +47,7 @@ use crate::api::conditions::reason;
 use crate::api::{DistributedLock, LockPhase, SpecError};
 use crate::lock::{
     AcquireRequest, Attempt, CONNECT_TIMEOUT, HolderState, Lease, LockBackend, LockError,
-    LockRecord, LostReason, RenewPolicy, Stored,
+    LockRecord, LostReason, QueueView, RenewPolicy, Stored,
 };
 use crate::telemetry::{LockView, LossReason, Telemetry};
 
@@ -730,7 +730,7 @@ impl Reconciling<'_> {
             permits: self.spec.permits,
             cluster: Some(self.ctx.config.cluster_name.clone()),
             lock_delay: self.spec.lock_delay,
-            queue: None,
+            queue: self.spec.queue,
         };
         match timed(
             self.ctx,
@@ -849,6 +849,12 @@ impl Reconciling<'_> {
                 .waiting(&holder.holder, holder.fence, queue_position),
         }
         .with_history_of(holder)
+        .in_queue(
+            holder
+                .set
+                .as_ref()
+                .and_then(|set| QueueView::of_holder(set, &self.spec.holder, SystemTime::now())),
+        )
         .since(Some(since.wall));
         self.write(waiting).await?;
         let mut pause = if backend.watches_changes() {

@@ -3,7 +3,7 @@
 //! the stored status. Times that change on every look (`renewedAt`) are set only when
 //! something else changed, so a steady Held or Waiting lock costs no writes.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -14,7 +14,7 @@ use super::holders::Acquisition;
 use crate::api::conditions::{self, ACQUIRED, reason};
 use crate::api::{DistributedLock, DistributedLockStatus, HistoryEntry, LockPhase};
 use crate::lock::history::{self, Grant};
-use crate::lock::{FenceToken, LockRecord};
+use crate::lock::{FenceToken, LockRecord, QueueView, rfc3339};
 
 /// How a key with more than one permit is held (docs/design.md §6.2), as a record
 /// showed it: for `status.holders` and `status.permitsInUse`.
@@ -75,6 +75,12 @@ pub struct Desired {
     pub nonce: Option<String>,
     pub acquired_at: Option<Time>,
     pub queue_position: Option<i32>,
+    /// Where a queued waiter stands (docs/design.md §6.4): the queue's length, the
+    /// expected start (RFC 3339, whole 10 s so a poll does not rewrite it), how often
+    /// it was overtaken.
+    pub queue_length: Option<i32>,
+    pub expected_start: Option<String>,
+    pub overtaken: Option<u32>,
     /// When the wait for the key began; kept while waiting (`acquireTimeout` counts
     /// from it across restarts).
     pub waiting_since: Option<Time>,
@@ -193,6 +199,27 @@ impl Desired {
         }
     }
 
+    /// Where this waiter stands in the key's queue, if it is in one.
+    pub fn in_queue(self, view: Option<QueueView>) -> Desired {
+        let Some(view) = view else {
+            return self;
+        };
+        let expected_start = view.expected_start.map(|t| {
+            let secs = t
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(secs.div_ceil(10) * 10))
+        });
+        Desired {
+            queue_position: Some(i32::try_from(view.position).unwrap_or(i32::MAX)),
+            queue_length: Some(i32::try_from(view.length).unwrap_or(i32::MAX)),
+            expected_start,
+            overtaken: Some(view.overtaken).filter(|n| *n > 0),
+            ..self
+        }
+    }
+
     /// Waiting since `started` (wall clock).
     pub fn since(self, started: Option<SystemTime>) -> Desired {
         Desired {
@@ -231,6 +258,9 @@ pub fn next_status(lock: &DistributedLock, desired: Desired) -> Option<Distribut
     next.nonce = desired.nonce;
     next.acquired_at = desired.acquired_at;
     next.queue_position = desired.queue_position;
+    next.queue_length = desired.queue_length;
+    next.expected_start = desired.expected_start;
+    next.overtaken = desired.overtaken;
     next.waiting_since = desired.waiting_since;
     next.holders = desired.occupancy.map(|o| o.holders);
     next.permits_in_use = desired.occupancy.map(|o| o.in_use);

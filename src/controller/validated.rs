@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::api::{BackendKind, DistributedLock, SecretRef, SpecError};
 use crate::backend::{ConnectOptions, Target};
-use crate::lock::Permits;
+use crate::lock::{Permits, Queueing};
 
 /// Where a lock lives and how to reach it (everything but the credentials themselves).
 ///
@@ -55,6 +55,8 @@ pub struct ValidatedSpec {
     pub permits: Permits,
     /// `spec.lockDelay` (at most `MAX_LOCK_DELAY`); zero when unset.
     pub lock_delay: Duration,
+    /// `spec.queue`, `spec.priority`, `spec.weight` (checked); `None`: no queue.
+    pub queue: Option<Queueing>,
 }
 
 impl ValidatedSpec {
@@ -71,6 +73,7 @@ impl ValidatedSpec {
             holder: lock.holder_identity(cluster_name),
             permits: spec.permits(),
             lock_delay: spec.lock_delay()?.unwrap_or_default(),
+            queue: spec.queueing()?,
         })
     }
 }

@@ -111,9 +111,23 @@ pub struct QueueView {
 impl QueueView {
     /// Where the waiter with `nonce` stands in `set`'s queue, estimated at `now`.
     pub fn of(set: &HolderSet, nonce: &str, now: SystemTime) -> Option<QueueView> {
+        Self::find(set, now, |w| w.nonce == nonce)
+    }
+
+    /// Where the (first) waiter named `holder` stands: how the controller finds its
+    /// own, whose holder identity names one DistributedLock.
+    pub fn of_holder(set: &HolderSet, holder: &str, now: SystemTime) -> Option<QueueView> {
+        Self::find(set, now, |w| w.holder == holder)
+    }
+
+    fn find(
+        set: &HolderSet,
+        now: SystemTime,
+        ours: impl Fn(&SetEntry) -> bool,
+    ) -> Option<QueueView> {
         let queue = set.queue.as_ref()?;
         let order = queue.in_order();
-        let position = order.iter().position(|w| w.nonce == nonce)?;
+        let position = order.iter().position(|w| ours(w))?;
         Some(QueueView {
             position,
             length: order.len(),
@@ -552,6 +566,9 @@ mod tests {
         let store = MemoryStore::new("mem://locks/queue-dead-holder");
         let la = contender(&store);
         let _dead = acquired(&la, &queued("dead", 0)).await;
+        // Every waiter's observation starts after this: the earliest takeover is the
+        // holder's lease plus the grace from here.
+        let written = Instant::now();
         let waiters: Vec<_> = (0..10).map(|_| contender(&store)).collect();
         let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
         for (lock, name) in waiters.iter().zip(&names) {
@@ -572,7 +589,7 @@ mod tests {
             sleep(Duration::from_millis(20)).await;
         };
         assert!(
-            since.elapsed() >= TAKEOVER_AFTER,
+            written.elapsed() >= TAKEOVER_AFTER,
             "taken before the lease ran out"
         );
         assert_eq!(granted.record.holder, "w0", "the head, first to arrive");
@@ -585,6 +602,8 @@ mod tests {
         let (la, dead, next) = (contender(&store), contender(&store), contender(&store));
         let a = acquired(&la, &queued("a", 0)).await;
         assert_eq!(waits(&dead, &queued("dead", 0)).await, Some(0));
+        // Its last refresh: its waiter lease (the request's, 300 ms) counts from here.
+        let refreshed = Instant::now();
         assert_eq!(waits(&next, &queued("next", 0)).await, Some(1));
         la.release(&a).await.unwrap();
         let since = Instant::now();
@@ -598,7 +617,10 @@ mod tests {
             );
             sleep(Duration::from_millis(20)).await;
         };
-        assert!(since.elapsed() >= TAKEOVER_AFTER / 2);
+        assert!(
+            refreshed.elapsed() >= TAKEOVER_AFTER,
+            "a waiter dropped before its lease and the grace ran out"
+        );
         assert_eq!(lease.record.holder, "next");
         assert!(stored_set(&store).queue.unwrap().waiters.is_empty());
     }

@@ -126,6 +126,19 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["run", g, "--lock-delay", "2h", "--", "true"], 2, vec!["--lock-delay", "\"2h\"", "maximum lock-delay of 10m"]),
         (vec!["lock", "zk://127.0.0.1:1/locks/a", "--lock-delay", "3s"], 2, vec!["--lock-delay 3s: not supported on zk://"]),
         (vec!["run", "zk://127.0.0.1:1/locks/a", "--lock-delay", "3s", "--", "true"], 2, vec!["--lock-delay 3s: not supported on zk://"]),
+        // Queues (docs/design.md §6.4): a weight that could never be granted, a
+        // priority beyond int32, priorities and weights without --queue or on
+        // ZooKeeper, a forced takeover that would not wait its turn.
+        (vec!["lock", g, "--queue", "--permits", "4", "--weight", "5"], 2, vec!["--weight", "weight 5 is more than the key's 4 permits"]),
+        (vec!["run", g, "--queue", "--permits", "4", "--weight", "5", "--", "true"], 2, vec!["--weight", "weight 5 is more than the key's 4 permits"]),
+        (vec!["lock", g, "--queue", "--weight", "0"], 2, vec!["--weight", "at least 1"]),
+        (vec!["lock", g, "--queue", "--permits", "4", "--exclusive", "--weight", "2"], 2, vec!["--weight", "exclusive holder takes all 4 permits"]),
+        (vec!["lock", g, "--queue", "--priority", "3000000000"], 2, vec!["--priority", "3000000000"]),
+        (vec!["lock", g, "--priority", "5"], 2, vec!["--priority", "--queue"]),
+        (vec!["lock", g, "--weight", "2", "--permits", "4"], 2, vec!["--weight", "--queue"]),
+        (vec!["lock", "zk://127.0.0.1:1/locks/a", "--queue", "--priority", "5"], 2, vec!["--priority: not supported on zk://", "lowest first"]),
+        (vec!["run", "zk://127.0.0.1:1/locks/a", "--queue", "--permits", "3", "--weight", "2", "--", "true"], 2, vec!["--weight: not supported on zk://"]),
+        (vec!["lock", g, "--queue", "--force"], 2, vec!["--force with --queue"]),
         // flags
         (vec!["lock", g, "--holder", "a\u{7}b"], 2, vec!["--holder", "printable"]),
         (vec!["lock", g, "--holder", &long_holder], 2, vec!["at most 256 characters"]),

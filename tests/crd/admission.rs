@@ -244,6 +244,44 @@ fn invalid_specs() -> Vec<Invalid> {
             ),
             "spec.lockDelay",
         ),
+        // Queues (docs/design.md §6.4).
+        invalid(
+            "priority without a queue",
+            spec(lease("l"), json!({ "priority": 5 })),
+            "spec.priority",
+        ),
+        invalid(
+            "weight above the permits",
+            spec(
+                lease("l"),
+                json!({ "queue": true, "permits": 4, "weight": 5 }),
+            ),
+            "spec.weight",
+        ),
+        invalid(
+            "weight on an exclusive lock",
+            spec(
+                lease("l"),
+                json!({ "queue": true, "permits": 4, "mode": "exclusive", "weight": 2 }),
+            ),
+            "spec.weight",
+        ),
+        invalid(
+            "priority on a zookeeper backend",
+            spec(
+                zookeeper(json!(["zk:2181"]), "/locks/db"),
+                json!({ "queue": true, "priority": 5 }),
+            ),
+            "spec.priority",
+        ),
+        invalid(
+            "priority beyond int32",
+            spec(
+                lease("l"),
+                json!({ "queue": true, "priority": 3_000_000_000u64 }),
+            ),
+            "spec.priority",
+        ),
         invalid(
             "zero acquireTimeout",
             spec(lease("l"), json!({ "acquireTimeout": "0s" })),

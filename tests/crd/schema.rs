@@ -39,6 +39,7 @@ const REVISION_DIGESTS: &[(u32, &str)] = &[
     (3, "1987db5ae7c6c539"),
     (4, "eea41e3033a5b832"),
     (5, "f9b2932e907d13ca"),
+    (6, "002c8afce5b85c53"),
 ];
 
 /// FNV-1a, 64 bits: stable across Rust releases (std's hashers promise no such thing).
@@ -104,7 +105,8 @@ fn crd_has_names_columns_and_list_map_conditions() {
     assert_eq!(
         columns,
         [
-            "Backend", "Key", "Phase", "Holder", "Fence", "Permits", "In Use", "Age"
+            "Backend", "Key", "Phase", "Holder", "Fence", "Permits", "In Use", "Position",
+            "Expected", "Age"
         ]
     );
     let schema = serde_json::to_value(&version.schema).unwrap();

@@ -56,6 +56,9 @@ async fn status_is_written_through_the_status_subresource() {
         renewed_at: Some(now.clone()),
         lease_expires_at: Some(now.clone()),
         queue_position: Some(0),
+        queue_length: Some(3),
+        expected_start: Some("2026-12-02T15:00:00Z".into()),
+        overtaken: Some(1),
         waiting_since: Some(now.clone()),
         observed_generation: generation,
         holders: Some(2),
@@ -160,7 +163,8 @@ async fn status_is_written_through_the_status_subresource() {
     assert_eq!(
         header,
         [
-            "NAME", "BACKEND", "KEY", "PHASE", "HOLDER", "FENCE", "PERMITS", "IN USE", "AGE"
+            "NAME", "BACKEND", "KEY", "PHASE", "HOLDER", "FENCE", "PERMITS", "IN USE", "POSITION",
+            "EXPECTED", "AGE"
         ]
     );
     let row: Vec<&str> = lines
@@ -169,7 +173,7 @@ async fn status_is_written_through_the_status_subresource() {
         .split_whitespace()
         .collect();
     assert_eq!(
-        &row[..8],
+        &row[..10],
         [
             "job",
             "s3",
@@ -178,7 +182,10 @@ async fn status_is_written_through_the_status_subresource() {
             "cluster-a/ns/job",
             "42",
             "1",
-            "2"
+            "2",
+            "0",
+            // A string column: a `date` column prints a future time as `<invalid>`.
+            "2026-12-02T15:00:00Z"
         ],
         "kubectl get dlock:\n{stdout}"
     );

@@ -162,6 +162,11 @@ impl StoreSpec for ZooKeeperBackend {
     fn supports_lock_delay(&self) -> bool {
         false
     }
+
+    /// The entries' order is the queue every client obeys (docs/design.md §6.4).
+    fn supports_priorities(&self) -> bool {
+        false
+    }
 }
 
 // ---- The servers rule in Rust. ----
