@@ -194,6 +194,19 @@ async fn arrival_order_across_clusters(key: Key) {
         arrival,
         "tickets follow registration"
     );
+    // `lockwarden status` lists the queue in grant order.
+    let out = cli.run(&["status", &url, "-o", "json"]).await;
+    let status: serde_json::Value = serde_json::from_str(&out.ok().stdout).expect("JSON");
+    let listed: Vec<&str> = status["queue"]
+        .as_array()
+        .expect("a queue in status")
+        .iter()
+        .map(|w| w["holder"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed, arrival,
+        "lockwarden status lists the queue in order"
+    );
     first.release(&held).await.unwrap();
     for task in tasks {
         task.await.expect("a contender failed");

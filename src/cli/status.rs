@@ -9,7 +9,7 @@ use super::output::columns;
 use super::{BackendArgs, CliError, PermitArgs, exit};
 use crate::backend::Target;
 use crate::lock::history::{self, Grant};
-use crate::lock::{HolderSet, LockState, Permits, Stored};
+use crate::lock::{HolderSet, LockState, Permits, QueueView, Stored};
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -85,6 +85,9 @@ pub struct Status {
     /// Every holder of a key with more than one permit, in grant order.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub holders: Vec<SetHolder>,
+    /// The key's queue (docs/design.md §6.4), in grant order: position 0 is next.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Vec<Waiter>>,
     /// The key's last grants, oldest first (`--history`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<HistoryEntry>>,
@@ -127,6 +130,52 @@ impl HistoryEntry {
                 acquired_at: g.acquired_at().and_then(rfc3339),
                 ended: g.ended.to_string(),
                 ended_at: g.ended_at().and_then(rfc3339),
+            })
+            .collect()
+    }
+}
+
+/// One waiter in a key's queue.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiter {
+    /// 0 = next.
+    pub position: usize,
+    pub holder: String,
+    pub priority: i32,
+    pub weight: u32,
+    /// The arrival ticket the store handed out.
+    pub ticket: u64,
+    /// How many later arrivals of a higher priority were granted before it.
+    pub overtaken: u32,
+    /// When it registered (wall clock, informational).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<String>,
+    /// Its expected grant, from the key's recent hold times.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_start: Option<String>,
+}
+
+impl Waiter {
+    fn all(set: &HolderSet, now: SystemTime) -> Vec<Waiter> {
+        let Some(queue) = &set.queue else {
+            return Vec::new();
+        };
+        queue
+            .in_order()
+            .into_iter()
+            .enumerate()
+            .map(|(position, w)| Waiter {
+                position,
+                holder: w.holder.clone(),
+                priority: w.priority,
+                weight: w.weight,
+                ticket: w.ticket,
+                overtaken: w.overtaken,
+                waiting_since: rfc3339(w.acquired_at()),
+                expected_start: QueueView::of(set, &w.nonce, now)
+                    .and_then(|v| v.expected_start)
+                    .and_then(rfc3339),
             })
             .collect()
     }
@@ -220,6 +269,7 @@ impl Status {
             permits: None,
             permits_in_use: None,
             holders: Vec::new(),
+            queue: None,
             history: None,
             no_takeover_before: None,
             by_another_tool: false,
@@ -256,6 +306,9 @@ impl Status {
                     s.permits = Some(set.permits);
                     s.permits_in_use = Some(set.in_use());
                     s.holders = SetHolder::all(set);
+                    if set.queue.is_some() {
+                        s.queue = Some(Waiter::all(set, SystemTime::now()));
+                    }
                 }
             }
         }
@@ -355,11 +408,51 @@ impl Status {
         }
         let header = header.iter().map(|h| h.to_string()).collect();
         format!(
-            "{}{note}{}{}",
+            "{}{note}{}{}{}",
             columns(&[header, row]),
             self.holders_table(wide),
+            self.queue_table(),
             self.history_table()
         )
+    }
+
+    /// A queued key: "queue: N waiting" and a row per waiter in grant order. Empty
+    /// for a key without a queue.
+    fn queue_table(&self) -> String {
+        let Some(queue) = &self.queue else {
+            return String::new();
+        };
+        if queue.is_empty() {
+            return "queue: empty\n".into();
+        }
+        let mut rows = vec![
+            [
+                "POSITION",
+                "WAITER",
+                "PRIORITY",
+                "WEIGHT",
+                "WAITING SINCE",
+                "EXPECTED",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+        for w in queue {
+            let mut priority = w.priority.to_string();
+            if w.overtaken > 0 {
+                priority.push_str(&format!(" (overtaken {})", w.overtaken));
+            }
+            rows.push(vec![
+                w.position.to_string(),
+                w.holder.clone(),
+                priority,
+                w.weight.to_string(),
+                dash(&w.waiting_since),
+                dash(&w.expected_start),
+            ]);
+        }
+        format!("queue: {} waiting\n{}", queue.len(), columns(&rows))
     }
 
     /// With `--history`: the key's last grants, oldest first. Empty otherwise.
@@ -512,6 +605,65 @@ mod tests {
             record: Ok(record),
             version: Version("v1".into()),
         }
+    }
+
+    #[test]
+    fn a_queued_key_lists_its_waiters_in_grant_order() {
+        use crate::lock::Queue;
+        let waiter = |holder: &str, ticket, priority| {
+            let mut w = SetEntry::new(
+                holder,
+                FenceToken(0),
+                Duration::from_secs(10),
+                Mode::Exclusive,
+                None,
+            );
+            (w.ticket, w.priority) = (ticket, priority);
+            w
+        };
+        let mut low = waiter("low", 2, 0);
+        low.overtaken = 1;
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(3), Duration::from_secs(30), None);
+        record.set = Some(HolderSet {
+            permits: 1,
+            last_fence: FenceToken(3),
+            holders: vec![waiter("h", 1, 0)],
+            queue: Some(Queue {
+                next_ticket: 4,
+                waiters: vec![low, waiter("high", 3, 5)],
+                hold_ms: vec![10_000],
+                ..Queue::default()
+            }),
+            ..HolderSet::default()
+        });
+        let status = Status::new(
+            "s3://b/k",
+            Some(Stored {
+                record: Ok(record),
+                version: Version("v".into()),
+            }),
+        );
+        let table = status.table(false);
+        let lines: Vec<&str> = table.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| *l == "queue: 2 waiting")
+            .expect(&table);
+        assert!(lines[at + 1].starts_with("POSITION"), "{table}");
+        assert!(
+            lines[at + 2].starts_with("0 ") && lines[at + 2].contains("high"),
+            "{table}"
+        );
+        assert!(
+            lines[at + 3].contains("low") && lines[at + 3].contains("0 (overtaken 1)"),
+            "{table}"
+        );
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["queue"][0]["holder"], "high");
+        assert_eq!(json["queue"][1]["position"], 1);
+        assert_eq!(json["queue"][1]["overtaken"], 1);
+        assert!(json["queue"][1]["expectedStart"].is_string(), "{json}");
     }
 
     #[test]
