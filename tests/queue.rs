@@ -453,3 +453,126 @@ async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arriva
 async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_s3() {
     queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::s3().await).await;
 }
+
+/// Spawns the CLI with `args` in a process group of its own, to SIGKILL whole.
+fn spawn_killable(cli: &Cli, args: &[&str]) -> tokio::process::Child {
+    let mut cmd = cli.command(args);
+    cmd.process_group(0);
+    cmd.spawn().expect("spawn lockwarden")
+}
+
+/// SIGKILLs the process group `child` leads (the CLI and what it started).
+fn sigkill_group(child: &tokio::process::Child) {
+    let pid = child.id().expect("a running child") as i32;
+    // SAFETY: kill(2) with a negative pid signals that process group; no memory is
+    // touched.
+    let sent = unsafe { libc::kill(-pid, libc::SIGKILL) };
+    assert_eq!(sent, 0, "kill the process group {pid}");
+}
+
+/// Rule 1 on the entry: a `lockwarden run --queue` holder is SIGKILLed while 10 queued
+/// waiters keep refreshing their entries (each refresh a new record version); the
+/// head is granted once the dead holder's own entry went unrenewed, the others after
+/// it in order. Then a CLI waiter at the head is SIGKILLed: it stops blocking after
+/// its waiter lease and the next waiter is granted; the dead waiter never holds.
+async fn dead_holder_and_dead_waiter(key: Key) {
+    let (cli, url) = cli_for(&key);
+    let mut holder = spawn_killable(
+        &cli,
+        &[
+            "run", &url, "--queue", "--lease", "3s", "--holder", "doomed", "--", "sleep", "600",
+        ],
+    );
+    let give_up = Instant::now() + GIVE_UP;
+    loop {
+        let stored = key.handle().await.inspect().await.expect("read the key");
+        if let Some(Stored { record: Ok(r), .. }) = stored
+            && r.set
+                .is_some_and(|s| s.holders.iter().any(|h| h.holder == "doomed"))
+        {
+            break;
+        }
+        assert!(Instant::now() < give_up, "the CLI holder never acquired");
+        sleep(Duration::from_millis(50)).await;
+    }
+    let doomed_fence = record(&key).await.fence.0;
+    let mut waiters = Vec::new();
+    for i in 0..10 {
+        let req = queued(&format!("w{i}"), "east", 0);
+        let lock = key.handle().await;
+        register(lock.as_ref(), &req).await;
+        waiters.push((lock, req));
+    }
+    sigkill_group(&holder);
+    holder.wait().await.expect("reap the holder");
+    // Every waiter keeps refreshing (take() tries again as each attempt says); the
+    // grants come in arrival order after the dead holder's entry expired.
+    let grants: Grants = Arc::default();
+    let tasks: Vec<_> = waiters
+        .into_iter()
+        .map(|(lock, req)| tokio::spawn(engine_contender(lock, req, grants.clone())))
+        .collect();
+    for task in tasks {
+        task.await.expect("a waiter failed");
+    }
+    let mut grants = grants.lock().unwrap().clone();
+    grants.sort();
+    assert_eq!(
+        grants[0],
+        (doomed_fence + 1, "w0".to_string()),
+        "the head took over"
+    );
+    let order: Vec<String> = grants.into_iter().map(|(_, h)| h).collect();
+    let arrival: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
+    assert_eq!(order, arrival);
+
+    // A dead waiter at the head.
+    let first = key.handle().await;
+    let held = take(first.as_ref(), &queued("first", "east", 0)).await;
+    let mut dead = spawn_killable(
+        &cli,
+        &[
+            "lock",
+            &url,
+            "--queue",
+            "--wait",
+            "5m",
+            "--holder",
+            "dead-waiter",
+            "--output",
+            "dead.lock",
+        ],
+    );
+    until_registered(&key, "dead-waiter").await;
+    let (next, next_req) = (key.handle().await, queued("next", "west", 0));
+    assert_eq!(register(next.as_ref(), &next_req).await, 1);
+    sigkill_group(&dead);
+    dead.wait().await.expect("reap the dead waiter");
+    first.release(&held).await.unwrap();
+    let granted = take(next.as_ref(), &next_req).await;
+    assert_eq!(granted.record.holder, "next");
+    assert!(
+        registered(&key).await.is_empty(),
+        "the dead waiter was dropped"
+    );
+    assert!(
+        !cli.path("dead.lock").exists(),
+        "the dead waiter never held"
+    );
+    next.release(&granted).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_s3() {
+    dead_holder_and_dead_waiter(Key::s3().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_dynamodb() {
+    dead_holder_and_dead_waiter(Key::dynamo().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_a_lease() {
+    dead_holder_and_dead_waiter(Key::lease().await).await;
+}
