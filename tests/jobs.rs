@@ -24,7 +24,7 @@ use lockwarden::backend::LeaseStore;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
     LOCKS_ANNOTATION, LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
-    STATUS_ANNOTATION, TEMPLATE_ANNOTATION, per_job_lock_name,
+    PRIORITY_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION, per_job_lock_name,
 };
 use lockwarden::controller::{self, ControllerConfig, FINALIZER};
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
@@ -441,6 +441,83 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
     let lock = locks.get("migration").await.unwrap();
     assert!(!lock.spec.release);
     assert_eq!(lock.status.unwrap().fence, Some(fence_of(&again)));
+}
+
+/// A queued template (docs/design.md §6.4): Jobs wait in the key's queue, and a Job
+/// annotated `lockwarden.io/priority` that arrives later runs before an earlier one
+/// without; the waiting Job's status says its place. Nothing runs while the key is
+/// held by someone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_template_jobs_run_by_priority_then_arrival() {
+    let (client, ns) = setup("jobs-priority").await;
+    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let watch = overlap_watch(jobs.clone());
+    let mut template = lease_lock("queued", "queued-key");
+    template.spec.release = true;
+    template.spec.queue = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let queued = |holder: &str| AcquireRequest {
+        queue: Some(Default::default()),
+        ..AcquireRequest::new(holder, Duration::from_secs(30))
+    };
+    let outsider = CasLock::new(LeaseStore::new(client.clone(), &ns, "queued-key"));
+    let held = match outsider.try_acquire(&queued("outsider")).await.unwrap() {
+        Attempt::Acquired(lease) => lease,
+        other => panic!("the outsider should hold the key: {other:?}"),
+    };
+    let registered = |holder: String| {
+        let outsider = &outsider;
+        async move {
+            let record = outsider.inspect().await.ok()??.record.ok()?;
+            let queue = record.set?.queue?;
+            queue
+                .waiters
+                .iter()
+                .any(|w| w.holder == holder)
+                .then_some(())
+        }
+    };
+    for (name, annotations) in [
+        ("early", vec![(TEMPLATE_ANNOTATION, "queued")]),
+        (
+            "urgent",
+            vec![(TEMPLATE_ANNOTATION, "queued"), (PRIORITY_ANNOTATION, "10")],
+        ),
+    ] {
+        let created = jobs
+            .create(&PostParams::default(), &job(name, &annotations, true))
+            .await
+            .unwrap();
+        let holder = format!("{CLUSTER}/{ns}/job/{name}/{}", created.uid().unwrap());
+        eventually(&format!("{name} to be registered"), TIMEOUT, || {
+            registered(holder.clone())
+        })
+        .await;
+        let own = per_job_lock_name(&created);
+        let lock = locks.get(&own).await.unwrap();
+        let expected = (name == "urgent").then_some(10);
+        assert_eq!(lock.spec.priority, expected, "{name}'s lock priority");
+    }
+    outsider.release(&held).await.unwrap();
+    wait_unsuspended(&jobs, "urgent").await;
+    let early = eventually("early to wait first in line", TIMEOUT, || async {
+        let job = jobs.get("early").await.ok()?;
+        let status = job.annotations().get(STATUS_ANNOTATION)?.clone();
+        (is_suspended(&job) && status.contains("queue position 0 of 1")).then_some(status)
+    })
+    .await;
+    assert!(
+        early.contains(&format!("held by {CLUSTER}/{ns}/job/urgent/")),
+        "{early}"
+    );
+    finish(&jobs, "urgent", true).await;
+    wait_unsuspended(&jobs, "early").await;
+    finish(&jobs, "early", true).await;
+    watch.assert_none();
 }
 
 /// Two Jobs naming one lock: one claims it and runs, the other stays suspended saying

@@ -266,6 +266,19 @@ async fn cluster_wide_install_grants_exactly_what_the_controller_needs() {
         )
     };
     rows.push(crd("get", "distributedlocks.lockwarden.io", true));
+    // A gated workload's queue priority from its PriorityClass: read only.
+    rows.push(row(
+        "get",
+        "priorityclasses.scheduling.k8s.io",
+        &Scope::AllNamespaces,
+        true,
+    ));
+    rows.push(row(
+        "update",
+        "priorityclasses.scheduling.k8s.io",
+        &Scope::AllNamespaces,
+        false,
+    ));
     rows.push(crd("get", "jobs.batch.example.com", false));
     rows.push(crd("update", "distributedlocks.lockwarden.io", false));
     rows.push(crd("delete", "distributedlocks.lockwarden.io", false));

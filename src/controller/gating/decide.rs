@@ -15,7 +15,8 @@ use crate::lock::{SafetyMargins, names};
 
 use super::{
     GUARD_ANNOTATION, Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION,
-    ON_LOCK_LOST_ANNOTATION, OnLockLost, TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
+    ON_LOCK_LOST_ANNOTATION, OnLockLost, PRIORITY_ANNOTATION, TEMPLATE_ANNOTATION,
+    TEMPLATES_ANNOTATION,
 };
 
 /// One lock a workload asks for.
@@ -184,6 +185,82 @@ pub fn runs_guard(container: &Container) -> bool {
         && argv.next().map(String::as_str) == Some("guard")
 }
 
+/// Where a gated workload's queue priority comes from (docs/design.md §6.4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueuePriority {
+    /// None asked for: the template's `spec.priority`, if any.
+    Template,
+    /// `lockwarden.io/priority`, or the Pod's resolved `spec.priority`.
+    Value(i32),
+    /// A PriorityClass the Pods name, whose value the controller looks up.
+    Class(String),
+}
+
+/// The workload's queue priority: `lockwarden.io/priority`, else its Pods' priority
+/// (a Pod's is resolved from its class at admission), else its Pods' PriorityClass;
+/// an annotation that is not an int32 is refused, naming it.
+pub fn queue_priority(
+    annotations: &BTreeMap<String, String>,
+    spec: Option<&PodSpec>,
+) -> Result<QueuePriority, String> {
+    if let Some(text) = annotations.get(PRIORITY_ANNOTATION) {
+        return text.trim().parse().map(QueuePriority::Value).map_err(|e| {
+            format!(
+                "not started: {PRIORITY_ANNOTATION} {text:?} is not a priority ({e}): a whole \
+                 number from -2147483648 to 2147483647"
+            )
+        });
+    }
+    Ok(match spec {
+        Some(PodSpec {
+            priority: Some(p), ..
+        }) => QueuePriority::Value(*p),
+        Some(PodSpec {
+            priority_class_name: Some(class),
+            ..
+        }) if !class.is_empty() => QueuePriority::Class(class.clone()),
+        _ => QueuePriority::Template,
+    })
+}
+
+#[cfg(test)]
+mod queue_priority_tests {
+    use super::*;
+
+    #[test]
+    fn the_annotation_goes_first_then_the_pods_priority_then_its_class() {
+        let annotated: BTreeMap<String, String> =
+            [(PRIORITY_ANNOTATION.to_string(), "-7".to_string())].into();
+        let spec = |priority: Option<i32>, class: Option<&str>| PodSpec {
+            priority,
+            priority_class_name: class.map(String::from),
+            ..PodSpec::default()
+        };
+        let none = BTreeMap::new();
+        let with_both = spec(Some(100), Some("high"));
+        assert_eq!(
+            queue_priority(&annotated, Some(&with_both)),
+            Ok(QueuePriority::Value(-7))
+        );
+        assert_eq!(
+            queue_priority(&none, Some(&with_both)),
+            Ok(QueuePriority::Value(100))
+        );
+        assert_eq!(
+            queue_priority(&none, Some(&spec(None, Some("high")))),
+            Ok(QueuePriority::Class("high".into()))
+        );
+        assert_eq!(queue_priority(&none, None), Ok(QueuePriority::Template));
+        let bad: BTreeMap<String, String> =
+            [(PRIORITY_ANNOTATION.to_string(), "urgent".to_string())].into();
+        let err = queue_priority(&bad, None).unwrap_err();
+        assert!(
+            err.contains("lockwarden.io/priority \"urgent\" is not a priority"),
+            "{err}"
+        );
+    }
+}
+
 /// What stands between a workload annotated `lockwarden.io/guard: "true"` and its start:
 /// the containers of `spec` (its Pods' spec) that do not run the guard, in a message
 /// for the Warning; `None` when it does not ask for the guard or every container runs
@@ -303,13 +380,21 @@ pub fn not_held_reason(lock: &DistributedLock) -> (String, bool) {
     match status.phase {
         Some(LockPhase::Waiting) => {
             let holder = status.holder.as_deref().unwrap_or("another holder");
-            let position = status
-                .queue_position
-                .map(|p| format!(", queue position {p}"))
+            let position = match (status.queue_position, status.queue_length) {
+                (Some(p), Some(n)) => format!(", queue position {p} of {n}"),
+                (Some(p), None) => format!(", queue position {p}"),
+                _ => String::new(),
+            };
+            let expected = status
+                .expected_start
+                .as_ref()
+                .map(|t| format!(", expected to start about {t}"))
                 .unwrap_or_default();
+            let position = format!("{position}{expected}");
             // A key with more than one permit has several holders: say how many.
+            // (A queued mutex is stored as a set too: it has one holder to name.)
             let held_by = match (status.holders, status.permits_in_use) {
-                (Some(holders), Some(in_use)) => format!(
+                (Some(holders), Some(in_use)) if lock.spec.permits > 1 => format!(
                     "no permit free: {in_use} of {} in use by {holders} holder{}",
                     lock.spec.permits,
                     if holders == 1 { "" } else { "s" }

@@ -124,7 +124,8 @@ async fn claimed_by_other(
 /// The workload's own lock `name`, created from the template on first use; or why it
 /// cannot be. Its holder identity is the workload's ([`Workload::holder`]) in `cluster`.
 /// A template without `lockDelay` on a store that can carry one gets `needed_delay`,
-/// the delay the workload's Pods need (docs/design.md §6.3).
+/// the delay the workload's Pods need (docs/design.md §6.3); a queued template, the
+/// workload's `priority` when it has one (§6.4).
 pub async fn own_lock(
     locks: &Api<DistributedLock>,
     cluster: &str,
@@ -132,6 +133,7 @@ pub async fn own_lock(
     template: &str,
     name: &str,
     needed_delay: Duration,
+    priority: Option<i32>,
 ) -> Result<Claim, kube::Error> {
     let kind = workload.kind.as_str();
     if let Some(lock) = locks.get_opt(name).await? {
@@ -182,6 +184,11 @@ pub async fn own_lock(
     spec.holder_identity = Some(workload.holder(cluster));
     if spec.lock_delay.is_none() && spec.backend.supports_lock_delay() && !needed_delay.is_zero() {
         spec.lock_delay = Some(format!("{}s", needed_delay.as_secs()));
+    }
+    // The workload's priority (its annotation or PriorityClass) in a queued template's
+    // lock (docs/design.md §6.4); ZooKeeper takes none.
+    if spec.queue && spec.backend.supports_priorities() {
+        spec.priority = priority.or(spec.priority);
     }
     if let Err(e) = crate::lock::names::kubernetes_name(name) {
         return Ok(Claim::Waiting(

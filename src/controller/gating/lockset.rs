@@ -303,6 +303,9 @@ pub struct Taker<'a> {
     pub ended: Option<&'a Ended>,
     /// The lock-delay the workload's Pods need, for its own locks made from templates.
     pub needed_delay: Duration,
+    /// The workload's queue priority, for its own locks made from queued templates
+    /// (`None`: the template's).
+    pub priority: Option<i32>,
 }
 
 impl Taker<'_> {
@@ -374,6 +377,7 @@ impl Taker<'_> {
                     template,
                     &lock.name,
                     self.needed_delay,
+                    self.priority,
                 )
                 .await
             }

@@ -523,6 +523,28 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         Ok(Action::await_change())
     }
 
+    /// The value of a queue priority: a PriorityClass's is read from the API (a
+    /// cluster-wide install may get PriorityClasses); one that cannot be read leaves the
+    /// template's priority, with the reason in the log.
+    async fn priority_value(&self, asked: decide::QueuePriority) -> Option<i32> {
+        use k8s_openapi::api::scheduling::v1::PriorityClass;
+        match asked {
+            decide::QueuePriority::Template => None,
+            decide::QueuePriority::Value(p) => Some(p),
+            decide::QueuePriority::Class(name) => {
+                let classes: Api<PriorityClass> = Api::all(self.locks.clone().into_client());
+                match classes.get_opt(&name).await {
+                    Ok(class) => class.and_then(|c| c.value),
+                    Err(e) => {
+                        tracing::info!(workload = %self.workload.name, class = %name, error = %e,
+                            "cannot read the PriorityClass: the lock template's priority applies");
+                        None
+                    }
+                }
+            }
+        }
+    }
+
     /// Held back: take the locks (claim or create each, one at a time in the global
     /// order), and start it once all are held for it, or say why not.
     async fn start_or_explain(self, settings: &Settings) -> Result<Action, GatingError> {
@@ -551,6 +573,14 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                     return Ok(Action::await_change());
                 }
             };
+        let priority = match decide::queue_priority(self.obj.annotations(), self.obj.pod_spec()) {
+            Ok(asked) => self.priority_value(asked).await,
+            Err(message) => {
+                self.report(EventType::Warning, "InvalidPriority", message)
+                    .await?;
+                return Ok(Action::await_change());
+            }
+        };
         let ordered =
             match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
                 Ok(ordered) => ordered,
@@ -575,6 +605,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             lost: &lost,
             ended: ended.as_ref(),
             needed_delay,
+            priority,
         };
         let ran = match taker.take(&ordered).await? {
             Taking::Held(ran) => ran,

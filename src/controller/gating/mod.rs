@@ -77,6 +77,9 @@ pub const URL_ANNOTATION: &str = "lockwarden.io/url";
 /// `NAME=URL` per lock, space-separated (a ZooKeeper URL's server list has commas), in
 /// the order of [`FENCES_ANNOTATION`].
 pub const URLS_ANNOTATION: &str = "lockwarden.io/urls";
+/// Workload annotation: the priority of its own locks made from a queued template
+/// (docs/design.md §6.4); without it, its Pods' PriorityClass value.
+pub const PRIORITY_ANNOTATION: &str = "lockwarden.io/priority";
 /// Annotation written by lockwarden: why the workload is (still) gated, or what the
 /// controller did.
 pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";
