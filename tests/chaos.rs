@@ -15,9 +15,14 @@
 //! engine contenders only (some exclusive) under the faults that reach them, and check
 //! the permit rules instead of the one-holder ones.
 //!
+//! Queue schedules (`Plan::queue_from_seed`, docs/design.md §6.4) are semaphore
+//! schedules whose contenders wait in the key's queue with priorities and weights.
+//!
 //! `cargo test --test chaos` runs a short version (`CHAOS_SCHEDULES`, default 4: each
-//! backend once; `semaphore_schedules`: `CHAOS_SEMAPHORE_SCHEDULES`, default 2);
-//! `scripts/chaos --schedules N [--seed S] [--backend B] [--semaphore]` a long one.
+//! backend once; `semaphore_schedules`: `CHAOS_SEMAPHORE_SCHEDULES`, default 2;
+//! `queue_schedules`: `CHAOS_QUEUE_SCHEDULES`, default 2);
+//! `scripts/chaos --schedules N [--seed S] [--backend B] [--semaphore | --queue]` a
+//! long one.
 
 mod support;
 
@@ -62,15 +67,43 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// schedules instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_schedules() {
-    let semaphore = std::env::var("CHAOS_SEMAPHORE").is_ok_and(|v| v == "1");
-    run_schedules(semaphore, "CHAOS_SCHEDULES", 4, "summary.json").await;
+    let kind = if std::env::var("CHAOS_QUEUE").is_ok_and(|v| v == "1") {
+        Schedules::Queue
+    } else if std::env::var("CHAOS_SEMAPHORE").is_ok_and(|v| v == "1") {
+        Schedules::Semaphore
+    } else {
+        Schedules::Mutex
+    };
+    run_schedules(kind, "CHAOS_SCHEDULES", 4, "summary.json").await;
+}
+
+/// A short run of queue schedules (two by default): semaphore schedules whose
+/// contenders wait in the key's queue with priorities and weights (docs/design.md
+/// §6.4); `scripts/chaos --queue` runs many.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_schedules() {
+    run_schedules(
+        Schedules::Queue,
+        "CHAOS_QUEUE_SCHEDULES",
+        2,
+        "summary-queue.json",
+    )
+    .await;
+}
+
+/// Which plans a run draws.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Schedules {
+    Mutex,
+    Semaphore,
+    Queue,
 }
 
 /// A short run of semaphore schedules (two by default: two of the four stores).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_schedules() {
     run_schedules(
-        true,
+        Schedules::Semaphore,
         "CHAOS_SEMAPHORE_SCHEDULES",
         2,
         "summary-semaphore.json",
@@ -80,7 +113,7 @@ async fn semaphore_schedules() {
 
 /// Runs `count_var` (default `default_n`) schedules and fails on any violation; the
 /// summary goes to `summary_file` in the world's directory.
-async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary_file: &str) {
+async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, summary_file: &str) {
     let _serial = SERIAL.lock().await;
     // CHAOS_SEEDS=a,b,c reruns exactly those schedules.
     let listed: Option<Vec<u64>> = std::env::var("CHAOS_SEEDS").ok().map(|v| {
@@ -108,11 +141,15 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
             panic!("CHAOS_BACKEND={b:?}: expected one of lease, s3, dynamodb, zookeeper")
         })
     });
-    let kind = if semaphore { "semaphore " } else { "" };
+    let (kind, rerun) = match schedules {
+        Schedules::Mutex => ("", ""),
+        Schedules::Semaphore => ("semaphore ", " CHAOS_SEMAPHORE=1"),
+        Schedules::Queue => ("queue ", " CHAOS_QUEUE=1"),
+    };
     eprintln!(
         "[chaos] {n} {kind}schedules from seed {base} (rerun one: CHAOS_SEED=<seed> \
          CHAOS_SCHEDULES=1{})",
-        if semaphore { " CHAOS_SEMAPHORE=1" } else { "" }
+        rerun
     );
     let started = Instant::now();
     let mut per_backend: BTreeMap<&str, u64> = BTreeMap::new();
@@ -135,10 +172,10 @@ async fn run_schedules(semaphore: bool, count_var: &str, default_n: u64, summary
     let mut s3_fenced = [0usize; 3];
     for i in 0..n {
         let seed = listed.as_ref().map_or(base + i, |l| l[i as usize]);
-        let plan = if semaphore {
-            Plan::semaphore_from_seed(seed, only)
-        } else {
-            Plan::from_seed(seed, only)
+        let plan = match schedules {
+            Schedules::Mutex => Plan::from_seed(seed, only),
+            Schedules::Semaphore => Plan::semaphore_from_seed(seed, only),
+            Schedules::Queue => Plan::queue_from_seed(seed, only),
         };
         let outcome = schedule::run(plan).await;
         let r = &outcome.report;
@@ -441,6 +478,7 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
                 ignores_deadline: broken,
                 start_after: Duration::ZERO,
                 hold: (Duration::from_secs(9), Duration::from_secs(9)),
+                queue: None,
             },
             EngineSpec {
                 slot: 1,
@@ -450,6 +488,7 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
                 ignores_deadline: false,
                 start_after: Duration::from_millis(800),
                 hold: (Duration::from_millis(300), Duration::from_millis(800)),
+                queue: None,
             },
         ],
         clis: vec![],
@@ -500,6 +539,7 @@ fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
         ignores_deadline,
         start_after: Duration::from_millis(start_ms),
         hold: (Duration::from_millis(hold.0), Duration::from_millis(hold.1)),
+        queue: None,
     };
     Plan {
         seed,
@@ -574,6 +614,7 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
             ignores_deadline: false,
             start_after: Duration::from_secs(2),
             hold: (Duration::from_millis(300), Duration::from_millis(800)),
+            queue: None,
         }],
         clis: vec![cli::CliSpec {
             slot: 0,
@@ -662,6 +703,7 @@ fn guard_pause_plan(seed: u64, broken: bool) -> Plan {
             ignores_deadline: false,
             start_after: Duration::from_secs(3),
             hold: (Duration::from_millis(300), Duration::from_millis(800)),
+            queue: None,
         }],
         clis: vec![cli::CliSpec {
             slot: 0,

@@ -19,7 +19,7 @@ use lockwarden::backend::{
 };
 use lockwarden::lock::{
     AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Mode as LockMode,
-    Permits, Wait,
+    Permits, Queueing, Wait,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -185,6 +185,8 @@ pub struct EngineSpec {
     pub start_after: Duration,
     /// How long each hold lasts (then it releases and tries again).
     pub hold: (Duration, Duration),
+    /// Waits in the key's queue with this priority and weight (queue schedules).
+    pub queue: Option<Queueing>,
 }
 
 #[derive(Clone, Debug)]
@@ -222,6 +224,7 @@ impl Plan {
                 ignores_deadline: false,
                 start_after: ms(rng.random_range(0..500)),
                 hold: (ms(200), ms(1500)),
+                queue: None,
             })
             .collect();
         let ctl_lease = if backend == Backend::ZooKeeper {
@@ -453,6 +456,7 @@ impl Plan {
                     ignores_deadline: false,
                     start_after: ms(rng.random_range(0..500)),
                     hold: (ms(200), ms(1500)),
+                    queue: None,
                 });
             }
         }
@@ -520,6 +524,29 @@ impl Plan {
             clis: vec![],
             faults,
         }
+    }
+}
+
+impl Plan {
+    /// A queue schedule (docs/design.md §6.4): a semaphore schedule of its own seed
+    /// whose contenders all wait in the key's queue, with priorities 0–2 and, for
+    /// shared ones, weights up to the permits (at most 3) — on ZooKeeper without
+    /// either (its queue is the entries' order). The checker's permit rules then count
+    /// each write with its weight.
+    pub fn queue_from_seed(seed: u64, backend: Option<Backend>) -> Plan {
+        let mut plan = Plan::semaphore_from_seed(seed ^ 0x9ae_9ae, backend);
+        plan.seed = seed;
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x9ae_51de);
+        let ranked = plan.backend != Backend::ZooKeeper;
+        for e in &mut plan.engines {
+            let weight = match e.permits.mode {
+                LockMode::Shared if ranked => rng.random_range(1..=e.permits.total.min(3)),
+                _ => 1,
+            };
+            let priority = if ranked { rng.random_range(0..=2) } else { 0 };
+            e.queue = Some(Queueing { priority, weight });
+        }
+        plan
     }
 }
 
@@ -1177,11 +1204,12 @@ async fn engine(
     let weight = match permits.mode {
         _ if permits.is_mutex() => 0,
         LockMode::Exclusive => permits.total,
-        LockMode::Shared => 1,
+        LockMode::Shared => spec.queue.map_or(1, |q| q.weight),
     };
     tokio::time::sleep(spec.start_after).await;
     let req = AcquireRequest {
         permits,
+        queue: spec.queue,
         ..AcquireRequest::new(format!("{who}/{key}"), LEASE)
     };
     // When this contender began asking for its next permit: an attempt cut short may
