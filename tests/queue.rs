@@ -576,3 +576,32 @@ async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue
 async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_a_lease() {
     dead_holder_and_dead_waiter(Key::lease().await).await;
 }
+
+/// A key deleted on release (`--s3lock-compatible`) has no record while nobody holds
+/// it, so it cannot keep a queue: `lock --queue` on it is refused, naming why, and
+/// writes nothing.
+#[tokio::test]
+async fn a_queue_is_refused_on_a_key_deleted_on_release() {
+    let key = Key::s3().await;
+    let (cli, url) = cli_for(&key);
+    let out = cli
+        .run(&[
+            "lock",
+            &url,
+            "--queue",
+            "--s3lock-compatible",
+            "--wait",
+            "5s",
+        ])
+        .await;
+    out.expect(
+        1,
+        &[
+            "cannot be kept on a key that is deleted on release",
+            "s3lockCompatible",
+        ],
+        "queue on s3lock-compatible",
+    );
+    let stored = key.handle().await.inspect().await.expect("read the key");
+    assert!(stored.is_none(), "nothing written: {stored:?}");
+}
