@@ -23,8 +23,8 @@ use lockwarden::backend::{
     AwsOptions, ConnectOptions, Credentials, KubernetesOptions, S3Options, Target, ZkSessions,
 };
 use lockwarden::lock::{
-    AcquireRequest, Attempt, HeldLock, Lease, LockBackend, LockError, LockState, Permits, Wait,
-    acquire,
+    AcquireRequest, Attempt, HeldLock, Lease, LockBackend, LockError, LockState, Permits, Queueing,
+    Stored, Wait, acquire,
 };
 use serde_json::Value;
 use support::cli::Cli;
@@ -1442,4 +1442,160 @@ fn claim(marker: &Path, who: &str) {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Queues (docs/design.md §6.4): with lockwarden waiters queued, a release hands the key
+// to the head; the other tools wait until the queue drains, then take the key.
+
+fn queued_request(holder: &str) -> AcquireRequest {
+    AcquireRequest {
+        queue: Some(Queueing::default()),
+        ..request(holder, Duration::from_secs(6))
+    }
+}
+
+/// A queued lockwarden holder (renewed in the background) and a queued lockwarden
+/// waiter, registered, waiting in a task of its own.
+async fn holder_and_queued_waiter(
+    url: &str,
+    options: &ConnectOptions,
+) -> (HeldLock, tokio::task::JoinHandle<HeldLock>) {
+    let holder = HeldLock::acquire(
+        engine(url, options).await,
+        &queued_request("lockwarden-holder"),
+        Wait::No,
+    )
+    .await
+    .expect("a queued holder of a free key");
+    let backend = engine(url, options).await;
+    let waiter = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            HeldLock::acquire(
+                backend,
+                &queued_request("lockwarden-waiter"),
+                Wait::For(TIMEOUT),
+            )
+            .await
+            .expect("the queued waiter is granted")
+        })
+    };
+    eventually("the lockwarden waiter to register", TIMEOUT, || async {
+        let Ok(Some(Stored { record: Ok(r), .. })) = backend.inspect().await else {
+            return None;
+        };
+        let queue = r.set?.queue?;
+        queue
+            .waiters
+            .iter()
+            .any(|w| w.holder == "lockwarden-waiter")
+            .then_some(())
+    })
+    .await;
+    (holder, waiter)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamolock_waits_while_lockwarden_waiters_queue_and_acquires_once_the_queue_drains() {
+    let (table, key, url) = dynamo_key().await;
+    let (holder, waiter) = holder_and_queued_waiter(&url, &aws_options(false)).await;
+    // Past its own lease: the holder's renewals and the waiter's refreshes keep
+    // writing new versions.
+    let mut refused = dynamolock(&table, &key, "d1", "10s");
+    assert_eq!(refused.next().await, "TIMEOUT");
+    holder.release().await.expect("release");
+    let next = waiter.await.expect("the waiter's task");
+    // The release went to the head, not to dynamolock.
+    assert_eq!(dynamolock(&table, &key, "d2", "0s").exit_code().await, 3);
+    next.release().await.expect("release");
+    let mut after = dynamolock(&table, &key, "d3", "0s");
+    after.expect("ACQUIRED").await;
+    after.release().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3lock_waits_while_lockwarden_waiters_queue() {
+    let (bucket, key, url) = s3_key().await;
+    let (holder, waiter) = holder_and_queued_waiter(&url, &aws_options(false)).await;
+    let mut refused = s3lock(&bucket, &key, "3s");
+    assert_eq!(refused.next().await, "TIMEOUT");
+    holder.release().await.expect("release");
+    let next = waiter.await.expect("the waiter's task");
+    assert_ne!(s3lock(&bucket, &key, "0s").exit_code().await, 0);
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_waits_while_lockwarden_waiters_queue_and_leads_once_the_queue_drains() {
+    let ns = kube_namespace("interop-lease").await;
+    let name = unique("lease");
+    let url = format!("k8s://{ns}/{name}");
+    let options = ConnectOptions {
+        kubernetes: KubernetesOptions {
+            client: Some(ControlPlane::shared().client().await),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (holder, waiter) = holder_and_queued_waiter(&url, &options).await;
+    // Over several of its lease durations (4 s).
+    let mut refused = leader(&ns, &name, "go-refused", &["--wait", "10s"]);
+    assert_eq!(refused.next().await, "TIMEOUT");
+    let mut waiting = leader(&ns, &name, "go-waiting", &[]);
+    holder.release().await.expect("release");
+    let next = waiter.await.expect("the waiter's task");
+    assert!(next.is_held(), "{:?}", next.state());
+    assert_eq!(
+        waiting.has_event().await,
+        None,
+        "client-go led beside the head"
+    );
+    next.release().await.expect("release");
+    waiting.expect("ACQUIRED").await;
+    waiting.release().await;
+}
+
+/// On ZooKeeper the queue is the entries' order: a queued lockwarden waiter between a
+/// kafka-kit holder and a later kafka-kit waiter is granted in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_kit_and_a_queued_lockwarden_waiter_keep_the_entries_order() {
+    let path = format!("/{}", unique("interop-kk-queue"));
+    let (mut first, _) = kafkakit_until(&path, "0s", &[], "ACQUIRED").await;
+    let backend = zk_engine(&path);
+    // Told once lockwarden's entry has queued (its first busy attempt).
+    let (queued, mut queued_rx) = tokio::sync::mpsc::unbounded_channel();
+    let ours = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            lockwarden::lock::acquire_with_progress(
+                backend.as_ref(),
+                &queued_request("lockwarden"),
+                Wait::For(TIMEOUT),
+                move |_, position| {
+                    let _ = queued.send(position);
+                },
+            )
+            .await
+        })
+    };
+    let position = tokio::time::timeout(TIMEOUT, queued_rx.recv())
+        .await
+        .expect("lockwarden queued in time")
+        .expect("a position");
+    assert_eq!(position, Some(0), "behind kafka-kit's holder");
+    let (mut later, _) = kafkakit_until(&path, "60s", &[], "WAITING").await;
+    first.release().await;
+    let lease = ours
+        .await
+        .unwrap()
+        .expect("lockwarden is next in the entries' order");
+    assert_eq!(
+        later.has_event().await,
+        None,
+        "kafka-kit took the key out of order"
+    );
+    backend.release(&lease).await.expect("release");
+    later.expect("ACQUIRED").await;
+    later.release().await;
 }
