@@ -856,6 +856,20 @@ impl Reconciling<'_> {
                 .and_then(|set| QueueView::of_holder(set, &self.spec.holder, SystemTime::now())),
         )
         .since(Some(since.wall));
+        // A write that would only move this waiter's place waits its turn (n waiters
+        // must not mean n² writes per drain); the status keeps the place it shows.
+        let waiting = match self.lock.status.as_ref() {
+            Some(current)
+                if status::only_the_place_moved(self.lock, &waiting)
+                    && !self
+                        .ctx
+                        .waiters
+                        .may_show_place(&self.obj, waiting.queue_position == Some(0)) =>
+            {
+                waiting.keeping_place_of(current)
+            }
+            _ => waiting,
+        };
         self.write(waiting).await?;
         let mut pause = if backend.watches_changes() {
             self.watch_for_change(backend);

@@ -220,6 +220,17 @@ impl Desired {
         }
     }
 
+    /// The same, with the queue place `current` shows.
+    pub fn keeping_place_of(self, current: &DistributedLockStatus) -> Desired {
+        Desired {
+            queue_position: current.queue_position,
+            queue_length: current.queue_length,
+            expected_start: current.expected_start.clone(),
+            overtaken: current.overtaken,
+            ..self
+        }
+    }
+
     /// Waiting since `started` (wall clock).
     pub fn since(self, started: Option<SystemTime>) -> Desired {
         Desired {
@@ -241,6 +252,23 @@ impl Desired {
     pub fn failed(self, why: &'static str, message: String) -> Desired {
         self.not_held(LockPhase::Failed, why, message)
     }
+}
+
+/// Whether writing `desired` would change nothing but the waiter's place in the queue
+/// (position, length, expected start, overtaken).
+pub fn only_the_place_moved(lock: &DistributedLock, desired: &Desired) -> bool {
+    let Some(current) = lock.status.as_ref() else {
+        return false;
+    };
+    let place_moved = current.queue_position != desired.queue_position
+        || current.queue_length != desired.queue_length
+        || current.expected_start != desired.expected_start
+        || current.overtaken != desired.overtaken;
+    if !place_moved {
+        return false;
+    }
+    let keeping = desired.clone().keeping_place_of(current);
+    next_status(lock, keeping).is_none()
 }
 
 /// The status to write, or `None` when the stored one already says it all.

@@ -21,6 +21,10 @@ use crate::api::DistributedLock;
 pub const POLL_MIN: Duration = Duration::from_millis(100);
 pub const POLL_MAX: Duration = Duration::from_secs(2);
 
+/// The shortest time between two status writes of one waiter that only move its place
+/// in the key's queue (docs/design.md §6.4).
+pub const PLACE_INTERVAL: Duration = Duration::from_secs(5);
+
 /// When a wait began: by this process's clock, plus how long it had already lasted
 /// before this process took it over (a restart: the start is kept in status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +71,8 @@ struct Waiter<B> {
     poll: Duration,
     /// The task waiting on the store's watch, if one is running.
     watch: Option<AbortHandle>,
+    /// When a status write last showed its place in the key's queue.
+    place_shown: Option<std::time::Instant>,
 }
 
 struct Index<B> {
@@ -138,6 +144,7 @@ impl<B: Clone> WaiterIndex<B> {
                 since,
                 poll: POLL_MIN,
                 watch: None,
+                place_shown: None,
             },
         );
         index
@@ -187,6 +194,25 @@ impl<B: Clone> WaiterIndex<B> {
             .collect()
     }
 
+    /// Whether a status write that only moves `obj`'s place in the queue may go now:
+    /// at most one per [`PLACE_INTERVAL`] each (a grant moves every waiter, and n
+    /// waiters must not mean n² writes), except that becoming next (position 0) is
+    /// always shown. Records the write when it may go.
+    pub fn may_show_place(&self, obj: &Obj, next: bool) -> bool {
+        let mut index = self.index.lock().expect("waiters");
+        let Some(w) = index.waiters.get_mut(obj) else {
+            return true;
+        };
+        let now = std::time::Instant::now();
+        let due = w
+            .place_shown
+            .is_none_or(|t| now.duration_since(t) >= PLACE_INTERVAL);
+        if due || next {
+            w.place_shown = Some(now);
+        }
+        due || next
+    }
+
     /// The pause before `obj`'s next attempt: [`POLL_MIN`] at first, then 1.5 times
     /// longer each time, up to [`POLL_MAX`].
     pub fn next_poll(&self, obj: &Obj) -> Duration {
@@ -208,6 +234,25 @@ mod tests {
 
     fn obj(name: &str) -> Obj {
         ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn a_waiters_place_is_shown_at_most_once_per_interval_unless_it_is_next() {
+        let waiters = WaiterIndex::<&str>::default();
+        let a = obj("a");
+        // Not waiting (yet): nothing to limit.
+        assert!(waiters.may_show_place(&a, false));
+        waiters.insert(&a, "ua", "s3://b/k", "backend a", WaitStart::now());
+        assert!(
+            waiters.may_show_place(&a, false),
+            "the first place is shown"
+        );
+        assert!(
+            !waiters.may_show_place(&a, false),
+            "a second within the interval is not"
+        );
+        assert!(waiters.may_show_place(&a, true), "becoming next always is");
+        assert!(!waiters.may_show_place(&a, false));
     }
 
     #[test]
