@@ -12,7 +12,8 @@ use std::time::Duration;
 use lockwarden::backend::{ZkLock, ZkSessions};
 use lockwarden::lock::{
     AcquireRequest, Attempt, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockError,
-    LockRecord, LockState, LostReason, Mode as PermitMode, Permits, RenewPolicy, Wait, acquire,
+    LockRecord, LockState, LostReason, Mode as PermitMode, Permits, Queueing, RenewPolicy, Wait,
+    acquire,
 };
 use rand::Rng;
 use tokio::time::Instant;
@@ -169,6 +170,66 @@ async fn rule8_a_lock_delay_is_refused_on_zookeeper() {
     assert!(queued.is_empty(), "no entry was queued: {queued:?}");
     // Without a delay the same key is taken as always.
     expect_acquired(&lock, "plain").await;
+}
+
+/// docs/design.md §6.4 on ZooKeeper: a queued request is an entry like any other (the
+/// entries' order is the queue), mixed with unqueued ones; a priority or a weight is
+/// refused before any entry is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_is_an_entry_in_order_and_a_priority_is_refused() {
+    let zk = ZooKeeper::shared();
+    let path = lock_path("queued");
+    let sessions = [ZkSessions::new(), ZkSessions::new(), ZkSessions::new()];
+    let lock = |i: usize| sessions[i].lock(&zk.connect_string(), &path).unwrap();
+    let queued = |holder: &str, queueing: Queueing| AcquireRequest {
+        queue: Some(queueing),
+        ..request(holder)
+    };
+    let (holder, first, second) = (lock(0), lock(1), lock(2));
+    let held = match holder
+        .try_acquire(&queued("holder", Queueing::default()))
+        .await
+    {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!("the queued holder should acquire: {other:?}"),
+    };
+    match first
+        .try_acquire(&queued("first", Queueing::default()))
+        .await
+    {
+        Ok(Attempt::Busy { queue_position, .. }) => assert_eq!(queue_position, Some(0)),
+        other => panic!("first should queue: {other:?}"),
+    }
+    assert_eq!(expect_busy(&second, "second").await.1, Some(1));
+    let ranked = Queueing {
+        priority: 5,
+        weight: 1,
+    };
+    let err = lock(0)
+        .try_acquire(&queued("ranked", ranked))
+        .await
+        .expect_err("a priority is refused");
+    assert!(
+        matches!(err, LockError::Backend { .. })
+            && err.to_string().contains("not supported on ZooKeeper"),
+        "{err}"
+    );
+    let raw = raw_client().await;
+    assert_eq!(
+        raw.list_children(&path).await.unwrap().len(),
+        3,
+        "no entry for it"
+    );
+    holder.release(&held).await.expect("release");
+    let granted = acquire(
+        &first,
+        &queued("first", Queueing::default()),
+        Wait::For(PROMPTLY),
+    )
+    .await
+    .expect("first in the entries' order");
+    assert_eq!(expect_busy(&second, "second").await.1, Some(0));
+    first.release(&granted).await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,7 @@ mod operator;
 mod output;
 mod permits;
 mod plots;
+mod queue;
 mod report;
 mod scale;
 
@@ -198,6 +199,14 @@ fn main() {
             run_part(
                 "permits",
                 permits::part_permits(env.clone(), opts.clone(), report.clone()),
+                &report,
+            )
+            .await;
+        }
+        if opts.runs("queue") {
+            run_part(
+                "queue",
+                queue::part_queue(env.clone(), opts.clone(), report.clone()),
                 &report,
             )
             .await;

@@ -268,6 +268,11 @@ pub struct Queue {
     /// shows; no decision reads them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hold_ms: Vec<u64>,
+    /// When the last release with waiters queued was written (wall clock, ms), until
+    /// the next grant adds the hand-off gap to that hold: a waiter's turn costs a hold
+    /// *and* a hand-off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at_ms: Option<u64>,
     /// What a newer build wrote in the queue that this one does not know.
     #[serde(flatten)]
     pub unknown: UnknownFields,
@@ -301,11 +306,30 @@ impl Queue {
         self.in_order().iter().position(|w| w.nonce == nonce)
     }
 
-    /// Records a finished hold, keeping the last [`Queue::HOLD_TIMES`].
-    pub fn record_hold(&mut self, held: Duration) {
+    /// Records a finished hold, released at `now`, keeping the last
+    /// [`Queue::HOLD_TIMES`].
+    pub fn record_hold(&mut self, held: Duration, now: SystemTime) {
         self.hold_ms.push(held.as_millis() as u64);
         let excess = self.hold_ms.len().saturating_sub(Self::HOLD_TIMES);
         self.hold_ms.drain(..excess);
+        // Only a release with someone waiting hands the key over; an idle key's gap
+        // is no part of a turn.
+        self.released_at_ms = (!self.waiters.is_empty()).then(|| unix_ms(now));
+    }
+
+    /// A grant at `now`: the gap since the last release (when it is known and short:
+    /// another writer's clock, so anything beyond a minute is not trusted) is added to
+    /// that hold.
+    pub fn record_grant(&mut self, now: SystemTime) {
+        let Some(released) = self.released_at_ms.take() else {
+            return;
+        };
+        let gap = unix_ms(now).saturating_sub(released);
+        if let Some(last) = self.hold_ms.last_mut()
+            && gap < 60_000
+        {
+            *last += gap;
+        }
     }
 }
 

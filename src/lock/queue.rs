@@ -244,50 +244,78 @@ impl<S: RecordStore> CasLock<S> {
                 Attempt::Acquired(lease)
             }));
         }
-        let queue = set.queue.get_or_insert_with(Queue::default);
+        let current = (version.as_ref(), &unknown);
         match ours {
             None => {
-                let mut entry = SetEntry::new(
-                    &req.holder,
-                    FenceToken(0),
-                    waiter_lease(req),
-                    req.permits.mode,
-                    None,
-                );
-                entry.weight = weight;
-                entry.priority = queueing.priority;
-                entry.ticket = queue.next_ticket;
-                let full = queue.waiters.len() >= Queue::MAX_WAITERS;
-                let mut registered = set.clone();
-                if let Some(q) = registered.queue.as_mut() {
-                    q.next_ticket += 1;
-                    q.waiters.push(entry.clone());
-                }
-                if full || registered.to_json().len() > Queue::MAX_SET_BYTES {
-                    // Full: wait unregistered, behind every registered waiter.
-                    let retry_in = waiter_lease(req) / 3;
-                    return Ok(Some(unregistered(record_of(set, &unknown), retry_in)));
-                }
-                self.write_waiter(st, req, registered, entry, version.as_ref(), &unknown)
+                self.register(st, req, set, weight, queueing.priority, current)
                     .await
             }
             Some(entry) => {
-                let due = st
-                    .waiting_written
-                    .is_none_or(|t| t.elapsed() >= waiter_lease(req) / 3);
-                if !due && entry.priority == queueing.priority {
-                    return Ok(Some(busy(&set, &unknown, &entry, req, st)));
-                }
-                // The refresh (rule 1 per entry), with a changed priority if it changed.
-                let mut refreshed = entry.renewed();
-                refreshed.priority = queueing.priority;
-                for w in queue.waiters.iter_mut().filter(|w| w.nonce == entry.nonce) {
-                    *w = refreshed.clone();
-                }
-                self.write_waiter(st, req, set, refreshed, version.as_ref(), &unknown)
+                self.refresh(st, req, set, entry, queueing.priority, current)
                     .await
             }
         }
+    }
+
+    /// Registers a new waiter entry with the set's next ticket — or, when the queue is
+    /// at its bound, waits unregistered, behind every registered waiter.
+    async fn register(
+        &self,
+        st: &mut SetContender,
+        req: &AcquireRequest,
+        set: HolderSet,
+        weight: u32,
+        priority: i32,
+        (version, unknown): (Option<&Version>, &UnknownFields),
+    ) -> Result<Option<Attempt>, LockError> {
+        let mut entry = SetEntry::new(
+            &req.holder,
+            FenceToken(0),
+            waiter_lease(req),
+            req.permits.mode,
+            None,
+        );
+        entry.weight = weight;
+        entry.priority = priority;
+        let mut registered = set.clone();
+        let queue = registered.queue.get_or_insert_with(Queue::default);
+        let full = queue.waiters.len() >= Queue::MAX_WAITERS;
+        entry.ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.waiters.push(entry.clone());
+        if full || registered.to_json().len() > Queue::MAX_SET_BYTES {
+            let retry_in = waiter_lease(req) / 3;
+            return Ok(Some(unregistered(record_of(set, unknown), retry_in)));
+        }
+        self.write_waiter(st, req, registered, entry, version, unknown)
+            .await
+    }
+
+    /// Refreshes our entry when a third of its waiter lease has passed (rule 1 per
+    /// entry), or at once when our priority changed; otherwise only reports our place.
+    async fn refresh(
+        &self,
+        st: &mut SetContender,
+        req: &AcquireRequest,
+        mut set: HolderSet,
+        entry: SetEntry,
+        priority: i32,
+        (version, unknown): (Option<&Version>, &UnknownFields),
+    ) -> Result<Option<Attempt>, LockError> {
+        let due = st
+            .waiting_written
+            .is_none_or(|t| t.elapsed() >= waiter_lease(req) / 3);
+        if !due && entry.priority == priority {
+            return Ok(Some(busy(&set, unknown, &entry, req, st)));
+        }
+        let mut refreshed = entry.renewed();
+        refreshed.priority = priority;
+        let queue = set.queue.get_or_insert_with(Queue::default);
+        for w in queue.waiters.iter_mut().filter(|w| w.nonce == entry.nonce) {
+            *w = refreshed.clone();
+        }
+        self.write_waiter(st, req, set, refreshed, version, unknown)
+            .await
     }
 
     /// Writes the set with our registration or its refresh. `Ok(None)`: lost a race.
@@ -312,7 +340,19 @@ impl<S: RecordStore> CasLock<S> {
             }
             Err(StoreError::Conflict { .. }) => {
                 lost_a_race();
-                Ok(None)
+                let refreshing = st.waiting.as_ref().is_some_and(|w| w.nonce == entry.nonce);
+                if !refreshing {
+                    // A registration: read again at once (arrival order is at stake).
+                    return Ok(None);
+                }
+                // A refresh is not urgent (due at a third of the waiter lease, needed
+                // only by its end): try again at a later look rather than at once, so
+                // that waiters racing each other do not crowd out the holder's renewal.
+                let mut attempt = busy(&set, unknown, &entry, req, st);
+                if let Attempt::Busy { retry_in, .. } = &mut attempt {
+                    *retry_in = Some(Duration::from_millis(rand::random_range(50..250)));
+                }
+                Ok(Some(attempt))
             }
             // It may have landed: keep its nonce, so the next attempt finds it (or
             // registers again when it did not land).
@@ -359,6 +399,7 @@ impl<S: RecordStore> CasLock<S> {
         for w in queue.waiters.iter_mut().filter(|w| w.ticket < ticket) {
             w.overtaken += 1;
         }
+        queue.record_grant(SystemTime::now());
         let stored_lease = req.lease + req.lock_delay;
         let mut entry = SetEntry::new(
             &req.holder,

@@ -771,10 +771,11 @@ impl<S: RecordStore> CasLock<S> {
             set.holders.retain(|h| h.nonce != lease.record.nonce);
             if let Some(queue) = set.queue.as_mut() {
                 // For the queue's expected start (informational: wall clock).
-                let held = SystemTime::now()
+                let now = SystemTime::now();
+                let held = now
                     .duration_since(lease.record.acquired_at)
                     .unwrap_or_default();
-                queue.record_hold(held);
+                queue.record_hold(held, now);
             }
             let empty = set.holders.is_empty()
                 && set.waiting_writer.is_none()
