@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
+use lockwarden::api::{
+    BackendSpec, DistributedLock, DynamoDbBackend, KubernetesBackend, LockPhase, SecretRef,
+};
 use lockwarden::lock::{
     AcquireRequest, Attempt, Lease, LockBackend, LockRecord, Permits, Queueing, Stored,
 };
@@ -318,7 +320,7 @@ async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_
 }
 
 /// A queued DistributedLock on `key`, named `name` in its cluster's namespace.
-fn queued_lock(name: &str, key: &Key, secret_namespace_has_aws: bool) -> DistributedLock {
+fn queued_lock(name: &str, key: &Key, aws_secret: bool) -> DistributedLock {
     let mut lock = match key {
         Key::Lease {
             namespace,
@@ -337,10 +339,33 @@ fn queued_lock(name: &str, key: &Key, secret_namespace_has_aws: bool) -> Distrib
             bucket,
             key,
         } => {
-            assert!(secret_namespace_has_aws, "an S3 lock needs the aws Secret");
+            assert!(aws_secret, "an S3 lock needs the aws Secret");
             support::locks::s3_lock(name, bucket, key, endpoint.clone(), "aws")
         }
-        _ => panic!("queued DistributedLocks are tested on Leases and S3"),
+        Key::Dynamo {
+            endpoint,
+            table,
+            key,
+        } => {
+            assert!(
+                aws_secret,
+                "a DynamoDB lock needs the aws Secret"
+            );
+            let mut lock = support::locks::lease_lock(name, "unused");
+            lock.spec.backend = BackendSpec {
+                dynamodb: Some(DynamoDbBackend {
+                    table: table.clone(),
+                    key: key.clone(),
+                    region: Some(support::moto::REGION.into()),
+                    endpoint: Some(endpoint.clone()),
+                    credentials_secret_ref: Some(SecretRef { name: "aws".into() }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            lock
+        }
+        Key::ZooKeeper { .. } => panic!("a ZooKeeper key keeps its own queue"),
     };
     lock.spec.queue = true;
     lock
@@ -354,8 +379,8 @@ fn queued_lock(name: &str, key: &Key, secret_namespace_has_aws: bool) -> Distrib
 async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) {
     let (client, ns_a) = support::kube::namespace_with_controller("queue-a", "cluster-a").await;
     let (_, ns_b) = support::kube::namespace_with_controller("queue-b", "cluster-b").await;
-    let s3 = matches!(key, Key::S3 { .. });
-    if s3 {
+    let aws = matches!(key, Key::S3 { .. } | Key::Dynamo { .. });
+    if aws {
         support::locks::aws_secret(&client, &ns_a).await;
         support::locks::aws_secret(&client, &ns_b).await;
     }
@@ -387,7 +412,7 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
         };
         let name = format!("lock-{i}");
         let api: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
-        api.create(&PostParams::default(), &queued_lock(&name, &key, s3))
+        api.create(&PostParams::default(), &queued_lock(&name, &key, aws))
             .await
             .expect("create a queued lock");
         let holder = format!("{cluster}/{namespace}/{name}");
@@ -447,6 +472,12 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
 async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_a_lease()
 {
     queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::lease().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_dynamodb()
+ {
+    queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::dynamo().await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
