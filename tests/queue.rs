@@ -129,6 +129,25 @@ async fn cli_contender(cli: Arc<Cli>, url: String, holder: String, grants: Grant
     cli.run(&["unlock", &file]).await.ok();
 }
 
+/// Starts CLI contender number `i` and waits until it is registered in the key's queue.
+async fn queued_cli(
+    key: &Key,
+    cli: &Arc<Cli>,
+    url: &str,
+    i: usize,
+    grants: &Grants,
+) -> (String, tokio::task::JoinHandle<()>) {
+    let holder = format!("cli-{i}");
+    let task = tokio::spawn(cli_contender(
+        cli.clone(),
+        url.to_string(),
+        holder.clone(),
+        grants.clone(),
+    ));
+    until_registered(key, &holder).await;
+    (holder, task)
+}
+
 fn cli_for(key: &Key) -> (Cli, String) {
     match key {
         Key::S3 {
@@ -172,14 +191,8 @@ async fn arrival_order_across_clusters(key: Key) {
     let mut tasks = Vec::new();
     for i in 0..22 {
         if i == 5 || i == 16 {
-            let holder = format!("cli-{i}");
-            tasks.push(tokio::spawn(cli_contender(
-                cli.clone(),
-                url.clone(),
-                holder.clone(),
-                grants.clone(),
-            )));
-            until_registered(&key, &holder).await;
+            let (holder, task) = queued_cli(&key, &cli, &url, i, &grants).await;
+            tasks.push(task);
             arrival.push(holder);
             continue;
         }
@@ -347,10 +360,7 @@ fn queued_lock(name: &str, key: &Key, aws_secret: bool) -> DistributedLock {
             table,
             key,
         } => {
-            assert!(
-                aws_secret,
-                "a DynamoDB lock needs the aws Secret"
-            );
+            assert!(aws_secret, "a DynamoDB lock needs the aws Secret");
             let mut lock = support::locks::lease_lock(name, "unused");
             lock.spec.backend = BackendSpec {
                 dynamodb: Some(DynamoDbBackend {
@@ -394,14 +404,8 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
     let mut locks = Vec::new();
     for i in 0..22 {
         if i == 7 || i == 14 {
-            let holder = format!("cli-{i}");
-            clis.push(tokio::spawn(cli_contender(
-                cli.clone(),
-                url.clone(),
-                holder.clone(),
-                grants.clone(),
-            )));
-            until_registered(&key, &holder).await;
+            let (holder, task) = queued_cli(&key, &cli, &url, i, &grants).await;
+            clis.push(task);
             arrival.push(holder);
             continue;
         }

@@ -376,14 +376,7 @@ impl<S: RecordStore> CasLock<S> {
         weight: u32,
         replacing: (Option<&Version>, &UnknownFields),
     ) -> Result<Option<super::backend::Lease>, LockError> {
-        let last = set.last_fence;
-        let fence = last.checked_next().ok_or_else(|| LockError::Backend {
-            url: self.url(),
-            message: format!(
-                "the stored record has the last fence ({last}): no later holder could carry \
-                 a higher one; delete the record to start again"
-            ),
-        })?;
+        let fence = self.next_fence(&set)?;
         let queue = set.queue.get_or_insert_with(Queue::default);
         let ticket = match &registered {
             Some(e) => e.ticket,

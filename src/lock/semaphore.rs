@@ -374,12 +374,7 @@ impl<S: RecordStore> CasLock<S> {
         req: &AcquireRequest,
     ) -> Result<Attempt, LockError> {
         if req.force {
-            return Err(LockError::Backend {
-                url: self.url(),
-                message: "force is not supported on a key with more than one permit or a \
-                          queue: release the holders instead"
-                    .into(),
-            });
+            return Err(self.force_refused());
         }
         let mut st = self.state.lock().await;
         let takeover_after = |lease| self.margins.takeover_after(lease);
@@ -392,22 +387,11 @@ impl<S: RecordStore> CasLock<S> {
             {
                 return Ok(Attempt::Acquired(lease));
             }
-            let Current {
-                mut set,
-                version,
-                unknown,
-                another_tool,
-            } = self.as_set(req, stored.as_ref())?;
-            last_seen = Some(set.clone());
-            st.set.drop_expired(&mut set, takeover_after);
-            if req.queue.is_some() || set.queue.is_some() {
+            let mut current = self.as_set(req, stored.as_ref())?;
+            last_seen = Some(current.set.clone());
+            st.set.drop_expired(&mut current.set, takeover_after);
+            if req.queue.is_some() || current.set.queue.is_some() {
                 // A queued key (or a queued contender): docs/design.md §6.4.
-                let current = Current {
-                    set,
-                    version,
-                    unknown,
-                    another_tool,
-                };
                 match self.queued_attempt(&mut st.set, req, current).await? {
                     Some(attempt) => return Ok(attempt),
                     None => {
@@ -416,6 +400,12 @@ impl<S: RecordStore> CasLock<S> {
                     }
                 }
             }
+            let Current {
+                mut set,
+                version,
+                unknown,
+                another_tool,
+            } = current;
             let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
             if let Some(holder) = another_tool.filter(|_| !set.holders.is_empty()) {
                 // Busy, and no waiting-writer registration: the record is the other
@@ -463,12 +453,11 @@ impl<S: RecordStore> CasLock<S> {
                 back_off(attempt).await;
                 continue;
             }
-            let holder = record_of(set.clone(), &unknown);
             // Refresh the registration well within its lease; otherwise wake when the
             // first entry could be seen expired.
             let retry_in = st.set.next_expiry(&set, takeover_after).min(req.lease / 3);
             return Ok(Attempt::Busy {
-                holder,
+                holder: record_of(set, &unknown),
                 retry_in: Some(retry_in),
                 queue_position: None,
             });
@@ -482,6 +471,29 @@ impl<S: RecordStore> CasLock<S> {
         })
     }
 
+    /// Why a forced takeover is refused on a key with permits or a queue: it would take
+    /// away permits others hold in good standing, or jump the queue.
+    fn force_refused(&self) -> LockError {
+        LockError::Backend {
+            url: self.url(),
+            message: "force is not supported on a key with more than one permit or a queue: \
+                      release the holders instead"
+                .into(),
+        }
+    }
+
+    /// The fence the next grant on `set` takes (rule 3); none after the last one.
+    pub(super) fn next_fence(&self, set: &HolderSet) -> Result<FenceToken, LockError> {
+        let last = set.last_fence;
+        last.checked_next().ok_or_else(|| LockError::Backend {
+            url: self.url(),
+            message: format!(
+                "the stored record has the last fence ({last}): no later holder could carry \
+                 a higher one; delete the record to start again"
+            ),
+        })
+    }
+
     /// The admitted path: the key's next fence, our entry in the set (taking our
     /// waiting-writer slot out of it), one conditional write. `None`: lost a race.
     async fn grant(
@@ -491,14 +503,7 @@ impl<S: RecordStore> CasLock<S> {
         mut set: HolderSet,
         replacing: Replacing<'_>,
     ) -> Result<Option<Lease>, LockError> {
-        let last = set.last_fence;
-        let fence = last.checked_next().ok_or_else(|| LockError::Backend {
-            url: self.url(),
-            message: format!(
-                "the stored record has the last fence ({last}): no later holder could carry \
-                 a higher one; delete the record to start again"
-            ),
-        })?;
+        let fence = self.next_fence(&set)?;
         let mode = req.permits.mode;
         // Rule 8: every entry's lease carries the lock-delay for contenders.
         let stored_lease = req.lease + req.lock_delay;

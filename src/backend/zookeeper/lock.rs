@@ -398,17 +398,7 @@ impl LockBackend for ZkLock {
             return Err(lock_delay_refused(&self.url));
         }
         if req.queue.is_some_and(|q| q != Queueing::default()) {
-            // docs/design.md §6.4: the entries' sequence is the queue every client of
-            // the key obeys ("the lowest sequence holds"); a grant by priority or
-            // weight would let one of them hold next to another.
-            return Err(LockError::Backend {
-                url: self.url.clone(),
-                message: "a queue priority or weight is not supported on ZooKeeper: its queue \
-                          is the order of the entries, which kafka-kit, Curator and earlier \
-                          lockwarden builds obey; they would hold the key beside a waiter \
-                          granted out of that order"
-                    .into(),
-            });
+            return Err(ranks_refused(&self.url));
         }
         let mut st = self.state.lock().await;
         let mut forced_from = None;
@@ -813,6 +803,19 @@ impl Drop for ZkLock {
 
 fn wall_clock(ms: i64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// docs/design.md §6.4: the entries' sequence is the queue every client of the key
+/// obeys ("the lowest sequence holds"); a grant by priority or weight would let one of
+/// them hold next to another.
+fn ranks_refused(url: &str) -> LockError {
+    LockError::Backend {
+        url: url.to_string(),
+        message: "a queue priority or weight is not supported on ZooKeeper: its queue is the \
+                  order of the entries, which kafka-kit, Curator and earlier lockwarden builds \
+                  obey; they would hold the key beside a waiter granted out of that order"
+            .into(),
+    }
 }
 
 /// Rule 8 has nowhere to live on ZooKeeper: the holder's entry is ephemeral, so the
