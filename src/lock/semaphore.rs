@@ -390,77 +390,17 @@ impl<S: RecordStore> CasLock<S> {
             let mut current = self.as_set(req, stored.as_ref())?;
             last_seen = Some(current.set.clone());
             st.set.drop_expired(&mut current.set, takeover_after);
-            if req.queue.is_some() || current.set.queue.is_some() {
-                // A queued key (or a queued contender): docs/design.md §6.4.
-                match self.queued_attempt(&mut st.set, req, current).await? {
-                    Some(attempt) => return Ok(attempt),
-                    None => {
-                        back_off(attempt).await;
-                        continue;
-                    }
-                }
+            // A queued key (or a queued contender): docs/design.md §6.4.
+            let queued = req.queue.is_some() || current.set.queue.is_some();
+            let outcome = if queued {
+                self.queued_attempt(&mut st.set, req, current).await?
+            } else {
+                self.permit_attempt(&mut st.set, req, current).await?
+            };
+            match outcome {
+                Some(attempt) => return Ok(attempt),
+                None => back_off(attempt).await,
             }
-            let Current {
-                mut set,
-                version,
-                unknown,
-                another_tool,
-            } = current;
-            let ours = st.set.waiting.as_ref().map(|w| w.nonce.clone());
-            if let Some(holder) = another_tool.filter(|_| !set.holders.is_empty()) {
-                // Busy, and no waiting-writer registration: the record is the other
-                // tool's, never rewritten while its lock is live.
-                let retry_in = st.set.next_expiry(&set, takeover_after).min(req.lease / 3);
-                return Ok(Attempt::Busy {
-                    holder,
-                    retry_in: Some(retry_in),
-                    queue_position: None,
-                });
-            }
-            if let Some((without, from)) = reclaimable(&set, req)
-                && admits(&without, req.permits.mode, ours.as_deref())
-            {
-                // Our holder name's permit from an earlier run: its entry leaves in the
-                // same conditional write that grants ours, with the key's next fence.
-                match self
-                    .grant(&mut st.set, req, without, (version.as_ref(), &unknown))
-                    .await?
-                {
-                    Some(mut lease) => {
-                        lease.forced_from = Some(from);
-                        return Ok(Attempt::Acquired(lease));
-                    }
-                    None => {
-                        back_off(attempt).await;
-                        continue;
-                    }
-                }
-            }
-            if admits(&set, req.permits.mode, ours.as_deref()) {
-                let replacing = (version.as_ref(), &unknown);
-                match self.grant(&mut st.set, req, set, replacing).await? {
-                    Some(lease) => return Ok(Attempt::Acquired(lease)),
-                    None => {
-                        back_off(attempt).await;
-                        continue;
-                    }
-                }
-            }
-            if !self
-                .wait_as_writer(&mut st.set, req, &mut set, (version.as_ref(), &unknown))
-                .await
-            {
-                back_off(attempt).await;
-                continue;
-            }
-            // Refresh the registration well within its lease; otherwise wake when the
-            // first entry could be seen expired.
-            let retry_in = st.set.next_expiry(&set, takeover_after).min(req.lease / 3);
-            return Ok(Attempt::Busy {
-                holder: record_of(set, &unknown),
-                retry_in: Some(retry_in),
-                queue_position: None,
-            });
         }
         // Every write lost a race: busy for now, as the last set read showed.
         let holder = record_of(last_seen.unwrap_or_default(), &UnknownFields::new());
@@ -469,6 +409,68 @@ impl<S: RecordStore> CasLock<S> {
             retry_in: Some(Duration::from_millis(50)),
             queue_position: None,
         })
+    }
+
+    /// One attempt on a key without a queue, on the set read (expired entries already
+    /// dropped): reclaim our earlier run's permit, take a free one, or wait (as the
+    /// waiting writer when exclusive). `Ok(None)`: a write lost a race; read again.
+    async fn permit_attempt(
+        &self,
+        st: &mut SetContender,
+        req: &AcquireRequest,
+        current: Current,
+    ) -> Result<Option<Attempt>, LockError> {
+        let takeover_after = |lease| self.margins.takeover_after(lease);
+        let Current {
+            mut set,
+            version,
+            unknown,
+            another_tool,
+        } = current;
+        let ours = st.waiting.as_ref().map(|w| w.nonce.clone());
+        if let Some(holder) = another_tool.filter(|_| !set.holders.is_empty()) {
+            // Busy, and no waiting-writer registration: the record is the other
+            // tool's, never rewritten while its lock is live.
+            let retry_in = st.next_expiry(&set, takeover_after).min(req.lease / 3);
+            return Ok(Some(Attempt::Busy {
+                holder,
+                retry_in: Some(retry_in),
+                queue_position: None,
+            }));
+        }
+        if let Some((without, from)) = reclaimable(&set, req)
+            && admits(&without, req.permits.mode, ours.as_deref())
+        {
+            // Our holder name's permit from an earlier run: its entry leaves in the
+            // same conditional write that grants ours, with the key's next fence.
+            let granted = self
+                .grant(st, req, without, (version.as_ref(), &unknown))
+                .await?;
+            return Ok(granted.map(|mut lease| {
+                lease.forced_from = Some(from);
+                Attempt::Acquired(lease)
+            }));
+        }
+        if admits(&set, req.permits.mode, ours.as_deref()) {
+            let granted = self
+                .grant(st, req, set, (version.as_ref(), &unknown))
+                .await?;
+            return Ok(granted.map(Attempt::Acquired));
+        }
+        if !self
+            .wait_as_writer(st, req, &mut set, (version.as_ref(), &unknown))
+            .await
+        {
+            return Ok(None);
+        }
+        // Refresh the registration well within its lease; otherwise wake when the
+        // first entry could be seen expired.
+        let retry_in = st.next_expiry(&set, takeover_after).min(req.lease / 3);
+        Ok(Some(Attempt::Busy {
+            holder: record_of(set, &unknown),
+            retry_in: Some(retry_in),
+            queue_position: None,
+        }))
     }
 
     /// Why a forced takeover is refused on a key with permits or a queue: it would take
