@@ -207,11 +207,6 @@ impl<S: RecordStore> CasLock<S> {
             let holder = another_tool.unwrap_or_else(|| record_of(set.clone(), &unknown));
             return Ok(Some(unregistered(holder, retry_in)));
         }
-        let mut forced_from = None;
-        if let Some((without, from)) = reclaimable(&set, req) {
-            set = without;
-            forced_from = Some(from);
-        }
         let queue = set.queue.get_or_insert_with(|| Queue {
             next_ticket: 1,
             ..Queue::default()
@@ -235,7 +230,16 @@ impl<S: RecordStore> CasLock<S> {
             Mode::Exclusive => 1,
             Mode::Shared => queueing.weight,
         };
-        if our_turn && fits(&set, req.permits.mode, weight) {
+        // With `reclaim`, our earlier run's entry leaves the set only in the write that
+        // grants us: a registration or refresh keeps it, or a restart that still has
+        // waiters ahead would free that permit without anyone reporting a takeover.
+        let reclaimed = reclaimable(&set, req);
+        let grantable = reclaimed.as_ref().map_or(&set, |(without, _)| without);
+        if our_turn && fits(grantable, req.permits.mode, weight) {
+            let (set, forced_from) = match reclaimed {
+                Some((without, from)) => (without, Some(from)),
+                None => (set, None),
+            };
             let granted = self
                 .grant_queued(st, req, set, ours, weight, (version.as_ref(), &unknown))
                 .await?;
@@ -549,6 +553,38 @@ mod tests {
             .map(|w| w.ticket)
             .collect();
         assert_eq!(tickets, vec![4, 5], "w3 and w4 keep their tickets");
+    }
+
+    #[tokio::test]
+    async fn rule5_reclaim_on_a_queued_key_drops_the_earlier_entry_only_in_its_grant() {
+        let store = MemoryStore::new("mem://locks/queue-reclaim");
+        let reclaim = |holder: &str| AcquireRequest {
+            reclaim: true,
+            ..queued(holder, 0)
+        };
+        let (la, lb, restarted) = (contender(&store), contender(&store), contender(&store));
+        let a = acquired(&la, &queued("a", 0)).await;
+        assert_eq!(waits(&lb, &queued("b", 0)).await, Some(0));
+        // "a" restarts while "b" waits ahead of it: it registers behind "b", and its
+        // earlier run's entry stays in the set (no permit freed, nobody granted).
+        assert_eq!(waits(&restarted, &reclaim("a")).await, Some(1));
+        let set = stored_set(&store);
+        assert!(set.entry(a.nonce()).is_some(), "the earlier entry was dropped");
+        assert_eq!(waits(&lb, &queued("b", 0)).await, Some(0));
+        // "b" goes first; once it is done, the restart's grant takes nothing from
+        // anyone (the earlier entry is still the only other one) and reports it.
+        la.release(&a).await.unwrap();
+        let b = acquired(&lb, &queued("b", 0)).await;
+        lb.release(&b).await.unwrap();
+        let again = acquired(&restarted, &reclaim("a")).await;
+        assert!(again.forced_from.is_none(), "nothing was left to reclaim");
+        // With nobody ahead, a restart reclaims in the write that grants it.
+        let restarted_again = contender(&store);
+        let third = acquired(&restarted_again, &reclaim("a")).await;
+        let from = third.forced_from.as_ref().expect("reported");
+        assert_eq!(from.fence, again.fence());
+        assert!(stored_set(&store).entry(again.nonce()).is_none());
+        assert!(third.fence() > again.fence());
     }
 
     #[tokio::test]
