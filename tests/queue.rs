@@ -282,6 +282,58 @@ async fn priority_a_later_higher_priority_waiter_is_granted_next_on_a_lease() {
     priority_overtakes(Key::lease().await).await;
 }
 
+/// The same through the controller: a queued DistributedLock with `spec.priority: 10`
+/// created after one with none is granted first, the engine holder is not preempted,
+/// and the passed-over lock's status shows `overtaken: 1` while it waits at position 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn priority_the_overtaken_count_shows_in_a_waiting_locks_status() {
+    let key = Key::lease().await;
+    let (client, ns) = support::kube::namespace_with_controller("queue-prio", "cluster-a").await;
+    let api: Api<DistributedLock> = Api::namespaced(client, &ns);
+    let first = key.handle().await;
+    let held = take(first.as_ref(), &queued("first", "east", 0)).await;
+    let status_of = |name: &'static str| {
+        let api = api.clone();
+        async move { api.get(name).await.ok().and_then(|l| l.status) }
+    };
+    api.create(&PostParams::default(), &queued_lock("low", &key, false))
+        .await
+        .expect("create the low-priority lock");
+    until_registered(&key, &format!("cluster-a/{ns}/low")).await;
+    let mut high = queued_lock("high", &key, false);
+    high.spec.priority = Some(10);
+    api.create(&PostParams::default(), &high)
+        .await
+        .expect("create the high-priority lock");
+    until_registered(&key, &format!("cluster-a/{ns}/high")).await;
+    assert_eq!(record(&key).await.set.unwrap().holders[0].holder, "first");
+    first.release(&held).await.unwrap();
+    let high = support::eventually("the high-priority lock held", GIVE_UP, || async {
+        let s = status_of("high").await?;
+        (s.phase == Some(LockPhase::Held)).then_some(s)
+    })
+    .await;
+    let low = support::eventually("the low lock's overtaken count", GIVE_UP, || async {
+        let s = status_of("low").await?;
+        (s.overtaken == Some(1) && s.queue_position == Some(0)).then_some(s)
+    })
+    .await;
+    assert_ne!(low.phase, Some(LockPhase::Held), "low was granted alongside");
+    api.patch(
+        "high",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"release": true}})),
+    )
+    .await
+    .expect("release the high-priority lock");
+    let low = support::eventually("the low-priority lock held", GIVE_UP, || async {
+        let s = status_of("low").await?;
+        (s.phase == Some(LockPhase::Held)).then_some(s)
+    })
+    .await;
+    assert!(low.fence > high.fence, "fences follow the grants");
+}
+
 /// Permits 4, 24 requests of weight 3 and 1 interleaved, each taken, held briefly and
 /// released: never more than 4 permits in use (checked on every grant against the
 /// live holds), every request granted.
