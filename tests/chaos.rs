@@ -28,6 +28,8 @@ mod support;
 
 #[path = "chaos/cli.rs"]
 mod cli;
+#[path = "chaos/flaws.rs"]
+mod flaws;
 #[path = "chaos/history.rs"]
 mod history;
 #[path = "chaos/mirror.rs"]
@@ -40,8 +42,9 @@ mod world;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use flaws::Flaw;
 use kube::api::{Api, ListParams};
-use lockwarden::lock::{Mode as LockMode, Permits};
+use lockwarden::lock::{Mode as LockMode, Permits, Queueing};
 use schedule::{Backend, Contender, EngineSpec, Fault, Plan};
 use serde_json::json;
 use support::proxy::Mode;
@@ -165,6 +168,7 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
     // Keys with more than one permit: "most permits in flight at once/permits" -> keys.
     let mut permits_in_flight: BTreeMap<String, u64> = BTreeMap::new();
     let mut exclusive_claims = 0;
+    let mut queue = (0, 0.0_f64);
     // Guarded rounds: claims of guarded commands, and how the rounds ended.
     let mut guarded_claims = 0;
     let mut guard_outcomes: BTreeMap<String, usize> = BTreeMap::new();
@@ -199,6 +203,8 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
                 .or_default() += 1;
         }
         exclusive_claims += r.exclusive_claims;
+        queue.0 += r.queue_grants_checked;
+        queue.1 = queue.1.max(r.queue_longest_unchanged);
         guarded_claims += r.guarded_claims;
         for (outcome, count) in &r.guard_outcomes {
             *guard_outcomes.entry(outcome.clone()).or_default() += count;
@@ -258,6 +264,7 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
             guarded_claims,
             guard_outcomes: &guard_outcomes,
             s3_fenced,
+            queue,
             file: summary_file,
         });
     }
@@ -289,6 +296,7 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
         guarded_claims,
         guard_outcomes: &guard_outcomes,
         s3_fenced,
+        queue,
         file: summary_file,
     });
     eprintln!(
@@ -332,6 +340,9 @@ struct Totals<'a> {
     /// S3 schedules, rule (f): register writes S3 acknowledged, stale ones S3 refused
     /// itself, puts without a verdict.
     s3_fenced: [usize; 3],
+    /// Queued keys: grants checked against an earlier waiter (rule (o)), and the
+    /// longest an entry stayed unchanged while others waited, outside faults (rule (q)).
+    queue: (usize, f64),
     /// The summary's file name in the world's directory.
     file: &'a str,
 }
@@ -397,6 +408,8 @@ fn summarize(t: &Totals) -> String {
         "semaphore_keys": t.permits_in_flight.values().sum::<u64>(),
         "semaphore_keys_by_most_permits_in_flight_of_permits": t.permits_in_flight,
         "semaphore_exclusive_claims": t.exclusive_claims,
+        "queue_grants_checked_for_order": t.queue.0,
+        "queue_longest_unchanged_entry_with_waiters_s": (t.queue.1 * 10.0).round() / 10.0,
         "s3_fenced_writes": {
             "acknowledged_by_s3": t.s3_fenced[0],
             "stale_refused_by_s3": t.s3_fenced[1],
@@ -479,6 +492,8 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
                 start_after: Duration::ZERO,
                 hold: (Duration::from_secs(9), Duration::from_secs(9)),
                 queue: None,
+                flaw: None,
+                crashes_holding: false,
             },
             EngineSpec {
                 slot: 1,
@@ -489,6 +504,8 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
                 start_after: Duration::from_millis(800),
                 hold: (Duration::from_millis(300), Duration::from_millis(800)),
                 queue: None,
+                flaw: None,
+                crashes_holding: false,
             },
         ],
         clis: vec![],
@@ -540,6 +557,8 @@ fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
         start_after: Duration::from_millis(start_ms),
         hold: (Duration::from_millis(hold.0), Duration::from_millis(hold.1)),
         queue: None,
+        flaw: None,
+        crashes_holding: false,
     };
     Plan {
         seed,
@@ -596,6 +615,146 @@ async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
     );
 }
 
+/// A queued engine contender for the queue proofs, on key 0 of a 2-permit Lease key.
+fn queued_contender(
+    contender: usize,
+    mode: LockMode,
+    start_ms: u64,
+    hold: (u64, u64),
+) -> EngineSpec {
+    EngineSpec {
+        slot: contender % 5,
+        key: Some(0),
+        contender,
+        permits: Permits { total: 2, mode },
+        ignores_deadline: false,
+        start_after: Duration::from_millis(start_ms),
+        hold: (Duration::from_millis(hold.0), Duration::from_millis(hold.1)),
+        queue: Some(Queueing::default()),
+        flaw: None,
+        crashes_holding: false,
+    }
+}
+
+/// A queue plan on a Lease: 2 permits, five contenders of priority 0 arriving over
+/// 0.5 s and a sixth at 1 s, each holding 0.5–0.9 s, so a queue forms and drains while
+/// the observer reads. With `flaw`, the sixth's engine reads every other waiter as ranked
+/// behind it. A delay fault on an engine path nobody uses (slot 5) keeps the schedule
+/// running for 8 s.
+fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
+    let mut engines: Vec<EngineSpec> = (0..5)
+        .map(|c| queued_contender(c, LockMode::Shared, c as u64 * 100, (500, 900)))
+        .collect();
+    engines.push(EngineSpec {
+        flaw,
+        ..queued_contender(5, LockMode::Shared, 1000, (500, 900))
+    });
+    Plan {
+        seed,
+        backend: Backend::Lease,
+        keys: 1,
+        permits: vec![2],
+        controllers: vec![],
+        engines,
+        clis: vec![],
+        faults: vec![(
+            Duration::from_millis(500),
+            Fault::Network {
+                target: Contender::Engine(5),
+                mode: Mode::Delay(Duration::from_millis(1)),
+                lasts: Duration::from_secs(8),
+            },
+        )],
+    }
+}
+
+/// Proof that the order rule (o) can fail: an engine that grants itself ahead of
+/// earlier arrivals is reported; the same plan with the real engine passes, with grants
+/// checked against waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_an_engine_that_grants_out_of_order() {
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(queue_order_plan(27_001, None)).await;
+    assert!(
+        correct.report.violations.is_empty(),
+        "the real engine was reported: {:?}",
+        correct.report.violations
+    );
+    assert!(
+        correct.report.queue_grants_checked > 0,
+        "no grant was checked against a waiter: the plan tested nothing"
+    );
+    let broken = schedule::run(queue_order_plan(27_002, Some(Flaw::JumpsTheQueue))).await;
+    let v = &broken.report.violations;
+    eprintln!(
+        "violations reported for the queue jumper:\n{}",
+        v.join("\n")
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(o)") && v.contains("engine-0-c5-broken")),
+        "the queue jumper's grants were not reported: {v:?}"
+    );
+}
+
+/// A queue plan on a Lease: 2 permits; an exclusive contender takes both at once and
+/// dies holding (no renewal, no release); four shared contenders queue from 0.3 s on.
+/// With `flaw`, every engine reads each other entry's revision as the record's version.
+fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
+    let mut engines = vec![EngineSpec {
+        crashes_holding: true,
+        ..queued_contender(0, LockMode::Exclusive, 0, (0, 0))
+    }];
+    engines.extend((1..5).map(|c| EngineSpec {
+        flaw,
+        ..queued_contender(c, LockMode::Shared, 200 + c as u64 * 100, (300, 600))
+    }));
+    Plan {
+        seed,
+        backend: Backend::Lease,
+        keys: 1,
+        permits: vec![2],
+        controllers: vec![],
+        engines,
+        clis: vec![],
+        faults: vec![],
+    }
+}
+
+/// Proof that rule (q) can fail: engines that judge an entry by the whole record's
+/// version never see a dead holder expire while the waiters' refreshes change the
+/// record, and the checker reports the dead entry kept; the real engine drops it after
+/// its lease and the same checker passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checker_catches_an_engine_that_observes_the_whole_records_version() {
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(dead_holder_plan(27_003, None)).await;
+    assert!(
+        correct.report.violations.is_empty(),
+        "the real engine was reported: {:?}",
+        correct.report.violations
+    );
+    assert!(
+        correct.report.queue_longest_unchanged > 2.0,
+        "the dead holder was never seen while waiters waited: the plan tested nothing"
+    );
+    let broken = schedule::run(dead_holder_plan(
+        27_004,
+        Some(Flaw::ObservesTheRecordVersion),
+    ))
+    .await;
+    let v = &broken.report.violations;
+    eprintln!(
+        "violations reported for the record-version engine:\n{}",
+        v.join("\n")
+    );
+    assert!(
+        v.iter()
+            .any(|v| v.contains("(q)") && v.contains("engine-0-c0-exclusive-crashes")),
+        "the dead holder kept by the waiters was not reported: {v:?}"
+    );
+}
+
 /// A plan on S3 with a `lockwarden run` and an engine client and no controllers: the
 /// `run` acquires first (its command writes for 9 s), is partitioned (blackhole) for
 /// 7 s, and the engine client takes over meanwhile.
@@ -615,6 +774,8 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
             start_after: Duration::from_secs(2),
             hold: (Duration::from_millis(300), Duration::from_millis(800)),
             queue: None,
+            flaw: None,
+            crashes_holding: false,
         }],
         clis: vec![cli::CliSpec {
             slot: 0,
@@ -704,6 +865,8 @@ fn guard_pause_plan(seed: u64, broken: bool) -> Plan {
             start_after: Duration::from_secs(3),
             hold: (Duration::from_millis(300), Duration::from_millis(800)),
             queue: None,
+            flaw: None,
+            crashes_holding: false,
         }],
         clis: vec![cli::CliSpec {
             slot: 0,

@@ -59,6 +59,47 @@ struct SetPoll {
     entries: Vec<(String, u64)>,
 }
 
+/// One entry of a queued holder set as an observer read showed it.
+#[derive(Clone, Debug)]
+pub struct QueuedEntry {
+    pub nonce: String,
+    pub holder: String,
+    pub ticket: u64,
+    pub priority: i32,
+    pub revision: String,
+    pub lease: Duration,
+}
+
+impl QueuedEntry {
+    /// Whether `self` goes before `other` in grant order (docs/design.md §6.4, Q2).
+    fn goes_before(&self, other: &QueuedEntry) -> bool {
+        (other.priority, std::cmp::Reverse(other.ticket))
+            < (self.priority, std::cmp::Reverse(self.ticket))
+    }
+}
+
+/// One observer read of a key whose holder set keeps a queue.
+#[derive(Clone, Debug)]
+struct QueuePoll {
+    key: String,
+    complete: f64,
+    holders: Vec<QueuedEntry>,
+    waiters: Vec<QueuedEntry>,
+}
+
+impl QueuePoll {
+    fn entries(&self) -> impl Iterator<Item = &QueuedEntry> {
+        self.holders.iter().chain(&self.waiters)
+    }
+}
+
+/// When a fault of the schedule was on, from `start` to `end`.
+#[derive(Clone, Debug)]
+struct FaultWindow {
+    start: f64,
+    end: f64,
+}
+
 /// One poll of the backend record by the harness's observer.
 #[derive(Clone, Debug)]
 struct Poll {
@@ -126,6 +167,10 @@ struct Inner {
     /// key -> its permits, for keys with more than one (checked by the permit rules).
     permits: HashMap<String, u32>,
     set_polls: Vec<SetPoll>,
+    /// Reads of keys whose set keeps a queue (rules (o) and (q)).
+    queue_polls: Vec<QueuePoll>,
+    /// When faults were on (rule (q) does not count their time).
+    fault_windows: Vec<FaultWindow>,
     /// Guarded rounds: (key, who, the guard's latest deadline if it logged one).
     guard_deadlines: Vec<(String, String, Option<f64>)>,
     /// How guarded rounds ended (`ended`, `stopped-unconfirmed`…) -> count.
@@ -165,6 +210,11 @@ pub struct Report {
     pub guarded_claims: usize,
     /// How guarded rounds ended -> count.
     pub guard_outcomes: BTreeMap<String, usize>,
+    /// Grants on queued keys checked against a waiter registered before them (rule (o)).
+    pub queue_grants_checked: usize,
+    /// Longest time an entry of a queued set was seen unchanged while waiters waited,
+    /// outside faults (rule (q)), in seconds.
+    pub queue_longest_unchanged: f64,
 }
 
 impl History {
@@ -468,6 +518,24 @@ impl History {
             last_fence,
             entries,
         });
+    }
+
+    /// An observer read of a key whose holder set keeps a queue: its holders and its
+    /// waiters as stored.
+    pub fn queue_poll(&self, key: &str, holders: Vec<QueuedEntry>, waiters: Vec<QueuedEntry>) {
+        let complete = self.now();
+        self.inner.lock().unwrap().queue_polls.push(QueuePoll {
+            key: key.into(),
+            complete,
+            holders,
+            waiters,
+        });
+    }
+
+    /// A fault of the schedule was on from `start` to `end`.
+    pub fn fault_window(&self, start: f64, end: f64) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.fault_windows.push(FaultWindow { start, end });
     }
 
     /// A status seen at `t`.
@@ -787,6 +855,9 @@ impl History {
         Self::permit_fence_order(&inner, seed, &mut violations);
         Self::permit_claims(&inner, seed, &mut report, &mut violations);
         Self::writes_after_the_permit_was_gone(&inner, seed, &mut violations);
+        // Keys with a queue: (o) grant order, (q) rule 1 per entry while waiters wait.
+        report.queue_grants_checked = Self::queue_order(&inner, seed, &mut violations);
+        report.queue_longest_unchanged = Self::dead_entries_leave(&inner, seed, &mut violations);
 
         // (d) Liveness: after healing, some contender claims each lock.
         for key in keys {
@@ -1044,5 +1115,122 @@ impl History {
                 }
             }
         }
+    }
+
+    /// (o) Grant order (docs/design.md §6.4, Q2): only the head of the queue is granted.
+    /// Between two observer reads of a queued key, a holder that appears (a grant; each
+    /// grant is a new entry) must not rank behind a waiter that both reads show. That
+    /// waiter was in the store all along (a dropped entry never comes back: its nonce is
+    /// never written again), so it was in the set the grant was decided on, live (else
+    /// the grant's write would have dropped it), and ahead. Returns how many grants were
+    /// checked against at least one such waiter.
+    fn queue_order(inner: &Inner, seed: u64, violations: &mut Vec<String>) -> usize {
+        let mut checked = 0;
+        let mut before: HashMap<&str, &QueuePoll> = HashMap::new();
+        for p in &inner.queue_polls {
+            if let Some(b) = before.insert(&p.key, p) {
+                let granted = p
+                    .holders
+                    .iter()
+                    .filter(|h| h.ticket > 0 && !b.holders.iter().any(|x| x.nonce == h.nonce));
+                for h in granted {
+                    let waited: Vec<&QueuedEntry> = b
+                        .waiters
+                        .iter()
+                        .filter(|w| p.waiters.iter().any(|x| x.nonce == w.nonce))
+                        .collect();
+                    if !waited.is_empty() {
+                        checked += 1;
+                    }
+                    if let Some(w) = waited.iter().find(|w| w.goes_before(h)) {
+                        violations.push(format!(
+                            "seed {seed}: (o) {} (priority {}, ticket {}) was granted on {} \
+                             between reads at {:.3}s and {:.3}s while {} (priority {}, ticket {}) \
+                             waited ahead of it in both",
+                            h.holder,
+                            h.priority,
+                            h.ticket,
+                            p.key,
+                            b.complete,
+                            p.complete,
+                            w.holder,
+                            w.priority,
+                            w.ticket
+                        ));
+                    }
+                }
+            }
+        }
+        checked
+    }
+
+    /// (q) Rule 1 per entry with waiters (docs/design.md §6.4, Q4): an entry that stops
+    /// changing is dropped by the waiters once they have seen it unchanged for its lease
+    /// plus the grace — however often other entries change. Every contender looks at
+    /// least once a second (a waiter's refresh is due every third of its 3 s waiter
+    /// lease; between attempts it pauses at most 0.6 s) and drops what it has seen
+    /// expire in its next write. So, counted from the end of the last fault, an entry
+    /// seen unchanged for longer than `takeover + Q_SLACK` while every read showed
+    /// another waiter is an entry the waiters failed to drop. Returns the longest such
+    /// time seen.
+    fn dead_entries_leave(inner: &Inner, seed: u64, violations: &mut Vec<String>) -> f64 {
+        /// One look to start observing, one to drop, request times and a loaded
+        /// machine's scheduling: generous.
+        const Q_SLACK: f64 = 4.0;
+        let margins = lockwarden::lock::SafetyMargins::default();
+        let quiet_since = |t: f64| {
+            inner
+                .fault_windows
+                .iter()
+                .filter(|f| f.start <= t)
+                .map(|f| f.end)
+                .fold(f64::NEG_INFINITY, f64::max)
+        };
+        let mut longest: f64 = 0.0;
+        let keys: std::collections::BTreeSet<&str> =
+            inner.queue_polls.iter().map(|p| p.key.as_str()).collect();
+        for key in keys {
+            let polls: Vec<&QueuePoll> =
+                inner.queue_polls.iter().filter(|p| p.key == key).collect();
+            // nonce -> (revision, since when it has been seen unchanged with waiters)
+            let mut unchanged: HashMap<&str, (&str, f64)> = HashMap::new();
+            let mut reported: Vec<&str> = Vec::new();
+            for p in &polls {
+                if p.waiters.is_empty() {
+                    // Nobody waits: nobody needs the entry gone. Start again.
+                    unchanged.clear();
+                    continue;
+                }
+                let mut now: HashMap<&str, (&str, f64)> = HashMap::new();
+                for e in p.entries() {
+                    if !p.waiters.iter().any(|w| w.nonce != e.nonce) {
+                        // Only itself waits: nobody else needs it gone.
+                        continue;
+                    }
+                    let since = match unchanged.get(e.nonce.as_str()) {
+                        Some((rev, since)) if *rev == e.revision => *since,
+                        _ => p.complete,
+                    };
+                    now.insert(&e.nonce, (&e.revision, since));
+                    let counted = p.complete - since.max(quiet_since(p.complete));
+                    longest = longest.max(counted);
+                    let bound = margins.takeover_after(e.lease).as_secs_f64() + Q_SLACK;
+                    if counted > bound && !reported.contains(&e.nonce.as_str()) {
+                        reported.push(&e.nonce);
+                        violations.push(format!(
+                            "seed {seed}: (q) {}'s entry on {key} was seen unchanged for {:.1}s \
+                             (from {since:.3}s to {:.3}s, outside faults) while waiters waited: \
+                             more than its lease {:.1}s plus grace and slack ({bound:.1}s)",
+                            e.holder,
+                            counted,
+                            p.complete,
+                            e.lease.as_secs_f64()
+                        ));
+                    }
+                }
+                unchanged = now;
+            }
+        }
+        longest
     }
 }

@@ -18,8 +18,8 @@ use lockwarden::backend::{
     AwsOptions, ConnectOptions, Credentials, LeaseStore, S3Options, Target, ZkSessions,
 };
 use lockwarden::lock::{
-    AcquireRequest, CasLock, HeldLock, HolderState, LockBackend, LockState, Mode as LockMode,
-    Permits, Queueing, Wait,
+    AcquireRequest, Attempt, CasLock, HeldLock, HolderState, LockBackend, LockState,
+    Mode as LockMode, Permits, Queueing, SetEntry, Wait,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -27,7 +27,8 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::cli::{CliSpec, CliTarget};
-use super::history::{Claim, History, Kind, Report};
+use super::flaws::{Flaw, Flawed};
+use super::history::{Claim, History, Kind, QueuedEntry, Report};
 use super::world::{CLI_SLOTS, ENGINE_PATHS, ENGINE_SLOTS, SECRET_NAME, world};
 use crate::support::moto::{ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY};
 use crate::support::proxy::Mode;
@@ -187,6 +188,12 @@ pub struct EngineSpec {
     pub hold: (Duration, Duration),
     /// Waits in the key's queue with this priority and weight (queue schedules).
     pub queue: Option<Queueing>,
+    /// Broken on purpose: its engine reads the store through this flaw (Leases only;
+    /// tests/chaos/flaws.rs).
+    pub flaw: Option<Flaw>,
+    /// Dies holding: acquires once and never renews nor releases, as a process that
+    /// crashed (the waiters must drop its entry by rule 1).
+    pub crashes_holding: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -225,6 +232,8 @@ impl Plan {
                 start_after: ms(rng.random_range(0..500)),
                 hold: (ms(200), ms(1500)),
                 queue: None,
+                flaw: None,
+                crashes_holding: false,
             })
             .collect();
         let ctl_lease = if backend == Backend::ZooKeeper {
@@ -457,6 +466,8 @@ impl Plan {
                     start_after: ms(rng.random_range(0..500)),
                     hold: (ms(200), ms(1500)),
                     queue: None,
+                    flaw: None,
+                    crashes_holding: false,
                 });
             }
         }
@@ -717,6 +728,15 @@ pub async fn run(plan: Plan) -> Outcome {
                             }
                             let entries = set.holders.iter().map(|h| (h.nonce.clone(), h.fence.0));
                             history.set_poll(&key, invoke, last, entries.collect());
+                            if let Some(queue) = &set.queue {
+                                let queued =
+                                    |es: &[SetEntry]| es.iter().map(queued_entry).collect();
+                                history.queue_poll(
+                                    &key,
+                                    queued(&set.holders),
+                                    queued(&queue.waiters),
+                                );
+                            }
                         }
                     } else {
                         let record = found.and_then(|s| {
@@ -886,7 +906,7 @@ pub async fn run(plan: Plan) -> Outcome {
     for spec in &plan.engines {
         let sessions = Arc::new(ZkSessions::with_session_timeout(LEASE));
         for k in (0..plan.keys).filter(|k| spec.key.is_none_or(|only| only == *k)) {
-            let lock = engine_backend(backend, &keys, k, spec.slot, &sessions).await;
+            let lock = engine_backend(backend, &keys, k, spec.slot, &sessions, spec.flaw).await;
             let (history, stop) = (history.clone(), stop.clone());
             let key = keys.urls[k].clone();
             let spec = spec.clone();
@@ -965,6 +985,7 @@ pub async fn run(plan: Plan) -> Outcome {
                 json!({"process": "nemesis", "op": "fault-end", "fault": fault.kind(),
                 "invoke": t0, "complete": history.now()}),
             );
+            history.fault_window(t0, history.now());
         }));
     }
     // Activity continues a little past the last fault's start even with no faults.
@@ -1119,14 +1140,23 @@ async fn engine_backend(
     k: usize,
     slot: usize,
     sessions: &ZkSessions,
+    flaw: Option<Flaw>,
 ) -> Arc<dyn LockBackend> {
     let w = world();
     let paths = &w.engines[slot];
+    assert!(
+        flaw.is_none() || backend == Backend::Lease,
+        "flawed engines are built on Leases"
+    );
     match backend {
         Backend::Lease => {
             let client = w.engine_kube_client(slot).await;
             let ns = &w.controllers[1].namespace;
-            Arc::new(CasLock::new(LeaseStore::new(client, ns, &keys.names[k])))
+            let store = LeaseStore::new(client, ns, &keys.names[k]);
+            match flaw {
+                Some(flaw) => Arc::new(CasLock::new(Flawed::new(store, flaw))),
+                None => Arc::new(CasLock::new(store)),
+            }
         }
         Backend::S3 | Backend::DynamoDb => {
             let target = Target::parse(&keys.urls[k]).unwrap();
@@ -1198,7 +1228,13 @@ async fn engine(
         } else {
             ""
         },
-        if spec.ignores_deadline { "-broken" } else { "" }
+        if spec.ignores_deadline || spec.flaw.is_some() {
+            "-broken"
+        } else if spec.crashes_holding {
+            "-crashes"
+        } else {
+            ""
+        }
     );
     // The permits each write of a holder takes on a key with more than one.
     let weight = match permits.mode {
@@ -1215,6 +1251,10 @@ async fn engine(
     // When this contender began asking for its next permit: an attempt cut short may
     // leave a grant that a later attempt adopts (rule 4), so the grant came after the
     // first attempt since the last acquisition, not necessarily after the last one.
+    if spec.crashes_holding {
+        crash_holding(lock.as_ref(), &req, &key, &who, &history).await;
+        return;
+    }
     let mut asking_since = None;
     while !stop.load(Ordering::SeqCst) {
         let invoke = history.now();
@@ -1294,6 +1334,40 @@ async fn engine(
             Err(_) => history.failed(&key, &who, "release", invoke, "unknown", "timed out"),
         }
         tokio::time::sleep(ms(rng.random_range(50..600))).await;
+    }
+}
+
+/// A contender that dies holding: one grant (with as many attempts as it takes), then
+/// nothing — no renewal, no release, no claim.
+async fn crash_holding(
+    lock: &dyn LockBackend,
+    req: &AcquireRequest,
+    key: &str,
+    who: &str,
+    history: &History,
+) {
+    let invoke = history.now();
+    loop {
+        match lock.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => {
+                let fence = lease.fence().0;
+                history.acquired(key, who, invoke, lease.nonce(), fence, "");
+                return;
+            }
+            Ok(Attempt::Busy { .. }) | Err(_) => tokio::time::sleep(ms(50)).await,
+        }
+    }
+}
+
+/// An entry of a queued set as the checker sees it.
+fn queued_entry(e: &SetEntry) -> QueuedEntry {
+    QueuedEntry {
+        nonce: e.nonce.clone(),
+        holder: e.holder.clone(),
+        ticket: e.ticket,
+        priority: e.priority,
+        revision: e.revision.clone(),
+        lease: e.lease(),
     }
 }
 
