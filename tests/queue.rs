@@ -17,7 +17,7 @@ use lockwarden::api::{
     BackendSpec, DistributedLock, DynamoDbBackend, KubernetesBackend, LockPhase, SecretRef,
 };
 use lockwarden::lock::{
-    AcquireRequest, Attempt, Lease, LockBackend, LockRecord, Permits, Queueing, Stored,
+    AcquireRequest, Attempt, Lease, LockBackend, LockRecord, Permits, Queue, Queueing, Stored,
 };
 use serde_json::json;
 use support::cli::Cli;
@@ -318,7 +318,11 @@ async fn priority_the_overtaken_count_shows_in_a_waiting_locks_status() {
         (s.overtaken == Some(1) && s.queue_position == Some(0)).then_some(s)
     })
     .await;
-    assert_ne!(low.phase, Some(LockPhase::Held), "low was granted alongside");
+    assert_ne!(
+        low.phase,
+        Some(LockPhase::Held),
+        "low was granted alongside"
+    );
     api.patch(
         "high",
         &PatchParams::default(),
@@ -691,4 +695,41 @@ async fn a_queue_is_refused_on_a_key_deleted_on_release() {
     );
     let stored = key.handle().await.inspect().await.expect("read the key");
     assert!(stored.is_none(), "nothing written: {stored:?}");
+}
+
+/// Bad input: a queue at its bound. With `Queue::MAX_WAITERS` waiters registered, a CLI
+/// `lock --queue` waits without a place, says why (once), and ends busy when its wait
+/// is over; it never registers, and every registered waiter keeps its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_a_queue_at_its_bound_leaves_a_newcomer_without_a_place_and_says_so() {
+    let key = Key::s3().await;
+    let first = key.handle().await;
+    let _held = take(first.as_ref(), &queued("first", "east", 0)).await;
+    let mut waiters = Vec::new();
+    for i in 0..Queue::MAX_WAITERS {
+        let lock = key.handle().await;
+        assert_eq!(register(lock.as_ref(), &queued(&format!("w{i}"), "east", 0)).await, i as u32);
+        waiters.push(lock);
+    }
+    let (cli, url) = cli_for(&key);
+    let out = cli
+        .run(&["lock", &url, "--queue", "--wait", "3s", "--holder", "late"])
+        .await;
+    out.expect(
+        3,
+        &[
+            "at its bound (256 waiters",
+            "waiting without a place",
+        ],
+        "a queue at its bound",
+    );
+    assert_eq!(
+        out.stderr.matches("at its bound").count(),
+        1,
+        "said once: {}",
+        out.stderr
+    );
+    let registered = registered(&key).await;
+    assert_eq!(registered.len(), Queue::MAX_WAITERS, "a waiter lost its place");
+    assert!(!registered.iter().any(|h| h == "late"), "registered beyond the bound");
 }

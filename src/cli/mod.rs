@@ -54,7 +54,7 @@ pub use logging::init_logging;
 pub use output::{print_error, print_warning, report_parse_error};
 
 use crate::lock::{
-    AcquireRequest, HeldBy, Lease, LockBackend, LockError, Wait, acquire_with_progress,
+    AcquireRequest, HeldBy, Lease, LockBackend, LockError, Queue, Wait, acquire_with_progress,
 };
 
 /// Acquires the lock with progress on stderr. With `force` and a wait, waits first
@@ -73,7 +73,21 @@ pub async fn acquire(
         force: req.force && wait == Wait::No,
         ..req.clone()
     };
+    let mut told_full = false;
     let result = acquire_with_progress(backend, &polite, wait, |record, queue| {
+        let full = record.set.as_ref().is_some_and(|s| s.queue_at_its_bound());
+        if req.queue.is_some() && queue.is_none() && full && !told_full {
+            // Not an error (it is granted once the queue empties), but no place either:
+            // said once, so nobody takes the missing position for a fault.
+            told_full = true;
+            print_warning(&format!(
+                "the queue of {} is at its bound ({} waiters or {} KiB): waiting without a \
+                 place, granted only once the queue is empty",
+                backend.url(),
+                Queue::MAX_WAITERS,
+                Queue::MAX_SET_BYTES / 1024
+            ));
+        }
         on_busy(&HeldBy::from_record(record), queue)
     })
     .await;

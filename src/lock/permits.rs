@@ -348,6 +348,17 @@ impl HolderSet {
         self.holders.iter().find(|h| h.nonce == nonce)
     }
 
+    /// Whether the set's queue is at its bound (`Queue::MAX_WAITERS`, or within about one
+    /// entry of `Queue::MAX_SET_BYTES`): a newcomer then waits without a place. For what
+    /// people are told; the engine decides on the exact set it would write.
+    pub fn queue_at_its_bound(&self) -> bool {
+        const ONE_ENTRY: usize = 1024;
+        self.queue.as_ref().is_some_and(|q| {
+            q.waiters.len() >= Queue::MAX_WAITERS
+                || self.to_json().len() + ONE_ENTRY > Queue::MAX_SET_BYTES
+        })
+    }
+
     /// The form every store keeps (an S3 body field, a DynamoDB attribute, a Lease
     /// annotation).
     ///

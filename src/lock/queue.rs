@@ -569,7 +569,10 @@ mod tests {
         // earlier run's entry stays in the set (no permit freed, nobody granted).
         assert_eq!(waits(&restarted, &reclaim("a")).await, Some(1));
         let set = stored_set(&store);
-        assert!(set.entry(a.nonce()).is_some(), "the earlier entry was dropped");
+        assert!(
+            set.entry(a.nonce()).is_some(),
+            "the earlier entry was dropped"
+        );
         assert_eq!(waits(&lb, &queued("b", 0)).await, Some(0));
         // "b" goes first; once it is done, the restart's grant takes nothing from
         // anyone (the earlier entry is still the only other one) and reports it.
