@@ -708,7 +708,10 @@ async fn bad_input_a_queue_at_its_bound_leaves_a_newcomer_without_a_place_and_sa
     let mut waiters = Vec::new();
     for i in 0..Queue::MAX_WAITERS {
         let lock = key.handle().await;
-        assert_eq!(register(lock.as_ref(), &queued(&format!("w{i}"), "east", 0)).await, i as u32);
+        assert_eq!(
+            register(lock.as_ref(), &queued(&format!("w{i}"), "east", 0)).await,
+            i as u32
+        );
         waiters.push(lock);
     }
     let (cli, url) = cli_for(&key);
@@ -717,10 +720,7 @@ async fn bad_input_a_queue_at_its_bound_leaves_a_newcomer_without_a_place_and_sa
         .await;
     out.expect(
         3,
-        &[
-            "at its bound (256 waiters",
-            "waiting without a place",
-        ],
+        &["at its bound (256 waiters", "waiting without a place"],
         "a queue at its bound",
     );
     assert_eq!(
@@ -730,6 +730,13 @@ async fn bad_input_a_queue_at_its_bound_leaves_a_newcomer_without_a_place_and_sa
         out.stderr
     );
     let registered = registered(&key).await;
-    assert_eq!(registered.len(), Queue::MAX_WAITERS, "a waiter lost its place");
-    assert!(!registered.iter().any(|h| h == "late"), "registered beyond the bound");
+    assert_eq!(
+        registered.len(),
+        Queue::MAX_WAITERS,
+        "a waiter lost its place"
+    );
+    assert!(
+        !registered.iter().any(|h| h == "late"),
+        "registered beyond the bound"
+    );
 }
