@@ -513,33 +513,76 @@ fn partition_plan(seed: u64, broken: bool) -> Plan {
     }
 }
 
+/// The shape of every `checker_catches_*` proof: the plan with correct contenders
+/// passes, and `tested` holds of its report (`Err` says what it lacked: a plan that
+/// exercised nothing proves nothing); then the broken plan runs, and its violations are
+/// printed for the record. Returns both outcomes.
+async fn correct_then_broken(
+    correct: Plan,
+    tested: impl Fn(&history::Report) -> Result<(), String>,
+    broken: Plan,
+) -> (schedule::Outcome, schedule::Outcome) {
+    let correct = schedule::run(correct).await;
+    let r = &correct.report;
+    assert!(
+        r.violations.is_empty(),
+        "the correct plan was reported: {:?}",
+        r.violations
+    );
+    if let Err(lacked) = tested(r) {
+        panic!("the correct plan tested nothing: {lacked}");
+    }
+    let broken = schedule::run(broken).await;
+    eprintln!(
+        "violations reported for the broken plan (seed {}):\n{}",
+        broken.plan.seed,
+        broken.report.violations.join("\n")
+    );
+    (correct, broken)
+}
+
+/// `tested` for `correct_then_broken`: the plan saw at least one of what it counts.
+fn at_least_one(count: usize, lacked: &str) -> Result<(), String> {
+    match count {
+        0 => Err(lacked.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// Asserts that a violation of `rule` names `who`.
+fn assert_reported(violations: &[String], rule: &str, who: &str, what: &str) {
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.contains(rule) && v.contains(who)),
+        "{what} ({rule}, {who}) was not reported: {violations:?}"
+    );
+}
+
 /// Proof that the checker can fail: a holder that keeps claiming (and writing) while
 /// its holder task says `Expiring` overlaps the contender that took over, and its
 /// writes are refused by the register. The same plan with a correct holder passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_holder_that_ignores_its_deadline() {
     let _serial = SERIAL.lock().await;
-    let correct = schedule::run(partition_plan(1, false)).await;
-    assert!(
-        correct.report.violations.is_empty(),
-        "a correct holder was reported: {:?}",
-        correct.report.violations
-    );
-    let broken = schedule::run(partition_plan(2, true)).await;
+    let (_, broken) = correct_then_broken(
+        partition_plan(1, false),
+        |_| Ok(()),
+        partition_plan(2, true),
+    )
+    .await;
     let v = &broken.report.violations;
-    eprintln!(
-        "violations reported for the broken holder:\n{}",
-        v.join("\n")
+    assert_reported(
+        v,
+        "(c) overlapping claims",
+        "engine-0-broken",
+        "the broken holder's overlap",
     );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(c) overlapping claims") && v.contains("engine-0-broken")),
-        "the overlap of the broken holder was not reported: {v:?}"
-    );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(a)") && v.contains("engine-0-broken")),
-        "the refused writes of the broken holder were not reported: {v:?}"
+    assert_reported(
+        v,
+        "(a)",
+        "engine-0-broken",
+        "the broken holder's refused writes",
     );
 }
 
@@ -583,23 +626,17 @@ fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
     let _serial = SERIAL.lock().await;
-    let correct = schedule::run(permit_partition_plan(5, false)).await;
-    assert!(
-        correct.report.violations.is_empty(),
-        "a correct permit holder was reported: {:?}",
-        correct.report.violations
-    );
-    assert_eq!(
-        correct.report.permits_in_flight,
-        [(2, 2)],
-        "both permits were not in use at once: the plan tested nothing"
-    );
-    let broken = schedule::run(permit_partition_plan(6, true)).await;
+    let both_in_flight = |r: &history::Report| match r.permits_in_flight[..] {
+        [(2, 2)] => Ok(()),
+        ref other => Err(format!("both permits were not in use at once: {other:?}")),
+    };
+    let (_, broken) = correct_then_broken(
+        permit_partition_plan(5, false),
+        both_in_flight,
+        permit_partition_plan(6, true),
+    )
+    .await;
     let v = &broken.report.violations;
-    eprintln!(
-        "violations reported for the broken permit holder:\n{}",
-        v.join("\n")
-    );
     // The holder named after the holders in flight is the one whose permit was taken.
     assert!(
         v.iter().any(|v| v.contains("(p) 3 permits in flight")
@@ -608,10 +645,11 @@ async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
                 .is_some_and(|flagged| flagged.starts_with("engine-0-c0-broken"))),
         "the third holder at once (the broken one) was not reported: {v:?}"
     );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(r)") && v.contains("engine-0-c0-broken")),
-        "the broken holder's writes after its permit was gone were not reported: {v:?}"
+    assert_reported(
+        v,
+        "(r)",
+        "engine-0-c0-broken",
+        "the broken holder's writes after its permit was gone",
     );
 }
 
@@ -636,19 +674,8 @@ fn queued_contender(
     }
 }
 
-/// A queue plan on a Lease: 2 permits, five contenders of priority 0 arriving over
-/// 0.5 s and a sixth at 1 s, each holding 0.5–0.9 s, so a queue forms and drains while
-/// the observer reads. With `flaw`, the sixth's engine reads every other waiter as ranked
-/// behind it. A delay fault on an engine path nobody uses (slot 5) keeps the schedule
-/// running for 8 s.
-fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
-    let mut engines: Vec<EngineSpec> = (0..5)
-        .map(|c| queued_contender(c, LockMode::Shared, c as u64 * 100, (500, 900)))
-        .collect();
-    engines.push(EngineSpec {
-        flaw,
-        ..queued_contender(5, LockMode::Shared, 1000, (500, 900))
-    });
+/// The queue proofs' plan: one 2-permit key on a Lease, engine contenders only.
+fn queue_proof_plan(seed: u64, engines: Vec<EngineSpec>, faults: Vec<(Duration, Fault)>) -> Plan {
     Plan {
         seed,
         backend: Backend::Lease,
@@ -657,15 +684,30 @@ fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
         controllers: vec![],
         engines,
         clis: vec![],
-        faults: vec![(
-            Duration::from_millis(500),
-            Fault::Network {
-                target: Contender::Engine(5),
-                mode: Mode::Delay(Duration::from_millis(1)),
-                lasts: Duration::from_secs(8),
-            },
-        )],
+        faults,
     }
+}
+
+/// A queue plan on a Lease: 2 permits, five contenders of priority 0 arriving over
+/// 0.5 s and a sixth at 1 s, each holding 0.5–0.9 s, so a queue forms and drains while
+/// the observer reads. With `flaw`, the sixth's engine reads every other waiter as ranked
+/// behind it. A delay fault on an engine path nobody uses (slot 5) keeps the schedule
+/// running for 8 s.
+fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
+    let idle_path_delayed_for_8s = Fault::Network {
+        target: Contender::Engine(5),
+        mode: Mode::Delay(Duration::from_millis(1)),
+        lasts: Duration::from_secs(8),
+    };
+    let mut engines: Vec<EngineSpec> = (0..5)
+        .map(|c| queued_contender(c, LockMode::Shared, c as u64 * 100, (500, 900)))
+        .collect();
+    engines.push(EngineSpec {
+        flaw,
+        ..queued_contender(5, LockMode::Shared, 1000, (500, 900))
+    });
+    let faults = vec![(Duration::from_millis(500), idle_path_delayed_for_8s)];
+    queue_proof_plan(seed, engines, faults)
 }
 
 /// Proof that the order rule (o) can fail: an engine that grants itself ahead of
@@ -674,27 +716,20 @@ fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_an_engine_that_grants_out_of_order() {
     let _serial = SERIAL.lock().await;
-    let correct = schedule::run(queue_order_plan(27_001, None)).await;
-    assert!(
-        correct.report.violations.is_empty(),
-        "the real engine was reported: {:?}",
-        correct.report.violations
-    );
-    assert!(
-        correct.report.queue_grants_checked > 0,
-        "no grant was checked against a waiter: the plan tested nothing"
-    );
-    let broken = schedule::run(queue_order_plan(27_002, Some(Flaw::JumpsTheQueue))).await;
+    let checked = |r: &history::Report| {
+        at_least_one(
+            r.queue_grants_checked,
+            "no grant was checked against a waiter",
+        )
+    };
+    let (_, broken) = correct_then_broken(
+        queue_order_plan(27_001, None),
+        checked,
+        queue_order_plan(27_002, Some(Flaw::JumpsTheQueue)),
+    )
+    .await;
     let v = &broken.report.violations;
-    eprintln!(
-        "violations reported for the queue jumper:\n{}",
-        v.join("\n")
-    );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(o)") && v.contains("engine-0-c5-broken")),
-        "the queue jumper's grants were not reported: {v:?}"
-    );
+    assert_reported(v, "(o)", "engine-0-c5-broken", "the queue jumper's grants");
 }
 
 /// A queue plan on a Lease: 2 permits; an exclusive contender takes both at once and
@@ -709,16 +744,7 @@ fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
         flaw,
         ..queued_contender(c, LockMode::Shared, 200 + c as u64 * 100, (300, 600))
     }));
-    Plan {
-        seed,
-        backend: Backend::Lease,
-        keys: 1,
-        permits: vec![2],
-        controllers: vec![],
-        engines,
-        clis: vec![],
-        faults: vec![],
-    }
+    queue_proof_plan(seed, engines, vec![])
 }
 
 /// Proof that rule (q) can fail: engines that judge an entry by the whole record's
@@ -728,30 +754,24 @@ fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_an_engine_that_observes_the_whole_records_version() {
     let _serial = SERIAL.lock().await;
-    let correct = schedule::run(dead_holder_plan(27_003, None)).await;
-    assert!(
-        correct.report.violations.is_empty(),
-        "the real engine was reported: {:?}",
-        correct.report.violations
-    );
-    assert!(
-        correct.report.queue_longest_unchanged > 2.0,
-        "the dead holder was never seen while waiters waited: the plan tested nothing"
-    );
-    let broken = schedule::run(dead_holder_plan(
-        27_004,
-        Some(Flaw::ObservesTheRecordVersion),
-    ))
+    let seen = |r: &history::Report| match r.queue_longest_unchanged {
+        t if t > 2.0 => Ok(()),
+        t => Err(format!(
+            "the dead holder was seen while waiters waited for only {t:.1}s"
+        )),
+    };
+    let (_, broken) = correct_then_broken(
+        dead_holder_plan(27_003, None),
+        seen,
+        dead_holder_plan(27_004, Some(Flaw::ObservesTheRecordVersion)),
+    )
     .await;
     let v = &broken.report.violations;
-    eprintln!(
-        "violations reported for the record-version engine:\n{}",
-        v.join("\n")
-    );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(q)") && v.contains("engine-0-c0-exclusive-crashes")),
-        "the dead holder kept by the waiters was not reported: {v:?}"
+    assert_reported(
+        v,
+        "(q)",
+        "engine-0-c0-exclusive-crashes",
+        "the dead holder the waiters kept",
     );
 }
 
@@ -804,31 +824,25 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
     let _serial = SERIAL.lock().await;
-    let correct = schedule::run(cli_partition_plan(3, false)).await;
-    assert!(
-        correct.report.violations.is_empty(),
-        "a correct `run` was reported: {:?}",
-        correct.report.violations
-    );
-    assert!(
-        correct.report.cli_claims > 0,
-        "the `run` never held the lock: the plan tested nothing"
-    );
-    let broken = schedule::run(cli_partition_plan(4, true)).await;
+    let held = |r: &history::Report| at_least_one(r.cli_claims, "the `run` never held the lock");
+    let (correct, broken) = correct_then_broken(
+        cli_partition_plan(3, false),
+        held,
+        cli_partition_plan(4, true),
+    )
+    .await;
     let v = &broken.report.violations;
-    eprintln!(
-        "violations reported for the broken command:\n{}",
-        v.join("\n")
+    assert_reported(
+        v,
+        "(c) overlapping claims",
+        "cli-0-broken",
+        "the broken command's overlap",
     );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(c) overlapping claims") && v.contains("cli-0-broken")),
-        "the overlap of the broken command was not reported: {v:?}"
-    );
-    assert!(
-        v.iter()
-            .any(|v| v.contains("(a)") && v.contains("cli-0-broken")),
-        "the refused writes of the broken command were not reported: {v:?}"
+    assert_reported(
+        v,
+        "(a)",
+        "cli-0-broken",
+        "the broken command's refused writes",
     );
     // Rule (f): S3 itself, in its conditional write, refused what the register refused,
     // and no verdict of S3 differed from the register's.
@@ -896,39 +910,30 @@ fn guard_pause_plan(seed: u64, broken: bool) -> Plan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_guard_that_ignores_its_deadline() {
     let _serial = SERIAL.lock().await;
-    let correct = schedule::run(guard_pause_plan(5, false)).await;
-    let r = &correct.report;
-    assert!(
-        r.violations.is_empty(),
-        "a correct guard was reported: {:?}",
-        r.violations
-    );
-    eprintln!("guarded rounds of the correct plan: {:?}", r.guard_outcomes);
-    assert!(
-        r.guarded_claims > 0,
-        "the guarded command never wrote: the plan tested nothing"
-    );
-    assert!(
-        r.guard_outcomes.contains_key("stopped-unconfirmed"),
-        "no guard had to stop its command by its own deadline: {:?}",
-        r.guard_outcomes
-    );
-    let broken = schedule::run(guard_pause_plan(6, true)).await;
+    let guarded = |r: &history::Report| {
+        eprintln!("guarded rounds of the correct plan: {:?}", r.guard_outcomes);
+        at_least_one(r.guarded_claims, "the guarded command never wrote")?;
+        match r.guard_outcomes.contains_key("stopped-unconfirmed") {
+            true => Ok(()),
+            false => Err(format!(
+                "no guard had to stop its command by its own deadline: {:?}",
+                r.guard_outcomes
+            )),
+        }
+    };
+    let (_, broken) = correct_then_broken(
+        guard_pause_plan(5, false),
+        guarded,
+        guard_pause_plan(6, true),
+    )
+    .await;
     let v = &broken.report.violations;
-    eprintln!(
-        "violations reported for the broken guarded command:\n{}",
-        v.join("\n")
-    );
     for (rule, what) in [
         ("(g)", "its writes after the guard's deadline"),
         ("(c) overlapping claims", "its overlap with the next holder"),
         ("(a)", "its refused writes"),
     ] {
-        assert!(
-            v.iter()
-                .any(|v| v.contains(rule) && v.contains("cli-0-guard-broken")),
-            "{what} were not reported: {v:?}"
-        );
+        assert_reported(v, rule, "cli-0-guard-broken", what);
     }
 }
 
