@@ -75,8 +75,9 @@ pub async fn acquire(
     };
     let mut told_full = false;
     let result = acquire_with_progress(backend, &polite, wait, |record, queue| {
-        let full = record.set.as_ref().is_some_and(|s| s.queue_at_its_bound());
-        if req.queue.is_some() && queue.is_none() && full && !told_full {
+        // Only a queued request without a place looks at the set's size (a serialization).
+        let unplaced = req.queue.is_some() && queue.is_none() && !told_full;
+        if unplaced && record.set.as_ref().is_some_and(|s| s.queue_at_its_bound()) {
             // Not an error (it is granted once the queue empties), but no place either:
             // said once, so nobody takes the missing position for a fault.
             told_full = true;

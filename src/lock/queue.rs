@@ -574,8 +574,8 @@ mod tests {
             "the earlier entry was dropped"
         );
         assert_eq!(waits(&lb, &queued("b", 0)).await, Some(0));
-        // "b" goes first; once it is done, the restart's grant takes nothing from
-        // anyone (the earlier entry is still the only other one) and reports it.
+        // "b" goes first. The earlier run released meanwhile, so the restart's grant
+        // has nothing left to reclaim and reports no takeover.
         la.release(&a).await.unwrap();
         let b = acquired(&lb, &queued("b", 0)).await;
         lb.release(&b).await.unwrap();
