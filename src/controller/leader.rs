@@ -49,11 +49,33 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Runs the controller, under leader election when `election.leader_elect` is set.
+/// What a leader does when it loses leadership.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLostLeadership {
+    /// Exit the process at once (the binary): nothing is released, as with SIGKILL.
+    ExitProcess,
+    /// Return [`ControllerError::LostLeadership`], dropping the controller, whose held
+    /// locks then ask for their release. Only for a controller run inside a test
+    /// binary, where exiting would end every other test of that binary silently.
+    Return,
+}
+
+/// Runs the controller, under leader election when `election.leader_elect` is set;
+/// exits the process if it loses leadership (see [`run_elected_with`]).
 pub async fn run_elected(
     client: Client,
     config: ControllerConfig,
     election: LeaderElectionArgs,
+) -> Result<(), ControllerError> {
+    run_elected_with(client, config, election, OnLostLeadership::ExitProcess).await
+}
+
+/// [`run_elected`] with the choice of what losing leadership does.
+pub async fn run_elected_with(
+    client: Client,
+    config: ControllerConfig,
+    election: LeaderElectionArgs,
+    on_lost: OnLostLeadership,
 ) -> Result<(), ControllerError> {
     if !election.leader_elect {
         return run(client, config).await;
@@ -91,12 +113,16 @@ pub async fn run_elected(
     tokio::select! {
         result = run_with(client, config, telemetry) => result,
         _ = leading.wait_for(|is_leader| !is_leader) => {
-            tracing::error!(%identity, "lost leadership; exiting so a standby takes over");
             // Exit here rather than return: returning drops the controller, and every
             // dropped HeldLock asks for a release, which the runtime's worker threads
             // would write while the new leader resumes the same locks and their gated
             // workloads still run. Exiting is what SIGKILL does: nothing is released.
-            std::process::exit(1)
+            if on_lost == OnLostLeadership::ExitProcess {
+                tracing::error!(%identity, "lost leadership; exiting so a standby takes over");
+                std::process::exit(1)
+            }
+            tracing::error!(%identity, "lost leadership; stopping this in-process controller");
+            Err(ControllerError::LostLeadership(identity))
         }
     }
 }

@@ -63,7 +63,7 @@ use crate::api::DistributedLock;
 use crate::telemetry::{self, Telemetry};
 
 pub use config::{ControllerConfig, FIELD_MANAGER, FINALIZER};
-pub use leader::{LeaderElectionArgs, run_elected};
+pub use leader::{LeaderElectionArgs, OnLostLeadership, run_elected, run_elected_with};
 
 /// Every kind of workload lockwarden gates: the one registry of them.
 pub fn gated_kinds() -> gating::Kinds {
@@ -81,6 +81,8 @@ pub enum ControllerError {
     Crd(#[source] kube::Error),
     #[error("leader election: {0}")]
     LeaderElection(String),
+    #[error("lost leadership as {0:?}: another replica leads now")]
+    LostLeadership(String),
 }
 
 /// Runs the controller until its watch stream ends (it does not on its own).

@@ -239,6 +239,66 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
     assert_resumed(&locks, "db", &before).await;
 }
 
+/// A controller run inside a program (a test binary) with `OnLostLeadership::Return`
+/// that loses its election Lease to another identity stops with `LostLeadership`
+/// instead of exiting the whole process (which the binary's `run_elected` does, so
+/// that nothing is released; tests/helm and tests/telemetry run controllers this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiting() {
+    let (client, ns) = crd_and_namespace("ctl-lost-lead").await;
+    let election = controller::LeaderElectionArgs {
+        leader_elect: true,
+        leader_election_namespace: ns.clone(),
+        leader_election_lease: "lead".into(),
+        leader_election_lease_duration: Duration::from_secs(3),
+        leader_election_identity: Some("in-process".into()),
+    };
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    let controller = tokio::spawn(controller::run_elected_with(
+        client.clone(),
+        config,
+        election,
+        controller::OnLostLeadership::Return,
+    ));
+    let leases = Api::<Lease>::namespaced(client.clone(), &ns);
+    eventually("the in-process controller to lead", TIMEOUT, || async {
+        let holder = leases.get("lead").await.ok()?.spec?.holder_identity?;
+        (holder == "in-process").then_some(())
+    })
+    .await;
+    // Another replica takes the Lease (as after a partition longer than the claim).
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .patch(
+            "lead",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {
+                "holderIdentity": "another-replica",
+                "leaseDurationSeconds": 3600,
+                "acquireTime": now,
+                "renewTime": now,
+            }})),
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(TIMEOUT, controller)
+        .await
+        .expect("the controller kept running after losing its Lease")
+        .expect("the controller task panicked");
+    match ended {
+        Err(controller::ControllerError::LostLeadership(identity)) => {
+            assert_eq!(identity, "in-process")
+        }
+        other => panic!("expected LostLeadership, got {other:?}"),
+    }
+}
+
 /// An API server that cannot be reached when the controller starts (restarting, a
 /// network blip) is waited for: the controller keeps trying and then works, instead of
 /// exiting with "is the CRD installed…" as if the CRD were missing.

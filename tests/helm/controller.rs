@@ -40,9 +40,25 @@ static CONTROLLER_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new((
 async fn start_controller_as(user: &str, args: ControllerArgs) -> tokio::task::JoinHandle<()> {
     let kubeconfig = ControlPlane::shared().user_kubeconfig(user, None);
     let client = client_from_kubeconfig(&kubeconfig).await;
+    let mut election = args.election;
+    // The chart's 15s claim, renewed 5s before it runs out, is what a Deployment gets;
+    // in this binary the renewals share two cores with helm, kubectl and the API
+    // server, and a missed one would stop the controller mid-test. The chart's value
+    // is checked on the rendered args before this.
+    assert_eq!(
+        election.leader_election_lease_duration,
+        Duration::from_secs(15)
+    );
+    election.leader_election_lease_duration = Duration::from_secs(60);
     tokio::spawn(async move {
-        if let Err(e) =
-            lockwarden::controller::run_elected(client, args.config, args.election).await
+        // Not `run_elected`: losing leadership would exit this whole test binary.
+        if let Err(e) = lockwarden::controller::run_elected_with(
+            client,
+            args.config,
+            election,
+            OnLostLeadership::Return,
+        )
+        .await
         {
             panic!("controller with the chart's RBAC failed: {e}");
         }

@@ -33,7 +33,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
 use lockwarden::api::conditions::{self, ACQUIRED, reason};
-use lockwarden::controller::{ControllerConfig, LeaderElectionArgs};
+use lockwarden::controller::{ControllerConfig, LeaderElectionArgs, OnLostLeadership};
 use serde_json::{Value, json};
 use support::kube::{ControlPlane, client_from_kubeconfig, install_lockwarden_crd};
 use support::kubectl::{kubectl, kubectl_on};

@@ -10,7 +10,7 @@ use super::support::locks::{
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use lockwarden::api::{LockPhase, ZooKeeperBackend};
-use lockwarden::controller::{LeaderElectionArgs, run_elected};
+use lockwarden::controller::{LeaderElectionArgs, OnLostLeadership, run_elected_with};
 use serde_json::json;
 
 use super::monitoring::{self, Capture, Expected, labels, pair, value};
@@ -402,7 +402,13 @@ async fn a_quiet_controller_fires_no_alert_and_a_standby_fires_no_leader() {
         leader_election_lease_duration: Duration::from_secs(15),
         leader_election_identity: Some("standby".into()),
     };
-    tokio::spawn(run_elected(client.clone(), config, election));
+    // Not `run_elected`: an election that ends would exit this whole test binary.
+    tokio::spawn(run_elected_with(
+        client.clone(),
+        config,
+        election,
+        OnLostLeadership::Return,
+    ));
     let standby = Capture::start(standby_port);
     let at = standby
         .mark_when("the standby to say it does not lead", |m| {
