@@ -931,6 +931,7 @@ fn controller_rules() -> serde_json::Value {
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods"],
          "verbs": ["get", "list", "watch", "patch", "delete"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],

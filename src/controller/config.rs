@@ -30,6 +30,10 @@ pub struct ControllerConfig {
         default_value = "0.0.0.0:8080"
     )]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Kueue here manages every Job, also those without a queue name
+    /// (`manageJobsWithoutQueueName`): Job gating leaves every Job to Kueue
+    #[arg(long, env = "LOCKWARDEN_KUEUE_MANAGES_JOBS_WITHOUT_QUEUE_NAME")]
+    pub kueue_manages_jobs_without_queue_name: bool,
 }
 
 impl Default for ControllerConfig {
@@ -39,6 +43,7 @@ impl Default for ControllerConfig {
             namespace: None,
             reporter: "lockwarden".to_string(),
             metrics_address: None,
+            kueue_manages_jobs_without_queue_name: false,
         }
     }
 }

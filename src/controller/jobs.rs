@@ -27,6 +27,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
 
+use super::config::ControllerConfig;
 use super::gating::kind;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
 use super::gating::stop;
@@ -156,6 +157,15 @@ impl GatedWorkload for Job {
             }
         }
         Ok(())
+    }
+
+    /// Kueue-managed (see [`super::kueue`]), or `spec.managedBy` another controller.
+    async fn managed_elsewhere(
+        &self,
+        client: &kube::Client,
+        config: &ControllerConfig,
+    ) -> Result<Option<String>, kube::Error> {
+        super::kueue::job_managed_elsewhere(self, client, config).await
     }
 
     fn priority(&self) -> Option<i32> {

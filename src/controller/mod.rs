@@ -38,6 +38,7 @@ mod fake_api;
 pub mod gating;
 pub mod holders;
 pub mod jobs;
+pub mod kueue;
 pub mod leader;
 pub mod pods;
 pub mod reconcile;

@@ -246,38 +246,49 @@ async fn install_servicemonitor_crd() {
         ("servicemonitors", "ServiceMonitor"),
         ("prometheusrules", "PrometheusRule"),
     ] {
-        let name = format!("{plural}.monitoring.coreos.com");
-        let crd = json!({
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": { "name": name },
-            "spec": {
-                "group": "monitoring.coreos.com",
-                "scope": "Namespaced",
-                "names": { "plural": plural, "singular": kind.to_lowercase(),
-                           "kind": kind, "listKind": format!("{kind}List") },
-                "versions": [{
-                    "name": "v1", "served": true, "storage": true,
-                    "schema": { "openAPIV3Schema": {
-                        "type": "object", "x-kubernetes-preserve-unknown-fields": true,
-                    }},
-                }],
-            },
-        });
-        apply(&crd.to_string(), &format!("the {kind} CRD")).await;
-        let crd_ref = format!("crd/{name}");
-        let out = kubectl(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=90s",
-                &crd_ref,
-            ],
-            None,
-        )
-        .await;
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        install_stand_in_crd("monitoring.coreos.com", "v1", plural, kind).await;
     }
+}
+
+/// A minimal stand-in for Kueue's Workload CRD (same group, version, kind; an open
+/// schema): `kubectl auth can-i` resolves only resources the API server serves.
+async fn install_kueue_workload_crd() {
+    install_stand_in_crd("kueue.x-k8s.io", "v1beta2", "workloads", "Workload").await;
+}
+
+/// A namespaced CRD of `group`/`version`/`kind` with an open schema, Established.
+async fn install_stand_in_crd(group: &str, version: &str, plural: &str, kind: &str) {
+    let name = format!("{plural}.{group}");
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": name },
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": { "plural": plural, "singular": kind.to_lowercase(),
+                       "kind": kind, "listKind": format!("{kind}List") },
+            "versions": [{
+                "name": version, "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                }},
+            }],
+        },
+    });
+    apply(&crd.to_string(), &format!("the {kind} CRD")).await;
+    let crd_ref = format!("crd/{name}");
+    let out = kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=90s",
+            &crd_ref,
+        ],
+        None,
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
 fn sa_user(namespace: &str, release: &str) -> String {

@@ -63,6 +63,9 @@ fn needed_rows(scope: &Scope) -> Vec<Row> {
         subresource: Some("finalizers"),
         ..row("update", "jobs.batch", scope, true)
     });
+    // Whether Kueue admits a Job (a Workload names it): listed, never written.
+    rows.push(row("list", "workloads.kueue.x-k8s.io", scope, true));
+    rows.push(row("patch", "workloads.kueue.x-k8s.io", scope, false));
     // Pod gating: gated Pods are watched, patched (fence in, gate out) and deleted
     // after a loss; a claimant Pod is looked up by name.
     for verb in ["get", "list", "watch", "patch", "delete"] {
@@ -230,6 +233,7 @@ async fn check_rows(user: &str, rows: &[Row]) {
 async fn cluster_wide_install_grants_exactly_what_the_controller_needs() {
     let (_client, nss) =
         setup(&["helm-cw-rel", "helm-cw-pay", "helm-cw-rep", "helm-cw-other"]).await;
+    install_kueue_workload_crd().await;
     let (release_ns, pay, rep, other) = (&nss[0], &nss[1], &nss[2], &nss[3]);
     // Release names are cluster-wide here (ClusterRoles): unique per test.
     let release = unique("cw");
@@ -290,6 +294,7 @@ async fn cluster_wide_install_grants_exactly_what_the_controller_needs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_scoped_install_is_confined_to_its_namespace() {
     let (_client, nss) = setup(&["helm-ns-rel", "helm-ns-watch", "helm-ns-other"]).await;
+    install_kueue_workload_crd().await;
     let (release_ns, watch, other) = (&nss[0], &nss[1], &nss[2]);
     let release = "scoped";
     let manifests = render_namespace_scoped(release, release_ns, watch);

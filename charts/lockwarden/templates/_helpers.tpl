@@ -77,6 +77,12 @@ Secrets are never here: they get Roles of their own, only where locks live.
 - apiGroups: ["batch"]
   resources: ["jobs/status"]
   verbs: ["patch"]
+# A Job Kueue admits is never gated by lockwarden (two controllers writing its
+# suspend would fight): it is Kueue's when a Kueue Workload names it. Read only;
+# without Kueue's CRDs the list answers 404 and nothing is Kueue's.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list"]
 # Per-Job locks are owned by their Job (blockOwnerDeletion, see above).
 - apiGroups: ["batch"]
   resources: ["jobs/finalizers"]

@@ -217,6 +217,19 @@ pub trait GatedWorkload:
         Ok(())
     }
 
+    /// Another controller admits it (Kueue, or a Job's `spec.managedBy`): what to say
+    /// and why, `None` when lockwarden's gate is its only one. Such a workload is never
+    /// held back, started or stopped by lockwarden: two controllers writing its gate
+    /// would fight (docs/design.md §6.6). Asked only of a workload lockwarden has not
+    /// started.
+    async fn managed_elsewhere(
+        &self,
+        _client: &kube::Client,
+        _config: &ControllerConfig,
+    ) -> Result<Option<String>, kube::Error> {
+        Ok(None)
+    }
+
     /// The priority its owner gave it (`lockwarden.io/priority`, else its Pods'
     /// priority), for a lock's queue; `None` when it has none.
     fn priority(&self) -> Option<i32> {

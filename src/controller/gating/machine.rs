@@ -253,6 +253,12 @@ pub async fn reconcile<W: GatedWorkload>(
         },
         Err(message) => return run.on_invalid(message).await,
     };
+    // Not asked of a workload lockwarden started: that one's locks stay watched.
+    if matches!(phase, Phase::HeldBack | Phase::NotHeldBack)
+        && let Some(why) = obj.managed_elsewhere(&ctx.client, &ctx.config).await?
+    {
+        return run.on_managed_elsewhere(why, &settings).await;
+    }
     match phase {
         Phase::StoppedForGood => run.on_stopped_for_good(&settings).await,
         Phase::Running => run.on_running(&settings).await,
@@ -420,6 +426,30 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// Stopped for good: the locks are let go once, the finalizer dropped; it is never
     /// started again.
     async fn on_stopped_for_good(self, settings: &Settings) -> Result<Action, GatingError> {
+        if has_finalizer(self.obj) {
+            if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
+                return Ok(Action::requeue(PROCESSES_RECHECK));
+            }
+            remove_finalizer(&self.api, self.obj).await?;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// Another controller admits it: a Warning, and nothing written to it (its gate is
+    /// that controller's). Locks taken for it while it was held back, before that
+    /// controller showed up, are let go once its processes have ended.
+    async fn on_managed_elsewhere(
+        self,
+        why: String,
+        settings: &Settings,
+    ) -> Result<Action, GatingError> {
+        let what = describe(&self.named(&settings.locks));
+        let message = format!(
+            "not gated by lockwarden: {why}; its {what} is not taken for it (use a \
+             lockwarden AdmissionCheck on its ClusterQueue to hold it back on a lock)"
+        );
+        self.event(self.obj, EventType::Warning, "ManagedElsewhere", message)
+            .await;
         if has_finalizer(self.obj) {
             if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
                 return Ok(Action::requeue(PROCESSES_RECHECK));

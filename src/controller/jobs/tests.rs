@@ -673,4 +673,60 @@ mod release_waits_for_the_pods {
         );
         assert!(!reasons.iter().any(|r| r == "GuardMissing"), "{reasons:?}");
     }
+
+    /// A suspended Job naming lock db that lockwarden has not touched yet.
+    fn untouched_scene() -> (FakeApi, Arc<Gating<Job>>) {
+        let (api, ctx) = scene("suspend");
+        let mut job = api.get(JOB).unwrap();
+        job["metadata"]["finalizers"] = json!([]);
+        job["spec"]["suspend"] = json!(true);
+        job["spec"]["template"]["metadata"] = json!({});
+        job["status"] = json!({});
+        api.put(JOB, job);
+        api.take_requests();
+        (api, ctx)
+    }
+
+    const WORKLOADS: &str = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads";
+
+    #[tokio::test]
+    async fn kueue_a_job_with_a_queue_name_is_left_to_kueue_with_a_warning_and_never_written() {
+        let (api, ctx) = untouched_scene();
+        change(
+            &api,
+            JOB,
+            json!({ "metadata": { "labels": { crate::controller::kueue::QUEUE_NAME_LABEL: "lq" } } }),
+        );
+        api.take_requests();
+        let before = api.get(JOB).unwrap();
+        step(&api, &ctx).await;
+        assert_eq!(api.take_requests(), Vec::<String>::new());
+        assert_eq!(api.get(JOB).unwrap(), before, "the Job was written");
+        assert_eq!(api.event_reasons(), ["ManagedElsewhere"]);
+    }
+
+    #[tokio::test]
+    async fn kueue_a_job_whose_workload_names_it_is_left_to_kueue_and_others_are_gated() {
+        let (api, ctx) = untouched_scene();
+        // No Workload names it: gated as ever (our finalizer first).
+        step(&api, &ctx).await;
+        let requests = api.take_requests();
+        assert_eq!(requests.first(), Some(&format!("LIST {WORKLOADS}")));
+        assert!(requests.contains(&format!("PATCH {JOB}")), "{requests:?}");
+
+        let (api, ctx) = untouched_scene();
+        api.put(
+            &format!("{WORKLOADS}/job-j-1"),
+            json!({
+                "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+                "metadata": { "name": "job-j-1", "namespace": "ns",
+                              "labels": { crate::controller::kueue::JOB_UID_LABEL: "job-uid" } },
+            }),
+        );
+        let before = api.get(JOB).unwrap();
+        step(&api, &ctx).await;
+        assert_eq!(api.take_requests(), [format!("LIST {WORKLOADS}")]);
+        assert_eq!(api.get(JOB).unwrap(), before, "the Job was written");
+        assert_eq!(api.event_reasons(), ["ManagedElsewhere"]);
+    }
 }
