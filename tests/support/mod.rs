@@ -25,6 +25,7 @@ pub mod dynalite;
 pub mod keys;
 pub mod kube;
 pub mod kubectl;
+pub mod kueue;
 pub mod locks;
 pub mod moto;
 pub mod node;
