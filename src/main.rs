@@ -81,7 +81,7 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         }
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,
         Command::Crd => {
-            print!("{}", lockwarden::api::crd_yaml());
+            print!("{}", lockwarden::api::all_crds_yaml());
             cli::exit::OK
         }
     };

@@ -18,6 +18,7 @@ pub mod backend_spec;
 pub mod conditions;
 pub mod distributed_lock;
 mod error;
+pub mod lock_admission_config;
 mod validation;
 
 pub use crate::duration;
@@ -33,6 +34,7 @@ pub use distributed_lock::{
     DistributedLockStatus, HistoryEntry, LockPhase,
 };
 pub use error::SpecError;
+pub use lock_admission_config::{LockAdmissionConfig, LockAdmissionConfigSpec, TemplateRef};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -78,9 +80,37 @@ pub fn installed_crd_revision(crd: &CustomResourceDefinition) -> Result<u32, Str
     }
 }
 
-/// The CRD as YAML, exactly as stored in [`CRD_PATH`] and printed by `lockwarden crd`.
+/// The CRD as YAML, exactly as stored in [`CRD_PATH`].
 pub fn crd_yaml() -> String {
-    let yaml = serde_yaml_ng::to_string(&crd()).expect("a CustomResourceDefinition serializes");
+    generated_yaml(&crd())
+}
+
+/// The `LockAdmissionConfig` CRD's name: the parameters of a Kueue AdmissionCheck of
+/// lockwarden's (docs/design.md §6.6).
+pub const ADMISSION_CONFIG_CRD_NAME: &str = "lockadmissionconfigs.lockwarden.io";
+
+/// Where the generated `LockAdmissionConfig` CRD is kept, relative to the repository
+/// root.
+pub const ADMISSION_CONFIG_CRD_PATH: &str = "crds/lockadmissionconfigs.lockwarden.io.yaml";
+
+/// The `LockAdmissionConfig` CustomResourceDefinition.
+pub fn admission_config_crd() -> CustomResourceDefinition {
+    LockAdmissionConfig::crd()
+}
+
+/// The `LockAdmissionConfig` CRD as YAML, exactly as stored in
+/// [`ADMISSION_CONFIG_CRD_PATH`].
+pub fn admission_config_crd_yaml() -> String {
+    generated_yaml(&admission_config_crd())
+}
+
+/// Every CRD of lockwarden's as one YAML stream, as `lockwarden crd` prints it.
+pub fn all_crds_yaml() -> String {
+    format!("{}---\n{}", crd_yaml(), admission_config_crd_yaml())
+}
+
+fn generated_yaml(crd: &CustomResourceDefinition) -> String {
+    let yaml = serde_yaml_ng::to_string(crd).expect("a CustomResourceDefinition serializes");
     format!(
         "# Generated from src/api by `lockwarden crd`; do not edit.\n\
          # Regenerate: LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date\n\

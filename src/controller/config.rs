@@ -34,6 +34,10 @@ pub struct ControllerConfig {
     /// (`manageJobsWithoutQueueName`): Job gating leaves every Job to Kueue
     #[arg(long, env = "LOCKWARDEN_KUEUE_MANAGES_JOBS_WITHOUT_QUEUE_NAME")]
     pub kueue_manages_jobs_without_queue_name: bool,
+    /// Run Kueue's AdmissionCheck controller for checks of controllerName
+    /// lockwarden.io/lock: Kueue admits their Workloads once their locks are held
+    #[arg(long, env = "LOCKWARDEN_KUEUE_ADMISSION_CHECK")]
+    pub kueue_admission_check: bool,
 }
 
 impl Default for ControllerConfig {
@@ -44,6 +48,7 @@ impl Default for ControllerConfig {
             reporter: "lockwarden".to_string(),
             metrics_address: None,
             kueue_manages_jobs_without_queue_name: false,
+            kueue_admission_check: false,
         }
     }
 }

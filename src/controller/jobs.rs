@@ -54,6 +54,7 @@ pub static JOB: Kind = Kind {
     api_version: "batch/v1",
     claim_prefix: None,
     block_owner_deletion: true,
+    templates_elsewhere: false,
     on_lock_lost: &[
         ("suspend", OnLockLost::Stop),
         ("fail", OnLockLost::Fail),

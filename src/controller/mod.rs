@@ -68,7 +68,10 @@ pub use leader::{LeaderElectionArgs, OnLostLeadership, run_elected, run_elected_
 
 /// Every kind of workload lockwarden gates: the one registry of them.
 pub fn gated_kinds() -> gating::Kinds {
-    gating::Kinds::default().with::<Job>().with::<Pod>()
+    gating::Kinds::default()
+        .with::<Job>()
+        .with::<Pod>()
+        .with::<kueue::Workload>()
 }
 pub use reconcile::{Context, ReconcileError};
 
@@ -163,6 +166,7 @@ pub async fn run_with(
     });
     let queue = futures::stream::select(from_watch, from_wakes);
 
+    let kueue_checks = ctx.config.kueue_admission_check.then(|| ctx.client.clone());
     let kinds = gated_kinds();
     let gating = kinds.run_all(
         ctx.client.clone(),
@@ -187,7 +191,13 @@ pub async fn run_with(
             Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
     });
-    futures::future::join(locks, gating).await;
+    // Kueue's AdmissionChecks of lockwarden's: their `Active` condition (§6.6).
+    let checks = async {
+        if let Some(client) = kueue_checks {
+            kueue::check::run(client).await;
+        }
+    };
+    futures::future::join3(locks, gating, checks).await;
     Ok(())
 }
 

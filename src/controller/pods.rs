@@ -48,6 +48,7 @@ pub static POD: Kind = Kind {
     api_version: "v1",
     claim_prefix: Some("pod"),
     block_owner_deletion: false,
+    templates_elsewhere: false,
     on_lock_lost: &[("delete", OnLockLost::Stop), ("ignore", OnLockLost::Ignore)],
 };
 

@@ -53,6 +53,7 @@ static WORK: Kind = Kind {
     api_version: "test.lockwarden.io/v1",
     claim_prefix: Some("work"),
     block_owner_deletion: false,
+    templates_elsewhere: false,
     // A kind names only the policies it can carry out: Work has no "fail".
     on_lock_lost: &[("pause", OnLockLost::Stop), ("ignore", OnLockLost::Ignore)],
 };

@@ -3,32 +3,45 @@
 
 use super::*;
 
-/// `crds/` holds exactly what `crd_yaml()` generates. `LOCKWARDEN_UPDATE_CRDS=1`
-/// rewrites the file, and the Helm chart's copy of it, instead of failing.
+/// `crds/` holds exactly what `crd_yaml()` and `admission_config_crd_yaml()` generate.
+/// `LOCKWARDEN_UPDATE_CRDS=1` rewrites the files, and the Helm chart's copies of them,
+/// instead of failing.
 #[test]
 fn crd_file_is_up_to_date() {
-    let path = support::repo_root().join(CRD_PATH);
-    let generated = crd_yaml();
-    let parsed: CustomResourceDefinition =
-        serde_yaml_ng::from_str(&generated).expect("crd_yaml() is a CRD in YAML");
-    assert_eq!(parsed, crd(), "crd_yaml() does not read back as crd()");
-    if std::env::var_os("LOCKWARDEN_UPDATE_CRDS").is_some_and(|v| v == "1") {
-        let file_name = path.file_name().expect("CRD_PATH names a file");
-        let chart_copy = support::repo_root().join(CHART_CRD_DIR).join(file_name);
-        for target in [&path, &chart_copy] {
-            std::fs::write(target, &generated)
-                .unwrap_or_else(|e| panic!("cannot write {}: {e}", target.display()));
-            eprintln!("rewrote {}", target.display());
+    let generated = [
+        (CRD_PATH, crd_yaml(), crd()),
+        (
+            lockwarden::api::ADMISSION_CONFIG_CRD_PATH,
+            lockwarden::api::admission_config_crd_yaml(),
+            lockwarden::api::admission_config_crd(),
+        ),
+    ];
+    for (file, yaml, crd) in generated {
+        let path = support::repo_root().join(file);
+        let parsed: CustomResourceDefinition =
+            serde_yaml_ng::from_str(&yaml).expect("a generated CRD in YAML");
+        assert_eq!(
+            parsed, crd,
+            "{file}: the YAML does not read back as the CRD"
+        );
+        if std::env::var_os("LOCKWARDEN_UPDATE_CRDS").is_some_and(|v| v == "1") {
+            let file_name = path.file_name().expect("a CRD path names a file");
+            let chart_copy = support::repo_root().join(CHART_CRD_DIR).join(file_name);
+            for target in [&path, &chart_copy] {
+                std::fs::write(target, &yaml)
+                    .unwrap_or_else(|e| panic!("cannot write {}: {e}", target.display()));
+                eprintln!("rewrote {}", target.display());
+            }
+            continue;
         }
-        return;
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == yaml,
+            "{file} is out of date with src/api (or missing). Regenerate it (and the \
+             chart's copy in {CHART_CRD_DIR}/) with \
+             `LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date`"
+        );
     }
-    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        on_disk == generated,
-        "{CRD_PATH} is out of date with src/api (or missing). Regenerate it (and the \
-         chart's copy in {CHART_CRD_DIR}/) with \
-         `LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date`"
-    );
 }
 
 /// The digest of each revision's generated schema (`spec`), newest last. A change of

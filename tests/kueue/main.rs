@@ -4,7 +4,113 @@
 //! webhooks included) and webhook configurations pointed at 127.0.0.1; env.rs checks
 //! that its Job webhook suspends a queued Job and makes its Workload, and that a queued
 //! Job is admitted against a ClusterQueue's quota and runs to completion on the node.
+//! admission.rs: lockwarden as Kueue's AdmissionCheck controller (docs/design.md §6.6).
 
+mod admission;
 mod env;
 #[path = "../support/mod.rs"]
 mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use support::kueue::{GROUP, Kueue, QUEUE_LABEL, resource};
+use support::node::Node;
+use support::{eventually, unique};
+
+/// Generous: a loaded 2-core machine, and a Pod's start includes its image's unpacking.
+pub const TIMEOUT: Duration = Duration::from_secs(240);
+
+/// The node, Kueue on its control plane, an admin client and a fresh namespace.
+pub async fn setup(prefix: &str) -> (&'static Node, Client, String) {
+    let node = Node::shared();
+    Kueue::shared();
+    let client = node.client().await;
+    let ns = node.namespace(&client, prefix).await;
+    (node, client, ns)
+}
+
+/// Creates the Kueue object `kind` (`plural`), cluster-scoped unless `ns` is given.
+pub async fn create(client: &Client, kind: &str, plural: &str, ns: Option<&str>, object: Value) {
+    let resource = resource(kind, plural);
+    let api = match ns {
+        Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource),
+        None => Api::<DynamicObject>::all_with(client.clone(), &resource),
+    };
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{GROUP}/{}", resource.version),
+        "kind": kind,
+    }))
+    .map(|o: DynamicObject| merge(o, object))
+    .expect("a Kueue object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create {kind} {:?}: {e}", object.name_any()));
+}
+
+/// `object` (with `metadata` and the rest) as a DynamicObject with `base`'s types.
+fn merge(mut base: DynamicObject, mut object: Value) -> DynamicObject {
+    base.metadata = serde_json::from_value(object["metadata"].take()).expect("metadata");
+    object
+        .as_object_mut()
+        .expect("an object")
+        .remove("metadata");
+    base.data = object;
+    base
+}
+
+/// A Job of one hostNetwork Pod running `script` in the node's busybox image, labelled
+/// for LocalQueue `queue`, created unsuspended (Kueue's webhook suspends it).
+pub fn queued_job(node: &Node, name: &str, queue: &str, script: &str) -> Job {
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { QUEUE_LABEL: queue } },
+        "spec": {
+            "suspend": false,
+            "backoffLimit": 0,
+            "template": { "spec": {
+                "hostNetwork": true,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "work",
+                    "image": node.images().workload,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", script],
+                    "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } },
+                }],
+            }},
+        },
+    }))
+    .expect("a Job")
+}
+
+/// The Workloads in `ns` owned by Job `job` (by UID).
+pub async fn workloads_of(client: &Client, ns: &str, job: &Job) -> Vec<DynamicObject> {
+    let uid = job.uid().expect("a stored Job has a UID");
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource("Workload", "workloads"))
+        .list(&ListParams::default())
+        .await
+        .map(|list| {
+            list.items
+                .into_iter()
+                .filter(|w| {
+                    w.owner_references()
+                        .iter()
+                        .any(|o| o.uid == uid && o.kind == "Job")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `workload` has condition `type_` with status True.
+pub fn condition(workload: &DynamicObject, type_: &str) -> bool {
+    workload.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == type_ && c["status"] == "True")
+}

@@ -68,6 +68,7 @@ pub fn locks(
     annotations: &BTreeMap<String, String>,
     kind: &Kind,
 ) -> Result<Option<LockSet>, String> {
+    let elsewhere = kind.templates_elsewhere;
     let kind = kind.as_str();
     let get = |a: &str| annotations.get(a);
     let single = match (get(LOCK_ANNOTATION), get(TEMPLATE_ANNOTATION)) {
@@ -97,7 +98,9 @@ pub fn locks(
         ));
     }
     if let Some((which, name, gate)) = single {
-        return Ok(Some(LockSet::one(gate(lock_name(which, name, kind)?))));
+        return Ok(Some(LockSet::one(gate(lock_name(
+            which, name, kind, elsewhere,
+        )?))));
     }
     let mut gates: Vec<Gate> = Vec::new();
     for (which, value, gate) in listed {
@@ -111,7 +114,7 @@ pub fn locks(
             if gates.iter().any(|g| g.named() == name) {
                 return Err(format!("{which}: {name:?} is named twice"));
             }
-            gates.push(gate(lock_name(which, name, kind)?));
+            gates.push(gate(lock_name(which, name, kind, elsewhere)?));
         }
     }
     Ok((!gates.is_empty()).then_some(LockSet(gates)))
@@ -144,18 +147,33 @@ pub fn locks_and_on_lock_lost(
 }
 
 /// A DistributedLock name from annotation `which`: in the workload's own namespace,
-/// and valid as one.
-fn lock_name(which: &str, name: &str, kind: &str) -> Result<String, String> {
-    if name.contains('/') {
-        return Err(format!(
-            "{which}: {name:?} names a lock in another namespace; a {kind} can only use a \
-             DistributedLock in its own namespace (give the name alone)"
-        ));
+/// and valid as one. A kind whose templates may live elsewhere
+/// ([`Kind::templates_elsewhere`]) may name a template `NAMESPACE/NAME`.
+fn lock_name(which: &str, name: &str, kind: &str, elsewhere: bool) -> Result<String, String> {
+    let is_template = which == TEMPLATE_ANNOTATION || which == TEMPLATES_ANNOTATION;
+    let (namespace, local) = template_ref(name);
+    if let Some(namespace) = namespace {
+        if !(elsewhere && is_template) {
+            return Err(format!(
+                "{which}: {name:?} names a lock in another namespace; a {kind} can only use \
+                 a DistributedLock in its own namespace (give the name alone)"
+            ));
+        }
+        names::kubernetes_namespace(namespace)
+            .map_err(|e| format!("{which}: {}", e.named("namespace")))?;
     }
     // The same rule as the CRD's metadata.name and the CLI's Lease names.
-    names::kubernetes_name(name)
+    names::kubernetes_name(local)
         .map_err(|e| format!("{which}: {}", e.named("DistributedLock name")))?;
     Ok(name.to_string())
+}
+
+/// A template reference: `NAME` (the workload's namespace) or `NAMESPACE/NAME`.
+pub fn template_ref(template: &str) -> (Option<&str>, &str) {
+    match template.split_once('/') {
+        Some((namespace, name)) => (Some(namespace), name),
+        None => (None, template),
+    }
 }
 
 /// Whether a workload with these annotations names DistributedLock `name` (as a lock
@@ -522,6 +540,7 @@ mod tests {
         api_version: "test.lockwarden.io/v1",
         claim_prefix: None,
         block_owner_deletion: false,
+        templates_elsewhere: false,
         on_lock_lost: &[("stop", OnLockLost::Stop)],
     };
 

@@ -47,6 +47,11 @@ pub struct Kind {
     /// OwnerReferencesPermissionEnforcement runs it needs `update` on the owner's
     /// finalizers, and a workload that keeps our finalizer needs none.
     pub block_owner_deletion: bool,
+    /// Whether its templates may live in another namespace (`NAMESPACE/NAME`): only for
+    /// a kind whose templates a cluster administrator names (a Kueue Workload's, from
+    /// its AdmissionCheck's cluster-scoped parameters), never from a workload's own
+    /// annotations.
+    pub templates_elsewhere: bool,
     /// The values of `lockwarden.io/on-lock-lost` this kind takes and what each means;
     /// the first is the default.
     pub on_lock_lost: &'static [(&'static str, OnLockLost)],
@@ -158,6 +163,13 @@ pub trait GatedWorkload:
     /// The kind by name.
     const KIND: &'static Kind;
 
+    /// Whether this controller gates this kind (a kind that needs another project's
+    /// API, like Kueue's Workloads, only when asked to). Claims of a kind not run are
+    /// still recognised.
+    fn enabled(_config: &ControllerConfig) -> bool {
+        true
+    }
+
     /// The watch over this kind (a label selector, e.g., keeps other objects out of
     /// the cache).
     fn watch_config() -> watcher::Config {
@@ -214,6 +226,30 @@ pub trait GatedWorkload:
     /// it or once it is deleted, so their grace starts without waiting for another
     /// controller (a Job's Pods; a Pod's stop already deletes it).
     async fn delete_pods(&self, _client: &kube::Client) -> Result<(), kube::Error> {
+        Ok(())
+    }
+
+    /// The annotations that name its locks and say how it reacts to losing them
+    /// (`lockwarden.io/lock-template`, `on-lock-lost`, `priority`, `guard`, …): its own
+    /// (Jobs, Pods), or what another object says for it (a Kueue Workload: its
+    /// AdmissionCheck's parameters). Empty: it names no lock.
+    async fn gate_annotations(
+        &self,
+        _client: &kube::Client,
+    ) -> Result<BTreeMap<String, String>, kube::Error> {
+        Ok(self.annotations().clone())
+    }
+
+    /// Shows why it still waits for its locks where its owner looks, besides the status
+    /// annotation and Event the machine writes (a Kueue Workload: its admission
+    /// check's message). `warning` says whether it waits on something a person must
+    /// fix (a template that does not exist).
+    async fn show_waiting(
+        &self,
+        _api: &Api<Self>,
+        _message: &str,
+        _warning: bool,
+    ) -> Result<(), kube::Error> {
         Ok(())
     }
 
@@ -346,6 +382,9 @@ trait Registered: Send + Sync {
         uid: &str,
     ) -> Result<bool, kube::Error>;
 
+    /// Whether this controller gates this kind.
+    fn enabled(&self, config: &ControllerConfig) -> bool;
+
     /// Runs this kind's controller until its watch ends.
     fn run(
         &self,
@@ -391,6 +430,10 @@ impl<W: GatedWorkload> Registered for Of<W> {
             Some(w) if w.uid().as_deref() == Some(uid) => w.processes_ended(&client).await,
             _ => Ok(true),
         }
+    }
+
+    fn enabled(&self, config: &ControllerConfig) -> bool {
+        W::enabled(config)
     }
 
     fn run(
@@ -490,7 +533,7 @@ impl Kinds {
         config: ControllerConfig,
         telemetry: Arc<Telemetry>,
     ) {
-        let runs = self.0.iter().map(|k| {
+        let runs = self.0.iter().filter(|k| k.enabled(&config)).map(|k| {
             k.run(
                 client.clone(),
                 config.clone(),

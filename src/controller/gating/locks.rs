@@ -158,13 +158,16 @@ pub async fn own_lock(
             Claim::Ours(Box::new(lock))
         });
     }
-    let Some(template_lock) = locks.get_opt(template).await? else {
+    let gate = Gate::Template(template.to_string());
+    let Some(template_lock) = super::lockset::lock_or_template(locks, &gate).await? else {
+        let where_ = match super::decide::template_ref(template) {
+            (Some(namespace), _) => format!("in namespace {namespace}"),
+            (None, _) => "in this namespace".to_string(),
+        };
         return Ok(Claim::Waiting(
             EventType::Warning,
             "TemplateNotFound",
-            format!(
-                "lock template {template} (a DistributedLock in this namespace) does not exist"
-            ),
+            format!("lock template {template} (a DistributedLock {where_}) does not exist"),
         ));
     };
     if !template_lock.spec.release {
@@ -204,8 +207,16 @@ pub async fn own_lock(
     let mut lock = DistributedLock::new(name, spec);
     lock.metadata.namespace = Some(workload.namespace.clone());
     lock.metadata.annotations = Some([(CLAIM_ANNOTATION.to_string(), workload.claim())].into());
-    lock.metadata.labels =
-        Some([("lockwarden.io/template".to_string(), template.to_string())].into());
+    // A label value has no `/`: the template's name (its namespace is in the holder's
+    // AdmissionCheck parameters, for a template that lives elsewhere).
+    let (_, template_name) = super::decide::template_ref(template);
+    lock.metadata.labels = Some(
+        [(
+            "lockwarden.io/template".to_string(),
+            template_name.to_string(),
+        )]
+        .into(),
+    );
     lock.metadata.owner_references = Some(vec![workload.owner_reference()]);
     let lock = locks.create(&PostParams::default(), &lock).await?;
     Ok(Claim::Ours(Box::new(lock)))

@@ -44,6 +44,25 @@ pub fn named(set: &LockSet, workload: &Workload) -> Vec<WorkloadLock> {
         .collect()
 }
 
+/// The DistributedLock a gate names: the lock, or its template (in the workload's
+/// namespace, or in the one a `NAMESPACE/NAME` template reference names).
+pub async fn lock_or_template(
+    api: &Api<DistributedLock>,
+    gate: &Gate,
+) -> Result<Option<DistributedLock>, kube::Error> {
+    match gate {
+        Gate::Named(name) => api.get_opt(name).await,
+        Gate::Template(template) => match decide::template_ref(template) {
+            (None, name) => api.get_opt(name).await,
+            (Some(namespace), name) => {
+                Api::<DistributedLock>::namespaced(api.clone().into_client(), namespace)
+                    .get_opt(name)
+                    .await
+            }
+        },
+    }
+}
+
 /// Not (yet) possible: the Event type, reason and message to report.
 pub type Waiting = (EventType, &'static str, String);
 
@@ -61,7 +80,7 @@ pub async fn in_take_order(
     let mut keyed = Vec::with_capacity(all.len());
     for lock in all {
         let source = lock.gate.named();
-        let Some(found) = api.get_opt(source).await? else {
+        let Some(found) = lock_or_template(api, &lock.gate).await? else {
             let what = match lock.gate {
                 Gate::Named(_) => "DistributedLock",
                 Gate::Template(_) => "lock template (a DistributedLock)",

@@ -23,6 +23,7 @@
 //! maintains. Wake-ups: the workload watch, plus a watch on DistributedLocks mapped to
 //! the workloads that own, claim or name each lock.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,8 +87,15 @@ impl Settings {
     /// The settings of a workload of `W`'s kind, `None` if it names no lock, or why its
     /// annotations cannot be acted on.
     pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, String> {
-        let kind = W::KIND;
-        let annotations = workload.annotations();
+        Settings::from_annotations(workload.annotations(), W::KIND)
+    }
+
+    /// The settings these annotations (see [`GatedWorkload::gate_annotations`]) ask for
+    /// a workload of `kind`.
+    pub fn from_annotations(
+        annotations: &BTreeMap<String, String>,
+        kind: &'static super::Kind,
+    ) -> Result<Option<Settings>, String> {
         let Some((locks, on_lock_lost)) = decide::locks_and_on_lock_lost(annotations, kind)? else {
             return Ok(None);
         };
@@ -234,18 +242,19 @@ pub async fn reconcile<W: GatedWorkload>(
     obj: Arc<W>,
     ctx: Arc<Gating<W>>,
 ) -> Result<Action, GatingError> {
-    let run = Run::new(&ctx, &obj);
+    let gate = obj.gate_annotations(&ctx.client).await?;
+    let run = Run::new(&ctx, &obj, &gate);
     let phase = Phase::of(&*obj);
     // Letting go needs only the locks' names: a bad policy annotation must not keep a
     // deleted or finished workload's locks.
-    let named = decide::locks(obj.annotations(), W::KIND);
+    let named = decide::locks(&gate, W::KIND);
     match (phase, named) {
         (Phase::Deleted, locks) => return run.on_deleted(locks.ok().flatten()).await,
         (Phase::Finished, Ok(Some(locks))) => return run.on_finished(&locks).await,
         (Phase::Finished, _) => return run.on_ungated().await,
         _ => {}
     }
-    let settings = match Settings::of(&*obj) {
+    let settings = match Settings::from_annotations(&gate, W::KIND) {
         Ok(Some(settings)) => settings,
         Ok(None) => match obj.gate_without_lock() {
             Some(message) if phase == Phase::HeldBack => return run.on_invalid(message).await,
@@ -273,17 +282,20 @@ pub async fn reconcile<W: GatedWorkload>(
 struct Run<'a, W: GatedWorkload> {
     ctx: &'a Gating<W>,
     obj: &'a W,
+    /// Its [`GatedWorkload::gate_annotations`].
+    gate: &'a BTreeMap<String, String>,
     workload: Workload,
     api: Api<W>,
     locks: Api<DistributedLock>,
 }
 
 impl<'a, W: GatedWorkload> Run<'a, W> {
-    fn new(ctx: &'a Gating<W>, obj: &'a W) -> Self {
+    fn new(ctx: &'a Gating<W>, obj: &'a W, gate: &'a BTreeMap<String, String>) -> Self {
         let ns = obj.namespace().unwrap_or_else(|| "default".into());
         Run {
             ctx,
             obj,
+            gate,
             workload: workload(obj),
             api: Api::namespaced(ctx.client.clone(), &ns),
             locks: Api::namespaced(ctx.client.clone(), &ns),
@@ -309,6 +321,21 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             message,
         )
         .await?)
+    }
+
+    /// Why it is not started (yet): [`report`](Self::report), and the same message
+    /// where its kind shows a waiting workload's status
+    /// ([`GatedWorkload::show_waiting`]).
+    async fn wait(
+        &self,
+        type_: EventType,
+        reason: &str,
+        message: String,
+    ) -> Result<(), GatingError> {
+        self.obj
+            .show_waiting(&self.api, &message, type_ == EventType::Warning)
+            .await?;
+        self.report(type_, reason, message).await
     }
 
     async fn event(&self, obj: &W, type_: EventType, reason: &str, message: String) {
@@ -418,7 +445,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
 
     /// Annotations that cannot be acted on: a Warning, and it stays as it is.
     async fn on_invalid(self, message: String) -> Result<Action, GatingError> {
-        self.report(EventType::Warning, "InvalidLockAnnotation", message)
+        self.wait(EventType::Warning, "InvalidLockAnnotation", message)
             .await?;
         Ok(Action::await_change())
     }
@@ -585,8 +612,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         }
         // Its containers cannot change any more: only its owner can add the guard, by
         // creating it anew. Checked before any lock is taken for it.
-        if let Some(message) = decide::guard_missing(self.obj.annotations(), self.obj.pod_spec()) {
-            self.report(EventType::Warning, "GuardMissing", message)
+        if let Some(message) = decide::guard_missing(self.gate, self.obj.pod_spec()) {
+            self.wait(EventType::Warning, "GuardMissing", message)
                 .await?;
             return Ok(Action::await_change());
         }
@@ -598,15 +625,15 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                         "not started: its Pods' {too_long}, so a contender could start while \
                      they still run"
                     );
-                    self.report(EventType::Warning, "LockDelayTooLong", message)
+                    self.wait(EventType::Warning, "LockDelayTooLong", message)
                         .await?;
                     return Ok(Action::await_change());
                 }
             };
-        let priority = match decide::queue_priority(self.obj.annotations(), self.obj.pod_spec()) {
+        let priority = match decide::queue_priority(self.gate, self.obj.pod_spec()) {
             Ok(asked) => self.priority_value(asked).await,
             Err(message) => {
-                self.report(EventType::Warning, "InvalidPriority", message)
+                self.wait(EventType::Warning, "InvalidPriority", message)
                     .await?;
                 return Ok(Action::await_change());
             }
@@ -615,7 +642,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
                 Ok(ordered) => ordered,
                 Err((type_, reason, message)) => {
-                    self.report(type_, reason, message).await?;
+                    self.wait(type_, reason, message).await?;
                     return Ok(Action::requeue(WAITING_RESYNC));
                 }
             };
@@ -640,7 +667,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         let ran = match taker.take(&ordered).await? {
             Taking::Held(ran) => ran,
             Taking::Waiting((type_, reason, message)) => {
-                self.report(type_, reason, message).await?;
+                self.wait(type_, reason, message).await?;
                 return Ok(Action::requeue(WAITING_RESYNC));
             }
         };
@@ -651,7 +678,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         {
             Readiness::Ready => self.start(&ordered, ran, needed_delay).await,
             Readiness::Wait(message) => {
-                self.report(EventType::Normal, "Waiting", message).await?;
+                self.wait(EventType::Normal, "Waiting", message).await?;
                 Ok(Action::await_change())
             }
             Readiness::Wrote => Ok(Action::await_change()),

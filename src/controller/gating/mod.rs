@@ -130,7 +130,10 @@ impl Workload {
         match gate {
             decide::Gate::Named(name) => name.clone(),
             decide::Gate::Template(_) if !several => self.own_lock_name(),
-            decide::Gate::Template(template) => format!("{}-{template}", self.own_lock_name()),
+            decide::Gate::Template(template) => {
+                let (_, name) = decide::template_ref(template);
+                format!("{}-{name}", self.own_lock_name())
+            }
         }
     }
 

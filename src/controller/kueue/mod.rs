@@ -1,4 +1,7 @@
-//! Kueue (docs/design.md §6.6): which Jobs Kueue admits, so that lockwarden's own Job
+//! Kueue (docs/design.md §6.6): lockwarden as a Kueue AdmissionCheck controller
+//! ([`check`]: the checks' `Active` condition; [`workload`]: the Workload kind of the
+//! gating machine, whose check is `Ready` once its locks are held), over the parts of
+//! Kueue's API in [`types`]; and which Jobs Kueue admits, so that lockwarden's own Job
 //! gating leaves them alone. Kueue holds a Job back with the same `spec.suspend`
 //! lockwarden's gate uses; two controllers writing it would fight, one unsuspending
 //! what the other suspended. A Kueue user gates such a Job on a lock through a
@@ -17,9 +20,16 @@
 //!   MultiKueue sets `kueue.x-k8s.io/multikueue`; any other such controller owns the
 //!   Job's status and suspension too).
 
+pub mod check;
+pub mod types;
+pub mod workload;
+
+pub use types::{AdmissionCheck, ClusterQueue, Workload};
+pub use workload::WORKLOAD;
+
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, ListParams};
 
 use super::config::ControllerConfig;
 
@@ -29,15 +39,6 @@ pub const QUEUE_NAME_LABEL: &str = "kueue.x-k8s.io/queue-name";
 pub const JOB_UID_LABEL: &str = "kueue.x-k8s.io/job-uid";
 /// `spec.managedBy` of a Job the built-in Job controller runs (the default when unset).
 pub const JOB_CONTROLLER: &str = "kubernetes.io/job-controller";
-
-/// Kueue's Workloads, by the API version lockwarden reads them in.
-pub fn workload_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "kueue.x-k8s.io",
-        "v1beta2",
-        "Workload",
-    ))
-}
 
 /// Why `job` is admitted by another controller than lockwarden's gate (see the module
 /// doc), `None` when lockwarden's gate is its only one. Lists Workloads only when the
@@ -54,8 +55,7 @@ pub async fn job_managed_elsewhere(
     let (Some(ns), Some(uid)) = (job.namespace(), job.uid()) else {
         return Ok(None);
     };
-    let workloads =
-        Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &workload_resource());
+    let workloads = Api::<Workload>::namespaced(client.clone(), &ns);
     let params = ListParams::default()
         .labels(&format!("{JOB_UID_LABEL}={uid}"))
         .limit(1);

@@ -1,0 +1,582 @@
+//! lockwarden as Kueue's AdmissionCheck controller (docs/design.md §6.6), against a real
+//! Kueue, kube-apiserver, kube-controller-manager and node: Workloads whose ClusterQueue
+//! asks lockwarden's check are admitted only once their locks are held, with their
+//! fences on the Pods; the checks' states for what cannot (yet) be admitted; and
+//! lockwarden's own Job gating leaving Kueue's Jobs to Kueue.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use lockwarden::api::{ADMISSION_CONFIG_CRD_NAME, DistributedLock, admission_config_crd};
+use lockwarden::controller::ControllerConfig;
+
+use super::*;
+use crate::support::kube::{client_from_kubeconfig, install_lockwarden_crd, wait_event};
+use crate::support::locks::lease_lock;
+
+/// The holder identities' first part.
+const CLUSTER: &str = "kueue-test";
+/// The check's controller name.
+const LOCKWARDEN: &str = "lockwarden.io/lock";
+
+/// A ClusterQueue asking lockwarden's check, its LocalQueue, and the check's parameters
+/// naming template `pool` of the test's namespace.
+struct Scene {
+    node: &'static Node,
+    client: Client,
+    ns: String,
+    queue: String,
+    check: String,
+}
+
+/// Both of lockwarden's CRDs, Established.
+async fn install_crds(client: &Client) {
+    install_lockwarden_crd(client).await;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    crds.patch(
+        ADMISSION_CONFIG_CRD_NAME,
+        &PatchParams::apply("lockwarden-test-crd").force(),
+        &Patch::Apply(&admission_config_crd()),
+    )
+    .await
+    .expect("apply the LockAdmissionConfig CRD");
+    eventually(
+        "the LockAdmissionConfig CRD to be Established",
+        TIMEOUT,
+        || async {
+            let crd = crds.get(ADMISSION_CONFIG_CRD_NAME).await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// Creates a cluster-scoped LockAdmissionConfig.
+async fn create_config(client: &Client, name: &str, spec: Value) {
+    let api = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<lockwarden::api::LockAdmissionConfig>(&()),
+    );
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "lockwarden.io/v1alpha1",
+        "kind": "LockAdmissionConfig",
+        "metadata": { "name": name },
+        "spec": spec,
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create LockAdmissionConfig {name}: {e}"));
+}
+
+/// An AdmissionCheck of lockwarden's whose parameters name LockAdmissionConfig `config`.
+async fn create_check(client: &Client, name: &str, config: &str) {
+    create(
+        client,
+        "AdmissionCheck",
+        "admissionchecks",
+        None,
+        json!({
+            "metadata": { "name": name },
+            "spec": {
+                "controllerName": LOCKWARDEN,
+                "parameters": {
+                    "apiGroup": "lockwarden.io", "kind": "LockAdmissionConfig", "name": config,
+                },
+            },
+        }),
+    )
+    .await;
+}
+
+/// A ResourceFlavor, a ClusterQueue for `ns` alone (quota for 10 of the test's Pods at
+/// once, so only the locks limit them) asking `checks`, and a LocalQueue in `ns`.
+async fn create_queues(client: &Client, ns: &str, checks: &[&str]) -> (String, String) {
+    let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
+    create(
+        client,
+        "ResourceFlavor",
+        "resourceflavors",
+        None,
+        json!({ "metadata": { "name": flavor }, "spec": {} }),
+    )
+    .await;
+    let strategy: Vec<Value> = checks.iter().map(|c| json!({ "name": c })).collect();
+    let strategy = if strategy.is_empty() {
+        Value::Null
+    } else {
+        json!({ "admissionChecks": strategy })
+    };
+    create(
+        client,
+        "ClusterQueue",
+        "clusterqueues",
+        None,
+        json!({
+            "metadata": { "name": cluster_queue },
+            "spec": {
+                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
+                "admissionChecksStrategy": strategy,
+                "resourceGroups": [{
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [{
+                        "name": flavor,
+                        "resources": [
+                            { "name": "cpu", "nominalQuota": "100m" },
+                            { "name": "memory", "nominalQuota": "160Mi" },
+                        ],
+                    }],
+                }],
+            },
+        }),
+    )
+    .await;
+    create(
+        client,
+        "LocalQueue",
+        "localqueues",
+        Some(ns),
+        json!({ "metadata": { "name": queue }, "spec": { "clusterQueue": cluster_queue } }),
+    )
+    .await;
+    (cluster_queue, queue)
+}
+
+/// A template of `permits` on a Lease of the namespace, released (a template).
+fn pool_template(permits: u32) -> DistributedLock {
+    let mut template = lease_lock("pool", "pool-lease");
+    template.spec.release = true;
+    template.spec.permits = permits;
+    template.spec.lease_duration = "20s".into();
+    template.spec.renew_interval = "4s".into();
+    template
+}
+
+/// The controller, in-process, for `ns` with the AdmissionCheck controller on, as its own
+/// identity (the audit log tells its writes apart).
+async fn start_controller(node: &Node, ns: &str) -> tokio::task::JoinHandle<()> {
+    let user = format!("lockwarden-kueue-{ns}");
+    let kubeconfig = node.plane().user_kubeconfig(&user, Some("system:masters"));
+    let client = client_from_kubeconfig(&kubeconfig).await;
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(ns.to_string()),
+        kueue_admission_check: true,
+        ..Default::default()
+    };
+    tokio::spawn(async move {
+        if let Err(e) = lockwarden::controller::run(client, config).await {
+            panic!("controller failed: {e}");
+        }
+    })
+}
+
+impl Scene {
+    /// The namespace, both CRDs, the template (`template`, if any) and config, the
+    /// check, the queues, and the controller.
+    async fn new(
+        prefix: &str,
+        template: Option<DistributedLock>,
+    ) -> (Scene, tokio::task::JoinHandle<()>) {
+        let (node, client, ns) = setup(prefix).await;
+        install_crds(&client).await;
+        if let Some(template) = template {
+            Api::<DistributedLock>::namespaced(client.clone(), &ns)
+                .create(&PostParams::default(), &template)
+                .await
+                .expect("create the template");
+        }
+        let (config, check) = (unique("locks"), unique("lockwarden"));
+        create_config(
+            &client,
+            &config,
+            json!({ "templates": [{ "namespace": ns, "name": "pool" }] }),
+        )
+        .await;
+        create_check(&client, &check, &config).await;
+        let (_, queue) = create_queues(&client, &ns, &[&check]).await;
+        let controller = start_controller(node, &ns).await;
+        let scene = Scene {
+            node,
+            client,
+            ns,
+            queue,
+            check,
+        };
+        (scene, controller)
+    }
+
+    fn jobs(&self) -> Api<Job> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// A queued Job whose container prints the fence Kueue's podSetUpdates gave its Pod
+    /// and then works for `seconds`.
+    async fn submit(&self, name: &str, seconds: u32) -> Job {
+        let script = format!("echo \"fence=$FENCE\"; sleep {seconds}");
+        let mut job = queued_job(self.node, name, &self.queue, &script);
+        let container = &mut job
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0];
+        container.env = Some(vec![serde_json::from_value(json!({
+            "name": "FENCE",
+            "valueFrom": { "fieldRef": { "fieldPath": "metadata.annotations['lockwarden.io/fence']" } },
+        }))
+        .unwrap()]);
+        self.jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .unwrap_or_else(|e| panic!("create Job {name}: {e}"))
+    }
+
+    /// Our check's entry in the Job's Workload, once it has one.
+    async fn check_state(&self, job: &Job) -> Option<Value> {
+        let workload = workloads_of(&self.client, &self.ns, job)
+            .await
+            .into_iter()
+            .next()?;
+        workload.data["status"]["admissionChecks"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == self.check.as_str())
+            .cloned()
+    }
+
+    async fn wait_complete(&self, name: &str) -> Job {
+        let jobs = self.jobs();
+        eventually(&format!("Job {name} to complete"), TIMEOUT, || async {
+            let job = jobs.get(name).await.ok()?;
+            let conditions = job.status.as_ref()?.conditions.clone()?;
+            if let Some(failed) = conditions
+                .iter()
+                .find(|c| c.type_ == "Failed" && c.status == "True")
+            {
+                panic!("Job {name} failed: {failed:?}");
+            }
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True")
+                .then_some(job)
+        })
+        .await
+    }
+
+    /// The fence annotation of the Pods of Job `name`.
+    async fn pod_fences(&self, name: &str) -> Vec<i64> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .list(&ListParams::default().labels(&format!("job-name={name}")))
+            .await
+            .expect("list the Job's Pods")
+            .items
+            .iter()
+            .map(|p| {
+                p.annotations()
+                    .get("lockwarden.io/fence")
+                    .unwrap_or_else(|| panic!("Pod {} of Job {name} has no fence", p.name_any()))
+                    .parse()
+                    .expect("a fence is a number")
+            })
+            .collect()
+    }
+}
+
+/// What a watch over a namespace's Jobs saw: the most unsuspended and unfinished at
+/// once, and the order in which Jobs were first seen unsuspended.
+type Running = Arc<Mutex<(usize, Vec<String>)>>;
+
+/// Watches the namespace's Jobs (see [`Running`]).
+fn watch_running(client: &Client, ns: &str) -> (Running, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new((0usize, Vec::<String>::new())));
+    let record = seen.clone();
+    let jobs = Api::<Job>::namespaced(client.clone(), ns);
+    let task = tokio::spawn(async move {
+        let mut running: BTreeMap<String, bool> = BTreeMap::new();
+        let mut stream = watcher(jobs, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(job)) = stream.next().await {
+            let unsuspended = job.spec.as_ref().and_then(|s| s.suspend) == Some(false);
+            let done = job
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+            running.insert(job.name_any(), unsuspended && !done);
+            let mut seen = record.lock().unwrap();
+            let now = running.values().filter(|r| **r).count();
+            seen.0 = seen.0.max(now);
+            if unsuspended && !seen.1.contains(&job.name_any()) {
+                seen.1.push(job.name_any());
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Three Kueue Jobs on a `permits: 2` template: never more than two admitted and
+/// unsuspended at once (a watch over the whole run), all three complete, each one's
+/// Pods carry the fence of its own lock, and the fences are distinct and increase in
+/// the order the Jobs were admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_three_jobs_on_a_semaphore_of_two_run_at_most_two_at_once_with_rising_fences() {
+    let (scene, controller) = Scene::new("kueue-sem", Some(pool_template(2))).await;
+    let (seen, watch) = watch_running(&scene.client, &scene.ns);
+    let names = ["first", "second", "third"];
+    for name in names {
+        scene.submit(name, 8).await;
+    }
+    for name in names {
+        scene.wait_complete(name).await;
+    }
+    let (most, order) = seen.lock().unwrap().clone();
+    watch.abort();
+    assert!(most <= 2, "{most} Jobs ran at once on a semaphore of 2");
+    assert_eq!(order.len(), 3, "not every Job was seen running: {order:?}");
+    let mut fences = Vec::new();
+    for name in &order {
+        let on_pods = scene.pod_fences(name).await;
+        assert!(!on_pods.is_empty(), "Job {name} has no Pods left to read");
+        assert!(
+            on_pods.windows(2).all(|w| w[0] == w[1]),
+            "Job {name}'s Pods carry different fences: {on_pods:?}"
+        );
+        fences.push(on_pods[0]);
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences in the order the Jobs were admitted ({order:?}) do not rise: {fences:?}"
+    );
+    eprintln!("admitted {order:?} with fences {fences:?}; at most {most} at once");
+    controller.abort();
+}
+
+/// A template that does not exist (yet): the Workload waits `Pending` with a message
+/// naming it, its Job stays suspended; once the template is created the Job runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_a_missing_template_keeps_the_workload_pending_naming_it_until_it_appears() {
+    let (scene, controller) = Scene::new("kueue-missing", None).await;
+    let job = scene.submit("waits", 1).await;
+    let check = eventually(
+        "the check to name the missing template",
+        TIMEOUT,
+        || async {
+            let check = scene.check_state(&job).await?;
+            (check["state"] == "Pending"
+                && check["message"].as_str()?.contains("pool")
+                && check["message"].as_str()?.contains("does not exist"))
+            .then_some(check)
+        },
+    )
+    .await;
+    eprintln!("pending: {}", check["message"]);
+    let stored = scene.jobs().get("waits").await.unwrap();
+    assert_eq!(
+        stored.spec.unwrap().suspend,
+        Some(true),
+        "admitted without its lock"
+    );
+    Api::<DistributedLock>::namespaced(scene.client.clone(), &scene.ns)
+        .create(&PostParams::default(), &pool_template(1))
+        .await
+        .unwrap();
+    scene.wait_complete("waits").await;
+    assert_eq!(scene.pod_fences("waits").await.len(), 1);
+    controller.abort();
+}
+
+/// The Active condition of AdmissionCheck `name`, once lockwarden set it.
+async fn active(client: &Client, name: &str) -> (String, String) {
+    let checks = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &resource("AdmissionCheck", "admissionchecks"),
+    );
+    eventually(
+        &format!("AdmissionCheck {name}'s Active condition"),
+        TIMEOUT,
+        || async {
+            let check = checks.get(name).await.ok()?;
+            let active = check.data["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "Active")?
+                .clone();
+            Some((
+                active["status"].as_str()?.to_string(),
+                active["message"].as_str()?.to_string(),
+            ))
+        },
+    )
+    .await
+}
+
+/// Parameters that cannot be used make the check `Active=False` naming why, and Kueue
+/// admits nothing of its ClusterQueue; a check with usable parameters is `Active=True`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_invalid_parameters_make_the_admission_check_inactive() {
+    let (scene, controller) = Scene::new("kueue-params", Some(pool_template(1))).await;
+    assert_eq!(active(&scene.client, &scene.check).await.0, "True");
+    let broken = unique("broken");
+    create_check(&scene.client, &broken, "no-such-config").await;
+    let (status, message) = active(&scene.client, &broken).await;
+    assert_eq!(status, "False", "{message}");
+    assert!(
+        message.contains("no-such-config") && message.contains("does not exist"),
+        "{message}"
+    );
+
+    // A ClusterQueue asking the broken check admits nothing.
+    let (_, queue) = create_queues(&scene.client, &scene.ns, &[&broken]).await;
+    let job = queued_job(scene.node, "never", &queue, "true");
+    let job = scene
+        .jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for w in workloads_of(&scene.client, &scene.ns, &job).await {
+        assert!(
+            !condition(&w, "QuotaReserved") && !condition(&w, "Admitted"),
+            "{:?}",
+            w.data["status"]
+        );
+    }
+    assert_eq!(
+        scene
+            .jobs()
+            .get("never")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .suspend,
+        Some(true)
+    );
+    controller.abort();
+}
+
+/// A ClusterQueue asking two of lockwarden's checks: the second is `Active=False`
+/// naming the first (one check takes all of a ClusterQueue's locks, in one order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_a_second_lockwarden_check_on_a_cluster_queue_is_inactive() {
+    let (scene, controller) = Scene::new("kueue-second", Some(pool_template(1))).await;
+    let (config, second) = (unique("locks"), unique("second"));
+    create_config(
+        &scene.client,
+        &config,
+        json!({ "templates": [{ "namespace": scene.ns, "name": "pool" }] }),
+    )
+    .await;
+    create_check(&scene.client, &second, &config).await;
+    create_queues(&scene.client, &scene.ns, &[&scene.check, &second]).await;
+    let (status, message) = eventually("the second check to be inactive", TIMEOUT, || async {
+        let (status, message) = active(&scene.client, &second).await;
+        (status == "False").then_some((status, message))
+    })
+    .await;
+    assert!(
+        message.contains(&scene.check) && message.contains("one lockwarden check per ClusterQueue"),
+        "{status}: {message}"
+    );
+    // The first check stays active.
+    assert_eq!(active(&scene.client, &scene.check).await.0, "True");
+    controller.abort();
+}
+
+/// A Job whose pod template already sets `lockwarden.io/fence`: Kueue's podSetUpdates
+/// could never add it, so the check says `Rejected` naming the annotation, and the Job
+/// is never admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_a_pod_template_that_sets_the_fence_itself_is_rejected() {
+    let (scene, controller) = Scene::new("kueue-clash", Some(pool_template(1))).await;
+    let mut job = queued_job(scene.node, "clash", &scene.queue, "true");
+    job.spec.as_mut().unwrap().template.metadata = Some(
+        serde_json::from_value(json!({ "annotations": { "lockwarden.io/fence": "1" } })).unwrap(),
+    );
+    let job = scene
+        .jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    let check = eventually("the check to be Rejected", TIMEOUT, || async {
+        let check = scene.check_state(&job).await?;
+        (check["state"] == "Rejected").then_some(check)
+    })
+    .await;
+    assert!(
+        check["message"]
+            .as_str()
+            .unwrap()
+            .contains("lockwarden.io/fence"),
+        "{check}"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        scene
+            .jobs()
+            .get("clash")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .suspend,
+        Some(true)
+    );
+    controller.abort();
+}
+
+/// A Kueue Job that also names a lockwarden lock (gating on its own, as for a plain Job):
+/// lockwarden's Job gating leaves it to Kueue with a Warning and writes nothing to it;
+/// Kueue admits it (its ClusterQueue asks no lockwarden check) and it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_managed_job_with_a_lock_annotation_is_left_to_kueue() {
+    let (scene, controller) = Scene::new("kueue-left", Some(pool_template(1))).await;
+    let (_, plain_queue) = create_queues(&scene.client, &scene.ns, &[]).await;
+    let mut job = queued_job(scene.node, "left", &plain_queue, "true");
+    job.metadata.annotations = Some(
+        [(
+            "lockwarden.io/lock-template".to_string(),
+            "pool".to_string(),
+        )]
+        .into(),
+    );
+    scene
+        .jobs()
+        .create(&PostParams::default(), &job)
+        .await
+        .unwrap();
+    wait_event(
+        &scene.client,
+        &scene.ns,
+        "left",
+        "Warning",
+        "ManagedElsewhere",
+        "Kueue admits it",
+    )
+    .await;
+    let done = scene.wait_complete("left").await;
+    assert!(
+        !done
+            .finalizers()
+            .iter()
+            .any(|f| f.starts_with("lockwarden.io")),
+        "lockwarden put its finalizer on a Kueue Job: {:?}",
+        done.finalizers()
+    );
+    assert!(!done.annotations().contains_key("lockwarden.io/status"));
+    controller.abort();
+}
