@@ -70,7 +70,7 @@ fn helm_lint_passes_for_default_and_every_ci_values_file() {
 /// naming the value.
 #[test]
 fn inconsistent_values_are_refused_with_a_message_naming_them() {
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["replicaCount=2", "leaderElection.enabled=false"],
             "leaderElection.enabled",
@@ -84,6 +84,10 @@ fn inconsistent_values_are_refused_with_a_message_naming_them() {
             "service.enabled",
         ),
         (&["logFormat=yaml"], "logFormat"),
+        (
+            &["kueue.admissionCheck=true", "watchNamespace=team-a"],
+            "kueue.admissionCheck needs the cluster-wide mode",
+        ),
         (&["replicas=3"], "replicas"),
     ];
     for (sets, named) in cases {
@@ -226,6 +230,48 @@ fn non_default_values_render_what_they_say() {
     assert_eq!(pod_meta["labels"]["team"], "payments");
     assert_eq!(pod_meta["labels"]["app.kubernetes.io/name"], "lockwarden");
     assert_eq!(pod_meta["annotations"]["example.com/owner"], "payments");
+
+    // Kueue: both flags, and the AdmissionCheck controller's rules (read checks,
+    // ClusterQueues and our parameters; write only check and Workload status and
+    // Workload metadata). Without the value, no rule names them but `list workloads`.
+    let objs = objects(&render(
+        "lw",
+        "lockwarden-system",
+        Some(&ci_values("kueue-values.yaml")),
+        &[],
+    ));
+    let deployment = one(&objs, "Deployment");
+    for flag in [
+        "--kueue-admission-check",
+        "--kueue-manages-jobs-without-queue-name",
+    ] {
+        assert!(args(deployment).contains(&flag.to_string()), "{flag}");
+    }
+    // The controller's ClusterRole (the chart has others, e.g. for its admission rules).
+    let controller_rules = |objs: &[Value]| {
+        of_kind(objs, "ClusterRole")
+            .into_iter()
+            .map(|r| r["rules"].to_string())
+            .find(|r| r.contains("distributedlocks/status"))
+            .expect("the controller's ClusterRole")
+    };
+    let rules = controller_rules(&objs);
+    for resource in [
+        "admissionchecks/status",
+        "workloads/status",
+        "lockadmissionconfigs",
+    ] {
+        assert!(rules.contains(resource), "no rule for {resource}: {rules}");
+    }
+    assert_no_wildcards_or_secrets_beyond_get(&objs);
+    let default = objects(&render("lw", "lockwarden-system", None, &[]));
+    let rules = controller_rules(&default);
+    assert!(!rules.contains("admissionchecks"), "{rules}");
+    assert!(
+        !args(one(&default, "Deployment"))
+            .iter()
+            .any(|a| a.starts_with("--kueue"))
+    );
 
     // ServiceMonitor and PDB.
     let objs = objects(&render(

@@ -122,6 +122,9 @@ Secrets are never here: they get Roles of their own, only where locks live.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.kueue.admissionCheck .Values.watchNamespace -}}
+{{- fail (printf "kueue.admissionCheck needs the cluster-wide mode, but watchNamespace is %q: Kueue's AdmissionChecks and ClusterQueues are cluster-scoped, which a namespace-scoped install cannot read. Leave watchNamespace empty." .Values.watchNamespace) -}}
+{{- end -}}
 {{- if and .Values.serviceMonitor.enabled (not .Values.service.enabled) -}}
 {{- fail "serviceMonitor.enabled requires service.enabled (the ServiceMonitor selects the metrics Service)" -}}
 {{- end -}}
