@@ -35,7 +35,7 @@ struct Scene {
 }
 
 /// Both of lockwarden's CRDs, Established.
-async fn install_crds(client: &Client) {
+pub(super) async fn install_crds(client: &Client) {
     install_lockwarden_crd(client).await;
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     crds.patch(
@@ -163,7 +163,7 @@ fn pool_template(permits: u32) -> DistributedLock {
 
 /// The controller, in-process, for `ns` with the AdmissionCheck controller on, as its own
 /// identity (the audit log tells its writes apart).
-async fn start_controller(node: &Node, ns: &str) -> tokio::task::JoinHandle<()> {
+pub(super) async fn start_controller(node: &Node, ns: &str) -> tokio::task::JoinHandle<()> {
     let user = format!("lockwarden-kueue-{ns}");
     let kubeconfig = node.plane().user_kubeconfig(&user, Some("system:masters"));
     let client = client_from_kubeconfig(&kubeconfig).await;
@@ -258,49 +258,57 @@ impl Scene {
     }
 
     async fn wait_complete(&self, name: &str) -> Job {
-        let jobs = self.jobs();
-        eventually(&format!("Job {name} to complete"), TIMEOUT, || async {
-            let job = jobs.get(name).await.ok()?;
-            let conditions = job.status.as_ref()?.conditions.clone()?;
-            if let Some(failed) = conditions
-                .iter()
-                .find(|c| c.type_ == "Failed" && c.status == "True")
-            {
-                panic!("Job {name} failed: {failed:?}");
-            }
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Complete" && c.status == "True")
-                .then_some(job)
-        })
-        .await
+        wait_complete(&self.jobs(), name).await
     }
 
-    /// The fence annotation of the Pods of Job `name`.
     async fn pod_fences(&self, name: &str) -> Vec<i64> {
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
-            .list(&ListParams::default().labels(&format!("job-name={name}")))
-            .await
-            .expect("list the Job's Pods")
-            .items
-            .iter()
-            .map(|p| {
-                p.annotations()
-                    .get("lockwarden.io/fence")
-                    .unwrap_or_else(|| panic!("Pod {} of Job {name} has no fence", p.name_any()))
-                    .parse()
-                    .expect("a fence is a number")
-            })
-            .collect()
+        pod_fences(&self.client, &self.ns, name).await
     }
+}
+
+/// Waits for Job `name` to complete; fails at once if it failed.
+pub(super) async fn wait_complete(jobs: &Api<Job>, name: &str) -> Job {
+    eventually(&format!("Job {name} to complete"), TIMEOUT, || async {
+        let job = jobs.get(name).await.ok()?;
+        let conditions = job.status.as_ref()?.conditions.clone()?;
+        if let Some(failed) = conditions
+            .iter()
+            .find(|c| c.type_ == "Failed" && c.status == "True")
+        {
+            panic!("Job {name} failed: {failed:?}");
+        }
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Complete" && c.status == "True")
+            .then_some(job)
+    })
+    .await
+}
+
+/// The fence annotation of the Pods of Job `name`.
+pub(super) async fn pod_fences(client: &Client, ns: &str, name: &str) -> Vec<i64> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await
+        .expect("list the Job's Pods")
+        .items
+        .iter()
+        .map(|p| {
+            p.annotations()
+                .get("lockwarden.io/fence")
+                .unwrap_or_else(|| panic!("Pod {} of Job {name} has no fence", p.name_any()))
+                .parse()
+                .expect("a fence is a number")
+        })
+        .collect()
 }
 
 /// What a watch over a namespace's Jobs saw: the most unsuspended and unfinished at
 /// once, and the order in which Jobs were first seen unsuspended.
-type Running = Arc<Mutex<(usize, Vec<String>)>>;
+pub(super) type Running = Arc<Mutex<(usize, Vec<String>)>>;
 
 /// Watches the namespace's Jobs (see [`Running`]).
-fn watch_running(client: &Client, ns: &str) -> (Running, tokio::task::JoinHandle<()>) {
+pub(super) fn watch_running(client: &Client, ns: &str) -> (Running, tokio::task::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new((0usize, Vec::<String>::new())));
     let record = seen.clone();
     let jobs = Api::<Job>::namespaced(client.clone(), ns);

@@ -4,10 +4,12 @@
 //! webhooks included) and webhook configurations pointed at 127.0.0.1; env.rs checks
 //! that its Job webhook suspends a queued Job and makes its Workload, and that a queued
 //! Job is admitted against a ClusterQueue's quota and runs to completion on the node.
-//! admission.rs: lockwarden as Kueue's AdmissionCheck controller (docs/design.md §6.6).
+//! admission.rs: lockwarden as Kueue's AdmissionCheck controller (docs/design.md §6.6);
+//! examples.rs: every examples/kueue-*.yaml driven to the state it promises.
 
 mod admission;
 mod env;
+mod examples;
 #[path = "../support/mod.rs"]
 mod support;
 
