@@ -161,10 +161,49 @@ fn pool_template(permits: u32) -> DistributedLock {
     template
 }
 
+/// The identity the test's controller in `ns` runs as.
+pub(super) fn controller_user(ns: &str) -> String {
+    format!("lockwarden-kueue-{ns}")
+}
+
+/// The API server's audit log over the test so far: lockwarden's identity wrote no Job
+/// of `ns` at all (so never its `spec.suspend`), while Kueue's unsuspending writes are
+/// there (the log does record them). Returns how many Job writes Kueue made.
+pub(super) fn assert_no_job_write_by_lockwarden(node: &Node, ns: &str) -> usize {
+    let user = controller_user(ns);
+    let writes: Vec<Value> = node
+        .plane()
+        .audit_events()
+        .into_iter()
+        .filter(|e| e["objectRef"]["resource"] == "jobs" && e["objectRef"]["namespace"] == ns)
+        .collect();
+    let ours: Vec<&Value> = writes
+        .iter()
+        .filter(|e| e["user"]["username"] == user.as_str())
+        .collect();
+    assert!(
+        ours.is_empty(),
+        "lockwarden ({user}) wrote Kueue's Jobs: {:#?}",
+        ours.iter()
+            .map(|e| (&e["verb"], &e["objectRef"]["name"], &e["requestObject"]))
+            .collect::<Vec<_>>()
+    );
+    let unsuspends = writes
+        .iter()
+        .filter(|e| e["verb"] != "create" && e["requestObject"]["spec"]["suspend"] == false)
+        .count();
+    assert!(
+        unsuspends > 0,
+        "the audit log shows no write unsuspending a Job of {ns}: {} Job writes",
+        writes.len()
+    );
+    unsuspends
+}
+
 /// The controller, in-process, for `ns` with the AdmissionCheck controller on, as its own
 /// identity (the audit log tells its writes apart).
 pub(super) async fn start_controller(node: &Node, ns: &str) -> tokio::task::JoinHandle<()> {
-    let user = format!("lockwarden-kueue-{ns}");
+    let user = controller_user(ns);
     let kubeconfig = node.plane().user_kubeconfig(&user, Some("system:masters"));
     let client = client_from_kubeconfig(&kubeconfig).await;
     let config = ControllerConfig {
@@ -369,7 +408,11 @@ async fn kueue_three_jobs_on_a_semaphore_of_two_run_at_most_two_at_once_with_ris
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences in the order the Jobs were admitted ({order:?}) do not rise: {fences:?}"
     );
-    eprintln!("admitted {order:?} with fences {fences:?}; at most {most} at once");
+    let unsuspends = assert_no_job_write_by_lockwarden(scene.node, &scene.ns);
+    eprintln!(
+        "admitted {order:?} with fences {fences:?}; at most {most} at once; audit: \
+         {unsuspends} Job writes unsuspending by Kueue, none by lockwarden"
+    );
     controller.abort();
 }
 
@@ -586,5 +629,6 @@ async fn kueue_managed_job_with_a_lock_annotation_is_left_to_kueue() {
         done.finalizers()
     );
     assert!(!done.annotations().contains_key("lockwarden.io/status"));
+    assert_no_job_write_by_lockwarden(scene.node, &scene.ns);
     controller.abort();
 }

@@ -105,6 +105,15 @@ impl ControlPlane {
         self.port
     }
 
+    /// The API server's audit events so far (writes to Jobs, with their request and
+    /// response bodies), one JSON object each, oldest first.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
     /// An admin (`system:masters`) kubeconfig, for kubectl and for subprocesses such
     /// as the controller binary. Certificates are referenced by absolute path.
     pub fn kubeconfig_path(&self) -> &Path {
@@ -255,7 +264,20 @@ impl ControlPlane {
             // pprof handlers.
             .arg("--enable-priority-and-fairness=false")
             .arg("--endpoint-reconciler-type=none")
-            .arg("--profiling=false");
+            .arg("--profiling=false")
+            // Every write to a Job, with its request and response, in `audit.log`:
+            // who wrote a Job's `spec.suspend` is proof only there (managedFields keep
+            // just the current owner of a field).
+            .arg(format!(
+                "--audit-policy-file={}",
+                write_audit_policy(&dir).display()
+            ))
+            .arg(format!(
+                "--audit-log-path={}",
+                dir.join(AUDIT_LOG).display()
+            ))
+            .arg("--audit-log-format=json")
+            .arg("--audit-log-maxbackup=0");
         if options.node {
             // A kubelet's identity (system:node:<name>) is authorized by the Node
             // authorizer and restricted to its own Node and Pods; Pods get their
@@ -323,6 +345,29 @@ const CONTROLLERS: &str = "job,garbagecollector,namespace,serviceaccount,service
 /// (the CA in projected ServiceAccount tokens) and the node lifecycle (it removes the
 /// not-ready taint once the node reports Ready).
 const NODE_CONTROLLERS: &str = "root-ca-cert-publisher,nodelifecycle";
+
+/// The API server's audit log in its directory ([`ControlPlane::audit_events`]).
+const AUDIT_LOG: &str = "audit.log";
+
+/// The audit policy: writes to Jobs at RequestResponse, nothing else.
+fn write_audit_policy(dir: &Path) -> PathBuf {
+    let path = dir.join("audit-policy.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: audit.k8s.io/v1\n\
+         kind: Policy\n\
+         omitStages: [RequestReceived]\n\
+         rules:\n\
+         - level: RequestResponse\n  \
+           verbs: [create, update, patch, delete]\n  \
+           resources:\n  \
+           - group: batch\n    \
+             resources: [jobs, jobs/status]\n\
+         - level: None\n",
+    )
+    .expect("write the audit policy");
+    path
+}
 
 /// How a control plane is started; the default is the shared one's.
 #[derive(Clone, Copy, Debug, Default)]
