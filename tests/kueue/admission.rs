@@ -632,3 +632,155 @@ async fn kueue_managed_job_with_a_lock_annotation_is_left_to_kueue() {
     assert_no_job_write_by_lockwarden(scene.node, &scene.ns);
     controller.abort();
 }
+
+/// Eviction by preemption: a running low-priority Job is preempted by a high-priority
+/// one in a ClusterQueue with room for one. Kueue resets the low Workload's check to
+/// `Pending`; lockwarden lets its acquisition go only once its Pods have ended, the
+/// high Job runs with the next fence, and the low Job, admitted again, carries a newer
+/// fence than both (a re-admission never reuses the fence of a run that may still be
+/// stopping).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_eviction_by_preemption_lets_go_after_the_pods_and_readmits_with_a_new_fence() {
+    let (node, client, ns) = setup("kueue-preempt").await;
+    install_crds(&client).await;
+    // Queued, so the high Workload, waiting first, is granted before the low one's
+    // next request.
+    let mut template = pool_template(1);
+    template.spec.queue = true;
+    Api::<DistributedLock>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let (config, check) = (unique("locks"), unique("lockwarden"));
+    create_config(
+        &client,
+        &config,
+        json!({ "templates": [{ "namespace": ns, "name": "pool" }], "pendingTimeout": "2m" }),
+    )
+    .await;
+    create_check(&client, &check, &config).await;
+    let (low, high) = (unique("low"), unique("high"));
+    for (name, value) in [(&low, 10), (&high, 1000)] {
+        create(
+            &client,
+            "WorkloadPriorityClass",
+            "workloadpriorityclasses",
+            None,
+            json!({ "metadata": { "name": name }, "value": value }),
+        )
+        .await;
+    }
+    // Room for one of the test's Pods (10m CPU each), and preemption by priority.
+    let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
+    create(
+        &client,
+        "ResourceFlavor",
+        "resourceflavors",
+        None,
+        json!({ "metadata": { "name": flavor }, "spec": {} }),
+    )
+    .await;
+    create(
+        &client,
+        "ClusterQueue",
+        "clusterqueues",
+        None,
+        json!({
+            "metadata": { "name": cluster_queue },
+            "spec": {
+                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
+                "admissionChecksStrategy": { "admissionChecks": [{ "name": check }] },
+                "preemption": { "withinClusterQueue": "LowerPriority" },
+                "resourceGroups": [{
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [{
+                        "name": flavor,
+                        "resources": [
+                            { "name": "cpu", "nominalQuota": "10m" },
+                            { "name": "memory", "nominalQuota": "16Mi" },
+                        ],
+                    }],
+                }],
+            },
+        }),
+    )
+    .await;
+    create(
+        &client,
+        "LocalQueue",
+        "localqueues",
+        Some(&ns),
+        json!({ "metadata": { "name": queue }, "spec": { "clusterQueue": cluster_queue } }),
+    )
+    .await;
+    let controller = start_controller(node, &ns).await;
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns);
+    let submit = |name: &'static str, class: String, script: &'static str| {
+        let mut job = queued_job(node, name, &queue, script);
+        job.metadata
+            .labels
+            .get_or_insert_default()
+            .insert("kueue.x-k8s.io/priority-class".into(), class);
+        let container = &mut job
+            .spec
+            .as_mut()
+            .unwrap()
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .containers[0];
+        container.env = Some(vec![serde_json::from_value(json!({
+            "name": "FENCE",
+            "valueFrom": { "fieldRef": { "fieldPath": "metadata.annotations['lockwarden.io/fence']" } },
+        }))
+        .unwrap()]);
+        let jobs = jobs.clone();
+        async move { jobs.create(&PostParams::default(), &job).await.unwrap() }
+    };
+    // The low Job's first run works until it is preempted; a later run ends at once.
+    submit(
+        "low",
+        low.clone(),
+        "echo fence=$FENCE; if [ \"$FENCE\" -le 1 ]; then sleep 600; fi",
+    )
+    .await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let first = eventually(
+        "the low Job's Pod to run with its fence",
+        TIMEOUT,
+        || async {
+            let pod = pods
+                .list(&ListParams::default().labels("job-name=low"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))?;
+            pod.annotations()
+                .get("lockwarden.io/fence")?
+                .parse::<i64>()
+                .ok()
+        },
+    )
+    .await;
+
+    submit("high", high.clone(), "echo fence=$FENCE").await;
+    wait_complete(&jobs, "high").await;
+    let high_fence = pod_fences(&client, &ns, "high").await[0];
+    wait_complete(&jobs, "low").await;
+    let low_fences = pod_fences(&client, &ns, "low").await;
+    assert!(
+        high_fence > first,
+        "the preempting Job ran with fence {high_fence}, not above the preempted run's {first}"
+    );
+    assert!(
+        low_fences.iter().all(|f| *f > high_fence),
+        "the re-admitted low Job's Pods carry {low_fences:?}, not above {high_fence} \
+         (first run {first})"
+    );
+    eprintln!(
+        "low ran with {first}, was preempted; high ran with {high_fence}; low again with {low_fences:?}"
+    );
+    controller.abort();
+}
