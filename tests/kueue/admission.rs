@@ -61,7 +61,7 @@ pub(super) async fn install_crds(client: &Client) {
 }
 
 /// Creates a cluster-scoped LockAdmissionConfig.
-async fn create_config(client: &Client, name: &str, spec: Value) {
+pub(super) async fn create_config(client: &Client, name: &str, spec: Value) {
     let api = Api::<DynamicObject>::all_with(
         client.clone(),
         &kube::api::ApiResource::erase::<lockwarden::api::LockAdmissionConfig>(&()),
@@ -79,7 +79,7 @@ async fn create_config(client: &Client, name: &str, spec: Value) {
 }
 
 /// An AdmissionCheck of lockwarden's whose parameters name LockAdmissionConfig `config`.
-async fn create_check(client: &Client, name: &str, config: &str) {
+pub(super) async fn create_check(client: &Client, name: &str, config: &str) {
     create(
         client,
         "AdmissionCheck",
@@ -100,7 +100,7 @@ async fn create_check(client: &Client, name: &str, config: &str) {
 
 /// A ResourceFlavor, a ClusterQueue for `ns` alone (quota for 10 of the test's Pods at
 /// once, so only the locks limit them) asking `checks`, and a LocalQueue in `ns`.
-async fn create_queues(client: &Client, ns: &str, checks: &[&str]) -> (String, String) {
+pub(super) async fn create_queues(client: &Client, ns: &str, checks: &[&str]) -> (String, String) {
     let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
     create(
         client,

@@ -5,11 +5,13 @@
 //! that its Job webhook suspends a queued Job and makes its Workload, and that a queued
 //! Job is admitted against a ClusterQueue's quota and runs to completion on the node.
 //! admission.rs: lockwarden as Kueue's AdmissionCheck controller (docs/design.md §6.6);
-//! examples.rs: every examples/kueue-*.yaml driven to the state it promises.
+//! examples.rs: every examples/kueue-*.yaml driven to the state it promises; loss.rs:
+//! a Kueue Job's processes stop before the next holder after a loss.
 
 mod admission;
 mod env;
 mod examples;
+mod loss;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -36,13 +36,15 @@ use lockwarden::backend::{ConnectOptions, KubernetesOptions, Target};
 use lockwarden::lock::LockBackend;
 use serde_json::json;
 
-use super::trials::{RecordSampler, Register, contend, monotonic_now, report_margins, trial_count};
 use super::{
     CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_ready, wait_controller_ready,
 };
 use crate::support::locks::lease_lock_timed;
 use crate::support::node::Node;
 use crate::support::proxy::{Mode, Proxy};
+use crate::support::trials::{
+    RecordSampler, Register, contend, monotonic_now, report_margins, trial_count,
+};
 use crate::support::{ServerProcess, eventually, tool, unique};
 
 /// The Job's lease and renew interval: short, so a trial takes about a minute.

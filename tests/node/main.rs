@@ -16,7 +16,6 @@ mod guard;
 mod stop;
 #[path = "../support/mod.rs"]
 mod support;
-mod trials;
 
 use std::path::Path;
 use std::process::{Command, Output};

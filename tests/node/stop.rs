@@ -11,7 +11,6 @@
 //! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
 //! the min and median, and each must be positive.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
@@ -19,17 +18,18 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
-use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
-use lockwarden::lock::LockBackend;
 use serde_json::json;
 
-use super::trials::{RecordSampler, Register, contend, monotonic_now, report_margins, trial_count};
 use super::{FAILOVER_NAMESPACE, TIMEOUT, with_controller};
 use crate::support::eventually;
 use crate::support::locks::{s3_lock, timed};
 use crate::support::moto::{self, Moto};
 use crate::support::node::Node;
 use crate::support::proxy::{Mode, Proxy};
+use crate::support::trials::{
+    RecordSampler, Register, contend, direct_s3_backend as direct_backend, monotonic_now,
+    report_margins, trial_count,
+};
 use crate::support::unique;
 
 /// The Job's lease and renew interval: short, so a trial takes about a minute.
@@ -58,29 +58,6 @@ async fn ensure_aws_secret(client: &Client, ns: &str) {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => panic!("create {ns}/aws: {e}"),
     }
-}
-
-/// The contender's backend: straight to moto, never through the proxy.
-async fn direct_backend(bucket: &str, key: &str) -> Arc<dyn LockBackend> {
-    let options = ConnectOptions {
-        aws: AwsOptions {
-            endpoint: Some(Moto::shared().endpoint()),
-            region: Some(moto::REGION.into()),
-            credentials: Some(Credentials::new(
-                moto::ACCESS_KEY_ID,
-                moto::SECRET_ACCESS_KEY,
-                None,
-            )),
-            ..AwsOptions::default()
-        },
-        s3: S3Options {
-            force_path_style: Some(true),
-            ..S3Options::default()
-        },
-        ..ConnectOptions::default()
-    };
-    let target = Target::parse(&format!("s3://{bucket}/{key}")).unwrap();
-    target.connect(&options).await.expect("an S3 backend")
 }
 
 /// A gated Job with a lock template whose container ignores SIGTERM and writes

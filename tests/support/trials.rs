@@ -1,6 +1,7 @@
-//! What the node's stop trials (stop.rs, guard.rs) share: the register the writers
-//! write to, a contender that writes there the moment it acquires, the trial count and
-//! the margins' summary.
+//! What the stop-before-next trials on the node share (tests/node stop.rs and guard.rs,
+//! tests/kueue loss.rs): the register the writers write to, a contender that writes
+//! there the moment it acquires (straight to the store, never through a fault proxy),
+//! the trial count and the margins' summary.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,6 +63,32 @@ impl Register {
             .map(|(t, _)| *t)
             .collect()
     }
+}
+
+/// A backend on `s3://bucket/key` straight to the shared moto, never through a proxy:
+/// the contender's, and the record sampler's.
+pub async fn direct_s3_backend(bucket: &str, key: &str) -> Arc<dyn LockBackend> {
+    use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
+    let moto = super::moto::Moto::shared();
+    let options = ConnectOptions {
+        aws: AwsOptions {
+            endpoint: Some(moto.endpoint()),
+            region: Some(super::moto::REGION.into()),
+            credentials: Some(Credentials::new(
+                super::moto::ACCESS_KEY_ID,
+                super::moto::SECRET_ACCESS_KEY,
+                None,
+            )),
+            ..AwsOptions::default()
+        },
+        s3: S3Options {
+            force_path_style: Some(true),
+            ..S3Options::default()
+        },
+        ..ConnectOptions::default()
+    };
+    let target = Target::parse(&format!("s3://{bucket}/{key}")).unwrap();
+    target.connect(&options).await.expect("an S3 backend")
 }
 
 /// The contender: tries `backend` every 100 ms (or sooner when told) and writes

@@ -1,0 +1,233 @@
+//! The work of a Kueue Workload stops before the next holder (docs/design.md §6.3,
+//! §6.6), measured on processes: a Kueue Job admitted through lockwarden's check, whose
+//! container ignores SIGTERM (`terminationGracePeriodSeconds: 30`) and writes `job N`
+//! to a loopback register every 100 ms, holds an S3 lock (moto) that only the
+//! controller reaches, through a fault proxy. The proxy is cut: the controller loses the
+//! lock, sets the check `Retry`, Kueue evicts the Workload and suspends the Job, and its
+//! Pod is killed at the end of its grace. A contender straight to moto (another
+//! holder, under no controller of this cluster) writes to the same register the moment
+//! the store lets it acquire: the Job's last write must arrive before the contender's
+//! first, and the store must show the Workload's acquisition until then. After the heal
+//! the Workload is admitted again, with a higher fence.
+//!
+//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
+//! the min and median, and each must be positive.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, PropagationPolicy};
+use lockwarden::api::DistributedLock;
+
+use super::admission::{create_check, create_config, install_crds, start_controller};
+use super::*;
+use crate::support::kube::job_pods;
+use crate::support::locks::{aws_secret, s3_lock, timed};
+use crate::support::moto::Moto;
+use crate::support::proxy::{Mode, Proxy};
+use crate::support::trials::{
+    RecordSampler, Register, contend, direct_s3_backend, monotonic_now, report_margins, trial_count,
+};
+
+/// The lock's lease and renew interval: short, so a trial takes about a minute.
+const LEASE: &str = "6s";
+const RENEW: &str = "2s";
+/// How long the contender sees the record before the cut (its observation, rule 1,
+/// runs from the first read of the version the holder last wrote).
+const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
+/// The template the check's parameters name; each trial makes it anew on a new key.
+const TEMPLATE: &str = "stop-tpl";
+
+/// A Kueue Job whose container ignores SIGTERM and writes `job N` to the register on
+/// `port` every 100 ms (host network: the register is on the host's loopback).
+fn ignoring_job(node: &Node, name: &str, queue: &str, port: u16) -> Job {
+    let script = format!(
+        "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
+         | nc 127.0.0.1 {port}"
+    );
+    let mut job = queued_job(node, name, queue, &script);
+    let pod = job.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    pod.termination_grace_period_seconds = Some(30);
+    job
+}
+
+/// The fence of the running Pod of Job `name`, once one runs with one above `above`.
+async fn running_fence(client: &Client, ns: &str, name: &str, above: i64) -> i64 {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    eventually(
+        &format!("a Pod of {name} running with a fence above {above}"),
+        TIMEOUT,
+        || async {
+            pods.list(&ListParams::default().labels(&format!("job-name={name}")))
+                .await
+                .ok()?
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .filter_map(|p| {
+                    p.annotations()
+                        .get("lockwarden.io/fence")?
+                        .parse::<i64>()
+                        .ok()
+                })
+                .find(|f| *f > above)
+        },
+    )
+    .await
+}
+
+/// What one trial measured, in seconds on CLOCK_MONOTONIC.
+struct Trial {
+    margin: f64,
+    cut_to_job_last: f64,
+    cut_to_contender_first: f64,
+    fences: (i64, i64),
+}
+
+async fn one_trial(
+    node: &Node,
+    client: &Client,
+    ns: &str,
+    queue: &str,
+    bucket: &str,
+    n: usize,
+) -> Trial {
+    let key = unique("kueue-stop");
+    let proxy = Proxy::start(Moto::shared().port());
+    let (port, register) = Register::serve().await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
+    let jobs = Api::<Job>::namespaced(client.clone(), ns);
+    let mut template = timed(
+        s3_lock(TEMPLATE, bucket, &key, proxy.endpoint(), "aws"),
+        LEASE,
+        RENEW,
+    );
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    let job_name = format!("stop-{n}");
+    jobs.create(
+        &PostParams::default(),
+        &ignoring_job(node, &job_name, queue, port),
+    )
+    .await
+    .expect("create the Job");
+    let first_fence = running_fence(client, ns, &job_name, 0).await;
+    eventually("the Job's first write", TIMEOUT, || async {
+        (!register.of("job").is_empty()).then_some(())
+    })
+    .await;
+
+    let sampler = RecordSampler::start(direct_s3_backend(bucket, &key).await);
+    let contender = contend(
+        direct_s3_backend(bucket, &key).await,
+        port,
+        Duration::from_secs(6),
+    )
+    .await;
+    tokio::time::sleep(CONTENDER_HEAD_START).await;
+    let cut = monotonic_now();
+    proxy.set_mode(Mode::Blackhole);
+    let (contender_backend, contender_lease) =
+        tokio::time::timeout(Duration::from_secs(300), contender)
+            .await
+            .expect("the contender acquires within 300 s of the cut")
+            .expect("the contender task");
+    // Kueue evicted the Workload and suspended the Job; its Pod is gone at the latest
+    // at the end of its grace period.
+    eventually(
+        "the Job suspended by Kueue and its Pods ended",
+        Duration::from_secs(180),
+        || async {
+            let job = jobs.get(&job_name).await.ok()?;
+            let pods = job_pods(client, ns, &job_name).await;
+            (job.spec.as_ref()?.suspend == Some(true)
+                && pods.iter().all(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
+                }))
+            .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let job_last = *register
+        .of("job")
+        .last()
+        .expect("the Job wrote to the register");
+    let contender_first = register.of("contender")[0];
+    RecordSampler::assert_held_until(&sampler.stop(), job_last, "the Kueue Job's");
+
+    // The heal: the store reachable again and the contender gone; the Workload is
+    // admitted again, with a new acquisition.
+    proxy.set_mode(Mode::Pass);
+    let _ = contender_backend.release(&contender_lease).await;
+    let again = running_fence(client, ns, &job_name, first_fence).await;
+    let _ = jobs
+        .delete(
+            &job_name,
+            &DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..Default::default()
+            },
+        )
+        .await;
+    eventually("the Job gone", Duration::from_secs(180), || async {
+        jobs.get_opt(&job_name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let _ = locks.delete(TEMPLATE, &DeleteParams::default()).await;
+    eventually("the template gone", TIMEOUT, || async {
+        locks.get_opt(TEMPLATE).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    drop(proxy);
+    Trial {
+        margin: contender_first - job_last,
+        cut_to_job_last: job_last - cut,
+        cut_to_contender_first: contender_first - cut,
+        fences: (first_fence, again),
+    }
+}
+
+/// The Kueue Job's last write arrives before the contender's first after the store is
+/// cut off from the controller; after the heal it is admitted again with a higher
+/// fence. One trial in the suite; `LOCKWARDEN_NODE_TRIALS=10` for the long run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_before_next_a_kueue_job_sent_back_on_loss_stops_before_the_contender_on_s3() {
+    let (node, client, ns) = setup("kueue-stop").await;
+    install_crds(&client).await;
+    aws_secret(&client, &ns).await;
+    let bucket = Moto::shared().new_bucket("kueue-stop").await;
+    let (config, check) = (unique("locks"), unique("lockwarden"));
+    create_config(
+        &client,
+        &config,
+        json!({ "templates": [{ "name": TEMPLATE }] }),
+    )
+    .await;
+    create_check(&client, &check, &config).await;
+    let (_, queue) = super::admission::create_queues(&client, &ns, &[&check]).await;
+    let controller = start_controller(node, &ns).await;
+    let mut margins = Vec::new();
+    for n in 0..trial_count(1) {
+        let trial = one_trial(node, &client, &ns, &queue, &bucket, n).await;
+        println!(
+            "kueue-stop: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
+             contender's first write {:.3} s); fence {} → {} after the heal",
+            trial.margin,
+            trial.cut_to_job_last,
+            trial.cut_to_contender_first,
+            trial.fences.0,
+            trial.fences.1
+        );
+        assert!(trial.fences.1 > trial.fences.0);
+        margins.push(trial.margin);
+    }
+    report_margins("kueue-stop", &margins);
+    controller.abort();
+}
