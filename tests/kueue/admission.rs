@@ -784,3 +784,152 @@ async fn kueue_eviction_by_preemption_lets_go_after_the_pods_and_readmits_with_a
     );
     controller.abort();
 }
+
+/// One key shared with a second cluster: a second controller (another cluster name)
+/// holds plain DistributedLocks on the S3 key of the Kueue check's `permits: 2`
+/// template. The key's record, read every 200 ms, never lists more than two holders,
+/// both clusters' holders appear in it, and every Kueue Job completes once the other
+/// cluster lets its permits go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_a_key_shared_with_another_cluster_never_has_more_than_its_permits() {
+    use crate::support::locks::{aws_secret, s3_lock, timed};
+    use crate::support::moto::Moto;
+    use crate::support::trials::direct_s3_backend;
+
+    let (node, client, ns) = setup("kueue-shared").await;
+    let other_ns = node.namespace(&client, "kueue-other").await;
+    install_crds(&client).await;
+    for namespace in [&ns, &other_ns] {
+        aws_secret(&client, namespace).await;
+    }
+    let moto = Moto::shared();
+    let bucket = moto.new_bucket("kueue-shared").await;
+    let key = unique("shared");
+    let lock_on_key = |name: &str| {
+        let mut lock = timed(
+            s3_lock(name, &bucket, &key, moto.endpoint(), "aws"),
+            "10s",
+            "3s",
+        );
+        lock.spec.permits = 2;
+        lock
+    };
+    let mut template = lock_on_key("pool");
+    template.spec.release = true;
+    Api::<DistributedLock>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let (config, check) = (unique("locks"), unique("lockwarden"));
+    create_config(
+        &client,
+        &config,
+        json!({ "templates": [{ "name": "pool" }] }),
+    )
+    .await;
+    create_check(&client, &check, &config).await;
+    let (_, queue) = create_queues(&client, &ns, &[&check]).await;
+    let controller = start_controller(node, &ns).await;
+
+    // The other cluster: its own controller and two plain locks holding both permits.
+    let other_config = ControllerConfig {
+        cluster_name: "kueue-other".into(),
+        namespace: Some(other_ns.clone()),
+        ..Default::default()
+    };
+    let other_client = client.clone();
+    let other = tokio::spawn(async move {
+        if let Err(e) = lockwarden::controller::run(other_client, other_config).await {
+            panic!("the other cluster's controller failed: {e}");
+        }
+    });
+    let other_locks = Api::<DistributedLock>::namespaced(client.clone(), &other_ns);
+    for name in ["other-1", "other-2"] {
+        other_locks
+            .create(&PostParams::default(), &lock_on_key(name))
+            .await
+            .unwrap();
+        crate::support::locks::wait_acquired(&other_locks, name, TIMEOUT).await;
+    }
+
+    // The record, sampled from here to the end.
+    let record = direct_s3_backend(&bucket, &key).await;
+    let samples: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let sink = samples.clone();
+    let sampler = tokio::spawn(async move {
+        loop {
+            if let Ok(Some(stored)) = record.inspect().await
+                && let Ok(record) = stored.record
+            {
+                let holders = record
+                    .set
+                    .map(|s| s.holders.into_iter().map(|h| h.holder).collect())
+                    .unwrap_or_default();
+                sink.lock().unwrap().push(holders);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+
+    let scene = Scene {
+        node,
+        client: client.clone(),
+        ns: ns.clone(),
+        queue,
+        check,
+    };
+    let names = ["one", "two", "three"];
+    for name in names {
+        scene.submit(name, 4).await;
+    }
+    // The Kueue Jobs wait while the other cluster holds both permits.
+    let first = scene.jobs().get("one").await.unwrap();
+    eventually(
+        "a Kueue Job waiting with 2 of 2 in use",
+        TIMEOUT,
+        || async {
+            let check = scene.check_state(&first).await?;
+            check["message"]
+                .as_str()?
+                .contains("2 of 2 in use")
+                .then_some(())
+        },
+    )
+    .await;
+    for name in ["other-1", "other-2"] {
+        other_locks
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "release": true } })),
+            )
+            .await
+            .unwrap();
+    }
+    for name in names {
+        scene.wait_complete(name).await;
+    }
+    sampler.abort();
+    let samples = samples.lock().unwrap().clone();
+    let most = samples.iter().map(Vec::len).max().unwrap_or(0);
+    let of = |cluster: &str| {
+        samples
+            .iter()
+            .flatten()
+            .any(|h| h.starts_with(&format!("{cluster}/")))
+    };
+    assert!(
+        most <= 2,
+        "the record listed {most} holders of a 2-permit key"
+    );
+    assert!(
+        of("kueue-other") && of(CLUSTER),
+        "both clusters' holders should appear in the record: {samples:?}"
+    );
+    eprintln!(
+        "{} reads of the shared record: at most {most} holders, both clusters among them",
+        samples.len()
+    );
+    controller.abort();
+    other.abort();
+}
