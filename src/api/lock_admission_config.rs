@@ -46,6 +46,12 @@ pub struct LockAdmissionConfigSpec {
     #[schemars(length(max = MAX_DURATION_LEN))]
     #[x_kube(validation = positive_duration("pendingTimeout"))]
     pub pending_timeout: Option<String>,
+    /// Each Workload's own locks take as many permits as it has Pods (the sum of its
+    /// Pod sets' counts) instead of the templates' weight: "at most N Pods of these at
+    /// once". The templates must be queued (`queue: true`); a Workload with more Pods
+    /// than a template has permits is Rejected.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub weight_from_pod_count: bool,
     /// How long Kueue waits before it requeues a Workload the check sent back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_DURATION_LEN))]
@@ -137,6 +143,7 @@ mod tests {
                 .collect(),
             pending_timeout: None,
             retry_after: None,
+            weight_from_pod_count: false,
         }
     }
 

@@ -9,14 +9,15 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use lockwarden::api::{ADMISSION_CONFIG_CRD_NAME, DistributedLock, admission_config_crd};
+use lockwarden::api::{DistributedLock, admission_config_crd};
 use lockwarden::controller::ControllerConfig;
 
 use super::*;
-use crate::support::kube::{client_from_kubeconfig, install_lockwarden_crd, wait_event};
+use crate::support::kube::{
+    client_from_kubeconfig, install_crd, install_lockwarden_crd, wait_event,
+};
 use crate::support::locks::lease_lock;
 
 /// The holder identities' first part.
@@ -37,31 +38,11 @@ struct Scene {
 /// Both of lockwarden's CRDs, Established.
 pub(super) async fn install_crds(client: &Client) {
     install_lockwarden_crd(client).await;
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    crds.patch(
-        ADMISSION_CONFIG_CRD_NAME,
-        &PatchParams::apply("lockwarden-test-crd").force(),
-        &Patch::Apply(&admission_config_crd()),
-    )
-    .await
-    .expect("apply the LockAdmissionConfig CRD");
-    eventually(
-        "the LockAdmissionConfig CRD to be Established",
-        TIMEOUT,
-        || async {
-            let crd = crds.get(ADMISSION_CONFIG_CRD_NAME).await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        },
-    )
-    .await;
+    install_crd(client, &admission_config_crd()).await;
 }
 
 /// Creates a cluster-scoped LockAdmissionConfig.
-pub(super) async fn create_config(client: &Client, name: &str, spec: Value) {
+async fn create_config(client: &Client, name: &str, spec: Value) {
     let api = Api::<DynamicObject>::all_with(
         client.clone(),
         &kube::api::ApiResource::erase::<lockwarden::api::LockAdmissionConfig>(&()),
@@ -98,57 +79,35 @@ pub(super) async fn create_check(client: &Client, name: &str, config: &str) {
     .await;
 }
 
-/// A ResourceFlavor, a ClusterQueue for `ns` alone (quota for 10 of the test's Pods at
-/// once, so only the locks limit them) asking `checks`, and a LocalQueue in `ns`.
+/// A LockAdmissionConfig of `spec` and an AdmissionCheck of lockwarden's naming it;
+/// the check's name.
+pub(super) async fn lockwarden_check(client: &Client, spec: Value) -> String {
+    let (config, check) = (unique("locks"), unique("lockwarden"));
+    create_config(client, &config, spec).await;
+    create_check(client, &check, &config).await;
+    check
+}
+
+/// Creates `template` in `ns`.
+async fn create_template(client: &Client, ns: &str, template: &DistributedLock) {
+    Api::<DistributedLock>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), template)
+        .await
+        .expect("create the template");
+}
+
+/// A ClusterQueue for `ns` alone (quota for 10 of the test's Pods at once, so only the
+/// locks limit them) asking `checks`, and a LocalQueue in `ns`.
 pub(super) async fn create_queues(client: &Client, ns: &str, checks: &[&str]) -> (String, String) {
-    let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
-    create(
-        client,
-        "ResourceFlavor",
-        "resourceflavors",
-        None,
-        json!({ "metadata": { "name": flavor }, "spec": {} }),
-    )
-    .await;
-    let strategy: Vec<Value> = checks.iter().map(|c| json!({ "name": c })).collect();
-    let strategy = if strategy.is_empty() {
-        Value::Null
-    } else {
-        json!({ "admissionChecks": strategy })
-    };
-    create(
-        client,
-        "ClusterQueue",
-        "clusterqueues",
-        None,
-        json!({
-            "metadata": { "name": cluster_queue },
-            "spec": {
-                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
-                "admissionChecksStrategy": strategy,
-                "resourceGroups": [{
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [{
-                        "name": flavor,
-                        "resources": [
-                            { "name": "cpu", "nominalQuota": "100m" },
-                            { "name": "memory", "nominalQuota": "160Mi" },
-                        ],
-                    }],
-                }],
-            },
-        }),
-    )
-    .await;
-    create(
-        client,
-        "LocalQueue",
-        "localqueues",
-        Some(ns),
-        json!({ "metadata": { "name": queue }, "spec": { "clusterQueue": cluster_queue } }),
-    )
-    .await;
-    (cluster_queue, queue)
+    Queues {
+        namespace_only: true,
+        checks,
+        cpu: "100m",
+        memory: "160Mi",
+        preemption: None,
+    }
+    .create(client, ns)
+    .await
 }
 
 /// A template of `permits` on a Lease of the namespace, released (a template).
@@ -229,19 +188,13 @@ impl Scene {
         let (node, client, ns) = setup(prefix).await;
         install_crds(&client).await;
         if let Some(template) = template {
-            Api::<DistributedLock>::namespaced(client.clone(), &ns)
-                .create(&PostParams::default(), &template)
-                .await
-                .expect("create the template");
+            create_template(&client, &ns, &template).await;
         }
-        let (config, check) = (unique("locks"), unique("lockwarden"));
-        create_config(
+        let check = lockwarden_check(
             &client,
-            &config,
             json!({ "templates": [{ "namespace": ns, "name": "pool" }] }),
         )
         .await;
-        create_check(&client, &check, &config).await;
         let (_, queue) = create_queues(&client, &ns, &[&check]).await;
         let controller = start_controller(node, &ns).await;
         let scene = Scene {
@@ -254,6 +207,12 @@ impl Scene {
         (scene, controller)
     }
 
+    /// Whether Job `name` is (still) suspended: not admitted.
+    async fn suspended(&self, name: &str) -> bool {
+        let job = self.jobs().get(name).await.expect("read the Job");
+        job.spec.and_then(|s| s.suspend) == Some(true)
+    }
+
     fn jobs(&self) -> Api<Job> {
         Api::namespaced(self.client.clone(), &self.ns)
     }
@@ -262,21 +221,7 @@ impl Scene {
     /// and then works for `seconds`.
     async fn submit(&self, name: &str, seconds: u32) -> Job {
         let script = format!("echo \"fence=$FENCE\"; sleep {seconds}");
-        let mut job = queued_job(self.node, name, &self.queue, &script);
-        let container = &mut job
-            .spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0];
-        container.env = Some(vec![serde_json::from_value(json!({
-            "name": "FENCE",
-            "valueFrom": { "fieldRef": { "fieldPath": "metadata.annotations['lockwarden.io/fence']" } },
-        }))
-        .unwrap()]);
+        let job = with_fence_env(queued_job(self.node, name, &self.queue, &script));
         self.jobs()
             .create(&PostParams::default(), &job)
             .await
@@ -435,12 +380,7 @@ async fn kueue_a_missing_template_keeps_the_workload_pending_naming_it_until_it_
     )
     .await;
     eprintln!("pending: {}", check["message"]);
-    let stored = scene.jobs().get("waits").await.unwrap();
-    assert_eq!(
-        stored.spec.unwrap().suspend,
-        Some(true),
-        "admitted without its lock"
-    );
+    assert!(scene.suspended("waits").await, "admitted without its lock");
     Api::<DistributedLock>::namespaced(scene.client.clone(), &scene.ns)
         .create(&PostParams::default(), &pool_template(1))
         .await
@@ -506,17 +446,7 @@ async fn kueue_invalid_parameters_make_the_admission_check_inactive() {
             w.data["status"]
         );
     }
-    assert_eq!(
-        scene
-            .jobs()
-            .get("never")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .suspend,
-        Some(true)
-    );
+    assert!(scene.suspended("never").await, "Job never was admitted");
     controller.abort();
 }
 
@@ -525,14 +455,11 @@ async fn kueue_invalid_parameters_make_the_admission_check_inactive() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kueue_a_second_lockwarden_check_on_a_cluster_queue_is_inactive() {
     let (scene, controller) = Scene::new("kueue-second", Some(pool_template(1))).await;
-    let (config, second) = (unique("locks"), unique("second"));
-    create_config(
+    let second = lockwarden_check(
         &scene.client,
-        &config,
         json!({ "templates": [{ "namespace": scene.ns, "name": "pool" }] }),
     )
     .await;
-    create_check(&scene.client, &second, &config).await;
     create_queues(&scene.client, &scene.ns, &[&scene.check, &second]).await;
     let (status, message) = eventually("the second check to be inactive", TIMEOUT, || async {
         let (status, message) = active(&scene.client, &second).await;
@@ -576,17 +503,7 @@ async fn kueue_a_pod_template_that_sets_the_fence_itself_is_rejected() {
         "{check}"
     );
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        scene
-            .jobs()
-            .get("clash")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .suspend,
-        Some(true)
-    );
+    assert!(scene.suspended("clash").await, "Job clash was admitted");
     controller.abort();
 }
 
@@ -647,18 +564,12 @@ async fn kueue_eviction_by_preemption_lets_go_after_the_pods_and_readmits_with_a
     // next request.
     let mut template = pool_template(1);
     template.spec.queue = true;
-    Api::<DistributedLock>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let (config, check) = (unique("locks"), unique("lockwarden"));
-    create_config(
+    create_template(&client, &ns, &template).await;
+    let check = lockwarden_check(
         &client,
-        &config,
         json!({ "templates": [{ "namespace": ns, "name": "pool" }], "pendingTimeout": "2m" }),
     )
     .await;
-    create_check(&client, &check, &config).await;
     let (low, high) = (unique("low"), unique("high"));
     for (name, value) in [(&low, 10), (&high, 1000)] {
         create(
@@ -671,70 +582,23 @@ async fn kueue_eviction_by_preemption_lets_go_after_the_pods_and_readmits_with_a
         .await;
     }
     // Room for one of the test's Pods (10m CPU each), and preemption by priority.
-    let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
-    create(
-        &client,
-        "ResourceFlavor",
-        "resourceflavors",
-        None,
-        json!({ "metadata": { "name": flavor }, "spec": {} }),
-    )
-    .await;
-    create(
-        &client,
-        "ClusterQueue",
-        "clusterqueues",
-        None,
-        json!({
-            "metadata": { "name": cluster_queue },
-            "spec": {
-                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
-                "admissionChecksStrategy": { "admissionChecks": [{ "name": check }] },
-                "preemption": { "withinClusterQueue": "LowerPriority" },
-                "resourceGroups": [{
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [{
-                        "name": flavor,
-                        "resources": [
-                            { "name": "cpu", "nominalQuota": "10m" },
-                            { "name": "memory", "nominalQuota": "16Mi" },
-                        ],
-                    }],
-                }],
-            },
-        }),
-    )
-    .await;
-    create(
-        &client,
-        "LocalQueue",
-        "localqueues",
-        Some(&ns),
-        json!({ "metadata": { "name": queue }, "spec": { "clusterQueue": cluster_queue } }),
-    )
+    let (_, queue) = Queues {
+        namespace_only: true,
+        checks: &[&check],
+        cpu: "10m",
+        memory: "16Mi",
+        preemption: Some(json!({ "withinClusterQueue": "LowerPriority" })),
+    }
+    .create(&client, &ns)
     .await;
     let controller = start_controller(node, &ns).await;
     let jobs = Api::<Job>::namespaced(client.clone(), &ns);
     let submit = |name: &'static str, class: String, script: &'static str| {
-        let mut job = queued_job(node, name, &queue, script);
+        let mut job = with_fence_env(queued_job(node, name, &queue, script));
         job.metadata
             .labels
             .get_or_insert_default()
             .insert("kueue.x-k8s.io/priority-class".into(), class);
-        let container = &mut job
-            .spec
-            .as_mut()
-            .unwrap()
-            .template
-            .spec
-            .as_mut()
-            .unwrap()
-            .containers[0];
-        container.env = Some(vec![serde_json::from_value(json!({
-            "name": "FENCE",
-            "valueFrom": { "fieldRef": { "fieldPath": "metadata.annotations['lockwarden.io/fence']" } },
-        }))
-        .unwrap()]);
         let jobs = jobs.clone();
         async move { jobs.create(&PostParams::default(), &job).await.unwrap() }
     };
@@ -816,18 +680,8 @@ async fn kueue_a_key_shared_with_another_cluster_never_has_more_than_its_permits
     };
     let mut template = lock_on_key("pool");
     template.spec.release = true;
-    Api::<DistributedLock>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let (config, check) = (unique("locks"), unique("lockwarden"));
-    create_config(
-        &client,
-        &config,
-        json!({ "templates": [{ "name": "pool" }] }),
-    )
-    .await;
-    create_check(&client, &check, &config).await;
+    create_template(&client, &ns, &template).await;
+    let check = lockwarden_check(&client, json!({ "templates": [{ "name": "pool" }] })).await;
     let (_, queue) = create_queues(&client, &ns, &[&check]).await;
     let controller = start_controller(node, &ns).await;
 
@@ -932,4 +786,64 @@ async fn kueue_a_key_shared_with_another_cluster_never_has_more_than_its_permits
     );
     controller.abort();
     other.abort();
+}
+
+/// `weightFromPodCount`: each Workload's own lock takes as many permits as it has Pods.
+/// A Job of 3 Pods on a 2-permit template could never hold its lock: its check is
+/// `Rejected` naming both numbers and it is never admitted; a Job of 2 Pods takes both
+/// permits and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_a_workload_with_more_pods_than_permits_is_rejected() {
+    let (node, client, ns) = setup("kueue-weight").await;
+    install_crds(&client).await;
+    let mut template = pool_template(2);
+    template.spec.queue = true;
+    create_template(&client, &ns, &template).await;
+    let check = lockwarden_check(
+        &client,
+        json!({ "templates": [{ "name": "pool" }], "weightFromPodCount": true }),
+    )
+    .await;
+    let (_, queue) = create_queues(&client, &ns, &[&check]).await;
+    let controller = start_controller(node, &ns).await;
+    let scene = Scene {
+        node,
+        client: client.clone(),
+        ns: ns.clone(),
+        queue,
+        check,
+    };
+    let pods = |name: &str, count: i32| {
+        let mut job = with_fence_env(queued_job(node, name, &scene.queue, "echo fence=$FENCE"));
+        let spec = job.spec.as_mut().unwrap();
+        spec.parallelism = Some(count);
+        spec.completions = Some(count);
+        job
+    };
+    let wide = scene
+        .jobs()
+        .create(&PostParams::default(), &pods("wide", 3))
+        .await
+        .unwrap();
+    let check = eventually("the 3-Pod Workload's check Rejected", TIMEOUT, || async {
+        let check = scene.check_state(&wide).await?;
+        (check["state"] == "Rejected").then_some(check)
+    })
+    .await;
+    let message = check["message"].as_str().unwrap();
+    assert!(
+        message.contains("3 permits") && message.contains("which has 2"),
+        "{message}"
+    );
+    scene
+        .jobs()
+        .create(&PostParams::default(), &pods("pair", 2))
+        .await
+        .unwrap();
+    scene.wait_complete("pair").await;
+    let fences = pod_fences(&client, &ns, "pair").await;
+    assert_eq!(fences.len(), 2, "{fences:?}");
+    assert!(fences.windows(2).all(|w| w[0] == w[1]), "{fences:?}");
+    assert!(scene.suspended("wide").await, "the 3-Pod Job was admitted");
+    controller.abort();
 }

@@ -52,45 +52,14 @@ async fn kueues_job_webhook_suspends_a_job_with_a_queue_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kueue_managed_job_is_admitted_and_runs_to_completion_on_the_node() {
     let (node, client, ns) = setup("kueue-run").await;
-    let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
-    create(
-        &client,
-        "ResourceFlavor",
-        "resourceflavors",
-        None,
-        json!({ "metadata": { "name": flavor }, "spec": {} }),
-    )
-    .await;
-    create(
-        &client,
-        "ClusterQueue",
-        "clusterqueues",
-        None,
-        json!({
-            "metadata": { "name": cluster_queue },
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [{
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [{
-                        "name": flavor,
-                        "resources": [
-                            { "name": "cpu", "nominalQuota": "1" },
-                            { "name": "memory", "nominalQuota": "1Gi" },
-                        ],
-                    }],
-                }],
-            },
-        }),
-    )
-    .await;
-    create(
-        &client,
-        "LocalQueue",
-        "localqueues",
-        Some(&ns),
-        json!({ "metadata": { "name": queue }, "spec": { "clusterQueue": cluster_queue } }),
-    )
+    let (cluster_queue, queue) = Queues {
+        namespace_only: false,
+        checks: &[],
+        cpu: "1",
+        memory: "1Gi",
+        preemption: None,
+    }
+    .create(&client, &ns)
     .await;
 
     let jobs = Api::<Job>::namespaced(client.clone(), &ns);

@@ -19,14 +19,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PropagationPolicy};
 use lockwarden::api::DistributedLock;
 
-use super::admission::{create_check, create_config, install_crds, start_controller};
+use super::admission::{install_crds, lockwarden_check, start_controller};
 use super::*;
-use crate::support::kube::job_pods;
+use crate::support::kube::job_pods_ended;
 use crate::support::locks::{aws_secret, s3_lock, timed};
 use crate::support::moto::Moto;
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::trials::{
-    RecordSampler, Register, contend, direct_s3_backend, monotonic_now, report_margins, trial_count,
+    RecordSampler, Register, contend, direct_s3_backend, last_and_first, monotonic_now,
+    report_margins, trial_count,
 };
 
 /// The lock's lease and renew interval: short, so a trial takes about a minute.
@@ -142,25 +143,13 @@ async fn one_trial(
         Duration::from_secs(180),
         || async {
             let job = jobs.get(&job_name).await.ok()?;
-            let pods = job_pods(client, ns, &job_name).await;
             (job.spec.as_ref()?.suspend == Some(true)
-                && pods.iter().all(|p| {
-                    p.status
-                        .as_ref()
-                        .and_then(|s| s.phase.as_deref())
-                        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
-                }))
-            .then_some(())
+                && job_pods_ended(client, ns, &job_name).await)
+                .then_some(())
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let job_last = *register
-        .of("job")
-        .last()
-        .expect("the Job wrote to the register");
-    let contender_first = register.of("contender")[0];
-    RecordSampler::assert_held_until(&sampler.stop(), job_last, "the Kueue Job's");
+    let (job_last, contender_first) = last_and_first(&register, sampler, "the Kueue Job's").await;
 
     // The heal: the store reachable again and the contender gone; the Workload is
     // admitted again, with a new acquisition.
@@ -203,14 +192,7 @@ async fn stop_before_next_a_kueue_job_sent_back_on_loss_stops_before_the_contend
     install_crds(&client).await;
     aws_secret(&client, &ns).await;
     let bucket = Moto::shared().new_bucket("kueue-stop").await;
-    let (config, check) = (unique("locks"), unique("lockwarden"));
-    create_config(
-        &client,
-        &config,
-        json!({ "templates": [{ "name": TEMPLATE }] }),
-    )
-    .await;
-    create_check(&client, &check, &config).await;
+    let check = lockwarden_check(&client, json!({ "templates": [{ "name": TEMPLATE }] })).await;
     let (_, queue) = super::admission::create_queues(&client, &ns, &[&check]).await;
     let controller = start_controller(node, &ns).await;
     let mut margins = Vec::new();

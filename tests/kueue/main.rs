@@ -118,3 +118,88 @@ pub fn condition(workload: &DynamicObject, type_: &str) -> bool {
         .flatten()
         .any(|c| c["type"] == type_ && c["status"] == "True")
 }
+
+/// A ClusterQueue (with a ResourceFlavor of its own) and a LocalQueue on it in `ns`.
+pub struct Queues<'a> {
+    /// Only `ns`'s Workloads (else every namespace's).
+    pub namespace_only: bool,
+    /// The AdmissionChecks it asks.
+    pub checks: &'a [&'a str],
+    /// Its nominal quota.
+    pub cpu: &'a str,
+    pub memory: &'a str,
+    /// Its `spec.preemption`, if any.
+    pub preemption: Option<Value>,
+}
+
+impl Queues<'_> {
+    /// Creates them; the ClusterQueue's and the LocalQueue's names.
+    pub async fn create(self, client: &Client, ns: &str) -> (String, String) {
+        let (flavor, cluster_queue, queue) = (unique("rf"), unique("cq"), unique("lq"));
+        create(
+            client,
+            "ResourceFlavor",
+            "resourceflavors",
+            None,
+            json!({ "metadata": { "name": flavor }, "spec": {} }),
+        )
+        .await;
+        let mut spec = json!({
+            "namespaceSelector": {},
+            "resourceGroups": [{
+                "coveredResources": ["cpu", "memory"],
+                "flavors": [{
+                    "name": flavor,
+                    "resources": [
+                        { "name": "cpu", "nominalQuota": self.cpu },
+                        { "name": "memory", "nominalQuota": self.memory },
+                    ],
+                }],
+            }],
+        });
+        if self.namespace_only {
+            spec["namespaceSelector"] =
+                json!({ "matchLabels": { "kubernetes.io/metadata.name": ns } });
+        }
+        if !self.checks.is_empty() {
+            let checks: Vec<Value> = self.checks.iter().map(|c| json!({ "name": c })).collect();
+            spec["admissionChecksStrategy"] = json!({ "admissionChecks": checks });
+        }
+        if let Some(preemption) = self.preemption {
+            spec["preemption"] = preemption;
+        }
+        create(
+            client,
+            "ClusterQueue",
+            "clusterqueues",
+            None,
+            json!({ "metadata": { "name": cluster_queue }, "spec": spec }),
+        )
+        .await;
+        create(
+            client,
+            "LocalQueue",
+            "localqueues",
+            Some(ns),
+            json!({ "metadata": { "name": queue }, "spec": { "clusterQueue": cluster_queue } }),
+        )
+        .await;
+        (cluster_queue, queue)
+    }
+}
+
+/// Gives `job`'s container `FENCE`: the `lockwarden.io/fence` annotation Kueue's
+/// podSetUpdates put on its Pods, through the downward API.
+pub fn with_fence_env(mut job: Job) -> Job {
+    let pod = job.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    pod.containers[0].env = Some(vec![
+        serde_json::from_value(json!({
+            "name": "FENCE",
+            "valueFrom": { "fieldRef": {
+                "fieldPath": "metadata.annotations['lockwarden.io/fence']",
+            } },
+        }))
+        .unwrap(),
+    ]);
+    job
+}

@@ -27,8 +27,8 @@ use crate::support::moto::{self, Moto};
 use crate::support::node::Node;
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::trials::{
-    RecordSampler, Register, contend, direct_s3_backend as direct_backend, monotonic_now,
-    report_margins, trial_count,
+    RecordSampler, Register, contend, direct_s3_backend as direct_backend, last_and_first,
+    monotonic_now, report_margins, trial_count,
 };
 use crate::support::unique;
 
@@ -197,25 +197,12 @@ async fn one_trial(
             .expect("the contender task");
     // The Job's writes end at the latest when its Pod is gone (grace period over).
     eventually("the Job's Pods gone", Duration::from_secs(180), || async {
-        let pods = crate::support::kube::job_pods(client, ns, &job_name).await;
-        pods.iter()
-            .all(|p| {
-                p.status
-                    .as_ref()
-                    .and_then(|s| s.phase.as_deref())
-                    .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
-            })
+        crate::support::kube::job_pods_ended(client, ns, &job_name)
+            .await
             .then_some(())
     })
     .await;
-    // A last write in flight arrives within a moment.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let job_last = *register
-        .of("job")
-        .last()
-        .expect("the Job wrote to the register");
-    let contender_first = register.of("contender")[0];
-    RecordSampler::assert_held_until(&sampler.stop(), job_last, "the Job's");
+    let (job_last, contender_first) = last_and_first(&register, sampler, "the Job's").await;
     let _ = contender_backend.release(&contender_lease).await;
     let _ = jobs
         .delete(

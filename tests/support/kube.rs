@@ -683,28 +683,29 @@ fn write_pem(dir: &Path, file: &str, pem: &str) -> PathBuf {
     path
 }
 
-/// Applies lockwarden's `DistributedLock` CRD (server-side apply: idempotent, so every
-/// test may call it) and waits until it is Established and its objects can be listed.
-pub async fn install_lockwarden_crd(client: &Client) {
+/// Applies `crd` (server-side apply: idempotent, so every test may call it) and waits
+/// until it is Established.
+pub async fn install_crd(
+    client: &Client,
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::{ListParams, Patch, PatchParams};
-    use lockwarden::api::{CRD_NAME, DistributedLock, crd};
+    use kube::api::{Patch, PatchParams};
 
-    // Generous: the test machine is a loaded 2-core box.
-    const TIMEOUT: Duration = Duration::from_secs(90);
+    let name = crd.metadata.name.clone().expect("a CRD has a name");
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     crds.patch(
-        CRD_NAME,
+        &name,
         &PatchParams::apply("lockwarden-test-crd").force(),
-        &Patch::Apply(&crd()),
+        &Patch::Apply(crd),
     )
     .await
-    .expect("apply the DistributedLock CRD");
+    .unwrap_or_else(|e| panic!("apply the CRD {name}: {e}"));
     super::eventually(
-        "the DistributedLock CRD to be Established",
-        TIMEOUT,
+        &format!("the CRD {name} to be Established"),
+        Duration::from_secs(90),
         || async {
-            let crd = crds.get(CRD_NAME).await.ok()?;
+            let crd = crds.get(&name).await.ok()?;
             crd.status?
                 .conditions?
                 .iter()
@@ -713,6 +714,17 @@ pub async fn install_lockwarden_crd(client: &Client) {
         },
     )
     .await;
+}
+
+/// Applies lockwarden's `DistributedLock` CRD (server-side apply: idempotent, so every
+/// test may call it) and waits until it is Established and its objects can be listed.
+pub async fn install_lockwarden_crd(client: &Client) {
+    use kube::api::ListParams;
+    use lockwarden::api::{DistributedLock, crd};
+
+    // Generous: the test machine is a loaded 2-core box.
+    const TIMEOUT: Duration = Duration::from_secs(90);
+    install_crd(client, &crd()).await;
     // Established means served, but give a just-created endpoint a moment on a busy box.
     let locks = Api::<DistributedLock>::all(client.clone());
     super::eventually("DistributedLocks to be listable", TIMEOUT, || async {
@@ -828,6 +840,17 @@ pub async fn job_pods(
         .await
         .unwrap_or_else(|e| panic!("list the Pods of Job {job}: {e}"))
         .items
+}
+
+/// Whether every Pod of Job `job` the API server still has is terminal (Succeeded or
+/// Failed): nothing of it runs.
+pub async fn job_pods_ended(client: &Client, ns: &str, job: &str) -> bool {
+    job_pods(client, ns, job).await.iter().all(|p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
+    })
 }
 
 /// Waits until Job `job` has Pods (made by the real Job controller), every one not

@@ -124,6 +124,24 @@ pub async fn contend(
     })
 }
 
+/// Once the workload can write no more: its last arrival and the contender's first, the
+/// moment a last write in flight takes to arrive later; and the store's record, as
+/// `sampler` read it, held by the workload's one acquisition until that last write.
+pub async fn last_and_first(
+    register: &Register,
+    sampler: RecordSampler,
+    whose: &str,
+) -> (f64, f64) {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let last = *register
+        .of("job")
+        .last()
+        .expect("the workload wrote to the register");
+    let first = register.of("contender")[0];
+    RecordSampler::assert_held_until(&sampler.stop(), last, whose);
+    (last, first)
+}
+
 /// How many trials a test runs: `LOCKWARDEN_NODE_TRIALS`, else `in_suite` (what the
 /// suite runs; the long runs set the variable).
 pub fn trial_count(in_suite: usize) -> usize {

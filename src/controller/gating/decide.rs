@@ -16,7 +16,7 @@ use crate::lock::{SafetyMargins, names};
 use super::{
     GUARD_ANNOTATION, Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION,
     ON_LOCK_LOST_ANNOTATION, OnLockLost, PRIORITY_ANNOTATION, TEMPLATE_ANNOTATION,
-    TEMPLATES_ANNOTATION,
+    TEMPLATES_ANNOTATION, WEIGHT_ANNOTATION,
 };
 
 /// One lock a workload asks for.
@@ -239,6 +239,21 @@ pub fn queue_priority(
         }) if !class.is_empty() => QueuePriority::Class(class.clone()),
         _ => QueuePriority::Template,
     })
+}
+
+/// The weight `lockwarden.io/weight` asks for its own locks: `None` without it, why not
+/// when it is not a whole number of at least 1.
+pub fn queue_weight(annotations: &BTreeMap<String, String>) -> Result<Option<u32>, String> {
+    let Some(text) = annotations.get(WEIGHT_ANNOTATION) else {
+        return Ok(None);
+    };
+    match text.trim().parse::<u32>() {
+        Ok(w) if w >= 1 => Ok(Some(w)),
+        _ => Err(format!(
+            "not started: {WEIGHT_ANNOTATION} {text:?} is not a weight: a whole number of \
+             permits, at least 1"
+        )),
+    }
 }
 
 #[cfg(test)]

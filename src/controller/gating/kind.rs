@@ -253,6 +253,13 @@ pub trait GatedWorkload:
         Ok(())
     }
 
+    /// It can never be started (`why`: it asks for more permits than its lock's key
+    /// has): tells its owner where the kind shows that (a Kueue Workload: its check
+    /// `Rejected`). The machine also reports it (status annotation, Warning).
+    async fn refuse(&self, _api: &Api<Self>, _why: &str) -> Result<(), kube::Error> {
+        Ok(())
+    }
+
     /// Another controller admits it (Kueue, or a Job's `spec.managedBy`): what to say
     /// and why, `None` when lockwarden's gate is its only one. Such a workload is never
     /// held back, started or stopped by lockwarden: two controllers writing its gate

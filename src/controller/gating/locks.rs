@@ -17,6 +17,9 @@ pub enum Claim {
     Ours(Box<DistributedLock>),
     /// Not claimed for this workload (yet): the Event type and reason, and why.
     Waiting(EventType, &'static str, String),
+    /// Never possible for this workload (it asks for more permits than the key has):
+    /// why.
+    Impossible(String),
 }
 
 /// Claims the named lock for `workload`: at most one workload holds the claim, written
@@ -121,6 +124,17 @@ async fn claimed_by_other(
     ))
 }
 
+/// What a workload's own lock takes besides its template's spec.
+#[derive(Clone, Copy, Debug)]
+pub struct OwnLockTerms {
+    /// The delay its Pods need (§6.3), for a template without `lockDelay`.
+    pub needed_delay: Duration,
+    /// Its queue priority, for a queued template (`None`: the template's).
+    pub priority: Option<i32>,
+    /// Its weight, for a queued template (`None`: the template's).
+    pub weight: Option<u32>,
+}
+
 /// The workload's own lock `name`, created from the template on first use; or why it
 /// cannot be. Its holder identity is the workload's ([`Workload::holder`]) in `cluster`.
 /// A template without `lockDelay` on a store that can carry one gets `needed_delay`,
@@ -132,9 +146,13 @@ pub async fn own_lock(
     workload: &Workload,
     template: &str,
     name: &str,
-    needed_delay: Duration,
-    priority: Option<i32>,
+    terms: &OwnLockTerms,
 ) -> Result<Claim, kube::Error> {
+    let OwnLockTerms {
+        needed_delay,
+        priority,
+        weight,
+    } = *terms;
     let kind = workload.kind.as_str();
     if let Some(lock) = locks.get_opt(name).await? {
         let owned = lock
@@ -192,6 +210,28 @@ pub async fn own_lock(
     // lock (docs/design.md §6.4); ZooKeeper takes none.
     if spec.queue && spec.backend.supports_priorities() {
         spec.priority = priority.or(spec.priority);
+    }
+    // The workload's weight (`lockwarden.io/weight`, a Kueue Workload's Pod count):
+    // only a queued template's lock may take more than one permit (§6.4).
+    if let Some(weight) = weight.filter(|w| Some(*w) != spec.weight) {
+        if !spec.queue {
+            return Ok(Claim::Waiting(
+                EventType::Warning,
+                "WeightNeedsQueue",
+                format!(
+                    "the {kind} asks for {weight} permits of lock template {template}, which \
+                     is not queued: set queue: true on the template to take weighted permits"
+                ),
+            ));
+        }
+        if weight > spec.permits {
+            return Ok(Claim::Impossible(format!(
+                "it asks for {weight} permits of lock template {template}, which has {}: it \
+                 could never hold its lock",
+                spec.permits
+            )));
+        }
+        spec.weight = Some(weight);
     }
     if let Err(e) = crate::lock::names::kubernetes_name(name) {
         return Ok(Claim::Waiting(

@@ -17,7 +17,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::decide::{self, Gate, LockSet};
-use super::locks::{self, Claim, claim, own_lock};
+use super::locks::{self, Claim, OwnLockTerms, claim, own_lock};
 use super::machine::Ended;
 use super::{
     FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, Kinds, NONCE_ANNOTATION,
@@ -301,6 +301,8 @@ pub enum Taking {
     Held(RanWith),
     /// Still waiting (or a problem to report).
     Waiting(Waiting),
+    /// Never possible for this workload: why.
+    Impossible(String),
 }
 
 /// How one workload takes its locks.
@@ -325,6 +327,9 @@ pub struct Taker<'a> {
     /// The workload's queue priority, for its own locks made from queued templates
     /// (`None`: the template's).
     pub priority: Option<i32>,
+    /// The workload's weight, for its own locks made from queued templates (`None`:
+    /// the template's).
+    pub weight: Option<u32>,
 }
 
 impl Taker<'_> {
@@ -341,6 +346,7 @@ impl Taker<'_> {
                 Claim::Waiting(type_, reason, message) => {
                     return Ok(step((type_, reason, message)));
                 }
+                Claim::Impossible(why) => return Ok(Taking::Impossible(why)),
             };
             if let Some(&lost) = self.lost.get(&lock.name)
                 && decide::is_old_acquisition(&found, lost)
@@ -395,8 +401,11 @@ impl Taker<'_> {
                     self.workload,
                     template,
                     &lock.name,
-                    self.needed_delay,
-                    self.priority,
+                    &OwnLockTerms {
+                        needed_delay: self.needed_delay,
+                        priority: self.priority,
+                        weight: self.weight,
+                    },
                 )
                 .await
             }

@@ -638,6 +638,14 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 return Ok(Action::await_change());
             }
         };
+        let weight = match decide::queue_weight(self.gate) {
+            Ok(weight) => weight,
+            Err(message) => {
+                self.wait(EventType::Warning, "InvalidWeight", message)
+                    .await?;
+                return Ok(Action::await_change());
+            }
+        };
         let ordered =
             match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
                 Ok(ordered) => ordered,
@@ -663,12 +671,23 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             ended: ended.as_ref(),
             needed_delay,
             priority,
+            weight,
         };
         let ran = match taker.take(&ordered).await? {
             Taking::Held(ran) => ran,
             Taking::Waiting((type_, reason, message)) => {
                 self.wait(type_, reason, message).await?;
                 return Ok(Action::requeue(WAITING_RESYNC));
+            }
+            Taking::Impossible(why) => {
+                self.obj.refuse(&self.api, &why).await?;
+                self.report(
+                    EventType::Warning,
+                    "Impossible",
+                    format!("not started: {why}"),
+                )
+                .await?;
+                return Ok(Action::await_change());
             }
         };
         match self

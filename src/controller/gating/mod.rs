@@ -80,6 +80,11 @@ pub const URLS_ANNOTATION: &str = "lockwarden.io/urls";
 /// Workload annotation: the priority of its own locks made from a queued template
 /// (docs/design.md §6.4); without it, its Pods' PriorityClass value.
 pub const PRIORITY_ANNOTATION: &str = "lockwarden.io/priority";
+/// Workload annotation: how many permits each of its own locks made from a queued
+/// template takes (docs/design.md §6.4, `spec.weight`); without it, the template's.
+/// lockwarden gives a Kueue Workload its Pod count when its check's parameters ask for
+/// it (`weightFromPodCount`, §6.6).
+pub const WEIGHT_ANNOTATION: &str = "lockwarden.io/weight";
 /// Annotation written by lockwarden: why the workload is (still) gated, or what the
 /// controller did.
 pub const STATUS_ANNOTATION: &str = "lockwarden.io/status";

@@ -44,7 +44,7 @@ use crate::controller::gating::{
     FENCE_ANNOTATION, FENCES_ANNOTATION, GatedWorkload, HOLDER_ANNOTATION, Kind, NONCE_ANNOTATION,
     NONCES_ANNOTATION, ON_LOCK_LOST_ANNOTATION, OnLockLost, PRIORITY_ANNOTATION, Readiness,
     STATUS_ANNOTATION, Stopped, Stopping, TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
-    URL_ANNOTATION, URLS_ANNOTATION, stop,
+    URL_ANNOTATION, URLS_ANNOTATION, WEIGHT_ANNOTATION, stop,
 };
 use crate::telemetry::Telemetry;
 
@@ -175,19 +175,19 @@ impl Workload {
         a.contains_key(FENCE_ANNOTATION) || a.contains_key(FENCES_ANNOTATION)
     }
 
-    fn annotations_for(
-        &self,
-        templates: &[String],
-        priority: Option<i32>,
-    ) -> BTreeMap<String, String> {
+    fn annotations_for(&self, templates: &[String], weighted: bool) -> BTreeMap<String, String> {
         let mut gate = BTreeMap::new();
         match templates {
             [only] => gate.insert(TEMPLATE_ANNOTATION.to_string(), only.clone()),
             _ => gate.insert(TEMPLATES_ANNOTATION.to_string(), templates.join(",")),
         };
         gate.insert(ON_LOCK_LOST_ANNOTATION.to_string(), "retry".to_string());
-        if let Some(p) = priority {
+        if let Some(p) = self.spec.priority {
             gate.insert(PRIORITY_ANNOTATION.to_string(), p.to_string());
+        }
+        if weighted {
+            let pods: i64 = self.spec.pod_sets.iter().map(|s| i64::from(s.count)).sum();
+            gate.insert(WEIGHT_ANNOTATION.to_string(), pods.max(1).to_string());
         }
         gate
     }
@@ -315,12 +315,12 @@ impl GatedWorkload for Workload {
                 if started || self.condition_true(condition::QUOTA_RESERVED) =>
             {
                 let templates: Vec<String> = spec.templates.iter().map(|t| t.reference()).collect();
-                Ok(self.annotations_for(&templates, self.spec.priority))
+                Ok(self.annotations_for(&templates, spec.weight_from_pod_count))
             }
             _ if started => match recorded {
                 Some(list) => {
                     let templates: Vec<String> = list.split(',').map(str::to_string).collect();
-                    Ok(self.annotations_for(&templates, self.spec.priority))
+                    Ok(self.annotations_for(&templates, false))
                 }
                 None => Ok(BTreeMap::new()),
             },
@@ -497,6 +497,16 @@ impl GatedWorkload for Workload {
         let mut recorded = recorded;
         recorded.check = self.check.clone();
         recorded.apply_check(api, entry).await
+    }
+
+    /// Sets the check `Rejected` (Kueue deactivates the Workload until a person
+    /// reactivates it): only for what this Workload can never pass.
+    async fn refuse(&self, api: &Api<Workload>, why: &str) -> Result<(), kube::Error> {
+        if let Some(name) = self.our().name() {
+            let entry = self.entry(name, state::REJECTED, why);
+            self.apply_check(api, entry).await?;
+        }
+        Ok(())
     }
 
     /// Sets the check `Retry`: Kueue evicts the Workload and suspends its Job; its
