@@ -257,6 +257,25 @@ pub fn queue_weight(annotations: &BTreeMap<String, String>) -> Result<Option<u32
 }
 
 #[cfg(test)]
+mod queue_weight_tests {
+    use super::*;
+
+    #[test]
+    fn bad_input_a_weight_is_a_whole_number_of_at_least_one_permit() {
+        let of = |v: &str| queue_weight(&BTreeMap::from([(WEIGHT_ANNOTATION.into(), v.into())]));
+        assert_eq!(queue_weight(&BTreeMap::new()), Ok(None));
+        assert_eq!(of("3"), Ok(Some(3)));
+        for bad in ["0", "-1", "two", "1.5", ""] {
+            let e = of(bad).unwrap_err();
+            assert!(
+                e.contains(WEIGHT_ANNOTATION) && e.contains("at least 1"),
+                "{bad}: {e}"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod queue_priority_tests {
     use super::*;
 
