@@ -847,3 +847,71 @@ async fn kueue_a_workload_with_more_pods_than_permits_is_rejected() {
     assert!(scene.suspended("wide").await, "the 3-Pod Job was admitted");
     controller.abort();
 }
+
+/// A Workload waiting for its lock holds its ClusterQueue's quota: after the
+/// parameters' `pendingTimeout` with quota reserved its check says `Retry` with
+/// `requeueAfterSeconds` = `retryAfter` and a message saying so, Kueue gives the quota
+/// back (the Workload is evicted and requeued), and once the holder lets the key go the
+/// Workload is admitted and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kueue_a_workload_waiting_past_its_pending_timeout_gives_the_quota_back_and_runs_later() {
+    let (node, client, ns) = setup("kueue-timeout").await;
+    install_crds(&client).await;
+    create_template(&client, &ns, &pool_template(1)).await;
+    let check = lockwarden_check(
+        &client,
+        json!({
+            "templates": [{ "name": "pool" }],
+            "pendingTimeout": "5s",
+            "retryAfter": "3s",
+        }),
+    )
+    .await;
+    let (_, queue) = create_queues(&client, &ns, &[&check]).await;
+    let controller = start_controller(node, &ns).await;
+    // Another holder of the template's key (its Lease), in the same namespace.
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    locks
+        .create(&PostParams::default(), &lease_lock("blocker", "pool-lease"))
+        .await
+        .unwrap();
+    crate::support::locks::wait_acquired(&locks, "blocker", TIMEOUT).await;
+
+    let scene = Scene {
+        node,
+        client: client.clone(),
+        ns: ns.clone(),
+        queue,
+        check,
+    };
+    let job = scene.submit("patient", 1).await;
+    let retry = eventually(
+        "the check to say Retry after the pending timeout",
+        TIMEOUT,
+        || async {
+            let check = scene.check_state(&job).await?;
+            (check["state"] == "Retry").then_some(check)
+        },
+    )
+    .await;
+    assert_eq!(retry["requeueAfterSeconds"], 3, "{retry}");
+    let message = retry["message"].as_str().unwrap();
+    assert!(
+        message.contains("pendingTimeout 5s") && message.contains("quota goes back"),
+        "{message}"
+    );
+    // Kueue took the quota back.
+    eventually("the Workload's quota given back", TIMEOUT, || async {
+        let workload = workloads_of(&client, &ns, &job).await.into_iter().next()?;
+        (!condition(&workload, "QuotaReserved")).then_some(())
+    })
+    .await;
+    assert!(
+        scene.suspended("patient").await,
+        "admitted while the key was held"
+    );
+    locks.delete("blocker", &Default::default()).await.unwrap();
+    scene.wait_complete("patient").await;
+    assert_eq!(scene.pod_fences("patient").await.len(), 1);
+    controller.abort();
+}
