@@ -288,12 +288,60 @@ pub(super) async fn pod_fences(client: &Client, ns: &str, name: &str) -> Vec<i64
 }
 
 /// What a watch over a namespace's Jobs saw: the most unsuspended and unfinished at
-/// once, and the order in which Jobs were first seen unsuspended.
-pub(super) type Running = Arc<Mutex<(usize, Vec<String>)>>;
+/// once, and when each Job was first seen unsuspended and first seen finished.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Watched {
+    pub most: usize,
+    pub started: Vec<(String, std::time::Instant)>,
+    pub finished: Vec<(String, std::time::Instant)>,
+}
 
-/// Watches the namespace's Jobs (see [`Running`]).
-pub(super) fn watch_running(client: &Client, ns: &str) -> (Running, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new((0usize, Vec::<String>::new())));
+impl Watched {
+    /// The Jobs in the order they were first seen unsuspended.
+    pub fn order(&self) -> Vec<String> {
+        self.started.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Fences distinct, and rising across every hand-off: a Job first seen running
+    /// after another was seen finished has the higher fence. (Two Jobs admitted side by
+    /// side on two permits may be unsuspended by Kueue in either order, so their
+    /// fences are not compared.)
+    pub fn assert_fences_rise(&self, fences: &BTreeMap<String, i64>) {
+        let mut distinct: Vec<i64> = fences.values().copied().collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            fences.len(),
+            "two Jobs share a fence: {fences:?}"
+        );
+        let mut hand_offs = 0;
+        for (later, started) in &self.started {
+            for (earlier, ended) in &self.finished {
+                if ended < started {
+                    hand_offs += 1;
+                    assert!(
+                        fences[later] > fences[earlier],
+                        "{later} started after {earlier} finished with fence {} <= {}: {fences:?}",
+                        fences[later],
+                        fences[earlier]
+                    );
+                }
+            }
+        }
+        assert!(
+            hand_offs > 0,
+            "no Job started after another finished: {self:?}"
+        );
+    }
+}
+
+/// Watches the namespace's Jobs (see [`Watched`]).
+pub(super) fn watch_running(
+    client: &Client,
+    ns: &str,
+) -> (Arc<Mutex<Watched>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Watched::default()));
     let record = seen.clone();
     let jobs = Api::<Job>::namespaced(client.clone(), ns);
     let task = tokio::spawn(async move {
@@ -302,18 +350,22 @@ pub(super) fn watch_running(client: &Client, ns: &str) -> (Running, tokio::task:
             .applied_objects()
             .boxed();
         while let Some(Ok(job)) = stream.next().await {
+            let name = job.name_any();
             let unsuspended = job.spec.as_ref().and_then(|s| s.suspend) == Some(false);
             let done = job
                 .status
                 .iter()
                 .flat_map(|s| s.conditions.iter().flatten())
                 .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
-            running.insert(job.name_any(), unsuspended && !done);
+            running.insert(name.clone(), unsuspended && !done);
+            let now = std::time::Instant::now();
             let mut seen = record.lock().unwrap();
-            let now = running.values().filter(|r| **r).count();
-            seen.0 = seen.0.max(now);
-            if unsuspended && !seen.1.contains(&job.name_any()) {
-                seen.1.push(job.name_any());
+            seen.most = seen.most.max(running.values().filter(|r| **r).count());
+            if unsuspended && !seen.started.iter().any(|(n, _)| *n == name) {
+                seen.started.push((name.clone(), now));
+            }
+            if done && !seen.finished.iter().any(|(n, _)| *n == name) {
+                seen.finished.push((name, now));
             }
         }
     });
@@ -323,7 +375,7 @@ pub(super) fn watch_running(client: &Client, ns: &str) -> (Running, tokio::task:
 /// Three Kueue Jobs on a `permits: 2` template: never more than two admitted and
 /// unsuspended at once (a watch over the whole run), all three complete, each one's
 /// Pods carry the fence of its own lock, and the fences are distinct and increase in
-/// the order the Jobs were admitted.
+/// grant order: the Job admitted after another finished has the higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kueue_three_jobs_on_a_semaphore_of_two_run_at_most_two_at_once_with_rising_fences() {
     let (scene, controller) = Scene::new("kueue-sem", Some(pool_template(2))).await;
@@ -335,11 +387,12 @@ async fn kueue_three_jobs_on_a_semaphore_of_two_run_at_most_two_at_once_with_ris
     for name in names {
         scene.wait_complete(name).await;
     }
-    let (most, order) = seen.lock().unwrap().clone();
+    let seen = seen.lock().unwrap().clone();
     watch.abort();
+    let (most, order) = (seen.most, seen.order());
     assert!(most <= 2, "{most} Jobs ran at once on a semaphore of 2");
     assert_eq!(order.len(), 3, "not every Job was seen running: {order:?}");
-    let mut fences = Vec::new();
+    let mut fences = BTreeMap::new();
     for name in &order {
         let on_pods = scene.pod_fences(name).await;
         assert!(!on_pods.is_empty(), "Job {name} has no Pods left to read");
@@ -347,12 +400,9 @@ async fn kueue_three_jobs_on_a_semaphore_of_two_run_at_most_two_at_once_with_ris
             on_pods.windows(2).all(|w| w[0] == w[1]),
             "Job {name}'s Pods carry different fences: {on_pods:?}"
         );
-        fences.push(on_pods[0]);
+        fences.insert(name.clone(), on_pods[0]);
     }
-    assert!(
-        fences.windows(2).all(|w| w[0] < w[1]),
-        "fences in the order the Jobs were admitted ({order:?}) do not rise: {fences:?}"
-    );
+    seen.assert_fences_rise(&fences);
     let unsuspends = assert_no_job_write_by_lockwarden(scene.node, &scene.ns);
     eprintln!(
         "admitted {order:?} with fences {fences:?}; at most {most} at once; audit: \

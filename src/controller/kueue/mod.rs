@@ -25,7 +25,6 @@ pub mod types;
 pub mod workload;
 
 pub use types::{AdmissionCheck, ClusterQueue, Workload};
-pub use workload::WORKLOAD;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;

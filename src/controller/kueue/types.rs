@@ -4,13 +4,14 @@
 //! dropped on the server.
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::{ClusterResourceScope, NamespaceResourceScope};
 use kube::Resource;
 use serde::{Deserialize, Serialize};
+
+use crate::api::LockAdmissionConfigSpec;
 
 /// Kueue's API group.
 pub const GROUP: &str = "kueue.x-k8s.io";
@@ -29,9 +30,9 @@ pub struct Workload {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<WorkloadStatus>,
     /// Which of its checks is lockwarden's and what its parameters say, looked up
-    /// once per reconcile (see `workload::resolve`); never serialized.
+    /// afresh at the start of every reconcile (`gate_annotations`); never serialized.
     #[serde(skip)]
-    pub(super) check: OnceLock<super::workload::OurCheck>,
+    pub(super) check: CheckCell,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -271,5 +272,57 @@ impl Resource for ClusterQueue {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
+    }
+}
+
+/// Which of a Workload's checks is lockwarden's, and what its parameters say.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OurCheck {
+    /// None of its checks is lockwarden's.
+    None,
+    /// Check `name` is lockwarden's, with these parameters.
+    Ours {
+        name: String,
+        spec: LockAdmissionConfigSpec,
+    },
+    /// Check `name` is lockwarden's, but its parameters cannot be used (the
+    /// AdmissionCheck says why in its `Active` condition).
+    Unusable { name: String },
+}
+
+/// Where a Workload keeps its [`OurCheck`] between the machine's questions of one
+/// reconcile. Set afresh by every `gate_annotations` (the cache hands the same object
+/// to reconciles that follow no change of it, while its check's parameters may have
+/// changed).
+#[derive(Debug, Default)]
+pub struct CheckCell(std::sync::RwLock<Option<OurCheck>>);
+
+impl CheckCell {
+    pub(super) fn get(&self) -> OurCheck {
+        self.0
+            .read()
+            .map(|c| c.clone().unwrap_or(OurCheck::None))
+            .unwrap_or(OurCheck::None)
+    }
+
+    pub(super) fn set(&self, check: OurCheck) {
+        if let Ok(mut cell) = self.0.write() {
+            *cell = Some(check);
+        }
+    }
+}
+
+impl Clone for CheckCell {
+    fn clone(&self) -> Self {
+        CheckCell(std::sync::RwLock::new(Some(self.get())))
+    }
+}
+
+impl OurCheck {
+    pub(super) fn name(&self) -> Option<&str> {
+        match self {
+            OurCheck::None => None,
+            OurCheck::Ours { name, .. } | OurCheck::Unusable { name } => Some(name),
+        }
     }
 }

@@ -35,7 +35,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::types::{AdmissionCheck, CONTROLLER_NAME, Workload, condition, state};
+use super::types::{AdmissionCheck, CONTROLLER_NAME, OurCheck, Workload, condition, state};
 use crate::api::{LockAdmissionConfig, LockAdmissionConfigSpec};
 use crate::controller::config::{FIELD_MANAGER, FINALIZER};
 use crate::controller::gating::kind::{self, patch_as_read};
@@ -75,30 +75,6 @@ const POD_ANNOTATIONS: [&str; 7] = [
     URL_ANNOTATION,
     URLS_ANNOTATION,
 ];
-
-/// Which of a Workload's checks is lockwarden's, and what its parameters say.
-#[derive(Clone, Debug, PartialEq)]
-pub enum OurCheck {
-    /// None of its checks is lockwarden's.
-    None,
-    /// Check `name` is lockwarden's, with these parameters.
-    Ours {
-        name: String,
-        spec: LockAdmissionConfigSpec,
-    },
-    /// Check `name` is lockwarden's, but its parameters cannot be used (the
-    /// AdmissionCheck says why in its `Active` condition).
-    Unusable { name: String },
-}
-
-impl OurCheck {
-    fn name(&self) -> Option<&str> {
-        match self {
-            OurCheck::None => None,
-            OurCheck::Ours { name, .. } | OurCheck::Unusable { name } => Some(name),
-        }
-    }
-}
 
 /// The `LockAdmissionConfig` an AdmissionCheck of lockwarden's names, or why it cannot
 /// be used.
@@ -157,12 +133,17 @@ async fn our_check(client: &kube::Client, workload: &Workload) -> Result<OurChec
 impl Workload {
     /// Its check's state as resolved by [`GatedWorkload::gate_annotations`] this
     /// reconcile.
-    fn our(&self) -> &OurCheck {
-        self.check.get().unwrap_or(&OurCheck::None)
+    fn our(&self) -> OurCheck {
+        self.check.get()
+    }
+
+    /// The name of its check that is lockwarden's.
+    fn our_name(&self) -> Option<String> {
+        self.our().name().map(str::to_string)
     }
 
     fn our_state(&self) -> Option<&super::types::AdmissionCheckState> {
-        self.check_state(self.our().name()?)
+        self.check_state(&self.our_name()?)
     }
 
     fn our_state_is(&self, wanted: &str) -> bool {
@@ -306,8 +287,7 @@ impl GatedWorkload for Workload {
         &self,
         client: &kube::Client,
     ) -> Result<BTreeMap<String, String>, kube::Error> {
-        let ours = our_check(client, self).await?;
-        let _ = self.check.set(ours);
+        self.check.set(our_check(client, self).await?);
         let started = self.finalizers().iter().any(|f| f == FINALIZER);
         let recorded = self.annotations().get(RECORDED_TEMPLATES_ANNOTATION);
         match self.our() {
@@ -437,10 +417,10 @@ impl GatedWorkload for Workload {
         _lost: bool,
         _what: &str,
     ) -> Result<Readiness, kube::Error> {
-        let (Some(name), Some(clash)) = (self.our().name(), self.fence_clash()) else {
+        let (Some(name), Some(clash)) = (self.our_name(), self.fence_clash()) else {
             return Ok(Readiness::Ready);
         };
-        let entry = self.entry(name, state::REJECTED, &clash);
+        let entry = self.entry(&name, state::REJECTED, &clash);
         self.apply_check(api, entry).await?;
         Ok(Readiness::Wrote)
     }
@@ -476,7 +456,7 @@ impl GatedWorkload for Workload {
         locks: &[WorkloadLock],
         message: &str,
     ) -> Result<Workload, kube::Error> {
-        let Some(name) = self.our().name().map(str::to_string) else {
+        let Some(name) = self.our_name() else {
             return Ok(self.clone());
         };
         let pod_annotations = ran.annotations();
@@ -502,8 +482,8 @@ impl GatedWorkload for Workload {
     /// Sets the check `Rejected` (Kueue deactivates the Workload until a person
     /// reactivates it): only for what this Workload can never pass.
     async fn refuse(&self, api: &Api<Workload>, why: &str) -> Result<(), kube::Error> {
-        if let Some(name) = self.our().name() {
-            let entry = self.entry(name, state::REJECTED, why);
+        if let Some(name) = self.our_name() {
+            let entry = self.entry(&name, state::REJECTED, why);
             self.apply_check(api, entry).await?;
         }
         Ok(())
@@ -522,9 +502,9 @@ impl GatedWorkload for Workload {
              anew, with a new fence",
             stop.what_happened()
         );
-        let object = match self.our().name() {
+        let object = match self.our_name() {
             Some(name) => {
-                let entry = self.entry(name, state::RETRY, &message);
+                let entry = self.entry(&name, state::RETRY, &message);
                 Some(self.apply_check(api, entry).await?)
             }
             None => None,
@@ -572,13 +552,13 @@ impl GatedWorkload for Workload {
                     timeout.as_secs(),
                     retry.as_secs()
                 );
-                let mut entry = self.entry(name, state::RETRY, &text);
+                let mut entry = self.entry(&name, state::RETRY, &text);
                 entry["requeueAfterSeconds"] =
                     json!(i32::try_from(retry.as_secs()).unwrap_or(i32::MAX));
                 entry
             }
             _ if current.message == message => return Ok(()),
-            _ => self.entry(name, state::PENDING, message),
+            _ => self.entry(&name, state::PENDING, message),
         };
         self.apply_check(api, entry).await?;
         Ok(())
