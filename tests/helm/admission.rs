@@ -554,6 +554,14 @@ async fn with_fix_the_api_server_labels_gated_pods_and_suspends_jobs() {
         (job["spec"]["suspend"] == true).then_some(())
     })
     .await;
+    // The fixing and the refusing policies come into force independently: wait for
+    // the Pod rule's refusal too before asserting what it refuses.
+    let mut probe = pod("probe", false);
+    probe["metadata"]["annotations"]["lockwarden.io/on-lock-lost"] = json!("probe");
+    eventually("the Pod rule in force", Duration::from_secs(90), || async {
+        create(ns, &probe, true).await.err().map(|_| ())
+    })
+    .await;
 
     let fixed = admitted(ns, &pod("forgot-label", false)).await;
     assert_eq!(fixed["metadata"]["labels"]["lockwarden.io/gated"], "true");
