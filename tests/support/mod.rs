@@ -87,13 +87,23 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released; the OS does not hand it out
-/// again immediately).
+/// A free TCP port on 127.0.0.1 (bound then released), never one this process was
+/// given before: the OS may hand a released port out again at once, and two servers
+/// of one test binary started on the same port race for it (the loser's readiness
+/// probe is then answered by the winner).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port on 127.0.0.1")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("no free port on 127.0.0.1");
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// What a successful `scripts/demo` run printed, and its dev directory.
