@@ -4,11 +4,14 @@
 //! to a loopback register every 100 ms, holds an S3 lock (moto) that only the
 //! controller reaches, through a fault proxy. The proxy is cut: the controller loses the
 //! lock, sets the check `Retry`, Kueue evicts the Workload and suspends the Job, and its
-//! Pod is killed at the end of its grace. A contender straight to moto (another
-//! holder, under no controller of this cluster) writes to the same register the moment
-//! the store lets it acquire: the Job's last write must arrive before the contender's
-//! first, and the store must show the Workload's acquisition until then. After the heal
-//! the Workload is admitted again, with a higher fence.
+//! Pod is killed at the end of its grace. The contender is a plain DistributedLock on
+//! the same key under *another* controller (cluster `kueue-other`, its own namespace,
+//! straight to moto), waiting before the cut; the test writes the contender's first
+//! write to the same register the moment that lock's status says it is held (before
+//! any work its controller could gate would start, so the margin is, if anything,
+//! understated). The Job's last write must arrive before the contender's first, and the
+//! store must show the Workload's acquisition until then. After the heal the Workload
+//! is admitted again, with a higher fence.
 //!
 //! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
 //! the min and median, and each must be positive.
@@ -17,17 +20,20 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PropagationPolicy};
-use lockwarden::api::DistributedLock;
+use lockwarden::api::{DistributedLock, LockPhase};
+use lockwarden::controller::ControllerConfig;
+use tokio::io::AsyncWriteExt;
+use tokio::task::JoinHandle;
 
 use super::admission::{install_crds, lockwarden_check, start_controller};
 use super::*;
 use crate::support::kube::job_pods_ended;
-use crate::support::locks::{aws_secret, s3_lock, timed};
+use crate::support::locks::{acquired, aws_secret, phase, s3_lock, timed};
 use crate::support::moto::Moto;
 use crate::support::proxy::{Mode, Proxy};
 use crate::support::trials::{
-    RecordSampler, Register, contend, direct_s3_backend, last_and_first, monotonic_now,
-    report_margins, trial_count,
+    RecordSampler, Register, direct_s3_backend, last_and_first, monotonic_now, report_margins,
+    trial_count,
 };
 
 /// The lock's lease and renew interval: short, so a trial takes about a minute.
@@ -38,6 +44,8 @@ const RENEW: &str = "2s";
 const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
 /// The template the check's parameters name; each trial makes it anew on a new key.
 const TEMPLATE: &str = "stop-tpl";
+/// The other cluster, whose controller holds the contender's lock.
+const OTHER_CLUSTER: &str = "kueue-other";
 
 /// A Kueue Job whose container ignores SIGTERM and writes `job N` to the register on
 /// `port` every 100 ms (host network: the register is on the host's loopback).
@@ -77,22 +85,74 @@ async fn running_fence(client: &Client, ns: &str, name: &str, above: i64) -> i64
     .await
 }
 
+/// The other cluster's controller, in `ns` only, straight to the stores.
+fn start_other_controller(client: &Client, ns: &str) -> JoinHandle<()> {
+    let config = ControllerConfig {
+        cluster_name: OTHER_CLUSTER.into(),
+        namespace: Some(ns.to_string()),
+        ..Default::default()
+    };
+    let client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = lockwarden::controller::run(client, config).await {
+            panic!("the other cluster's controller failed: {e}");
+        }
+    })
+}
+
+/// Writes `contender 1` to the register on `port` the moment the DistributedLock `name`
+/// (under the other controller) is held; ends with its fence.
+async fn first_write_when_held(
+    locks: Api<DistributedLock>,
+    name: String,
+    port: u16,
+) -> JoinHandle<i64> {
+    let mut line = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the register");
+    tokio::spawn(async move {
+        loop {
+            if let Ok(lock) = locks.get(&name).await
+                && acquired(&lock)
+            {
+                line.write_all(b"contender 1\n").await.unwrap();
+                line.flush().await.unwrap();
+                return lock.status.and_then(|s| s.fence).unwrap_or_default();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
 /// What one trial measured, in seconds on CLOCK_MONOTONIC.
 struct Trial {
     margin: f64,
     cut_to_job_last: f64,
     cut_to_contender_first: f64,
-    fences: (i64, i64),
+    /// The Workload's fence, the contender's, and the Workload's after the heal.
+    fences: (i64, i64, i64),
 }
 
-async fn one_trial(
-    node: &Node,
-    client: &Client,
-    ns: &str,
-    queue: &str,
-    bucket: &str,
-    n: usize,
-) -> Trial {
+/// Where the trials run: this cluster's namespace and queue, the other cluster's
+/// namespace, and the bucket.
+struct Stage<'a> {
+    node: &'a Node,
+    client: &'a Client,
+    ns: &'a str,
+    queue: &'a str,
+    other_ns: &'a str,
+    bucket: &'a str,
+}
+
+async fn one_trial(stage: &Stage<'_>, n: usize) -> Trial {
+    let Stage {
+        node,
+        client,
+        ns,
+        queue,
+        other_ns,
+        bucket,
+    } = *stage;
     let key = unique("kueue-stop");
     let proxy = Proxy::start(Moto::shared().port());
     let (port, register) = Register::serve().await;
@@ -122,20 +182,39 @@ async fn one_trial(
     .await;
 
     let sampler = RecordSampler::start(direct_s3_backend(bucket, &key).await);
-    let contender = contend(
-        direct_s3_backend(bucket, &key).await,
-        port,
-        Duration::from_secs(6),
-    )
+    // The contender: waiting under the other controller before the cut.
+    let others = Api::<DistributedLock>::namespaced(client.clone(), other_ns);
+    let contender_name = format!("contender-{n}");
+    others
+        .create(
+            &PostParams::default(),
+            &timed(
+                s3_lock(
+                    &contender_name,
+                    bucket,
+                    &key,
+                    Moto::shared().endpoint(),
+                    "aws",
+                ),
+                LEASE,
+                RENEW,
+            ),
+        )
+        .await
+        .expect("create the contender's lock");
+    eventually("the contender waiting", TIMEOUT, || async {
+        let lock = others.get(&contender_name).await.ok()?;
+        (phase(&lock) == Some(LockPhase::Waiting)).then_some(())
+    })
     .await;
+    let contender = first_write_when_held(others.clone(), contender_name.clone(), port).await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
     let cut = monotonic_now();
     proxy.set_mode(Mode::Blackhole);
-    let (contender_backend, contender_lease) =
-        tokio::time::timeout(Duration::from_secs(300), contender)
-            .await
-            .expect("the contender acquires within 300 s of the cut")
-            .expect("the contender task");
+    let contender_fence = tokio::time::timeout(Duration::from_secs(300), contender)
+        .await
+        .expect("the contender is held within 300 s of the cut")
+        .expect("the contender task");
     // Kueue evicted the Workload and suspended the Job; its Pod is gone at the latest
     // at the end of its grace period.
     eventually(
@@ -154,8 +233,11 @@ async fn one_trial(
     // The heal: the store reachable again and the contender gone; the Workload is
     // admitted again, with a new acquisition.
     proxy.set_mode(Mode::Pass);
-    let _ = contender_backend.release(&contender_lease).await;
-    let again = running_fence(client, ns, &job_name, first_fence).await;
+    others
+        .delete(&contender_name, &DeleteParams::default())
+        .await
+        .expect("delete the contender's lock");
+    let again = running_fence(client, ns, &job_name, contender_fence).await;
     let _ = jobs
         .delete(
             &job_name,
@@ -174,12 +256,21 @@ async fn one_trial(
         locks.get_opt(TEMPLATE).await.ok()?.is_none().then_some(())
     })
     .await;
+    eventually("the contender's lock gone", TIMEOUT, || async {
+        others
+            .get_opt(&contender_name)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
     drop(proxy);
     Trial {
         margin: contender_first - job_last,
         cut_to_job_last: job_last - cut,
         cut_to_contender_first: contender_first - cut,
-        fences: (first_fence, again),
+        fences: (first_fence, contender_fence, again),
     }
 }
 
@@ -189,27 +280,42 @@ async fn one_trial(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_before_next_a_kueue_job_sent_back_on_loss_stops_before_the_contender_on_s3() {
     let (node, client, ns) = setup("kueue-stop").await;
+    let other_ns = node.namespace(&client, OTHER_CLUSTER).await;
     install_crds(&client).await;
-    aws_secret(&client, &ns).await;
+    for namespace in [&ns, &other_ns] {
+        aws_secret(&client, namespace).await;
+    }
     let bucket = Moto::shared().new_bucket("kueue-stop").await;
     let check = lockwarden_check(&client, json!({ "templates": [{ "name": TEMPLATE }] })).await;
     let (_, queue) = super::admission::create_queues(&client, &ns, &[&check]).await;
     let controller = start_controller(node, &ns).await;
+    let other = start_other_controller(&client, &other_ns);
+    let stage = Stage {
+        node,
+        client: &client,
+        ns: &ns,
+        queue: &queue,
+        other_ns: &other_ns,
+        bucket: &bucket,
+    };
     let mut margins = Vec::new();
     for n in 0..trial_count(1) {
-        let trial = one_trial(node, &client, &ns, &queue, &bucket, n).await;
+        let trial = one_trial(&stage, n).await;
+        let (workload, contender, again) = trial.fences;
         println!(
             "kueue-stop: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
-             contender's first write {:.3} s); fence {} → {} after the heal",
-            trial.margin,
-            trial.cut_to_job_last,
-            trial.cut_to_contender_first,
-            trial.fences.0,
-            trial.fences.1
+             contender's first write {:.3} s); fences: Workload {workload}, contender \
+             {contender}, Workload after the heal {again}",
+            trial.margin, trial.cut_to_job_last, trial.cut_to_contender_first,
         );
-        assert!(trial.fences.1 > trial.fences.0);
+        assert!(
+            workload < contender && contender < again,
+            "fences must rise across the hand-offs: {:?}",
+            trial.fences
+        );
         margins.push(trial.margin);
     }
     report_margins("kueue-stop", &margins);
     controller.abort();
+    other.abort();
 }
