@@ -41,6 +41,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -87,23 +88,61 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A free TCP port on 127.0.0.1 (bound then released), never one this process was
-/// given before: the OS may hand a released port out again at once, and two servers
-/// of one test binary started on the same port race for it (the loser's readiness
-/// probe is then answered by the winner).
+/// Where test processes claim ports ([`free_port`]): one file per port, locked
+/// (`flock`) by the claiming process for as long as it lives. Machine-wide, not per
+/// target directory: two suites on one machine share its ports.
+const PORT_CLAIMS: &str = "lockwarden-test-ports";
+/// The range [`free_port`] draws from: below Linux's ephemeral range (32768–60999 by
+/// default), where `bind(0)` listeners and the local ends of outgoing connections
+/// take their ports, so neither can take a claimed port between its claim and the
+/// server's bind.
+const CLAIMED_PORTS: std::ops::Range<u16> = 15000..32000;
+
+/// A free TCP port on 127.0.0.1 for a server this test binary starts, unique across
+/// every process on the machine: test binaries run side by side (`scripts/test`), and
+/// a port merely bound and released can be handed to another process before the
+/// server binds it, whose readiness probe is then answered by the wrong server. The
+/// port is claimed by an exclusive `flock` on `$TMPDIR/lockwarden-test-ports/PORT`,
+/// held until this process exits (the kernel releases it even after SIGKILL; the
+/// servers it started die with it), and checked free by a bind.
 pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("no free port on 127.0.0.1");
-        if given.insert(port) {
-            return port;
-        }
+    use rand::Rng;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    static CLAIMS: Mutex<Vec<File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join(PORT_CLAIMS);
+    if std::fs::create_dir(&dir).is_ok() {
+        // Shared by every user's runs (root's suite, an unprivileged quick run).
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
     }
+    let mut claims = CLAIMS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = rand::rng();
+    for _ in 0..10_000 {
+        let port = rng.random_range(CLAIMED_PORTS);
+        let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o666)
+            .open(dir.join(port.to_string()))
+            .or_else(|_| std::fs::File::open(dir.join(port.to_string())))
+        else {
+            continue;
+        };
+        // SAFETY: flock(2) on a file descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue; // another process (or this one) holds it
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue; // something outside the claims listens there
+        }
+        claims.push(file);
+        return port;
+    }
+    panic!(
+        "no free port in {CLAIMED_PORTS:?} on 127.0.0.1 after 10,000 tries (claims in {})",
+        dir.display()
+    );
 }
 
 /// What a successful `scripts/demo` run printed, and its dev directory.
