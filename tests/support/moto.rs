@@ -308,6 +308,28 @@ pub async fn dynamodb_config_for(endpoint: &str) -> aws_sdk_dynamodb::config::Bu
     aws_sdk_dynamodb::config::Builder::from(&sdk_config_for(endpoint).await)
 }
 
+/// A PutObject of `body` to `bucket/key`: to make conditional (`if_match`, …) and send.
+pub fn put_object(
+    s3: &aws_sdk_s3::Client,
+    bucket: &str,
+    key: &str,
+    body: impl Into<aws_sdk_s3::primitives::ByteStream>,
+) -> aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder {
+    s3.put_object().bucket(bucket).key(key).body(body.into())
+}
+
+/// A PutItem of `attributes` to `table`: to make conditional and send.
+pub fn put_item<const N: usize>(
+    ddb: &aws_sdk_dynamodb::Client,
+    table: &str,
+    attributes: [(&str, aws_sdk_dynamodb::types::AttributeValue); N],
+) -> aws_sdk_dynamodb::operation::put_item::builders::PutItemFluentBuilder {
+    let put = ddb.put_item().table_name(table);
+    attributes
+        .into_iter()
+        .fold(put, |put, (name, value)| put.item(name, value))
+}
+
 pub async fn s3_client_for(endpoint: &str) -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(s3_config_for(endpoint).await.build())
 }

@@ -12,37 +12,25 @@
 //! Objects live in `<work dir>/root` (one directory per bucket; ETags and metadata in
 //! extended attributes, which the filesystem must support).
 
+use std::path::Path;
 use std::process::Command;
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
 use super::moto::{ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY};
-use super::{ServerProcess, free_port, http_answers, tool, unique_suffix, wait_until, work_dir};
+use super::stores::{Launch, LoopbackServer};
+use super::tool;
 
-/// A Go binary: it answers within a second when the machine is quiet.
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// One versitygw process on a loopback port (path-style addressing); killed when
+/// dropped.
+pub type VersityGw = LoopbackServer<VersityGwCommand>;
 
-/// One versitygw process on a loopback port; killed when dropped.
-pub struct VersityGw {
-    port: u16,
-    pub(super) server: ServerProcess,
-}
+/// How versitygw is started (a Go binary: it answers within a second on a quiet
+/// machine).
+pub struct VersityGwCommand;
 
-impl VersityGw {
-    /// The gateway shared by every test in this binary, started on first use.
-    pub fn shared() -> &'static VersityGw {
-        static SHARED: OnceLock<VersityGw> = OnceLock::new();
-        SHARED.get_or_init(|| VersityGw::start_named("versitygw-shared"))
-    }
+impl Launch for VersityGwCommand {
+    const NAME: &'static str = "versitygw";
 
-    /// A private gateway with its own directory.
-    pub fn start() -> VersityGw {
-        VersityGw::start_named(&format!("versitygw-{}", unique_suffix()))
-    }
-
-    fn start_named(name: &str) -> VersityGw {
-        let port = free_port();
-        let dir = work_dir(name);
+    fn command(port: u16, dir: &Path) -> Command {
         let root = dir.join("root");
         std::fs::create_dir_all(&root).expect("create versitygw root directory");
         let mut cmd = Command::new(tool("VERSITYGW"));
@@ -50,32 +38,6 @@ impl VersityGw {
             .args(["--region", REGION, "--port", &format!("127.0.0.1:{port}")])
             .arg("posix")
             .arg(&root);
-        let began = Instant::now();
-        let mut server = ServerProcess::start(name, cmd, &dir);
-        wait_until(
-            &mut server,
-            STARTUP_TIMEOUT,
-            "versitygw to answer HTTP",
-            || http_answers(port, "/"),
-        );
-        eprintln!(
-            "[support] versitygw ready on port {port} after {:?}",
-            began.elapsed()
-        );
-        VersityGw { port, server }
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `http://127.0.0.1:PORT`, for `endpoint_url` (path-style addressing).
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's log (for failure messages).
-    pub fn log_tail(&self, lines: usize) -> String {
-        self.server.log_tail(lines)
+        cmd
     }
 }
