@@ -27,7 +27,7 @@ use lockwarden::lock::{
     Stored, Wait, acquire,
 };
 use serde_json::Value;
-use support::cli::Cli;
+use support::cli::{Cli, Out};
 use support::eventually;
 use support::kube::ControlPlane;
 use support::locks::lease_lock_timed;
@@ -251,6 +251,103 @@ async fn assert_engine_sees_held(backend: &dyn LockBackend, by: &str) {
     backend.abandon().await;
 }
 
+/// Both lockwarden sides, the engine and the CLI, see the key held by `by` and do not
+/// take it.
+async fn assert_seen_held(backend: &dyn LockBackend, url: &str, by: &str) {
+    assert_engine_sees_held(backend, by).await;
+    Cli::aws().with_kube().assert_sees_held(url, by, &[]).await;
+}
+
+/// lockwarden, asking for a `lease` lease and waiting `wait`, does not take over the
+/// other tool's lock: `why` it keeps it.
+/// How another tool's lock keeps lockwarden out while it holds, and how lockwarden
+/// gets the key once it lets go.
+struct Keeps {
+    /// lockwarden asking for this lease, waiting this long, does not take it over…
+    lease: Duration,
+    wait: Duration,
+    /// … because of this.
+    why: &'static str,
+    /// How lockwarden waits once the tool let go.
+    then: Wait,
+}
+
+/// While the other tool's `holder` (a contender that must acquire) holds the key,
+/// lockwarden's engine and CLI see it held by the holder's id and do not take it over
+/// as `keeps` says; once it lets go, lockwarden acquires. Returns the engine and its
+/// lease.
+async fn seen_held_then_acquired(
+    url: &str,
+    holder: Foreign,
+    keeps: &Keeps,
+) -> (Arc<dyn LockBackend>, Lease) {
+    let (mut holder, by) = holding(holder).await;
+    let backend = engine(url, &aws_options(false)).await;
+    assert_seen_held(backend.as_ref(), url, &by).await;
+    let err = acquire(
+        backend.as_ref(),
+        &request("lockwarden", keeps.lease),
+        Wait::For(keeps.wait),
+    )
+    .await
+    .expect_err(keeps.why);
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    holder.release().await;
+    let after = format!("lockwarden acquires once {} let go", holder.what);
+    let lease = lockwarden_acquires(backend.as_ref(), keeps.then, &after).await;
+    (backend, lease)
+}
+
+// The other tool's contenders, whichever tool: each failure names the contender.
+
+/// A contender that must acquire; returns it, holding, and the rest of its ACQUIRED
+/// line (the holder's id, where the tool has one).
+async fn holding(mut tool: Foreign) -> (Foreign, String) {
+    let id = tool.expect("ACQUIRED").await;
+    (tool, id)
+}
+
+/// A contender that must acquire, and then lets go.
+async fn acquires(tool: Foreign) {
+    holding(tool).await.0.release().await;
+}
+
+/// A contender that tries once and must find the key held (it exits 3).
+async fn refused(tool: Foreign, why: &str) {
+    let what = tool.what.clone();
+    assert_eq!(tool.exit_code().await, 3, "{what}: {why}");
+}
+
+/// A contender with a bounded wait that must give up (TIMEOUT).
+async fn times_out(mut tool: Foreign, why: &str) {
+    assert_eq!(tool.next().await, "TIMEOUT", "{}: {why}", tool.what);
+}
+
+/// A contender (`contender(owner)`) tried while `held` holds finds it held (`why`);
+/// once `held` lets go, another acquires.
+async fn refused_until_released(contender: impl Fn(&str) -> Foreign, held: HeldLock, why: &str) {
+    refused(contender("refused"), why).await;
+    held.release().await.expect("release");
+    acquires(contender("acquirer")).await;
+}
+
+/// A waiting contender that gets nothing while `held` holds (`why` it must not) and
+/// acquires once `held` lets go.
+async fn gets_it_after(mut waiting: Foreign, held: HeldLock, why: &str) {
+    assert_eq!(waiting.has_event().await, None, "{}: {why}", waiting.what);
+    held.release().await.expect("release");
+    acquires(waiting).await;
+}
+
+/// The CLI refused with exit 3, saying `says` and naming `by`.
+fn assert_refused(out: &Out, says: &str, by: &str) {
+    assert_eq!(out.code, 3, "{out:#?}");
+    assert!(
+        out.stderr.contains(says) && out.stderr.contains(by),
+        "the error must say {says:?} and name {by:?}: {out:#?}"
+    );
+}
+
 /// The CLI with moto and the shared control plane; assertions of these tests.
 impl Cli {
     /// `lock URL` fails with exit 3 naming the holder, writes no lock file, and
@@ -258,12 +355,7 @@ impl Cli {
     async fn assert_sees_held(&self, url: &str, by: &str, extra: &[&str]) {
         let mut args = vec!["lock", url, "-o", "refused.lock"];
         args.extend_from_slice(extra);
-        let out = self.run(&args).await;
-        assert_eq!(out.code, 3, "lock of a held key must exit 3: {out:#?}");
-        assert!(
-            out.stderr.contains("lock already held by") && out.stderr.contains(by),
-            "the error must name the holder {by:?}: {out:#?}"
-        );
+        assert_refused(&self.run(&args).await, "lock already held by", by);
         assert!(!self.path("refused.lock").exists());
         let mut args = vec!["status", url, "-o", "json"];
         args.extend_from_slice(extra);
@@ -278,19 +370,16 @@ impl Cli {
         );
     }
 
-    /// A key another tool holds is *held, permits unknown* (docs/design.md §6.2), on
-    /// every store: `lock --permits 3` exits 3 at once naming the holder (not a
-    /// disagreement of permits, exit 1), and `--wait` waits for it, to exit 3 when the
-    /// wait runs out.
-    async fn assert_permits_wait_for_another_tool(&self, url: &str, by: &str) {
+    /// A key another tool's `holder` holds is *held, permits unknown* (docs/design.md
+    /// §6.2), on every store: `lock --permits 3` exits 3 at once naming the holder
+    /// (not a disagreement of permits, exit 1), and `--wait` waits for it, to exit 3
+    /// when the wait runs out. Once the holder let go, the first lockwarden holder sets
+    /// the key's permits.
+    async fn assert_permits_wait_for(&self, url: &str, mut holder: Foreign, by: &str) {
         let out = self
             .run(&["lock", url, "--permits", "3", "-o", "permit.lock"])
             .await;
-        assert_eq!(out.code, 3, "held, permits unknown: {out:#?}");
-        assert!(
-            out.stderr.contains("lock already held by") && out.stderr.contains(by),
-            "the error must name {by:?}: {out:#?}"
-        );
+        assert_refused(&out, "lock already held by", by);
         assert!(
             !out.stderr
                 .contains("every lock on one key must name the same permits"),
@@ -309,20 +398,14 @@ impl Cli {
                 "permit.lock",
             ])
             .await;
-        assert_eq!(out.code, 3, "{out:#?}");
-        assert!(
-            out.stderr.contains("gave up after waiting") && out.stderr.contains(by),
-            "{out:#?}"
-        );
+        assert_refused(&out, "gave up after waiting", by);
         assert!(
             asked.elapsed() >= Duration::from_secs(3),
             "--wait was not waited"
         );
         assert!(!self.path("permit.lock").exists());
-    }
 
-    /// Once the other tool let go, the first lockwarden holder sets the key's permits.
-    async fn assert_first_holder_sets_the_permits(&self, url: &str) {
+        holder.release().await;
         self.lock(url, "permit.lock", &["--permits", "3", "--wait", "60"])
             .await;
         let out = self.run(&["status", url, "-o", "json"]).await;
@@ -355,6 +438,14 @@ async fn s3_key() -> (String, String, String) {
     (bucket, key, url)
 }
 
+/// An s3lock lock has no lease: waiting past any lease does not take it over.
+const S3LOCK_KEEPS: Keeps = Keeps {
+    lease: Duration::from_secs(1),
+    wait: Duration::from_secs(3),
+    why: "an s3lock lock never expires",
+    then: Wait::For(TIMEOUT),
+};
+
 fn s3lock(bucket: &str, key: &str, wait: &str) -> Foreign {
     Foreign::spawn(
         "s3lock",
@@ -376,47 +467,22 @@ fn s3lock(bucket: &str, key: &str, wait: &str) -> Foreign {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3lock_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock() {
     let (bucket, key, url) = s3_key().await;
-    let mut holder = s3lock(&bucket, &key, "0s");
-    let id = holder.expect("ACQUIRED").await;
-
-    let backend = engine(&url, &aws_options(false)).await;
-    assert_engine_sees_held(backend.as_ref(), &id).await;
-    let cli = Cli::aws().with_kube();
-    cli.assert_sees_held(&url, &id, &[]).await;
-    // An s3lock lock has no lease: waiting past any lease does not take it over.
-    let err = acquire(
-        backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(1)),
-        Wait::For(Duration::from_secs(3)),
-    )
-    .await
-    .expect_err("an s3lock lock never expires");
-    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
-
-    holder.release().await;
-    let lease = lockwarden_acquires(
-        backend.as_ref(),
-        Wait::For(TIMEOUT),
-        "lockwarden acquires once s3lock unlocked",
-    )
-    .await;
+    let holder = s3lock(&bucket, &key, "0s");
+    let (backend, lease) = seen_held_then_acquired(&url, holder, &S3LOCK_KEEPS).await;
     backend.release(&lease).await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waits_for_an_s3lock_holder_and_then_sets_the_permits() {
     let (bucket, key, url) = s3_key().await;
-    let mut holder = s3lock(&bucket, &key, "0s");
-    let id = holder.expect("ACQUIRED").await;
+    let (holder, id) = holding(s3lock(&bucket, &key, "0s")).await;
     let cli = Cli::aws();
-    cli.assert_permits_wait_for_another_tool(&url, &id).await;
     // Its status: s3lock's lock never expires (no placeholder duration).
     let out = cli.run(&["status", &url]).await;
     assert_eq!(out.code, 0, "{out:#?}");
     assert!(out.stdout.contains("never expires"), "{out:#?}");
     assert!(!out.stdout.contains("years"), "{out:#?}");
-    holder.release().await;
-    cli.assert_first_holder_sets_the_permits(&url).await;
+    cli.assert_permits_wait_for(&url, holder, &id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -426,33 +492,25 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
     // Engine, s3lock-compatible: the release deletes the object.
     let backend = engine(&url, &aws_options(true)).await;
     let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(30)).await;
-    assert_eq!(
-        s3lock(&bucket, &key, "0s").exit_code().await,
-        3,
-        "s3lock must find it held"
-    );
-    held.release().await.expect("release");
-    let mut s3 = s3lock(&bucket, &key, "0s");
-    s3.expect("ACQUIRED").await;
-    s3.release().await;
+    let s3lock_now = |_: &str| s3lock(&bucket, &key, "0s");
+    refused_until_released(s3lock_now, held, "s3lock must find it held").await;
 
     // CLI, s3lock-compatible: the lock file remembers the option for unlock.
     let cli = Cli::aws().with_kube();
     cli.lock(&url, "held.lock", &["--s3lock-compatible"]).await;
-    assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
-    let mut waiting = s3lock(&bucket, &key, "120s");
+    refused(s3lock(&bucket, &key, "0s"), "the CLI holds it").await;
+    let waiting = s3lock(&bucket, &key, "120s");
     cli.unlock("held.lock").await;
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    acquires(waiting).await;
 
     // Without the option lockwarden leaves a tombstone, which s3lock takes as held.
     cli.lock(&url, "plain.lock", &[]).await;
     cli.unlock("plain.lock").await;
-    assert_eq!(
-        s3lock(&bucket, &key, "0s").exit_code().await,
-        3,
-        "s3lock treats lockwarden's release tombstone as a held lock"
-    );
+    refused(
+        s3lock(&bucket, &key, "0s"),
+        "s3lock treats lockwarden's release tombstone as a held lock",
+    )
+    .await;
 }
 
 /// A key with several permits is one object holding the whole holder set: s3lock sees
@@ -462,17 +520,10 @@ async fn s3lock_cannot_lock_while_lockwarden_holds_and_can_after_a_compatible_re
 async fn s3lock_sees_a_semaphore_key_as_held_until_its_last_holder_lets_go() {
     let (bucket, key, url) = s3_key().await;
     let [first, second] = hold_two_permits(&url, &aws_options(true), Duration::from_secs(30)).await;
-    assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
+    let s3lock_now = |_: &str| s3lock(&bucket, &key, "0s");
+    refused(s3lock_now("refused"), "two permits are held").await;
     first.release().await.expect("release");
-    assert_eq!(
-        s3lock(&bucket, &key, "0s").exit_code().await,
-        3,
-        "one permit is still held"
-    );
-    second.release().await.expect("release");
-    let mut s3 = s3lock(&bucket, &key, "0s");
-    s3.expect("ACQUIRED").await;
-    s3.release().await;
+    refused_until_released(s3lock_now, second, "one permit is still held").await;
 }
 
 /// `lockwarden status` on a key lockwarden released without deleting it: free for
@@ -505,7 +556,11 @@ async fn status_of_a_released_s3_key_says_s3lock_sees_it_held_and_names_the_opti
         "{table:#?}"
     );
     // What it says is so.
-    assert_eq!(s3lock(&bucket, &key, "0s").exit_code().await, 3);
+    refused(
+        s3lock(&bucket, &key, "0s"),
+        "the note says s3lock sees it held",
+    )
+    .await;
 
     // Released with the option: nothing left, nothing to say.
     cli.lock(&url, "compatible.lock", &["--s3lock-compatible"])
@@ -567,8 +622,7 @@ async fn a_distributed_lock_with_s3lock_compatible_lets_s3lock_lock_after_its_re
         )
         .await
         .expect("set spec.release");
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    acquires(waiting).await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -583,6 +637,15 @@ async fn dynamo_key() -> (String, String, String) {
 
 /// Long enough that a heartbeat every second survives a loaded machine.
 const DYNAMOLOCK_LEASE: &str = "6s";
+
+/// Heartbeats keep it: a wait of two and a half leases does not take it over. Its
+/// release (isReleased = "1") is a free lock: no lease wait.
+const DYNAMOLOCK_KEEPS: Keeps = Keeps {
+    lease: Duration::from_secs(6),
+    wait: Duration::from_secs(15),
+    why: "a heartbeating dynamolock holder keeps the lock",
+    then: Wait::No,
+};
 
 fn dynamolock(table: &str, key: &str, owner: &str, wait: &str) -> Foreign {
     Foreign::spawn(
@@ -610,40 +673,13 @@ fn dynamolock(table: &str, key: &str, owner: &str, wait: &str) -> Foreign {
 async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_release() {
     let (table, key, url) = dynamo_key().await;
     let owner = unique("dynamolock-owner");
-    let mut holder = dynamolock(&table, &key, &owner, "0s");
-    holder.expect("ACQUIRED").await;
-
-    let backend = engine(&url, &aws_options(false)).await;
-    assert_engine_sees_held(backend.as_ref(), &owner).await;
-    Cli::aws()
-        .with_kube()
-        .assert_sees_held(&url, &owner, &[])
-        .await;
-    // Heartbeats keep it: a wait of two and a half leases does not take it over.
-    let err = acquire(
-        backend.as_ref(),
-        &request("lockwarden", Duration::from_secs(6)),
-        Wait::For(Duration::from_secs(15)),
-    )
-    .await
-    .expect_err("a heartbeating dynamolock holder keeps the lock");
-    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
-
-    holder.release().await;
-    // Its release (isReleased = "1") is a free lock: no lease wait.
-    let lease = lockwarden_acquires(
-        backend.as_ref(),
-        Wait::No,
-        "lockwarden acquires at once after dynamolock released",
-    )
-    .await;
+    let holder = dynamolock(&table, &key, &owner, "0s");
+    let (backend, lease) = seen_held_then_acquired(&url, holder, &DYNAMOLOCK_KEEPS).await;
     let first = lease.fence();
     backend.release(&lease).await.expect("release");
 
     // The fence survives a dynamolock acquisition in between (it copies attributes).
-    let mut again = dynamolock(&table, &key, &owner, "0s");
-    again.expect("ACQUIRED").await;
-    again.release().await;
+    acquires(dynamolock(&table, &key, &owner, "0s")).await;
     let lease = lockwarden_acquires(backend.as_ref(), Wait::No, "acquire").await;
     assert!(
         lease.fence() > first,
@@ -657,12 +693,10 @@ async fn dynamolock_holder_is_reported_held_and_lockwarden_acquires_after_its_re
 async fn a_permit_waits_for_a_dynamolock_holder_and_then_sets_the_permits() {
     let (table, key, url) = dynamo_key().await;
     let owner = unique("dynamolock-owner");
-    let mut holder = dynamolock(&table, &key, &owner, "0s");
-    holder.expect("ACQUIRED").await;
-    let cli = Cli::aws();
-    cli.assert_permits_wait_for_another_tool(&url, &owner).await;
-    holder.release().await;
-    cli.assert_first_holder_sets_the_permits(&url).await;
+    let (holder, _) = holding(dynamolock(&table, &key, &owner, "0s")).await;
+    Cli::aws()
+        .assert_permits_wait_for(&url, holder, &owner)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,32 +704,27 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
     let (table, key, url) = dynamo_key().await;
     let backend = engine(&url, &aws_options(false)).await;
     let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(6)).await;
-    assert_eq!(
-        dynamolock(&table, &key, "d1", "0s").exit_code().await,
-        3,
-        "dynamolock must find it held"
-    );
+    refused(
+        dynamolock(&table, &key, "d1", "0s"),
+        "dynamolock must find it held",
+    )
+    .await;
     // Nor by waiting past the lease: lockwarden's renewals change the version.
-    let mut waiting = dynamolock(&table, &key, "d2", "10s");
-    assert_eq!(waiting.next().await, "TIMEOUT");
+    times_out(dynamolock(&table, &key, "d2", "10s"), "renewed").await;
     assert!(
         held.is_held(),
         "lockwarden lost the lock: {:?}",
         held.state()
     );
     held.release().await.expect("release");
-    let mut after = dynamolock(&table, &key, "d3", "0s");
-    after.expect("ACQUIRED").await;
-    after.release().await;
+    acquires(dynamolock(&table, &key, "d3", "0s")).await;
 
     // The CLI's lock, likewise.
     let cli = Cli::aws().with_kube();
     cli.lock(&url, "held.lock", &["--lease", "5m"]).await;
-    assert_eq!(dynamolock(&table, &key, "d4", "0s").exit_code().await, 3);
+    refused(dynamolock(&table, &key, "d4", "0s"), "the CLI holds it").await;
     cli.unlock("held.lock").await;
-    let mut after = dynamolock(&table, &key, "d5", "0s");
-    after.expect("ACQUIRED").await;
-    after.release().await;
+    acquires(dynamolock(&table, &key, "d5", "0s")).await;
 }
 
 /// dynamolock sees a key with several permits as held by its first holder, also when it
@@ -705,27 +734,18 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
 async fn dynamolock_sees_a_semaphore_key_as_held_until_its_last_holder_lets_go() {
     let (table, key, url) = dynamo_key().await;
     let [first, second] = hold_two_permits(&url, &aws_options(false), Duration::from_secs(6)).await;
-    assert_eq!(dynamolock(&table, &key, "d1", "0s").exit_code().await, 3);
-    let mut waiting = dynamolock(&table, &key, "d2", "10s");
-    assert_eq!(waiting.next().await, "TIMEOUT");
+    refused(dynamolock(&table, &key, "d1", "0s"), "two permits are held").await;
+    times_out(dynamolock(&table, &key, "d2", "10s"), "renewed permits").await;
     assert!(first.is_held() && second.is_held());
     first.release().await.expect("release");
-    assert_eq!(
-        dynamolock(&table, &key, "d3", "0s").exit_code().await,
-        3,
-        "one permit is still held"
-    );
-    second.release().await.expect("release");
-    let mut after = dynamolock(&table, &key, "d4", "0s");
-    after.expect("ACQUIRED").await;
-    after.release().await;
+    let dynamolock_now = |owner: &str| dynamolock(&table, &key, owner, "0s");
+    refused_until_released(dynamolock_now, second, "one permit is still held").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dynamolock_holder_that_stops_heartbeating_is_taken_over_after_its_lease() {
     let (table, key, url) = dynamo_key().await;
-    let mut holder = dynamolock(&table, &key, "stalled", "0s");
-    holder.expect("ACQUIRED").await;
+    let (mut holder, _) = holding(dynamolock(&table, &key, "stalled", "0s")).await;
     let backend = engine(&url, &aws_options(false)).await;
     assert_engine_sees_held(backend.as_ref(), "stalled").await;
     holder.send("stop-heartbeat").await;
@@ -756,8 +776,7 @@ async fn dynamolock_takes_over_a_lockwarden_lock_that_is_no_longer_renewed() {
     )
     .await
     .expect("acquire");
-    let mut taker = dynamolock(&table, &key, "taker", "60s");
-    taker.expect("ACQUIRED").await;
+    let (mut taker, _) = holding(dynamolock(&table, &key, "taker", "60s")).await;
     let err = backend
         .renew(&mut abandoned.clone())
         .await
@@ -788,9 +807,7 @@ async fn dynamolock_takes_over_a_lockwarden_lock_that_is_no_longer_renewed() {
     })
     .await;
     run.kill().await.expect("kill lockwarden run");
-    let mut taker = dynamolock(&table, &key, "taker-2", "60s");
-    taker.expect("ACQUIRED").await;
-    taker.release().await;
+    acquires(dynamolock(&table, &key, "taker-2", "60s")).await;
 }
 
 /// A lockwarden lock with a 2 s lease and a 3 s lock-delay (docs/design.md rule 8),
@@ -799,7 +816,14 @@ async fn dynamolock_takes_over_a_lockwarden_lock_that_is_no_longer_renewed() {
 const ABANDONED_LEASE: Duration = Duration::from_secs(2);
 const ABANDONED_DELAY: Duration = Duration::from_secs(3);
 
-async fn abandon_a_delayed_lock(url: &str, options: &ConnectOptions) {
+/// `taker` (started after the abandoned lock is written) waits out its lease and its
+/// delay before it takes the key over: its observation starts with its first read,
+/// after the lock was written.
+async fn assert_waits_out_the_lock_delay(
+    url: &str,
+    options: &ConnectOptions,
+    taker: impl FnOnce() -> Foreign,
+) {
     let backend = engine(url, options).await;
     let req = AcquireRequest {
         lock_delay: ABANDONED_DELAY,
@@ -808,50 +832,39 @@ async fn abandon_a_delayed_lock(url: &str, options: &ConnectOptions) {
     acquire(backend.as_ref(), &req, Wait::No)
         .await
         .expect("acquire");
+    let spawned = std::time::Instant::now();
+    let (mut taker, _) = holding(taker()).await;
+    let waited = spawned.elapsed();
+    assert!(
+        waited >= ABANDONED_LEASE + ABANDONED_DELAY,
+        "{} took over after {waited:?}, before the lease and the delay",
+        taker.what
+    );
+    println!(
+        "{} took the expired lock over after {waited:?} (lease 2s + delay 3s)",
+        taker.what
+    );
+    taker.release().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule8_dynamolock_waits_out_the_lock_delay_of_an_expired_lockwarden_lock() {
     let (table, key, url) = dynamo_key().await;
-    abandon_a_delayed_lock(&url, &aws_options(false)).await;
-    // dynamolock's observation starts with its first read, after this instant, and
-    // lasts the item's leaseDuration: lease + delay.
-    let spawned = std::time::Instant::now();
-    let mut taker = dynamolock(&table, &key, "taker", "60s");
-    taker.expect("ACQUIRED").await;
-    let waited = spawned.elapsed();
-    assert!(
-        waited >= ABANDONED_LEASE + ABANDONED_DELAY,
-        "dynamolock took over after {waited:?}, before the lease and the delay"
-    );
-    println!("dynamolock took the expired lock over after {waited:?} (lease 2s + delay 3s)");
-    taker.release().await;
+    // dynamolock's observation lasts the item's leaseDuration: lease + delay.
+    assert_waits_out_the_lock_delay(&url, &aws_options(false), || {
+        dynamolock(&table, &key, "taker", "60s")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule8_client_go_waits_out_the_lock_delay_of_an_expired_lockwarden_lease() {
-    let ns = kube_namespace("interop-delay").await;
-    let name = unique("lease");
-    let url = format!("k8s://{ns}/{name}");
-    let options = ConnectOptions {
-        kubernetes: KubernetesOptions {
-            client: Some(ControlPlane::shared().client().await),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    abandon_a_delayed_lock(&url, &options).await;
+    let (ns, name, url, options) = lease_key("interop-delay").await;
     // client-go observes leaseDurationSeconds (5) from its own first sight.
-    let spawned = std::time::Instant::now();
-    let mut elector = leader(&ns, &name, "go-leader", &["--wait", "60s"]);
-    elector.expect("ACQUIRED").await;
-    let waited = spawned.elapsed();
-    assert!(
-        waited >= ABANDONED_LEASE + ABANDONED_DELAY,
-        "client-go took over after {waited:?}, before the lease and the delay"
-    );
-    println!("client-go took the expired Lease over after {waited:?} (lease 2s + delay 3s)");
-    elector.release().await;
+    assert_waits_out_the_lock_delay(&url, &options, || {
+        leader(&ns, &name, "go-leader", &["--wait", "60s"])
+    })
+    .await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -889,6 +902,29 @@ fn kafkakit_with(path: &str, wait: &str, extra: &[&str]) -> Foreign {
     Foreign::spawn("kafkakit", &args)
 }
 
+/// A kafka-kit contender `owner` with a TTL of `ttl_ms` (it purges an entry ahead of
+/// it whose `ttl_deadline` passed), as for [`kafkakit_until`].
+async fn kafkakit_ttl(
+    path: &str,
+    wait: &str,
+    ttl_ms: &str,
+    owner: &str,
+    until: &str,
+) -> (Foreign, String) {
+    kafkakit_until(path, wait, &["--ttl", ttl_ms, "--owner", owner], until).await
+}
+
+/// Polls `backend` until it acquires (`what` is waited for).
+async fn eventually_acquires(backend: &dyn LockBackend, req: &AcquireRequest, what: &str) -> Lease {
+    eventually(what, TIMEOUT, || async {
+        match backend.try_acquire(req).await {
+            Ok(Attempt::Acquired(lease)) => Some(lease),
+            _ => None,
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unlock() {
     let path = format!("/{}", unique("interop-kk"));
@@ -896,11 +932,7 @@ async fn kafka_kit_holder_is_reported_held_and_lockwarden_acquires_after_its_unl
     let (mut holder, entry) = kafkakit_until(&path, "0s", &[], "ACQUIRED").await;
 
     let backend = zk_engine(&path);
-    assert_engine_sees_held(backend.as_ref(), &entry).await;
-    Cli::aws()
-        .with_kube()
-        .assert_sees_held(&url, &entry, &[])
-        .await;
+    assert_seen_held(backend.as_ref(), &url, &entry).await;
 
     let waiting = lockwarden_waits_in_background(&backend);
     holder.release().await;
@@ -923,15 +955,8 @@ async fn kafka_kit_cannot_lock_while_lockwarden_holds_and_can_after_release() {
     .await
     .expect("acquire");
     let (_refused, _) = kafkakit_until(&path, "0s", &[], "BUSY").await;
-    let (mut waiting, _) = kafkakit_until(&path, "120s", &[], "WAITING").await;
-    assert_eq!(
-        waiting.has_event().await,
-        None,
-        "kafka-kit acquired a held lock"
-    );
-    held.release().await.expect("release");
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    let (waiting, _) = kafkakit_until(&path, "120s", &[], "WAITING").await;
+    gets_it_after(waiting, held, "kafka-kit acquired a held lock").await;
 }
 
 /// Permit holders are entries of the same queue: kafka-kit, which takes the first entry
@@ -944,31 +969,27 @@ async fn kafka_kit_waits_behind_the_holders_of_a_semaphore_key() {
         held.push(hold_permit(zk_engine(&path), holder, Duration::from_secs(10)).await);
     }
     let (_refused, _) = kafkakit_until(&path, "0s", &[], "BUSY").await;
-    let (mut waiting, _) = kafkakit_until(&path, "120s", &[], "WAITING").await;
+    let (waiting, _) = kafkakit_until(&path, "120s", &[], "WAITING").await;
     let second = held.pop().expect("two holders");
     held.pop()
         .expect("two holders")
         .release()
         .await
         .expect("release");
-    assert_eq!(
-        waiting.has_event().await,
-        None,
-        "kafka-kit acquired while a permit was held"
-    );
-    second.release().await.expect("release");
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    gets_it_after(
+        waiting,
+        second,
+        "kafka-kit acquired while a permit was held",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waits_for_a_kafka_kit_holder_and_then_sets_the_permits() {
     let path = format!("/{}", unique("interop-kk-permits"));
     let url = zk_url(&path);
-    let (mut holder, entry) =
-        kafkakit_until(&path, "0s", &["--owner", "kk-owner"], "ACQUIRED").await;
+    let (holder, entry) = kafkakit_until(&path, "0s", &["--owner", "kk-owner"], "ACQUIRED").await;
     let cli = Cli::new();
-    cli.assert_permits_wait_for_another_tool(&url, &entry).await;
     // status: the table names the owner and the entry in a short cell; the sentence
     // about its TTL is for -o wide and JSON/YAML.
     let table = cli.run(&["status", &url]).await;
@@ -982,8 +1003,7 @@ async fn a_permit_waits_for_a_kafka_kit_holder_and_then_sets_the_permits() {
     assert!(!table.stdout.contains("ttl_deadline"), "{table:#?}");
     let wide = cli.run(&["status", &url, "-o", "wide"]).await;
     assert!(wide.stdout.contains("ttl_deadline"), "{wide:#?}");
-    holder.release().await;
-    cli.assert_first_holder_sets_the_permits(&url).await;
+    cli.assert_permits_wait_for(&url, holder, &entry).await;
 }
 
 /// A permit refused because a kafka-kit entry waits ahead of it (another client's
@@ -998,8 +1018,7 @@ async fn a_permit_behind_a_queued_kafka_kit_entry_names_that_entry() {
         Duration::from_secs(10),
     )
     .await;
-    let (mut queued, entry) =
-        kafkakit_until(&path, "120s", &["--owner", "kk-queued"], "WAITING").await;
+    let (queued, entry) = kafkakit_until(&path, "120s", &["--owner", "kk-queued"], "WAITING").await;
 
     let out = Cli::new()
         .run(&["lock", &url, "--permits", "3", "-o", "blocked.lock"])
@@ -1011,8 +1030,7 @@ async fn a_permit_behind_a_queued_kafka_kit_entry_names_that_entry() {
     );
     assert!(!out.stderr.contains("lockwarden-permit-1"), "{out:#?}");
     first.release().await.expect("release");
-    queued.expect("ACQUIRED").await;
-    queued.release().await;
+    acquires(queued).await;
 }
 
 /// `status` of a ZooKeeper key with several permit holders names every one of them in
@@ -1055,13 +1073,7 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
 
     // K1 leaves: L1 is next, and nobody behind it gets the lock.
     k1.release().await;
-    let lease1 = eventually("L1 (second in line) to acquire", TIMEOUT, || async {
-        match l1.try_acquire(&req).await {
-            Ok(Attempt::Acquired(lease)) => Some(lease),
-            _ => None,
-        }
-    })
-    .await;
+    let lease1 = eventually_acquires(l1.as_ref(), &req, "L1 (second in line) to acquire").await;
     assert!(matches!(
         l2.try_acquire(&req).await,
         Ok(Attempt::Busy { queue_position: Some(p), .. }) if p > 0
@@ -1080,19 +1092,12 @@ async fn lockwarden_and_kafka_kit_contenders_share_one_fifo_queue() {
 
     // K2 leaves: L2, not K3.
     k2.release().await;
-    let lease2 = eventually("L2 (fourth in line) to acquire", TIMEOUT, || async {
-        match l2.try_acquire(&req).await {
-            Ok(Attempt::Acquired(lease)) => Some(lease),
-            _ => None,
-        }
-    })
-    .await;
+    let lease2 = eventually_acquires(l2.as_ref(), &req, "L2 (fourth in line) to acquire").await;
     assert_eq!(k3.has_event().await, None, "K3 jumped the queue");
 
     // L2 leaves: K3.
     l2.release(&lease2).await.expect("release");
-    k3.expect("ACQUIRED").await;
-    k3.release().await;
+    acquires(k3).await;
 }
 
 /// kafka-kit contenders configured with a TTL purge the entry ahead of them once its
@@ -1107,28 +1112,23 @@ async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
     let held = hold_free_key(&backend, "lockwarden-engine", Duration::from_secs(10)).await;
     // Once queued, its first pass decides, reading our entry's data: PURGED (our entry taken for
     // expired) or WAITING on it. It reads it again only when our entry changes.
-    let (mut contender, _) = kafkakit_until(
-        &path,
-        "120s",
-        &["--ttl", "300", "--owner", "ttl-1"],
-        "WAITING",
-    )
-    .await;
+    let (mut contender, _) = kafkakit_ttl(&path, "120s", "300", "ttl-1", "WAITING").await;
     assert_eq!(
         contender.has_event().await,
         None,
         "kafka-kit took a held lock"
     );
-    assert_engine_sees_held(zk_engine(&path).as_ref(), "lockwarden-engine").await;
-    Cli::new()
-        .assert_sees_held(&zk_url(&path), "lockwarden-engine", &[])
-        .await;
+    assert_seen_held(
+        zk_engine(&path).as_ref(),
+        &zk_url(&path),
+        "lockwarden-engine",
+    )
+    .await;
 
     held.release()
         .await
         .expect("release: our entry is still ours");
-    contender.expect("ACQUIRED").await;
-    contender.release().await;
+    acquires(contender).await;
 }
 
 /// lockwarden's rule for a kafka-kit entry whose `ttl_deadline` has passed: it keeps
@@ -1139,13 +1139,7 @@ async fn a_kafka_kit_ttl_contender_waits_behind_a_live_lockwarden_holder() {
 async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
     let path = format!("/{}", unique("interop-kk-expired"));
     let url = zk_url(&path);
-    let (mut holder, entry) = kafkakit_until(
-        &path,
-        "0s",
-        &["--ttl", "200", "--owner", "kk-owner"],
-        "ACQUIRED",
-    )
-    .await;
+    let (mut holder, entry) = kafkakit_ttl(&path, "0s", "200", "kk-owner", "ACQUIRED").await;
 
     let backend = zk_engine(&path);
     let passed = eventually(
@@ -1181,13 +1175,7 @@ async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
     let waiting = lockwarden_waits_in_background(&backend);
     // A kafka-kit contender with a TTL behind lockwarden's waiting entry waits too:
     // lockwarden's entry is live, the expired one is not the one just ahead of it.
-    let (mut behind, _) = kafkakit_until(
-        &path,
-        "120s",
-        &["--ttl", "200", "--owner", "kk-behind"],
-        "WAITING",
-    )
-    .await;
+    let (mut behind, _) = kafkakit_ttl(&path, "120s", "200", "kk-behind", "WAITING").await;
     holder.release().await;
     let lease = waiting
         .await
@@ -1195,8 +1183,7 @@ async fn lockwarden_waits_behind_a_kafka_kit_holder_whose_ttl_passed() {
         .expect("acquires once the kafka-kit holder leaves");
     assert_eq!(behind.has_event().await, None, "kafka-kit took a held lock");
     backend.release(&lease).await.expect("release");
-    behind.expect("ACQUIRED").await;
-    behind.release().await;
+    acquires(behind).await;
 }
 
 // ---------------------------------------------------------------------------------
@@ -1227,34 +1214,32 @@ fn leader(ns: &str, lease: &str, identity: &str, extra: &[&str]) -> Foreign {
     Foreign::spawn("leader", &args)
 }
 
-async fn kube_namespace(prefix: &str) -> String {
+/// A Lease in a new namespace (`prefix-…`): its namespace, name and URL, and the
+/// options that reach it.
+async fn lease_key(prefix: &str) -> (String, String, String, ConnectOptions) {
     let plane = ControlPlane::shared();
     let client = plane.client().await;
-    plane.namespace(&client, prefix).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
-    let ns = kube_namespace("interop-lease").await;
+    let ns = plane.namespace(&client, prefix).await;
     let name = unique("lease");
     let url = format!("k8s://{ns}/{name}");
     let options = ConnectOptions {
         kubernetes: KubernetesOptions {
-            client: Some(ControlPlane::shared().client().await),
+            client: Some(client),
             ..Default::default()
         },
         ..Default::default()
     };
+    (ns, name, url, options)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
+    let (ns, name, url, options) = lease_key("interop-lease").await;
 
     // client-go leads: lockwarden sees it held and does not acquire.
-    let mut elector = leader(&ns, &name, "go-leader-1", &[]);
-    elector.expect("ACQUIRED").await;
+    let (mut elector, _) = holding(leader(&ns, &name, "go-leader-1", &[])).await;
     let backend = engine(&url, &options).await;
-    assert_engine_sees_held(backend.as_ref(), "go-leader-1").await;
-    Cli::aws()
-        .with_kube()
-        .assert_sees_held(&url, "go-leader-1", &[])
-        .await;
+    assert_seen_held(backend.as_ref(), &url, "go-leader-1").await;
     elector.release().await;
     let held = HeldLock::acquire(
         backend.clone(),
@@ -1265,54 +1250,35 @@ async fn client_go_leader_and_lockwarden_exclude_each_other_on_a_lease() {
     .expect("acquires after client-go released");
 
     // lockwarden holds: client-go cannot lead, over several of its lease durations.
-    let mut refused = leader(&ns, &name, "go-leader-2", &["--wait", "10s"]);
-    assert_eq!(refused.next().await, "TIMEOUT");
+    let refused = leader(&ns, &name, "go-leader-2", &["--wait", "10s"]);
+    times_out(refused, "lockwarden holds").await;
     assert!(held.is_held(), "{:?}", held.state());
-    let mut waiting = leader(&ns, &name, "go-leader-3", &[]);
-    assert_eq!(waiting.has_event().await, None);
-    held.release().await.expect("release");
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    let waiting = leader(&ns, &name, "go-leader-3", &[]);
+    gets_it_after(waiting, held, "lockwarden holds").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waits_for_a_client_go_leader_and_then_sets_the_permits() {
-    let ns = kube_namespace("interop-lease").await;
-    let name = unique("lease");
-    let url = format!("k8s://{ns}/{name}");
-    let mut elector = leader(&ns, &name, "go-leader-permits", &[]);
-    elector.expect("ACQUIRED").await;
-    let cli = Cli::kube();
-    cli.assert_permits_wait_for_another_tool(&url, "go-leader-permits")
+    let (ns, name, url, _) = lease_key("interop-lease").await;
+    let (elector, _) = holding(leader(&ns, &name, "go-leader-permits", &[])).await;
+    Cli::kube()
+        .assert_permits_wait_for(&url, elector, "go-leader-permits")
         .await;
-    elector.release().await;
-    cli.assert_first_holder_sets_the_permits(&url).await;
 }
 
 /// client-go reads a Lease holding a holder set by its `holderIdentity` (the holders'
 /// names): it cannot lead while anyone holds a permit, and leads once all let go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_go_cannot_lead_a_lease_that_holds_permits() {
-    let ns = kube_namespace("interop-lease").await;
-    let name = unique("lease");
-    let url = format!("k8s://{ns}/{name}");
-    let options = ConnectOptions {
-        kubernetes: KubernetesOptions {
-            client: Some(ControlPlane::shared().client().await),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let (ns, name, url, options) = lease_key("interop-lease").await;
     let [first, second] = hold_two_permits(&url, &options, Duration::from_secs(4)).await;
-    let mut refused = leader(&ns, &name, "go-leader-1", &["--wait", "10s"]);
-    assert_eq!(refused.next().await, "TIMEOUT");
+    let refused = leader(&ns, &name, "go-leader-1", &["--wait", "10s"]);
+    times_out(refused, "two permits are held").await;
     first.release().await.expect("release");
-    let mut refused = leader(&ns, &name, "go-leader-2", &["--wait", "6s"]);
-    assert_eq!(refused.next().await, "TIMEOUT", "one permit is still held");
+    let refused = leader(&ns, &name, "go-leader-2", &["--wait", "6s"]);
+    times_out(refused, "one permit is still held").await;
     second.release().await.expect("release");
-    let mut waiting = leader(&ns, &name, "go-leader-3", &[]);
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    acquires(leader(&ns, &name, "go-leader-3", &[])).await;
 }
 
 /// A `DistributedLock` held by the in-process controller and a client-go elector on
@@ -1398,32 +1364,29 @@ async fn a_distributed_lock_and_a_client_go_elector_never_both_hold_the_lease() 
         // The elector gets its turn in between (or overlapped attempts show up here).
         while let Some(line) = elector.has_event().await {
             eprintln!("[elector] {line}");
-            assert!(!line.starts_with("OVERLAP"), "both held the Lease: {line}");
-            assert!(
-                !line.starts_with("LOST"),
-                "the elector lost the Lease: {line}"
-            );
-            if line.starts_with("ACQUIRED") {
-                go_rounds += 1;
-            }
-            done |= line == "DONE";
+            done |= elector_event(&line, &mut go_rounds);
         }
     }
     let mut elector = elector.expect("started");
     while !done {
-        let line = elector.next().await;
-        assert!(!line.starts_with("OVERLAP"), "both held the Lease: {line}");
-        assert!(
-            !line.starts_with("LOST"),
-            "the elector lost the Lease: {line}"
-        );
-        if line.starts_with("ACQUIRED") {
-            go_rounds += 1;
-        }
-        done = line == "DONE";
+        done = elector_event(&elector.next().await, &mut go_rounds);
     }
     assert_eq!(go_rounds, ROUNDS, "every elector round led once");
     elector.send("quit").await;
+}
+
+/// One event of the elector: never an overlap nor a lost Lease; counts its rounds.
+/// Whether it is done.
+fn elector_event(line: &str, go_rounds: &mut usize) -> bool {
+    assert!(!line.starts_with("OVERLAP"), "both held the Lease: {line}");
+    assert!(
+        !line.starts_with("LOST"),
+        "the elector lost the Lease: {line}"
+    );
+    if line.starts_with("ACQUIRED") {
+        *go_rounds += 1;
+    }
+    line == "DONE"
 }
 
 /// Creates the holder marker, which must not exist: if it does, the other side holds.
@@ -1502,24 +1465,23 @@ async fn dynamolock_waits_while_lockwarden_waiters_queue_and_acquires_once_the_q
     let (holder, waiter) = holder_and_queued_waiter(&url, &aws_options(false)).await;
     // Past its own lease: the holder's renewals and the waiter's refreshes keep
     // writing new versions.
-    let mut refused = dynamolock(&table, &key, "d1", "10s");
-    assert_eq!(refused.next().await, "TIMEOUT");
+    times_out(dynamolock(&table, &key, "d1", "10s"), "lockwarden holds").await;
     holder.release().await.expect("release");
     let next = waiter.await.expect("the waiter's task");
-    // The release went to the head, not to dynamolock.
-    assert_eq!(dynamolock(&table, &key, "d2", "0s").exit_code().await, 3);
-    next.release().await.expect("release");
-    let mut after = dynamolock(&table, &key, "d3", "0s");
-    after.expect("ACQUIRED").await;
-    after.release().await;
+    let dynamolock_now = |owner: &str| dynamolock(&table, &key, owner, "0s");
+    refused_until_released(
+        dynamolock_now,
+        next,
+        "the release went to the head, not to dynamolock",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3lock_waits_while_lockwarden_waiters_queue() {
     let (bucket, key, url) = s3_key().await;
     let (holder, waiter) = holder_and_queued_waiter(&url, &aws_options(false)).await;
-    let mut refused = s3lock(&bucket, &key, "3s");
-    assert_eq!(refused.next().await, "TIMEOUT");
+    times_out(s3lock(&bucket, &key, "3s"), "lockwarden holds").await;
     holder.release().await.expect("release");
     let next = waiter.await.expect("the waiter's task");
     assert_ne!(s3lock(&bucket, &key, "0s").exit_code().await, 0);
@@ -1528,32 +1490,16 @@ async fn s3lock_waits_while_lockwarden_waiters_queue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_go_waits_while_lockwarden_waiters_queue_and_leads_once_the_queue_drains() {
-    let ns = kube_namespace("interop-lease").await;
-    let name = unique("lease");
-    let url = format!("k8s://{ns}/{name}");
-    let options = ConnectOptions {
-        kubernetes: KubernetesOptions {
-            client: Some(ControlPlane::shared().client().await),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let (ns, name, url, options) = lease_key("interop-lease").await;
     let (holder, waiter) = holder_and_queued_waiter(&url, &options).await;
     // Over several of its lease durations (4 s).
-    let mut refused = leader(&ns, &name, "go-refused", &["--wait", "10s"]);
-    assert_eq!(refused.next().await, "TIMEOUT");
-    let mut waiting = leader(&ns, &name, "go-waiting", &[]);
+    let refused = leader(&ns, &name, "go-refused", &["--wait", "10s"]);
+    times_out(refused, "lockwarden holds").await;
+    let waiting = leader(&ns, &name, "go-waiting", &[]);
     holder.release().await.expect("release");
     let next = waiter.await.expect("the waiter's task");
     assert!(next.is_held(), "{:?}", next.state());
-    assert_eq!(
-        waiting.has_event().await,
-        None,
-        "client-go led beside the head"
-    );
-    next.release().await.expect("release");
-    waiting.expect("ACQUIRED").await;
-    waiting.release().await;
+    gets_it_after(waiting, next, "client-go led beside the head").await;
 }
 
 /// On ZooKeeper the queue is the entries' order: a queued lockwarden waiter between a
@@ -1596,6 +1542,5 @@ async fn kafka_kit_and_a_queued_lockwarden_waiter_keep_the_entries_order() {
         "kafka-kit took the key out of order"
     );
     backend.release(&lease).await.expect("release");
-    later.expect("ACQUIRED").await;
-    later.release().await;
+    acquires(later).await;
 }

@@ -121,32 +121,41 @@ func main() {
 		os.Exit(2)
 	}
 	cmd, args := os.Args[1], os.Args[2:]
+	// Each command declares its flags on fs and parses args.
+	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
 	switch cmd {
 	case "s3lock":
-		runS3Lock(args)
+		runS3Lock(fs, args)
 	case "dynamolock":
-		runDynamolock(args)
+		runDynamolock(fs, args)
 	case "kafkakit":
-		runKafkaKit(args)
+		runKafkaKit(fs, args)
 	case "leader":
-		runLeader(args)
+		runLeader(fs, args)
 	case "s3lock-lock", "s3lock-unlock":
-		runS3LockOnce(args, cmd == "s3lock-unlock")
+		runS3LockOnce(fs, args, cmd == "s3lock-unlock")
 	case "dynamo-lock", "dynamo-unlock":
-		runDynamoOnce(args, cmd == "dynamo-unlock")
+		runDynamoOnce(fs, args, cmd == "dynamo-unlock")
 	default:
 		fmt.Fprintf(os.Stderr, "interop: unknown library %q\n", cmd)
 		os.Exit(2)
 	}
 }
 
-func awsConfig(endpoint, region string) aws.Config {
-	creds := credentials.NewStaticCredentialsProvider(
-		envOr("AWS_ACCESS_KEY_ID", "testing"), envOr("AWS_SECRET_ACCESS_KEY", "testing"), "")
-	return aws.Config{
-		Region:       region,
-		Credentials:  creds,
-		BaseEndpoint: aws.String(endpoint),
+// awsFlags declares the flags that say where the AWS API is (--endpoint URL of the
+// server for api, --region) and returns the client configuration they give, to be
+// called once fs is parsed. Credentials come from the environment.
+func awsFlags(fs *flag.FlagSet, api string) func() aws.Config {
+	endpoint := fs.String("endpoint", "", api+" endpoint URL")
+	region := fs.String("region", "us-east-1", "region")
+	return func() aws.Config {
+		creds := credentials.NewStaticCredentialsProvider(
+			envOr("AWS_ACCESS_KEY_ID", "testing"), envOr("AWS_SECRET_ACCESS_KEY", "testing"), "")
+		return aws.Config{
+			Region:       *region,
+			Credentials:  creds,
+			BaseEndpoint: aws.String(*endpoint),
+		}
 	}
 }
 
@@ -164,17 +173,15 @@ func envOr(name, def string) string {
 //   unlock: GET If-Match: <etag> and compare the body with <uuid>, then
 //           DELETE If-Match: <etag>
 
-func runS3Lock(args []string) {
-	fs := flag.NewFlagSet("s3lock", flag.ExitOnError)
-	endpoint := fs.String("endpoint", "", "S3 endpoint URL")
-	region := fs.String("region", "us-east-1", "region")
+func runS3Lock(fs *flag.FlagSet, args []string) {
+	config := awsFlags(fs, "S3")
 	bucket := fs.String("bucket", "", "bucket")
 	key := fs.String("key", "", "object key")
 	wait := fs.Duration("wait", 0, "keep trying this long (0: one attempt)")
 	interval := fs.Duration("interval", time.Second, "retry interval (s3lock's LockWaitInterval)")
 	_ = fs.Parse(args)
 
-	client := s3.NewFromConfig(awsConfig(*endpoint, *region), func(o *s3.Options) { o.UsePathStyle = true })
+	client := s3.NewFromConfig(config(), func(o *s3.Options) { o.UsePathStyle = true })
 	ctx := context.Background()
 	id := uuid.NewString()
 	deadline := time.Now().Add(*wait)
@@ -231,10 +238,8 @@ func runS3Lock(args []string) {
 // ---------------------------------------------------------------------------------
 // dynamolock (cirello.io/dynamolock/v2), the library itself.
 
-func runDynamolock(args []string) {
-	fs := flag.NewFlagSet("dynamolock", flag.ExitOnError)
-	endpoint := fs.String("endpoint", "", "DynamoDB endpoint URL")
-	region := fs.String("region", "us-east-1", "region")
+func runDynamolock(fs *flag.FlagSet, args []string) {
+	config := awsFlags(fs, "DynamoDB")
 	table := fs.String("table", "", "table")
 	key := fs.String("key", "", "partition key value")
 	partitionKey := fs.String("partition-key", "key", "partition key attribute name")
@@ -246,7 +251,7 @@ func runDynamolock(args []string) {
 	deleteOnRelease := fs.Bool("delete-on-release", false, "delete the item on release")
 	_ = fs.Parse(args)
 
-	db := dynamodb.NewFromConfig(awsConfig(*endpoint, *region))
+	db := dynamodb.NewFromConfig(config())
 	// Heartbeats are sent here rather than by the client's own goroutine, so that a
 	// request can stop them without releasing (a hung holder).
 	c, err := dynamolock.New(db, *table,
@@ -350,8 +355,7 @@ type kafkaKitLockMetadata struct {
 	OwnerID     string    `json:"owner_id"`
 }
 
-func runKafkaKit(args []string) {
-	fs := flag.NewFlagSet("kafkakit", flag.ExitOnError)
+func runKafkaKit(fs *flag.FlagSet, args []string) {
 	servers := fs.String("servers", "", "host:port[,host:port]")
 	path := fs.String("path", "", "lock path")
 	wait := fs.Duration("wait", 0, "how long to wait in the queue (0: one look)")
@@ -537,8 +541,7 @@ func idFromZnode(s string) (int, error) {
 // ---------------------------------------------------------------------------------
 // client-go leader election on a coordination.k8s.io/v1 Lease, the library itself.
 
-func runLeader(args []string) {
-	fs := flag.NewFlagSet("leader", flag.ExitOnError)
+func runLeader(fs *flag.FlagSet, args []string) {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file")
 	namespace := fs.String("namespace", "default", "namespace")
 	name := fs.String("name", "", "Lease name")

@@ -28,20 +28,21 @@ import (
 	"github.com/google/uuid"
 )
 
-func oneshotFlags(name string, args []string) (*flag.FlagSet, map[string]*string) {
-	fs := flag.NewFlagSet(name, flag.ExitOnError)
+// oneshotFlags declares and parses every one-shot command's flags; returns the AWS
+// client configuration and the other flags' values by name.
+func oneshotFlags(fs *flag.FlagSet, args []string) (aws.Config, map[string]*string) {
+	config := awsFlags(fs, "S3 or DynamoDB")
 	v := map[string]*string{}
-	for _, f := range []string{"endpoint", "bucket", "key", "id", "etag", "table", "owner", "rvn"} {
+	for _, f := range []string{"bucket", "key", "id", "etag", "table", "owner", "rvn"} {
 		v[f] = fs.String(f, "", f)
 	}
-	v["region"] = fs.String("region", "us-east-1", "region")
 	_ = fs.Parse(args)
-	return fs, v
+	return config(), v
 }
 
-func runS3LockOnce(args []string, unlock bool) {
-	_, v := oneshotFlags("s3lock-lock", args)
-	client := s3.NewFromConfig(awsConfig(*v["endpoint"], *v["region"]), func(o *s3.Options) { o.UsePathStyle = true })
+func runS3LockOnce(fs *flag.FlagSet, args []string, unlock bool) {
+	config, v := oneshotFlags(fs, args)
+	client := s3.NewFromConfig(config, func(o *s3.Options) { o.UsePathStyle = true })
 	ctx := context.Background()
 	if !unlock {
 		id := uuid.NewString()
@@ -71,9 +72,9 @@ func runS3LockOnce(args []string, unlock bool) {
 	}
 }
 
-func runDynamoOnce(args []string, unlock bool) {
-	_, v := oneshotFlags("dynamo-lock", args)
-	client := dynamodb.NewFromConfig(awsConfig(*v["endpoint"], *v["region"]))
+func runDynamoOnce(fs *flag.FlagSet, args []string, unlock bool) {
+	config, v := oneshotFlags(fs, args)
+	client := dynamodb.NewFromConfig(config)
 	ctx := context.Background()
 	key := map[string]types.AttributeValue{"key": &types.AttributeValueMemberS{Value: *v["key"]}}
 	if !unlock {
