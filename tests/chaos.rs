@@ -59,6 +59,10 @@ fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -154,26 +158,13 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
          CHAOS_SCHEDULES=1{})",
         rerun
     );
-    let started = Instant::now();
-    let mut per_backend: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
-    let mut liveness: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut violations = Vec::new();
-    let (mut ops, mut acquisitions, mut writes, mut stale, mut claims, mut polls) =
-        (0, 0, 0, 0, 0, 0);
-    // Claims of command-line holders, and schedules in which one held a lock.
-    let (mut cli_claims, mut cli_schedules) = (0, 0);
-    let mut history_path = None;
-    let mut slowest = Duration::ZERO;
-    // Keys with more than one permit: "most permits in flight at once/permits" -> keys.
-    let mut permits_in_flight: BTreeMap<String, u64> = BTreeMap::new();
-    let mut exclusive_claims = 0;
-    let mut queue = (0, 0.0_f64);
-    // Guarded rounds: claims of guarded commands, and how the rounds ended.
-    let mut guarded_claims = 0;
-    let mut guard_outcomes: BTreeMap<String, usize> = BTreeMap::new();
-    // Rule (f) on S3 schedules: writes S3 acknowledged, stale ones it refused, unknown.
-    let mut s3_fenced = [0usize; 3];
+    let mut tally = Tally {
+        base,
+        n,
+        file: summary_file,
+        started: Some(Instant::now()),
+        ..Tally::default()
+    };
     for i in 0..n {
         let seed = listed.as_ref().map_or(base + i, |l| l[i as usize]);
         let plan = match schedules {
@@ -183,42 +174,13 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
         };
         let outcome = schedule::run(plan).await;
         let r = &outcome.report;
-        let backend = outcome.plan.backend.name();
-        *per_backend.entry(backend).or_default() += 1;
-        for (_, f) in &outcome.plan.faults {
-            *faults.entry(f.kind()).or_default() += 1;
-        }
-        liveness.entry(backend).or_default().extend(&r.liveness);
-        ops += r.operations;
-        acquisitions += r.acquisitions;
-        writes += r.writes_accepted;
-        stale += r.writes_rejected_stale_status;
-        claims += r.claims;
-        cli_claims += r.cli_claims;
-        cli_schedules += usize::from(r.cli_claims > 0);
-        polls += r.polls;
-        for (most, permits) in &r.permits_in_flight {
-            *permits_in_flight
-                .entry(format!("{most}/{permits}"))
-                .or_default() += 1;
-        }
-        exclusive_claims += r.exclusive_claims;
-        queue.0 += r.queue_grants_checked;
-        queue.1 = queue.1.max(r.queue_longest_unchanged);
-        guarded_claims += r.guarded_claims;
-        for (outcome, count) in &r.guard_outcomes {
-            *guard_outcomes.entry(outcome.clone()).or_default() += count;
-        }
-        s3_fenced[0] += r.s3_fenced.acknowledged;
-        s3_fenced[1] += r.s3_fenced.refused;
-        s3_fenced[2] += r.s3_fenced.unverified;
-        slowest = slowest.max(outcome.wall);
         eprintln!(
-            "[chaos] {}/{n} seed {} {backend}: {} violations, {} acquisitions, {} writes, \
+            "[chaos] {}/{n} seed {} {}: {} violations, {} acquisitions, {} writes, \
              {} CLI claims ({} guarded), permits in flight (most, of) {:?}, liveness {:?} s, \
              {:.1?}",
             i + 1,
             outcome.plan.seed,
+            outcome.plan.backend.name(),
             r.violations.len(),
             r.acquisitions,
             r.writes_accepted,
@@ -234,71 +196,12 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
         for v in &r.violations {
             eprintln!("[chaos] VIOLATION {v}");
         }
-        violations.extend(r.violations.iter().cloned());
-        history_path = Some(outcome.history_path);
+        tally.add(outcome);
         // After every schedule, so an interrupted long run still has its numbers.
-        summarize(&Totals {
-            base,
-            n,
-            done: i + 1,
-            per_backend: &per_backend,
-            faults: &faults,
-            liveness: &liveness,
-            violations: violations.len(),
-            counts: [
-                ops,
-                acquisitions,
-                writes,
-                stale,
-                claims,
-                polls,
-                cli_claims,
-                cli_schedules,
-            ],
-            secrets: None,
-            wall: started.elapsed(),
-            slowest,
-            history: history_path.as_deref(),
-            permits_in_flight: &permits_in_flight,
-            exclusive_claims,
-            guarded_claims,
-            guard_outcomes: &guard_outcomes,
-            s3_fenced,
-            queue,
-            file: summary_file,
-        });
+        summarize(&tally, i + 1, None);
     }
     let secrets_found = secrets_in_logs().await;
-    let summary = summarize(&Totals {
-        base,
-        n,
-        done: n,
-        per_backend: &per_backend,
-        faults: &faults,
-        liveness: &liveness,
-        violations: violations.len(),
-        counts: [
-            ops,
-            acquisitions,
-            writes,
-            stale,
-            claims,
-            polls,
-            cli_claims,
-            cli_schedules,
-        ],
-        secrets: Some(secrets_found.len()),
-        wall: started.elapsed(),
-        slowest,
-        history: history_path.as_deref(),
-        permits_in_flight: &permits_in_flight,
-        exclusive_claims,
-        guarded_claims,
-        guard_outcomes: &guard_outcomes,
-        s3_fenced,
-        queue,
-        file: summary_file,
-    });
+    let summary = summarize(&tally, n, Some(secrets_found.len()));
     eprintln!(
         "[chaos] SUMMARY ({}):\n{summary}",
         world().dir.join(summary_file).display()
@@ -307,50 +210,103 @@ async fn run_schedules(schedules: Schedules, count_var: &str, default_n: u64, su
         secrets_found.is_empty(),
         "secret values appear in logs/status/events: {secrets_found:?}"
     );
+    let violations = &tally.violations;
     assert!(
         violations.is_empty(),
         "{} violations (history {:?}):\n{}",
         violations.len(),
-        history_path,
+        tally.history,
         violations.join("\n")
     );
 }
 
-struct Totals<'a> {
+/// What the schedules of a run add up to, so far.
+#[derive(Default)]
+struct Tally<'a> {
+    /// The run's first seed, and how many schedules it plans.
     base: u64,
     n: u64,
-    done: u64,
-    per_backend: &'a BTreeMap<&'static str, u64>,
-    faults: &'a BTreeMap<String, u64>,
-    liveness: &'a BTreeMap<&'static str, Vec<f64>>,
-    violations: usize,
-    /// operations, acquisitions, accepted writes, refused stale status writes,
-    /// claims, observer reads, claims of CLI holders, schedules with a CLI claim
-    counts: [usize; 8],
-    secrets: Option<usize>,
-    wall: Duration,
+    /// The summary's file name in the world's directory.
+    file: &'a str,
+    started: Option<Instant>,
+    per_backend: BTreeMap<&'static str, u64>,
+    faults: BTreeMap<String, u64>,
+    liveness: BTreeMap<&'static str, Vec<f64>>,
+    violations: Vec<String>,
+    operations: usize,
+    acquisitions: usize,
+    writes_accepted: usize,
+    stale_status_writes_rejected: usize,
+    claims: usize,
+    /// Observer reads.
+    polls: usize,
+    /// Claims of command-line holders, and schedules in which one held a lock.
+    cli_claims: usize,
+    cli_schedules: usize,
+    /// The last schedule's history.
+    history: Option<std::path::PathBuf>,
     slowest: Duration,
-    history: Option<&'a std::path::Path>,
     /// Keys with more than one permit: "most in flight at once/permits" -> keys.
-    permits_in_flight: &'a BTreeMap<String, u64>,
+    permits_in_flight: BTreeMap<String, u64>,
     exclusive_claims: usize,
     /// Claims of commands under `lockwarden guard`, and how guarded rounds ended.
     guarded_claims: usize,
-    guard_outcomes: &'a BTreeMap<String, usize>,
+    guard_outcomes: BTreeMap<String, usize>,
     /// S3 schedules, rule (f): register writes S3 acknowledged, stale ones S3 refused
     /// itself, puts without a verdict.
     s3_fenced: [usize; 3],
     /// Queued keys: grants checked against an earlier waiter (rule (o)), and the
     /// longest an entry stayed unchanged while others waited, outside faults (rule (q)).
     queue: (usize, f64),
-    /// The summary's file name in the world's directory.
-    file: &'a str,
 }
 
-/// Writes the summary (next to the history) and returns it pretty-printed.
-fn summarize(t: &Totals) -> String {
+impl Tally<'_> {
+    fn add(&mut self, outcome: schedule::Outcome) {
+        let r = &outcome.report;
+        let backend = outcome.plan.backend.name();
+        *self.per_backend.entry(backend).or_default() += 1;
+        for (_, f) in &outcome.plan.faults {
+            *self.faults.entry(f.kind()).or_default() += 1;
+        }
+        self.liveness
+            .entry(backend)
+            .or_default()
+            .extend(&r.liveness);
+        self.operations += r.operations;
+        self.acquisitions += r.acquisitions;
+        self.writes_accepted += r.writes_accepted;
+        self.stale_status_writes_rejected += r.writes_rejected_stale_status;
+        self.claims += r.claims;
+        self.cli_claims += r.cli_claims;
+        self.cli_schedules += usize::from(r.cli_claims > 0);
+        self.polls += r.polls;
+        for (most, permits) in &r.permits_in_flight {
+            *self
+                .permits_in_flight
+                .entry(format!("{most}/{permits}"))
+                .or_default() += 1;
+        }
+        self.exclusive_claims += r.exclusive_claims;
+        self.queue.0 += r.queue_grants_checked;
+        self.queue.1 = self.queue.1.max(r.queue_longest_unchanged);
+        self.guarded_claims += r.guarded_claims;
+        for (outcome, count) in &r.guard_outcomes {
+            *self.guard_outcomes.entry(outcome.clone()).or_default() += count;
+        }
+        self.s3_fenced[0] += r.s3_fenced.acknowledged;
+        self.s3_fenced[1] += r.s3_fenced.refused;
+        self.s3_fenced[2] += r.s3_fenced.unverified;
+        self.slowest = self.slowest.max(outcome.wall);
+        self.violations.extend(r.violations.iter().cloned());
+        self.history = Some(outcome.history_path);
+    }
+}
+
+/// Writes the summary of the first `done` schedules (next to the history) and returns
+/// it pretty-printed; `secrets`: where the run's end found the Secret's values.
+fn summarize(t: &Tally, done: u64, secrets: Option<usize>) -> String {
     let mut live_summary = BTreeMap::new();
-    for (backend, l) in t.liveness {
+    for (backend, l) in &t.liveness {
         let mut l = l.clone();
         l.sort_by(f64::total_cmp);
         // lease + the slowest waiting poll (the controller's, 2 s) + 1 s; the
@@ -370,41 +326,31 @@ fn summarize(t: &Totals) -> String {
             }),
         );
     }
-    let [
-        ops,
-        acquisitions,
-        writes,
-        stale,
-        claims,
-        polls,
-        cli_claims,
-        cli_schedules,
-    ] = t.counts;
     let summary = json!({
         "seed": t.base,
         "schedules_planned": t.n,
-        "schedules_done": t.done,
+        "schedules_done": done,
         "per_backend": t.per_backend,
         "faults": t.faults,
         "faults_total": t.faults.values().sum::<u64>(),
-        "operations": ops,
-        "acquisitions": acquisitions,
-        "register_writes_accepted": writes,
-        "stale_status_writes_rejected": stale,
-        "claims": claims,
-        "cli_claims": cli_claims,
-        "schedules_where_a_cli_process_held_a_lock": cli_schedules,
+        "operations": t.operations,
+        "acquisitions": t.acquisitions,
+        "register_writes_accepted": t.writes_accepted,
+        "stale_status_writes_rejected": t.stale_status_writes_rejected,
+        "claims": t.claims,
+        "cli_claims": t.cli_claims,
+        "schedules_where_a_cli_process_held_a_lock": t.cli_schedules,
         "guarded_claims": t.guarded_claims,
         "guarded_rounds_by_outcome": t.guard_outcomes,
-        "observer_reads": polls,
-        "violations": t.violations,
+        "observer_reads": t.polls,
+        "violations": t.violations.len(),
         "controller_processes_restarted_after_exiting_on_their_own":
             world().crash_restarts.load(std::sync::atomic::Ordering::SeqCst),
         "liveness_after_heal": live_summary,
-        "secret_values_found_in_logs_status_events": t.secrets,
-        "wall_s": t.wall.as_secs(),
+        "secret_values_found_in_logs_status_events": secrets,
+        "wall_s": t.started.map_or(0, |s| s.elapsed().as_secs()),
         "slowest_schedule_s": t.slowest.as_secs(),
-        "history": t.history.map(|p| p.display().to_string()),
+        "history": t.history.as_ref().map(|p| p.display().to_string()),
         "semaphore_keys": t.permits_in_flight.values().sum::<u64>(),
         "semaphore_keys_by_most_permits_in_flight_of_permits": t.permits_in_flight,
         "semaphore_exclusive_claims": t.exclusive_claims,
@@ -473,56 +419,68 @@ fn engine_0_cut_off() -> Vec<(Duration, Fault)> {
     )]
 }
 
-/// A plan on S3 with two engine clients and no controllers: slot 0 acquires first,
-/// is partitioned (blackhole) for twice the lease, and slot 1 takes over meanwhile.
-fn partition_plan(seed: u64, broken: bool) -> Plan {
+/// A plan on one key with `permits` on `backend`, without controllers.
+fn one_key_plan(
+    seed: u64,
+    backend: Backend,
+    permits: u32,
+    engines: Vec<EngineSpec>,
+    clis: Vec<cli::CliSpec>,
+    faults: Vec<(Duration, Fault)>,
+) -> Plan {
     Plan {
         seed,
-        backend: Backend::S3,
+        backend,
         keys: 1,
-        permits: vec![1],
+        permits: vec![permits],
         controllers: vec![],
-        engines: vec![
-            EngineSpec {
-                slot: 0,
-                key: None,
-                contender: 0,
-                permits: Permits::MUTEX,
-                ignores_deadline: broken,
-                start_after: Duration::ZERO,
-                hold: (Duration::from_secs(9), Duration::from_secs(9)),
-                queue: None,
-                flaw: None,
-                crashes_holding: false,
-            },
-            EngineSpec {
-                slot: 1,
-                key: None,
-                contender: 0,
-                permits: Permits::MUTEX,
-                ignores_deadline: false,
-                start_after: Duration::from_millis(800),
-                hold: (Duration::from_millis(300), Duration::from_millis(800)),
-                queue: None,
-                flaw: None,
-                crashes_holding: false,
-            },
-        ],
-        clis: vec![],
-        faults: engine_0_cut_off(),
+        engines,
+        clis,
+        faults,
     }
 }
 
-/// The shape of every `checker_catches_*` proof: the plan with correct contenders
-/// passes, and `tested` holds of its report (`Err` says what it lacked: a plan that
-/// exercised nothing proves nothing); then the broken plan runs, and its violations are
-/// printed for the record. Returns both outcomes.
+/// An engine client of slot `slot` on a mutex key, asking from `start_after` and
+/// holding for `hold`; `broken`: it ignores its holder deadline.
+fn mutex_engine(
+    slot: usize,
+    start_after: Duration,
+    hold: (Duration, Duration),
+    broken: bool,
+) -> EngineSpec {
+    EngineSpec {
+        ignores_deadline: broken,
+        ..EngineSpec::new(slot, None, 0, Permits::MUTEX, start_after, hold)
+    }
+}
+
+/// How long the engine client that takes over holds, in the proofs' plans.
+const SHORT_HOLD: (Duration, Duration) = (Duration::from_millis(300), Duration::from_millis(800));
+
+/// A plan on S3 with two engine clients and no controllers: slot 0 acquires first,
+/// is partitioned (blackhole) for twice the lease, and slot 1 takes over meanwhile.
+fn partition_plan(seed: u64, broken: bool) -> Plan {
+    let nine_s = (Duration::from_secs(9), Duration::from_secs(9));
+    let engines = vec![
+        mutex_engine(0, Duration::ZERO, nine_s, broken),
+        mutex_engine(1, Duration::from_millis(800), SHORT_HOLD, false),
+    ];
+    one_key_plan(seed, Backend::S3, 1, engines, vec![], engine_0_cut_off())
+}
+
+/// The shape of every `checker_catches_*` proof: `plan(seed, false)`, with correct
+/// contenders, passes, and `tested` holds of its report (`Err` says what it lacked: a
+/// plan that exercised nothing proves nothing); then the broken plan `plan(seed + 1,
+/// true)` runs, its violations are printed for the record, and each of `reported`
+/// (rule, who, what it is) is among them. Returns both outcomes.
 async fn correct_then_broken(
-    correct: Plan,
+    seed: u64,
+    plan: impl Fn(u64, bool) -> Plan,
     tested: impl Fn(&history::Report) -> Result<(), String>,
-    broken: Plan,
+    reported: &[(&str, &str, &str)],
 ) -> (schedule::Outcome, schedule::Outcome) {
-    let correct = schedule::run(correct).await;
+    let _serial = SERIAL.lock().await;
+    let correct = schedule::run(plan(seed, false)).await;
     let r = &correct.report;
     assert!(
         r.violations.is_empty(),
@@ -532,12 +490,15 @@ async fn correct_then_broken(
     if let Err(lacked) = tested(r) {
         panic!("the correct plan tested nothing: {lacked}");
     }
-    let broken = schedule::run(broken).await;
+    let broken = schedule::run(plan(seed + 1, true)).await;
     eprintln!(
         "violations reported for the broken plan (seed {}):\n{}",
         broken.plan.seed,
         broken.report.violations.join("\n")
     );
+    for (rule, who, what) in reported {
+        assert_reported(&broken.report.violations, rule, who, what);
+    }
     (correct, broken)
 }
 
@@ -564,26 +525,19 @@ fn assert_reported(violations: &[String], rule: &str, who: &str, what: &str) {
 /// writes are refused by the register. The same plan with a correct holder passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_holder_that_ignores_its_deadline() {
-    let _serial = SERIAL.lock().await;
-    let (_, broken) = correct_then_broken(
-        partition_plan(1, false),
-        |_| Ok(()),
-        partition_plan(2, true),
-    )
-    .await;
-    let v = &broken.report.violations;
-    assert_reported(
-        v,
-        "(c) overlapping claims",
-        "engine-0-broken",
-        "the broken holder's overlap",
-    );
-    assert_reported(
-        v,
-        "(a)",
-        "engine-0-broken",
-        "the broken holder's refused writes",
-    );
+    let reported = [
+        (
+            "(c) overlapping claims",
+            "engine-0-broken",
+            "the broken holder's overlap",
+        ),
+        (
+            "(a)",
+            "engine-0-broken",
+            "the broken holder's refused writes",
+        ),
+    ];
+    correct_then_broken(1, partition_plan, |_| Ok(()), &reported).await;
 }
 
 /// A semaphore plan on S3: one key with 2 permits and three engine clients. Slot 0
@@ -591,32 +545,26 @@ async fn checker_catches_a_holder_that_ignores_its_deadline() {
 /// slot 2 asks from 0.8 s on. Slot 0 is partitioned (blackhole) from 1.2 s for 7 s:
 /// once its entry has been seen unchanged for its lease, slot 2 reclaims its permit.
 fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
-    let contender = |slot: usize, start_ms: u64, hold: (u64, u64), ignores_deadline| EngineSpec {
-        slot,
-        key: Some(0),
-        contender: slot,
-        permits: Permits::semaphore(2),
-        ignores_deadline,
-        start_after: Duration::from_millis(start_ms),
-        hold: (Duration::from_millis(hold.0), Duration::from_millis(hold.1)),
-        queue: None,
-        flaw: None,
-        crashes_holding: false,
+    let contender = |slot: usize, start_ms: u64, hold: (u64, u64), ignores_deadline| {
+        let (start_after, hold) = (millis(start_ms), (millis(hold.0), millis(hold.1)));
+        EngineSpec {
+            ignores_deadline,
+            ..EngineSpec::new(
+                slot,
+                Some(0),
+                slot,
+                Permits::semaphore(2),
+                start_after,
+                hold,
+            )
+        }
     };
-    Plan {
-        seed,
-        backend: Backend::S3,
-        keys: 1,
-        permits: vec![2],
-        controllers: vec![],
-        engines: vec![
-            contender(0, 0, (9000, 9000), broken),
-            contender(1, 300, (9000, 9000), false),
-            contender(2, 800, (300, 800), false),
-        ],
-        clis: vec![],
-        faults: engine_0_cut_off(),
-    }
+    let engines = vec![
+        contender(0, 0, (9000, 9000), broken),
+        contender(1, 300, (9000, 9000), false),
+        contender(2, 800, (300, 800), false),
+    ];
+    one_key_plan(seed, Backend::S3, 2, engines, vec![], engine_0_cut_off())
 }
 
 /// The proof for semaphore schedules: a permit holder that keeps writing while its
@@ -625,17 +573,17 @@ fn permit_partition_plan(seed: u64, broken: bool) -> Plan {
 /// permits in flight (p) and writes after its entry left the store (r).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
-    let _serial = SERIAL.lock().await;
     let both_in_flight = |r: &history::Report| match r.permits_in_flight[..] {
         [(2, 2)] => Ok(()),
         ref other => Err(format!("both permits were not in use at once: {other:?}")),
     };
-    let (_, broken) = correct_then_broken(
-        permit_partition_plan(5, false),
-        both_in_flight,
-        permit_partition_plan(6, true),
-    )
-    .await;
+    let reported = [(
+        "(r)",
+        "engine-0-c0-broken",
+        "the broken holder's writes after its permit was gone",
+    )];
+    let (_, broken) =
+        correct_then_broken(5, permit_partition_plan, both_in_flight, &reported).await;
     let v = &broken.report.violations;
     // The holder named after the holders in flight is the one whose permit was taken.
     assert!(
@@ -644,12 +592,6 @@ async fn checker_catches_a_permit_holder_that_ignores_its_deadline() {
                 .nth(1)
                 .is_some_and(|flagged| flagged.starts_with("engine-0-c0-broken"))),
         "the third holder at once (the broken one) was not reported: {v:?}"
-    );
-    assert_reported(
-        v,
-        "(r)",
-        "engine-0-c0-broken",
-        "the broken holder's writes after its permit was gone",
     );
 }
 
@@ -660,31 +602,18 @@ fn queued_contender(
     start_ms: u64,
     hold: (u64, u64),
 ) -> EngineSpec {
+    let permits = Permits { total: 2, mode };
+    let (start_after, hold) = (millis(start_ms), (millis(hold.0), millis(hold.1)));
     EngineSpec {
-        slot: contender % 5,
-        key: Some(0),
-        contender,
-        permits: Permits { total: 2, mode },
-        ignores_deadline: false,
-        start_after: Duration::from_millis(start_ms),
-        hold: (Duration::from_millis(hold.0), Duration::from_millis(hold.1)),
         queue: Some(Queueing::default()),
-        flaw: None,
-        crashes_holding: false,
-    }
-}
-
-/// The queue proofs' plan: one 2-permit key on a Lease, engine contenders only.
-fn queue_proof_plan(seed: u64, engines: Vec<EngineSpec>, faults: Vec<(Duration, Fault)>) -> Plan {
-    Plan {
-        seed,
-        backend: Backend::Lease,
-        keys: 1,
-        permits: vec![2],
-        controllers: vec![],
-        engines,
-        clis: vec![],
-        faults,
+        ..EngineSpec::new(
+            contender % 5,
+            Some(0),
+            contender,
+            permits,
+            start_after,
+            hold,
+        )
     }
 }
 
@@ -707,7 +636,7 @@ fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
         ..queued_contender(5, LockMode::Shared, 1000, (500, 900))
     });
     let faults = vec![(Duration::from_millis(500), idle_path_delayed_for_8s)];
-    queue_proof_plan(seed, engines, faults)
+    one_key_plan(seed, Backend::Lease, 2, engines, vec![], faults)
 }
 
 /// Proof that the order rule (o) can fail: an engine that grants itself ahead of
@@ -715,21 +644,15 @@ fn queue_order_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
 /// checked against waiters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_an_engine_that_grants_out_of_order() {
-    let _serial = SERIAL.lock().await;
     let checked = |r: &history::Report| {
         at_least_one(
             r.queue_grants_checked,
             "no grant was checked against a waiter",
         )
     };
-    let (_, broken) = correct_then_broken(
-        queue_order_plan(27_001, None),
-        checked,
-        queue_order_plan(27_002, Some(Flaw::JumpsTheQueue)),
-    )
-    .await;
-    let v = &broken.report.violations;
-    assert_reported(v, "(o)", "engine-0-c5-broken", "the queue jumper's grants");
+    let plan = |seed, broken: bool| queue_order_plan(seed, broken.then_some(Flaw::JumpsTheQueue));
+    let reported = [("(o)", "engine-0-c5-broken", "the queue jumper's grants")];
+    correct_then_broken(27_001, plan, checked, &reported).await;
 }
 
 /// A queue plan on a Lease: 2 permits; an exclusive contender takes both at once and
@@ -744,7 +667,7 @@ fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
         flaw,
         ..queued_contender(c, LockMode::Shared, 200 + c as u64 * 100, (300, 600))
     }));
-    queue_proof_plan(seed, engines, vec![])
+    one_key_plan(seed, Backend::Lease, 2, engines, vec![], vec![])
 }
 
 /// Proof that rule (q) can fail: engines that judge an entry by the whole record's
@@ -753,67 +676,61 @@ fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
 /// its lease and the same checker passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_an_engine_that_observes_the_whole_records_version() {
-    let _serial = SERIAL.lock().await;
     let seen = |r: &history::Report| match r.queue_longest_unchanged {
         t if t > 2.0 => Ok(()),
         t => Err(format!(
             "the dead holder was seen while waiters waited for only {t:.1}s"
         )),
     };
-    let (_, broken) = correct_then_broken(
-        dead_holder_plan(27_003, None),
-        seen,
-        dead_holder_plan(27_004, Some(Flaw::ObservesTheRecordVersion)),
-    )
-    .await;
-    let v = &broken.report.violations;
-    assert_reported(
-        v,
+    let flaw = Flaw::ObservesTheRecordVersion;
+    let plan = |seed, broken: bool| dead_holder_plan(seed, broken.then_some(flaw));
+    let reported = [(
         "(q)",
         "engine-0-c0-exclusive-crashes",
         "the dead holder the waiters kept",
-    );
+    )];
+    correct_then_broken(27_003, plan, seen, &reported).await;
+}
+
+/// A plan on S3 with one CLI slot and an engine client asking from `engine_from`, no
+/// controllers: the slot's first round holds for 9 s (guarded as `guarded_share` says;
+/// `broken`: its command hands its writes to a daemon), and `fault` strikes it.
+fn cli_plan(
+    seed: u64,
+    broken: bool,
+    guarded_share: f64,
+    engine_from: Duration,
+    fault: (Duration, Fault),
+) -> Plan {
+    let cli = cli::CliSpec {
+        slot: 0,
+        start_after: Duration::ZERO,
+        lock_unlock_share: 0.0,
+        hold: (Duration::from_secs(9), Duration::from_secs(9)),
+        guarded_share,
+        hands_writes_to_a_daemon: broken,
+    };
+    let engine = mutex_engine(0, engine_from, SHORT_HOLD, false);
+    one_key_plan(seed, Backend::S3, 1, vec![engine], vec![cli], vec![fault])
 }
 
 /// A plan on S3 with a `lockwarden run` and an engine client and no controllers: the
 /// `run` acquires first (its command writes for 9 s), is partitioned (blackhole) for
 /// 7 s, and the engine client takes over meanwhile.
 fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
-    Plan {
+    let partition = Fault::Network {
+        target: Contender::Cli(0),
+        mode: Mode::Blackhole,
+        lasts: Duration::from_secs(7),
+    };
+    let engine_from = Duration::from_secs(2);
+    cli_plan(
         seed,
-        backend: Backend::S3,
-        keys: 1,
-        permits: vec![1],
-        controllers: vec![],
-        engines: vec![EngineSpec {
-            slot: 0,
-            key: None,
-            contender: 0,
-            permits: Permits::MUTEX,
-            ignores_deadline: false,
-            start_after: Duration::from_secs(2),
-            hold: (Duration::from_millis(300), Duration::from_millis(800)),
-            queue: None,
-            flaw: None,
-            crashes_holding: false,
-        }],
-        clis: vec![cli::CliSpec {
-            slot: 0,
-            start_after: Duration::ZERO,
-            lock_unlock_share: 0.0,
-            hold: (Duration::from_secs(9), Duration::from_secs(9)),
-            guarded_share: 0.0,
-            hands_writes_to_a_daemon: broken,
-        }],
-        faults: vec![(
-            Duration::from_secs(3),
-            Fault::Network {
-                target: Contender::Cli(0),
-                mode: Mode::Blackhole,
-                lasts: Duration::from_secs(7),
-            },
-        )],
-    }
+        broken,
+        0.0,
+        engine_from,
+        (Duration::from_secs(3), partition),
+    )
 }
 
 /// The same proof for command-line holders: `run` must stop its command when the lock
@@ -823,27 +740,17 @@ fn cli_partition_plan(seed: u64, broken: bool) -> Plan {
 /// refused by the fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
-    let _serial = SERIAL.lock().await;
     let held = |r: &history::Report| at_least_one(r.cli_claims, "the `run` never held the lock");
-    let (correct, broken) = correct_then_broken(
-        cli_partition_plan(3, false),
-        held,
-        cli_partition_plan(4, true),
-    )
-    .await;
+    let reported = [
+        (
+            "(c) overlapping claims",
+            "cli-0-broken",
+            "the broken command's overlap",
+        ),
+        ("(a)", "cli-0-broken", "the broken command's refused writes"),
+    ];
+    let (correct, broken) = correct_then_broken(3, cli_partition_plan, held, &reported).await;
     let v = &broken.report.violations;
-    assert_reported(
-        v,
-        "(c) overlapping claims",
-        "cli-0-broken",
-        "the broken command's overlap",
-    );
-    assert_reported(
-        v,
-        "(a)",
-        "cli-0-broken",
-        "the broken command's refused writes",
-    );
     // Rule (f): S3 itself, in its conditional write, refused what the register refused,
     // and no verdict of S3 differed from the register's.
     let (ok, bad) = (correct.report.s3_fenced, broken.report.s3_fenced);
@@ -864,40 +771,18 @@ async fn checker_catches_a_run_whose_command_outlives_a_lost_lock() {
 /// with the holder's nonce and fence); its holder is SIGSTOPped from 3.5 s for 8 s,
 /// past its stored lease, and the engine client takes over meanwhile.
 fn guard_pause_plan(seed: u64, broken: bool) -> Plan {
-    Plan {
+    let pause = Fault::HolderPause {
+        slot: 0,
+        lasts: Duration::from_secs(8),
+    };
+    let engine_from = Duration::from_secs(3);
+    cli_plan(
         seed,
-        backend: Backend::S3,
-        keys: 1,
-        permits: vec![1],
-        controllers: vec![],
-        engines: vec![EngineSpec {
-            slot: 0,
-            key: None,
-            contender: 0,
-            permits: Permits::MUTEX,
-            ignores_deadline: false,
-            start_after: Duration::from_secs(3),
-            hold: (Duration::from_millis(300), Duration::from_millis(800)),
-            queue: None,
-            flaw: None,
-            crashes_holding: false,
-        }],
-        clis: vec![cli::CliSpec {
-            slot: 0,
-            start_after: Duration::ZERO,
-            lock_unlock_share: 0.0,
-            hold: (Duration::from_secs(9), Duration::from_secs(9)),
-            guarded_share: 1.0,
-            hands_writes_to_a_daemon: broken,
-        }],
-        faults: vec![(
-            Duration::from_millis(3500),
-            Fault::HolderPause {
-                slot: 0,
-                lasts: Duration::from_secs(8),
-            },
-        )],
-    }
+        broken,
+        1.0,
+        engine_from,
+        (Duration::from_millis(3500), pause),
+    )
 }
 
 /// The same proof for `lockwarden guard` (docs/design.md §3 rule 9): its holder is
@@ -909,7 +794,6 @@ fn guard_pause_plan(seed: u64, broken: bool) -> Plan {
 /// that took over (c), and is refused by the fence (a).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checker_catches_a_guard_that_ignores_its_deadline() {
-    let _serial = SERIAL.lock().await;
     let guarded = |r: &history::Report| {
         eprintln!("guarded rounds of the correct plan: {:?}", r.guard_outcomes);
         at_least_one(r.guarded_claims, "the guarded command never wrote")?;
@@ -921,20 +805,20 @@ async fn checker_catches_a_guard_that_ignores_its_deadline() {
             )),
         }
     };
-    let (_, broken) = correct_then_broken(
-        guard_pause_plan(5, false),
-        guarded,
-        guard_pause_plan(6, true),
-    )
-    .await;
-    let v = &broken.report.violations;
-    for (rule, what) in [
-        ("(g)", "its writes after the guard's deadline"),
-        ("(c) overlapping claims", "its overlap with the next holder"),
-        ("(a)", "its refused writes"),
-    ] {
-        assert_reported(v, rule, "cli-0-guard-broken", what);
-    }
+    let reported = [
+        (
+            "(g)",
+            "cli-0-guard-broken",
+            "its writes after the guard's deadline",
+        ),
+        (
+            "(c) overlapping claims",
+            "cli-0-guard-broken",
+            "its overlap with the next holder",
+        ),
+        ("(a)", "cli-0-guard-broken", "its refused writes"),
+    ];
+    correct_then_broken(5, guard_pause_plan, guarded, &reported).await;
 }
 
 /// Rule (f)'s checker: a mirror whose S3 object was written by a higher fence behind

@@ -317,6 +317,23 @@ fn lease_flag() -> String {
     format!("{}s", LEASE.as_secs())
 }
 
+/// `run --lease L --wait W --grace G --holder WHO`, the start of every `run` a CLI
+/// slot invokes, and the writer its command runs (broken or not, as `spec` says).
+/// A 3 s lease leaves `run` at most 440 ms of grace before the holder deadline
+/// (rule 7).
+fn run_args(spec: &CliSpec, who: &str, wait: u64) -> (Vec<String>, &'static str) {
+    let writer = if spec.hands_writes_to_a_daemon {
+        HANDS_OFF
+    } else {
+        COMMAND
+    };
+    let (lease, wait) = (lease_flag(), wait.to_string());
+    let args = [
+        "run", "--lease", &lease, "--wait", &wait, "--grace", "400ms", "--holder", who,
+    ];
+    (args.map(String::from).to_vec(), writer)
+}
+
 async fn run(
     spec: &CliSpec,
     target: &CliTarget,
@@ -326,24 +343,7 @@ async fn run(
     register: u16,
     history: &History,
 ) {
-    // A 3 s lease leaves at most 440 ms of grace before the holder deadline (rule 7).
-    let grace = "400ms";
-    let command = if spec.hands_writes_to_a_daemon {
-        HANDS_OFF
-    } else {
-        COMMAND
-    };
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "--lease".into(),
-        lease_flag(),
-        "--wait".into(),
-        wait.to_string(),
-        "--grace".into(),
-        grace.into(),
-        "--holder".into(),
-        who.into(),
-    ];
+    let (mut args, command) = run_args(spec, who, wait);
     args.extend(target.flags.iter().cloned());
     args.extend([target.url.clone(), "--".into()]);
     args.extend(["bash".into(), "-c".into(), command.into()]);
@@ -546,23 +546,7 @@ async fn guarded_round(
     let holder_who = format!("{who}-holder");
     let holder_log = target.cli.path(&format!("{who}.holder.log"));
     let guard_log = target.cli.path(&format!("{who}.guard.log"));
-    let writer = if spec.hands_writes_to_a_daemon {
-        HANDS_OFF
-    } else {
-        COMMAND
-    };
-    // A 3 s lease leaves `run` at most 440 ms of grace (rule 7).
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "--lease".into(),
-        lease_flag(),
-        "--wait".into(),
-        wait.to_string(),
-        "--grace".into(),
-        "400ms".into(),
-        "--holder".into(),
-        holder_who.clone(),
-    ];
+    let (mut args, writer) = run_args(spec, &holder_who, wait);
     if let Some(delay) = lock_delay {
         args.extend(["--lock-delay".into(), format!("{delay}ms")]);
     }

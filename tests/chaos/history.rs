@@ -437,6 +437,30 @@ impl History {
         inner.claims.push(claim);
     }
 
+    /// An observer read from `invoke` to `complete`: its history line with what it
+    /// `found` (only changes go to the JSONL file: polls are frequent), and the evidence
+    /// of every holder it saw, `(nonce, fence)`.
+    fn observer_read<'a>(
+        &self,
+        inner: &mut Inner,
+        key: &str,
+        (invoke, complete): (f64, f64),
+        found: Option<Value>,
+        seen: impl IntoIterator<Item = (&'a String, u64)>,
+    ) {
+        if let Some(Value::Object(found)) = found {
+            let mut v = json!({"process": "observer", "op": "read", "key": key, "invoke": invoke,
+                               "complete": complete, "result": "ok"});
+            v.as_object_mut().expect("an object").extend(found);
+            self.line(inner, v);
+        }
+        for (nonce, fence) in seen {
+            inner
+                .evidence
+                .push(Evidence::seen(key, complete, nonce, fence, "observer"));
+        }
+    }
+
     pub fn poll(&self, key: &str, invoke: f64, record: Option<(String, u64, String, bool)>) {
         self.poll_at(key, invoke, self.now(), record);
     }
@@ -458,17 +482,9 @@ impl History {
                 .rev()
                 .find(|p| p.key == key)
                 .is_none_or(|p| p.record.as_ref().map(|r| &r.2) != Some(version));
-            if changed {
-                self.line(
-                    &mut inner,
-                    json!({"process": "observer", "op": "read", "key": key, "invoke": invoke,
-                           "complete": complete, "result": "ok", "fence": fence, "version": version,
-                           "nonce": nonce, "held": held}),
-                );
-            }
-            inner
-                .evidence
-                .push(Evidence::seen(key, complete, nonce, *fence, "observer"));
+            let found = json!({"fence": fence, "version": version, "nonce": nonce, "held": held});
+            let line = changed.then_some(found);
+            self.observer_read(&mut inner, key, (invoke, complete), line, [(nonce, *fence)]);
         }
         inner.polls.push(Poll {
             key: key.into(),
@@ -499,19 +515,9 @@ impl History {
             .rev()
             .find(|p| p.key == key)
             .is_none_or(|p| p.entries != entries || p.last_fence != last_fence);
-        if changed {
-            self.line(
-                &mut inner,
-                json!({"process": "observer", "op": "read", "key": key, "invoke": invoke,
-                       "complete": complete, "result": "ok", "fence": last_fence,
-                       "holders": entries}),
-            );
-        }
-        for (nonce, fence) in &entries {
-            inner
-                .evidence
-                .push(Evidence::seen(key, complete, nonce, *fence, "observer"));
-        }
+        let line = changed.then(|| json!({"fence": last_fence, "holders": entries}));
+        let seen = entries.iter().map(|(nonce, fence)| (nonce, *fence));
+        self.observer_read(&mut inner, key, (invoke, complete), line, seen);
         inner.set_polls.push(SetPoll {
             key: key.into(),
             complete,

@@ -196,6 +196,51 @@ pub struct EngineSpec {
     pub crashes_holding: bool,
 }
 
+impl EngineSpec {
+    /// A correct contender (no flaw, not queued, never dies holding).
+    pub fn new(
+        slot: usize,
+        key: Option<usize>,
+        contender: usize,
+        permits: Permits,
+        start_after: Duration,
+        hold: (Duration, Duration),
+    ) -> EngineSpec {
+        EngineSpec {
+            slot,
+            key,
+            contender,
+            permits,
+            ignores_deadline: false,
+            start_after,
+            hold,
+            queue: None,
+            flaw: None,
+            crashes_holding: false,
+        }
+    }
+
+    /// A correct contender as the random plans draw them: it starts within 0.5 s and
+    /// holds 0.2–1.5 s at a time.
+    fn drawn(
+        rng: &mut StdRng,
+        slot: usize,
+        key: Option<usize>,
+        contender: usize,
+        permits: Permits,
+    ) -> EngineSpec {
+        let start_after = ms(rng.random_range(0..500));
+        EngineSpec::new(
+            slot,
+            key,
+            contender,
+            permits,
+            start_after,
+            (ms(200), ms(1500)),
+        )
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Plan {
     pub seed: u64,
@@ -223,18 +268,7 @@ impl Plan {
             _ => vec![0, 1],
         };
         let engines: Vec<EngineSpec> = (0..rng.random_range(1..=ENGINE_SLOTS))
-            .map(|slot| EngineSpec {
-                slot,
-                key: None,
-                contender: 0,
-                permits: Permits::MUTEX,
-                ignores_deadline: false,
-                start_after: ms(rng.random_range(0..500)),
-                hold: (ms(200), ms(1500)),
-                queue: None,
-                flaw: None,
-                crashes_holding: false,
-            })
+            .map(|slot| EngineSpec::drawn(&mut rng, slot, None, 0, Permits::MUTEX))
             .collect();
         let ctl_lease = if backend == Backend::ZooKeeper {
             CONTROLLER_ZK_SESSION
@@ -314,37 +348,28 @@ impl Plan {
                     }
                 }
                 _ if used_global => continue,
-                4 => {
+                global => {
                     used_global = true;
-                    let lasts = ms(rng.random_range(500..5000));
-                    // A side stream, so that adding this variant left the other
-                    // draws of older seeds unchanged.
-                    if StdRng::seed_from_u64(seed ^ 0x5eed_0001).random_bool(0.5) {
-                        Fault::MotoRestart
-                    } else {
-                        Fault::MotoPause { lasts }
-                    }
-                }
-                5 => {
-                    used_global = true;
-                    Fault::ZkNodeRestart {
-                        node: rng.random_range(0..3),
-                        down: ms(rng.random_range(200..3000)),
-                    }
-                }
-                6 => {
-                    used_global = true;
-                    Fault::ZkQuorumLoss {
-                        down: ms(rng.random_range(500..4000)),
-                    }
-                }
-                _ => {
-                    used_global = true;
-                    let lasts = ms(rng.random_range(500..5000));
-                    if StdRng::seed_from_u64(seed ^ 0x5eed_0002).random_bool(0.5) {
-                        Fault::ApiServerRestart
-                    } else {
-                        Fault::ApiServerPause { lasts }
+                    match global {
+                        4 => pause_or_restart(
+                            &mut rng,
+                            seed ^ 0x5eed_0001,
+                            |lasts| Fault::MotoPause { lasts },
+                            Fault::MotoRestart,
+                        ),
+                        5 => Fault::ZkNodeRestart {
+                            node: rng.random_range(0..3),
+                            down: ms(rng.random_range(200..3000)),
+                        },
+                        6 => Fault::ZkQuorumLoss {
+                            down: ms(rng.random_range(500..4000)),
+                        },
+                        _ => pause_or_restart(
+                            &mut rng,
+                            seed ^ 0x5eed_0002,
+                            |lasts| Fault::ApiServerPause { lasts },
+                            Fault::ApiServerRestart,
+                        ),
                     }
                 }
             };
@@ -457,18 +482,15 @@ impl Plan {
                 } else {
                     LockMode::Shared
                 };
-                engines.push(EngineSpec {
-                    slot: (contender + k) % ENGINE_PATHS,
-                    key: Some(k),
+                let slot = (contender + k) % ENGINE_PATHS;
+                let permits = Permits { total: n, mode };
+                engines.push(EngineSpec::drawn(
+                    &mut rng,
+                    slot,
+                    Some(k),
                     contender,
-                    permits: Permits { total: n, mode },
-                    ignores_deadline: false,
-                    start_after: ms(rng.random_range(0..500)),
-                    hold: (ms(200), ms(1500)),
-                    queue: None,
-                    flaw: None,
-                    crashes_holding: false,
-                });
+                    permits,
+                ));
             }
         }
         let slots = engines.len().min(ENGINE_PATHS);
@@ -570,6 +592,23 @@ fn network_mode(rng: &mut StdRng) -> Mode {
         2 => Mode::LoseRequests,
         3 => Mode::LoseReplies,
         _ => Mode::DropReplies,
+    }
+}
+
+/// A server outage drawn from `rng`: a pause of 0.5–5 s, or a restart, as a side
+/// stream (`side`) of the seed says, so that adding restarts left the other draws of
+/// older seeds unchanged.
+fn pause_or_restart(
+    rng: &mut StdRng,
+    side: u64,
+    pause: fn(Duration) -> Fault,
+    restart: Fault,
+) -> Fault {
+    let lasts = ms(rng.random_range(500..5000));
+    if StdRng::seed_from_u64(side).random_bool(0.5) {
+        restart
+    } else {
+        pause(lasts)
     }
 }
 
@@ -1117,6 +1156,12 @@ fn lock_backend(backend: Backend, keys: &Keys, k: usize, c: usize, west_ns: &str
     }
 }
 
+/// An S3 or DynamoDB key's engine, through the moto at `endpoint`.
+async fn aws_backend(url: &str, endpoint: String) -> Arc<dyn LockBackend> {
+    let target = Target::parse(url).unwrap();
+    target.connect(&aws_options(endpoint)).await.unwrap()
+}
+
 fn aws_options(endpoint: String) -> ConnectOptions {
     ConnectOptions {
         aws: AwsOptions {
@@ -1159,11 +1204,7 @@ async fn engine_backend(
             }
         }
         Backend::S3 | Backend::DynamoDb => {
-            let target = Target::parse(&keys.urls[k]).unwrap();
-            target
-                .connect(&aws_options(paths.moto().endpoint()))
-                .await
-                .unwrap()
+            aws_backend(&keys.urls[k], paths.moto().endpoint()).await
         }
         Backend::ZooKeeper => Arc::new(
             sessions
@@ -1182,13 +1223,7 @@ async fn direct_backend(backend: Backend, keys: &Keys, k: usize) -> Arc<dyn Lock
             let ns = &w.controllers[1].namespace;
             Arc::new(CasLock::new(LeaseStore::new(client, ns, &keys.names[k])))
         }
-        Backend::S3 | Backend::DynamoDb => {
-            let target = Target::parse(&keys.urls[k]).unwrap();
-            target
-                .connect(&aws_options(w.moto().endpoint()))
-                .await
-                .unwrap()
-        }
+        Backend::S3 | Backend::DynamoDb => aws_backend(&keys.urls[k], w.moto().endpoint()).await,
         Backend::ZooKeeper => {
             // A session of its own, per key (and per schedule): never shared with a
             // contender. The lock keeps the session; it closes when the lock is dropped.
