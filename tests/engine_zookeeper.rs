@@ -39,29 +39,35 @@ async fn raw_client() -> Client {
     ZooKeeper::shared().connect().await
 }
 
+/// `N` contenders for `path` on one new session (as in one process).
+fn on_one_session<const N: usize>(path: &str) -> [ZkLock; N] {
+    let sessions = ZkSessions::new();
+    let connect = ZooKeeper::shared().connect_string();
+    std::array::from_fn(|_| sessions.lock(&connect, path).expect("a valid lock path"))
+}
+
+/// A contender for `path` on a session of its own (as another process's).
+fn on_own_session(path: &str) -> ZkLock {
+    let [lock] = on_one_session(path);
+    lock
+}
+
+/// A raw client, and `path` created (to put foreign children in it).
+async fn raw_client_with(path: &str) -> Client {
+    let raw = raw_client().await;
+    raw.mkdir(path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .unwrap();
+    raw
+}
+
 async fn expect_acquired(lock: &ZkLock, holder: &str) -> Lease {
-    match lock.try_acquire(&request(holder)).await {
-        Ok(Attempt::Acquired(lease)) => lease,
-        other => panic!(
-            "{holder}: expected to acquire {}, got {other:?}",
-            lock.url()
-        ),
-    }
+    expect_granted(lock, &request(holder)).await
 }
 
 /// `(holder record, queue position)` of a busy attempt.
 async fn expect_busy(lock: &ZkLock, holder: &str) -> (LockRecord, Option<u32>) {
-    match lock.try_acquire(&request(holder)).await {
-        Ok(Attempt::Busy {
-            holder,
-            queue_position,
-            ..
-        }) => (holder, queue_position),
-        other => panic!(
-            "{holder}: expected {} to be busy, got {other:?}",
-            lock.url()
-        ),
-    }
+    expect_waiting(lock, &request(holder)).await
 }
 
 async fn children(raw: &Client, path: &str) -> Vec<String> {
@@ -288,11 +294,9 @@ async fn fifo_order_of_waiters_is_kept() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_wakes_the_next_waiter() {
-    let zk = ZooKeeper::shared();
     let path = lock_path("wake");
-    let sessions = ZkSessions::new();
-    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
-    let waiter = Arc::new(ZkSessions::new().lock(&zk.connect_string(), &path).unwrap());
+    let holder = on_own_session(&path);
+    let waiter = Arc::new(on_own_session(&path));
     let held = expect_acquired(&holder, "holder").await;
     let holder_entry = holder
         .queue_entry()
@@ -311,7 +315,7 @@ async fn release_wakes_the_next_waiter() {
     });
     // Release only once the watch is registered on the server (`wchp`: watches by path).
     let watched = format!("{path}/{holder_entry}");
-    let node = zk.node(0);
+    let node = ZooKeeper::shared().node(0);
     eventually("the waiter's watch on the holder's znode", PROMPTLY, || {
         let listed = node.four_letter("wchp").unwrap_or_default();
         let found = listed.contains(&watched);
@@ -346,20 +350,65 @@ async fn release_wakes_the_next_waiter() {
     assert!(waiter.inspect().await.unwrap().is_none());
 }
 
+/// A contender for `path` that reaches ZooKeeper through a fault proxy (to be
+/// partitioned away), on a session of `session`.
+fn behind_a_proxy(path: &str, session: Duration) -> (Proxy, Arc<ZkLock>) {
+    let proxy = Proxy::start(ZooKeeper::shared().node(0).port());
+    let lock = ZkSessions::with_session_timeout(session)
+        .lock(&proxy.address(), path)
+        .expect("a valid lock path");
+    (proxy, Arc::new(lock))
+}
+
+/// Partitions the holder of `held` away (`proxy`) and waits until `lock` gets `req`
+/// (`why`). Rule 2: by the time anyone else holds the lock, the holder has stopped
+/// claiming it.
+async fn granted_once_partitioned(
+    proxy: &Proxy,
+    held: &HeldLock,
+    lock: &ZkLock,
+    req: &AcquireRequest,
+    why: &str,
+) -> Lease {
+    proxy.set_mode(Mode::Blackhole);
+    let partitioned = Instant::now();
+    let granted = acquire(lock, req, Wait::For(PROMPTLY)).await.expect(why);
+    let state = held.state();
+    assert!(
+        !state.is_held(),
+        "{} was granted while the cut-off holder still claims it: {state:?}",
+        req.holder
+    );
+    eprintln!(
+        "{} granted {:?} after the partition",
+        req.holder,
+        partitioned.elapsed()
+    );
+    granted
+}
+
+/// The cut-off holder's client gives up on its session and reports the lock lost.
+async fn expect_lost_with_its_session(held: &HeldLock) {
+    let mut states = held.watch();
+    let lost = tokio::time::timeout(
+        PROMPTLY,
+        states.wait_for(|s| matches!(s, HolderState::Lost(_))),
+    )
+    .await
+    .expect("the cut-off holder learns its session expired")
+    .expect("holder state channel")
+    .clone();
+    assert_eq!(lost, HolderState::Lost(LostReason::SessionExpired));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_expiry_makes_the_holder_report_lost_and_the_next_acquires() {
     const SESSION: Duration = Duration::from_secs(2);
-    let zk = ZooKeeper::shared();
     let path = lock_path("expiry");
     // The holder reaches ZooKeeper through a proxy that will partition it away; the
     // contender connects directly.
-    let proxy = Proxy::start(zk.node(0).port());
-    let holder_sessions = ZkSessions::with_session_timeout(SESSION);
-    let holder: Arc<ZkLock> = Arc::new(holder_sessions.lock(&proxy.address(), &path).unwrap());
-    let contender_sessions = ZkSessions::new();
-    let contender = contender_sessions
-        .lock(&zk.connect_string(), &path)
-        .unwrap();
+    let (proxy, holder) = behind_a_proxy(&path, SESSION);
+    let contender = on_own_session(&path);
 
     let lease = acquire(&*holder, &request("holder"), Wait::No)
         .await
@@ -374,34 +423,17 @@ async fn session_expiry_makes_the_holder_report_lost_and_the_next_acquires() {
     let (_, position) = expect_busy(&contender, "contender").await;
     assert_eq!(position, Some(0));
 
-    proxy.set_mode(Mode::Blackhole);
-    let partitioned = Instant::now();
-    let next = acquire(&contender, &request("contender"), Wait::For(PROMPTLY))
-        .await
-        .expect("the contender acquires once the holder's session expired");
-    // Rule 2: by the time anyone else holds the lock, the holder has stopped claiming it.
-    let holder_state = held.state();
-    assert!(
-        !holder_state.is_held(),
-        "the contender acquired while the holder still claims the lock: {holder_state:?}"
-    );
-    assert!(next.fence() > held_fence);
-    eprintln!(
-        "contender acquired {:?} after the partition (session timeout {SESSION:?})",
-        partitioned.elapsed()
-    );
-
-    // The holder's client gives up on its session and reports the lock lost.
-    let mut states = held.watch();
-    let lost = tokio::time::timeout(
-        PROMPTLY,
-        states.wait_for(|s| matches!(s, HolderState::Lost(_))),
+    let next = granted_once_partitioned(
+        &proxy,
+        &held,
+        &contender,
+        &request("contender"),
+        "the contender acquires once the holder's session expired",
     )
-    .await
-    .expect("the holder learns its session expired")
-    .expect("holder state channel")
-    .clone();
-    assert_eq!(lost, HolderState::Lost(LostReason::SessionExpired));
+    .await;
+    assert!(next.fence() > held_fence);
+
+    expect_lost_with_its_session(&held).await;
     match held.release().await {
         Err(LockError::Lost {
             reason: LostReason::SessionExpired,
@@ -497,12 +529,8 @@ async fn renewal_keeps_the_lock_past_many_lease_durations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_children_are_reported_not_deleted() {
-    let zk = ZooKeeper::shared();
     let path = lock_path("foreign");
-    let raw = raw_client().await;
-    raw.mkdir(&path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-        .await
-        .unwrap();
+    let raw = raw_client_with(&path).await;
     // A kafka-kit / Curator style queue entry with their own data, and a child that is
     // not a queue member at all (no sequence suffix).
     let foreign_prefix = format!("_c_{}-lock-", uuid::Uuid::new_v4());
@@ -523,8 +551,7 @@ async fn foreign_children_are_reported_not_deleted() {
     .await
     .unwrap();
 
-    let sessions = ZkSessions::new();
-    let lock = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let [lock, other] = on_one_session(&path);
     let (by, position) = expect_busy(&lock, "lockwarden").await;
     assert_eq!(position, Some(0), "queued right behind the foreign entry");
     assert!(
@@ -554,7 +581,6 @@ async fn foreign_children_are_reported_not_deleted() {
     assert_eq!(stored.version.0, format!("{foreign}:0"));
 
     // Not waiting: reported as held by the foreign entry, our entry removed.
-    let other = sessions.lock(&zk.connect_string(), &path).unwrap();
     match acquire(&other, &request("impatient"), Wait::No).await {
         Err(LockError::Held { by, url }) => {
             assert!(by.holder.contains(&foreign), "{}", by.holder);
@@ -630,10 +656,7 @@ async fn force_takes_over_with_a_conditional_delete_and_a_higher_fence() {
 async fn lost_create_reply_is_found_by_its_protected_name() {
     let zk = ZooKeeper::shared();
     let path = lock_path("lost-reply");
-    let raw = raw_client().await;
-    raw.mkdir(&path, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-        .await
-        .unwrap();
+    let raw = raw_client_with(&path).await;
     let proxy = Proxy::start(zk.node(0).port());
     let sessions = ZkSessions::new();
     let lock = Arc::new(sessions.lock(&proxy.address(), &path).unwrap());
@@ -687,29 +710,38 @@ async fn lost_create_reply_is_found_by_its_protected_name() {
     assert!(children(&raw, &path).await.is_empty());
 }
 
+/// `resumer`, on the session of `lease`'s `holder`, adopts `lease` by its nonce: the
+/// same fence and version; `before` holds of it as adopted, and a renewal claims it.
+async fn resumed_as_it_was(
+    resumer: &ZkLock,
+    holder: &str,
+    lease: &Lease,
+    before: impl FnOnce(&Lease),
+) -> Lease {
+    let mut resumed = resumer.resume(holder, lease.nonce()).await.expect("resume");
+    assert_eq!(resumed.fence(), lease.fence());
+    assert_eq!(resumed.version, lease.version);
+    before(&resumed);
+    resumer.renew(&mut resumed).await.expect("renew");
+    assert!(resumed.is_valid());
+    resumed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_finds_the_acquisition_only_on_its_own_live_session() {
-    let zk = ZooKeeper::shared();
     let path = lock_path("resume");
-    let sessions = ZkSessions::new();
-    let original = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let [original, resumer] = on_one_session(&path);
     let lease = expect_acquired(&original, "holder").await;
 
     // Same process, same session (e.g. a holder task restarted): adopted, same fence,
     // valid only after a renewal.
-    let resumer = sessions.lock(&zk.connect_string(), &path).unwrap();
-    let mut resumed = resumer
-        .resume("holder", lease.nonce())
-        .await
-        .expect("resume");
-    assert_eq!(resumed.fence(), lease.fence());
-    assert_eq!(resumed.version, lease.version);
-    assert!(!resumed.is_valid(), "not claimed before a renewal");
-    resumer.renew(&mut resumed).await.expect("renew");
-    assert!(resumed.is_valid());
+    let resumed = resumed_as_it_was(&resumer, "holder", &lease, |resumed| {
+        assert!(!resumed.is_valid(), "not claimed before a renewal");
+    })
+    .await;
 
     // A restarted process has a new session: the old one's znodes are not its own.
-    let restarted = ZkSessions::new().lock(&zk.connect_string(), &path).unwrap();
+    let restarted = on_own_session(&path);
     for nonce in [lease.nonce(), "no-such-nonce"] {
         match restarted.resume("holder", nonce).await {
             Err(LockError::Lost {
@@ -751,14 +783,15 @@ fn writer_request(holder: &str, permits: u32) -> AcquireRequest {
 }
 
 async fn expect_granted(lock: &ZkLock, req: &AcquireRequest) -> Lease {
-    match lock.try_acquire(req).await {
-        Ok(Attempt::Acquired(lease)) => lease,
-        other => panic!(
-            "{}: expected a permit of {}, got {other:?}",
+    let attempt = lock.try_acquire(req).await;
+    let Ok(Attempt::Acquired(lease)) = attempt else {
+        panic!(
+            "{}: expected to acquire {}, got {attempt:?}",
             req.holder,
             lock.url()
-        ),
-    }
+        )
+    };
+    lease
 }
 
 /// `(first holder, queue position)` of a busy attempt.
@@ -1008,84 +1041,64 @@ async fn expect_disagreement(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disagreeing_permits_are_refused_and_the_contender_leaves_the_queue() {
-    let zk = ZooKeeper::shared();
     let raw = raw_client().await;
-    let sessions = ZkSessions::new();
-
-    // A semaphore of 3, and a contender asking for 2.
-    let path = lock_path("disagree-sem");
-    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
-    let lease = expect_granted(&holder, &permit_request("three", 3)).await;
-    let contender = sessions.lock(&zk.connect_string(), &path).unwrap();
-    expect_disagreement(
-        &raw,
-        &path,
-        &holder,
-        &contender,
-        &permit_request("two", 2),
-        3,
-    )
-    .await;
-    // A mutex contender on the semaphore key likewise.
-    expect_disagreement(&raw, &path, &holder, &contender, &request("mutex"), 3).await;
-    holder.release(&lease).await.unwrap();
-
-    // A mutex holder, and a semaphore contender.
-    let path = lock_path("disagree-mutex");
-    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
-    let lease = expect_acquired(&holder, "mutex").await;
-    assert_eq!(lease.record.set, None, "a mutex record is unchanged");
-    let contender = sessions.lock(&zk.connect_string(), &path).unwrap();
-    expect_disagreement(
-        &raw,
-        &path,
-        &holder,
-        &contender,
-        &permit_request("two", 2),
-        1,
-    )
-    .await;
-    holder.release(&lease).await.unwrap();
+    // A semaphore of 3, and a contender asking for 2 or a mutex; a mutex holder, and a
+    // semaphore contender.
+    let rows = [
+        (
+            "disagree-sem",
+            permit_request("three", 3),
+            vec![permit_request("two", 2), request("mutex")],
+        ),
+        (
+            "disagree-mutex",
+            request("mutex"),
+            vec![permit_request("two", 2)],
+        ),
+    ];
+    for (name, held, asked) in rows {
+        let path = lock_path(name);
+        let [holder, contender] = on_one_session(&path);
+        let lease = expect_granted(&holder, &held).await;
+        if held.permits.total == 1 {
+            assert_eq!(
+                lease.record.set, None,
+                "{name}: a mutex record is unchanged"
+            );
+        }
+        for req in &asked {
+            expect_disagreement(&raw, &path, &holder, &contender, req, held.permits.total).await;
+        }
+        holder.release(&lease).await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resume_finds_a_permit_granted_behind_another_holder() {
-    let zk = ZooKeeper::shared();
     let path = lock_path("permits-resume");
-    let sessions = ZkSessions::new();
-    let first = sessions.lock(&zk.connect_string(), &path).unwrap();
-    let second = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let [first, second, resumer] = on_one_session(&path);
     let first_lease = expect_granted(&first, &permit_request("first", 2)).await;
     let second_lease = expect_granted(&second, &permit_request("second", 2)).await;
 
     // The second entry is not first in the queue, and holds a permit all the same.
-    let resumer = sessions.lock(&zk.connect_string(), &path).unwrap();
-    let mut resumed = resumer
-        .resume("second", second_lease.nonce())
-        .await
-        .expect("resume a permit");
-    assert_eq!(resumed.fence(), second_lease.fence());
-    assert_eq!(resumed.version, second_lease.version);
     let own = |lease: &Lease| {
         let set = lease.record.set.as_ref().expect("a permit says so");
         set.entry(lease.nonce()).cloned()
     };
-    assert_eq!(own(&resumed), own(&second_lease));
-    assert!(own(&resumed).is_some());
-    resumer.renew(&mut resumed).await.expect("renew");
-    assert!(resumed.is_valid());
+    let resumed = resumed_as_it_was(&resumer, "second", &second_lease, |resumed| {
+        assert_eq!(own(resumed), own(&second_lease));
+        assert!(own(resumed).is_some());
+    })
+    .await;
     resumer.release(&resumed).await.expect("release");
     first.release(&first_lease).await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_is_refused_with_permits_and_nothing_is_queued() {
-    let zk = ZooKeeper::shared();
     let path = lock_path("permits-force");
-    let sessions = ZkSessions::new();
-    let holder = sessions.lock(&zk.connect_string(), &path).unwrap();
+    let [holder, forcer] = on_one_session(&path);
     let lease = expect_granted(&holder, &permit_request("holder", 2)).await;
-    let forcer = sessions.lock(&zk.connect_string(), &path).unwrap();
     let mut req = permit_request("forcer", 2);
     req.force = true;
     match forcer.try_acquire(&req).await {
@@ -1166,17 +1179,10 @@ async fn a_foreign_queue_entry_counts_as_a_writer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_lost_with_its_session_is_granted_to_a_waiter() {
     const SESSION: Duration = Duration::from_secs(2);
-    let zk = ZooKeeper::shared();
     let path = lock_path("permits-expiry");
     // One holder reaches ZooKeeper through a proxy that will partition it away.
-    let proxy = Proxy::start(zk.node(0).port());
-    let cut_off_sessions = ZkSessions::with_session_timeout(SESSION);
-    let cut_off: Arc<ZkLock> = Arc::new(cut_off_sessions.lock(&proxy.address(), &path).unwrap());
-    let sessions = ZkSessions::new();
-    let (steady, waiter) = (
-        sessions.lock(&zk.connect_string(), &path).unwrap(),
-        sessions.lock(&zk.connect_string(), &path).unwrap(),
-    );
+    let (proxy, cut_off) = behind_a_proxy(&path, SESSION);
+    let [steady, waiter] = on_one_session(&path);
 
     let lease = acquire(&*cut_off, &permit_request("cut-off", 2), Wait::No)
         .await
@@ -1187,31 +1193,16 @@ async fn a_permit_lost_with_its_session_is_granted_to_a_waiter() {
     let waiter_req = permit_request("waiter", 2);
     assert_eq!(expect_waiting(&waiter, &waiter_req).await.1, Some(0));
 
-    proxy.set_mode(Mode::Blackhole);
-    let partitioned = Instant::now();
-    let granted = acquire(&waiter, &waiter_req, Wait::For(PROMPTLY))
-        .await
-        .expect("the waiter gets the permit of the expired session");
-    let state = held.state();
-    assert!(
-        !state.is_held(),
-        "granted while the cut-off holder still claims its permit: {state:?}"
-    );
-    assert!(granted.fence() > cut_off_fence.max(steady_lease.fence()));
-    eprintln!(
-        "waiter granted {:?} after the partition (session timeout {SESSION:?})",
-        partitioned.elapsed()
-    );
-    let mut states = held.watch();
-    let lost = tokio::time::timeout(
-        PROMPTLY,
-        states.wait_for(|s| matches!(s, HolderState::Lost(_))),
+    let granted = granted_once_partitioned(
+        &proxy,
+        &held,
+        &waiter,
+        &waiter_req,
+        "the waiter gets the permit of the expired session",
     )
-    .await
-    .expect("the cut-off holder learns its session expired")
-    .expect("holder state channel")
-    .clone();
-    assert_eq!(lost, HolderState::Lost(LostReason::SessionExpired));
+    .await;
+    assert!(granted.fence() > cut_off_fence.max(steady_lease.fence()));
+    expect_lost_with_its_session(&held).await;
     // The other permit was never in question.
     let mut steady_lease = steady_lease;
     steady.renew(&mut steady_lease).await.expect("still held");
