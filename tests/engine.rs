@@ -119,12 +119,18 @@ async fn mutual_exclusion_under_contention(key: Key) {
     );
 }
 
-async fn expiry_takeover_only_after_the_observed_lease(key: Key) {
-    let lease_len = Duration::from_secs(2);
-    let old = key.handle().await;
-    let mut stale = acquire(old.as_ref(), &request("stale-holder", lease_len), Wait::No)
+/// A new contender for `key` that takes it at once as `holder`, for `lease_len`.
+async fn new_holder(key: &Key, holder: &str, lease_len: Duration) -> (Arc<dyn LockBackend>, Lease) {
+    let lock = key.handle().await;
+    let lease = acquire(lock.as_ref(), &request(holder, lease_len), Wait::No)
         .await
         .unwrap();
+    (lock, lease)
+}
+
+async fn expiry_takeover_only_after_the_observed_lease(key: Key) {
+    let lease_len = Duration::from_secs(2);
+    let (old, mut stale) = new_holder(&key, "stale-holder", lease_len).await;
     // The holder now stops renewing (paused, partitioned, crashed).
     let contender = key.handle().await;
     let started = Instant::now();
@@ -153,10 +159,7 @@ async fn expiry_takeover_only_after_the_observed_lease(key: Key) {
 
 async fn renewal_keeps_the_lock_past_many_lease_durations(key: Key) {
     let lease_len = Duration::from_secs(2);
-    let holder = key.handle().await;
-    let lease = acquire(holder.as_ref(), &request("renewer", lease_len), Wait::No)
-        .await
-        .unwrap();
+    let (holder, lease) = new_holder(&key, "renewer", lease_len).await;
     let fence = lease.fence();
     let held = HeldLock::hold(holder, lease, RenewPolicy::for_lease(lease_len));
     let contender = key.handle().await;
@@ -185,10 +188,7 @@ async fn renewal_keeps_the_lock_past_many_lease_durations(key: Key) {
 
 async fn release_wakes_a_waiter_and_the_fence_continues(key: Key) {
     let lease_len = Duration::from_secs(30);
-    let first = key.handle().await;
-    let lease = acquire(first.as_ref(), &request("first", lease_len), Wait::No)
-        .await
-        .unwrap();
+    let (first, lease) = new_holder(&key, "first", lease_len).await;
     let fence = lease.fence();
 
     let waiting = Arc::new(tokio::sync::Notify::new());
@@ -222,10 +222,7 @@ async fn release_wakes_a_waiter_and_the_fence_continues(key: Key) {
     );
 
     second.release(&lease2).await.unwrap();
-    let third = key.handle().await;
-    let lease3 = acquire(third.as_ref(), &request("third", lease_len), Wait::No)
-        .await
-        .unwrap();
+    let (_third, lease3) = new_holder(&key, "third", lease_len).await;
     assert_eq!(lease3.fence(), fence.next().next());
 }
 
@@ -300,26 +297,22 @@ macro_rules! rule_tests {
                 super::mutual_exclusion_under_contention(key).await
             }
 
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn expiry_takeover_only_after_the_observed_lease() {
-                super::expiry_takeover_only_after_the_observed_lease($key.await).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn renewal_keeps_the_lock_past_many_lease_durations() {
-                super::renewal_keeps_the_lock_past_many_lease_durations($key.await).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn release_wakes_a_waiter_and_the_fence_continues() {
-                super::release_wakes_a_waiter_and_the_fence_continues($key.await).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn force_takeover_is_conditional() {
-                super::force_takeover_is_conditional($key.await).await
-            }
+            rule_tests!(@each $key;
+                expiry_takeover_only_after_the_observed_lease,
+                renewal_keeps_the_lock_past_many_lease_durations,
+                release_wakes_a_waiter_and_the_fence_continues,
+                force_takeover_is_conditional,
+            );
         }
+    };
+    // One test per rule: `super::RULE` on a key `$key` makes.
+    (@each $key:expr; $($rule:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $rule() {
+                super::$rule($key.await).await
+            }
+        )+
     };
 }
 

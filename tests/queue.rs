@@ -178,74 +178,137 @@ fn cli_for(key: &Key) -> (Cli, String) {
     }
 }
 
+/// A key held by an engine holder while a queue test's contenders arrive one after
+/// the other (each registered before the next starts); the CLI for the key; the
+/// grants seen.
+struct Arrivals {
+    key: Key,
+    first: Arc<dyn LockBackend>,
+    held: Lease,
+    cli: Arc<Cli>,
+    url: String,
+    grants: Grants,
+    /// The contenders' holder names, in the order they registered.
+    order: Vec<String>,
+    /// The contenders that run in tasks of their own.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Arrivals {
+    async fn new(key: Key) -> Arrivals {
+        let first = key.handle().await;
+        let held = take(first.as_ref(), &queued("first", "east", 0)).await;
+        let (cli, url) = cli_for(&key);
+        Arrivals {
+            key,
+            first,
+            held,
+            cli: Arc::new(cli),
+            url,
+            grants: Grants::default(),
+            order: Vec::new(),
+            tasks: Vec::new(),
+        }
+    }
+
+    /// CLI contender number `i` arrives.
+    async fn cli_arrives(&mut self, i: usize) {
+        let (holder, task) = queued_cli(&self.key, &self.cli, &self.url, i, &self.grants).await;
+        self.tasks.push(task);
+        self.order.push(holder);
+    }
+
+    /// The engine holder lets go.
+    async fn release_the_first(&self) {
+        self.first.release(&self.held).await.unwrap();
+    }
+
+    /// Once every task is done: sorted by fence, the grants are the arrival order.
+    async fn assert_granted_in_arrival_order(self) {
+        for task in self.tasks {
+            task.await.expect("a contender failed");
+        }
+        let mut grants = self.grants.lock().unwrap().clone();
+        grants.sort();
+        let order: Vec<String> = grants.into_iter().map(|(_, h)| h).collect();
+        assert_eq!(order, self.order, "granted out of arrival order");
+    }
+}
+
+/// The holders `lockwarden status` lists in the key's queue.
+async fn status_queue(cli: &Cli, url: &str) -> Vec<String> {
+    let out = cli.run(&["status", url, "-o", "json"]).await;
+    let status: serde_json::Value = serde_json::from_str(&out.ok().stdout).expect("JSON");
+    let queue = status["queue"].as_array().expect("a queue in status");
+    queue
+        .iter()
+        .map(|w| w["holder"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// 20 engine contenders of two clusters and 2 CLI `lock --queue --wait` processes
 /// register one after the other while the key is held; then all of them wait at once.
 /// Sorted by fence, the grants are the arrival order.
 async fn arrival_order_across_clusters(key: Key) {
-    let first = key.handle().await;
-    let held = take(first.as_ref(), &queued("first", "east", 0)).await;
-    let (cli, url) = cli_for(&key);
-    let cli = Arc::new(cli);
-    let grants: Grants = Arc::default();
-    let mut arrival = Vec::new();
-    let mut tasks = Vec::new();
+    let mut q = Arrivals::new(key).await;
     for i in 0..22 {
         if i == 5 || i == 16 {
-            let (holder, task) = queued_cli(&key, &cli, &url, i, &grants).await;
-            tasks.push(task);
-            arrival.push(holder);
+            q.cli_arrives(i).await;
             continue;
         }
         let cluster = if i % 2 == 0 { "east" } else { "west" };
         let holder = format!("{cluster}/team/lock-{i}");
         let req = queued(&holder, cluster, 0);
-        let lock = key.handle().await;
+        let lock = q.key.handle().await;
         register(lock.as_ref(), &req).await;
-        tasks.push(tokio::spawn(engine_contender(lock, req, grants.clone())));
-        arrival.push(holder);
+        let grants = q.grants.clone();
+        q.tasks
+            .push(tokio::spawn(engine_contender(lock, req, grants)));
+        q.order.push(holder);
     }
     assert_eq!(
-        registered(&key).await,
-        arrival,
+        registered(&q.key).await,
+        q.order,
         "tickets follow registration"
     );
     // `lockwarden status` lists the queue in grant order.
-    let out = cli.run(&["status", &url, "-o", "json"]).await;
-    let status: serde_json::Value = serde_json::from_str(&out.ok().stdout).expect("JSON");
-    let listed: Vec<&str> = status["queue"]
-        .as_array()
-        .expect("a queue in status")
-        .iter()
-        .map(|w| w["holder"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        listed, arrival,
+        status_queue(&q.cli, &q.url).await,
+        q.order,
         "lockwarden status lists the queue in order"
     );
-    first.release(&held).await.unwrap();
-    for task in tasks {
-        task.await.expect("a contender failed");
-    }
-    let mut grants = grants.lock().unwrap().clone();
-    grants.sort();
-    let order: Vec<String> = grants.into_iter().map(|(_, h)| h).collect();
-    assert_eq!(order, arrival, "granted out of arrival order");
+    q.release_the_first().await;
+    q.assert_granted_in_arrival_order().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn order_grants_follow_arrival_across_clusters_and_the_cli_on_s3() {
-    arrival_order_across_clusters(Key::s3().await).await;
+/// One test per store of a body: `#[test] body: on_s3, on_dynamodb, on_a_lease` runs
+/// `body` on a key of S3, DynamoDB and a Lease in the tests named so.
+macro_rules! on_each_store {
+    (#[$test:meta] $body:ident: $s3:ident, $dynamodb:ident, $lease:ident $(,)?) => {
+        #[$test]
+        async fn $s3() {
+            $body(Key::s3().await).await;
+        }
+
+        #[$test]
+        async fn $dynamodb() {
+            $body(Key::dynamo().await).await;
+        }
+
+        #[$test]
+        async fn $lease() {
+            $body(Key::lease().await).await;
+        }
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn order_grants_follow_arrival_across_clusters_and_the_cli_on_dynamodb() {
-    arrival_order_across_clusters(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn order_grants_follow_arrival_across_clusters_and_the_cli_on_a_lease() {
-    arrival_order_across_clusters(Key::lease().await).await;
-}
+on_each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    arrival_order_across_clusters:
+    order_grants_follow_arrival_across_clusters_and_the_cli_on_s3,
+    order_grants_follow_arrival_across_clusters_and_the_cli_on_dynamodb,
+    order_grants_follow_arrival_across_clusters_and_the_cli_on_a_lease,
+);
 
 /// A later waiter with a higher priority goes next; the holder is not preempted; the
 /// overtaken waiter's count is in the record.
@@ -267,20 +330,13 @@ async fn priority_overtakes(key: Key) {
     assert!(l.fence() > h.fence());
 }
 
-#[tokio::test]
-async fn priority_a_later_higher_priority_waiter_is_granted_next_on_s3() {
-    priority_overtakes(Key::s3().await).await;
-}
-
-#[tokio::test]
-async fn priority_a_later_higher_priority_waiter_is_granted_next_on_dynamodb() {
-    priority_overtakes(Key::dynamo().await).await;
-}
-
-#[tokio::test]
-async fn priority_a_later_higher_priority_waiter_is_granted_next_on_a_lease() {
-    priority_overtakes(Key::lease().await).await;
-}
+on_each_store!(
+    #[tokio::test]
+    priority_overtakes:
+    priority_a_later_higher_priority_waiter_is_granted_next_on_s3,
+    priority_a_later_higher_priority_waiter_is_granted_next_on_dynamodb,
+    priority_a_later_higher_priority_waiter_is_granted_next_on_a_lease,
+);
 
 /// The same through the controller: a queued DistributedLock with `spec.priority: 10`
 /// created after one with none is granted first, the engine holder is not preempted,
@@ -373,20 +429,13 @@ async fn weights(key: Key) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_s3() {
-    weights(Key::s3().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_dynamodb() {
-    weights(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_a_lease() {
-    weights(Key::lease().await).await;
-}
+on_each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    weights:
+    weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_s3,
+    weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_dynamodb,
+    weights_never_exceed_the_permits_and_every_heavy_request_is_granted_on_a_lease,
+);
 
 /// A queued DistributedLock on `key`, named `name` in its cluster's namespace.
 fn queued_lock(name: &str, key: &Key, aws_secret: bool) -> DistributedLock {
@@ -450,19 +499,11 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
         support::locks::aws_secret(&client, &ns_a).await;
         support::locks::aws_secret(&client, &ns_b).await;
     }
-    let first = key.handle().await;
-    let held = take(first.as_ref(), &queued("first", "east", 0)).await;
-    let (cli, url) = cli_for(&key);
-    let cli = Arc::new(cli);
-    let grants: Grants = Arc::default();
-    let mut arrival = Vec::new();
-    let mut clis = Vec::new();
+    let mut q = Arrivals::new(key).await;
     let mut locks = Vec::new();
     for i in 0..22 {
         if i == 7 || i == 14 {
-            let (holder, task) = queued_cli(&key, &cli, &url, i, &grants).await;
-            clis.push(task);
-            arrival.push(holder);
+            q.cli_arrives(i).await;
             continue;
         }
         let (cluster, namespace) = if i % 2 == 0 {
@@ -472,13 +513,13 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
         };
         let name = format!("lock-{i}");
         let api: Api<DistributedLock> = Api::namespaced(client.clone(), namespace);
-        api.create(&PostParams::default(), &queued_lock(&name, &key, aws))
+        api.create(&PostParams::default(), &queued_lock(&name, &q.key, aws))
             .await
             .expect("create a queued lock");
         let holder = format!("{cluster}/{namespace}/{name}");
-        until_registered(&key, &holder).await;
+        until_registered(&q.key, &holder).await;
         locks.push((api, name, holder.clone()));
-        arrival.push(holder);
+        q.order.push(holder);
     }
     // The status of a waiter shows its place: the last one is behind everyone.
     let (api, name, _) = locks.last().unwrap();
@@ -488,7 +529,7 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
     })
     .await;
     assert_eq!(place, (21, 22), "position and length of the last to arrive");
-    first.release(&held).await.unwrap();
+    q.release_the_first().await;
     // Release each lock as soon as it holds the key.
     let give_up = Instant::now() + GIVE_UP * 2;
     let mut pending: Vec<_> = locks;
@@ -499,7 +540,7 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
             match status.filter(|s| s.phase == Some(LockPhase::Held)) {
                 Some(s) => {
                     let fence = s.fence.expect("a held lock's fence") as u64;
-                    grants.lock().unwrap().push((fence, holder));
+                    q.grants.lock().unwrap().push((fence, holder));
                     api.patch(
                         &name,
                         &PatchParams::default(),
@@ -519,31 +560,16 @@ async fn queued_locks_of_two_controllers_are_granted_in_arrival_order(key: Key) 
         );
         sleep(Duration::from_millis(100)).await;
     }
-    for task in clis {
-        task.await.expect("a CLI contender failed");
-    }
-    let mut grants = grants.lock().unwrap().clone();
-    grants.sort();
-    let order: Vec<String> = grants.into_iter().map(|(_, h)| h).collect();
-    assert_eq!(order, arrival, "granted out of arrival order");
+    q.assert_granted_in_arrival_order().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_a_lease()
-{
-    queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::lease().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_dynamodb()
- {
-    queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_s3() {
-    queued_locks_of_two_controllers_are_granted_in_arrival_order(Key::s3().await).await;
-}
+on_each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    queued_locks_of_two_controllers_are_granted_in_arrival_order:
+    order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_s3,
+    order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_dynamodb,
+    order_queued_locks_of_two_controllers_and_the_cli_are_granted_in_arrival_order_on_a_lease,
+);
 
 /// Spawns the CLI with `args` in a process group of its own, to SIGKILL whole.
 fn spawn_killable(cli: &Cli, args: &[&str]) -> tokio::process::Child {
@@ -653,20 +679,13 @@ async fn dead_holder_and_dead_waiter(key: Key) {
     next.release(&granted).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_s3() {
-    dead_holder_and_dead_waiter(Key::s3().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_dynamodb() {
-    dead_holder_and_dead_waiter(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_a_lease() {
-    dead_holder_and_dead_waiter(Key::lease().await).await;
-}
+on_each_store!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    dead_holder_and_dead_waiter:
+    rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_s3,
+    rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_dynamodb,
+    rule1_per_entry_a_dead_holder_and_a_dead_waiter_stop_blocking_the_queue_on_a_lease,
+);
 
 /// A key deleted on release (`--s3lock-compatible`) has no record while nobody holds
 /// it, so it cannot keep a queue: `lock --queue` on it is refused, naming why, and

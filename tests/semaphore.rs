@@ -283,7 +283,7 @@ const ACQUISITIONS_EACH: usize = 50;
 
 /// Permits 3, 12 contenders × 50 acquisitions: never more than 3 holders at once, and
 /// fences strictly increasing across all grants.
-async fn never_more_holders_than_permits(key: Key) {
+async fn never_more_holders_than_permits((_server, key): Loaded) {
     let holds = Arc::new(Holds::default());
     let released = Arc::new(Notify::new());
     let started = Instant::now();
@@ -321,7 +321,7 @@ const RW_PERMITS: u32 = READERS as u32;
 
 /// 8 readers and 2 writers on one key: a writer never overlaps anyone, readers are seen
 /// together, and every writer gets in within [`WRITER_BOUND`].
-async fn writers_are_alone_and_readers_share(key: Key) {
+async fn writers_are_alone_and_readers_share((_server, key): Loaded) {
     let holds = Arc::new(Holds::default());
     let released = Arc::new(Notify::new());
     // Readers keep coming until the writers are done, so that without the writer
@@ -374,55 +374,47 @@ async fn writers_are_alone_and_readers_share(key: Key) {
     );
 }
 
-/// The key on a server of its own when the shared one serializes requests (moto).
-async fn s3_key() -> (Option<Box<dyn support::stores::AwsServer>>, Key) {
+/// A key of one store for a test that loads it, and the server of its own it lives on
+/// (S3 and DynamoDB, when the shared server serializes requests: moto), kept as long
+/// as the key.
+type Loaded = (Option<Box<dyn support::stores::AwsServer>>, Key);
+
+async fn s3_key() -> Loaded {
     Key::on_own_server_if_serialized(s3_choice_for_load(), Key::s3_on).await
 }
 
-async fn dynamodb_key() -> (Option<Box<dyn support::stores::AwsServer>>, Key) {
+async fn dynamodb_key() -> Loaded {
     Key::on_own_server_if_serialized(dynamodb_choice_for_load(), Key::dynamo_on).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn never_more_than_three_holders_of_three_permits_on_s3() {
-    let (_server, key) = s3_key().await;
-    never_more_holders_than_permits(key).await;
+async fn lease_key() -> Loaded {
+    (None, Key::lease().await)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn never_more_than_three_holders_of_three_permits_on_dynamodb() {
-    let (_server, key) = dynamodb_key().await;
-    never_more_holders_than_permits(key).await;
+async fn zookeeper_key() -> Loaded {
+    (None, Key::zookeeper())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn never_more_than_three_holders_of_three_permits_on_leases() {
-    never_more_holders_than_permits(Key::lease().await).await;
+/// One `#[tokio::test]` per line: `name: body(key)` runs `body` on the key `key()`
+/// makes.
+macro_rules! store_tests {
+    ($($name:ident: $body:ident($key:ident)),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $body($key().await).await;
+            }
+        )+
+    };
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn never_more_than_three_holders_of_three_permits_on_zookeeper() {
-    never_more_holders_than_permits(Key::zookeeper()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_are_alone_and_readers_share_on_s3() {
-    let (_server, key) = s3_key().await;
-    writers_are_alone_and_readers_share(key).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_are_alone_and_readers_share_on_dynamodb() {
-    let (_server, key) = dynamodb_key().await;
-    writers_are_alone_and_readers_share(key).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_are_alone_and_readers_share_on_leases() {
-    writers_are_alone_and_readers_share(Key::lease().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writers_are_alone_and_readers_share_on_zookeeper() {
-    writers_are_alone_and_readers_share(Key::zookeeper()).await;
+store_tests! {
+    never_more_than_three_holders_of_three_permits_on_s3: never_more_holders_than_permits(s3_key),
+    never_more_than_three_holders_of_three_permits_on_dynamodb: never_more_holders_than_permits(dynamodb_key),
+    never_more_than_three_holders_of_three_permits_on_leases: never_more_holders_than_permits(lease_key),
+    never_more_than_three_holders_of_three_permits_on_zookeeper: never_more_holders_than_permits(zookeeper_key),
+    writers_are_alone_and_readers_share_on_s3: writers_are_alone_and_readers_share(s3_key),
+    writers_are_alone_and_readers_share_on_dynamodb: writers_are_alone_and_readers_share(dynamodb_key),
+    writers_are_alone_and_readers_share_on_leases: writers_are_alone_and_readers_share(lease_key),
+    writers_are_alone_and_readers_share_on_zookeeper: writers_are_alone_and_readers_share(zookeeper_key),
 }
