@@ -22,19 +22,15 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_s3::primitives::ByteStream;
 use tokio::sync::Barrier;
 
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder;
 use support::dynalite::Dynalite;
-use support::moto::Moto;
+use support::moto::{Moto, put_item, put_object};
+use support::stores::race_rounds;
 use support::unique;
 use support::versitygw::VersityGw;
 
 const WRITERS: usize = 8;
-
-fn rounds() -> usize {
-    std::env::var("LOCKWARDEN_CANARY_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100)
-}
 
 /// How one racing write ended.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,7 +63,7 @@ where
     VF: std::future::Future<Output = ()>,
 {
     let write = Arc::new(write);
-    let rounds = rounds();
+    let rounds: usize = race_rounds("LOCKWARDEN_CANARY_ROUNDS");
     let mut tally = Tally::default();
     let began = Instant::now();
     for round in 0..rounds {
@@ -120,6 +116,20 @@ where
     tally
 }
 
+/// One racing PutObject of `writer`'s body for `round`, made conditional by `condition`.
+async fn s3_racing_put(
+    s3: &aws_sdk_s3::Client,
+    (bucket, key): (&str, &str),
+    (round, writer): (usize, usize),
+    condition: impl FnOnce(PutObjectFluentBuilder) -> PutObjectFluentBuilder,
+) -> Result<Outcome, String> {
+    let put = put_object(s3, bucket, key, body(round, writer).into_bytes());
+    match condition(put).send().await {
+        Ok(out) => Ok(Outcome::Won(out.e_tag().unwrap_or_default().to_string())),
+        Err(e) => s3_loss(e),
+    }
+}
+
 /// Classifies an S3 PutObject error: 412 and 409 are expected losses, the rest are
 /// test failures.
 fn s3_loss(
@@ -138,18 +148,22 @@ fn body(round: usize, writer: usize) -> String {
 
 /// Separate clients (and so separate connection pools) per writer, so that the
 /// writes reach the server on parallel connections.
-async fn s3_clients(endpoint: &str) -> Arc<Vec<aws_sdk_s3::Client>> {
+/// `client()` builds one without retries: a retried write could turn one attempt's win
+/// into a loss and hide (or fake) a double win.
+async fn per_writer<C>(client: impl AsyncFn() -> C) -> Arc<Vec<C>> {
     let mut clients = Vec::new();
     for _ in 0..WRITERS {
-        // No retries: a retried write could turn one attempt's win into a 412 and
-        // hide (or fake) a double win.
-        let config = support::moto::s3_config_for(endpoint)
-            .await
-            .retry_config(aws_sdk_s3::config::retry::RetryConfig::disabled())
-            .build();
-        clients.push(aws_sdk_s3::Client::from_conf(config));
+        clients.push(client().await);
     }
     Arc::new(clients)
+}
+
+async fn s3_clients(endpoint: &str) -> Arc<Vec<aws_sdk_s3::Client>> {
+    per_writer(async || {
+        let config = support::moto::s3_config_for(endpoint).await;
+        aws_sdk_s3::Client::from_conf(config.retry_config(RetryConfig::disabled()).build())
+    })
+    .await
 }
 
 async fn s3_body(s3: &aws_sdk_s3::Client, bucket: &str, key: &str) -> (String, String) {
@@ -174,18 +188,8 @@ async fn s3_put_if_none_match_has_exactly_one_winner(server: &str, endpoint: &st
     let write = move |round: usize, writer: usize| {
         let (bucket, key, s3) = (b.clone(), format!("{p}/{round}"), c[writer].clone());
         async move {
-            match s3
-                .put_object()
-                .bucket(bucket)
-                .key(key)
-                .if_none_match("*")
-                .body(ByteStream::from(body(round, writer).into_bytes()))
-                .send()
-                .await
-            {
-                Ok(out) => Ok(Outcome::Won(out.e_tag().unwrap_or_default().to_string())),
-                Err(e) => s3_loss(e),
-            }
+            let create = |put: PutObjectFluentBuilder| put.if_none_match("*");
+            s3_racing_put(&s3, (&bucket, &key), (round, writer), create).await
         }
     };
     let verify = |round: usize, writer: usize, _etag: String| {
@@ -212,14 +216,15 @@ async fn s3_put_if_match_has_exactly_one_winner(server: &str, endpoint: &str) {
     let clients = s3_clients(endpoint).await;
     let key = unique("swap");
 
-    let first = clients[0]
-        .put_object()
-        .bucket(&bucket)
-        .key(&key)
-        .body(ByteStream::from_static(b"initial"))
-        .send()
-        .await
-        .expect("create the object the writers race on");
+    let first = put_object(
+        &clients[0],
+        &bucket,
+        &key,
+        ByteStream::from_static(b"initial"),
+    )
+    .send()
+    .await
+    .expect("create the object the writers race on");
     // The ETag every writer of the current round conditions on: the last winner's.
     let current = Arc::new(std::sync::Mutex::new(
         first.e_tag().expect("ETag").to_string(),
@@ -236,18 +241,8 @@ async fn s3_put_if_match_has_exactly_one_winner(server: &str, endpoint: &str) {
         let etag = cur.lock().unwrap().clone();
         async move {
             // Bodies differ per writer, so every accepted write has a different ETag.
-            match s3
-                .put_object()
-                .bucket(bucket)
-                .key(key)
-                .if_match(etag)
-                .body(ByteStream::from(body(round, writer).into_bytes()))
-                .send()
-                .await
-            {
-                Ok(out) => Ok(Outcome::Won(out.e_tag().unwrap_or_default().to_string())),
-                Err(e) => s3_loss(e),
-            }
+            let swap = |put: PutObjectFluentBuilder| put.if_match(etag);
+            s3_racing_put(&s3, (&bucket, &key), (round, writer), swap).await
         }
     };
     let verify = |round: usize, writer: usize, etag: String| {
@@ -273,21 +268,17 @@ async fn s3_put_if_match_has_exactly_one_winner(server: &str, endpoint: &str) {
 
 async fn dynamodb_conditional_update_has_exactly_one_winner(server: &str, endpoint: &str) {
     let table = support::moto::new_table_at(endpoint, "canary", "key").await;
-    let mut clients = Vec::new();
-    for _ in 0..WRITERS {
-        let config = support::moto::dynamodb_config_for(endpoint)
-            .await
-            .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
-            .build();
-        clients.push(aws_sdk_dynamodb::Client::from_conf(config));
-    }
-    let clients = Arc::new(clients);
+    let clients = per_writer(async || {
+        let config = support::moto::dynamodb_config_for(endpoint).await;
+        aws_sdk_dynamodb::Client::from_conf(config.retry_config(RetryConfig::disabled()).build())
+    })
+    .await;
     let key = unique("cas");
-    clients[0]
-        .put_item()
-        .table_name(&table)
-        .item("key", AttributeValue::S(key.clone()))
-        .item("version", AttributeValue::N("0".into()))
+    let item = [
+        ("key", AttributeValue::S(key.clone())),
+        ("version", AttributeValue::N("0".into())),
+    ];
+    put_item(&clients[0], &table, item)
         .send()
         .await
         .expect("create the item the writers race on");

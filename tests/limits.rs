@@ -55,37 +55,44 @@ struct Row {
     refused_because: Option<&'static str>,
 }
 
-fn s3_row(p: &Places, what: &str, key: String, refused_because: Option<&'static str>) -> Row {
-    Row {
-        what: what.into(),
-        backend: json!({ "s3": { "bucket": p.bucket, "key": key } }),
-        field: "spec.backend.s3.key",
-        url: format!("s3://{}/{key}", p.bucket),
-        refused_because,
-    }
+/// The stores whose rows differ only in their key.
+#[derive(Clone, Copy)]
+enum Store {
+    S3,
+    DynamoDb,
+    ZooKeeper,
 }
 
-fn dynamodb_row(p: &Places, what: &str, key: String, refused_because: Option<&'static str>) -> Row {
-    Row {
-        what: what.into(),
-        backend: json!({ "dynamodb": { "table": p.table, "key": key } }),
-        field: "spec.backend.dynamodb.key",
-        url: format!("dynamodb://{}/{key}", p.table),
-        refused_because,
-    }
-}
-
-fn zookeeper_row(
+/// A row of `store` for `key` (the S3 or DynamoDB key, the ZooKeeper path).
+fn store_row(
     p: &Places,
+    store: Store,
     what: &str,
-    path: String,
+    key: String,
     refused_because: Option<&'static str>,
 ) -> Row {
+    let (backend, field, url) = match store {
+        Store::S3 => (
+            json!({ "s3": { "bucket": p.bucket, "key": key } }),
+            "spec.backend.s3.key",
+            format!("s3://{}/{key}", p.bucket),
+        ),
+        Store::DynamoDb => (
+            json!({ "dynamodb": { "table": p.table, "key": key } }),
+            "spec.backend.dynamodb.key",
+            format!("dynamodb://{}/{key}", p.table),
+        ),
+        Store::ZooKeeper => (
+            json!({ "zookeeper": { "servers": [p.zk_servers], "path": key } }),
+            "spec.backend.zookeeper.path",
+            format!("zk://{}{key}", p.zk_servers),
+        ),
+    };
     Row {
         what: what.into(),
-        backend: json!({ "zookeeper": { "servers": [p.zk_servers], "path": path } }),
-        field: "spec.backend.zookeeper.path",
-        url: format!("zk://{}{path}", p.zk_servers),
+        backend,
+        field,
+        url,
         refused_because,
     }
 }
@@ -106,6 +113,15 @@ fn lease_row(
     }
 }
 
+/// A store's keys for the rows: (what, key, refused because), of `store`.
+type Keys<'a> = Vec<(&'a str, String, Option<&'static str>)>;
+
+fn rows_of(p: &Places, store: Store, keys: Keys) -> Vec<Row> {
+    keys.into_iter()
+        .map(|(what, key, refused_because)| store_row(p, store, what, key, refused_because))
+        .collect()
+}
+
 /// Every store at its limit and one byte over, and control characters.
 fn rows(p: &Places) -> Vec<Row> {
     let u = &p.unique;
@@ -121,115 +137,108 @@ fn rows(p: &Places) -> Vec<Row> {
         }
         padded(&key, 'k', bytes)
     };
-    let ns = &p.namespace;
-    vec![
-        s3_row(
-            p,
-            "S3 key of 1024 bytes",
-            padded(&format!("{u}/"), 'k', s3_max),
-            None,
-        ),
-        s3_row(
-            p,
-            "S3 key of 1025 bytes",
-            padded(&format!("{u}/"), 'k', s3_max + 1),
-            Some("longer than 1024 bytes"),
-        ),
-        s3_row(
-            p,
-            "S3 key of 1024 bytes, mostly two-byte characters",
-            two_byte_key(s3_max),
-            None,
-        ),
-        s3_row(
-            p,
-            "S3 key of 1025 bytes in fewer than 1024 characters",
-            two_byte_key(s3_max + 1),
-            Some("longer than 1024 bytes"),
-        ),
-        s3_row(
-            p,
-            "S3 key with a tab",
-            format!("{u}/a\tb"),
-            Some("control characters"),
-        ),
-        dynamodb_row(
-            p,
-            "DynamoDB key of 2048 bytes",
-            padded(u, 'k', ddb_max),
-            None,
-        ),
-        dynamodb_row(
-            p,
-            "DynamoDB key of 2049 bytes",
-            padded(u, 'k', ddb_max + 1),
-            Some("longer than 2048 bytes"),
-        ),
-        dynamodb_row(
-            p,
-            "DynamoDB key with U+0001",
-            format!("{u}\u{1}"),
-            Some("control characters"),
-        ),
-        zookeeper_row(
-            p,
-            "ZooKeeper path of 1024 bytes",
-            padded(&format!("/{u}/"), 'z', zk_max),
-            None,
-        ),
-        zookeeper_row(
-            p,
-            "ZooKeeper path of 1025 bytes",
-            padded(&format!("/{u}/"), 'z', zk_max + 1),
-            Some("longer than 1024 bytes"),
-        ),
-        zookeeper_row(
-            p,
-            "ZooKeeper path with U+0085 (a C1 control)",
-            format!("/{u}/a\u{85}b"),
-            Some("control characters"),
-        ),
-        zookeeper_row(
-            p,
-            "ZooKeeper path with U+007F",
-            format!("/{u}/a\u{7f}"),
-            Some("control characters"),
-        ),
-        zookeeper_row(
-            p,
-            "ZooKeeper path with U+E000 (ZooKeeper refuses it)",
-            format!("/{u}/a\u{e000}"),
-            Some("U+E000"),
-        ),
-        lease_row(
+    let (control, over_1024) = (Some("control characters"), Some("longer than 1024 bytes"));
+    let s3_key = |bytes| padded(&format!("{u}/"), 'k', bytes);
+    let zk_path = |bytes| padded(&format!("/{u}/"), 'z', bytes);
+    let mut rows = rows_of(
+        p,
+        Store::S3,
+        vec![
+            ("S3 key of 1024 bytes", s3_key(s3_max), None),
+            ("S3 key of 1025 bytes", s3_key(s3_max + 1), over_1024),
+            (
+                "S3 key of 1024 bytes, mostly two-byte characters",
+                two_byte_key(s3_max),
+                None,
+            ),
+            (
+                "S3 key of 1025 bytes in fewer than 1024 characters",
+                two_byte_key(s3_max + 1),
+                over_1024,
+            ),
+            ("S3 key with a tab", format!("{u}/a\tb"), control),
+        ],
+    );
+    rows.extend(rows_of(
+        p,
+        Store::DynamoDb,
+        vec![
+            ("DynamoDB key of 2048 bytes", padded(u, 'k', ddb_max), None),
+            (
+                "DynamoDB key of 2049 bytes",
+                padded(u, 'k', ddb_max + 1),
+                Some("longer than 2048 bytes"),
+            ),
+            ("DynamoDB key with U+0001", format!("{u}\u{1}"), control),
+        ],
+    ));
+    rows.extend(rows_of(
+        p,
+        Store::ZooKeeper,
+        vec![
+            ("ZooKeeper path of 1024 bytes", zk_path(zk_max), None),
+            (
+                "ZooKeeper path of 1025 bytes",
+                zk_path(zk_max + 1),
+                over_1024,
+            ),
+            (
+                "ZooKeeper path with U+0085 (a C1 control)",
+                format!("/{u}/a\u{85}b"),
+                control,
+            ),
+            (
+                "ZooKeeper path with U+007F",
+                format!("/{u}/a\u{7f}"),
+                control,
+            ),
+            (
+                "ZooKeeper path with U+E000 (ZooKeeper refuses it)",
+                format!("/{u}/a\u{e000}"),
+                Some("U+E000"),
+            ),
+        ],
+    ));
+    // Leases: the name in the default namespace, and the namespace.
+    let (name, namespace) = (
+        "spec.backend.kubernetes.leaseName",
+        "spec.backend.kubernetes.namespace",
+    );
+    let lease_name = |bytes| padded(&format!("{u}-"), 'l', bytes);
+    let (long, longer) = (p.long_namespace.clone(), format!("{}n", p.long_namespace));
+    for (what, ns, lease, field, refused_because) in [
+        (
             "Lease name of 253 characters",
-            ns,
-            padded(&format!("{u}-"), 'l', lease_max),
-            "spec.backend.kubernetes.leaseName",
+            &p.namespace,
+            lease_name(lease_max),
+            name,
             None,
         ),
-        lease_row(
+        (
             "Lease name of 254 characters",
-            ns,
-            padded(&format!("{u}-"), 'l', lease_max + 1),
-            "spec.backend.kubernetes.leaseName",
+            &p.namespace,
+            lease_name(lease_max + 1),
+            name,
             Some("at most 253"),
         ),
-        lease_row(
+        (
             "Lease namespace of 63 characters",
-            &p.long_namespace,
+            &long,
             u.clone(),
-            "spec.backend.kubernetes.namespace",
+            namespace,
             None,
         ),
-        lease_row(
+        (
             "Lease namespace of 64 characters",
-            &format!("{}n", p.long_namespace),
+            &longer,
             u.clone(),
-            "spec.backend.kubernetes.namespace",
+            namespace,
             Some("at most 63"),
         ),
-    ]
+    ] {
+        rows.push(lease_row(what, ns, lease, field, refused_because));
+    }
+    rows
 }
 
 fn places(unique: &str) -> Places {

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sdk_s3::primitives::ByteStream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use zookeeper_client::{Acls, CreateMode};
+use zookeeper_client::{Acls, CreateMode, CreateOptions};
 
-use support::moto::Moto;
+use support::moto::{Moto, put_item, put_object};
 use support::proxy::{Mode, Proxy};
 use support::zookeeper::ZooKeeper;
 use support::{eventually, unique};
@@ -24,47 +25,52 @@ const PROMPTLY: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------- S3 / DynamoDB
 
-#[tokio::test]
-async fn s3_put_if_none_match_succeeds_once_then_412() {
+/// The shared moto's S3 client, a new bucket and a fresh key in it.
+async fn s3_key() -> (aws_sdk_s3::Client, String, String) {
     let moto = Moto::shared();
     let bucket = moto.new_bucket("smoke").await;
-    let s3 = moto.s3_client().await;
-    let key = unique("lock");
+    (moto.s3_client().await, bucket, unique("lock"))
+}
 
-    s3.put_object()
-        .bucket(&bucket)
-        .key(&key)
+/// The HTTP status an AWS call failed with.
+fn http_status<E>(err: &SdkError<E>) -> Option<u16> {
+    err.raw_response().map(|r| r.status().as_u16())
+}
+
+/// A DynamoDB write that must fail (`why`), refused by its condition.
+async fn assert_condition_fails<T: std::fmt::Debug, E: ProvideErrorMetadata + std::fmt::Debug>(
+    write: impl Future<Output = Result<T, SdkError<E>>>,
+    why: &str,
+) {
+    let err = write.await.expect_err(why);
+    assert_eq!(
+        err.code(),
+        Some("ConditionalCheckFailedException"),
+        "{why}: expected ConditionalCheckFailedException, got {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn s3_put_if_none_match_succeeds_once_then_412() {
+    let (s3, bucket, key) = s3_key().await;
+    put_object(&s3, &bucket, &key, ByteStream::from_static(b"first"))
         .if_none_match("*")
-        .body(ByteStream::from_static(b"first"))
         .send()
         .await
         .expect("first conditional create succeeds");
-
-    let err = s3
-        .put_object()
-        .bucket(&bucket)
-        .key(&key)
+    let err = put_object(&s3, &bucket, &key, ByteStream::from_static(b"second"))
         .if_none_match("*")
-        .body(ByteStream::from_static(b"second"))
         .send()
         .await
         .expect_err("second conditional create must fail: the key exists");
-    let status = err.raw_response().map(|r| r.status().as_u16());
     assert_eq!(
-        status,
+        http_status(&err),
         Some(412),
         "expected 412 Precondition Failed, got {err:?}"
     );
 
-    let body = s3
-        .get_object()
-        .bucket(&bucket)
-        .key(&key)
-        .send()
-        .await
-        .unwrap()
-        .body;
-    let body = body.collect().await.unwrap().into_bytes();
+    let got = s3.get_object().bucket(&bucket).key(&key).send().await;
+    let body = got.unwrap().body.collect().await.unwrap().into_bytes();
     assert_eq!(
         &body[..],
         b"first",
@@ -74,23 +80,8 @@ async fn s3_put_if_none_match_succeeds_once_then_412() {
 
 #[tokio::test]
 async fn s3_put_if_match_is_conditional_on_etag() {
-    let moto = Moto::shared();
-    let bucket = moto.new_bucket("smoke").await;
-    let s3 = moto.s3_client().await;
-    let key = unique("lock");
-
-    let put = |body: &'static [u8], etag: &str| {
-        s3.put_object()
-            .bucket(&bucket)
-            .key(&key)
-            .if_match(etag)
-            .body(ByteStream::from_static(body))
-    };
-    let first = s3
-        .put_object()
-        .bucket(&bucket)
-        .key(&key)
-        .body(ByteStream::from_static(b"v1"))
+    let (s3, bucket, key) = s3_key().await;
+    let first = put_object(&s3, &bucket, &key, ByteStream::from_static(b"v1"))
         .send()
         .await
         .unwrap();
@@ -98,22 +89,20 @@ async fn s3_put_if_match_is_conditional_on_etag() {
         .e_tag()
         .expect("PutObject returns an ETag")
         .to_string();
-    let second = put(b"v2", &etag1)
+    let second = put_object(&s3, &bucket, &key, ByteStream::from_static(b"v2"))
+        .if_match(&etag1)
         .send()
         .await
         .expect("If-Match with the current ETag");
     let etag2 = second.e_tag().unwrap().to_string();
     assert_ne!(etag1, etag2, "different bodies must give different ETags");
 
-    let err = put(b"v3", &etag1)
+    let stale = put_object(&s3, &bucket, &key, ByteStream::from_static(b"v3"))
+        .if_match(&etag1)
         .send()
-        .await
-        .expect_err("If-Match with a stale ETag must fail");
-    assert_eq!(
-        err.raw_response().map(|r| r.status().as_u16()),
-        Some(412),
-        "{err:?}"
-    );
+        .await;
+    let err = stale.expect_err("If-Match with a stale ETag must fail");
+    assert_eq!(http_status(&err), Some(412), "{err:?}");
 }
 
 #[tokio::test]
@@ -125,10 +114,11 @@ async fn dynamodb_conditional_writes_fail_with_conditional_check_failed() {
 
     // Create-if-absent, twice: the second must fail the condition.
     let create = || {
-        ddb.put_item()
-            .table_name(&table)
-            .item("key", AttributeValue::S(key.clone()))
-            .item("version", AttributeValue::N("1".into()))
+        let item = [
+            ("key", AttributeValue::S(key.clone())),
+            ("version", AttributeValue::N("1".into())),
+        ];
+        put_item(&ddb, &table, item)
             .condition_expression("attribute_not_exists(#k)")
             .expression_attribute_names("#k", "key")
     };
@@ -136,15 +126,7 @@ async fn dynamodb_conditional_writes_fail_with_conditional_check_failed() {
         .send()
         .await
         .expect("first conditional PutItem succeeds");
-    let err = create()
-        .send()
-        .await
-        .expect_err("second conditional PutItem must fail");
-    assert!(
-        err.as_service_error()
-            .is_some_and(|e| e.is_conditional_check_failed_exception()),
-        "expected ConditionalCheckFailedException, got {err:?}"
-    );
+    assert_condition_fails(create().send(), "second conditional PutItem must fail").await;
 
     // Compare-and-set on a version attribute.
     let bump = |from: &str, to: &str| {
@@ -156,30 +138,19 @@ async fn dynamodb_conditional_writes_fail_with_conditional_check_failed() {
             .expression_attribute_values(":from", AttributeValue::N(from.into()))
             .expression_attribute_values(":to", AttributeValue::N(to.into()))
     };
-    let err = bump("7", "8")
-        .send()
-        .await
-        .expect_err("UpdateItem on a wrong version must fail");
-    assert!(
-        err.as_service_error()
-            .is_some_and(|e| e.is_conditional_check_failed_exception()),
-        "expected ConditionalCheckFailedException, got {err:?}"
-    );
+    assert_condition_fails(
+        bump("7", "8").send(),
+        "UpdateItem on a wrong version must fail",
+    )
+    .await;
     bump("1", "2")
         .send()
         .await
         .expect("UpdateItem on the current version succeeds");
 
-    let item = ddb
-        .get_item()
-        .table_name(&table)
-        .key("key", AttributeValue::S(key.clone()))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .expect("item exists");
+    let read = ddb.get_item().table_name(&table).consistent_read(true);
+    let got = read.key("key", AttributeValue::S(key.clone())).send().await;
+    let item = got.unwrap().item.expect("item exists");
     assert_eq!(item.get("version"), Some(&AttributeValue::N("2".into())));
 }
 
@@ -198,21 +169,18 @@ async fn moto_restart_keeps_the_endpoint_and_loses_state() {
 
     moto.restart();
     assert!(moto.is_running());
-    let err = s3
-        .head_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .expect_err("state is gone");
-    assert_eq!(
-        err.raw_response().map(|r| r.status().as_u16()),
-        Some(404),
-        "{err:?}"
-    );
+    let gone = s3.head_bucket().bucket(&bucket).send().await;
+    let err = gone.expect_err("state is gone");
+    assert_eq!(http_status(&err), Some(404), "{err:?}");
     moto.new_bucket("after").await;
 }
 
 // ---------------------------------------------------------------- ZooKeeper
+
+/// Create options for a znode anyone may read and write.
+fn open_to_anyone(mode: CreateMode) -> CreateOptions<'static> {
+    mode.with_acls(Acls::anyone_all())
+}
 
 #[tokio::test]
 async fn zookeeper_ephemeral_sequential_znode_vanishes_with_its_session() {
@@ -220,20 +188,13 @@ async fn zookeeper_ephemeral_sequential_znode_vanishes_with_its_session() {
     let owner = zk.connect().await;
     let observer = zk.connect().await;
     let dir = format!("/{}", unique("smoke"));
-    owner
-        .mkdir(&dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-        .await
-        .unwrap();
+    let persistent = open_to_anyone(CreateMode::Persistent);
+    owner.mkdir(&dir, &persistent).await.unwrap();
 
     let prefix = format!("{dir}/lock-");
-    let (_, sequence) = owner
-        .create(
-            &prefix,
-            b"holder",
-            &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
-        )
-        .await
-        .expect("create EPHEMERAL_SEQUENTIAL znode");
+    let ephemeral = open_to_anyone(CreateMode::EphemeralSequential);
+    let created = owner.create(&prefix, b"holder", &ephemeral).await;
+    let (_, sequence) = created.expect("create EPHEMERAL_SEQUENTIAL znode");
     let path = format!("{prefix}{sequence}");
 
     let stat = observer
@@ -280,12 +241,9 @@ async fn zookeeper_ensemble_replicates_between_nodes() {
         support::zookeeper::connect_to(&zk.node(2).address(), Duration::from_secs(10)).await;
 
     let path = format!("/{}", unique("replicated"));
+    let persistent = open_to_anyone(CreateMode::Persistent);
     let (written, _) = writer
-        .create(
-            &path,
-            b"across the quorum",
-            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
-        )
+        .create(&path, b"across the quorum", &persistent)
         .await
         .unwrap();
     // `sync` makes the reader's node catch up with the leader before the read.
@@ -310,16 +268,20 @@ async fn zookeeper_ensemble_survives_node_loss_and_rejoin() {
     let client = zk
         .connect_with_session_timeout(Duration::from_secs(30))
         .await;
-    // Retried until the quorum answers; a retry after a lost reply finds the znode.
-    let create = |path: String| {
-        let client = client.clone();
-        async move {
-            let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-            match client.create(&path, b"written", &persistent).await {
-                Ok(_) | Err(zookeeper_client::Error::NodeExists) => Some(()),
-                Err(_) => None,
+    // A write (`what`) retried until the quorum answers; a retry after a lost reply
+    // finds the znode.
+    let write = |what: &'static str, path: &str| {
+        let (client, path) = (client.clone(), path.to_string());
+        eventually(what, PROMPTLY, move || {
+            let (client, path) = (client.clone(), path.clone());
+            async move {
+                let persistent = open_to_anyone(CreateMode::Persistent);
+                match client.create(&path, b"written", &persistent).await {
+                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => Some(()),
+                    Err(_) => None,
+                }
             }
-        }
+        })
     };
 
     zk.stop_node(leader);
@@ -327,10 +289,7 @@ async fn zookeeper_ensemble_survives_node_loss_and_rejoin() {
     let new_leader = zk.leader().expect("a new leader").id();
     assert_ne!(new_leader as usize, leader + 1, "leadership moved");
     let missed = format!("/{}", unique("missed"));
-    eventually("a write on the remaining majority", PROMPTLY, || {
-        create(missed.clone())
-    })
-    .await;
+    write("a write on the remaining majority", &missed).await;
 
     // Freeze a follower only once all three run again: with one node already down,
     // freezing another would lose the quorum.
@@ -346,10 +305,7 @@ async fn zookeeper_ensemble_survives_node_loss_and_rejoin() {
         .unwrap();
     zk.pause_node(follower);
     let during_pause = format!("/{}", unique("paused"));
-    eventually("a write while a follower is frozen", PROMPTLY, || {
-        create(during_pause.clone())
-    })
-    .await;
+    write("a write while a follower is frozen", &during_pause).await;
     zk.resume_node(follower);
     zk.wait_ready();
 }
@@ -437,6 +393,44 @@ async fn wait_active(proxy: &Proxy, keep: u64) {
     .await;
 }
 
+/// An echo server behind a fault proxy, and a connection through it that has carried
+/// one round trip ("before").
+async fn echo_behind_a_proxy() -> (Echo, Proxy, TcpStream) {
+    let echo = Echo::start().await;
+    let proxy = Proxy::start(echo.port);
+    let mut open = connect(&proxy).await;
+    round_trip(&mut open, b"before").await;
+    (echo, proxy, open)
+}
+
+/// The stream was closed or reset (`why`) within [`PROMPTLY`].
+async fn assert_closed(stream: &mut TcpStream, why: &str) {
+    assert_eq!(
+        read_outcome(stream, PROMPTLY).await,
+        ReadOutcome::Closed,
+        "{why}"
+    );
+}
+
+/// Nothing arrives on the stream for [`SILENCE`].
+async fn assert_silent(stream: &mut TcpStream) {
+    assert_eq!(read_outcome(stream, SILENCE).await, ReadOutcome::Silent);
+}
+
+/// Healed: the proxy passes again, and a new connection carries `msg` both ways.
+async fn assert_passes_again(proxy: &Proxy, msg: &[u8]) {
+    proxy.set_mode(Mode::Pass);
+    round_trip(&mut connect(proxy).await, msg).await;
+}
+
+/// The fault ends: `lost`, a connection whose bytes were lost, is reset, and new
+/// connections pass.
+async fn assert_heals_resetting(proxy: &Proxy, lost: &mut TcpStream) {
+    proxy.set_mode(Mode::Pass);
+    assert_closed(lost, "lost bytes: reset when the fault ends").await;
+    round_trip(&mut connect(proxy).await, b"after").await;
+}
+
 /// How long a test watches for something that must *not* happen (an answer through
 /// a blackhole). Nothing can prove a negative; this is long enough that a forwarding
 /// proxy would have answered many times over.
@@ -486,10 +480,7 @@ async fn proxy_delay_holds_each_direction() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_blackhole_swallows_open_and_new_connections() {
-    let echo = Echo::start().await;
-    let proxy = Proxy::start(echo.port);
-    let mut open = connect(&proxy).await;
-    round_trip(&mut open, b"before").await;
+    let (echo, proxy, mut open) = echo_behind_a_proxy().await;
     let mut idle = connect(&proxy).await; // carries nothing during the partition
     round_trip(&mut idle, b"idle").await;
     let received_before = echo.received();
@@ -500,8 +491,8 @@ async fn proxy_blackhole_swallows_open_and_new_connections() {
         .expect("writes are accepted");
     let mut fresh = connect(&proxy).await; // accepted even during the partition
     fresh.write_all(b"also lost").await.unwrap();
-    assert_eq!(read_outcome(&mut open, SILENCE).await, ReadOutcome::Silent);
-    assert_eq!(read_outcome(&mut fresh, SILENCE).await, ReadOutcome::Silent);
+    assert_silent(&mut open).await;
+    assert_silent(&mut fresh).await;
     assert_eq!(
         echo.received(),
         received_before,
@@ -509,70 +500,44 @@ async fn proxy_blackhole_swallows_open_and_new_connections() {
     );
 
     // Healing resets the connections whose bytes were lost; the idle one continues.
-    proxy.set_mode(Mode::Pass);
-    assert_eq!(read_outcome(&mut open, PROMPTLY).await, ReadOutcome::Closed);
-    assert_eq!(
-        read_outcome(&mut fresh, PROMPTLY).await,
-        ReadOutcome::Closed
-    );
+    assert_heals_resetting(&proxy, &mut open).await;
+    assert_closed(&mut fresh, "lost bytes: reset when the fault ends").await;
     round_trip(&mut idle, b"still here").await;
-    let mut after = connect(&proxy).await;
-    round_trip(&mut after, b"after").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuse_resets_open_and_new_connections() {
-    let echo = Echo::start().await;
-    let proxy = Proxy::start(echo.port);
-    let mut open = connect(&proxy).await;
-    round_trip(&mut open, b"before").await;
+    let (echo, proxy, mut open) = echo_behind_a_proxy().await;
 
     proxy.set_mode(Mode::Refuse);
-    assert_eq!(
-        read_outcome(&mut open, PROMPTLY).await,
-        ReadOutcome::Closed,
-        "open connection reset"
-    );
+    assert_closed(&mut open, "open connection reset").await;
     // A new connection may complete the handshake (the kernel accepts it), but is
     // closed before anything is exchanged.
     if let Ok(mut fresh) = TcpStream::connect(proxy.address()).await {
         let _ = fresh.write_all(b"anyone?").await;
-        assert_eq!(
-            read_outcome(&mut fresh, PROMPTLY).await,
-            ReadOutcome::Closed
-        );
+        assert_closed(&mut fresh, "a new connection is refused").await;
     }
     assert_eq!(
         echo.received(),
         6,
         "only the first message reached the upstream"
     );
-
-    proxy.set_mode(Mode::Pass);
-    let mut after = connect(&proxy).await;
-    round_trip(&mut after, b"back").await;
+    assert_passes_again(&proxy, b"back").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_drop_replies_forwards_request_then_drops_answer() {
-    let echo = Echo::start().await;
-    let proxy = Proxy::start(echo.port);
-    let mut open = connect(&proxy).await; // like a pooled keep-alive connection
-    round_trip(&mut open, b"before").await;
+    // `open` is like a pooled keep-alive connection.
+    let (echo, proxy, mut open) = echo_behind_a_proxy().await;
 
     proxy.set_mode(Mode::DropReplies);
-    open.write_all(b"request").await.unwrap();
-    assert_eq!(
-        read_outcome(&mut open, PROMPTLY).await,
-        ReadOutcome::Closed,
-        "reply dropped, connection closed"
-    );
-    let mut fresh = connect(&proxy).await;
-    fresh.write_all(b"another").await.unwrap();
-    assert_eq!(
-        read_outcome(&mut fresh, PROMPTLY).await,
-        ReadOutcome::Closed
-    );
+    // The reply to each request is dropped, and the connection closed.
+    let request_gets_no_reply = async |stream: &mut TcpStream, request: &[u8]| {
+        stream.write_all(request).await.unwrap();
+        assert_closed(stream, "reply dropped, connection closed").await;
+    };
+    request_gets_no_reply(&mut open, b"request").await;
+    request_gets_no_reply(&mut connect(&proxy).await, b"another").await;
 
     assert_eq!(
         echo.received(),
@@ -580,40 +545,27 @@ async fn proxy_drop_replies_forwards_request_then_drops_answer() {
         "both requests reached the upstream"
     );
     assert_eq!(proxy.dropped_replies(), 2);
-
-    proxy.set_mode(Mode::Pass);
-    let mut after = connect(&proxy).await;
-    round_trip(&mut after, b"back").await;
+    assert_passes_again(&proxy, b"back").await;
 }
 
 /// One-way loss of requests: nothing reaches the upstream and nothing is reset while
 /// it lasts; the connection that lost bytes is reset when the mode ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_lose_requests_drops_one_direction_silently() {
-    let echo = Echo::start().await;
-    let proxy = Proxy::start(echo.port);
-    let mut open = connect(&proxy).await;
-    round_trip(&mut open, b"before").await;
+    let (echo, proxy, mut open) = echo_behind_a_proxy().await;
 
     proxy.set_mode(Mode::LoseRequests);
     open.write_all(b"lost").await.unwrap();
-    assert_eq!(read_outcome(&mut open, SILENCE).await, ReadOutcome::Silent);
+    assert_silent(&mut open).await;
     assert_eq!(echo.received(), 6, "the request never reached the upstream");
-
-    proxy.set_mode(Mode::Pass);
-    assert_eq!(read_outcome(&mut open, PROMPTLY).await, ReadOutcome::Closed);
-    let mut after = connect(&proxy).await;
-    round_trip(&mut after, b"after").await;
+    assert_heals_resetting(&proxy, &mut open).await;
 }
 
 /// One-way loss of replies: the request reaches the upstream (it takes effect), the
 /// answer never arrives and the connection is not reset while the mode lasts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_lose_replies_forwards_requests_and_swallows_answers() {
-    let echo = Echo::start().await;
-    let proxy = Proxy::start(echo.port);
-    let mut open = connect(&proxy).await;
-    round_trip(&mut open, b"before").await;
+    let (echo, proxy, mut open) = echo_behind_a_proxy().await;
 
     proxy.set_mode(Mode::LoseReplies);
     open.write_all(b"request").await.unwrap();
@@ -621,24 +573,17 @@ async fn proxy_lose_replies_forwards_requests_and_swallows_answers() {
         (echo.received() == 6 + 7).then_some(())
     })
     .await;
-    assert_eq!(read_outcome(&mut open, SILENCE).await, ReadOutcome::Silent);
-
-    proxy.set_mode(Mode::Pass);
-    assert_eq!(read_outcome(&mut open, PROMPTLY).await, ReadOutcome::Closed);
-    let mut after = connect(&proxy).await;
-    round_trip(&mut after, b"after").await;
+    assert_silent(&mut open).await;
+    assert_heals_resetting(&proxy, &mut open).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_reset_connections_resets_only_existing_ones() {
-    let echo = Echo::start().await;
-    let proxy = Proxy::start(echo.port);
-    let mut open = connect(&proxy).await;
-    round_trip(&mut open, b"before").await;
+    let (_echo, proxy, mut open) = echo_behind_a_proxy().await;
     proxy.reset_connections();
-    assert_eq!(read_outcome(&mut open, PROMPTLY).await, ReadOutcome::Closed);
-    let mut after = connect(&proxy).await;
-    round_trip(&mut after, b"after").await;
+    assert_closed(&mut open, "an existing connection is reset").await;
+    // Still in Pass mode: new connections are not reset.
+    assert_passes_again(&proxy, b"after").await;
 }
 
 /// The faults as an S3 client sees them, through a pooled keep-alive connection:
@@ -661,11 +606,8 @@ async fn proxy_faults_seen_by_an_s3_client() {
         .build();
     let s3 = aws_sdk_s3::Client::from_conf(config);
     let put = |key: &str| {
-        s3.put_object()
-            .bucket(&bucket)
-            .key(key)
+        put_object(&s3, &bucket, key, ByteStream::from_static(b"x"))
             .if_none_match("*")
-            .body(ByteStream::from_static(b"x"))
             .send()
     };
     let exists = |key: String| {

@@ -67,6 +67,14 @@ fn kube_apiserver_binary_is_v1_36_or_newer() {
     );
 }
 
+/// The shared control plane, an admin client of it, and a new namespace `prefix-…`.
+async fn plane_with_namespace(prefix: &str) -> (&'static ControlPlane, kube::Client, String) {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    let namespace = plane.namespace(&client, prefix).await;
+    (plane, client, namespace)
+}
+
 #[tokio::test]
 async fn running_server_reports_v1_36_or_newer() {
     let client = ControlPlane::shared().client().await;
@@ -188,9 +196,7 @@ async fn custom_resource_round_trips_through_the_api_server() {
 
 #[tokio::test]
 async fn kubectl_lists_namespaces() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "smoke-kubectl").await;
+    let (plane, _, namespace) = plane_with_namespace("smoke-kubectl").await;
 
     let out = support::kubectl::kubectl_on(plane, &["get", "namespaces", "-o", "name"], None).await;
     let stdout = support::kubectl::stdout_ok(&out, "get namespaces");
@@ -209,9 +215,7 @@ async fn kubectl_lists_namespaces() {
 async fn pods_can_be_created_without_a_controller_manager() {
     // Proves the admission configuration: with the ServiceAccount plugin on, this is
     // rejected because no token controller creates the `default` ServiceAccount.
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "smoke-pod").await;
+    let (_, client, namespace) = plane_with_namespace("smoke-pod").await;
     let pod: Pod = serde_json::from_value(json!({
         "metadata": { "name": "p1" },
         "spec": { "containers": [{ "name": "c", "image": "registry.invalid/none:1" }] },
@@ -226,9 +230,7 @@ async fn pods_can_be_created_without_a_controller_manager() {
 
 #[tokio::test]
 async fn rbac_is_enforced_for_non_admin_users() {
-    let plane = ControlPlane::shared();
-    let admin = plane.client().await;
-    let namespace = plane.namespace(&admin, "smoke-rbac").await;
+    let (plane, admin, namespace) = plane_with_namespace("smoke-rbac").await;
     let user = unique("smoke-user");
     let user_client = client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
     let config_maps = Api::<ConfigMap>::namespaced(user_client, &namespace);
@@ -290,9 +292,7 @@ async fn rbac_is_enforced_for_non_admin_users() {
 async fn service_account_tokens_are_issued_and_verified() {
     // Proves the service-account signing and verification keys are wired up: the
     // server issues a token (TokenRequest) and then accepts it (TokenReview).
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "smoke-sa").await;
+    let (_, client, namespace) = plane_with_namespace("smoke-sa").await;
     let accounts = Api::<ServiceAccount>::namespaced(client.clone(), &namespace);
     let account = ServiceAccount {
         metadata: ObjectMeta {

@@ -4,9 +4,31 @@
 
 use serde_json::Value;
 
-use super::support::cli::Cli;
+use super::support::cli::{Cli, Out};
 use super::support::moto::{Moto, new_table_at};
 use super::support::unique;
+
+/// `lockwarden put --fence FENCE --lock LOCK TARGET FILE`.
+async fn put(cli: &Cli, fence: u64, lock: &str, target: &str, file: &str) -> Out {
+    let fence = fence.to_string();
+    cli.run(&["put", "--fence", &fence, "--lock", lock, target, file])
+        .await
+}
+
+/// `put` with the fence `yours` is refused with exit 5 and one line naming the object:
+/// it was `what` ("written", "deleted") by the fence `stored`.
+async fn assert_put_is_stale(
+    cli: &Cli,
+    (lock, target, file): (&str, &str, &str),
+    what: &str,
+    (stored, yours): (u64, u64),
+) {
+    let says = format!("stale fence: object {what} by fence {stored}, yours is {yours}");
+    put(cli, yours, lock, target, file)
+        .await
+        .code(5)
+        .one_line_error(&[target, &says]);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
@@ -17,9 +39,7 @@ async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
     std::fs::write(cli.path("v5.csv"), "a,b\n5,5\n").unwrap();
     std::fs::write(cli.path("v4.csv"), "a,b\n4,4\n").unwrap();
 
-    cli.run(&["put", "--fence", "5", "--lock", &lock, &target, "v5.csv"])
-        .await
-        .ok();
+    put(&cli, 5, &lock, &target, "v5.csv").await.ok();
     let out = cli.run(&["get", &target]).await;
     out.ok();
     assert_eq!(out.stdout, "a,b\n5,5\n");
@@ -28,19 +48,14 @@ async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
         format!("lockwarden: {target}: written by fence 5 of lock {lock}")
     );
 
-    cli.run(&["put", "--fence", "4", "--lock", &lock, &target, "v4.csv"])
-        .await
-        .code(5)
-        .one_line_error(&[
-            &target,
-            "stale fence: object written by fence 5, yours is 4",
-        ]);
+    let v4 = (lock.as_str(), target.as_str(), "v4.csv");
+    assert_put_is_stale(&cli, v4, "written", (5, 4)).await;
     cli.run(&["delete", "--fence", "4", "--lock", &lock, &target])
         .await
         .code(5)
         .one_line_error(&[&target, "written by fence 5, yours is 4"]);
     let other = format!("s3://{bucket}/locks/other");
-    cli.run(&["put", "--fence", "9", "--lock", &other, &target, "v4.csv"])
+    put(&cli, 9, &other, &target, "v4.csv")
         .await
         .code(5)
         .one_line_error(&[&target, &format!("fenced by lock {lock}"), &other]);
@@ -60,13 +75,8 @@ async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
     assert_eq!(doc["state"], "deleted");
     assert_eq!(doc["fence"], 6);
     assert_eq!(doc["lock"], lock.as_str());
-    cli.run(&["put", "--fence", "5", "--lock", &lock, &target, "v5.csv"])
-        .await
-        .code(5)
-        .one_line_error(&[
-            &target,
-            "stale fence: object deleted by fence 6, yours is 5",
-        ]);
+    let v5 = (lock.as_str(), target.as_str(), "v5.csv");
+    assert_put_is_stale(&cli, v5, "deleted", (6, 5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,9 +93,7 @@ async fn put_and_get_on_dynamodb_take_and_print_dynamodb_json() {
         r#"{"count":{"N":"3"},"state":{"S":"done"}}"#,
     )
     .unwrap();
-    cli.run(&["put", "--fence", "2", "--lock", &lock, &target, "item.json"])
-        .await
-        .ok();
+    put(&cli, 2, &lock, &target, "item.json").await.ok();
     let out = cli.run(&["get", "--output", "json", &target]).await;
     out.ok();
     let doc: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -96,11 +104,6 @@ async fn put_and_get_on_dynamodb_take_and_print_dynamodb_json() {
         data,
         serde_json::json!({"count": {"N": "3"}, "state": {"S": "done"}})
     );
-    cli.run(&["put", "--fence", "1", "--lock", &lock, &target, "item.json"])
-        .await
-        .code(5)
-        .one_line_error(&[
-            &target,
-            "stale fence: object written by fence 2, yours is 1",
-        ]);
+    let item = (lock.as_str(), target.as_str(), "item.json");
+    assert_put_is_stale(&cli, item, "written", (2, 1)).await;
 }

@@ -13,7 +13,9 @@ use lockwarden::lock::{AcquireRequest, Wait, acquire};
 use serde_json::{Value, json};
 
 use super::support::keys::Key;
-use super::support::moto::{Moto, dynamodb_client_for, new_table_at, s3_client_for};
+use super::support::moto::{
+    Moto, dynamodb_client_for, new_table_at, put_item, put_object, s3_client_for,
+};
 use super::support::unique;
 use super::{LOCK, dynamo_item, fence, s3_object};
 
@@ -67,13 +69,9 @@ async fn s3_a_tombstone_keeps_a_stale_holder_from_recreating_the_object() {
         "stale fence: object deleted by fence 6, yours is 5"
     );
     // What a stale holder's own create would be: refused, the tombstone is there.
-    let recreate = s3_client_for(&moto.endpoint())
-        .await
-        .put_object()
-        .bucket(&bucket)
-        .key(&key)
+    let s3 = s3_client_for(&moto.endpoint()).await;
+    let recreate = put_object(&s3, &bucket, &key, ByteStream::from_static(b"stale"))
         .if_none_match("*")
-        .body(ByteStream::from_static(b"stale"))
         .send()
         .await;
     assert!(
@@ -92,12 +90,9 @@ async fn s3_another_locks_fence_is_refused_and_an_unfenced_object_is_adopted() {
     let moto = Moto::shared();
     let bucket = moto.new_bucket("fenced").await;
     let key = unique("data/x");
-    s3_client_for(&moto.endpoint())
-        .await
-        .put_object()
-        .bucket(&bucket)
-        .key(&key)
-        .body(ByteStream::from_static(b"written before fencing"))
+    let s3 = s3_client_for(&moto.endpoint()).await;
+    let unfenced = ByteStream::from_static(b"written before fencing");
+    put_object(&s3, &bucket, &key, unfenced)
         .send()
         .await
         .unwrap();
@@ -117,28 +112,16 @@ async fn s3_another_locks_fence_is_refused_and_an_unfenced_object_is_adopted() {
     assert_eq!(data(object.get().await.unwrap()), (3, b"v3".to_vec()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_a_lock_record_is_refused_and_left_alone() {
-    let moto = Moto::shared();
-    let key = Key::s3_on(moto).await;
-    let Key::S3 {
-        bucket, key: name, ..
-    } = &key
-    else {
-        unreachable!()
-    };
+/// With `key`'s lock held, every operation of `object` (that lock's record, opened as
+/// a fenced object; `data` to write over it) is refused as a lock record, and the
+/// record is left as it was.
+async fn assert_a_lock_record_is_refused(key: &Key, object: impl FencedObject, data: &[u8]) {
     let lock = key.handle().await;
-    acquire(
-        lock.as_ref(),
-        &AcquireRequest::new("holder", Duration::from_secs(60)),
-        Wait::No,
-    )
-    .await
-    .unwrap();
+    let holder = AcquireRequest::new("holder", Duration::from_secs(60));
+    acquire(lock.as_ref(), &holder, Wait::No).await.unwrap();
     let before = lock.inspect().await.unwrap().unwrap().version;
-    let object = s3_object(&moto.endpoint(), bucket, name).await;
     for result in [
-        object.put(&fence(99), b"over the lock").await.map(|_| ()),
+        object.put(&fence(99), data).await.map(|_| ()),
         object.delete(&fence(99)).await.map(|_| ()),
         object.get().await.map(|_| ()),
     ] {
@@ -150,19 +133,30 @@ async fn s3_a_lock_record_is_refused_and_left_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_lock_record_is_refused_and_left_alone() {
+    let moto = Moto::shared();
+    let key = Key::s3_on(moto).await;
+    let Key::S3 {
+        bucket, key: name, ..
+    } = &key
+    else {
+        unreachable!()
+    };
+    let object = s3_object(&moto.endpoint(), bucket, name).await;
+    assert_a_lock_record_is_refused(&key, object, b"over the lock").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_a_write_sets_only_its_attributes_and_a_tombstone_blocks_a_stale_recreate() {
     let endpoint = Moto::shared().endpoint();
     let table = new_table_at(&endpoint, "fenced", "pk").await;
     let key = unique("item");
     let client = dynamodb_client_for(&endpoint).await;
-    client
-        .put_item()
-        .table_name(&table)
-        .item("pk", AttributeValue::S(key.clone()))
-        .item("keep", AttributeValue::S("another writer's".into()))
-        .send()
-        .await
-        .unwrap();
+    let item = [
+        ("pk", AttributeValue::S(key.clone())),
+        ("keep", AttributeValue::S("another writer's".into())),
+    ];
+    put_item(&client, &table, item).send().await.unwrap();
     let item = dynamo_item(&endpoint, &table, &key, None).await;
 
     item.put(&fence(1), br#"{"count":{"N":"3"},"state":{"S":"running"}}"#)
@@ -299,26 +293,6 @@ async fn dynamodb_a_lock_item_is_refused_and_left_alone() {
     else {
         unreachable!()
     };
-    let lock = key.handle().await;
-    acquire(
-        lock.as_ref(),
-        &AcquireRequest::new("holder", Duration::from_secs(60)),
-        Wait::No,
-    )
-    .await
-    .unwrap();
-    let before = lock.inspect().await.unwrap().unwrap().version;
     let object = dynamo_item(endpoint, table, name, None).await;
-    for result in [
-        object
-            .put(&fence(99), br#"{"a":{"S":"b"}}"#)
-            .await
-            .map(|_| ()),
-        object.delete(&fence(99)).await.map(|_| ()),
-        object.get().await.map(|_| ()),
-    ] {
-        let err = result.unwrap_err();
-        assert!(matches!(err, FencedError::LockRecord { .. }), "{err:?}");
-    }
-    assert_eq!(lock.inspect().await.unwrap().unwrap().version, before);
+    assert_a_lock_record_is_refused(&key, object, br#"{"a":{"S":"b"}}"#).await;
 }

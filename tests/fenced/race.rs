@@ -20,18 +20,11 @@ use tokio::sync::Barrier;
 
 use super::support::dynalite::Dynalite;
 use super::support::moto::{new_bucket_at, new_table_at, s3_client_for};
-use super::support::stores::Choice;
+use super::support::stores::{Choice, race_rounds};
 use super::support::unique;
 use super::{dynamo_item, fence, s3_object};
 
 const WRITERS: u64 = 8;
-
-fn rounds() -> u64 {
-    std::env::var("LOCKWARDEN_FENCED_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100)
-}
 
 /// What the writes of every round came to.
 #[derive(Default)]
@@ -53,7 +46,7 @@ async fn race(
     embedded: Embedded,
 ) -> Tally {
     let started = Instant::now();
-    let rounds = rounds();
+    let rounds: u64 = race_rounds("LOCKWARDEN_FENCED_ROUNDS");
     let done = Arc::new(AtomicBool::new(false));
     // The reader: the stored fence never goes down, and the data is that fence's.
     let polling = {
