@@ -76,138 +76,40 @@ fn gated_pod(annotations: Value) -> Value {
 /// kinds: what a Job and a Pod name their locks with is parsed by the same code.
 fn annotation_rows() -> Vec<(&'static str, Value, Option<&'static str>)> {
     let long = "a".repeat(254);
-    vec![
+    #[rustfmt::skip]
+    let rows = vec![
         // Refused.
-        (
-            "empty-lock",
-            json!({"lockwarden.io/lock": ""}),
-            Some("\"\""),
-        ),
-        (
-            "upper-case-lock",
-            json!({"lockwarden.io/lock": "DB"}),
-            Some("\"DB\""),
-        ),
-        (
-            "underscore-template",
-            json!({"lockwarden.io/lock-template": "a_b"}),
-            Some("\"a_b\""),
-        ),
-        (
-            "double-dot",
-            json!({"lockwarden.io/lock": "a..b"}),
-            Some("\"a..b\""),
-        ),
-        (
-            "leading-hyphen",
-            json!({"lockwarden.io/lock": "-a"}),
-            Some("\"-a\""),
-        ),
-        (
-            "other-namespace",
-            json!({"lockwarden.io/lock": "ns/db"}),
-            Some("\"ns/db\""),
-        ),
-        (
-            "name-over-253",
-            json!({"lockwarden.io/lock": long}),
-            Some("lockwarden.io/lock: "),
-        ),
-        (
-            "empty-list",
-            json!({"lockwarden.io/locks": ""}),
-            Some("empty entry"),
-        ),
-        (
-            "blank-list",
-            json!({"lockwarden.io/locks": " , "}),
-            Some("empty entry"),
-        ),
-        (
-            "empty-entry",
-            json!({"lockwarden.io/locks": "a,,b"}),
-            Some("empty entry"),
-        ),
-        (
-            "trailing-comma",
-            json!({"lockwarden.io/lock-templates": "a,"}),
-            Some("empty entry"),
-        ),
-        (
-            "repeated-entry",
-            json!({"lockwarden.io/locks": "a, b ,a"}),
-            Some("\"a\" is named twice"),
-        ),
-        (
-            "repeated-across-lists",
-            json!({"lockwarden.io/locks": "a", "lockwarden.io/lock-templates": "a"}),
-            Some("\"a\" is named twice"),
-        ),
-        (
-            "bad-list-entry",
-            json!({"lockwarden.io/locks": "a, B"}),
-            Some("\"B\""),
-        ),
-        (
-            "list-entry-in-namespace",
-            json!({"lockwarden.io/lock-templates": "x/t"}),
-            Some("\"x/t\""),
-        ),
-        (
-            "lock-and-template",
-            json!({"lockwarden.io/lock": "a", "lockwarden.io/lock-template": "t"}),
-            Some("both lockwarden.io/lock and lockwarden.io/lock-template are set"),
-        ),
-        (
-            "single-and-list",
-            json!({"lockwarden.io/lock-template": "t", "lockwarden.io/locks": "a"}),
-            Some("both lockwarden.io/lock-template and lockwarden.io/locks are set"),
-        ),
-        (
-            "on-lock-lost-empty",
-            json!({"lockwarden.io/lock": "db", "lockwarden.io/on-lock-lost": ""}),
-            Some("lockwarden.io/on-lock-lost: \"\" is not one of"),
-        ),
-        (
-            "on-lock-lost-capitalised",
-            json!({"lockwarden.io/lock": "db", "lockwarden.io/on-lock-lost": "Ignore"}),
-            Some("lockwarden.io/on-lock-lost: \"Ignore\" is not one of"),
-        ),
+        ("empty-lock", json!({"lockwarden.io/lock": ""}), Some("\"\"")),
+        ("upper-case-lock", json!({"lockwarden.io/lock": "DB"}), Some("\"DB\"")),
+        ("underscore-template", json!({"lockwarden.io/lock-template": "a_b"}), Some("\"a_b\"")),
+        ("double-dot", json!({"lockwarden.io/lock": "a..b"}), Some("\"a..b\"")),
+        ("leading-hyphen", json!({"lockwarden.io/lock": "-a"}), Some("\"-a\"")),
+        ("other-namespace", json!({"lockwarden.io/lock": "ns/db"}), Some("\"ns/db\"")),
+        ("name-over-253", json!({"lockwarden.io/lock": long}), Some("lockwarden.io/lock: ")),
+        ("empty-list", json!({"lockwarden.io/locks": ""}), Some("empty entry")),
+        ("blank-list", json!({"lockwarden.io/locks": " , "}), Some("empty entry")),
+        ("empty-entry", json!({"lockwarden.io/locks": "a,,b"}), Some("empty entry")),
+        ("trailing-comma", json!({"lockwarden.io/lock-templates": "a,"}), Some("empty entry")),
+        ("repeated-entry", json!({"lockwarden.io/locks": "a, b ,a"}), Some("\"a\" is named twice")),
+        ("repeated-across-lists", json!({"lockwarden.io/locks": "a", "lockwarden.io/lock-templates": "a"}), Some("\"a\" is named twice")),
+        ("bad-list-entry", json!({"lockwarden.io/locks": "a, B"}), Some("\"B\"")),
+        ("list-entry-in-namespace", json!({"lockwarden.io/lock-templates": "x/t"}), Some("\"x/t\"")),
+        ("lock-and-template", json!({"lockwarden.io/lock": "a", "lockwarden.io/lock-template": "t"}), Some("both lockwarden.io/lock and lockwarden.io/lock-template are set")),
+        ("single-and-list", json!({"lockwarden.io/lock-template": "t", "lockwarden.io/locks": "a"}), Some("both lockwarden.io/lock-template and lockwarden.io/locks are set")),
+        ("on-lock-lost-empty", json!({"lockwarden.io/lock": "db", "lockwarden.io/on-lock-lost": ""}), Some("lockwarden.io/on-lock-lost: \"\" is not one of")),
+        ("on-lock-lost-capitalised", json!({"lockwarden.io/lock": "db", "lockwarden.io/on-lock-lost": "Ignore"}), Some("lockwarden.io/on-lock-lost: \"Ignore\" is not one of")),
         // Admitted.
         ("one-lock", json!({"lockwarden.io/lock": "db"}), None),
-        (
-            "dotted-lock",
-            json!({"lockwarden.io/lock": "db.eu-1.x"}),
-            None,
-        ),
-        (
-            "name-of-253",
-            json!({"lockwarden.io/lock": "a".repeat(253)}),
-            None,
-        ),
-        (
-            "one-template",
-            json!({"lockwarden.io/lock-template": "per-run"}),
-            None,
-        ),
-        (
-            "list-with-spaces",
-            json!({"lockwarden.io/locks": " a , b"}),
-            None,
-        ),
-        (
-            "both-lists",
-            json!({"lockwarden.io/locks": "a", "lockwarden.io/lock-templates": "t1,t2"}),
-            None,
-        ),
+        ("dotted-lock", json!({"lockwarden.io/lock": "db.eu-1.x"}), None),
+        ("name-of-253", json!({"lockwarden.io/lock": "a".repeat(253)}), None),
+        ("one-template", json!({"lockwarden.io/lock-template": "per-run"}), None),
+        ("list-with-spaces", json!({"lockwarden.io/locks": " a , b"}), None),
+        ("both-lists", json!({"lockwarden.io/locks": "a", "lockwarden.io/lock-templates": "t1,t2"}), None),
         // lost-grace stays with the controller (its maximum depends on the safety
         // margins): admitted here, refused later by the controller with an Event.
-        (
-            "lost-grace-over-the-maximum",
-            json!({"lockwarden.io/lock": "db", "lockwarden.io/lost-grace": "1h"}),
-            None,
-        ),
-    ]
+        ("lost-grace-over-the-maximum", json!({"lockwarden.io/lock": "db", "lockwarden.io/lost-grace": "1h"}), None),
+    ];
+    rows
 }
 
 fn rows() -> Vec<Row> {
@@ -252,75 +154,30 @@ fn rows() -> Vec<Row> {
 
     // How a Job is held back.
     let one = || json!({"lockwarden.io/lock": "db"});
-    rows.push(row(
-        "job-not-suspended",
-        job(one(), false),
-        Some("is not suspended"),
-    ));
-    rows.push(row(
-        "job-template-list-not-suspended",
-        job(json!({"lockwarden.io/lock-templates": "t"}), false),
-        Some("is not suspended"),
-    ));
-    rows.push(row("job-plain", job(json!({}), false), None));
     // The controller reads on-lock-lost only of a workload that names a lock (a gated
     // Pod naming none is refused for that: see pod-gate-without-lock).
     let bad_policy_only = || json!({"lockwarden.io/on-lock-lost": "x"});
-    rows.push(row(
-        "job-on-lock-lost-without-lock",
-        job(bad_policy_only(), false),
-        None,
-    ));
-    rows.push(row(
-        "pod-on-lock-lost-without-lock",
-        pod(Some("true"), false, bad_policy_only()),
-        None,
-    ));
-    rows.push(row(
-        "job-fence-annotation-only",
-        job(json!({"lockwarden.io/fence": "3"}), false),
-        None,
-    ));
-
-    // How a Pod is held back and seen.
-    rows.push(row(
-        "pod-gate-without-label",
-        pod(None, true, one()),
-        Some("stay gated forever"),
-    ));
-    rows.push(row(
-        "pod-gate-without-label-or-lock",
-        pod(None, true, json!({})),
-        Some("stay gated forever"),
-    ));
-    rows.push(row(
-        "pod-gate-label-false",
-        pod(Some("false"), true, one()),
-        Some("stay gated forever"),
-    ));
-    rows.push(row(
-        "pod-gate-without-lock",
-        pod(Some("true"), true, json!({})),
-        Some("names no lock"),
-    ));
-    rows.push(row(
-        "pod-label-without-gate",
-        pod(Some("true"), false, one()),
-        Some("no scheduling gate lockwarden.io/lock"),
-    ));
-    rows.push(row(
-        "pod-label-only",
-        pod(Some("true"), false, json!({})),
-        None,
-    ));
-    rows.push(row("pod-plain", pod(None, false, json!({})), None));
-    // Not seen by the controller (no label, no gate): none of lockwarden's business,
-    // whatever its annotations say.
-    rows.push(row(
-        "pod-unwatched-with-bad-annotations",
-        pod(None, false, json!({"lockwarden.io/locks": "a,,a"})),
-        None,
-    ));
+    #[rustfmt::skip]
+    let held_back = [
+        row("job-not-suspended", job(one(), false), Some("is not suspended")),
+        row("job-template-list-not-suspended", job(json!({"lockwarden.io/lock-templates": "t"}), false), Some("is not suspended")),
+        row("job-plain", job(json!({}), false), None),
+        row("job-on-lock-lost-without-lock", job(bad_policy_only(), false), None),
+        row("pod-on-lock-lost-without-lock", pod(Some("true"), false, bad_policy_only()), None),
+        row("job-fence-annotation-only", job(json!({"lockwarden.io/fence": "3"}), false), None),
+        // How a Pod is held back and seen.
+        row("pod-gate-without-label", pod(None, true, one()), Some("stay gated forever")),
+        row("pod-gate-without-label-or-lock", pod(None, true, json!({})), Some("stay gated forever")),
+        row("pod-gate-label-false", pod(Some("false"), true, one()), Some("stay gated forever")),
+        row("pod-gate-without-lock", pod(Some("true"), true, json!({})), Some("names no lock")),
+        row("pod-label-without-gate", pod(Some("true"), false, one()), Some("no scheduling gate lockwarden.io/lock")),
+        row("pod-label-only", pod(Some("true"), false, json!({})), None),
+        row("pod-plain", pod(None, false, json!({})), None),
+        // Not seen by the controller (no label, no gate): none of lockwarden's business,
+        // whatever its annotations say.
+        row("pod-unwatched-with-bad-annotations", pod(None, false, json!({"lockwarden.io/locks": "a,,a"})), None),
+    ];
+    rows.extend(held_back);
     rows.extend(example_rows());
     rows
 }

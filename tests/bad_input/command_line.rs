@@ -92,7 +92,7 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
     let data = format!("s3://{bucket}/data");
 
     #[rustfmt::skip]
-    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+    let mut cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         // lock URLs
         (vec!["lock", ""], 2, vec!["is not a lock URL"]),
         (vec!["lock", &long_key], 2, vec!["longer than 1024 bytes", "s3://BUCKET/KEY"]),
@@ -177,21 +177,7 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["guard", "--urls", "a=s3://locks/a", "--nonces", "a=n1", "--", "true"], 2, vec!["--fences (LOCKWARDEN_FENCES) is missing or empty"]),
         (vec!["guard", "--url", g, "--urls", "a=s3://locks/a", "--nonces", "a=n1", "--fences", "a=1", "--", "true"], 2, vec!["both --url/--nonce/--fence and --urls/--nonces/--fences"]),
         (vec!["guard", "--urls", "a=zk://127.0.0.1:1/x", "--nonces", "a=n1", "--fences", "a=1", "--", "true"], 2, vec!["cannot watch", "session expires"]),
-        // lock files
-        (vec!["unlock", "huge.lock"], 1, vec!["huge.lock is not a lockwarden lock file"]),
-        (vec!["unlock", "binary.lock"], 1, vec!["binary.lock is not a lockwarden lock file"]),
-        (vec!["unlock", "array.lock"], 1, vec!["not a lockwarden lock file"]),
-        (vec!["unlock", "deep.lock"], 1, vec!["not a lockwarden lock file", "invalid type"]),
-        (vec!["unlock", "fence-type.lock"], 1, vec!["invalid type", "three"]),
-        (vec!["unlock", "fence-negative.lock"], 1, vec!["invalid value", "-1"]),
-        (vec!["unlock", "fence-huge.lock"], 1, vec!["not a lockwarden lock file"]),
-        (vec!["unlock", "format-type.lock"], 1, vec!["invalid type"]),
-        (vec!["unlock", "nonce-empty.lock"], 1, vec!["empty nonce"]),
-        (vec!["unlock", "holder-empty.lock"], 1, vec!["empty holder"]),
-        (vec!["unlock", "url-number.lock"], 1, vec!["invalid type"]),
-        (vec!["unlock", "bucket-mismatch.lock"], 1, vec!["Bucket/Key do not match the url"]),
-        (vec!["unlock", "zk-version.lock"], 1, vec!["not a ZooKeeper entry"]),
-        (vec!["unlock", "dir.lock"], 1, vec!["dir.lock"]),
+        // a bad lock file, forced (`bad_lock_files` below has each one unforced)
         (vec!["unlock", "--force", "binary.lock"], 1, vec!["not a lockwarden lock file"]),
         // fenced writes: put, get, delete
         (vec!["put", "--lock", g, &data, "data.txt"], 2, vec!["--fence"]),
@@ -206,6 +192,27 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["put", "--fence", "1", "--lock", g, "dynamodb://no-such-table/k", "bad-item.json"], 2, vec!["dynamodb://no-such-table/k", "invalid data", "\"state\"", "expected one type"]),
         (vec!["put", "--fence", "1", "--lock", g, &data, "no-such-file"], 1, vec!["no-such-file"]),
     ];
+    // Lock files `unlock` refuses, each with exit 1 and the fragments named.
+    #[rustfmt::skip]
+    let bad_lock_files: Vec<(&str, Vec<&str>)> = vec![
+        ("huge.lock", vec!["huge.lock is not a lockwarden lock file"]),
+        ("binary.lock", vec!["binary.lock is not a lockwarden lock file"]),
+        ("array.lock", vec!["not a lockwarden lock file"]),
+        ("deep.lock", vec!["not a lockwarden lock file", "invalid type"]),
+        ("fence-type.lock", vec!["invalid type", "three"]),
+        ("fence-negative.lock", vec!["invalid value", "-1"]),
+        ("fence-huge.lock", vec!["not a lockwarden lock file"]),
+        ("format-type.lock", vec!["invalid type"]),
+        ("nonce-empty.lock", vec!["empty nonce"]),
+        ("holder-empty.lock", vec!["empty holder"]),
+        ("url-number.lock", vec!["invalid type"]),
+        ("bucket-mismatch.lock", vec!["Bucket/Key do not match the url"]),
+        ("zk-version.lock", vec!["not a ZooKeeper entry"]),
+        ("dir.lock", vec!["dir.lock"]),
+    ];
+    for (file, fragments) in bad_lock_files {
+        cases.push((vec!["unlock", file], 1, fragments));
+    }
     for (argv, code, fragments) in &cases {
         let out = cli.run(argv).await;
         let case = format!(

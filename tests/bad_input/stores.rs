@@ -11,15 +11,9 @@ struct S3Object {
 }
 
 async fn s3_get(bucket: &str, key: &str) -> S3Object {
-    let out = Moto::shared()
-        .s3_client()
-        .await
-        .get_object()
-        .bucket(bucket)
-        .key(key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("get {key}: {e:?}"));
+    let s3 = Moto::shared().s3_client().await;
+    let out = s3.get_object().bucket(bucket).key(key).send().await;
+    let out = out.unwrap_or_else(|e| panic!("get {key}: {e:?}"));
     S3Object {
         etag: out.e_tag().unwrap_or_default().to_string(),
         body: out.body.collect().await.unwrap().to_vec(),
@@ -27,13 +21,9 @@ async fn s3_get(bucket: &str, key: &str) -> S3Object {
 }
 
 async fn s3_put(bucket: &str, key: &str, body: Vec<u8>) {
-    Moto::shared()
-        .s3_client()
-        .await
-        .put_object()
-        .bucket(bucket)
-        .key(key)
-        .body(ByteStream::from(body))
+    let s3 = Moto::shared().s3_client().await;
+    let put = s3.put_object().bucket(bucket).key(key);
+    put.body(ByteStream::from(body))
         .send()
         .await
         .unwrap_or_else(|e| panic!("put {key}: {e:?}"));
@@ -41,6 +31,18 @@ async fn s3_put(bucket: &str, key: &str, body: Vec<u8>) {
 
 async fn s3_lock(bucket: &str, key: &str) -> CasLock<S3Store> {
     CasLock::new(S3Store::new(Moto::shared().s3_client().await, bucket, key))
+}
+
+/// Every store's acquire answers a value that is not a lockwarden record the same
+/// way: a foreign record, with a bounded description that names what is wrong.
+fn expect_foreign(name: &str, attempt: Result<Attempt, LockError>, fragment: &str) {
+    match attempt {
+        Err(LockError::Foreign { found, .. }) => {
+            assert!(found.what.contains(fragment), "{name}: {found}");
+            assert_bounded(&found);
+        }
+        other => panic!("{name}: expected a foreign record, got {other:?}"),
+    }
 }
 
 /// Objects that are not lockwarden records: acquire refuses with a bounded
@@ -108,13 +110,7 @@ async fn s3_garbage_objects_are_reported_and_left_alone() {
         let before = s3_get(&bucket, &key).await;
         let lock = s3_lock(&bucket, &key).await;
 
-        match lock.try_acquire(&request("me")).await {
-            Err(LockError::Foreign { found, .. }) => {
-                assert!(found.what.contains(fragment), "{name}: {found}");
-                assert_bounded(&found);
-            }
-            other => panic!("{name}: expected a foreign record, got {other:?}"),
-        }
+        expect_foreign(name, lock.try_acquire(&request("me")).await, fragment);
         let stored = lock.inspect().await.unwrap().expect("a record");
         assert!(stored.record.is_err(), "{name}: {stored:?}");
 
@@ -274,89 +270,31 @@ async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
         ("fence".to_string(), n("3")),
         ("nonce".to_string(), s("0123456789abcdef")),
     ]);
-    let changed = |name: &str, value: Option<AttributeValue>| {
-        let mut item = good.clone();
-        match value {
-            Some(v) => item.insert(name.to_string(), v),
-            None => item.remove(name),
-        };
-        item
-    };
-    let huge_owner = "o".repeat(300_000);
-    let cases: Vec<(&str, HashMap<String, AttributeValue>, &str)> = vec![
-        (
-            "lease-number",
-            changed("leaseDuration", Some(n("30"))),
-            "leaseDuration is a number",
-        ),
-        (
-            "lease-garbage",
-            changed("leaseDuration", Some(s("soon"))),
-            "expected a duration",
-        ),
-        (
-            "lease-zero",
-            changed("leaseDuration", Some(s("0s"))),
-            "expected a duration",
-        ),
-        (
-            "lease-huge",
-            changed("leaseDuration", Some(s("99999999999h"))),
-            "expected a duration",
-        ),
-        (
-            "fence-string",
-            changed("fence", Some(s("3"))),
-            "fence is a string",
-        ),
-        (
-            "fence-negative",
-            changed("fence", Some(n("-3"))),
-            "non-negative integer",
-        ),
-        (
-            "fence-fraction",
-            changed("fence", Some(n("3.5"))),
-            "non-negative integer",
-        ),
-        (
-            "fence-beyond-u64",
-            changed("fence", Some(n("18446744073709551616"))),
-            "non-negative integer",
-        ),
+    let huge_map = HashMap::from([("o".repeat(300_000), s("x"))]);
+    // (case, the attribute changed from `good`, its value there, what the error names)
+    #[rustfmt::skip]
+    let cases: Vec<(&str, &str, AttributeValue, &str)> = vec![
+        ("lease-number", "leaseDuration", n("30"), "leaseDuration is a number"),
+        ("lease-garbage", "leaseDuration", s("soon"), "expected a duration"),
+        ("lease-zero", "leaseDuration", s("0s"), "expected a duration"),
+        ("lease-huge", "leaseDuration", s("99999999999h"), "expected a duration"),
+        ("fence-string", "fence", s("3"), "fence is a string"),
+        ("fence-negative", "fence", n("-3"), "non-negative integer"),
+        ("fence-fraction", "fence", n("3.5"), "non-negative integer"),
+        ("fence-beyond-u64", "fence", n("18446744073709551616"), "non-negative integer"),
         // isReleased of any type is not here: like dynamolock, a present isReleased
         // means released (see src/backend/dynamodb.rs), so it is not bad input.
-        (
-            "data-number",
-            changed("data", Some(n("1"))),
-            "data is a number",
-        ),
-        (
-            "owner-list",
-            changed("ownerName", Some(AttributeValue::L(vec![s("a")]))),
-            "ownerName is a list",
-        ),
-        (
-            "owner-huge-map",
-            changed(
-                "ownerName",
-                Some(AttributeValue::M(HashMap::from([(
-                    huge_owner.clone(),
-                    s("x"),
-                )]))),
-            ),
-            "ownerName is a map",
-        ),
+        ("data-number", "data", n("1"), "data is a number"),
+        ("owner-list", "ownerName", AttributeValue::L(vec![s("a")]), "ownerName is a list"),
+        ("owner-huge-map", "ownerName", AttributeValue::M(huge_map), "ownerName is a map"),
         // A missing nonce is not here: an item without lockwarden's own attributes is
         // a dynamolock lock, held by its ownerName (tests/interop.rs).
-        (
-            "rvn-null",
-            changed("recordVersionNumber", Some(AttributeValue::Null(true))),
-            "recordVersionNumber is null",
-        ),
+        ("rvn-null", "recordVersionNumber", AttributeValue::Null(true), "recordVersionNumber is null"),
     ];
     let cli = cli();
-    for (name, mut item, fragment) in cases {
+    for (name, attribute, value, fragment) in cases {
+        let mut item = good.clone();
+        item.insert(attribute.to_string(), value);
         item.insert("key".to_string(), s(name));
         client
             .put_item()
@@ -370,13 +308,7 @@ async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
             TableLayout::new(&table),
             name,
         ));
-        match lock.try_acquire(&request("me")).await {
-            Err(LockError::Foreign { found, .. }) => {
-                assert!(found.what.contains(fragment), "{name}: {found}");
-                assert_bounded(&found);
-            }
-            other => panic!("{name}: expected a foreign record, got {other:?}"),
-        }
+        expect_foreign(name, lock.try_acquire(&request("me")).await, fragment);
         let url = format!("dynamodb://{table}/{name}");
         let out = cli.run(&["lock", &url, "-o", "x.lock"]).await;
         out.expect(3, &[&url, "not a lockwarden lock"], name);
@@ -506,37 +438,20 @@ async fn kubernetes_leases_with_odd_fields_are_reported_and_left_alone() {
         }
         annotations
     };
-    let cases: Vec<(&str, Value, Value, &str)> = vec![
-        // (A leaseDurationSeconds of 0 or less is refused by the API server itself.)
-        (
-            "holder-mismatch-released",
-            ours(json!({"lockwarden.io/state": "released", "lockwarden.io/lease-ms": "0"})),
-            json!({"holderIdentity": "", "leaseDurationSeconds": 30}),
-            "lease-ms is missing or not a positive integer",
-        ),
-        (
-            "lease-ms-garbage",
-            ours(json!({"lockwarden.io/lease-ms": "soon"})),
-            json!({"holderIdentity": "someone", "leaseDurationSeconds": 30}),
-            "lease-ms is missing or not a positive integer",
-        ),
-        (
-            "lease-ms-huge",
-            ours(json!({"lockwarden.io/lease-ms": "99999999999999999999999"})),
-            json!({"holderIdentity": "someone", "leaseDurationSeconds": 30}),
-            "lease-ms is missing or not a positive integer",
-        ),
-        (
-            "state-odd",
-            ours(json!({"lockwarden.io/state": "stolen"})),
-            json!({"holderIdentity": "someone", "leaseDurationSeconds": 30}),
-            "\"stolen\"",
-        ),
+    let lease_ms = "lease-ms is missing or not a positive integer";
+    // (case, annotations over `ours`, the Lease's holderIdentity, what the error names).
+    // A leaseDurationSeconds of 0 or less is refused by the API server itself.
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        ("holder-mismatch-released", json!({"lockwarden.io/state": "released", "lockwarden.io/lease-ms": "0"}), "", lease_ms),
+        ("lease-ms-garbage", json!({"lockwarden.io/lease-ms": "soon"}), "someone", lease_ms),
+        ("lease-ms-huge", json!({"lockwarden.io/lease-ms": "99999999999999999999999"}), "someone", lease_ms),
+        ("state-odd", json!({"lockwarden.io/state": "stolen"}), "someone", "\"stolen\""),
     ];
-    for (name, annotations, spec, fragment) in cases {
+    for (name, extra, holder, fragment) in cases {
         let lease: KubeLease = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": annotations},
-            "spec": spec,
+            "metadata": {"name": name, "annotations": ours(extra)},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 30},
         }))
         .unwrap();
         let created = api
@@ -544,13 +459,7 @@ async fn kubernetes_leases_with_odd_fields_are_reported_and_left_alone() {
             .await
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let lock = CasLock::new(LeaseStore::new(client.clone(), &namespace, name));
-        match lock.try_acquire(&request("me")).await {
-            Err(LockError::Foreign { found, .. }) => {
-                assert!(found.what.contains(fragment), "{name}: {found}");
-                assert_bounded(&found);
-            }
-            other => panic!("{name}: expected a foreign record, got {other:?}"),
-        }
+        expect_foreign(name, lock.try_acquire(&request("me")).await, fragment);
         let url = format!("k8s://{namespace}/{name}");
         let out = cli.run(&["lock", &url, "-o", "x.lock"]).await;
         out.expect(3, &[&url, "not a lockwarden lock"], name);
