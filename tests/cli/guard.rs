@@ -4,7 +4,10 @@
 //! S3 (moto) and Kubernetes Leases (kube-apiserver; there the store *is* the API
 //! server, so "the holder cut off" is the controller's situation when it is partitioned).
 
-use super::run::{Register, WRITER, Writers, monotonic_now, without_colours};
+use super::run::{
+    Register, Writers, assert_deadline_within_validity, assert_none_after, logged_deadline,
+    monotonic_now, spawn_writing, without_colours,
+};
 use super::*;
 use support::proxy::{Mode, Proxy};
 
@@ -163,19 +166,8 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pi
     guard_path.apply(&mut cmd);
     // The acquisition as the Pod gets it from its annotations: in the environment.
     cmd.env("LOCKWARDEN_NONCE", &nonce)
-        .env("LOCKWARDEN_FENCE", &fence)
-        .env("LOCKWARDEN_LOG", "lockwarden=info")
-        .env("REGISTER", port.to_string())
-        .env("WRITER", WRITER);
-    let guard = cmd.spawn().expect("spawn lockwarden guard");
-    eventually("every guarded writer to write", || async {
-        writers
-            .names()
-            .iter()
-            .all(|name| register.writers().contains(*name))
-            .then_some(())
-    })
-    .await;
+        .env("LOCKWARDEN_FENCE", &fence);
+    let guard = spawn_writing("guard", &mut cmd, port, &register, &writers).await;
     tokio::time::sleep(LEASE / 2).await;
     let cut_at = monotonic_now();
     let contender = match cut {
@@ -217,23 +209,14 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pi
             "not PID 1: {out:#?}"
         );
     }
-    let deadline: f64 = logged
-        .rsplit("deadline_monotonic=")
-        .next()
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.trim().parse().ok())
+    // The deadline the guard stopped by: the last it logged.
+    let deadline = logged_deadline(&logged, true)
         .unwrap_or_else(|| panic!("the guard logged no deadline: {out:#?}"));
-    // The last read showing the previous revision was sent before the cut.
-    let validity = lockwarden::lock::SafetyMargins::default().holder_validity(LEASE);
-    assert!(
-        deadline <= cut_at + validity.as_secs_f64(),
-        "the logged deadline {deadline} is after the cut {cut_at} plus {validity:?}"
-    );
-    eventually("every guarded writer to be gone", || async {
-        (register.closed.load(std::sync::atomic::Ordering::SeqCst) >= writers.names().len())
-            .then_some(())
-    })
-    .await;
+    assert_deadline_within_validity(deadline, cut_at, LEASE);
+    let n = writers.names().len();
+    register
+        .wait_for_closed(n, "every guarded writer to be gone")
+        .await;
     let mut limit = deadline;
     if let Some(contender) = contender {
         let out = finish(contender, String::new()).await;
@@ -257,12 +240,8 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pi
         .filter(|(_, line)| !line.starts_with("contender"))
         .collect();
     let last = guarded.iter().map(|(t, _)| *t).fold(f64::MIN, f64::max);
-    let late: Vec<_> = guarded.iter().filter(|(t, _)| *t > limit).collect();
-    assert!(
-        late.is_empty(),
-        "{} guarded writes after {limit} (deadline {deadline}): {late:?}",
-        late.len()
-    );
+    let after = format!("guarded writes after {limit} (deadline {deadline})");
+    assert_none_after(&guarded, limit, &after);
     println!(
         "{url} ({cut:?} cut): {} guarded writes, the last {:.0} ms before the guard's deadline, \
          which came {:.0} ms after the cut",
@@ -305,6 +284,14 @@ async fn rule9_the_guard_stops_a_command_that_ignores_sigterm_before_a_contender
     .await;
 }
 
+/// `guard` of the acquisition (`url`, `nonce`, `fence`) as the Pod's annotations give
+/// it, then `rest`: flags, `--` and COMMAND.
+fn guard_args<'a>(url: &'a str, nonce: &'a str, fence: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["guard", "--url", url, "--nonce", nonce, "--fence", fence];
+    args.extend(rest);
+    args
+}
+
 /// The guard starts COMMAND once it has seen a renewal, passes the fence on, and exits
 /// with COMMAND's status; a grace the stored lease does not leave is refused before
 /// COMMAND starts.
@@ -314,21 +301,13 @@ async fn the_guard_runs_its_command_after_a_renewal_and_exits_with_its_status() 
     let path = StorePath::new(Store::S3, lw.dir(), "holder");
     let (_holder, nonce, fence) = keeper(&lw, &url, &path).await;
     let started = Instant::now();
-    let out = lw
-        .run(&[
-            "guard",
-            "--url",
-            &url,
-            "--nonce",
-            &nonce,
-            "--fence",
-            &fence,
-            "--",
-            "sh",
-            "-c",
-            "echo \"$LOCKWARDEN_FENCE\" > fence.txt; exit 3",
-        ])
-        .await;
+    let sh = [
+        "--",
+        "sh",
+        "-c",
+        "echo \"$LOCKWARDEN_FENCE\" > fence.txt; exit 3",
+    ];
+    let out = lw.run(&guard_args(&url, &nonce, &fence, &sh)).await;
     out.code(3);
     assert_eq!(
         std::fs::read_to_string(lw.path("fence.txt"))
@@ -340,36 +319,17 @@ async fn the_guard_runs_its_command_after_a_renewal_and_exits_with_its_status() 
         "the guard waited for a renewal and ran its command in {:.2?}",
         started.elapsed()
     );
-    let out = lw
-        .run(&[
-            "guard", "--url", &url, "--nonce", &nonce, "--fence", &fence, "--grace", "1s", "--",
-            "touch", "ran.txt",
-        ])
-        .await;
+    let touch = ["--", "touch", "ran.txt"];
+    let too_long = ["--grace", "1s", "--", "touch", "ran.txt"];
+    let out = lw.run(&guard_args(&url, &nonce, &fence, &too_long)).await;
     out.code(2)
         .one_line_error(&["--grace 1s", "4s lease", "at most 436ms"]);
     let other: u64 = fence.parse::<u64>().unwrap() + 1;
     let out = lw
-        .run(&[
-            "guard",
-            "--url",
-            &url,
-            "--nonce",
-            &nonce,
-            "--fence",
-            &other.to_string(),
-            "--",
-            "touch",
-            "ran.txt",
-        ])
+        .run(&guard_args(&url, &nonce, &other.to_string(), &touch))
         .await;
     out.code(2).one_line_error(&["--fence", "has fence"]);
-    let out = lw
-        .run(&[
-            "guard", "--url", &url, "--nonce", "not-ours", "--fence", &fence, "--", "touch",
-            "ran.txt",
-        ])
-        .await;
+    let out = lw.run(&guard_args(&url, "not-ours", &fence, &touch)).await;
     out.code(4)
         .one_line_error(&[&url, "not held with this nonce", "keeper"]);
     assert!(!lw.path("ran.txt").exists(), "the command must not run");

@@ -1,6 +1,9 @@
 //! `run`: the command runs only while the lock is held, is terminated when the lock is
 //! stolen, and gets SIGTERM passed on.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
 use super::*;
 use support::proxy::{Mode, Proxy};
 
@@ -126,16 +129,9 @@ async fn run_of_a_held_lock_exits_3_without_running_the_command() {
     assert_eq!(lw.status(&url).await["state"], "released");
 }
 
-/// Seconds of CLOCK_MONOTONIC, the clock `run` logs its holder deadline on.
-pub(super) fn monotonic_now() -> f64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
-}
+// Seconds of CLOCK_MONOTONIC, the clock `run` logs its holder deadline on (the same
+// clock the node trials' register stamps with).
+pub(super) use support::trials::monotonic_now;
 
 /// What the guarded resource saw: one line per write, `WRITER N`, stamped on arrival
 /// on CLOCK_MONOTONIC (an arrival is after its write, so "arrived before the deadline"
@@ -143,32 +139,55 @@ pub(super) fn monotonic_now() -> f64 {
 #[derive(Default)]
 pub(super) struct Register {
     writes: std::sync::Mutex<Vec<(f64, String)>>,
-    pub(super) closed: std::sync::atomic::AtomicUsize,
+    closed: AtomicUsize,
 }
 
 impl Register {
     /// Serves on a loopback port until the test ends.
-    pub(super) async fn serve() -> (u16, std::sync::Arc<Register>) {
+    pub(super) async fn serve() -> (u16, Arc<Register>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let register = std::sync::Arc::new(Register::default());
-        let serving = register.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let register = serving.clone();
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stream).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let t = monotonic_now();
-                        register.writes.lock().unwrap().push((t, line));
-                    }
-                    register
-                        .closed
-                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                });
-            }
-        });
+        let register = Arc::new(Register::default());
+        tokio::spawn(register.clone().accept(listener));
         (port, register)
+    }
+
+    /// Takes each writer's connection, until the test ends.
+    async fn accept(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(self.clone().record(stream));
+        }
+    }
+
+    /// One writer's connection: each line stamped on arrival, then that it closed.
+    async fn record(self: Arc<Self>, stream: tokio::net::TcpStream) {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let t = monotonic_now();
+            self.writes.lock().unwrap().push((t, line));
+        }
+        self.closed.fetch_add(1, SeqCst);
+    }
+
+    /// Waits until each of `writers` has written once.
+    pub(super) async fn wait_for_writes(&self, writers: &Writers, what: &str) {
+        eventually(what, || async {
+            let seen = self.writers();
+            writers
+                .names()
+                .iter()
+                .all(|name| seen.contains(*name))
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// Waits until `n` writers' connections have closed: none of them runs any more.
+    pub(super) async fn wait_for_closed(&self, n: usize, what: &str) {
+        eventually(what, || async {
+            (self.closed.load(SeqCst) >= n).then_some(())
+        })
+        .await;
     }
 
     pub(super) fn writes(&self) -> Vec<(f64, String)> {
@@ -204,6 +223,53 @@ pub(super) fn without_colours(text: &str) -> String {
         }
     }
     plain
+}
+
+/// The value of the first `deadline_monotonic=SECONDS` in `log` (colour codes
+/// removed), or of the last: a holder deadline on CLOCK_MONOTONIC, as `run` and
+/// `guard` log it.
+pub(super) fn logged_deadline(log: &str, last: bool) -> Option<f64> {
+    let mut each = log.split("deadline_monotonic=").skip(1);
+    let rest = if last { each.last() } else { each.next() }?;
+    rest.split(' ').next()?.trim().parse().ok()
+}
+
+/// A logged deadline is not trusted blindly: the last read showing the holder's
+/// revision was sent before the store was cut at `cut`, so the deadline is at most
+/// the cut plus the lease's holder validity.
+pub(super) fn assert_deadline_within_validity(deadline: f64, cut: f64, lease: Duration) {
+    let validity = lockwarden::lock::SafetyMargins::default().holder_validity(lease);
+    assert!(
+        deadline <= cut + validity.as_secs_f64(),
+        "the logged deadline {deadline} is after the cut {cut} plus {validity:?}"
+    );
+}
+
+/// No write of `writes` arrived after `limit`; `what` names them and the limit.
+pub(super) fn assert_none_after(writes: &[(f64, String)], limit: f64, what: &str) {
+    let late: Vec<_> = writes.iter().filter(|(t, _)| *t > limit).collect();
+    assert!(late.is_empty(), "{} {what}: {late:?}", late.len());
+}
+
+/// Spawns `cmd`, lockwarden `what` (`run` or `guard`) over `writers`, logging its
+/// deadline, with the writers pointed at the register on `port`; returns it once each
+/// writer has written.
+pub(super) async fn spawn_writing(
+    what: &str,
+    cmd: &mut tokio::process::Command,
+    port: u16,
+    register: &Register,
+    writers: &Writers,
+) -> Child {
+    let child = cmd
+        .env("LOCKWARDEN_LOG", "lockwarden=info")
+        .env("REGISTER", port.to_string())
+        .env("WRITER", WRITER)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn lockwarden {what}: {e}"));
+    let waiting = format!("every writer under {what} to write");
+    register.wait_for_writes(writers, &waiting).await;
+    child
 }
 
 /// Commands whose writers must all be gone by the holder deadline (rule 7).
@@ -246,27 +312,18 @@ async fn writes_end_by_the_holder_deadline(
     url: &str,
     flags: &[&str],
     lease: Duration,
-    grace: &str,
     proxy: &Proxy,
     writers: Writers,
 ) -> f64 {
     let (port, register) = Register::serve().await;
+    // One grace for both stores: within the bound of the 3 s lease on S3 (440 ms), and
+    // so of the longer one on ZooKeeper.
+    let grace = "400ms";
     let mut args = vec!["run", url, "--grace", grace, "--holder", "writer"];
     args.extend(flags);
     args.extend(["--", "bash", "-c", writers.script()]);
     let mut cmd = lw.command(&args);
-    cmd.env("LOCKWARDEN_LOG", "lockwarden=info")
-        .env("REGISTER", port.to_string())
-        .env("WRITER", WRITER);
-    let runner = cmd.spawn().expect("spawn lockwarden");
-    eventually("every writer to write", || async {
-        writers
-            .names()
-            .iter()
-            .all(|name| register.writers().contains(*name))
-            .then_some(())
-    })
-    .await;
+    let runner = spawn_writing("run", &mut cmd, port, &register, &writers).await;
     // Two renewals' worth of holding, then the store is cut off.
     tokio::time::sleep(lease / 2).await;
     let cut = monotonic_now();
@@ -277,36 +334,20 @@ async fn writes_end_by_the_holder_deadline(
     let out = finish(runner, String::new()).await;
     out.code(4);
     assert!(out.stderr.contains("lock lost"), "{out:#?}");
-    // `deadline_monotonic=SECONDS`, once the log's colour codes are gone.
-    let deadline: f64 = without_colours(&out.stderr)
-        .split("deadline_monotonic=")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.trim().parse().ok())
+    let deadline = logged_deadline(&without_colours(&out.stderr), false)
         .unwrap_or_else(|| panic!("run logged no holder deadline: {out:#?}"));
-    let validity = lockwarden::lock::SafetyMargins::default().holder_validity(lease);
-    assert!(
-        deadline <= cut + validity.as_secs_f64(),
-        "the logged deadline {deadline} is after the cut {cut} plus {validity:?}"
-    );
+    assert_deadline_within_validity(deadline, cut, lease);
     // Every writer's connection closes: none is left running.
-    eventually("every writer to be gone", || async {
-        (register.closed.load(std::sync::atomic::Ordering::SeqCst) >= writers.names().len())
-            .then_some(())
-    })
-    .await;
+    let n = writers.names().len();
+    register.wait_for_closed(n, "every writer to be gone").await;
     let writes = register.writes();
     let (last, line) = writes
         .iter()
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .cloned()
         .expect("writes");
-    let late: Vec<_> = writes.iter().filter(|(t, _)| *t > deadline).collect();
-    assert!(
-        late.is_empty(),
-        "{} writes after the holder deadline {deadline}: {late:?}",
-        late.len()
-    );
+    let after = format!("writes after the holder deadline {deadline}");
+    assert_none_after(&writes, deadline, &after);
     println!(
         "{url}: {} writes, the last ({line:?}) {:.0} ms before the holder deadline; \
          the store was cut {:.0} ms before it",
@@ -327,17 +368,9 @@ async fn rule7_run_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_
         let endpoint = proxy.endpoint();
         let lw = Cli::aws();
         let url = format!("s3://{bucket}/{}", unique("rule7"));
+        let flags = ["--endpoint", &endpoint, "--lease", "3s"];
         let lease = Duration::from_secs(3);
-        writes_end_by_the_holder_deadline(
-            &lw,
-            &url,
-            &["--endpoint", &endpoint, "--lease", "3s"],
-            lease,
-            "400ms",
-            &proxy,
-            writers,
-        )
-        .await;
+        writes_end_by_the_holder_deadline(&lw, &url, &flags, lease, &proxy, writers).await;
     }
 }
 
@@ -354,17 +387,10 @@ async fn rule7_run_stops_a_command_that_ignores_sigterm_or_backgrounds_a_writer_
             proxy.address(),
             unique("rule7")
         );
+        let lw = Cli::new();
+        let flags = ["--session-timeout", "4s"];
         let lease = Duration::from_secs(4);
-        writes_end_by_the_holder_deadline(
-            &Cli::new(),
-            &url,
-            &["--session-timeout", "4s"],
-            lease,
-            "400ms",
-            &proxy,
-            writers,
-        )
-        .await;
+        writes_end_by_the_holder_deadline(&lw, &url, &flags, lease, &proxy, writers).await;
     }
 }
 
@@ -390,10 +416,9 @@ async fn rule7_run_stops_what_its_command_left_running_before_releasing() {
         stderr.contains("exited and left") && stderr.contains("SIGKILL"),
         "{stderr}"
     );
-    eventually("the writer's connection to close", || async {
-        (register.closed.load(std::sync::atomic::Ordering::SeqCst) >= 1).then_some(())
-    })
-    .await;
+    register
+        .wait_for_closed(1, "the writer's connection to close")
+        .await;
     let writes = register.writes();
     assert!(!writes.is_empty(), "the left-behind writer never wrote");
     assert!(
