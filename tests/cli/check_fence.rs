@@ -28,7 +28,9 @@ async fn check(lw: &Cli, url: &str, fence: u64) -> Out {
 
 /// Nobody → 5; holder a's fence → 0; after a hand-over to b, a's fence → 5 naming b
 /// and b's fence, b's → 0; after b's release, b's fence → 5, nobody holds it.
-async fn fence_checks(lw: &Cli, url: &str) {
+async fn fence_checks(backend: Backend) {
+    let (cli, url) = fresh_lock(backend, "cli-check-fence", "locks/fenced").await;
+    let (lw, url) = (&cli, url.as_str());
     let out = check(lw, url, 1).await;
     assert_not_current(&out, url, 1, "nobody holds the key");
 
@@ -54,13 +56,14 @@ async fn fence_checks(lw: &Cli, url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_check_fence() {
-    let bucket = Moto::shared().new_bucket("cli-check-fence").await;
-    let lw = Cli::aws();
-    fence_checks(&lw, &format!("s3://{bucket}/locks/fenced")).await;
+async fn check_fence_on_every_backend() {
+    on_each(&EVERY_BACKEND, fence_checks).await;
+}
 
-    // Several permits: either holder's fence is current, a departed one's is not.
-    let url = format!("s3://{bucket}/locks/semaphore");
+/// Several permits: either holder's fence is current, a departed one's is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_check_fence_with_several_permits() {
+    let (lw, url) = fresh_lock(Backend::S3, "cli-check-fence", "locks/semaphore").await;
     let mut fences = Vec::new();
     for (file, holder) in [("p1.lock", "reader-1"), ("p2.lock", "reader-2")] {
         lw.run(&[
@@ -91,23 +94,4 @@ async fn s3_check_fence() {
         &format!("held by reader-2 with fence {kept}"),
     );
     lw.unlock("p2.lock").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_check_fence() {
-    let table = Moto::shared().new_table("cli-check-fence", "key").await;
-    fence_checks(&Cli::aws(), &format!("dynamodb://{table}/fenced")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_check_fence() {
-    fence_checks(&Cli::new(), &zk_url("check-fence")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubernetes_check_fence() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "cli-fence").await;
-    fence_checks(&Cli::kube(), &format!("k8s://{namespace}/fenced")).await;
 }

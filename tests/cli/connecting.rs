@@ -37,70 +37,54 @@ async fn lock_while_the_store_starts(
     lw.unlock("early.lock").await;
 }
 
-/// A proxy in front of the shared ZooKeeper: the store as the command sees it.
-async fn zookeeper_behind_a_proxy() -> Proxy {
+/// A proxy in front of the shared ZooKeeper, and a fresh lock URL through it: the
+/// store as the command sees it.
+async fn zookeeper_behind_a_proxy(prefix: &str) -> (Proxy, String) {
     let zk = tokio::task::spawn_blocking(ZooKeeper::shared)
         .await
         .unwrap();
-    Proxy::start(zk.nodes()[0].port())
+    let proxy = Proxy::start(zk.nodes()[0].port());
+    let url = format!("zk://{}/lockwarden-cli/{}", proxy.address(), unique(prefix));
+    (proxy, url)
+}
+
+/// A proxy in front of the shared moto (the command reaches it by `--endpoint`).
+async fn moto_behind_a_proxy() -> Proxy {
+    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
+    Proxy::start(moto.port())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_reaches_a_zookeeper_that_starts_serving_after_the_command() {
-    let proxy = zookeeper_behind_a_proxy().await;
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        proxy.address(),
-        unique("late-zk")
-    );
+    let (proxy, url) = zookeeper_behind_a_proxy("late-zk").await;
     lock_while_the_store_starts(&Cli::new(), &url, &proxy, &[], Duration::ZERO).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_reaches_an_s3_endpoint_that_starts_serving_after_the_command() {
-    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
-    let bucket = moto.new_bucket("cli-late").await;
-    let proxy = Proxy::start(moto.port());
+    let proxy = moto_behind_a_proxy().await;
     let endpoint = proxy.endpoint();
-    lock_while_the_store_starts(
-        &Cli::aws(),
-        &format!("s3://{bucket}/late"),
-        &proxy,
-        &["--endpoint", &endpoint],
-        // Longer than the AWS SDK's own retries of a failed connection, shorter than
-        // the connect timeout.
-        Duration::from_secs(3),
-    )
-    .await;
+    let (lw, url) = fresh_lock(Backend::S3, "cli-late", "late").await;
+    // Longer than the AWS SDK's own retries of a failed connection, shorter than the
+    // connect timeout.
+    let refused_for = Duration::from_secs(3);
+    lock_while_the_store_starts(&lw, &url, &proxy, &["--endpoint", &endpoint], refused_for).await;
 }
 
 /// Longer than the connect timeout: `--wait` keeps the command trying.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_with_wait_reaches_a_dynamodb_endpoint_that_serves_after_the_connect_timeout() {
-    let moto = tokio::task::spawn_blocking(Moto::shared).await.unwrap();
-    let table = moto.new_table("cli-late", "key").await;
-    let proxy = Proxy::start(moto.port());
-    let endpoint = proxy.endpoint();
-    lock_while_the_store_starts(
-        &Cli::aws(),
-        &format!("dynamodb://{table}/late"),
-        &proxy,
-        &["--endpoint", &endpoint, "--wait", "60s"],
-        Duration::from_secs(7),
-    )
-    .await;
+    let proxy = moto_behind_a_proxy().await;
+    let (lw, url) = fresh_lock(Backend::DynamoDb, "cli-late", "late").await;
+    let flags = ["--endpoint", &proxy.endpoint(), "--wait", "60s"];
+    lock_while_the_store_starts(&lw, &url, &proxy, &flags, Duration::from_secs(7)).await;
 }
 
 /// `status` too keeps trying a store that does not serve yet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reaches_a_zookeeper_that_starts_serving_after_the_command() {
-    let proxy = zookeeper_behind_a_proxy().await;
+    let (proxy, url) = zookeeper_behind_a_proxy("late-status").await;
     proxy.set_mode(Mode::Refuse);
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        proxy.address(),
-        unique("late-status")
-    );
     let lw = Cli::new();
     let child = lw.spawn(&["status", &url, "-o", "json"]);
     eventually("status to reach the store that is not serving", || async {
@@ -118,12 +102,7 @@ async fn status_reaches_a_zookeeper_that_starts_serving_after_the_command() {
 /// (a ZooKeeper restarting), and serves a moment later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_reaches_a_zookeeper_that_starts_serving_after_the_command() {
-    let proxy = zookeeper_behind_a_proxy().await;
-    let url = format!(
-        "zk://{}/lockwarden-cli/{}",
-        proxy.address(),
-        unique("late-unlock")
-    );
+    let (proxy, url) = zookeeper_behind_a_proxy("late-unlock").await;
     let lw = Cli::new();
     lw.run(&["lock", &url, "-o", "late.lock"]).await.ok();
     let before = proxy.accepted();

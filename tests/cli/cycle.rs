@@ -6,7 +6,14 @@ use super::*;
 /// Acceptance, per backend: lock → a second lock fails with exit 3 → unlock → lock
 /// again with fence + 1; then `run` continues the sequence, passes the fence and the
 /// exit code, and releases.
-async fn lock_cycle(lw: &Cli, url: &str, fences: Fences) {
+async fn lock_cycle(backend: Backend) {
+    let key = match backend {
+        Backend::S3 => "locks/lock-object",
+        Backend::DynamoDb | Backend::Kubernetes => "db-migration",
+        Backend::ZooKeeper => "",
+    };
+    let (cli, url) = fresh_lock(backend, "cli-cycle", key).await;
+    let (lw, url, fences) = (&cli, url.as_str(), backend.fences());
     // lock
     let out = lw
         .run(&["lock", url, "-o", "first.lock", "--lease", "5m"])
@@ -109,11 +116,8 @@ async fn lock_cycle(lw: &Cli, url: &str, fences: Fences) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_lock_unlock_relock_and_run() {
-    let bucket = Moto::shared().new_bucket("cli-cycle").await;
-    let lw = Cli::aws();
-    let url = format!("s3://{bucket}/locks/lock-object");
-    lock_cycle(&lw, &url, Fences::PlusOne).await;
+async fn lock_unlock_relock_and_run_on_every_backend() {
+    on_each(&EVERY_BACKEND, lock_cycle).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,14 +161,6 @@ async fn s3_lock_file_has_s3lock_fields_and_default_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_lock_unlock_relock_and_run() {
-    let table = Moto::shared().new_table("cli-cycle", "key").await;
-    let lw = Cli::aws();
-    let url = format!("dynamodb://{table}/db-migration");
-    lock_cycle(&lw, &url, Fences::PlusOne).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamodb_custom_partition_key_is_remembered_by_the_lock_file() {
     let table = Moto::shared().new_table("cli-pk", "LockID").await;
     let lw = Cli::aws();
@@ -181,21 +177,4 @@ async fn dynamodb_custom_partition_key_is_remembered_by_the_lock_file() {
         .one_line_error(&[&url]);
     // unlock needs no flag: the lock file says.
     lw.unlock("x.lock").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_lock_unlock_relock_and_run() {
-    let lw = Cli::new();
-    let url = zk_url("cycle");
-    lock_cycle(&lw, &url, Fences::Increasing).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubernetes_lock_unlock_relock_and_run() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "cli").await;
-    let lw = Cli::kube();
-    let url = format!("k8s://{namespace}/db-migration");
-    lock_cycle(&lw, &url, Fences::PlusOne).await;
 }

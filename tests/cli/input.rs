@@ -30,207 +30,52 @@ async fn malformed_input_is_a_one_line_error_and_writes_nothing() {
     )
     .unwrap();
 
-    let cases: Vec<(Vec<String>, i32, Vec<String>)> = vec![
+    let g = good.as_str();
+    let (one_slash, no_key) = (format!("s3:/{bucket}/k"), format!("s3://{bucket}"));
+    let (empty_key, ftp) = (format!("s3://{bucket}/"), format!("ftp://{bucket}/k"));
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         // URLs
-        (
-            vec!["lock".into(), format!("s3:/{bucket}/k")],
-            2,
-            vec!["is not a lock URL".into(), "s3://BUCKET/KEY".into()],
-        ),
-        (
-            vec!["lock".into(), format!("s3://{bucket}")],
-            2,
-            vec!["no key after the bucket".into()],
-        ),
-        (
-            vec!["lock".into(), format!("s3://{bucket}/")],
-            2,
-            vec!["empty key".into()],
-        ),
-        (
-            vec!["lock".into(), "s3://Not_A_Bucket/k".into()],
-            2,
-            vec!["invalid bucket name".into()],
-        ),
-        (
-            vec!["lock".into(), format!("ftp://{bucket}/k")],
-            2,
-            vec!["unknown scheme \"ftp\"".into()],
-        ),
-        (
-            vec!["lock".into(), "dynamodb://t/k".into()],
-            2,
-            vec!["invalid table name".into(), "dynamodb://TABLE/KEY".into()],
-        ),
-        (
-            vec!["lock".into(), "zk://127.0.0.1:notaport/x".into()],
-            2,
-            vec!["invalid port".into(), "zk://HOST:PORT".into()],
-        ),
-        (
-            vec!["lock".into(), "zk://127.0.0.1:2181".into()],
-            2,
-            vec!["no lock path".into()],
-        ),
-        (
-            vec!["status".into(), "k8s://only-namespace".into()],
-            2,
-            vec!["no Lease name".into(), "k8s://NAMESPACE/LEASE-NAME".into()],
-        ),
-        (
-            vec![
-                "run".into(),
-                "k8s://Bad_NS/x".into(),
-                "--".into(),
-                "true".into(),
-            ],
-            2,
-            vec!["invalid namespace".into()],
-        ),
+        (vec!["lock", &one_slash], 2, vec!["is not a lock URL", "s3://BUCKET/KEY"]),
+        (vec!["lock", &no_key], 2, vec!["no key after the bucket"]),
+        (vec!["lock", &empty_key], 2, vec!["empty key"]),
+        (vec!["lock", "s3://Not_A_Bucket/k"], 2, vec!["invalid bucket name"]),
+        (vec!["lock", &ftp], 2, vec!["unknown scheme \"ftp\""]),
+        (vec!["lock", "dynamodb://t/k"], 2, vec!["invalid table name", "dynamodb://TABLE/KEY"]),
+        (vec!["lock", "zk://127.0.0.1:notaport/x"], 2, vec!["invalid port", "zk://HOST:PORT"]),
+        (vec!["lock", "zk://127.0.0.1:2181"], 2, vec!["no lock path"]),
+        (vec!["status", "k8s://only-namespace"], 2, vec!["no Lease name", "k8s://NAMESPACE/LEASE-NAME"]),
+        (vec!["run", "k8s://Bad_NS/x", "--", "true"], 2, vec!["invalid namespace"]),
         // durations and numbers
-        (
-            vec![
-                "lock".into(),
-                good.clone(),
-                "--lease".into(),
-                "10parsecs".into(),
-            ],
-            2,
-            vec!["--lease".into(), "30s, 5m, 1h30m".into()],
-        ),
-        (
-            vec!["lock".into(), good.clone(), "--lease".into(), "0s".into()],
-            2,
-            vec!["greater than zero".into()],
-        ),
-        (
-            vec![
-                "lock".into(),
-                good.clone(),
-                "--lease".into(),
-                "500ms".into(),
-            ],
-            2,
-            vec!["at least 1s".into()],
-        ),
-        (
-            vec!["lock".into(), good.clone(), "--wait".into(), "soon".into()],
-            2,
-            vec!["--wait".into(), "10, 90s or 5m".into()],
-        ),
-        (
-            vec![
-                "run".into(),
-                good.clone(),
-                "--grace".into(),
-                "a while".into(),
-                "--".into(),
-                "true".into(),
-            ],
-            2,
-            vec!["--grace".into()],
-        ),
+        (vec!["lock", g, "--lease", "10parsecs"], 2, vec!["--lease", "30s, 5m, 1h30m"]),
+        (vec!["lock", g, "--lease", "0s"], 2, vec!["greater than zero"]),
+        (vec!["lock", g, "--lease", "500ms"], 2, vec!["at least 1s"]),
+        (vec!["lock", g, "--wait", "soon"], 2, vec!["--wait", "10, 90s or 5m"]),
+        (vec!["run", g, "--grace", "a while", "--", "true"], 2, vec!["--grace"]),
         // flags
-        (
-            vec!["lock".into(), good.clone(), "--bogus".into()],
-            2,
-            vec!["unexpected argument '--bogus'".into()],
-        ),
-        (
-            vec!["lock".into(), good.clone(), "--holder".into(), "".into()],
-            2,
-            vec!["holder must not be empty".into()],
-        ),
-        (
-            vec![
-                "lock".into(),
-                good.clone(),
-                "--endpoint".into(),
-                "localhost:9000".into(),
-            ],
-            2,
-            vec!["http(s)://HOST[:PORT]".into()],
-        ),
-        (
-            vec![
-                "lock".into(),
-                good.clone(),
-                "--sort-key".into(),
-                "novalue".into(),
-            ],
-            2,
-            vec!["NAME=VALUE".into()],
-        ),
-        (
-            vec!["status".into(), good.clone(), "-o".into(), "xml".into()],
-            2,
-            vec!["'xml'".into(), "json, yaml, wide".into()],
-        ),
-        (
-            vec!["run".into(), good.clone()],
-            2,
-            vec!["<COMMAND>".into()],
-        ),
-        (vec!["lock".into()], 2, vec!["<URL>".into()]),
-        (
-            vec!["frobnicate".into()],
-            2,
-            vec!["unrecognized subcommand".into()],
-        ),
+        (vec!["lock", g, "--bogus"], 2, vec!["unexpected argument '--bogus'"]),
+        (vec!["lock", g, "--holder", ""], 2, vec!["holder must not be empty"]),
+        (vec!["lock", g, "--endpoint", "localhost:9000"], 2, vec!["http(s)://HOST[:PORT]"]),
+        (vec!["lock", g, "--sort-key", "novalue"], 2, vec!["NAME=VALUE"]),
+        (vec!["status", g, "-o", "xml"], 2, vec!["'xml'", "json, yaml, wide"]),
+        (vec!["run", g], 2, vec!["<COMMAND>"]),
+        (vec!["lock"], 2, vec!["<URL>"]),
+        (vec!["frobnicate"], 2, vec!["unrecognized subcommand"]),
         // lock files
-        (
-            vec!["unlock".into(), "missing.lock".into()],
-            1,
-            vec!["missing.lock: no such file".into()],
-        ),
-        (
-            vec!["unlock".into(), "corrupt.lock".into()],
-            1,
-            vec!["corrupt.lock is not a lockwarden lock file".into()],
-        ),
-        (
-            vec!["unlock".into(), "empty.lock".into()],
-            1,
-            vec!["the file is empty".into()],
-        ),
-        (
-            vec!["unlock".into(), "s3lock.lock".into()],
-            1,
-            vec!["not a lockwarden lock file".into(), "missing field".into()],
-        ),
-        (
-            vec!["unlock".into(), "badurl.lock".into()],
-            1,
-            vec!["url:".into(), "no key after the bucket".into()],
-        ),
-        (
-            vec!["unlock".into(), "future.lock".into()],
-            1,
-            vec!["format 99 is not supported".into()],
-        ),
-        (
-            vec!["unlock".into(), "--force".into(), "corrupt.lock".into()],
-            1,
-            vec!["not a lockwarden lock file".into()],
-        ),
+        (vec!["unlock", "missing.lock"], 1, vec!["missing.lock: no such file"]),
+        (vec!["unlock", "corrupt.lock"], 1, vec!["corrupt.lock is not a lockwarden lock file"]),
+        (vec!["unlock", "empty.lock"], 1, vec!["the file is empty"]),
+        (vec!["unlock", "s3lock.lock"], 1, vec!["not a lockwarden lock file", "missing field"]),
+        (vec!["unlock", "badurl.lock"], 1, vec!["url:", "no key after the bucket"]),
+        (vec!["unlock", "future.lock"], 1, vec!["format 99 is not supported"]),
+        (vec!["unlock", "--force", "corrupt.lock"], 1, vec!["not a lockwarden lock file"]),
         // an output file that cannot be written is found before acquiring
-        (
-            vec![
-                "lock".into(),
-                good.clone(),
-                "-o".into(),
-                "no/such/dir/x.lock".into(),
-            ],
-            1,
-            vec!["no/such/dir".into()],
-        ),
+        (vec!["lock", g, "-o", "no/such/dir/x.lock"], 1, vec!["no/such/dir"]),
     ];
     assert!(cases.len() >= 15);
     for (args, code, needles) in &cases {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
-        let out = lw.run(&args).await;
-        out.code(*code).one_line_error(&needles);
+        let out = lw.run(args).await;
+        out.code(*code).one_line_error(needles);
         assert!(out.stdout.is_empty(), "{args:?}: {out:#?}");
     }
     // The bad lock files are still there (nothing removed them), and nothing was

@@ -70,29 +70,25 @@ async fn expiry_waits_the_delay_and_a_release_does_not(lw: &Cli, url: &str) -> D
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule8_s3_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not() {
-    let bucket = Moto::shared().new_bucket("cli-lock-delay").await;
-    let url = format!("s3://{bucket}/delayed");
-    expiry_waits_the_delay_and_a_release_does_not(&Cli::aws(), &url).await;
+    let (lw, url) = fresh_lock(Backend::S3, "cli-lock-delay", "delayed").await;
+    expiry_waits_the_delay_and_a_release_does_not(&lw, &url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule8_dynamodb_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not() {
-    let table = Moto::shared().new_table("cli-lock-delay", "key").await;
-    let url = format!("dynamodb://{table}/delayed");
-    expiry_waits_the_delay_and_a_release_does_not(&Cli::aws(), &url).await;
+    let (lw, url) = fresh_lock(Backend::DynamoDb, "cli-lock-delay", "delayed").await;
+    expiry_waits_the_delay_and_a_release_does_not(&lw, &url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rule8_kubernetes_a_takeover_after_an_expiry_waits_the_lock_delay_and_a_release_does_not() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "cli-lock-delay").await;
-    let lw = Cli::kube();
-    let url = format!("k8s://{namespace}/delayed");
+    let (lw, url) = fresh_lock(Backend::Kubernetes, "cli-lock-delay", "delayed").await;
     lock_with_delay(&lw, &url, "a.lock", "a").await;
     // What client-go reads: whole seconds, rounded up.
+    let namespace = url["k8s://".len()..].split('/').next().unwrap();
+    let client = ControlPlane::shared().client().await;
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(client.clone(), &namespace);
+        kube::Api::namespaced(client, namespace);
     let lease = leases.get("delayed").await.expect("the Lease");
     assert_eq!(
         lease.spec.and_then(|s| s.lease_duration_seconds),
@@ -108,36 +104,15 @@ async fn rule8_run_holds_on_its_lease_and_stores_the_delay() {
     let bucket = Moto::shared().new_bucket("cli-run-lock-delay").await;
     let lw = Cli::aws();
     let url = format!("s3://{bucket}/run");
+    let run = ["run", url.as_str(), "--lease", "3s", "--lock-delay", "5s"];
     // The --grace bound is the holder's lease's (3s leaves 440ms), not the stored 8s's.
-    lw.run(&[
-        "run",
-        &url,
-        "--lease",
-        "3s",
-        "--lock-delay",
-        "5s",
-        "--grace",
-        "1s",
-        "--",
-        "true",
-    ])
-    .await
-    .code(2)
-    .one_line_error(&["--grace 1s", "3s lease", "at most 440ms"]);
+    lw.run(&[&run[..], &["--grace", "1s", "--", "true"]].concat())
+        .await
+        .code(2)
+        .one_line_error(&["--grace 1s", "3s lease", "at most 440ms"]);
+    let status = "lockwarden_status=$(\"$0\" status \"$LOCKWARDEN_URL\" -o json) && echo \"$lockwarden_status\" > status.json";
     let out = lw
-        .run(&[
-            "run",
-            &url,
-            "--lease",
-            "3s",
-            "--lock-delay",
-            "5s",
-            "--",
-            "sh",
-            "-c",
-            "lockwarden_status=$(\"$0\" status \"$LOCKWARDEN_URL\" -o json) && echo \"$lockwarden_status\" > status.json",
-            BIN,
-        ])
+        .run(&[&run[..], &["--", "sh", "-c", status, BIN]].concat())
         .await;
     out.ok();
     let status = lw.read_json("status.json");
@@ -163,20 +138,7 @@ async fn rule8_the_previous_release_waits_out_the_lock_delay() {
     ] {
         // The expired holder's lock file stays behind, as a crashed holder's would.
         let file = format!("{store}.lock");
-        lw.run(&[
-            "lock",
-            &url,
-            "-o",
-            &file,
-            "--holder",
-            "a",
-            "--lease",
-            LEASE,
-            "--lock-delay",
-            DELAY,
-        ])
-        .await
-        .ok();
+        lock_with_delay(&lw, &url, &file, "a").await;
         let began = Instant::now();
         previous
             .run(&[

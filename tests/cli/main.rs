@@ -161,3 +161,73 @@ fn zk_url(prefix: &str) -> String {
         unique(prefix)
     )
 }
+
+/// A store the CLI tests run one body on, in a test of its own per store.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    S3,
+    DynamoDb,
+    ZooKeeper,
+    Kubernetes,
+}
+
+/// Every backend, for a test that runs one body on each.
+const EVERY_BACKEND: [Backend; 4] = [
+    Backend::S3,
+    Backend::DynamoDb,
+    Backend::ZooKeeper,
+    Backend::Kubernetes,
+];
+
+impl Backend {
+    /// What the store does with fences.
+    fn fences(self) -> Fences {
+        match self {
+            Backend::ZooKeeper => Fences::Increasing,
+            Backend::S3 | Backend::DynamoDb | Backend::Kubernetes => Fences::PlusOne,
+        }
+    }
+}
+
+/// A fresh lock URL on `backend` and a CLI with that store's settings in its
+/// environment: `key` in a new bucket, table (partition key `key`) or namespace named
+/// after `prefix`; on ZooKeeper a new path named after `prefix` ([`zk_url`]), whatever
+/// `key`.
+async fn fresh_lock(backend: Backend, prefix: &str, key: &str) -> (Cli, String) {
+    match backend {
+        Backend::S3 => {
+            let bucket = Moto::shared().new_bucket(prefix).await;
+            (Cli::aws(), format!("s3://{bucket}/{key}"))
+        }
+        Backend::DynamoDb => {
+            let table = Moto::shared().new_table(prefix, "key").await;
+            (Cli::aws(), format!("dynamodb://{table}/{key}"))
+        }
+        Backend::ZooKeeper => (Cli::new(), zk_url(prefix)),
+        Backend::Kubernetes => {
+            let plane = ControlPlane::shared();
+            let namespace = plane.namespace(&plane.client().await, prefix).await;
+            (Cli::kube(), format!("k8s://{namespace}/{key}"))
+        }
+    }
+}
+
+/// Runs `body` on each of `backends` at once, each in a task of its own (they share
+/// nothing but the servers), and fails naming every backend whose run failed; each
+/// one's panic is printed above.
+async fn on_each<Fut>(backends: &[Backend], body: impl Fn(Backend) -> Fut)
+where
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let runs: Vec<_> = backends
+        .iter()
+        .map(|&backend| (backend, tokio::spawn(body(backend))))
+        .collect();
+    let mut failed = Vec::new();
+    for (backend, run) in runs {
+        if let Err(e) = run.await {
+            failed.push(format!("{backend:?}: {e}"));
+        }
+    }
+    assert!(failed.is_empty(), "failed on {}", failed.join("; "));
+}

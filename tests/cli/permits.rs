@@ -20,7 +20,9 @@ fn listed(status: &Value) -> Vec<(String, u64, String)> {
         .collect()
 }
 
-async fn two_permits(lw: &Cli, url: &str) {
+async fn two_permits(backend: Backend) {
+    let (cli, url) = fresh_lock(backend, "cli-permits", "loads").await;
+    let (lw, url) = (&cli, url.as_str());
     // Two holders of the key's two permits.
     let mut taken = Vec::new();
     for (name, holder) in [("a.lock", "loader-a"), ("b.lock", "loader-b")] {
@@ -134,27 +136,11 @@ async fn two_permits(lw: &Cli, url: &str) {
     assert!(status.get("holders").is_none(), "{status}");
 }
 
+/// On ZooKeeper `lock` leaves a keeper per permit (it is started with the same flags).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_two_permits_two_holders_a_third_is_held() {
-    let bucket = Moto::shared().new_bucket("cli-permits").await;
-    let lw = Cli::aws();
-    two_permits(&lw, &format!("s3://{bucket}/loads")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubernetes_two_permits_two_holders_a_third_is_held() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "cli-permits").await;
-    let lw = Cli::kube();
-    two_permits(&lw, &format!("k8s://{namespace}/loads")).await;
-}
-
-/// ZooKeeper: `lock` leaves a keeper per permit (it is started with the same flags).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_two_permits_two_holders_a_third_is_held() {
-    let lw = Cli::new();
-    two_permits(&lw, &zk_url("permits")).await;
+async fn two_permits_two_holders_a_third_is_held_on_s3_kubernetes_and_zookeeper() {
+    const STORES: [Backend; 3] = [Backend::S3, Backend::Kubernetes, Backend::ZooKeeper];
+    on_each(&STORES, two_permits).await;
 }
 
 /// A `lockwarden run` holding a permit is SIGKILLed with its command (no release): a

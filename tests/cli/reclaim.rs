@@ -4,45 +4,35 @@
 
 use super::*;
 
-async fn reclaim_cycle(lw: &Cli, url: &str, fences: Fences) {
+/// `lock URL --holder HOLDER FLAGS -o FILE`.
+async fn lock_as(lw: &Cli, url: &str, holder: &str, flags: &[&str], file: &str) -> Out {
+    let mut args = vec!["lock", url, "--holder", holder];
+    args.extend(flags);
+    args.extend(["-o", file]);
+    lw.run(&args).await
+}
+
+async fn reclaim_cycle(backend: Backend) {
+    let (cli, url) = fresh_lock(backend, "cli-reclaim", "batch").await;
+    let (lw, url, fences) = (&cli, url.as_str(), backend.fences());
     // The earlier run of batch-1: locked, never unlocked.
-    lw.run(&["lock", url, "--holder", "batch-1", "-o", "first.lock"])
-        .await
-        .ok();
+    lock_as(lw, url, "batch-1", &[], "first.lock").await.ok();
     let f1 = fence(&lw.read_json("first.lock"));
 
     // Restarted without --reclaim: held (by itself), exit 3.
-    lw.run(&["lock", url, "--holder", "batch-1", "-o", "again.lock"])
+    lock_as(lw, url, "batch-1", &[], "again.lock")
         .await
         .code(3)
         .one_line_error(&[url, "lock already held by batch-1"]);
     // --reclaim under another name is no takeover.
-    lw.run(&[
-        "lock",
-        url,
-        "--holder",
-        "batch-2",
-        "--reclaim",
-        "-o",
-        "other.lock",
-    ])
-    .await
-    .code(3)
-    .one_line_error(&[url, "lock already held by batch-1"]);
+    lock_as(lw, url, "batch-2", &["--reclaim"], "other.lock")
+        .await
+        .code(3)
+        .one_line_error(&[url, "lock already held by batch-1"]);
     assert!(!lw.path("other.lock").exists());
 
     // With --reclaim: at once, the next fence, a warning naming both fences.
-    let out = lw
-        .run(&[
-            "lock",
-            url,
-            "--holder",
-            "batch-1",
-            "--reclaim",
-            "-o",
-            "again.lock",
-        ])
-        .await;
+    let out = lock_as(lw, url, "batch-1", &["--reclaim"], "again.lock").await;
     out.ok();
     let again = lw.read_json("again.lock");
     let f2 = fence(&again);
@@ -64,9 +54,7 @@ async fn reclaim_cycle(lw: &Cli, url: &str, fences: Fences) {
     lw.unlock("again.lock").await;
 
     // `run --reclaim` takes back what `lock` of the same holder left.
-    lw.run(&["lock", url, "--holder", "batch-1", "-o", "third.lock"])
-        .await
-        .ok();
+    lock_as(lw, url, "batch-1", &[], "third.lock").await.ok();
     let f3 = fence(&lw.read_json("third.lock"));
     let out = lw
         .run(&[
@@ -97,42 +85,8 @@ async fn reclaim_cycle(lw: &Cli, url: &str, fences: Fences) {
     assert_ne!(after["state"], "held", "{after}");
 }
 
+/// On ZooKeeper, what is taken back is the queue entry of an earlier session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_reclaim_takes_back_only_this_holders_lock() {
-    let bucket = Moto::shared().new_bucket("cli-reclaim").await;
-    reclaim_cycle(
-        &Cli::aws(),
-        &format!("s3://{bucket}/batch"),
-        Fences::PlusOne,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_reclaim_takes_back_only_this_holders_lock() {
-    let table = Moto::shared().new_table("cli-reclaim", "key").await;
-    reclaim_cycle(
-        &Cli::aws(),
-        &format!("dynamodb://{table}/batch"),
-        Fences::PlusOne,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_reclaim_takes_back_the_entry_of_an_earlier_session() {
-    reclaim_cycle(&Cli::new(), &zk_url("reclaim"), Fences::Increasing).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubernetes_reclaim_takes_back_only_this_holders_lock() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    let namespace = plane.namespace(&client, "cli-reclaim").await;
-    reclaim_cycle(
-        &Cli::kube(),
-        &format!("k8s://{namespace}/batch"),
-        Fences::PlusOne,
-    )
-    .await;
+async fn reclaim_takes_back_only_this_holders_lock_on_every_backend() {
+    on_each(&EVERY_BACKEND, reclaim_cycle).await;
 }

@@ -34,7 +34,9 @@ async fn s3_force_with_wait_takes_over_only_when_the_wait_runs_out() {
 /// `unlock` of a lock someone else took over: "lock mismatch", exit 3, and their lock
 /// stays held; `--force` only removes the stale file. Unlocking twice: "already
 /// unlocked", exit 1.
-async fn unlock_after_takeover(lw: &Cli, url: &str) {
+async fn unlock_after_takeover(backend: Backend) {
+    let (cli, url) = fresh_lock(backend, "cli-mismatch", "contested").await;
+    let (lw, url) = (&cli, url.as_str());
     lw.run(&["lock", url, "-o", "mine.lock", "--holder", "me"])
         .await
         .ok();
@@ -81,22 +83,7 @@ async fn unlock_after_takeover(lw: &Cli, url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
-    let table = Moto::shared().new_table("cli-mismatch", "key").await;
-    let lw = Cli::aws();
-    unlock_after_takeover(&lw, &format!("dynamodb://{table}/contested")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
-    let bucket = Moto::shared().new_bucket("cli-mismatch").await;
-    let lw = Cli::aws();
-    unlock_after_takeover(&lw, &format!("s3://{bucket}/contested")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it() {
-    let lw = Cli::new();
-    let url = zk_url("mismatch");
-    unlock_after_takeover(&lw, &url).await;
+async fn unlock_of_a_taken_over_lock_reports_mismatch_and_leaves_it_on_s3_dynamodb_and_zookeeper() {
+    const STORES: [Backend; 3] = [Backend::DynamoDb, Backend::S3, Backend::ZooKeeper];
+    on_each(&STORES, unlock_after_takeover).await;
 }

@@ -4,7 +4,9 @@ use super::*;
 
 /// `--wait` acquires as soon as the holder unlocks (the delay is printed), and fails
 /// cleanly, with exit 3, when its deadline passes first.
-async fn wait_for_unlock(lw: &Cli, url: &str) {
+async fn wait_for_unlock(backend: Backend) {
+    let (cli, url) = fresh_lock(backend, "cli-wait", "waited").await;
+    let (lw, url) = (&cli, url.as_str());
     lw.run(&["lock", url, "-o", "holder.lock"]).await.ok();
     let holder = lw.read_json("holder.lock");
 
@@ -63,15 +65,6 @@ async fn wait_for_unlock(lw: &Cli, url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline() {
-    let bucket = Moto::shared().new_bucket("cli-wait").await;
-    let lw = Cli::aws();
-    wait_for_unlock(&lw, &format!("s3://{bucket}/waited")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zookeeper_wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline() {
-    let lw = Cli::new();
-    let url = zk_url("wait");
-    wait_for_unlock(&lw, &url).await;
+async fn wait_acquires_when_the_holder_unlocks_and_fails_at_the_deadline_on_s3_and_zookeeper() {
+    on_each(&[Backend::S3, Backend::ZooKeeper], wait_for_unlock).await;
 }
