@@ -152,424 +152,92 @@ fn invalid(what: &'static str, spec: Value, field: &'static str) -> Invalid {
 
 fn invalid_specs() -> Vec<Invalid> {
     let none = json!({});
-    vec![
+    #[rustfmt::skip]
+    let specs = vec![
         // Backend selection.
         invalid("no backend at all", json!({}), "spec.backend"),
-        invalid(
-            "empty backend",
-            spec(json!({}), none.clone()),
-            "spec.backend",
-        ),
-        invalid(
-            "two backends",
-            spec(
-                json!({ "s3": { "bucket": "abc", "key": "k" }, "kubernetes": { "leaseName": "l" } }),
-                none.clone(),
-            ),
-            "spec.backend",
-        ),
+        invalid("empty backend", spec(json!({}), none.clone()), "spec.backend"),
+        invalid("two backends", spec(json!({ "s3": { "bucket": "abc", "key": "k" }, "kubernetes": { "leaseName": "l" } }), none.clone()), "spec.backend"),
         // Durations.
-        invalid(
-            "zero leaseDuration",
-            spec(lease("l"), json!({ "leaseDuration": "0s" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "bare zero leaseDuration",
-            spec(lease("l"), json!({ "leaseDuration": "0" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "negative leaseDuration",
-            spec(lease("l"), json!({ "leaseDuration": "-30s" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "leaseDuration without unit",
-            spec(lease("l"), json!({ "leaseDuration": "30" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "leaseDuration in words",
-            spec(lease("l"), json!({ "leaseDuration": "30 seconds" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "leaseDuration in days",
-            spec(lease("l"), json!({ "leaseDuration": "1d" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "malformed renewInterval",
-            spec(lease("l"), json!({ "renewInterval": "abc" })),
-            "spec.renewInterval",
-        ),
-        invalid(
-            "zero renewInterval",
-            spec(lease("l"), json!({ "renewInterval": "0ms" })),
-            "spec.renewInterval",
-        ),
-        invalid(
-            "renewInterval exactly half the lease",
-            spec(
-                lease("l"),
-                json!({ "leaseDuration": "20s", "renewInterval": "10s" }),
-            ),
-            "spec.renewInterval",
-        ),
-        invalid(
-            "renewInterval above half the default lease",
-            spec(lease("l"), json!({ "renewInterval": "20s" })),
-            "spec.renewInterval",
-        ),
-        invalid(
-            "renewInterval longer than the lease",
-            spec(
-                lease("l"),
-                json!({ "leaseDuration": "1s", "renewInterval": "1m" }),
-            ),
-            "spec.renewInterval",
-        ),
+        invalid("zero leaseDuration", spec(lease("l"), json!({ "leaseDuration": "0s" })), "spec.leaseDuration"),
+        invalid("bare zero leaseDuration", spec(lease("l"), json!({ "leaseDuration": "0" })), "spec.leaseDuration"),
+        invalid("negative leaseDuration", spec(lease("l"), json!({ "leaseDuration": "-30s" })), "spec.leaseDuration"),
+        invalid("leaseDuration without unit", spec(lease("l"), json!({ "leaseDuration": "30" })), "spec.leaseDuration"),
+        invalid("leaseDuration in words", spec(lease("l"), json!({ "leaseDuration": "30 seconds" })), "spec.leaseDuration"),
+        invalid("leaseDuration in days", spec(lease("l"), json!({ "leaseDuration": "1d" })), "spec.leaseDuration"),
+        invalid("malformed renewInterval", spec(lease("l"), json!({ "renewInterval": "abc" })), "spec.renewInterval"),
+        invalid("zero renewInterval", spec(lease("l"), json!({ "renewInterval": "0ms" })), "spec.renewInterval"),
+        invalid("renewInterval exactly half the lease", spec(lease("l"), json!({ "leaseDuration": "20s", "renewInterval": "10s" })), "spec.renewInterval"),
+        invalid("renewInterval above half the default lease", spec(lease("l"), json!({ "renewInterval": "20s" })), "spec.renewInterval"),
+        invalid("renewInterval longer than the lease", spec(lease("l"), json!({ "leaseDuration": "1s", "renewInterval": "1m" })), "spec.renewInterval"),
         // Rule 8: the lock-delay is capped, and has nowhere to live on ZooKeeper.
-        invalid(
-            "lockDelay above the maximum",
-            spec(lease("l"), json!({ "lockDelay": "2h" })),
-            "spec.lockDelay",
-        ),
-        invalid(
-            "lockDelay on a zookeeper backend",
-            spec(
-                zookeeper(json!(["zk:2181"]), "/locks/db"),
-                json!({ "lockDelay": "30s" }),
-            ),
-            "spec.lockDelay",
-        ),
+        invalid("lockDelay above the maximum", spec(lease("l"), json!({ "lockDelay": "2h" })), "spec.lockDelay"),
+        invalid("lockDelay on a zookeeper backend", spec(zookeeper(json!(["zk:2181"]), "/locks/db"), json!({ "lockDelay": "30s" })), "spec.lockDelay"),
         // Queues (docs/design.md §6.4).
-        invalid(
-            "priority without a queue",
-            spec(lease("l"), json!({ "priority": 5 })),
-            "spec.priority",
-        ),
-        invalid(
-            "weight above the permits",
-            spec(
-                lease("l"),
-                json!({ "queue": true, "permits": 4, "weight": 5 }),
-            ),
-            "spec.weight",
-        ),
-        invalid(
-            "weight on an exclusive lock",
-            spec(
-                lease("l"),
-                json!({ "queue": true, "permits": 4, "mode": "exclusive", "weight": 2 }),
-            ),
-            "spec.weight",
-        ),
-        invalid(
-            "priority on a zookeeper backend",
-            spec(
-                zookeeper(json!(["zk:2181"]), "/locks/db"),
-                json!({ "queue": true, "priority": 5 }),
-            ),
-            "spec.priority",
-        ),
-        invalid(
-            "priority beyond int32",
-            spec(
-                lease("l"),
-                json!({ "queue": true, "priority": 3_000_000_000u64 }),
-            ),
-            "spec.priority",
-        ),
-        invalid(
-            "zero acquireTimeout",
-            spec(lease("l"), json!({ "acquireTimeout": "0s" })),
-            "spec.acquireTimeout",
-        ),
-        invalid(
-            "acquireTimeout with a space",
-            spec(lease("l"), json!({ "acquireTimeout": "10 m" })),
-            "spec.acquireTimeout",
-        ),
-        invalid(
-            "signed leaseDuration",
-            spec(lease("l"), json!({ "leaseDuration": "+30s" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "leaseDuration beyond Go's range",
-            spec(lease("l"), json!({ "leaseDuration": "9999999999h" })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "overlong duration string",
-            spec(lease("l"), json!({ "acquireTimeout": "1h".repeat(20) })),
-            "spec.acquireTimeout",
-        ),
+        invalid("priority without a queue", spec(lease("l"), json!({ "priority": 5 })), "spec.priority"),
+        invalid("weight above the permits", spec(lease("l"), json!({ "queue": true, "permits": 4, "weight": 5 })), "spec.weight"),
+        invalid("weight on an exclusive lock", spec(lease("l"), json!({ "queue": true, "permits": 4, "mode": "exclusive", "weight": 2 })), "spec.weight"),
+        invalid("priority on a zookeeper backend", spec(zookeeper(json!(["zk:2181"]), "/locks/db"), json!({ "queue": true, "priority": 5 })), "spec.priority"),
+        invalid("priority beyond int32", spec(lease("l"), json!({ "queue": true, "priority": 3_000_000_000u64 })), "spec.priority"),
+        invalid("zero acquireTimeout", spec(lease("l"), json!({ "acquireTimeout": "0s" })), "spec.acquireTimeout"),
+        invalid("acquireTimeout with a space", spec(lease("l"), json!({ "acquireTimeout": "10 m" })), "spec.acquireTimeout"),
+        invalid("signed leaseDuration", spec(lease("l"), json!({ "leaseDuration": "+30s" })), "spec.leaseDuration"),
+        invalid("leaseDuration beyond Go's range", spec(lease("l"), json!({ "leaseDuration": "9999999999h" })), "spec.leaseDuration"),
+        invalid("overlong duration string", spec(lease("l"), json!({ "acquireTimeout": "1h".repeat(20) })), "spec.acquireTimeout"),
         // S3.
-        invalid(
-            "bucket too short",
-            spec(s3("ab", "k"), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "bucket with capitals",
-            spec(s3("My-Bucket", "k"), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "bucket with underscore",
-            spec(s3("my_bucket", "k"), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "bucket with '..'",
-            spec(s3("my..bucket", "k"), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "bucket ending in '-'",
-            spec(s3("bucket-", "k"), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "bucket too long",
-            spec(s3(&"b".repeat(64), "k"), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "empty S3 key",
-            spec(s3("bucket", ""), none.clone()),
-            "spec.backend.s3.key",
-        ),
-        invalid(
-            "S3 credentials Secret name",
-            spec(
-                json!({ "s3": { "bucket": "bucket", "key": "k", "credentialsSecretRef": { "name": "Not A Name" } } }),
-                none.clone(),
-            ),
-            "spec.backend.s3.credentialsSecretRef.name",
-        ),
+        invalid("bucket too short", spec(s3("ab", "k"), none.clone()), "spec.backend.s3.bucket"),
+        invalid("bucket with capitals", spec(s3("My-Bucket", "k"), none.clone()), "spec.backend.s3.bucket"),
+        invalid("bucket with underscore", spec(s3("my_bucket", "k"), none.clone()), "spec.backend.s3.bucket"),
+        invalid("bucket with '..'", spec(s3("my..bucket", "k"), none.clone()), "spec.backend.s3.bucket"),
+        invalid("bucket ending in '-'", spec(s3("bucket-", "k"), none.clone()), "spec.backend.s3.bucket"),
+        invalid("bucket too long", spec(s3(&"b".repeat(64), "k"), none.clone()), "spec.backend.s3.bucket"),
+        invalid("empty S3 key", spec(s3("bucket", ""), none.clone()), "spec.backend.s3.key"),
+        invalid("S3 credentials Secret name", spec(json!({ "s3": { "bucket": "bucket", "key": "k", "credentialsSecretRef": { "name": "Not A Name" } } }), none.clone()), "spec.backend.s3.credentialsSecretRef.name"),
         // DynamoDB.
-        invalid(
-            "table too short",
-            spec(dynamodb("ab", "k"), none.clone()),
-            "spec.backend.dynamodb.table",
-        ),
-        invalid(
-            "table with a space",
-            spec(dynamodb("lock table", "k"), none.clone()),
-            "spec.backend.dynamodb.table",
-        ),
-        invalid(
-            "table with '/'",
-            spec(dynamodb("locks/v1", "k"), none.clone()),
-            "spec.backend.dynamodb.table",
-        ),
-        invalid(
-            "empty DynamoDB key",
-            spec(dynamodb("locks", ""), none.clone()),
-            "spec.backend.dynamodb.key",
-        ),
-        invalid(
-            "empty partitionKeyName",
-            spec(
-                json!({ "dynamodb": { "table": "locks", "key": "k", "partitionKeyName": "" } }),
-                none.clone(),
-            ),
-            "spec.backend.dynamodb.partitionKeyName",
-        ),
-        invalid(
-            "empty sort key value",
-            spec(
-                json!({ "dynamodb": { "table": "locks", "key": "k", "sortKey": { "name": "sk", "value": "" } } }),
-                none.clone(),
-            ),
-            "spec.backend.dynamodb.sortKey.value",
-        ),
+        invalid("table too short", spec(dynamodb("ab", "k"), none.clone()), "spec.backend.dynamodb.table"),
+        invalid("table with a space", spec(dynamodb("lock table", "k"), none.clone()), "spec.backend.dynamodb.table"),
+        invalid("table with '/'", spec(dynamodb("locks/v1", "k"), none.clone()), "spec.backend.dynamodb.table"),
+        invalid("empty DynamoDB key", spec(dynamodb("locks", ""), none.clone()), "spec.backend.dynamodb.key"),
+        invalid("empty partitionKeyName", spec(json!({ "dynamodb": { "table": "locks", "key": "k", "partitionKeyName": "" } }), none.clone()), "spec.backend.dynamodb.partitionKeyName"),
+        invalid("empty sort key value", spec(json!({ "dynamodb": { "table": "locks", "key": "k", "sortKey": { "name": "sk", "value": "" } } }), none.clone()), "spec.backend.dynamodb.sortKey.value"),
         // ZooKeeper.
-        invalid(
-            "relative ZooKeeper path",
-            spec(zookeeper(json!(["zk:2181"]), "locks/db"), none.clone()),
-            "spec.backend.zookeeper.path",
-        ),
-        invalid(
-            "ZooKeeper root path",
-            spec(zookeeper(json!(["zk:2181"]), "/"), none.clone()),
-            "spec.backend.zookeeper.path",
-        ),
-        invalid(
-            "trailing slash",
-            spec(zookeeper(json!(["zk:2181"]), "/locks/db/"), none.clone()),
-            "spec.backend.zookeeper.path",
-        ),
-        invalid(
-            "empty path segment",
-            spec(zookeeper(json!(["zk:2181"]), "/locks//db"), none.clone()),
-            "spec.backend.zookeeper.path",
-        ),
-        invalid(
-            "'..' segment",
-            spec(zookeeper(json!(["zk:2181"]), "/locks/../db"), none.clone()),
-            "spec.backend.zookeeper.path",
-        ),
-        invalid(
-            "'.' segment",
-            spec(zookeeper(json!(["zk:2181"]), "/locks/./db"), none.clone()),
-            "spec.backend.zookeeper.path",
-        ),
-        invalid(
-            "no servers",
-            spec(zookeeper(json!([]), "/locks/db"), none.clone()),
-            "spec.backend.zookeeper.servers",
-        ),
-        invalid(
-            "server without port",
-            spec(zookeeper(json!(["zk-0"]), "/locks/db"), none.clone()),
-            "spec.backend.zookeeper.servers",
-        ),
-        invalid(
-            "server port out of range",
-            spec(
-                zookeeper(json!(["zk:2181", "zk:99999"]), "/locks/db"),
-                none.clone(),
-            ),
-            "spec.backend.zookeeper.servers",
-        ),
-        invalid(
-            "server with a URL",
-            spec(
-                zookeeper(json!(["http://zk:2181"]), "/locks/db"),
-                none.clone(),
-            ),
-            "spec.backend.zookeeper.servers",
-        ),
-        invalid(
-            "relative chroot",
-            spec(
-                json!({ "zookeeper": { "servers": ["zk:2181"], "path": "/db", "chroot": "app" } }),
-                none.clone(),
-            ),
-            "spec.backend.zookeeper.chroot",
-        ),
-        invalid(
-            "zero sessionTimeout",
-            spec(
-                json!({ "zookeeper": { "servers": ["zk:2181"], "path": "/db", "sessionTimeout": "0s" } }),
-                none.clone(),
-            ),
-            "spec.backend.zookeeper.sessionTimeout",
-        ),
+        invalid("relative ZooKeeper path", spec(zookeeper(json!(["zk:2181"]), "locks/db"), none.clone()), "spec.backend.zookeeper.path"),
+        invalid("ZooKeeper root path", spec(zookeeper(json!(["zk:2181"]), "/"), none.clone()), "spec.backend.zookeeper.path"),
+        invalid("trailing slash", spec(zookeeper(json!(["zk:2181"]), "/locks/db/"), none.clone()), "spec.backend.zookeeper.path"),
+        invalid("empty path segment", spec(zookeeper(json!(["zk:2181"]), "/locks//db"), none.clone()), "spec.backend.zookeeper.path"),
+        invalid("'..' segment", spec(zookeeper(json!(["zk:2181"]), "/locks/../db"), none.clone()), "spec.backend.zookeeper.path"),
+        invalid("'.' segment", spec(zookeeper(json!(["zk:2181"]), "/locks/./db"), none.clone()), "spec.backend.zookeeper.path"),
+        invalid("no servers", spec(zookeeper(json!([]), "/locks/db"), none.clone()), "spec.backend.zookeeper.servers"),
+        invalid("server without port", spec(zookeeper(json!(["zk-0"]), "/locks/db"), none.clone()), "spec.backend.zookeeper.servers"),
+        invalid("server port out of range", spec(zookeeper(json!(["zk:2181", "zk:99999"]), "/locks/db"), none.clone()), "spec.backend.zookeeper.servers"),
+        invalid("server with a URL", spec(zookeeper(json!(["http://zk:2181"]), "/locks/db"), none.clone()), "spec.backend.zookeeper.servers"),
+        invalid("relative chroot", spec(json!({ "zookeeper": { "servers": ["zk:2181"], "path": "/db", "chroot": "app" } }), none.clone()), "spec.backend.zookeeper.chroot"),
+        invalid("zero sessionTimeout", spec(json!({ "zookeeper": { "servers": ["zk:2181"], "path": "/db", "sessionTimeout": "0s" } }), none.clone()), "spec.backend.zookeeper.sessionTimeout"),
         // Kubernetes Lease.
-        invalid(
-            "Lease name with capitals",
-            spec(lease("My-Lease"), none.clone()),
-            "spec.backend.kubernetes.leaseName",
-        ),
-        invalid(
-            "Lease name with underscore",
-            spec(lease("my_lease"), none.clone()),
-            "spec.backend.kubernetes.leaseName",
-        ),
-        invalid(
-            "empty Lease name",
-            spec(lease(""), none.clone()),
-            "spec.backend.kubernetes.leaseName",
-        ),
-        invalid(
-            "Lease namespace with a dot",
-            spec(
-                json!({ "kubernetes": { "leaseName": "l", "namespace": "a.b" } }),
-                none.clone(),
-            ),
-            "spec.backend.kubernetes.namespace",
-        ),
+        invalid("Lease name with capitals", spec(lease("My-Lease"), none.clone()), "spec.backend.kubernetes.leaseName"),
+        invalid("Lease name with underscore", spec(lease("my_lease"), none.clone()), "spec.backend.kubernetes.leaseName"),
+        invalid("empty Lease name", spec(lease(""), none.clone()), "spec.backend.kubernetes.leaseName"),
+        invalid("Lease namespace with a dot", spec(json!({ "kubernetes": { "leaseName": "l", "namespace": "a.b" } }), none.clone()), "spec.backend.kubernetes.namespace"),
         // Wrong types (tests/bad_input/ has the other bad-input tables).
-        invalid(
-            "leaseDuration as a number",
-            spec(lease("l"), json!({ "leaseDuration": 30 })),
-            "spec.leaseDuration",
-        ),
-        invalid(
-            "bucket as a number",
-            spec(json!({ "s3": { "bucket": 123, "key": "k" } }), none.clone()),
-            "spec.backend.s3.bucket",
-        ),
-        invalid(
-            "ZooKeeper servers as a string",
-            spec(
-                json!({ "zookeeper": { "servers": "zk:2181", "path": "/db" } }),
-                none.clone(),
-            ),
-            "spec.backend.zookeeper.servers",
-        ),
-        invalid(
-            "release as a string",
-            spec(lease("l"), json!({ "release": "yes" })),
-            "spec.release",
-        ),
-        invalid(
-            "backend as a list",
-            spec(
-                json!([{ "kubernetes": { "leaseName": "l" } }]),
-                none.clone(),
-            ),
-            "spec.backend",
-        ),
+        invalid("leaseDuration as a number", spec(lease("l"), json!({ "leaseDuration": 30 })), "spec.leaseDuration"),
+        invalid("bucket as a number", spec(json!({ "s3": { "bucket": 123, "key": "k" } }), none.clone()), "spec.backend.s3.bucket"),
+        invalid("ZooKeeper servers as a string", spec(json!({ "zookeeper": { "servers": "zk:2181", "path": "/db" } }), none.clone()), "spec.backend.zookeeper.servers"),
+        invalid("release as a string", spec(lease("l"), json!({ "release": "yes" })), "spec.release"),
+        invalid("backend as a list", spec(json!([{ "kubernetes": { "leaseName": "l" } }]), none.clone()), "spec.backend"),
         // Huge values.
-        invalid(
-            "S3 key over 1024 bytes",
-            spec(s3("bucket", &"k".repeat(1025)), none.clone()),
-            "spec.backend.s3.key",
-        ),
-        invalid(
-            "DynamoDB key over 2048 bytes",
-            spec(dynamodb("locks", &"k".repeat(2049)), none.clone()),
-            "spec.backend.dynamodb.key",
-        ),
-        invalid(
-            "Lease name over 253 characters",
-            spec(lease(&"l".repeat(254)), none.clone()),
-            "spec.backend.kubernetes.leaseName",
-        ),
-        invalid(
-            "holderIdentity over 512 characters",
-            spec(lease("l"), json!({ "holderIdentity": "h".repeat(513) })),
-            "spec.holderIdentity",
-        ),
-        invalid(
-            "data over 64 KiB",
-            spec(lease("l"), json!({ "data": "d".repeat(65537) })),
-            "spec.data",
-        ),
+        invalid("S3 key over 1024 bytes", spec(s3("bucket", &"k".repeat(1025)), none.clone()), "spec.backend.s3.key"),
+        invalid("DynamoDB key over 2048 bytes", spec(dynamodb("locks", &"k".repeat(2049)), none.clone()), "spec.backend.dynamodb.key"),
+        invalid("Lease name over 253 characters", spec(lease(&"l".repeat(254)), none.clone()), "spec.backend.kubernetes.leaseName"),
+        invalid("holderIdentity over 512 characters", spec(lease("l"), json!({ "holderIdentity": "h".repeat(513) })), "spec.holderIdentity"),
+        invalid("data over 64 KiB", spec(lease("l"), json!({ "data": "d".repeat(65537) })), "spec.data"),
         // Permits and mode (docs/design.md §6.2).
-        invalid(
-            "zero permits",
-            spec(lease("l"), json!({ "permits": 0 })),
-            "spec.permits",
-        ),
-        invalid(
-            "257 permits",
-            spec(lease("l"), json!({ "permits": 257 })),
-            "spec.permits",
-        ),
-        invalid(
-            "shared with one permit",
-            spec(lease("l"), json!({ "mode": "shared" })),
-            "spec.mode",
-        ),
-        invalid(
-            "shared with permits 1 spelled out",
-            spec(lease("l"), json!({ "permits": 1, "mode": "shared" })),
-            "spec.mode",
-        ),
-        invalid(
-            "an unknown mode",
-            spec(lease("l"), json!({ "permits": 2, "mode": "read" })),
-            "spec.mode",
-        ),
-    ]
+        invalid("zero permits", spec(lease("l"), json!({ "permits": 0 })), "spec.permits"),
+        invalid("257 permits", spec(lease("l"), json!({ "permits": 257 })), "spec.permits"),
+        invalid("shared with one permit", spec(lease("l"), json!({ "mode": "shared" })), "spec.mode"),
+        invalid("shared with permits 1 spelled out", spec(lease("l"), json!({ "permits": 1, "mode": "shared" })), "spec.mode"),
+        invalid("an unknown mode", spec(lease("l"), json!({ "permits": 2, "mode": "read" })), "spec.mode"),
+    ];
+    specs
 }
 
 #[tokio::test]

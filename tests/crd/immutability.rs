@@ -127,27 +127,15 @@ async fn backend_and_key_are_immutable() {
             message.contains(field),
             "{name}: {field} not named in {message}"
         );
-        // The Rust transition check agrees.
-        let old: DistributedLockSpec =
-            serde_json::from_value(json!({ "backend": backend })).unwrap();
-        let mut new_value = serde_json::to_value(&old).unwrap();
-        json_merge(&mut new_value, &json!({ "backend": change }));
-        let new: DistributedLockSpec = serde_json::from_value(new_value).unwrap();
-        assert!(
-            new.validate_update(&old).is_err(),
-            "{name}: Rust validate_update accepted"
-        );
+        let old = json!({ "backend": backend });
+        assert_rust_refuses_update(name, old, &json!({ "backend": change }));
     }
     // Permits and mode: every lock on a key names the same permits, and a holder
     // takes the key in one mode.
-    create_raw(
-        &client,
-        &namespace,
-        "semaphore",
-        json!({ "backend": lease("sem"), "permits": 3 }),
-    )
-    .await
-    .unwrap();
+    let semaphore = json!({ "backend": lease("sem"), "permits": 3 });
+    create_raw(&client, &namespace, "semaphore", semaphore.clone())
+        .await
+        .unwrap();
     let fixed = [
         ("change permits", json!({ "permits": 4 }), "spec.permits"),
         ("add a mode", json!({ "mode": "exclusive" }), "spec.mode"),
@@ -158,15 +146,7 @@ async fn backend_and_key_are_immutable() {
             message.contains(field) && message.contains("immutable"),
             "{what}: {field} not named immutable in {message}"
         );
-        let old: DistributedLockSpec =
-            serde_json::from_value(json!({ "backend": lease("sem"), "permits": 3 })).unwrap();
-        let mut new_value = serde_json::to_value(&old).unwrap();
-        json_merge(&mut new_value, &patch);
-        let new: DistributedLockSpec = serde_json::from_value(new_value).unwrap();
-        assert!(
-            new.validate_update(&old).is_err(),
-            "{what}: Rust validate_update accepted"
-        );
+        assert_rust_refuses_update(what, semaphore.clone(), &patch);
     }
     create_raw(
         &client,
@@ -190,6 +170,19 @@ async fn backend_and_key_are_immutable() {
     )
     .await
     .expect("servers and sessionTimeout can change");
+}
+
+/// The Rust transition check agrees with the API server: the spec `old`, merge-patched
+/// with `patch`, is refused by `validate_update`.
+fn assert_rust_refuses_update(what: &str, old: Value, patch: &Value) {
+    let old: DistributedLockSpec = serde_json::from_value(old).unwrap();
+    let mut new_value = serde_json::to_value(&old).unwrap();
+    json_merge(&mut new_value, patch);
+    let new: DistributedLockSpec = serde_json::from_value(new_value).unwrap();
+    assert!(
+        new.validate_update(&old).is_err(),
+        "{what}: Rust validate_update accepted"
+    );
 }
 
 /// RFC 7386 JSON merge patch.

@@ -44,6 +44,15 @@ async fn status_is_written_through_the_status_subresource() {
             now.clone(),
         ),
     );
+    // A history entry of `cluster`'s job, acquired now.
+    let entry = |cluster: &str, fence: i64, ended: &str, ended_at: Option<Time>| HistoryEntry {
+        holder: format!("{cluster}/ns/job"),
+        cluster: Some(cluster.into()),
+        fence,
+        acquired_at: Some(now.clone()),
+        ended: ended.into(),
+        ended_at,
+    };
     let status = DistributedLockStatus {
         phase: Some(LockPhase::Held),
         backend: Some(created.backend_kind().unwrap().to_string()),
@@ -64,22 +73,8 @@ async fn status_is_written_through_the_status_subresource() {
         holders: Some(2),
         permits_in_use: Some(2),
         history: Some(vec![
-            HistoryEntry {
-                holder: "cluster-b/ns/job".into(),
-                cluster: Some("cluster-b".into()),
-                fence: 41,
-                acquired_at: Some(now.clone()),
-                ended: "released".into(),
-                ended_at: Some(now.clone()),
-            },
-            HistoryEntry {
-                holder: "cluster-a/ns/job".into(),
-                cluster: Some("cluster-a".into()),
-                fence: 42,
-                acquired_at: Some(now.clone()),
-                ended: "held".into(),
-                ended_at: None,
-            },
+            entry("cluster-b", 41, "released", Some(now.clone())),
+            entry("cluster-a", 42, "held", None),
         ]),
         conditions: conds,
     };
