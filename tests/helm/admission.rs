@@ -10,8 +10,6 @@
 //! namespace (`admissionRules.namespaceSelector`), and assert only what holds whichever
 //! other release's rules are installed too.
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-
 use lockwarden::controller::jobs::JOB;
 use lockwarden::controller::pods::POD;
 
@@ -121,24 +119,14 @@ fn admission_rules_manifest_is_the_chart_rendered_with_its_defaults() {
     assert!(of_kind(&rules, "MutatingAdmissionPolicy").is_empty());
 
     // Off when disabled, and in namespace-scoped mode (policies are cluster-scoped).
-    let off = admission_objects(&render(
-        "lw",
-        "lockwarden-system",
-        None,
-        &["admissionRules.enabled=false".into()],
-    ));
+    let off = admission_objects(&render_lw(&["admissionRules.enabled=false"]));
     assert!(off.is_empty(), "{off:#?}");
     let scoped = admission_objects(&render_namespace_scoped("lw", "lockwarden-system", "apps"));
     assert!(scoped.is_empty(), "{scoped:#?}");
 
     // Fixing: two MutatingAdmissionPolicies (Pods, Jobs) on CREATE; the templates'
     // held-back rules go (their Pods and Jobs are fixed), the others stay.
-    let fixing = admission_objects(&render(
-        "lw",
-        "lockwarden-system",
-        None,
-        &["admissionRules.fix=true".into()],
-    ));
+    let fixing = admission_objects(&render_lw(&["admissionRules.fix=true"]));
     let fixes = of_kind(&fixing, "MutatingAdmissionPolicy");
     assert_eq!(fixes.len(), 2, "{fixes:#?}");
     assert_eq!(of_kind(&fixing, "MutatingAdmissionPolicyBinding").len(), 2);
@@ -191,28 +179,9 @@ async fn install_rules(client: &Client, rendered: &str) {
     let objs = admission_objects(rendered);
     let stream: Vec<String> = objs.iter().map(|o| o.to_string()).collect();
     apply(&stream.join("\n---\n"), "the admission rules").await;
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     for policy in of_kind(&objs, "ValidatingAdmissionPolicy") {
         let name = policy["metadata"]["name"].as_str().unwrap();
-        eventually(
-            &format!("type checking of {name}"),
-            Duration::from_secs(90),
-            || async {
-                let policy = policies.get(name).await.ok()?;
-                let status = policy.status?;
-                (status.observed_generation == policy.metadata.generation).then_some(())?;
-                let warnings = status
-                    .type_checking?
-                    .expression_warnings
-                    .unwrap_or_default();
-                assert!(
-                    warnings.is_empty(),
-                    "{name}: type-checking warnings: {warnings:?}"
-                );
-                Some(())
-            },
-        )
-        .await;
+        type_checked_without_warnings(client, name, Duration::from_secs(90)).await;
     }
 }
 
@@ -509,16 +478,8 @@ async fn each_rule_refuses_at_creation_and_only_warns_on_update() {
 async fn with_fix_the_api_server_labels_gated_pods_and_suspends_jobs() {
     let (client, namespaces) = setup(&["admission-fix"]).await;
     let ns = &namespaces[0];
-    let out = kubectl(
-        &[
-            "api-resources",
-            "--api-group=admissionregistration.k8s.io",
-            "-o",
-            "wide",
-        ],
-        None,
-    )
-    .await;
+    let group = "--api-group=admissionregistration.k8s.io";
+    let out = kubectl(&["api-resources", group, "-o", "wide"], None).await;
     let resources = text(&out.stdout);
     assert!(
         resources

@@ -128,6 +128,22 @@ async fn policy_in_force(api: &Api<ConfigMap>) {
     .await;
 }
 
+/// The object `name` as it is now, PUT back with `fence` in its annotation: what a
+/// holder does that read it and writes it back as its own.
+async fn put_back_with_fence(
+    api: &Api<ConfigMap>,
+    name: &str,
+    fence: &str,
+) -> Result<ConfigMap, kube::Error> {
+    let mut read_back = api.get(name).await.expect("get");
+    read_back
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(FENCE.into(), fence.into());
+    api.replace(name, &PostParams::default(), &read_back).await
+}
+
 #[tokio::test]
 async fn the_api_server_refuses_a_write_with_a_stale_fence() {
     let (client, namespaces) = setup(&["fencing"]).await;
@@ -136,24 +152,7 @@ async fn the_api_server_refuses_a_write_with_a_stale_fence() {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
 
     // The policy type-checks without warnings once its status caught up.
-    let policies: Api<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
-        Api::all(client.clone());
-    eventually(
-        "the policy's type checking",
-        Duration::from_secs(60),
-        || async {
-            let policy = policies.get(POLICY).await.ok()?;
-            let status = policy.status?;
-            (status.observed_generation == policy.metadata.generation).then_some(())?;
-            let warnings = status
-                .type_checking?
-                .expression_warnings
-                .unwrap_or_default();
-            assert!(warnings.is_empty(), "type-checking warnings: {warnings:?}");
-            Some(())
-        },
-    )
-    .await;
+    type_checked_without_warnings(&client, POLICY, Duration::from_secs(60)).await;
 
     policy_in_force(&api).await;
 
@@ -174,15 +173,8 @@ async fn the_api_server_refuses_a_write_with_a_stale_fence() {
         "{message}"
     );
     // Also when it read the object first and PUTs it back with its own fence.
-    let mut read_back = api.get("ledger").await.expect("get");
-    read_back
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(FENCE.into(), "5".into());
     let message = refusal(
-        api.replace("ledger", &PostParams::default(), &read_back)
-            .await,
+        put_back_with_fence(&api, "ledger", "5").await,
         "read, then PUT with fence 5",
     );
     assert!(message.contains("yours is 5"), "{message}");
@@ -410,15 +402,8 @@ async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
         .code(2)
         .one_line_error(&["deletes of Kubernetes objects are not fenced"]);
     // A stale holder that bypasses `put` is still refused, by the API server.
-    let mut read_back = api.get("ledger").await.expect("get");
-    read_back
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(FENCE.into(), "3".into());
     let message = refusal(
-        api.replace("ledger", &PostParams::default(), &read_back)
-            .await,
+        put_back_with_fence(&api, "ledger", "3").await,
         "a PUT with fence 3",
     );
     assert!(

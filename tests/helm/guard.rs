@@ -5,7 +5,6 @@
 //! alone, a container without `command` is refused — and each result judged by the
 //! controller's own checks (`decide::guard_missing`, `admission::guard_misuse`).
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use lockwarden::controller::admission::guard_misuse;
@@ -73,21 +72,11 @@ fn guard_injection_manifest_is_the_chart_rendered_with_its_defaults() {
             .to_string()
     };
     assert!(mutation(&objs).contains("image: 'ghcr.io/lockwarden/lockwarden:0.1.0'"));
-    let other = guard_objects(&render(
-        "lw",
-        "lockwarden-system",
-        None,
-        &["guard.image=registry.local/lw:static".into()],
-    ));
+    let other = guard_objects(&render_lw(&["guard.image=registry.local/lw:static"]));
     assert!(mutation(&other).contains("image: 'registry.local/lw:static'"));
 
     // Off when disabled, and in namespace-scoped mode (policies are cluster-scoped).
-    let off = guard_objects(&render(
-        "lw",
-        "lockwarden-system",
-        None,
-        &["guard.injection.enabled=false".into()],
-    ));
+    let off = guard_objects(&render_lw(&["guard.injection.enabled=false"]));
     assert!(off.is_empty(), "{off:#?}");
     let scoped = guard_objects(&render_namespace_scoped("lw", "lockwarden-system", "apps"));
     assert!(scoped.is_empty(), "{scoped:#?}");
@@ -246,19 +235,9 @@ async fn guard_injection_adds_the_guard_to_annotated_jobs_and_pods_at_creation()
     let stream: Vec<String> = objs.iter().map(|o| o.to_string()).collect();
     apply(&stream.join("\n---\n"), "the guard injection").await;
     // The CEL type-checks without warnings.
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     for policy in of_kind(&objs, "ValidatingAdmissionPolicy") {
         let name = policy["metadata"]["name"].as_str().unwrap();
-        eventually(&format!("type checking of {name}"), TIMEOUT, || async {
-            let status = policies.get(name).await.ok()?.status?;
-            let warnings = status
-                .type_checking?
-                .expression_warnings
-                .unwrap_or_default();
-            assert!(warnings.is_empty(), "{name}: {warnings:?}");
-            Some(())
-        })
-        .await;
+        type_checked_without_warnings(&client, name, TIMEOUT).await;
     }
     // In force once dry runs come back guarded and the command-less one refused.
     let probe = pod("probe", true, two_containers());

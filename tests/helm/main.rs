@@ -29,6 +29,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::Parser;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
@@ -118,6 +119,13 @@ fn render(release: &str, namespace: &str, values: Option<&Path>, sets: &[String]
         text(&out.stderr)
     );
     text(&out.stdout)
+}
+
+/// The chart as release `lw` in `lockwarden-system`, its default values but `--set
+/// SETS`.
+fn render_lw(sets: &[&str]) -> String {
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    render("lw", "lockwarden-system", None, &sets)
 }
 
 /// The chart with `ci/namespace-scoped-values.yaml`, watching `watch` only.
@@ -305,4 +313,26 @@ async fn setup(prefixes: &[&str]) -> (Client, Vec<String>) {
         names.push(plane.namespace(&client, p).await);
     }
     (client, names)
+}
+
+/// Waits (at most `within`) until the ValidatingAdmissionPolicy `name` has type-checked
+/// its CEL as it stands (its status caught up with its generation); fails on any
+/// type-checking warning.
+async fn type_checked_without_warnings(client: &Client, name: &str, within: Duration) {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    eventually(&format!("type checking of {name}"), within, || async {
+        let policy = policies.get(name).await.ok()?;
+        let status = policy.status?;
+        (status.observed_generation == policy.metadata.generation).then_some(())?;
+        let warnings = status
+            .type_checking?
+            .expression_warnings
+            .unwrap_or_default();
+        assert!(
+            warnings.is_empty(),
+            "{name}: type-checking warnings: {warnings:?}"
+        );
+        Some(())
+    })
+    .await;
 }

@@ -108,22 +108,18 @@ fn forbidden_rows(scope: &Scope) -> Vec<Row> {
         row("delete", "events.events.k8s.io", scope, false),
         row("list", "events", scope, false),
     ];
-    rows.push(Row {
-        subresource: Some("token"),
-        ..row("create", "serviceaccounts", scope, false)
-    });
-    rows.push(Row {
-        subresource: Some("status"),
-        ..row("patch", "pods", scope, false)
-    });
-    rows.push(Row {
-        subresource: Some("exec"),
-        ..row("create", "pods", scope, false)
-    });
-    rows.push(Row {
-        subresource: Some("finalizers"),
-        ..row("update", "pods", scope, false)
-    });
+    // Subresources: (verb, resource, subresource).
+    for (verb, resource, subresource) in [
+        ("create", "serviceaccounts", "token"),
+        ("patch", "pods", "status"),
+        ("create", "pods", "exec"),
+        ("update", "pods", "finalizers"),
+    ] {
+        rows.push(Row {
+            subresource: Some(subresource),
+            ..row(verb, resource, scope, false)
+        });
+    }
     rows
 }
 

@@ -180,16 +180,21 @@ fn assert_no_wildcards_or_secrets_beyond_get(objs: &[Value]) {
     }
 }
 
+/// The chart's objects as release `lw` in `lockwarden-system`, with `ci/VALUES`.
+fn objects_with(values: &str) -> Vec<Value> {
+    objects(&render(
+        "lw",
+        "lockwarden-system",
+        Some(&ci_values(values)),
+        &[],
+    ))
+}
+
 #[test]
 fn non_default_values_render_what_they_say() {
     // Namespace-scoped: --watch-namespace, Roles only (no ClusterRole at all with the
     // aggregated user roles off), leader election in the release namespace.
-    let objs = objects(&render(
-        "lw",
-        "lockwarden-system",
-        Some(&ci_values("namespace-scoped-values.yaml")),
-        &[],
-    ));
+    let objs = objects_with("namespace-scoped-values.yaml");
     let deployment = one(&objs, "Deployment");
     assert!(args(deployment).contains(&"--watch-namespace=team-locks".to_string()));
     assert!(args(deployment).contains(&"--cluster-name=prod-eu-1".to_string()));
@@ -206,12 +211,7 @@ fn non_default_values_render_what_they_say() {
     assert_no_wildcards_or_secrets_beyond_get(&objs);
 
     // One replica, no leader election, no Service; scheduling values pass through.
-    let objs = objects(&render(
-        "lw",
-        "lockwarden-system",
-        Some(&ci_values("single-replica-values.yaml")),
-        &[],
-    ));
+    let objs = objects_with("single-replica-values.yaml");
     let deployment = one(&objs, "Deployment");
     assert_eq!(deployment["spec"]["replicas"], 1);
     assert!(!args(deployment).iter().any(|a| a.starts_with("--leader")));
@@ -234,12 +234,7 @@ fn non_default_values_render_what_they_say() {
     // Kueue: both flags, and the AdmissionCheck controller's rules (read checks,
     // ClusterQueues and our parameters; write only check and Workload status and
     // Workload metadata). Without the value, no rule names them but `list workloads`.
-    let objs = objects(&render(
-        "lw",
-        "lockwarden-system",
-        Some(&ci_values("kueue-values.yaml")),
-        &[],
-    ));
+    let objs = objects_with("kueue-values.yaml");
     let deployment = one(&objs, "Deployment");
     for flag in [
         "--kueue-admission-check",
@@ -274,12 +269,7 @@ fn non_default_values_render_what_they_say() {
     );
 
     // ServiceMonitor and PDB.
-    let objs = objects(&render(
-        "lw",
-        "lockwarden-system",
-        Some(&ci_values("servicemonitor-values.yaml")),
-        &[],
-    ));
+    let objs = objects_with("servicemonitor-values.yaml");
     let monitor = one(&objs, "ServiceMonitor");
     assert_eq!(monitor["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
@@ -307,12 +297,7 @@ fn non_default_values_render_what_they_say() {
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
 
     // Secrets: a get-only Role in each listed namespace, nothing else.
-    let objs = objects(&render(
-        "lw",
-        "lockwarden-system",
-        Some(&ci_values("secret-namespaces-values.yaml")),
-        &[],
-    ));
+    let objs = objects_with("secret-namespaces-values.yaml");
     let secret_roles: BTreeSet<&str> = of_kind(&objs, "Role")
         .iter()
         .map(|r| r["metadata"]["namespace"].as_str().unwrap())
