@@ -22,7 +22,7 @@ use lockwarden::controller::pods::has_gate;
 use serde_json::json;
 use support::cli::Cli;
 use support::eventually;
-use support::kube::{ControlPlane, gated_pod, install_lockwarden_crd};
+use support::kube::{ControlPlane, gated_pod, namespace_with_crd};
 use support::locks::lease_lock;
 
 /// Generous: the test machine is a loaded 2-core box.
@@ -92,11 +92,8 @@ async fn probe(client: &kube::Client, ns: &str, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_memory_does_not_grow_with_ungated_pods() {
-    let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_lockwarden_crd(&client).await;
-    let gated = plane.namespace(&client, "mem-gated").await;
-    let crowd = plane.namespace(&client, "mem-crowd").await;
+    let (client, gated) = namespace_with_crd("mem-gated").await;
+    let crowd = ControlPlane::shared().namespace(&client, "mem-crowd").await;
 
     let cli = Cli::kube();
     let controller = cli.spawn(&[
