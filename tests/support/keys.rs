@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use lockwarden::backend::{DynamoStore, LeaseStore, S3Store, TableLayout, ZkSessions};
-use lockwarden::lock::{CasLock, LockBackend};
+use lockwarden::lock::{CasLock, LockBackend, RecordStore};
 
-use super::kube::ControlPlane;
-use super::moto::{new_bucket_at, new_table_at};
+use super::kube::{ControlPlane, client_from_kubeconfig};
+use super::moto::{dynamodb_client_for, new_bucket_at, new_table_at, s3_client_for};
 use super::stores::{AwsServer, Choice, dynamodb_shared, s3_shared};
 use super::zookeeper::ZooKeeper;
 
@@ -125,35 +125,34 @@ impl Key {
     }
 
     pub async fn handle(&self) -> Arc<dyn LockBackend> {
+        /// A lock on a store of records.
+        fn cas(store: impl RecordStore + 'static) -> Arc<dyn LockBackend> {
+            Arc::new(CasLock::new(store))
+        }
         match self {
             Key::S3 {
                 endpoint,
                 bucket,
                 key,
-            } => {
-                let client = super::moto::s3_client_for(endpoint).await;
-                Arc::new(CasLock::new(S3Store::new(client, bucket, key)))
-            }
+            } => cas(S3Store::new(s3_client_for(endpoint).await, bucket, key)),
             Key::Dynamo {
                 endpoint,
                 table,
                 key,
-            } => {
-                let client = super::moto::dynamodb_client_for(endpoint).await;
-                Arc::new(CasLock::new(DynamoStore::new(
-                    client,
-                    TableLayout::new(table),
-                    key,
-                )))
-            }
+            } => cas(DynamoStore::new(
+                dynamodb_client_for(endpoint).await,
+                TableLayout::new(table),
+                key,
+            )),
             Key::Lease {
                 kubeconfig,
                 namespace,
                 name,
-            } => {
-                let client = super::kube::client_from_kubeconfig(kubeconfig).await;
-                Arc::new(CasLock::new(LeaseStore::new(client, namespace, name)))
-            }
+            } => cas(LeaseStore::new(
+                client_from_kubeconfig(kubeconfig).await,
+                namespace,
+                name,
+            )),
             Key::ZooKeeper { connect, path } => Arc::new(
                 ZkSessions::new()
                     .lock(connect, path)
