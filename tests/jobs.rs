@@ -16,35 +16,36 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use lockwarden::api::{DistributedLock, LockPhase};
-use lockwarden::backend::LeaseStore;
+use lockwarden::controller::FINALIZER;
 use lockwarden::controller::jobs::{
     CLAIM_ANNOTATION, FENCE_ANNOTATION, FENCES_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
     LOCKS_ANNOTATION, LOST_FENCE_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
     PRIORITY_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION, per_job_lock_name,
 };
-use lockwarden::controller::{self, ControllerConfig, FINALIZER};
-use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
+use lockwarden::lock::{AcquireRequest, LockBackend};
 use serde_json::json;
 use support::eventually;
-use support::kube::{ControlPlane, install_lockwarden_crd as install_crd, job, wait_event};
-use support::locks::{acquired, lease_lock, phase, wait_phase};
+use support::kube::{ControlPlane, create, delete, wait_event};
+use support::locks::{acquired, hold_lease, lease_lock, lease_template, phase, wait_phase};
 use support::overlap::OverlapWatch;
+use support::workloads::{self, BadRow, Workload, create_held};
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
 const CLUSTER: &str = "jobs-cluster";
 
-/// A client, the CRD, a fresh namespace, and a controller watching that namespace.
-async fn setup(prefix: &str) -> (Client, String) {
-    support::kube::namespace_with_controller(prefix, CLUSTER).await
+/// A client, the CRD, a fresh namespace, a controller watching that namespace, and the
+/// namespace's locks and Jobs.
+async fn setup(prefix: &str) -> (Client, String, Api<DistributedLock>, Api<Job>) {
+    workloads::namespace_for(prefix, CLUSTER).await
 }
 
 fn is_suspended(job: &Job) -> bool {
-    job.spec.as_ref().and_then(|s| s.suspend).unwrap_or(false)
+    job.is_held()
 }
 
 fn template_annotations(job: &Job) -> BTreeMap<String, String> {
@@ -56,26 +57,31 @@ fn template_annotations(job: &Job) -> BTreeMap<String, String> {
 }
 
 fn fence_of(job: &Job) -> i64 {
-    template_annotations(job)
-        .get(FENCE_ANNOTATION)
+    job.fence()
         .unwrap_or_else(|| panic!("{} has no fence annotation", job.name_any()))
-        .parse()
-        .unwrap()
 }
 
+/// Unsuspended, and started for real: the Job controller made its Pods from the
+/// template, fence and all.
 async fn wait_unsuspended(jobs: &Api<Job>, name: &str) -> Job {
-    let job = eventually(
-        &format!("Job {name} to be unsuspended"),
-        TIMEOUT,
-        || async { jobs.get(name).await.ok().filter(|j| !is_suspended(j)) },
-    )
-    .await;
-    // Started for real: the Job controller made its Pods from the template, fence and
-    // all.
-    let client = jobs.clone().into_client();
-    let ns = job.namespace().unwrap();
-    support::kube::wait_pods_with_fence(&client, &ns, name, fence_of(&job)).await;
-    job
+    Job::wait_started(jobs, name).await
+}
+
+/// Of two Jobs, (the running one, the suspended one), when exactly one runs.
+fn one_running(a: Job, b: Job) -> Option<(Job, Job)> {
+    match (is_suspended(&a), is_suspended(&b)) {
+        (false, true) => Some((a, b)),
+        (true, false) => Some((b, a)),
+        _ => None,
+    }
+}
+
+/// Another lock, `forcer`, takes Lease `lease` by force; waits until it holds it.
+async fn force(locks: &Api<DistributedLock>, lease: &str) -> DistributedLock {
+    let mut forcer = lease_lock("forcer", lease);
+    forcer.spec.force = true;
+    create(locks, &forcer).await;
+    wait_acquired(locks, "forcer").await
 }
 
 /// Finishes a Job the way a cluster does: its Pods end (the test plays the kubelet,
@@ -97,6 +103,14 @@ async fn finish(jobs: &Api<Job>, name: &str, succeeded: bool) {
     .await;
 }
 
+/// Waits until lock `name` (`whose`: the Job it belonged to) has been deleted.
+async fn wait_lock_gone(locks: &Api<DistributedLock>, name: &str, whose: &str) {
+    eventually(&format!("{whose} lock to be deleted"), TIMEOUT, || async {
+        locks.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
 /// Unsuspended and not finished: a Job that may be running.
 fn job_runs(job: &Job) -> bool {
     !is_suspended(job) && lockwarden::controller::jobs::finished(job).is_none()
@@ -113,36 +127,20 @@ fn overlap_watch(jobs: Api<Job>) -> OverlapWatch {
 /// object version of the Jobs is watched: never two running at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn template_queued_jobs_run_one_at_a_time() {
-    let (client, ns) = setup("jobs-queue").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let (_, ns, locks, jobs) = setup("jobs-queue").await;
     let watch = overlap_watch(jobs.clone());
 
-    let mut template = lease_lock("batch", "batch-key");
-    template.spec.release = true;
+    let mut template = lease_template("batch", "batch-key");
     template.spec.data = Some("copied".into());
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&locks, &template).await;
     for name in ["first", "second"] {
-        jobs.create(
-            &PostParams::default(),
-            &job(name, &[(TEMPLATE_ANNOTATION, "batch")], true),
-        )
-        .await
-        .unwrap();
+        create_held(&jobs, name, &[(TEMPLATE_ANNOTATION, "batch")]).await;
     }
-    let running = eventually("one of the two Jobs to be unsuspended", TIMEOUT, || async {
-        let (a, b) = (
+    let (running, _) = eventually("one of the two Jobs to be unsuspended", TIMEOUT, || async {
+        one_running(
             jobs.get("first").await.ok()?,
             jobs.get("second").await.ok()?,
-        );
-        match (is_suspended(&a), is_suspended(&b)) {
-            (false, true) => Some(a),
-            (true, false) => Some(b),
-            _ => None,
-        }
+        )
     })
     .await;
     let waiting_name = if running.name_any() == "first" {
@@ -215,15 +213,7 @@ async fn template_queued_jobs_run_one_at_a_time() {
     );
     // The first Job's lock is gone (its finalizer released it) and so is the Job's
     // finalizer; its status says what happened.
-    eventually("the first Job's lock to be deleted", TIMEOUT, || async {
-        locks
-            .get_opt(&per_job_lock_name(&running))
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    wait_lock_gone(&locks, &per_job_lock_name(&running), "the first Job's").await;
     let first = jobs.get(&running.name_any()).await.unwrap();
     assert!(!first.finalizers().iter().any(|f| f == FINALIZER));
     assert!(
@@ -234,13 +224,7 @@ async fn template_queued_jobs_run_one_at_a_time() {
 
     // A third Job queues behind the second; deleted while it waits, its lock goes
     // with it (no garbage collector needed: the controller deletes it).
-    let third = jobs
-        .create(
-            &PostParams::default(),
-            &job("third", &[(TEMPLATE_ANNOTATION, "batch")], true),
-        )
-        .await
-        .unwrap();
+    let third = create_held(&jobs, "third", &[(TEMPLATE_ANNOTATION, "batch")]).await;
     let third_lock = per_job_lock_name(&third);
     eventually("the third Job's lock to wait", TIMEOUT, || async {
         let lock = locks.get(&third_lock).await.ok()?;
@@ -263,15 +247,7 @@ async fn template_queued_jobs_run_one_at_a_time() {
 
     // A failed Job lets go too.
     finish(&jobs, waiting_name, false).await;
-    eventually("the second Job's lock to be deleted", TIMEOUT, || async {
-        locks
-            .get_opt(&waiting_lock_name)
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    wait_lock_gone(&locks, &waiting_lock_name, "the second Job's").await;
     watch.assert_none();
 }
 
@@ -283,9 +259,7 @@ async fn template_queued_jobs_run_one_at_a_time() {
 async fn template_with_two_permits_runs_two_jobs_at_a_time() {
     const PERMITS: usize = 2;
     const JOBS: usize = 6;
-    let (client, ns) = setup("jobs-permits").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let (_, _, locks, jobs) = setup("jobs-permits").await;
     let watch = OverlapWatch::at_most(
         PERMITS,
         vec![jobs.clone()],
@@ -293,24 +267,16 @@ async fn template_with_two_permits_runs_two_jobs_at_a_time() {
         job_runs,
     );
 
-    let mut template = lease_lock("loaders", "warehouse");
-    template.spec.release = true;
+    let mut template = lease_template("loaders", "warehouse");
     template.spec.permits = PERMITS as u32;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&locks, &template).await;
     for i in 0..JOBS {
-        jobs.create(
-            &PostParams::default(),
-            &job(
-                &format!("load-{i}"),
-                &[(TEMPLATE_ANNOTATION, "loaders")],
-                true,
-            ),
+        create_held(
+            &jobs,
+            &format!("load-{i}"),
+            &[(TEMPLATE_ANNOTATION, "loaders")],
         )
-        .await
-        .unwrap();
+        .await;
     }
     let mut fences = BTreeMap::new();
     while fences.len() < JOBS {
@@ -355,9 +321,7 @@ async fn template_with_two_permits_runs_two_jobs_at_a_time() {
 /// completes; a later Job on the same lock gets a fresh acquisition, a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
-    let (client, ns) = setup("jobs-fence").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, locks, jobs) = setup("jobs-fence").await;
 
     // The watch starts before the Job exists, so it sees every version of it.
     let first_unsuspended = {
@@ -379,19 +343,8 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
             panic!("the watch ended");
         })
     };
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock("migration", "migration-key"),
-        )
-        .await
-        .unwrap();
-    jobs.create(
-        &PostParams::default(),
-        &job("migrate", &[(LOCK_ANNOTATION, "migration")], true),
-    )
-    .await
-    .unwrap();
+    create(&locks, &lease_lock("migration", "migration-key")).await;
+    create_held(&jobs, "migrate", &[(LOCK_ANNOTATION, "migration")]).await;
     let seen = tokio::time::timeout(TIMEOUT, first_unsuspended)
         .await
         .expect("the Job is unsuspended")
@@ -430,12 +383,7 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
     let note = wait_event(&client, &ns, "migrate", "Normal", "Released", "").await;
     assert!(note.contains(&format!("fence {first_fence}")), "{note}");
 
-    jobs.create(
-        &PostParams::default(),
-        &job("migrate-again", &[(LOCK_ANNOTATION, "migration")], true),
-    )
-    .await
-    .unwrap();
+    create_held(&jobs, "migrate-again", &[(LOCK_ANNOTATION, "migration")]).await;
     let again = wait_unsuspended(&jobs, "migrate-again").await;
     assert!(fence_of(&again) > first_fence);
     let lock = locks.get("migration").await.unwrap();
@@ -449,26 +397,16 @@ async fn fence_is_on_the_pod_template_when_suspend_turns_false() {
 /// held by someone else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_template_jobs_run_by_priority_then_arrival() {
-    let (client, ns) = setup("jobs-priority").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, locks, jobs) = setup("jobs-priority").await;
     let watch = overlap_watch(jobs.clone());
-    let mut template = lease_lock("queued", "queued-key");
-    template.spec.release = true;
+    let mut template = lease_template("queued", "queued-key");
     template.spec.queue = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&locks, &template).await;
     let queued = |holder: &str| AcquireRequest {
         queue: Some(Default::default()),
         ..AcquireRequest::new(holder, Duration::from_secs(30))
     };
-    let outsider = CasLock::new(LeaseStore::new(client.clone(), &ns, "queued-key"));
-    let held = match outsider.try_acquire(&queued("outsider")).await.unwrap() {
-        Attempt::Acquired(lease) => lease,
-        other => panic!("the outsider should hold the key: {other:?}"),
-    };
+    let (outsider, held) = hold_lease(&client, &ns, "queued-key", &queued("outsider")).await;
     let registered = |holder: String| {
         let outsider = &outsider;
         async move {
@@ -488,10 +426,7 @@ async fn queued_template_jobs_run_by_priority_then_arrival() {
             vec![(TEMPLATE_ANNOTATION, "queued"), (PRIORITY_ANNOTATION, "10")],
         ),
     ] {
-        let created = jobs
-            .create(&PostParams::default(), &job(name, &annotations, true))
-            .await
-            .unwrap();
+        let created = create_held(&jobs, name, &annotations).await;
         let holder = format!("{CLUSTER}/{ns}/job/{name}/{}", created.uid().unwrap());
         eventually(&format!("{name} to be registered"), TIMEOUT, || {
             registered(holder.clone())
@@ -525,29 +460,15 @@ async fn queued_template_jobs_run_by_priority_then_arrival() {
 /// starts only after the first fails, with a fresh acquisition (a higher fence).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_jobs_naming_one_lock_take_turns() {
-    let (client, ns) = setup("jobs-named").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, locks, jobs) = setup("jobs-named").await;
     let watch = overlap_watch(jobs.clone());
-    locks
-        .create(&PostParams::default(), &lease_lock("shared", "shared-key"))
-        .await
-        .unwrap();
+    create(&locks, &lease_lock("shared", "shared-key")).await;
     for name in ["one", "two"] {
-        jobs.create(
-            &PostParams::default(),
-            &job(name, &[(LOCK_ANNOTATION, "shared")], true),
-        )
-        .await
-        .unwrap();
+        create_held(&jobs, name, &[(LOCK_ANNOTATION, "shared")]).await;
     }
     let (running, waiting) = eventually("one Job running, the other waiting", TIMEOUT, || async {
-        let (a, b) = (jobs.get("one").await.ok()?, jobs.get("two").await.ok()?);
-        let (running, waiting) = match (is_suspended(&a), is_suspended(&b)) {
-            (false, true) => (a, b),
-            (true, false) => (b, a),
-            _ => return None,
-        };
+        let (running, waiting) =
+            one_running(jobs.get("one").await.ok()?, jobs.get("two").await.ok()?)?;
         let status = waiting.annotations().get(STATUS_ANNOTATION)?;
         status
             .contains(&format!("claimed by Job {}", running.name_any()))
@@ -590,66 +511,15 @@ async fn two_jobs_naming_one_lock_take_turns() {
 /// a fence above the forcer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
-    let (client, ns) = setup("jobs-elsewhere").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let outsider = CasLock::new(LeaseStore::new(client.clone(), &ns, "contested"));
-    let lease = match outsider
-        .try_acquire(&AcquireRequest::new(
-            "other-cluster/ops/nightly",
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap()
-    {
-        Attempt::Acquired(lease) => lease,
-        other => panic!("the outsider could not take the Lease: {other:?}"),
-    };
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock("contested", "contested"),
-        )
-        .await
-        .unwrap();
-    jobs.create(
-        &PostParams::default(),
-        &job("blocked", &[(LOCK_ANNOTATION, "contested")], true),
-    )
-    .await
-    .unwrap();
-    let note = wait_event(
-        &client,
-        &ns,
-        "blocked",
-        "Normal",
-        "Waiting",
-        "held by other-cluster/ops/nightly",
-    )
-    .await;
-    assert!(
-        note.contains("held by other-cluster/ops/nightly"),
-        "the Event names the holder: {note}"
-    );
-    let job = jobs.get("blocked").await.unwrap();
-    assert!(is_suspended(&job));
-    assert!(!template_annotations(&job).contains_key(FENCE_ANNOTATION));
-    assert_eq!(
-        job.annotations()[STATUS_ANNOTATION],
-        "waiting for lock contested: held by other-cluster/ops/nightly"
-    );
-
-    outsider.release(&lease).await.unwrap();
-    let started = wait_unsuspended(&jobs, "blocked").await;
-    assert!(fence_of(&started) > lease.fence().0 as i64);
+    let (client, ns, locks, jobs) = setup("jobs-elsewhere").await;
+    let (_, outsider, lease) = workloads::held_back_by_an_outsider::<Job>(&client, &ns).await;
+    let started = workloads::started_once_the_outsider_lets_go(&jobs, &outsider, &lease).await;
 
     // Taken over by force while the Job runs: by default (`on-lock-lost: suspend`) the
     // Job is suspended, a Warning names the reason and the fence it ran with, and the
     // real Job controller deletes its Pods.
     let old = fence_of(&started);
-    let mut forcer = lease_lock("forcer", "contested");
-    forcer.spec.force = true;
-    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    let forced = force(&locks, "contested").await;
     let note = wait_event(&client, &ns, "blocked", "Warning", "Suspended", "").await;
     assert!(
         note.contains(&format!("ran with fence {old}")) && note.contains("Lost"),
@@ -664,7 +534,6 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
         .then_some(())
     })
     .await;
-    let forced = wait_acquired(&locks, "forcer").await;
     let forced_fence = forced.status.as_ref().unwrap().fence.unwrap();
     assert!(forced_fence > old);
 
@@ -678,10 +547,7 @@ async fn job_whose_lock_is_held_elsewhere_stays_suspended() {
     })
     .await;
     // When the forcer lets go, the Job starts again, with a fence above both.
-    locks
-        .delete("forcer", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete(&locks, "forcer").await;
     let again = wait_unsuspended(&jobs, "blocked").await;
     assert!(
         fence_of(&again) > forced_fence,
@@ -714,164 +580,43 @@ const NAME_OVER_LIMIT: &str = concat!(
     "y123456789z123",
 );
 
-/// (job, annotations, created suspended, Event reason, words in the Event)
-type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
+/// One Job per kind of bad input (locks `good` and `held-template` exist): (Job,
+/// annotations, created suspended, Event reason, words in the Event). The name limits
+/// are lock::names's, shared with the CRD and the CLI: 253 characters is a name (so the
+/// lock is merely missing), 254 is not; nor is an empty label or a control character.
+#[rustfmt::skip]
+const BAD_ROWS: &[BadRow] = &[
+    ("no-template", &[(TEMPLATE_ANNOTATION, "missing")], true, "TemplateNotFound", "lock template missing"),
+    ("both", &[(LOCK_ANNOTATION, "good"), (TEMPLATE_ANNOTATION, "good")], true, "InvalidLockAnnotation", "both lockwarden.io/lock and lockwarden.io/lock-template"),
+    ("single-and-list", &[(LOCK_ANNOTATION, "good"), (LOCKS_ANNOTATION, "good,other")], true, "InvalidLockAnnotation", "both lockwarden.io/lock and lockwarden.io/locks"),
+    ("empty-entry", &[(LOCKS_ANNOTATION, "good,,other")], true, "InvalidLockAnnotation", "has an empty entry"),
+    ("missing-of-several", &[(LOCKS_ANNOTATION, "good,absent")], true, "LockNotFound", "DistributedLock absent does not exist"),
+    ("elsewhere", &[(LOCK_ANNOTATION, "other-ns/good")], true, "InvalidLockAnnotation", "another namespace"),
+    ("bad-name", &[(LOCK_ANNOTATION, "Not_A_Name")], true, "InvalidLockAnnotation", "invalid DistributedLock name"),
+    ("name-at-limit", &[(LOCK_ANNOTATION, NAME_AT_LIMIT)], true, "LockNotFound", "does not exist"),
+    ("name-over-limit", &[(LOCK_ANNOTATION, NAME_OVER_LIMIT)], true, "InvalidLockAnnotation", "a DNS-1123 subdomain: at most 253"),
+    ("empty-label", &[(LOCK_ANNOTATION, "a..b")], true, "InvalidLockAnnotation", "invalid DistributedLock name \"a..b\""),
+    ("control-character", &[(LOCK_ANNOTATION, "a\u{1}b")], true, "InvalidLockAnnotation", "invalid DistributedLock name"),
+    ("no-lock", &[(LOCK_ANNOTATION, "absent")], true, "LockNotFound", "DistributedLock absent does not exist"),
+    ("held-template", &[(TEMPLATE_ANNOTATION, "held-template")], true, "TemplateNotReleased", "spec.release: false"),
+    ("not-suspended", &[(LOCK_ANNOTATION, "good")], false, "NotSuspended", "spec.suspend: true"),
+    ("bad-policy", &[(LOCK_ANNOTATION, "good"), (ON_LOCK_LOST_ANNOTATION, "pause")], true, "InvalidLockAnnotation", "lockwarden.io/on-lock-lost: \"pause\" is not one of suspend, fail, ignore"),
+    ("long-grace", &[(LOCK_ANNOTATION, "good"), (LOST_GRACE_ANNOTATION, "10s")], true, "InvalidLockAnnotation", "past the point where another holder may acquire the lock"),
+];
 
 /// Bad input, one row each: a Warning Event saying what is wrong, the Job left as it
 /// was (suspended, no fence), and the controller still serving a good Job afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
-    let (client, ns) = setup("jobs-bad").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock("held-template", "t-key"),
-        )
-        .await
-        .unwrap();
-    locks
-        .create(&PostParams::default(), &lease_lock("good", "good-key"))
-        .await
-        .unwrap();
-    let rows: &[BadRow] = &[
-        (
-            "no-template",
-            &[(TEMPLATE_ANNOTATION, "missing")],
-            true,
-            "TemplateNotFound",
-            "lock template missing",
-        ),
-        (
-            "both",
-            &[(LOCK_ANNOTATION, "good"), (TEMPLATE_ANNOTATION, "good")],
-            true,
-            "InvalidLockAnnotation",
-            "both lockwarden.io/lock and lockwarden.io/lock-template",
-        ),
-        (
-            "single-and-list",
-            &[(LOCK_ANNOTATION, "good"), (LOCKS_ANNOTATION, "good,other")],
-            true,
-            "InvalidLockAnnotation",
-            "both lockwarden.io/lock and lockwarden.io/locks",
-        ),
-        (
-            "empty-entry",
-            &[(LOCKS_ANNOTATION, "good,,other")],
-            true,
-            "InvalidLockAnnotation",
-            "has an empty entry",
-        ),
-        (
-            "missing-of-several",
-            &[(LOCKS_ANNOTATION, "good,absent")],
-            true,
-            "LockNotFound",
-            "DistributedLock absent does not exist",
-        ),
-        (
-            "elsewhere",
-            &[(LOCK_ANNOTATION, "other-ns/good")],
-            true,
-            "InvalidLockAnnotation",
-            "another namespace",
-        ),
-        (
-            "bad-name",
-            &[(LOCK_ANNOTATION, "Not_A_Name")],
-            true,
-            "InvalidLockAnnotation",
-            "invalid DistributedLock name",
-        ),
-        // The name limits are lock::names's, shared with the CRD and the CLI: 253
-        // characters is a name (so the lock is merely missing), 254 is not; nor is an
-        // empty label or a control character.
-        (
-            "name-at-limit",
-            &[(LOCK_ANNOTATION, NAME_AT_LIMIT)],
-            true,
-            "LockNotFound",
-            "does not exist",
-        ),
-        (
-            "name-over-limit",
-            &[(LOCK_ANNOTATION, NAME_OVER_LIMIT)],
-            true,
-            "InvalidLockAnnotation",
-            "a DNS-1123 subdomain: at most 253",
-        ),
-        (
-            "empty-label",
-            &[(LOCK_ANNOTATION, "a..b")],
-            true,
-            "InvalidLockAnnotation",
-            "invalid DistributedLock name \"a..b\"",
-        ),
-        (
-            "control-character",
-            &[(LOCK_ANNOTATION, "a\u{1}b")],
-            true,
-            "InvalidLockAnnotation",
-            "invalid DistributedLock name",
-        ),
-        (
-            "no-lock",
-            &[(LOCK_ANNOTATION, "absent")],
-            true,
-            "LockNotFound",
-            "DistributedLock absent does not exist",
-        ),
-        (
-            "held-template",
-            &[(TEMPLATE_ANNOTATION, "held-template")],
-            true,
-            "TemplateNotReleased",
-            "spec.release: false",
-        ),
-        (
-            "not-suspended",
-            &[(LOCK_ANNOTATION, "good")],
-            false,
-            "NotSuspended",
-            "spec.suspend: true",
-        ),
-        (
-            "bad-policy",
-            &[
-                (LOCK_ANNOTATION, "good"),
-                (ON_LOCK_LOST_ANNOTATION, "pause"),
-            ],
-            true,
-            "InvalidLockAnnotation",
-            "lockwarden.io/on-lock-lost: \"pause\" is not one of suspend, fail, ignore",
-        ),
-        (
-            "long-grace",
-            &[(LOCK_ANNOTATION, "good"), (LOST_GRACE_ANNOTATION, "10s")],
-            true,
-            "InvalidLockAnnotation",
-            "past the point where another holder may acquire the lock",
-        ),
-    ];
-    for (name, annotations, suspend, _, _) in rows {
-        jobs.create(&PostParams::default(), &job(name, annotations, *suspend))
-            .await
-            .unwrap();
-    }
-    for (name, _, suspend, reason, words) in rows {
-        let note = wait_event(&client, &ns, name, "Warning", reason, words).await;
-        assert!(note.contains(words), "{name}: {note:?} lacks {words:?}");
-        let job = jobs.get(name).await.unwrap();
-        assert_eq!(is_suspended(&job), *suspend, "{name} was left as created");
-        assert!(
-            !template_annotations(&job).contains_key(FENCE_ANNOTATION),
-            "{name} got a fence"
-        );
+    let (client, ns, locks, jobs) = setup("jobs-bad").await;
+    create(&locks, &lease_lock("held-template", "t-key")).await;
+    create(&locks, &lease_lock("good", "good-key")).await;
+    let seen = workloads::bad_input_is_called_out::<Job>(&client, &ns, BAD_ROWS).await;
+    for (job, note) in &seen {
+        let name = job.name_any();
         assert_eq!(
             job.annotations().get(STATUS_ANNOTATION),
-            Some(&note),
+            Some(note),
             "{name}"
         );
     }
@@ -887,21 +632,11 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
     );
 
     // Still serving: a good Job on the good lock starts.
-    jobs.create(
-        &PostParams::default(),
-        &job("fine", &[(LOCK_ANNOTATION, "good")], true),
-    )
-    .await
-    .unwrap();
+    create_held(&jobs, "fine", &[(LOCK_ANNOTATION, "good")]).await;
     wait_unsuspended(&jobs, "fine").await;
 
     // Creating the missing template later lets its Job go ahead.
-    let mut template = lease_lock("missing", "m-key");
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&locks, &lease_template("missing", "m-key")).await;
     wait_unsuspended(&jobs, "no-template").await;
 
     // Deleting a running Job lets go of its claim: the lock is free for others.
@@ -923,22 +658,15 @@ async fn bad_input_gives_a_warning_and_leaves_the_job_suspended() {
 /// Kubernetes-Lease backend) needs in a namespace it serves — the list in
 /// docs/architecture.md, which the Helm chart grants.
 fn controller_rules() -> serde_json::Value {
-    json!([
-        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks"],
-         "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks/status"],
-         "verbs": ["patch"]},
+    workloads::controller_rules(json!([
         {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["patch"]},
         {"apiGroups": ["batch"], "resources": ["jobs/finalizers"], "verbs": ["update"]},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["pods"],
          "verbs": ["get", "list", "watch", "patch", "delete"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update", "delete"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
-    ])
+    ]))
 }
 
 /// The controller running as an identity with only [`controller_rules`] gates Jobs
@@ -946,83 +674,21 @@ fn controller_rules() -> serde_json::Value {
 /// start, stop on loss, restart, delete), with its Events recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn job_gating_works_with_the_documented_rbac() {
-    let plane = ControlPlane::shared();
-    let admin = plane.client().await;
-    install_crd(&admin).await;
-    let ns = plane.namespace(&admin, "jobs-rbac").await;
-    let user = format!("lockwarden-controller-{ns}");
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "lockwarden"},
-        "rules": controller_rules(),
-    }))
-    .unwrap();
-    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "lockwarden"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lockwarden"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }))
-    .unwrap();
-    Api::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    let restricted =
-        support::kube::client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
-    let config = ControllerConfig {
-        cluster_name: CLUSTER.into(),
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(async move {
-        if let Err(e) = controller::run(restricted, config).await {
-            panic!("controller failed: {e}");
-        }
-    });
-
+    let (admin, ns) =
+        support::kube::namespace_with_controller_as(controller_rules(), "jobs-rbac", CLUSTER).await;
     let locks: Api<DistributedLock> = Api::namespaced(admin.clone(), &ns);
     let jobs: Api<Job> = Api::namespaced(admin.clone(), &ns);
-    locks
-        .create(&PostParams::default(), &lease_lock("named", "named-key"))
-        .await
-        .unwrap();
-    let mut template = lease_lock("queue", "queue-key");
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    jobs.create(
-        &PostParams::default(),
-        &job("named-job", &[(LOCK_ANNOTATION, "named")], true),
-    )
-    .await
-    .unwrap();
-    jobs.create(
-        &PostParams::default(),
-        &job("queued-job", &[(TEMPLATE_ANNOTATION, "queue")], true),
-    )
-    .await
-    .unwrap();
-    let named = wait_unsuspended(&jobs, "named-job").await;
-    let queued = wait_unsuspended(&jobs, "queued-job").await;
+    let named = lease_lock("named", "named-key");
+    let [named, queued] =
+        workloads::named_and_queued::<Job>(&admin, &ns, &named, ["named-job", "queued-job"]).await;
     wait_event(&admin, &ns, "named-job", "Normal", "Started", "").await;
     // The queued Job's key is taken by force: it is suspended, its own lock made anew,
     // and it restarts with a higher fence once the forcer lets go. (With
     // LOCKWARDEN_KUBE_FEATURE_GATES=MutableSchedulingDirectivesForSuspendedJobs=false,
     // as before Kubernetes 1.36, the restart needs jobs/status to clear startTime.)
-    let mut forcer = lease_lock("forcer", "queue-key");
-    forcer.spec.force = true;
-    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    let forced = force(&locks, "queue-key").await;
     wait_event(&admin, &ns, "queued-job", "Warning", "Suspended", "").await;
-    let forced = wait_acquired(&locks, "forcer").await;
-    locks
-        .delete("forcer", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete(&locks, "forcer").await;
     let restarted = eventually("the queued Job to restart", TIMEOUT, || async {
         let job = jobs.get("queued-job").await.ok()?;
         (!is_suspended(&job) && fence_of(&job) > forced.status.as_ref()?.fence?).then_some(job)
@@ -1053,31 +719,9 @@ async fn job_gating_works_with_the_documented_rbac() {
 
 /// `kubectl` with the admin kubeconfig (or another), its output, and whether it worked.
 async fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<String>) -> (bool, String) {
-    use tokio::io::AsyncWriteExt;
     let plane = ControlPlane::shared();
-    let mut cmd = tokio::process::Command::new(support::tool("KUBECTL"));
-    cmd.arg("--kubeconfig")
-        .arg(kubeconfig)
-        .arg("--cache-dir")
-        .arg(plane.dir().join(support::unique("kubectl-cache")))
-        .arg("--request-timeout=60s")
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().expect("run kubectl");
-    let mut pipe = child.stdin.take().unwrap();
-    if let Some(input) = stdin {
-        pipe.write_all(input.as_bytes()).await.unwrap();
-    }
-    drop(pipe);
-    let out = child.wait_with_output().await.unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let out = support::kubectl::kubectl_as(plane, kubeconfig, args, stdin.as_deref()).await;
+    (out.status.success(), support::kubectl::text(&out))
 }
 
 /// `kubectl apply -n ns -f examples/<file>` with the local endpoints filled in, as
@@ -1094,10 +738,7 @@ async fn apply_example(ns: &str, file: &str, aws: &str, zk: &str) {
 }
 
 async fn wait_acquired(locks: &Api<DistributedLock>, name: &str) -> DistributedLock {
-    eventually(&format!("{name} to be Acquired"), TIMEOUT, || async {
-        locks.get(name).await.ok().filter(acquired)
-    })
-    .await
+    support::locks::wait_acquired(locks, name, TIMEOUT).await
 }
 
 /// Every manifest in `examples/` is applied with kubectl, in one namespace, and
@@ -1105,15 +746,13 @@ async fn wait_acquired(locks: &Api<DistributedLock>, name: &str) -> DistributedL
 /// here fails this test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_example_reaches_the_state_its_comment_promises() {
-    let (client, ns) = setup("jobs-examples").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
-        .await
-        .unwrap();
-    let zk = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
-        .await
-        .unwrap();
+    let (client, ns, locks, jobs) = setup("jobs-examples").await;
+    // Both servers start at once (each is shared by the binary's tests).
+    let (moto, zk) = tokio::join!(
+        tokio::task::spawn_blocking(support::moto::Moto::shared),
+        tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared),
+    );
+    let (moto, zk) = (moto.unwrap(), zk.unwrap());
     // The bucket s3-lock.yaml names (scripts/demo creates it the same way); the
     // DynamoDB example creates its table itself.
     moto.s3_client()
@@ -1172,10 +811,7 @@ async fn every_example_reaches_the_state_its_comment_promises() {
                     },
                 )
                 .await;
-                locks
-                    .delete("db-migration", &DeleteParams::default())
-                    .await
-                    .unwrap();
+                delete(&locks, "db-migration").await;
                 let next = wait_acquired(&locks, "db-migration-next").await;
                 assert!(next.status.unwrap().fence > holder.status.unwrap().fence);
             }
@@ -1192,24 +828,16 @@ async fn every_example_reaches_the_state_its_comment_promises() {
                 assert_eq!(lock.status.unwrap().backend.as_deref(), Some("zookeeper"));
             }
             "job-gated.yaml" => {
-                let job = wait_unsuspended(&jobs, "migrate-schema").await;
-                let lock = wait_acquired(&locks, "schema-migration").await;
-                assert_eq!(
-                    template_annotations(&job).get(FENCE_ANNOTATION),
-                    Some(&lock.status.as_ref().unwrap().fence.unwrap().to_string())
-                );
+                let (job, lock) =
+                    started_with_the_fence_of(&jobs, &locks, "migrate-schema", "schema-migration")
+                        .await;
                 assert_eq!(
                     lock.annotations().get(CLAIM_ANNOTATION),
                     Some(&format!("migrate-schema/{}", job.uid().unwrap()))
                 );
             }
             "guarded-job.yaml" => {
-                let job = wait_unsuspended(&jobs, "guarded-report").await;
-                let lock = wait_acquired(&locks, "guarded-report").await;
-                assert_eq!(
-                    template_annotations(&job).get(FENCE_ANNOTATION),
-                    Some(&lock.status.as_ref().unwrap().fence.unwrap().to_string())
-                );
+                started_with_the_fence_of(&jobs, &locks, "guarded-report", "guarded-report").await;
             }
             "job-queue.yaml" => check_job_queue_example(&jobs, &locks).await,
             "semaphore.yaml" => check_semaphore_example(&jobs, &locks).await,
@@ -1238,6 +866,25 @@ async fn every_example_reaches_the_state_its_comment_promises() {
     }
 }
 
+/// Job `job` unsuspended, lock `lock` Acquired, and the Job's pod template carrying that
+/// lock's fence; returns both.
+async fn started_with_the_fence_of(
+    jobs: &Api<Job>,
+    locks: &Api<DistributedLock>,
+    job: &str,
+    lock: &str,
+) -> (Job, DistributedLock) {
+    let job = wait_unsuspended(jobs, job).await;
+    let lock = wait_acquired(locks, lock).await;
+    assert_eq!(
+        job.fence(),
+        Some(lock.status.as_ref().unwrap().fence.unwrap()),
+        "{}'s fence",
+        job.name_any()
+    );
+    (job, lock)
+}
+
 /// A Job with several locks once unsuspended: its pod template carries
 /// `lockwarden.io/fences` (and its Pods exist, made by the real Job controller).
 async fn wait_unsuspended_with_fences(jobs: &Api<Job>, name: &str) -> Job {
@@ -1257,11 +904,7 @@ async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) 
     let (running, waiting) = eventually("one queued Job running, one waiting", TIMEOUT, || async {
         let a = jobs.get("nightly-batch-a").await.ok()?;
         let b = jobs.get("nightly-batch-b").await.ok()?;
-        let (running, waiting) = match (is_suspended(&a), is_suspended(&b)) {
-            (false, true) => (a, b),
-            (true, false) => (b, a),
-            _ => return None,
-        };
+        let (running, waiting) = one_running(a, b)?;
         let holder = template_annotations(&running)
             .get(HOLDER_ANNOTATION)?
             .clone();
@@ -1292,16 +935,8 @@ async fn check_job_queue_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) 
 async fn check_semaphore_example(jobs: &Api<Job>, locks: &Api<DistributedLock>) {
     let names = ["warehouse-load-a", "warehouse-load-b", "warehouse-load-c"];
     let (running, waiting) = eventually("two loads running, one waiting", TIMEOUT, || async {
-        let mut running = Vec::new();
-        let mut waiting = Vec::new();
-        for name in names {
-            let job = jobs.get(name).await.ok()?;
-            if is_suspended(&job) {
-                waiting.push(job);
-            } else {
-                running.push(job);
-            }
-        }
+        let (running, waiting) =
+            workloads::free_and_held(jobs, &names, |j| !is_suspended(j)).await?;
         let [waiting] = <[Job; 1]>::try_from(waiting).ok()?;
         let status = waiting.annotations().get(STATUS_ANNOTATION)?;
         let lock = locks.get(&per_job_lock_name(&waiting)).await.ok()?;
@@ -1347,7 +982,7 @@ async fn check_shared_exclusive_example(locks: &Api<DistributedLock>) {
     .await;
     let latest = holding.iter().map(|(_, f)| *f).max().unwrap();
     for (name, _) in &holding {
-        locks.delete(name, &DeleteParams::default()).await.unwrap();
+        delete(locks, name).await;
     }
     // The waiters acquire in turn. A reader that came after the writer was first in line
     // waits behind it, so once the writer holds (alone) it is deleted too, and that
@@ -1374,7 +1009,7 @@ async fn check_shared_exclusive_example(locks: &Api<DistributedLock>) {
         assert!(fence > latest, "{name}: fence {fence} after {latest}");
         remaining.retain(|n| *n != name);
         if name == "dataset-writer" && !remaining.is_empty() {
-            locks.delete(name, &DeleteParams::default()).await.unwrap();
+            delete(locks, name).await;
         }
     }
 }
@@ -1386,16 +1021,12 @@ async fn check_pod_gated_example(client: &Client, ns: &str, locks: &Api<Distribu
     use k8s_openapi::api::core::v1::Pod;
     use lockwarden::controller::pods::has_gate;
     let pods = Api::<Pod>::namespaced(client.clone(), ns);
-    let selector = ListParams::default().labels("app=singleton");
     let (active, waiting) = eventually(
         "one singleton Pod ungated, two waiting for its holder",
         TIMEOUT,
         || async {
-            let list = pods.list(&selector).await.ok()?.items;
-            let (free, gated): (Vec<Pod>, Vec<Pod>) = list
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .partition(|p| !has_gate(p));
+            let (free, gated) =
+                workloads::listed_free_and_held(&pods, "app=singleton", |p| !has_gate(p)).await?;
             let [active] = <[Pod; 1]>::try_from(free).ok()?;
             let holder = active.annotations().get(HOLDER_ANNOTATION)?.clone();
             let all_wait = gated.iter().all(|p| {

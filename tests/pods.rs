@@ -16,35 +16,33 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
-};
+use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::{Client, ResourceExt};
 use lockwarden::api::{DistributedLock, LockPhase};
-use lockwarden::backend::LeaseStore;
+use lockwarden::controller::FINALIZER;
 use lockwarden::controller::gating::{
-    CLAIM_ANNOTATION, FENCE_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION,
-    ON_LOCK_LOST_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
+    CLAIM_ANNOTATION, HOLDER_ANNOTATION, LOCK_ANNOTATION, ON_LOCK_LOST_ANNOTATION,
+    STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
 };
 use lockwarden::controller::pods::has_gate;
-use lockwarden::controller::{self, ControllerConfig, FINALIZER};
-use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Lease, LockBackend};
 use serde_json::json;
 use support::eventually;
-use support::kube::{ControlPlane, gated_pod, install_lockwarden_crd as install_crd, wait_event};
-use support::locks::{lease_lock, lease_lock_timed, phase, wait_acquired};
+use support::kube::{create, delete, gated_pod, wait_event};
+use support::locks::{lease_lock, lease_lock_timed, lease_template, phase, wait_acquired};
+use support::workloads::{self, BadRow, Workload, create_held};
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
 const CLUSTER: &str = "pods-cluster";
 
-/// A client, the CRD, a fresh namespace, and a controller watching that namespace.
-async fn setup(prefix: &str) -> (Client, String) {
-    support::kube::namespace_with_controller(prefix, CLUSTER).await
+/// A client, the CRD, a fresh namespace, a controller watching that namespace, and the
+/// namespace's locks and Pods.
+async fn setup(prefix: &str) -> (Client, String, Api<DistributedLock>, Api<Pod>) {
+    workloads::namespace_for(prefix, CLUSTER).await
 }
 
 fn fence_of(pod: &Pod) -> Option<i64> {
-    pod.annotations().get(FENCE_ANNOTATION)?.parse().ok()
+    pod.fence()
 }
 
 /// Ungated (by anyone) and neither terminating nor finished: free to run.
@@ -58,10 +56,7 @@ fn released(pod: &Pod) -> bool {
 
 /// Waits until Pod `name` has lost its gate; returns it.
 async fn wait_ungated(pods: &Api<Pod>, name: &str) -> Pod {
-    eventually(&format!("Pod {name} to be ungated"), TIMEOUT, || async {
-        pods.get(name).await.ok().filter(|p| !has_gate(p))
-    })
-    .await
+    Pod::wait_started(pods, name).await
 }
 
 /// Every version of the namespace's Pods from now on (a watch from the list's
@@ -116,22 +111,6 @@ impl Drop for PodVersions {
     }
 }
 
-/// Another cluster's holder takes the Lease `key` directly in the store.
-async fn outsider_holds(client: &Client, ns: &str, key: &str) -> (CasLock<LeaseStore>, Lease) {
-    let outsider = CasLock::new(LeaseStore::new(client.clone(), ns, key));
-    let attempt = outsider
-        .try_acquire(&AcquireRequest::new(
-            "other-cluster/ops/nightly",
-            Duration::from_secs(60),
-        ))
-        .await
-        .unwrap();
-    match attempt {
-        Attempt::Acquired(lease) => (outsider, lease),
-        other => panic!("the outsider could not take the Lease: {other:?}"),
-    }
-}
-
 /// Every watched version of Pod `name` once the watch has seen it ungated: none
 /// without the gate lacks the fence, and the first one was gated.
 async fn assert_never_ungated_without_fence(versions: &PodVersions, name: &str) {
@@ -162,69 +141,27 @@ async fn assert_never_ungated_without_fence(versions: &PodVersions, name: &str) 
 /// without the gate that lacks the fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gated_pod_keeps_its_gate_while_its_lock_is_held_elsewhere() {
-    let (client, ns) = setup("pods-elsewhere").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let (outsider, lease) = outsider_holds(&client, &ns, "contested").await;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock("contested", "contested"),
-        )
-        .await
-        .unwrap();
+    let (client, ns, locks, pods) = setup("pods-elsewhere").await;
+    // Every version of the Pod, from before it exists.
     let versions = PodVersions::start(&pods).await;
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("blocked", &[(LOCK_ANNOTATION, "contested")], true, true),
-    )
-    .await
-    .unwrap();
-    wait_event(
-        &client,
-        &ns,
-        "blocked",
-        "Normal",
-        "Waiting",
-        "held by other-cluster/ops/nightly",
-    )
-    .await;
-    let pod = pods.get("blocked").await.unwrap();
-    assert!(has_gate(&pod), "ungated while the lock is held elsewhere");
-    assert!(fence_of(&pod).is_none());
+    let (pod, outsider, lease) = workloads::held_back_by_an_outsider::<Pod>(&client, &ns).await;
     assert!(pod.finalizers().iter().any(|f| f == FINALIZER));
-    assert_eq!(
-        pod.annotations()[STATUS_ANNOTATION],
-        "waiting for lock contested: held by other-cluster/ops/nightly"
-    );
     let lock = locks.get("contested").await.unwrap();
     assert_eq!(
         lock.annotations().get(CLAIM_ANNOTATION),
         Some(&format!("pod/blocked/{}", pod.uid().unwrap()))
     );
 
-    outsider.release(&lease).await.unwrap();
-    let started = wait_ungated(&pods, "blocked").await;
+    let started = workloads::started_once_the_outsider_lets_go(&pods, &outsider, &lease).await;
     let fence = fence_of(&started).expect("ungated with a fence");
-    assert!(
-        fence > lease.fence().0 as i64,
-        "fence {fence} not above the outsider's"
-    );
     assert_eq!(
         started.annotations().get(HOLDER_ANNOTATION),
         Some(&format!("{CLUSTER}/{ns}/contested"))
     );
     let lock = wait_acquired(&locks, "contested", TIMEOUT).await;
     assert_eq!(lock.status.unwrap().fence, Some(fence));
-    wait_event(
-        &client,
-        &ns,
-        "blocked",
-        "Normal",
-        "Started",
-        &format!("fence {fence}"),
-    )
-    .await;
+    let says = format!("fence {fence}");
+    wait_event(&client, &ns, "blocked", "Normal", "Started", &says).await;
 
     // The watch has seen the ungated version too (the write that removed the gate).
     assert_never_ungated_without_fence(&versions, "blocked").await;
@@ -237,24 +174,21 @@ async fn gated_pod_keeps_its_gate_while_its_lock_is_held_elsewhere() {
 /// ungates another Pod with a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deployment_pods_are_ungated_one_at_a_time_over_three_hand_offs() {
-    let (client, ns) = setup("pods-deploy").await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, _, pods) = setup("pods-deploy").await;
     let text =
         std::fs::read_to_string(support::repo_root().join("examples/pod-gated.yaml")).unwrap();
     let mut docs = text.split("\n---\n");
     let template: DistributedLock = serde_yaml_ng::from_str(docs.next().unwrap()).unwrap();
     let deployment: Deployment = serde_yaml_ng::from_str(docs.next().unwrap()).unwrap();
-    Api::<DistributedLock>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&Api::namespaced(client.clone(), &ns), &template).await;
 
     // Every version of every Pod, from before the Deployment exists.
     let versions = PodVersions::start(&pods).await;
-    Api::<Deployment>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &deployment)
-        .await
-        .unwrap();
+    create(
+        &Api::<Deployment>::namespaced(client.clone(), &ns),
+        &deployment,
+    )
+    .await;
 
     let mut last_fence = 0;
     let mut active: Option<String> = None;
@@ -270,9 +204,7 @@ async fn deployment_pods_are_ungated_one_at_a_time_over_three_hand_offs() {
         last_fence = fence;
         active = Some(pod.name_any());
         if hand_off < 3 {
-            pods.delete(&pod.name_any(), &DeleteParams::default())
-                .await
-                .unwrap();
+            delete(&pods, &pod.name_any()).await;
         }
     }
     assert_never_two_released(&versions, active.as_deref().unwrap()).await;
@@ -282,16 +214,12 @@ async fn deployment_pods_are_ungated_one_at_a_time_over_three_hand_offs() {
 /// with a fence above `above`, the two others gated and waiting for its holder;
 /// returns it.
 async fn wait_next_active(pods: &Api<Pod>, previous: Option<&str>, above: i64) -> Pod {
-    let selector = ListParams::default().labels("app=singleton");
     let (pod, gated) = eventually(
         &format!("one Pod other than {previous:?} ungated, two gated"),
         TIMEOUT,
         || async {
-            let list = pods.list(&selector).await.ok()?.items;
-            let (free, gated): (Vec<_>, Vec<_>) = list
-                .into_iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .partition(released);
+            let (free, gated) =
+                workloads::listed_free_and_held(pods, "app=singleton", released).await?;
             (free.len() == 1
                 && gated.len() == 2
                 && Some(free[0].name_any().as_str()) != previous
@@ -358,42 +286,27 @@ async fn assert_never_two_released(versions: &PodVersions, last: &str) {
 /// every Pod version never sees more than two ungated at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn template_with_two_permits_ungates_two_pods_at_a_time() {
-    let (client, ns) = setup("pods-permits").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (_, _, locks, pods) = setup("pods-permits").await;
     let watch = support::overlap::OverlapWatch::at_most(
         2,
         vec![pods.clone()],
         kube::runtime::watcher::Config::default(),
         released,
     );
-    let mut template = lease_lock("readers", "replicas");
-    template.spec.release = true;
+    let mut template = lease_template("readers", "replicas");
     template.spec.permits = 2;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&locks, &template).await;
     let names = ["replica-a", "replica-b", "replica-c"];
     for name in names {
-        pods.create(
-            &PostParams::default(),
-            &gated_pod(name, &[(TEMPLATE_ANNOTATION, "readers")], true, true),
-        )
-        .await
-        .unwrap();
+        create_held(&pods, name, &[(TEMPLATE_ANNOTATION, "readers")]).await;
     }
     let (free, gated) = eventually("two Pods ungated, one waiting", TIMEOUT, || async {
-        let mut free = Vec::new();
-        let mut gated = Vec::new();
-        for name in names {
-            let pod = pods.get(name).await.ok()?;
-            if released(&pod) {
-                free.push((name, fence_of(&pod)?));
-            } else {
-                gated.push(pod);
-            }
-        }
+        let (free, gated) = workloads::free_and_held(&pods, &names, released).await?;
+        // (name, fence) of each ungated Pod, once all have their fence.
+        let free: Vec<(String, i64)> = free
+            .iter()
+            .map(|p| Some((p.name_any(), fence_of(p)?)))
+            .collect::<Option<_>>()?;
         let [waiting] = <[Pod; 1]>::try_from(gated).ok()?;
         let status = waiting.annotations().get(STATUS_ANNOTATION)?;
         status
@@ -402,9 +315,7 @@ async fn template_with_two_permits_ungates_two_pods_at_a_time() {
     })
     .await;
     assert_ne!(free[0].1, free[1].1, "one fence per permit: {free:?}");
-    pods.delete(free[0].0, &DeleteParams::default())
-        .await
-        .unwrap();
+    delete(&pods, &free[0].0).await;
     let next = wait_ungated(&pods, &gated).await;
     let fence = fence_of(&next).expect("ungated with a fence");
     assert!(
@@ -412,7 +323,7 @@ async fn template_with_two_permits_ungates_two_pods_at_a_time() {
         "fence {fence} after {free:?}"
     );
     assert!(
-        released(&pods.get(free[1].0).await.unwrap()),
+        released(&pods.get(&free[1].0).await.unwrap()),
         "the other keeps running"
     );
     watch.assert_none();
@@ -422,33 +333,10 @@ async fn template_with_two_permits_ungates_two_pods_at_a_time() {
 /// finalizer; a Pod that is deleted has its own lock deleted and then goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_lock_is_let_go_when_the_pod_succeeds_or_is_deleted() {
-    let (client, ns) = setup("pods-end").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    locks
-        .create(&PostParams::default(), &lease_lock("db", "db-key"))
-        .await
-        .unwrap();
-    let mut template = lease_lock("queue", "queue-key");
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("succeeds", &[(LOCK_ANNOTATION, "db")], true, true),
-    )
-    .await
-    .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("deleted", &[(TEMPLATE_ANNOTATION, "queue")], true, true),
-    )
-    .await
-    .unwrap();
-    let succeeds = wait_ungated(&pods, "succeeds").await;
-    let deleted = wait_ungated(&pods, "deleted").await;
+    let (client, ns, locks, pods) = setup("pods-end").await;
+    let db = lease_lock("db", "db-key");
+    let [succeeds, deleted] =
+        workloads::named_and_queued::<Pod>(&client, &ns, &db, ["succeeds", "deleted"]).await;
     let own = format!("deleted-{}", &deleted.uid().unwrap()[..8]);
     let own_lock = wait_acquired(&locks, &own, TIMEOUT).await;
     assert_eq!(own_lock.status.as_ref().unwrap().fence, fence_of(&deleted));
@@ -459,27 +347,7 @@ async fn pod_lock_is_let_go_when_the_pod_succeeds_or_is_deleted() {
     assert_eq!(own_lock.owner_references()[0].kind, "Pod");
 
     // Succeeded, as a kubelet would report it.
-    pods.patch_status(
-        "succeeds",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": { "phase": "Succeeded" } })),
-    )
-    .await
-    .unwrap();
-    eventually(
-        "the succeeded Pod's lock released and unclaimed",
-        TIMEOUT,
-        || async {
-            let lock = locks.get("db").await.ok()?;
-            let pod = pods.get("succeeds").await.ok()?;
-            (phase(&lock) == Some(LockPhase::Released)
-                && lock.spec.release
-                && !lock.annotations().contains_key(CLAIM_ANNOTATION)
-                && !pod.finalizers().iter().any(|f| f == FINALIZER))
-            .then_some(())
-        },
-    )
-    .await;
+    succeeds_and_lets_go(&pods, &locks, "succeeds", "db").await;
     wait_event(
         &client,
         &ns,
@@ -490,14 +358,62 @@ async fn pod_lock_is_let_go_when_the_pod_succeeds_or_is_deleted() {
     )
     .await;
 
-    pods.delete("deleted", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("the deleted Pod and its own lock gone", TIMEOUT, || async {
-        let pod_gone = pods.get_opt("deleted").await.ok()?.is_none();
-        let lock_gone = locks.get_opt(&own).await.ok()?.is_none();
-        (pod_gone && lock_gone).then_some(())
-    })
+    delete(&pods, "deleted").await;
+    wait_gone_with_its_lock(&pods, &locks, "deleted", &own).await;
+}
+
+/// Pod `pod` succeeds (as a kubelet would report it); its named lock `lock` is then
+/// let go (Released, `spec.release` set, unclaimed) and the Pod's finalizer dropped.
+async fn succeeds_and_lets_go(
+    pods: &Api<Pod>,
+    locks: &Api<DistributedLock>,
+    pod: &str,
+    lock: &str,
+) {
+    set_phase(pods, pod, "Succeeded").await;
+    eventually(
+        &format!("Pod {pod}'s lock {lock} released and unclaimed, its finalizer gone"),
+        TIMEOUT,
+        || async {
+            let lock = locks.get(lock).await.ok()?;
+            let pod = pods.get(pod).await.ok()?;
+            (phase(&lock) == Some(LockPhase::Released)
+                && lock.spec.release
+                && !lock.annotations().contains_key(CLAIM_ANNOTATION)
+                && !pod.finalizers().iter().any(|f| f == FINALIZER))
+            .then_some(())
+        },
+    )
+    .await;
+}
+
+/// Sets Pod `name`'s phase through the status subresource, as its kubelet would.
+async fn set_phase(pods: &Api<Pod>, name: &str, phase: &str) {
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "status": { "phase": phase } })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("set Pod {name} {phase}: {e}"));
+}
+
+/// Waits until Pod `name` and its own lock (from a template) `own` are both gone.
+async fn wait_gone_with_its_lock(
+    pods: &Api<Pod>,
+    locks: &Api<DistributedLock>,
+    name: &str,
+    own: &str,
+) {
+    eventually(
+        &format!("Pod {name} and its own lock gone"),
+        TIMEOUT,
+        || async {
+            let pod_gone = pods.get_opt(name).await.ok()?.is_none();
+            let lock_gone = locks.get_opt(own).await.ok()?.is_none();
+            (pod_gone && lock_gone).then_some(())
+        },
+    )
     .await;
 }
 
@@ -507,19 +423,9 @@ async fn pod_lock_is_let_go_when_the_pod_succeeds_or_is_deleted() {
 /// and the finalizer dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
-    let (client, ns) = setup("pods-terminating").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    locks
-        .create(&PostParams::default(), &lease_lock("db", "db-key"))
-        .await
-        .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("bound", &[(LOCK_ANNOTATION, "db")], true, true),
-    )
-    .await
-    .unwrap();
+    let (_, _, locks, pods) = setup("pods-terminating").await;
+    create(&locks, &lease_lock("db", "db-key")).await;
+    create_held(&pods, "bound", &[(LOCK_ANNOTATION, "db")]).await;
     let pod = wait_ungated(&pods, "bound").await;
     // Bound as the scheduler would (a gated Pod could not be).
     let binding = json!({
@@ -529,14 +435,12 @@ async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
     pods.create_subresource::<_, serde_json::Value>(
         "binding",
         "bound",
-        &PostParams::default(),
+        &Default::default(),
         &binding,
     )
     .await
     .unwrap();
-    pods.delete("bound", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete(&pods, "bound").await;
     eventually(
         "the deleted Pod to say it keeps its lock",
         TIMEOUT,
@@ -555,13 +459,7 @@ async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
     assert!(!lock.spec.release && lock.annotations().contains_key(CLAIM_ANNOTATION));
 
     // The kubelet reports the containers stopped.
-    pods.patch_status(
-        "bound",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": { "phase": "Failed" } })),
-    )
-    .await
-    .unwrap();
+    set_phase(&pods, "bound", "Failed").await;
     // (A bound Pod's object goes when its kubelet deletes it for good: not here.)
     eventually(
         "the lock let go and the finalizer gone",
@@ -583,26 +481,20 @@ async fn deleted_pod_on_a_node_keeps_its_lock_until_it_has_stopped() {
 async fn pod_losing_its_lock(client: &Client, ns: &str, pod: &str, policy: Option<&str>) -> i64 {
     let locks: Api<DistributedLock> = Api::namespaced(client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("db", "db-lease", "6s", "2s"),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_lock_timed("db", "db-lease", "6s", "2s")).await;
     let mut annotations = vec![(LOCK_ANNOTATION, "db")];
     annotations.extend(policy.map(|p| (ON_LOCK_LOST_ANNOTATION, p)));
-    pods.create(
-        &PostParams::default(),
-        &gated_pod(pod, &annotations, true, true),
-    )
-    .await
-    .unwrap();
+    create_held(&pods, pod, &annotations).await;
     let fence = fence_of(&wait_ungated(&pods, pod).await).unwrap();
-    let mut forcer = lease_lock("forcer", "db-lease");
-    forcer.spec.force = true;
-    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    force(&locks, "db-lease").await;
     fence
+}
+
+/// Another lock, `forcer`, takes Lease `lease` by force.
+async fn force(locks: &Api<DistributedLock>, lease: &str) {
+    let mut forcer = lease_lock("forcer", lease);
+    forcer.spec.force = true;
+    create(locks, &forcer).await;
 }
 
 /// `on-lock-lost` unset (`delete`, the default for Pods): a Pod whose lock is taken
@@ -645,8 +537,7 @@ async fn on_lock_lost_delete_deletes_the_pod() {
 /// and nothing else: the Pod stays, not terminating.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_lock_lost_ignore_keeps_the_pod_with_a_warning() {
-    let (client, ns) = setup("pods-loss-ignore").await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, _, pods) = setup("pods-loss-ignore").await;
     let fence = pod_losing_its_lock(&client, &ns, "stubborn", Some("ignore")).await;
     let note = wait_event(&client, &ns, "stubborn", "Warning", "LockNotHeld", "").await;
     assert!(
@@ -659,57 +550,17 @@ async fn on_lock_lost_ignore_keeps_the_pod_with_a_warning() {
     assert_eq!(fence_of(&pod), Some(fence));
 }
 
-/// (Pod, annotations, gated, labelled, Event reason, words in the Event)
-type BadRow<'a> = (&'a str, &'a [(&'a str, &'a str)], bool, &'a str, &'a str);
-
-/// One Pod per kind of bad input (a lock `db` exists in the namespace).
+/// One Pod per kind of bad input (a lock `db` exists in the namespace): (Pod,
+/// annotations, gated, Event reason, words in the Event).
+#[rustfmt::skip]
 fn bad_rows() -> Vec<BadRow<'static>> {
     vec![
-        (
-            "no-lock",
-            &[],
-            true,
-            "InvalidLockAnnotation",
-            "names no lock",
-        ),
-        (
-            "bad-policy",
-            &[
-                (LOCK_ANNOTATION, "db"),
-                (ON_LOCK_LOST_ANNOTATION, "suspend"),
-            ],
-            true,
-            "InvalidLockAnnotation",
-            "\"suspend\" is not one of delete, ignore",
-        ),
-        (
-            "both",
-            &[(LOCK_ANNOTATION, "db"), (TEMPLATE_ANNOTATION, "db")],
-            true,
-            "InvalidLockAnnotation",
-            "a Pod names one lock",
-        ),
-        (
-            "other-namespace",
-            &[(LOCK_ANNOTATION, "elsewhere/db")],
-            true,
-            "InvalidLockAnnotation",
-            "another namespace",
-        ),
-        (
-            "missing",
-            &[(LOCK_ANNOTATION, "nope")],
-            true,
-            "LockNotFound",
-            "nope does not exist",
-        ),
-        (
-            "no-gate",
-            &[(LOCK_ANNOTATION, "db")],
-            false,
-            "NotGated",
-            "no scheduling gate",
-        ),
+        ("no-lock", &[], true, "InvalidLockAnnotation", "names no lock"),
+        ("bad-policy", &[(LOCK_ANNOTATION, "db"), (ON_LOCK_LOST_ANNOTATION, "suspend")], true, "InvalidLockAnnotation", "\"suspend\" is not one of delete, ignore"),
+        ("both", &[(LOCK_ANNOTATION, "db"), (TEMPLATE_ANNOTATION, "db")], true, "InvalidLockAnnotation", "a Pod names one lock"),
+        ("other-namespace", &[(LOCK_ANNOTATION, "elsewhere/db")], true, "InvalidLockAnnotation", "another namespace"),
+        ("missing", &[(LOCK_ANNOTATION, "nope")], true, "LockNotFound", "nope does not exist"),
+        ("no-gate", &[(LOCK_ANNOTATION, "db")], false, "NotGated", "no scheduling gate"),
     ]
 }
 
@@ -718,42 +569,13 @@ fn bad_rows() -> Vec<BadRow<'static>> {
 /// is not touched); and the controller still ungates a good Pod afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gives_a_warning_and_leaves_the_pod_gated() {
-    let (client, ns) = setup("pods-bad").await;
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    locks
-        .create(&PostParams::default(), &lease_lock("db", "db-key"))
-        .await
-        .unwrap();
-    let rows = bad_rows();
-    for (name, annotations, gated, _, _) in &rows {
-        pods.create(
-            &PostParams::default(),
-            &gated_pod(name, annotations, *gated, true),
-        )
-        .await
-        .unwrap();
-    }
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("unlabelled", &[(LOCK_ANNOTATION, "db")], true, false),
-    )
-    .await
-    .unwrap();
-    for (name, _, gated, reason, words) in &rows {
-        let note = wait_event(&client, &ns, name, "Warning", reason, words).await;
-        eprintln!("{name}: {reason}: {note}");
-        let pod = pods.get(name).await.unwrap();
-        assert_eq!(has_gate(&pod), *gated, "{name}");
-        assert!(fence_of(&pod).is_none(), "{name} got a fence");
-    }
+    let (client, ns, locks, pods) = setup("pods-bad").await;
+    create(&locks, &lease_lock("db", "db-key")).await;
+    let unlabelled = gated_pod("unlabelled", &[(LOCK_ANNOTATION, "db")], true, false);
+    create(&pods, &unlabelled).await;
+    workloads::bad_input_is_called_out::<Pod>(&client, &ns, &bad_rows()).await;
     // The lock of the bad rows was never claimed; a good Pod takes it.
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("good", &[(LOCK_ANNOTATION, "db")], true, true),
-    )
-    .await
-    .unwrap();
+    create_held(&pods, "good", &[(LOCK_ANNOTATION, "db")]).await;
     wait_ungated(&pods, "good").await;
     let unlabelled = pods.get("unlabelled").await.unwrap();
     assert!(has_gate(&unlabelled));
@@ -764,60 +586,10 @@ async fn bad_input_gives_a_warning_and_leaves_the_pod_gated() {
 /// The Pod rules of the documented RBAC (docs/architecture.md), with the lock,
 /// Lease and Event rules the Kubernetes-Lease backend needs.
 fn pod_controller_rules() -> serde_json::Value {
-    json!([
-        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks"],
-         "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-        {"apiGroups": ["lockwarden.io"], "resources": ["distributedlocks/status"],
-         "verbs": ["patch"]},
+    workloads::controller_rules(json!([
         {"apiGroups": [""], "resources": ["pods"],
          "verbs": ["get", "list", "watch", "patch", "delete"]},
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-         "verbs": ["get", "create", "update", "delete"]},
-        {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-    ])
-}
-
-/// A fresh namespace and a controller serving it as a user whose only permissions are
-/// `rules`, in a Role there; returns an admin client and the namespace.
-async fn controller_with_only(rules: serde_json::Value, prefix: &str) -> (Client, String) {
-    let plane = ControlPlane::shared();
-    let admin = plane.client().await;
-    install_crd(&admin).await;
-    let ns = plane.namespace(&admin, prefix).await;
-    let user = format!("lockwarden-controller-{ns}");
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "metadata": {"name": "lockwarden"},
-        "rules": rules,
-    }))
-    .unwrap();
-    let binding: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "lockwarden"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lockwarden"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }))
-    .unwrap();
-    Api::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .unwrap();
-    Api::namespaced(admin.clone(), &ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .unwrap();
-    let restricted =
-        support::kube::client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
-    let config = ControllerConfig {
-        cluster_name: CLUSTER.into(),
-        namespace: Some(ns.clone()),
-        ..Default::default()
-    };
-    tokio::spawn(async move {
-        if let Err(e) = controller::run(restricted, config).await {
-            panic!("controller failed: {e}");
-        }
-    });
-
-    (admin, ns)
+    ]))
 }
 
 /// The controller running as an identity with only [`pod_controller_rules`] gates Pods
@@ -825,68 +597,21 @@ async fn controller_with_only(rules: serde_json::Value, prefix: &str) -> (Client
 /// and a named lock (claim, ungate, release when the Pod succeeds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pod_gating_works_with_the_documented_rbac() {
-    let (admin, ns) = controller_with_only(pod_controller_rules(), "pods-rbac").await;
+    let (admin, ns) =
+        support::kube::namespace_with_controller_as(pod_controller_rules(), "pods-rbac", CLUSTER)
+            .await;
     let locks: Api<DistributedLock> = Api::namespaced(admin.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock_timed("named", "named-key", "6s", "2s"),
-        )
-        .await
-        .unwrap();
-    let mut template = lease_lock("queue", "queue-key");
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("named-pod", &[(LOCK_ANNOTATION, "named")], true, true),
-    )
-    .await
-    .unwrap();
-    pods.create(
-        &PostParams::default(),
-        &gated_pod("queued-pod", &[(TEMPLATE_ANNOTATION, "queue")], true, true),
-    )
-    .await
-    .unwrap();
-    let queued = wait_ungated(&pods, "queued-pod").await;
-    wait_ungated(&pods, "named-pod").await;
+    let named = lease_lock_timed("named", "named-key", "6s", "2s");
+    let [_, queued] =
+        workloads::named_and_queued::<Pod>(&admin, &ns, &named, ["named-pod", "queued-pod"]).await;
     wait_event(&admin, &ns, "named-pod", "Normal", "Started", "").await;
 
     // The queued Pod's key taken by force: the Pod is deleted, its own lock with it.
-    let mut forcer = lease_lock("forcer", "queue-key");
-    forcer.spec.force = true;
-    locks.create(&PostParams::default(), &forcer).await.unwrap();
+    force(&locks, "queue-key").await;
     wait_event(&admin, &ns, "queued-pod", "Warning", "Deleted", "").await;
     let own = format!("queued-pod-{}", &queued.uid().unwrap()[..8]);
-    eventually("the queued Pod and its own lock gone", TIMEOUT, || async {
-        let pod_gone = pods.get_opt("queued-pod").await.ok()?.is_none();
-        let lock_gone = locks.get_opt(&own).await.ok()?.is_none();
-        (pod_gone && lock_gone).then_some(())
-    })
-    .await;
+    wait_gone_with_its_lock(&pods, &locks, "queued-pod", &own).await;
 
-    pods.patch_status(
-        "named-pod",
-        &PatchParams::default(),
-        &Patch::Merge(&json!({ "status": { "phase": "Succeeded" } })),
-    )
-    .await
-    .unwrap();
-    eventually(
-        "the named lock let go, the finalizer gone",
-        TIMEOUT,
-        || async {
-            let lock = locks.get("named").await.ok()?;
-            let pod = pods.get("named-pod").await.ok()?;
-            (phase(&lock) == Some(LockPhase::Released)
-                && !pod.finalizers().iter().any(|f| f == FINALIZER))
-            .then_some(())
-        },
-    )
-    .await;
+    succeeds_and_lets_go(&pods, &locks, "named-pod", "named").await;
 }

@@ -745,6 +745,100 @@ pub async fn namespace_with_controller(prefix: &str, cluster: &str) -> (Client, 
     (client, namespace)
 }
 
+/// Creates `object` through `api` (any kind, in `api`'s namespace); panics naming it.
+pub async fn create<K>(api: &Api<K>, object: &K) -> K
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object)
+        .await
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", object.meta().name))
+}
+
+/// Deletes `name` through `api` (default propagation); panics naming it.
+pub async fn delete<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.delete(name, &kube::api::DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+}
+
+/// Namespaces for two controllers ("clusters") `cluster-a` and `cluster-b`, each
+/// serving its own (`<prefix>-a`, `<prefix>-b`), and one more (`<prefix>-keys`) for
+/// the Leases they share. Returns a client and the three namespaces.
+pub async fn two_clusters(prefix: &str) -> (Client, String, String, String) {
+    let (client, a) = namespace_with_controller(&format!("{prefix}-a"), "cluster-a").await;
+    let (_, b) = namespace_with_controller(&format!("{prefix}-b"), "cluster-b").await;
+    let keys = ControlPlane::shared()
+        .namespace(&client, &format!("{prefix}-keys"))
+        .await;
+    (client, a, b, keys)
+}
+
+/// A controller of cluster `cluster` watching `namespace` (every one when `None`),
+/// serving /metrics, /healthz and /readyz on 127.0.0.1:`port`.
+pub fn metrics_config(
+    cluster: &str,
+    namespace: Option<String>,
+    port: u16,
+) -> lockwarden::controller::ControllerConfig {
+    lockwarden::controller::ControllerConfig {
+        cluster_name: cluster.into(),
+        namespace,
+        metrics_address: Some(([127, 0, 0, 1], port).into()),
+        ..Default::default()
+    }
+}
+
+/// Runs the controller in-process with `client` and `config` until the test ends; an
+/// error fails the test (the task panics).
+pub fn spawn_controller(client: Client, config: lockwarden::controller::ControllerConfig) {
+    tokio::spawn(async move {
+        if let Err(e) = lockwarden::controller::run(client, config).await {
+            panic!("controller failed: {e}");
+        }
+    });
+}
+
+/// A fresh namespace and a controller (cluster name `cluster`) serving it as a user
+/// whose only permissions are `rules`, in a Role there — to check the documented RBAC
+/// is enough. Returns an admin client and the namespace.
+pub async fn namespace_with_controller_as(
+    rules: serde_json::Value,
+    prefix: &str,
+    cluster: &str,
+) -> (Client, String) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let plane = ControlPlane::shared();
+    let admin = plane.client().await;
+    install_lockwarden_crd(&admin).await;
+    let ns = plane.namespace(&admin, prefix).await;
+    let user = format!("lockwarden-controller-{ns}");
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "lockwarden"},
+        "rules": rules,
+    }))
+    .expect("a Role");
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "lockwarden"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lockwarden"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }))
+    .expect("a RoleBinding");
+    create(&Api::namespaced(admin.clone(), &ns), &role).await;
+    create(&Api::namespaced(admin.clone(), &ns), &binding).await;
+    let restricted = client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
+    let config = lockwarden::controller::ControllerConfig {
+        cluster_name: cluster.into(),
+        namespace: Some(ns.clone()),
+        ..Default::default()
+    };
+    spawn_controller(restricted, config);
+    (admin, ns)
+}
+
 /// A client of the shared control plane, the lockwarden CRD installed, and a fresh
 /// namespace (no controller: for tests that run their own).
 pub async fn namespace_with_crd(prefix: &str) -> (Client, String) {

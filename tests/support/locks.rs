@@ -5,13 +5,29 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{
-    BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend, LockPhase, S3Backend,
-    SecretRef,
+    BackendSpec, DistributedLock, DistributedLockSpec, DynamoDbBackend, KubernetesBackend,
+    LockPhase, S3Backend, SecretRef, ZooKeeperBackend,
 };
+use lockwarden::backend::LeaseStore;
+use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Lease, LockBackend};
 use serde_json::json;
+
+/// One `#[tokio::test]` per row, `name: body(store, more arguments)`, running `body` on
+/// a fresh key of `support::keys::Key::store()`: each store's test stays a test of its
+/// own, under its own name, run in parallel with the others. (A macro: a function
+/// cannot declare tests.)
+#[macro_export]
+macro_rules! on_each_store {
+    ($($name:ident: $body:ident($store:ident $(, $arg:expr)*);)+) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            $body($crate::support::keys::Key::$store().await $(, $arg)*).await;
+        }
+    )+};
+}
 
 /// A lock on the Kubernetes Lease `lease` in the lock's own namespace, with the
 /// default lease duration and renew interval (30 s / 10 s).
@@ -29,6 +45,14 @@ pub fn lease_lock(name: &str, lease: &str) -> DistributedLock {
             ..Default::default()
         },
     )
+}
+
+/// A lock template on Lease `lease`: `spec.release: true`, so it holds nothing itself
+/// and only lends its spec to the workloads' own locks (docs/design.md §6).
+pub fn lease_template(name: &str, lease: &str) -> DistributedLock {
+    let mut template = lease_lock(name, lease);
+    template.spec.release = true;
+    template
 }
 
 /// [`lease_lock`] with its own lease duration and renew interval.
@@ -83,6 +107,75 @@ pub fn s3_lock(
         ..Default::default()
     };
     lock
+}
+
+/// The ZooKeeper backend at `path` on the servers of `connect` (a connect string).
+pub fn zookeeper_backend(connect: &str, path: &str) -> BackendSpec {
+    BackendSpec {
+        zookeeper: Some(ZooKeeperBackend {
+            servers: connect.split(',').map(String::from).collect(),
+            path: path.into(),
+            chroot: None,
+            session_timeout: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// The DynamoDB backend on moto's (or a proxy's) `endpoint`: item `key` of `table`,
+/// credentials from `secret` (see [`aws_secret`]).
+pub fn dynamodb_backend(
+    table: &str,
+    key: &str,
+    endpoint: String,
+    secret: SecretRef,
+) -> BackendSpec {
+    BackendSpec {
+        dynamodb: Some(DynamoDbBackend {
+            table: table.into(),
+            key: key.into(),
+            region: Some(super::moto::REGION.into()),
+            endpoint: Some(endpoint),
+            credentials_secret_ref: Some(secret),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Merges `spec` into lock `name`'s spec (e.g. `{"release": true}`), as a user would.
+pub async fn patch_spec(locks: &Api<DistributedLock>, name: &str, spec: serde_json::Value) {
+    let merge = Patch::Merge(json!({ "spec": spec }));
+    locks
+        .patch(name, &PatchParams::default(), &merge)
+        .await
+        .unwrap_or_else(|e| panic!("patch the spec of {name}: {e}"));
+}
+
+/// Takes the key at once with `req` (the library call, no controller); panics naming
+/// the holder and the key when the attempt does not acquire.
+pub async fn acquire_now(lock: &dyn LockBackend, req: &AcquireRequest) -> Lease {
+    match lock.try_acquire(req).await {
+        Ok(Attempt::Acquired(lease)) => lease,
+        other => panic!(
+            "{} should have acquired {}: {other:?}",
+            req.holder,
+            lock.url()
+        ),
+    }
+}
+
+/// A holder outside this cluster's controller (another cluster, or the CLI) takes
+/// Lease `lease` of `ns` directly in the store with `req`; the handle to let it go.
+pub async fn hold_lease(
+    client: &Client,
+    ns: &str,
+    lease: &str,
+    req: &AcquireRequest,
+) -> (CasLock<LeaseStore>, Lease) {
+    let outsider = CasLock::new(LeaseStore::new(client.clone(), ns, lease));
+    let held = acquire_now(&outsider, req).await;
+    (outsider, held)
 }
 
 /// Creates the Secret `aws` in `namespace` with the moto test credentials.

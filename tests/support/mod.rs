@@ -35,6 +35,7 @@ pub mod proxy;
 pub mod stores;
 pub mod trials;
 pub mod versitygw;
+pub mod workloads;
 pub mod zookeeper;
 
 use std::collections::HashMap;
