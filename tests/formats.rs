@@ -23,7 +23,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use lockwarden::backend::{DynamoStore, LeaseStore, S3Store, TableLayout, ZkSessions};
 use lockwarden::lock::{
-    AcquireRequest, Attempt, CasLock, FenceToken, HolderSet, Lease, LockBackend, LockRecord, Mode,
+    AcquireRequest, Attempt, CasLock, FenceToken, HolderSet, LockBackend, LockRecord, Mode,
     Permits, RecordStore, SetEntry, StoreError, Stored, Version,
 };
 use serde_json::{Value, json};
@@ -32,6 +32,7 @@ use zookeeper_client::{Acls, CreateMode};
 use support::cli::Cli;
 use support::keys::Key;
 use support::kube::{ControlPlane, client_from_kubeconfig};
+use support::locks::acquire_now as acquired;
 use support::moto::{dynamodb_client_for, s3_client_for};
 use support::zookeeper::ZooKeeper;
 use support::{eventually, unique};
@@ -274,17 +275,6 @@ fn request(holder: &str, permits: Permits) -> AcquireRequest {
     AcquireRequest {
         permits,
         ..AcquireRequest::new(holder, LEASE)
-    }
-}
-
-async fn acquired(lock: &dyn LockBackend, req: &AcquireRequest) -> Lease {
-    match lock.try_acquire(req).await {
-        Ok(Attempt::Acquired(lease)) => lease,
-        other => panic!(
-            "{} should have acquired {}: {other:?}",
-            req.holder,
-            lock.url()
-        ),
     }
 }
 
@@ -542,49 +532,17 @@ async fn the_previous_release_holds_a_key_with_history(key: Key, history_survive
     today.release(&again).await.expect("today's build releases");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_the_previous_release_holds_a_key_with_history() {
-    the_previous_release_holds_a_key_with_history(Key::s3().await, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_the_previous_release_holds_a_key_with_history_and_keeps_it() {
-    the_previous_release_holds_a_key_with_history(Key::dynamo().await, true).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_the_previous_release_holds_a_key_with_history() {
-    the_previous_release_holds_a_key_with_history(Key::lease().await, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_two_builds_share_a_mutex() {
-    two_builds_share_a_mutex(Key::s3().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_two_builds_share_permits() {
-    two_builds_share_permits(Key::s3().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_two_builds_share_a_mutex() {
-    two_builds_share_a_mutex(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_two_builds_share_permits() {
-    two_builds_share_permits(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_two_builds_share_a_mutex() {
-    two_builds_share_a_mutex(Key::lease().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_two_builds_share_permits() {
-    two_builds_share_permits(Key::lease().await).await;
+// Each scenario on S3, DynamoDB and a Lease, one test per store.
+crate::on_each_store! {
+    s3_the_previous_release_holds_a_key_with_history: the_previous_release_holds_a_key_with_history(s3, false);
+    dynamodb_the_previous_release_holds_a_key_with_history_and_keeps_it: the_previous_release_holds_a_key_with_history(dynamo, true);
+    lease_the_previous_release_holds_a_key_with_history: the_previous_release_holds_a_key_with_history(lease, false);
+    s3_two_builds_share_a_mutex: two_builds_share_a_mutex(s3);
+    s3_two_builds_share_permits: two_builds_share_permits(s3);
+    dynamodb_two_builds_share_a_mutex: two_builds_share_a_mutex(dynamo);
+    dynamodb_two_builds_share_permits: two_builds_share_permits(dynamo);
+    lease_two_builds_share_a_mutex: two_builds_share_a_mutex(lease);
+    lease_two_builds_share_permits: two_builds_share_permits(lease);
 }
 
 // ZooKeeper: every contender writes its own queue entry once; nobody rewrites another's.

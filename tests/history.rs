@@ -15,17 +15,16 @@ mod support;
 use std::time::Duration;
 
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use lockwarden::backend::LeaseStore;
-use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Grant, HISTORY_LEN, Lease, LockBackend};
+use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Grant, HISTORY_LEN, LockBackend};
 use serde_json::{Value, json};
 
 use support::cli::Cli;
 use support::eventually;
 use support::keys::Key;
-use support::kube::ControlPlane;
-use support::locks::lease_lock_timed;
+use support::locks::{acquire_now as acquired, lease_lock_timed, patch_spec};
 
 /// Long enough that nothing expires unless a test lets it.
 const LEASE: Duration = Duration::from_secs(60);
@@ -38,17 +37,6 @@ fn request(holder: &str, cluster: &str, lease: Duration) -> AcquireRequest {
     AcquireRequest {
         cluster: Some(cluster.into()),
         ..AcquireRequest::new(holder, lease)
-    }
-}
-
-async fn acquired(lock: &dyn LockBackend, req: &AcquireRequest) -> Lease {
-    match lock.try_acquire(req).await {
-        Ok(Attempt::Acquired(lease)) => lease,
-        other => panic!(
-            "{} should have acquired {}: {other:?}",
-            req.holder,
-            lock.url()
-        ),
     }
 }
 
@@ -133,19 +121,10 @@ fn key_url(lock: &dyn LockBackend) -> String {
     lock.url().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_each_ending_is_recorded_by_the_writer_that_knows_it() {
-    each_ending_is_recorded_by_the_writer_that_knows_it(Key::s3().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dynamodb_each_ending_is_recorded_by_the_writer_that_knows_it() {
-    each_ending_is_recorded_by_the_writer_that_knows_it(Key::dynamo().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_each_ending_is_recorded_by_the_writer_that_knows_it() {
-    each_ending_is_recorded_by_the_writer_that_knows_it(Key::lease().await).await;
+crate::on_each_store! {
+    s3_each_ending_is_recorded_by_the_writer_that_knows_it: each_ending_is_recorded_by_the_writer_that_knows_it(s3);
+    dynamodb_each_ending_is_recorded_by_the_writer_that_knows_it: each_ending_is_recorded_by_the_writer_that_knows_it(dynamo);
+    lease_each_ending_is_recorded_by_the_writer_that_knows_it: each_ending_is_recorded_by_the_writer_that_knows_it(lease);
 }
 
 /// ZooKeeper's entries are ephemeral and written once: no history is kept, and the
@@ -175,14 +154,7 @@ fn shared_key_lock(lease: &str, keys: &str, release: bool) -> DistributedLock {
 }
 
 async fn set_release(locks: &Api<DistributedLock>, release: bool) {
-    locks
-        .patch(
-            "history",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"release": release}})),
-        )
-        .await
-        .expect("patch spec.release");
+    patch_spec(locks, "history", json!({ "release": release })).await;
 }
 
 /// Waits until the lock holds the key with a fence above `above`; returns that fence.
@@ -225,11 +197,7 @@ fn status_grants(lock: &DistributedLock) -> Vec<(String, i64, String)> {
 /// shows the 5 grants in order with their fences, from either cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hand_offs_across_two_clusters_show_in_order_from_either_cluster() {
-    let (client, ns_a) = support::kube::namespace_with_controller("history-a", "cluster-a").await;
-    let (_, ns_b) = support::kube::namespace_with_controller("history-b", "cluster-b").await;
-    let keys = ControlPlane::shared()
-        .namespace(&client, "history-keys")
-        .await;
+    let (client, ns_a, ns_b, keys) = support::kube::two_clusters("history").await;
     let lease = "shared-key";
     let (a, b): (Api<DistributedLock>, Api<DistributedLock>) = (
         Api::namespaced(client.clone(), &ns_a),

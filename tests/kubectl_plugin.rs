@@ -15,25 +15,37 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
-use lockwarden::api::{BackendSpec, DistributedLock, LockPhase, ZooKeeperBackend};
+use lockwarden::api::{DistributedLock, LockPhase};
 use lockwarden::backend::LeaseStore;
 use lockwarden::controller::gating::{LOCK_ANNOTATION, TEMPLATE_ANNOTATION};
-use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Lease, LockBackend};
+use lockwarden::lock::{AcquireRequest, CasLock, Lease, LockBackend};
 use serde_json::Value;
 use support::eventually;
-use support::kube::{gated_pod, job};
+use support::kube::{create, gated_pod, job};
 use support::kubectl::{kubectl_with_plugin, plugin_dir, text};
-use support::locks::{lease_lock, phase, wait_acquired};
+use support::locks::{hold_lease, lease_lock, lease_template, phase, wait_acquired, wait_phase};
+use support::workloads::{self, Workload, create_held};
 use support::zookeeper::ZooKeeper;
 
 const CLUSTER: &str = "plugin-cluster";
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
 
-async fn setup(prefix: &str) -> (Client, String) {
-    support::kube::namespace_with_controller(prefix, CLUSTER).await
+/// A namespace with its own controller, the plugin linked in a directory, and the APIs
+/// of the namespace's locks and of its workloads of kind `W`.
+async fn setup<W: Workload>(
+    prefix: &str,
+) -> (
+    Client,
+    String,
+    tempfile::TempDir,
+    Api<DistributedLock>,
+    Api<W>,
+) {
+    let (client, ns, locks, workloads) = workloads::namespace_for(prefix, CLUSTER).await;
+    (client, ns, plugin_dir(), locks, workloads)
 }
 
 /// `kubectl lockwarden ARGS`, which must succeed; its stdout.
@@ -47,6 +59,13 @@ async fn plugin(dir: &tempfile::TempDir, args: &[&str]) -> String {
         text(&out)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A string field of the plugin's JSON; any other value fails the test.
+fn text_of(value: &Value) -> &str {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("not a string: {value}"))
 }
 
 /// `kubectl lockwarden ARGS -o json`, parsed.
@@ -65,48 +84,27 @@ async fn take_outside(
     lease: &str,
     holder: &str,
 ) -> (CasLock<LeaseStore>, Lease) {
-    let outsider = CasLock::new(LeaseStore::new(client.clone(), ns, lease));
     let mut request = AcquireRequest::new(holder, Duration::from_secs(60));
     request.cluster = Some("other-cluster".into());
-    match outsider.try_acquire(&request).await.unwrap() {
-        Attempt::Acquired(lease) => (outsider, lease),
-        other => panic!("the outsider could not take Lease {lease}: {other:?}"),
-    }
+    hold_lease(client, ns, lease, &request).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
-    let (client, ns) = setup("plugin-job").await;
-    let dir = plugin_dir();
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, dir, locks, jobs) = setup::<Job>("plugin-job").await;
     let (outsider, lease) =
         take_outside(&client, &ns, "contested", "other-cluster/ops/nightly").await;
     let fence = lease.fence().0 as i64;
-    locks
-        .create(
-            &PostParams::default(),
-            &lease_lock("contested", "contested"),
-        )
-        .await
-        .unwrap();
-    jobs.create(
-        &PostParams::default(),
-        &job("blocked", &[(LOCK_ANNOTATION, "contested")], true),
-    )
-    .await
-    .unwrap();
-    eventually(
-        "the Job's lock to wait for the outsider",
-        TIMEOUT,
-        || async {
-            let lock = locks.get("contested").await.ok()?;
-            let job = jobs.get("blocked").await.ok()?;
-            (phase(&lock) == Some(LockPhase::Waiting)
-                && job.annotations().contains_key("lockwarden.io/status"))
+    create(&locks, &lease_lock("contested", "contested")).await;
+    create_held(&jobs, "blocked", &[(LOCK_ANNOTATION, "contested")]).await;
+    // The lock waits for the outsider (who holds it throughout), and the Job says so.
+    wait_phase(&locks, "contested", LockPhase::Waiting, TIMEOUT).await;
+    eventually("the Job to have a status", TIMEOUT, || async {
+        let job = jobs.get("blocked").await.ok()?;
+        job.annotations()
+            .contains_key("lockwarden.io/status")
             .then_some(())
-        },
-    )
+    })
     .await;
 
     let why = plugin_json(&dir, &["why", "job/blocked", "-n", &ns]).await;
@@ -124,17 +122,11 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
         "a Lease keeps no queue: {why:#}"
     );
     assert!(
-        lock["positionNote"]
-            .as_str()
-            .unwrap()
-            .starts_with("not known"),
+        text_of(&lock["positionNote"]).starts_with("not known"),
         "{why:#}"
     );
     assert!(
-        lock["unblocks"]
-            .as_str()
-            .unwrap()
-            .contains("other-cluster/ops/nightly letting go"),
+        text_of(&lock["unblocks"]).contains("other-cluster/ops/nightly letting go"),
         "{why:#}"
     );
     // The text says the same, and names the Job's own words.
@@ -152,24 +144,13 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
 
     // A second Job naming the lock waits for the first one's claim; a Job naming a lock
     // that does not exist, and one created unsuspended, are called out.
-    jobs.create(
-        &PostParams::default(),
-        &job("second", &[(LOCK_ANNOTATION, "contested")], true),
-    )
-    .await
-    .unwrap();
-    jobs.create(
-        &PostParams::default(),
-        &job("lost", &[(LOCK_ANNOTATION, "missing")], true),
-    )
-    .await
-    .unwrap();
-    jobs.create(
-        &PostParams::default(),
+    create_held(&jobs, "second", &[(LOCK_ANNOTATION, "contested")]).await;
+    create_held(&jobs, "lost", &[(LOCK_ANNOTATION, "missing")]).await;
+    create(
+        &jobs,
         &job("eager", &[(LOCK_ANNOTATION, "contested")], false),
     )
-    .await
-    .unwrap();
+    .await;
     let second = plugin_json(&dir, &["why", "job/second", "-n", &ns]).await;
     let lock = &second["locks"][0];
     assert_eq!(lock["state"], "claimed-by-another", "{second:#}");
@@ -178,12 +159,7 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
         second["summary"],
         "the Job waits for lock contested, claimed by Job blocked; position not known"
     );
-    assert!(
-        lock["positionNote"]
-            .as_str()
-            .unwrap()
-            .contains("claims are not queued")
-    );
+    assert!(text_of(&lock["positionNote"]).contains("claims are not queued"));
     assert!(
         lock["unblocks"].as_str().unwrap().starts_with(
             "Job blocked finishing (it waits itself: the key is held by other-cluster/ops/nightly)"
@@ -193,19 +169,13 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
     let lost = plugin_json(&dir, &["why", "job/lost", "-n", &ns]).await;
     assert_eq!(lost["locks"][0]["state"], "not-found", "{lost:#}");
     assert!(
-        lost["locks"][0]["unblocks"]
-            .as_str()
-            .unwrap()
-            .contains("creating DistributedLock missing"),
+        text_of(&lost["locks"][0]["unblocks"]).contains("creating DistributedLock missing"),
         "{lost:#}"
     );
     let eager = plugin_json(&dir, &["why", "job/eager", "-n", &ns]).await;
     assert_eq!(eager["state"], "misconfigured", "{eager:#}");
     assert!(
-        eager["summary"]
-            .as_str()
-            .unwrap()
-            .contains("is not suspended"),
+        text_of(&eager["summary"]).contains("is not suspended"),
         "{eager:#}"
     );
 
@@ -224,31 +194,14 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn why_names_the_lock_holder_and_position_of_a_waiting_pod() {
-    let (client, ns) = setup("plugin-pod").await;
-    let dir = plugin_dir();
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (_, ns, dir, locks, pods) = setup::<Pod>("plugin-pod").await;
     // Another DistributedLock of this cluster holds the key; the Pod's lock is a copy of
     // a template on the same key.
-    locks
-        .create(&PostParams::default(), &lease_lock("holder", "shared"))
-        .await
-        .unwrap();
+    create(&locks, &lease_lock("holder", "shared")).await;
     let held = wait_acquired(&locks, "holder", TIMEOUT).await;
     let fence = held.status.as_ref().unwrap().fence.unwrap();
-    let mut template = lease_lock("tpl", "shared");
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let pod = pods
-        .create(
-            &PostParams::default(),
-            &gated_pod("waiter", &[(TEMPLATE_ANNOTATION, "tpl")], true, true),
-        )
-        .await
-        .unwrap();
+    create(&locks, &lease_template("tpl", "shared")).await;
+    let pod = create_held(&pods, "waiter", &[(TEMPLATE_ANNOTATION, "tpl")]).await;
     let own = format!("waiter-{}", &pod.uid().unwrap()[..8]);
     eventually("the Pod's own lock to wait", TIMEOUT, || async {
         let lock = locks.get(&own).await.ok()?;
@@ -280,19 +233,15 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_pod() {
     }
 
     // A Pod the controller never sees (no label) is called out as such.
-    pods.create(
-        &PostParams::default(),
+    create(
+        &pods,
         &gated_pod("unlabelled", &[(LOCK_ANNOTATION, "holder")], true, false),
     )
-    .await
-    .unwrap();
+    .await;
     let why = plugin_json(&dir, &["why", "pod/unlabelled", "-n", &ns]).await;
     assert_eq!(why["state"], "misconfigured", "{why:#}");
     assert!(
-        why["summary"]
-            .as_str()
-            .unwrap()
-            .contains("has no label lockwarden.io/gated=true"),
+        text_of(&why["summary"]).contains("has no label lockwarden.io/gated=true"),
         "{why:#}"
     );
 }
@@ -301,46 +250,23 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_pod() {
 /// place in it: `why` gives the position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn why_gives_the_queue_position_on_zookeeper() {
-    let (client, ns) = setup("plugin-zk").await;
-    let dir = plugin_dir();
+    let (_, ns, dir, locks, jobs) = setup::<Job>("plugin-zk").await;
     let zk = ZooKeeper::shared();
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     let path = format!("/{}/queue", support::unique("plugin"));
     let on_zk = |name: &str| {
         let mut lock = lease_lock(name, "unused");
-        lock.spec.backend = BackendSpec {
-            zookeeper: Some(ZooKeeperBackend {
-                servers: zk.connect_string().split(',').map(String::from).collect(),
-                path: path.clone(),
-                chroot: None,
-                session_timeout: None,
-            }),
-            ..Default::default()
-        };
+        lock.spec.backend = support::locks::zookeeper_backend(&zk.connect_string(), &path);
         lock
     };
-    locks
-        .create(&PostParams::default(), &on_zk("zk-holder"))
-        .await
-        .unwrap();
+    create(&locks, &on_zk("zk-holder")).await;
     let held = wait_acquired(&locks, "zk-holder", TIMEOUT).await;
     let fence = held.status.as_ref().unwrap().fence.unwrap();
     let mut template = on_zk("zk-tpl");
     template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
+    create(&locks, &template).await;
     let mut own = Vec::new();
     for name in ["first", "second"] {
-        let created = jobs
-            .create(
-                &PostParams::default(),
-                &job(name, &[(TEMPLATE_ANNOTATION, "zk-tpl")], true),
-            )
-            .await
-            .unwrap();
+        let created = create_held(&jobs, name, &[(TEMPLATE_ANNOTATION, "zk-tpl")]).await;
         let lock = format!("{name}-{}", &created.uid().unwrap()[..8]);
         // One after the other, so that their places in the queue are known.
         let position = eventually(&format!("{lock} to queue"), TIMEOUT, || async {
@@ -381,19 +307,14 @@ async fn why_gives_the_queue_position_on_zookeeper() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_history_agree_with_the_lock_after_hand_offs() {
-    let (client, ns) = setup("plugin-history").await;
-    let dir = plugin_dir();
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
+    let (client, ns, dir, locks, _) = setup::<Job>("plugin-history").await;
     // Two hand-offs outside this cluster, then the DistributedLock takes the key.
     for holder in ["ops/first", "ops/second"] {
         let (outsider, lease) = take_outside(&client, &ns, "handed", holder).await;
         outsider.release(&lease).await.unwrap();
     }
     let (outsider, lease) = take_outside(&client, &ns, "handed", "ops/third").await;
-    locks
-        .create(&PostParams::default(), &lease_lock("handed", "handed"))
-        .await
-        .unwrap();
+    create(&locks, &lease_lock("handed", "handed")).await;
     eventually("the lock to wait for ops/third", TIMEOUT, || async {
         let lock = locks.get("handed").await.ok()?;
         (phase(&lock) == Some(LockPhase::Waiting)).then_some(())
@@ -423,12 +344,7 @@ async fn status_and_history_agree_with_the_lock_after_hand_offs() {
     let history = plugin_json(&dir, &["history", "dlock/handed", "-n", &ns]).await;
     assert_eq!(history["history"], mirrored, "history is the resource's");
     assert_eq!(history["key"], status.key.clone().unwrap().as_str());
-    assert!(
-        history["source"]
-            .as_str()
-            .unwrap()
-            .starts_with("status.history")
-    );
+    assert!(text_of(&history["source"]).starts_with("status.history"));
     // The store itself (the Lease, read with this KUBECONFIG) has the same grants.
     let stored = plugin_json(&dir, &["history", "dlock/handed", "--store", "-n", &ns]).await;
     assert!(stored["source"].as_str().unwrap().starts_with("the store"));
@@ -529,8 +445,7 @@ async fn status_and_history_agree_with_the_lock_after_hand_offs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_finds_the_plugin_and_completes_it() {
-    let (client, ns) = setup("plugin-found").await;
-    let dir = plugin_dir();
+    let (client, ns, dir, locks, jobs) = setup::<Job>("plugin-found").await;
     let out = kubectl_with_plugin(dir.path(), &["plugin", "list"]).await;
     let listed = dir.path().join("kubectl-lockwarden").display().to_string();
     assert!(
@@ -558,35 +473,18 @@ async fn kubectl_finds_the_plugin_and_completes_it() {
         .collect();
     assert_eq!(names, ["status", "why", "history", ":4"], "{commands}");
 
-    let locks: Api<DistributedLock> = Api::namespaced(client.clone(), &ns);
     for name in ["alpha", "beta"] {
-        locks
-            .create(&PostParams::default(), &lease_lock(name, name))
-            .await
-            .unwrap();
+        create(&locks, &lease_lock(name, name)).await;
     }
     let names = complete(&["status", "-n", "NS", ""]).await;
     assert_eq!(names, "dlock/alpha\ndlock/beta\n:4\n");
     let names = complete(&["history", "--namespace=NS", "dlock/b"]).await;
     assert_eq!(names, "dlock/beta\n:4\n");
     // why: the Jobs naming a lock and the Pods lockwarden watches.
-    let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    jobs.create(
-        &PostParams::default(),
-        &job("nightly", &[(LOCK_ANNOTATION, "alpha")], true),
-    )
-    .await
-    .unwrap();
-    jobs.create(&PostParams::default(), &job("plain", &[], true))
-        .await
-        .unwrap();
-    Api::<Pod>::namespaced(client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &gated_pod("gated", &[(LOCK_ANNOTATION, "beta")], true, true),
-        )
-        .await
-        .unwrap();
+    create_held(&jobs, "nightly", &[(LOCK_ANNOTATION, "alpha")]).await;
+    create_held(&jobs, "plain", &[]).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    create_held(&pods, "gated", &[(LOCK_ANNOTATION, "beta")]).await;
     let names = complete(&["why", "-n", "NS", ""]).await;
     assert_eq!(names, "job/nightly\npod/gated\n:4\n");
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
@@ -29,9 +29,10 @@ use lockwarden::controller::pods::has_gate;
 use lockwarden::lock::{AcquireRequest, Attempt, CasLock, LockBackend};
 use serde_json::json;
 use support::eventually;
-use support::kube::{ControlPlane, gated_pod, job};
+use support::kube::{create, gated_pod};
 use support::locks::{lease_lock_timed, phase, wait_acquired};
 use support::overlap::OverlapWatch;
+use support::workloads::create_held;
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -92,18 +93,10 @@ async fn a_job_takes_its_locks_in_key_order_and_a_loss_of_either_suspends_it() {
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
     // zeta names key k8s://ns/k-a, alpha k8s://ns/k-b: key order is zeta, alpha.
     for (name, lease) in [("zeta", "k-a"), ("alpha", "k-b")] {
-        locks
-            .create(&PostParams::default(), &idle_lock(name, lease, None))
-            .await
-            .unwrap();
+        create(&locks, &idle_lock(name, lease, None)).await;
     }
     let (outsider, outside) = hold_outside(&client, &ns, "k-a", false).await;
-    jobs.create(
-        &PostParams::default(),
-        &job("load", &[(LOCKS_ANNOTATION, "alpha,zeta")], true),
-    )
-    .await
-    .unwrap();
+    create_held(&jobs, "load", &[(LOCKS_ANNOTATION, "alpha,zeta")]).await;
 
     // Waiting on the first lock in key order; the second is not claimed meanwhile.
     eventually(
@@ -237,11 +230,7 @@ const ROUNDS: usize = 20;
 /// never deadlock (each round completes within [`ROUND_BOUND`]) and never run at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opposite_orders_never_deadlock_across_two_controllers() {
-    let (client, ns_a) = support::kube::namespace_with_controller("several-a", "cluster-a").await;
-    let (_, ns_b) = support::kube::namespace_with_controller("several-b", "cluster-b").await;
-    let keys = ControlPlane::shared()
-        .namespace(&client, "several-keys")
-        .await;
+    let (client, ns_a, ns_b, keys) = support::kube::two_clusters("several").await;
     let label = format!("several-test={}", support::unique_suffix());
     let (locks_a, locks_b): (Api<DistributedLock>, Api<DistributedLock>) = (
         Api::namespaced(client.clone(), &ns_a),
@@ -250,9 +239,7 @@ async fn opposite_orders_never_deadlock_across_two_controllers() {
     // Templates (released: a template never holds its key itself).
     for (api, x, y) in [(&locks_a, "x", "y"), (&locks_b, "x2", "y2")] {
         for (name, lease) in [(x, "lease-x"), (y, "lease-y")] {
-            api.create(&PostParams::default(), &idle_lock(name, lease, Some(&keys)))
-                .await
-                .unwrap();
+            create(api, &idle_lock(name, lease, Some(&keys))).await;
         }
     }
     let (pods_a, pods_b): (Api<Pod>, Api<Pod>) = (
@@ -272,7 +259,7 @@ async fn opposite_orders_never_deadlock_across_two_controllers() {
             let mut pod = gated_pod(&name, &[(TEMPLATES_ANNOTATION, templates)], true, true);
             let (k, v) = label.split_once('=').unwrap();
             pod.labels_mut().insert(k.into(), v.into());
-            api.create(&PostParams::default(), &pod).await.unwrap();
+            create(api, &pod).await;
         }
         // Whichever runs first finishes; then the other must run and finish.
         let mut done = Vec::new();
