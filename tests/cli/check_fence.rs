@@ -29,7 +29,11 @@ async fn check(lw: &Cli, url: &str, fence: u64) -> Out {
 /// Nobody → 5; holder a's fence → 0; after a hand-over to b, a's fence → 5 naming b
 /// and b's fence, b's → 0; after b's release, b's fence → 5, nobody holds it.
 async fn fence_checks(backend: Backend) {
-    let (cli, url) = fresh_lock(backend, "cli-check-fence", "locks/fenced").await;
+    let key = match backend {
+        Backend::S3 => "locks/fenced",
+        Backend::DynamoDb | Backend::ZooKeeper | Backend::Kubernetes => "fenced",
+    };
+    let (cli, url) = fresh_lock(backend, "cli-check-fence", key).await;
     let (lw, url) = (&cli, url.as_str());
     let out = check(lw, url, 1).await;
     assert_not_current(&out, url, 1, "nobody holds the key");
