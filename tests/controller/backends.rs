@@ -30,36 +30,17 @@ async fn assert_acquires(locks: &Api<DistributedLock>, lock: DistributedLock, ki
 /// ZooKeeper: each lock reaches Acquired=True with its status filled in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_every_backend_are_acquired() {
-    let (client, ns, locks) = setup("ctl-backends").await;
-    let moto = shared_moto().await;
-    let secret = aws_secret(&client, &ns).await;
+    let (locks, moto, secret) = setup_on_moto("ctl-backends").await;
     let bucket = moto.new_bucket("ctl").await;
     let table = moto.new_table("ctl", "key").await;
     let zk = shared_zookeeper().await;
 
     let s3 = s3_lock("on-s3", &bucket, "locks/db", moto.endpoint(), &secret.name);
     let mut dynamo = lease_lock_timed("on-dynamodb", "unused", "30s", "10s");
-    dynamo.spec.backend = BackendSpec {
-        dynamodb: Some(lockwarden::api::DynamoDbBackend {
-            table,
-            key: "db".into(),
-            region: Some(support::moto::REGION.into()),
-            endpoint: Some(moto.endpoint()),
-            credentials_secret_ref: Some(secret),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    dynamo.spec.backend = dynamodb_backend(&table, "db", moto.endpoint(), secret);
     let mut zookeeper = lease_lock_timed("on-zookeeper", "unused", "30s", "10s");
-    zookeeper.spec.backend = BackendSpec {
-        zookeeper: Some(lockwarden::api::ZooKeeperBackend {
-            servers: zk.connect_string().split(',').map(String::from).collect(),
-            path: format!("/{}/db", support::unique("ctl")),
-            chroot: None,
-            session_timeout: None,
-        }),
-        ..Default::default()
-    };
+    let path = format!("/{}/db", support::unique("ctl"));
+    zookeeper.spec.backend = zookeeper_backend(&zk.connect_string(), &path);
     for (lock, kind) in [(s3, "s3"), (dynamo, "dynamodb"), (zookeeper, "zookeeper")] {
         let started = Instant::now();
         assert_acquires(&locks, lock, kind).await;
@@ -149,9 +130,7 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
 /// over; by the time it holds the lock, the status must already say False.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_backend_turns_acquired_false_before_the_lease_expires() {
-    let (client, ns, locks) = setup("ctl-partition").await;
-    let moto = shared_moto().await;
-    let secret = aws_secret(&client, &ns).await;
+    let (locks, moto, secret) = setup_on_moto("ctl-partition").await;
     let bucket = moto.new_bucket("ctl-partition").await;
     let proxy = support::proxy::Proxy::start(moto.port());
     let lock = timed(

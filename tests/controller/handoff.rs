@@ -127,14 +127,7 @@ fn zk_reads(top: &str) -> u64 {
 }
 
 async fn patch_release(locks: &Api<DistributedLock>, name: &str) {
-    locks
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"release": true}})),
-        )
-        .await
-        .unwrap();
+    patch_spec(locks, name, json!({"release": true})).await;
 }
 
 async fn wait_queued(locks: &Api<DistributedLock>, name: &str, position: i32) {

@@ -65,15 +65,27 @@ async fn zookeeper_lock_with_default_intervals_stays_held_without_status_writes(
     // Longer than one default renewInterval plus the session's holder deadline.
     let watch_until = Instant::now() + Duration::from_secs(14);
     while Instant::now() < watch_until {
-        let lock = locks.get("steady").await.unwrap();
-        assert_eq!(
-            lock.resource_version().as_deref(),
-            Some(version.as_str()),
-            "the held ZooKeeper lock was rewritten: {:?}",
-            lock.status
-        );
+        assert_unwritten(
+            &locks,
+            "steady",
+            &version,
+            "while the ZooKeeper lock is held",
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Fails unless lock `name` is still at resourceVersion `version` (nothing wrote the
+/// object); `when` says when it was looked at.
+async fn assert_unwritten(locks: &Api<DistributedLock>, name: &str, version: &str, when: &str) {
+    let lock = locks.get(name).await.unwrap();
+    assert_eq!(
+        lock.resource_version().as_deref(),
+        Some(version),
+        "{name} was written {when}: {:?}",
+        lock.status
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,14 +93,7 @@ async fn release_true_releases_the_lease() {
     let (client, ns, locks) = setup("ctl-release").await;
     create(&locks, &lease_lock_timed("job", "job-lease", "30s", "10s")).await;
     wait_acquired(&locks, "job", TIMEOUT).await;
-    locks
-        .patch(
-            "job",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"release": true}})),
-        )
-        .await
-        .unwrap();
+    patch_spec(&locks, "job", json!({"release": true})).await;
     let released = wait_phase(&locks, "job", LockPhase::Released, TIMEOUT).await;
     assert!(!acquired(&released));
     assert_eq!(
@@ -129,13 +134,8 @@ async fn renewals_cause_no_status_writes() {
             renewals += 1;
             last_lease = lease;
         }
-        let lock = locks.get("quiet").await.unwrap();
-        assert_eq!(
-            lock.resource_version().as_deref(),
-            Some(version.as_str()),
-            "the lock object was written after {renewals} renewals: {:?}",
-            lock.status
-        );
+        let after = format!("after {renewals} renewals");
+        assert_unwritten(&locks, "quiet", &version, &after).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("{renewals} Lease renewals, 0 writes to the DistributedLock");

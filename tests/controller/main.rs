@@ -26,7 +26,8 @@ use serde_json::json;
 use support::eventually;
 use support::kube::{ControlPlane, install_lockwarden_crd as install_crd};
 use support::locks::{
-    acquired, aws_secret, lease_lock_timed, phase, s3_lock, timed, wait_acquired, wait_phase,
+    acquired, aws_secret, dynamodb_backend, lease_lock_timed, patch_spec, phase, s3_lock, timed,
+    wait_acquired, wait_phase, zookeeper_backend,
 };
 
 /// Generous: the test machine is a loaded 2-core box.
@@ -69,6 +70,21 @@ async fn create(locks: &Api<DistributedLock>, lock: &DistributedLock) {
         .create(&PostParams::default(), lock)
         .await
         .unwrap_or_else(|e| panic!("create {}: {e}", lock.name_any()));
+}
+
+/// [`setup`] for a test on moto (S3 or DynamoDB): also the shared moto server and the
+/// Secret `aws` with its credentials in the namespace.
+async fn setup_on_moto(
+    prefix: &str,
+) -> (
+    Api<DistributedLock>,
+    &'static support::moto::Moto,
+    lockwarden::api::SecretRef,
+) {
+    let (client, ns, locks) = setup(prefix).await;
+    let moto = shared_moto().await;
+    let secret = aws_secret(&client, &ns).await;
+    (locks, moto, secret)
 }
 
 /// The shared moto server, started off the async runtime (it blocks while starting).

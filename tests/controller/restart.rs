@@ -28,8 +28,7 @@ fn start_crashable_controller(namespace: &str) -> tokio::runtime::Runtime {
 /// nonce, and keeps renewing the Lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_controller_resumes_held_lock() {
-    let (client, ns) = crd_and_namespace("ctl-resume").await;
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let (client, ns, locks) = crd_and_namespace("ctl-resume").await;
     let leases = Api::<Lease>::namespaced(client.clone(), &ns);
 
     let first = start_crashable_controller(&ns);
@@ -115,8 +114,7 @@ impl Drop for ControllerProcess {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     let plane = ControlPlane::shared();
-    let (client, ns) = crd_and_namespace("ctl-sigkill").await;
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let (client, ns, locks) = crd_and_namespace("ctl-sigkill").await;
     let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
     create(&locks, &lease_lock_timed("db", "db-lease", "15s", "3s")).await;
     let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
@@ -149,18 +147,12 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     let version_at_kill = lease_version(&leases, "db-lease").await;
     let restarted = Instant::now();
     let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
-    lease_renewed(
-        &leases,
-        "db-lease",
-        &version_at_kill,
-        "the restarted controller to renew the Lease",
-    )
-    .await;
+    let what = "the restarted controller to renew the Lease";
+    renewed_and_resumed(&leases, &locks, &version_at_kill, what, &before).await;
     eprintln!(
         "renewed by the new process {:?} after the restart",
         restarted.elapsed()
     );
-    assert_resumed(&locks, "db", &before).await;
     let lease = leases.get("db-lease").await.unwrap();
     assert_eq!(
         lease.spec.and_then(|s| s.holder_identity).as_deref(),
@@ -177,8 +169,7 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_replica_takes_over_and_resumes_held_locks() {
     let plane = ControlPlane::shared();
-    let (client, ns) = crd_and_namespace("ctl-ha").await;
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let (client, ns, locks) = crd_and_namespace("ctl-ha").await;
     let replica = |identity: &str| {
         ControllerProcess::start_with(
             plane.kubeconfig_path(),
@@ -225,18 +216,12 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
         (holder_of("lockwarden-controller").await.as_deref() == Some(standby)).then_some(())
     })
     .await;
-    lease_renewed(
-        &leases,
-        "db-lease",
-        &version_at_kill,
-        "the new leader to renew the held lock",
-    )
-    .await;
+    let what = "the new leader to renew the held lock";
+    renewed_and_resumed(&leases, &locks, &version_at_kill, what, &before).await;
     eprintln!(
         "standby {standby} renewed the lock {:?} after the leader was killed",
         killed_at.elapsed()
     );
-    assert_resumed(&locks, "db", &before).await;
 }
 
 /// A controller run inside a program (a test binary) with `OnLostLeadership::Return`
@@ -245,7 +230,7 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
 /// that nothing is released; tests/helm and tests/telemetry run controllers this way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiting() {
-    let (client, ns) = crd_and_namespace("ctl-lost-lead").await;
+    let (client, ns, _) = crd_and_namespace("ctl-lost-lead").await;
     let election = controller::LeaderElectionArgs {
         leader_elect: true,
         leader_election_namespace: ns.clone(),
@@ -305,7 +290,7 @@ async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiti
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_waits_for_an_unreachable_api_server_at_start() {
     let plane = ControlPlane::shared();
-    let (client, ns) = crd_and_namespace("ctl-api-down").await;
+    let (client, ns, _) = crd_and_namespace("ctl-api-down").await;
 
     let proxy = support::proxy::Proxy::start(plane.port());
     proxy.set_mode(support::proxy::Mode::Refuse);
@@ -356,26 +341,16 @@ async fn controller_waits_for_an_unreachable_api_server_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_timeout_survives_a_controller_restart() {
     let plane = ControlPlane::shared();
-    let client = plane.client().await;
-    install_crd(&client).await;
-    let ns = plane.namespace(&client, "ctl-timeout-restart").await;
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let (client, ns, locks) = crd_and_namespace("ctl-timeout-restart").await;
     // The key is held by someone else for the whole test.
-    let holder = CasLock::new(LeaseStore::new(client.clone(), &ns, "busy"));
     let req = AcquireRequest::new("someone-else", Duration::from_secs(600));
-    assert!(matches!(
-        holder.try_acquire(&req).await,
-        Ok(Attempt::Acquired(_))
-    ));
+    let _held = support::locks::hold_lease(&client, &ns, "busy", &req).await;
 
     let limit = Duration::from_secs(20);
     let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
     let mut impatient = lease_lock_timed("impatient", "busy", "30s", "10s");
     impatient.spec.acquire_timeout = Some(format!("{}s", limit.as_secs()));
-    locks
-        .create(&PostParams::default(), &impatient)
-        .await
-        .unwrap();
+    create(&locks, &impatient).await;
     let since = eventually("the lock to wait, with its start", TIMEOUT, || async {
         let status = locks.get("impatient").await.ok()?.status?;
         (status.phase == Some(LockPhase::Waiting)).then_some(status.waiting_since?)
@@ -420,6 +395,19 @@ async fn lease_renewed(leases: &Api<Lease>, name: &str, version: &Option<String>
     .await;
 }
 
+/// Lease `db-lease` renewed past `version` (`what` says by whom), and lock `db`
+/// Acquired with the same acquisition as `before`.
+async fn renewed_and_resumed(
+    leases: &Api<Lease>,
+    locks: &Api<DistributedLock>,
+    version: &Option<String>,
+    what: &str,
+    before: &lockwarden::api::DistributedLockStatus,
+) {
+    lease_renewed(leases, "db-lease", version, what).await;
+    assert_resumed(locks, "db", before).await;
+}
+
 /// The lock `name` is Acquired with the same acquisition as `before` (nonce and fence).
 async fn assert_resumed(
     locks: &Api<DistributedLock>,
@@ -432,7 +420,10 @@ async fn assert_resumed(
     after
 }
 
-/// A client, the CRD, and a fresh namespace — no controller: these tests run their own.
-async fn crd_and_namespace(prefix: &str) -> (Client, String) {
-    support::kube::namespace_with_crd(prefix).await
+/// A client, the CRD, a fresh namespace and its locks — no controller: these tests run
+/// their own.
+async fn crd_and_namespace(prefix: &str) -> (Client, String, Api<DistributedLock>) {
+    let (client, ns) = support::kube::namespace_with_crd(prefix).await;
+    let locks = Api::namespaced(client.clone(), &ns);
+    (client, ns, locks)
 }

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use kube::runtime::watcher;
-use lockwarden::api::DynamoDbBackend;
 use support::overlap::OverlapWatch;
 
 use super::*;
@@ -157,9 +156,7 @@ async fn two_permits_among_five_locks_on_a_lease() {
 /// S3 (moto).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_permits_among_five_locks_on_s3() {
-    let (client, ns, locks) = setup("ctl-sem-s3").await;
-    let moto = shared_moto().await;
-    let secret = aws_secret(&client, &ns).await;
+    let (locks, moto, secret) = setup_on_moto("ctl-sem-s3").await;
     let bucket = moto.new_bucket("ctl-sem").await;
     let lock = s3_lock(
         "unused",
@@ -174,21 +171,9 @@ async fn two_permits_among_five_locks_on_s3() {
 /// DynamoDB (moto).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_permits_among_five_locks_on_dynamodb() {
-    let (client, ns, locks) = setup("ctl-sem-ddb").await;
-    let moto = shared_moto().await;
-    let secret = aws_secret(&client, &ns).await;
+    let (locks, moto, secret) = setup_on_moto("ctl-sem-ddb").await;
     let table = moto.new_table("ctl-sem", "key").await;
-    let backend = BackendSpec {
-        dynamodb: Some(DynamoDbBackend {
-            table,
-            key: "nightly".into(),
-            region: Some(support::moto::REGION.into()),
-            endpoint: Some(moto.endpoint()),
-            credentials_secret_ref: Some(secret),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let backend = dynamodb_backend(&table, "nightly", moto.endpoint(), secret);
     two_permits_among_five("ddb", &locks, backend).await;
 }
 
