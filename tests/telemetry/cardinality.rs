@@ -6,12 +6,14 @@
 //! the four backends (3, 3, 2, 2). It runs in under a minute on the 2-core test
 //! machine (long leases: no renewal during the test), so the suite runs it in full.
 
-use super::support::kube::{ControlPlane, install_lockwarden_crd};
-use super::support::locks::{acquired, aws_secret, lock_on};
-use kube::api::ListParams;
-use lockwarden::api::{
-    BackendSpec, DynamoDbBackend, KubernetesBackend, S3Backend, SecretRef, ZooKeeperBackend,
+use super::support::kube::{
+    ControlPlane, create, install_lockwarden_crd, metrics_config, spawn_controller,
 };
+use super::support::locks::{
+    acquired, aws_secret, dynamodb_backend, lease_lock, lock_on, s3_lock, zookeeper_backend,
+};
+use kube::api::ListParams;
+use lockwarden::api::SecretRef;
 use lockwarden::telemetry::SERIES_PER_PAIR;
 
 use super::monitoring::samples;
@@ -29,24 +31,18 @@ async fn series_count_follows_the_formula_across_namespaces_and_backends() {
         .unwrap();
     let client = plane.client().await;
     install_lockwarden_crd(&client).await;
-    let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
-        .await
-        .unwrap();
-    let zookeeper = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
-        .await
-        .unwrap();
+    // Both servers start at once (each is shared by the binary's tests).
+    let (moto, zookeeper) = tokio::join!(
+        tokio::task::spawn_blocking(support::moto::Moto::shared),
+        tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared),
+    );
+    let (moto, zookeeper) = (moto.unwrap(), zookeeper.unwrap());
     let bucket = moto.new_bucket("cardinality").await;
     let table = moto.new_table("cardinality", "key").await;
     let root = format!("/{}", support::unique("cardinality"));
 
     let port = support::free_port();
-    let config = ControllerConfig {
-        cluster_name: "cardinality".into(),
-        namespace: None,
-        metrics_address: Some(([127, 0, 0, 1], port).into()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(client.clone(), config));
+    spawn_controller(client.clone(), metrics_config("cardinality", None, port));
 
     let mut apis = Vec::new();
     for n in 0..namespaces {
@@ -56,60 +52,23 @@ async fn series_count_follows_the_formula_across_namespaces_and_backends() {
         for j in 0..per_namespace {
             let name = format!("card-lock-{n}-{j}");
             let key = format!("{ns}/{name}");
-            let secret_ref = Some(SecretRef {
+            let secret_ref = SecretRef {
                 name: secret.clone(),
-            });
+            };
+            // Each backend as the fixtures spell it (moto path-style, with the Secret).
             let backend = match j % BACKENDS {
-                0 => BackendSpec {
-                    kubernetes: Some(KubernetesBackend {
-                        lease_name: name.clone(),
-                        namespace: None,
-                    }),
-                    ..Default::default()
-                },
-                1 => BackendSpec {
-                    s3: Some(S3Backend {
-                        bucket: bucket.clone(),
-                        key: key.clone(),
-                        region: Some(support::moto::REGION.into()),
-                        endpoint: Some(moto.endpoint()),
-                        force_path_style: Some(true),
-                        s3lock_compatible: None,
-                        credentials_secret_ref: secret_ref,
-                    }),
-                    ..Default::default()
-                },
-                2 => BackendSpec {
-                    dynamodb: Some(DynamoDbBackend {
-                        table: table.clone(),
-                        key: key.clone(),
-                        region: Some(support::moto::REGION.into()),
-                        endpoint: Some(moto.endpoint()),
-                        credentials_secret_ref: secret_ref,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                _ => BackendSpec {
-                    zookeeper: Some(ZooKeeperBackend {
-                        servers: zookeeper
-                            .connect_string()
-                            .split(',')
-                            .map(String::from)
-                            .collect(),
-                        path: format!("{root}/{key}"),
-                        chroot: None,
-                        session_timeout: None,
-                    }),
-                    ..Default::default()
-                },
+                0 => lease_lock(&name, &name).spec.backend,
+                1 => {
+                    s3_lock(&name, &bucket, &key, moto.endpoint(), &secret)
+                        .spec
+                        .backend
+                }
+                2 => dynamodb_backend(&table, &key, moto.endpoint(), secret_ref),
+                _ => zookeeper_backend(&zookeeper.connect_string(), &format!("{root}/{key}")),
             };
             // Long leases: renewals of many locks must not load the machine.
             let lock = lock_on(&name, backend, "120s", "40s");
-            locks
-                .create(&PostParams::default(), &lock)
-                .await
-                .unwrap_or_else(|e| panic!("create {ns}/{name}: {e}"));
+            create(&locks, &lock).await;
         }
         apis.push(locks);
     }

@@ -15,7 +15,6 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use lockwarden::api::conditions::{self, ACQUIRED};
 use lockwarden::api::{BackendSpec, DistributedLock, DistributedLockSpec, KubernetesBackend};
-use lockwarden::controller::{self, ControllerConfig};
 use support::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -62,18 +61,8 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
 async fn metrics_health_and_readiness() {
     let (client, namespace) = support::kube::namespace_with_crd("telemetry").await;
     let port = support::free_port();
-    let config = ControllerConfig {
-        cluster_name: "test-cluster".into(),
-        namespace: Some(namespace.clone()),
-        metrics_address: Some(([127, 0, 0, 1], port).into()),
-        ..Default::default()
-    };
-    let controller_client = client.clone();
-    tokio::spawn(async move {
-        if let Err(e) = controller::run(controller_client, config).await {
-            panic!("controller failed: {e}");
-        }
-    });
+    let config = support::kube::metrics_config("test-cluster", Some(namespace.clone()), port);
+    support::kube::spawn_controller(client.clone(), config);
 
     let (code, _) = eventually("/healthz to answer", TIMEOUT, || get(port, "/healthz")).await;
     assert_eq!(code, 200);
@@ -101,7 +90,7 @@ async fn metrics_health_and_readiness() {
             ..Default::default()
         },
     );
-    locks.create(&PostParams::default(), &lock).await.unwrap();
+    support::kube::create(&locks, &lock).await;
     eventually("db to be Acquired", TIMEOUT, || async {
         let lock = locks.get("db").await.ok()?;
         conditions::is_true(&lock.status?.conditions, ACQUIRED).then_some(())

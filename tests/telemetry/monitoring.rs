@@ -94,16 +94,26 @@ pub fn pair(name: &str, ns: &str, backend: &str) -> String {
 
 /// The chart's PrometheusRule `spec` (its `groups`), rendered by helm with `sets`.
 pub fn rendered_rules(sets: &[&str]) -> Value {
+    let mut all = vec!["monitoring.prometheusRule.enabled=true"];
+    all.extend_from_slice(sets);
+    let rule = helm_template("alerts", &all)
+        .into_iter()
+        .find(|obj| obj["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule in the rendered chart");
+    rule["spec"].clone()
+}
+
+/// `helm template RELEASE charts/lockwarden --set …` for each of `sets`: the chart's
+/// objects (YAML documents as JSON values).
+fn helm_template(release: &str, sets: &[&str]) -> Vec<Value> {
     let chart = support::repo_root().join("charts/lockwarden");
     let home = support::work_dir("helm-home");
     let mut args = vec![
         "template".to_string(),
-        "alerts".into(),
+        release.into(),
         chart.display().to_string(),
         "--kube-version".into(),
         "1.36.0".into(),
-        "--set".into(),
-        "monitoring.prometheusRule.enabled=true".into(),
     ];
     for set in sets {
         args.extend(["--set".to_string(), set.to_string()]);
@@ -115,17 +125,15 @@ pub fn rendered_rules(sets: &[&str]) -> Value {
         .env("HELM_DATA_HOME", home.join("data"))
         .output()
         .expect("run helm template");
-    let yaml = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "helm template failed: {}",
+        "helm template {sets:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let rule = serde_yaml_ng::Deserializer::from_str(&yaml)
+    serde_yaml_ng::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
         .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
-        .find(|obj: &Value| obj["kind"] == "PrometheusRule")
-        .expect("a PrometheusRule in the rendered chart");
-    rule["spec"].clone()
+        .filter(|obj: &Value| obj.is_object())
+        .collect()
 }
 
 /// Every rule of the groups.
@@ -331,34 +339,7 @@ pub fn labels(pairs: &[(&'static str, &str)]) -> BTreeMap<&'static str, String> 
 
 /// The chart's objects rendered with `sets` (YAML documents as JSON values).
 fn rendered(sets: &[&str]) -> Vec<Value> {
-    let chart = support::repo_root().join("charts/lockwarden");
-    let home = support::work_dir("helm-home");
-    let mut args = vec![
-        "template".to_string(),
-        "dash".into(),
-        chart.display().to_string(),
-        "--kube-version".into(),
-        "1.36.0".into(),
-    ];
-    for set in sets {
-        args.extend(["--set".to_string(), set.to_string()]);
-    }
-    let out = Command::new(tool("HELM"))
-        .args(&args)
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .output()
-        .expect("run helm template");
-    assert!(
-        out.status.success(),
-        "helm template {sets:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_yaml_ng::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
-        .filter_map(|doc| serde::Deserialize::deserialize(doc).ok())
-        .filter(|obj: &Value| obj.is_object())
-        .collect()
+    helm_template("dash", sets)
 }
 
 /// The dashboard and the rules are opt-in; enabled, the ConfigMap carries the sidecar
@@ -398,16 +379,21 @@ fn the_chart_renders_the_dashboard_and_the_rules_only_when_asked() {
     );
 }
 
+/// `dashcheck FILE` (tests/monitoring), its output.
+fn dashcheck(file: &Path) -> std::process::Output {
+    Command::new(tool("LOCKWARDEN_DASHCHECK"))
+        .arg(file)
+        .output()
+        .expect("run dashcheck")
+}
+
 /// The dashboard against an openly licensed schema (grafana-foundation-sdk's type,
 /// decoded strictly) and every expression through Prometheus' PromQL parser, by
 /// `dashcheck` (tests/monitoring).
 #[test]
 fn the_dashboard_matches_the_open_schema_and_its_promql_parses() {
     let file = support::repo_root().join("charts/lockwarden/dashboards/lockwarden.json");
-    let out = Command::new(tool("LOCKWARDEN_DASHCHECK"))
-        .arg(&file)
-        .output()
-        .expect("run dashcheck");
+    let out = dashcheck(&file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -433,10 +419,7 @@ fn the_dashboard_matches_the_open_schema_and_its_promql_parses() {
     ] {
         let path = dir.join(name);
         std::fs::write(&path, serde_json::to_string(&broken).unwrap()).unwrap();
-        let out = Command::new(tool("LOCKWARDEN_DASHCHECK"))
-            .arg(&path)
-            .output()
-            .expect("run dashcheck");
+        let out = dashcheck(&path);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && stderr.contains(says),

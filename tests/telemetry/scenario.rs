@@ -5,11 +5,12 @@
 //! last one must carry every metric and label the dashboard and the alerts reference.
 
 use super::support::locks::{
-    aws_secret, lease_lock_timed, s3_lock, timed, wait_acquired, wait_phase,
+    aws_secret, lease_lock_timed, patch_spec, s3_lock, timed, wait_acquired, wait_phase,
+    zookeeper_backend,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{DeleteParams, Patch, PatchParams};
-use lockwarden::api::{LockPhase, ZooKeeperBackend};
+use kube::api::DeleteParams;
+use lockwarden::api::LockPhase;
 use lockwarden::controller::{LeaderElectionArgs, OnLostLeadership, run_elected_with};
 use serde_json::json;
 
@@ -38,16 +39,20 @@ const ALERTS: [&str; 5] = [
     "LockwardenNoLeader",
 ];
 
+/// A fresh namespace (with the CRD), an in-process controller watching it whose
+/// /metrics is scraped from now on, and the namespace's locks.
+async fn observed(prefix: &str) -> (kube::Client, String, Capture, Api<DistributedLock>) {
+    let (client, ns) = support::kube::namespace_with_crd(prefix).await;
+    let port = start_controller(&client, &ns).await;
+    let locks = Api::namespaced(client.clone(), &ns);
+    (client, ns, Capture::start(port), locks)
+}
+
 /// An in-process controller watching `namespace`, serving /metrics; its port once ready.
 async fn start_controller(client: &kube::Client, namespace: &str) -> u16 {
     let port = support::free_port();
-    let config = ControllerConfig {
-        cluster_name: "metrics".into(),
-        namespace: Some(namespace.to_string()),
-        metrics_address: Some(([127, 0, 0, 1], port).into()),
-        ..Default::default()
-    };
-    tokio::spawn(controller::run(client.clone(), config));
+    let config = support::kube::metrics_config("metrics", Some(namespace.to_string()), port);
+    support::kube::spawn_controller(client.clone(), config);
     eventually("/readyz to be 200", TIMEOUT, || async {
         get(port, "/readyz").await.filter(|(c, _)| *c == 200)
     })
@@ -56,10 +61,7 @@ async fn start_controller(client: &kube::Client, namespace: &str) -> u16 {
 }
 
 async fn create(locks: &Api<DistributedLock>, lock: DistributedLock) {
-    locks
-        .create(&PostParams::default(), &lock)
-        .await
-        .unwrap_or_else(|e| panic!("create {:?}: {e}", lock.metadata.name));
+    support::kube::create(locks, &lock).await;
 }
 
 fn is(body: &str, series: &str, expected: f64) -> bool {
@@ -68,10 +70,7 @@ fn is(body: &str, series: &str, expected: f64) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
-    let (client, ns) = support::kube::namespace_with_crd("metrics-scenario").await;
-    let port = start_controller(&client, &ns).await;
-    let capture = Capture::start(port);
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let (client, ns, capture, locks) = observed("metrics-scenario").await;
     let k8s = |name: &str| pair(name, &ns, "kubernetes");
     let s3 = |name: &str| pair(name, &ns, "s3");
     let zk = |name: &str| pair(name, &ns, "zookeeper");
@@ -104,14 +103,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
         .await;
 
     // 3. Hand-off: the first lets go; the second acquires after its wait.
-    locks
-        .patch(
-            "first",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "release": true } })),
-        )
-        .await
-        .unwrap();
+    patch_spec(&locks, "first", json!({ "release": true })).await;
     wait_acquired(&locks, "second", TIMEOUT).await;
     capture
         .mark_when("a hand-off, a finished hold and no wait left", |m| {
@@ -159,19 +151,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
     let path = format!("/{}/queue", support::unique("metrics"));
     let on_zookeeper = |name: &str| {
         let mut lock = lease_lock_timed(name, "unused", "30s", "5s");
-        lock.spec.backend = lockwarden::api::BackendSpec {
-            zookeeper: Some(ZooKeeperBackend {
-                servers: zookeeper
-                    .connect_string()
-                    .split(',')
-                    .map(String::from)
-                    .collect(),
-                path: path.clone(),
-                chroot: None,
-                session_timeout: None,
-            }),
-            ..Default::default()
-        };
+        lock.spec.backend = zookeeper_backend(&zookeeper.connect_string(), &path);
         lock
     };
     create(&locks, on_zookeeper("zk-first")).await;
@@ -339,10 +319,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
 /// standby (another identity holds the leader Lease) fires `LockwardenNoLeader`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_controller_fires_no_alert_and_a_standby_fires_no_leader() {
-    let (client, ns) = support::kube::namespace_with_crd("metrics-quiet").await;
-    let port = start_controller(&client, &ns).await;
-    let capture = Capture::start(port);
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let (client, ns, capture, locks) = observed("metrics-quiet").await;
     create(&locks, lease_lock_timed("quiet", "k", "30s", "2s")).await;
     wait_acquired(&locks, "quiet", TIMEOUT).await;
     let held = capture
@@ -389,12 +366,7 @@ async fn a_quiet_controller_fires_no_alert_and_a_standby_fires_no_leader() {
         .await
         .unwrap();
     let standby_port = support::free_port();
-    let config = ControllerConfig {
-        cluster_name: "metrics".into(),
-        namespace: Some(ns.clone()),
-        metrics_address: Some(([127, 0, 0, 1], standby_port).into()),
-        ..Default::default()
-    };
+    let config = support::kube::metrics_config("metrics", Some(ns.clone()), standby_port);
     let election = LeaderElectionArgs {
         leader_elect: true,
         leader_election_namespace: ns.clone(),
