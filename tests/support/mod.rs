@@ -33,6 +33,7 @@ pub mod overlap;
 pub mod postgres;
 pub mod proxy;
 pub mod stores;
+pub mod timescale;
 pub mod trials;
 pub mod versitygw;
 pub mod workloads;
