@@ -19,6 +19,9 @@ use crate::support::kube::{
     client_from_kubeconfig, install_crd, install_lockwarden_crd, wait_event,
 };
 use crate::support::locks::lease_lock;
+use crate::support::timescale::{
+    NEVER_WITHIN, PENDING_TIMEOUT, RETRY_AFTER, RETRY_AFTER_SECONDS, STILL_NOT_WITHIN,
+};
 
 /// The holder identities' first part.
 const CLUSTER: &str = "kueue-test";
@@ -488,7 +491,7 @@ async fn kueue_invalid_parameters_make_the_admission_check_inactive() {
         .create(&PostParams::default(), &job)
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(NEVER_WITHIN).await;
     for w in workloads_of(&scene.client, &scene.ns, &job).await {
         assert!(
             !condition(&w, "QuotaReserved") && !condition(&w, "Admitted"),
@@ -552,7 +555,7 @@ async fn kueue_a_pod_template_that_sets_the_fence_itself_is_rejected() {
             .contains("lockwarden.io/fence"),
         "{check}"
     );
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(STILL_NOT_WITHIN).await;
     assert!(scene.suspended("clash").await, "Job clash was admitted");
     controller.abort();
 }
@@ -912,8 +915,8 @@ async fn kueue_a_workload_waiting_past_its_pending_timeout_gives_the_quota_back_
         &client,
         json!({
             "templates": [{ "name": "pool" }],
-            "pendingTimeout": "5s",
-            "retryAfter": "3s",
+            "pendingTimeout": PENDING_TIMEOUT,
+            "retryAfter": RETRY_AFTER,
         }),
     )
     .await;
@@ -944,10 +947,11 @@ async fn kueue_a_workload_waiting_past_its_pending_timeout_gives_the_quota_back_
         },
     )
     .await;
-    assert_eq!(retry["requeueAfterSeconds"], 3, "{retry}");
+    assert_eq!(retry["requeueAfterSeconds"], RETRY_AFTER_SECONDS, "{retry}");
     let message = retry["message"].as_str().unwrap();
     assert!(
-        message.contains("pendingTimeout 5s") && message.contains("quota goes back"),
+        message.contains(&format!("pendingTimeout {PENDING_TIMEOUT}"))
+            && message.contains("quota goes back"),
         "{message}"
     );
     // Kueue took the quota back.

@@ -1,7 +1,7 @@
 //! The work of a Kueue Workload stops before the next holder (docs/design.md §6.3,
 //! §6.6), measured on processes: a Kueue Job admitted through lockwarden's check, whose
-//! container ignores SIGTERM (`terminationGracePeriodSeconds: 30`) and writes `job N`
-//! to a loopback register every 100 ms, holds an S3 lock (moto) that only the
+//! container ignores SIGTERM (for its grace, `support::timescale::Scale`) and writes
+//! `job N` to a loopback register every 100 ms, holds an S3 lock (moto) that only the
 //! controller reaches, through a fault proxy. The proxy is cut: the controller loses the
 //! lock, sets the check `Retry`, Kueue evicts the Workload and suspends the Job, and its
 //! Pod is killed at the end of its grace. The contender is a plain DistributedLock on
@@ -13,8 +13,11 @@
 //! store must show the Workload's acquisition until then. After the heal the Workload
 //! is admitted again, with a higher fence.
 //!
-//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
-//! the min and median, and each must be positive.
+//! One trial at suite scale (a 3 s grace, the 9 s lock-delay it needs): the margin does
+//! not depend on the scale (the delay grows with the grace, `timescale::Scale::Suite`),
+//! and the lock-delay under a 30 s grace is tried at full scale on the same node by
+//! tests/node stop.rs. `LOCKWARDEN_NODE_TRIALS=N` runs N full-scale trials. Every margin
+//! is printed with the min and median, and each must be positive.
 
 use std::time::Duration;
 
@@ -31,32 +34,30 @@ use crate::support::kube::job_pods_ended;
 use crate::support::locks::{acquired, aws_secret, phase, s3_lock, timed};
 use crate::support::moto::Moto;
 use crate::support::proxy::{Mode, Proxy};
-use crate::support::trials::{
-    RecordSampler, Register, direct_s3_backend, last_and_first, monotonic_now, report_margins,
-    trial_count,
+use crate::support::timescale::{
+    CONTENDER_HEAD_START, CONTENDER_TIMEOUT, Scale, WORKLOAD_LEASE as LEASE,
+    WORKLOAD_RENEW as RENEW, trials as scales,
 };
-
-/// The lock's lease and renew interval: short, so a trial takes about a minute.
-const LEASE: &str = "6s";
-const RENEW: &str = "2s";
-/// How long the contender sees the record before the cut (its observation, rule 1,
-/// runs from the first read of the version the holder last wrote).
-const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
+use crate::support::trials::{
+    RecordSampler, Register, assert_lock_delay, direct_s3_backend, last_and_first, monotonic_now,
+    report_margins,
+};
 /// The template the check's parameters name; each trial makes it anew on a new key.
 const TEMPLATE: &str = "stop-tpl";
 /// The other cluster, whose controller holds the contender's lock.
 const OTHER_CLUSTER: &str = "kueue-other";
 
-/// A Kueue Job whose container ignores SIGTERM and writes `job N` to the register on
-/// `port` every 100 ms (host network: the register is on the host's loopback).
-fn ignoring_job(node: &Node, name: &str, queue: &str, port: u16) -> Job {
+/// A Kueue Job whose container ignores SIGTERM for its grace of `scale` and writes
+/// `job N` to the register on `port` every 100 ms (host network: the register is on the
+/// host's loopback).
+fn ignoring_job(node: &Node, name: &str, (queue, scale): (&str, Scale), port: u16) -> Job {
     let script = format!(
         "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
          | nc 127.0.0.1 {port}"
     );
     let mut job = queued_job(node, name, queue, &script);
     let pod = job.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
-    pod.termination_grace_period_seconds = Some(30);
+    pod.termination_grace_period_seconds = Some(scale.grace_seconds());
     job
 }
 
@@ -144,7 +145,7 @@ struct Stage<'a> {
     bucket: &'a str,
 }
 
-async fn one_trial(stage: &Stage<'_>, n: usize) -> Trial {
+async fn one_trial(stage: &Stage<'_>, n: usize, scale: Scale) -> Trial {
     let Stage {
         node,
         client,
@@ -171,7 +172,7 @@ async fn one_trial(stage: &Stage<'_>, n: usize) -> Trial {
     let job_name = format!("stop-{n}");
     jobs.create(
         &PostParams::default(),
-        &ignoring_job(node, &job_name, queue, port),
+        &ignoring_job(node, &job_name, (queue, scale), port),
     )
     .await
     .expect("create the Job");
@@ -180,6 +181,21 @@ async fn one_trial(stage: &Stage<'_>, n: usize) -> Trial {
         (!register.of("job").is_empty()).then_some(())
     })
     .await;
+    // The Workload's own lock, made from the template on the trial's key: the lock-delay
+    // the trial's timing rests on.
+    let own = eventually("the Workload's own lock", TIMEOUT, || async {
+        locks
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|l| {
+                l.name_any() != TEMPLATE && l.spec.backend.s3.as_ref().is_some_and(|b| b.key == key)
+            })
+    })
+    .await;
+    assert_lock_delay(&own, scale);
 
     let sampler = RecordSampler::start(direct_s3_backend(bucket, &key).await);
     // The contender: waiting under the other controller before the cut.
@@ -211,9 +227,9 @@ async fn one_trial(stage: &Stage<'_>, n: usize) -> Trial {
     tokio::time::sleep(CONTENDER_HEAD_START).await;
     let cut = monotonic_now();
     proxy.set_mode(Mode::Blackhole);
-    let contender_fence = tokio::time::timeout(Duration::from_secs(300), contender)
+    let contender_fence = tokio::time::timeout(CONTENDER_TIMEOUT, contender)
         .await
-        .expect("the contender is held within 300 s of the cut")
+        .expect("the contender is held within CONTENDER_TIMEOUT of the cut")
         .expect("the contender task");
     // Kueue evicted the Workload and suspended the Job; its Pod is gone at the latest
     // at the end of its grace period.
@@ -276,7 +292,8 @@ async fn one_trial(stage: &Stage<'_>, n: usize) -> Trial {
 
 /// The Kueue Job's last write arrives before the contender's first after the store is
 /// cut off from the controller; after the heal it is admitted again with a higher
-/// fence. One trial in the suite; `LOCKWARDEN_NODE_TRIALS=10` for the long run.
+/// fence. One trial in the suite, at suite scale; `LOCKWARDEN_NODE_TRIALS=10` for the
+/// long run (full scale).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_before_next_a_kueue_job_sent_back_on_loss_stops_before_the_contender_on_s3() {
     let (node, client, ns) = setup("kueue-stop").await;
@@ -299,8 +316,10 @@ async fn stop_before_next_a_kueue_job_sent_back_on_loss_stops_before_the_contend
         bucket: &bucket,
     };
     let mut margins = Vec::new();
-    for n in 0..trial_count(1) {
-        let trial = one_trial(&stage, n).await;
+    // One at a time: the check's parameters name one template, made anew per trial.
+    for (n, scale) in scales(&[Scale::Suite]).into_iter().enumerate() {
+        println!("kueue-stop: trial {n}: {}", scale.describe());
+        let trial = one_trial(&stage, n, scale).await;
         let (workload, contender, again) = trial.fences;
         println!(
             "kueue-stop: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \

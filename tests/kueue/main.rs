@@ -7,6 +7,11 @@
 //! admission.rs: lockwarden as Kueue's AdmissionCheck controller (docs/design.md §6.6);
 //! examples.rs: every examples/kueue-*.yaml driven to the state it promises; loss.rs:
 //! a Kueue Job's processes stop before the next holder after a loss.
+//!
+//! Run with `--test-threads=6` (the suite runner passes the same): every test has its
+//! own namespace, ClusterQueue (namespace-scoped where it matters), controller identity
+//! and keys, so nothing of one is another's business; the durations of the ones that
+//! wait out real time come from `support::timescale`.
 
 mod admission;
 mod env;

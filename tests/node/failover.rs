@@ -1,7 +1,7 @@
 //! Failover of the in-cluster controller with locks held: 100 DistributedLocks held,
 //! 50 on S3 (moto on 127.0.0.1, credentials from a Secret the chart lets the
-//! controller read) and 50 on Leases (lease 60 s, renew 10 s; the chart's
-//! leader-election lease, 15 s), each key with a waiting contender of another cluster
+//! controller read) and 50 on Leases (renew 10 s, the lease sized by a measured Pod
+//! start, below; the chart's leader-election lease, 15 s), each key with a waiting contender of another cluster
 //! (a DistributedLock in another namespace on the same key, run by a controller in
 //! this test process with its own cluster name, which keeps trying while the
 //! in-cluster one is down), 10 of the held locks (on S3) gating running Jobs. (a) the controller's process is SIGKILLed (the kubelet restarts
@@ -17,10 +17,13 @@
 //! was renewed after it) and the longest time any held lock went without a renewal
 //! are printed.
 //!
-//! Why 60 s and not 30 s: after a fault the locks go unrenewed for up to one renew
-//! interval (since the last renewal) plus the election lease (a new leader waits for
-//! the old one's claim to expire) plus a Pod's start: 20 s measured in (b) on an idle
-//! machine, too close to 30 s on a loaded one for a test that must not flake.
+//! The lease (`support::timescale::failover_lease`, printed with its terms): after a
+//! fault the locks go unrenewed for up to one renew interval (since the last renewal)
+//! plus the election lease (a new leader waits for the old one's claim to expire) plus
+//! a controller's start, which the holder's deadline (rule 2) must outlast; the start
+//! is bounded by a Pod's start on this node, measured once per binary, times a safety
+//! factor of 4, plus 20 s for the controller's own (docs/design.md §5 measured up to
+//! 37 s unrenewed on a loaded node; an idle machine's Pod start made 30 s too close).
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -39,12 +42,13 @@ use lockwarden::api::{DistributedLock, KubernetesBackend, LockPhase};
 use serde_json::json;
 
 use super::{
-    CONTROLLER, RELEASE, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_pods,
-    controller_ready, gated_host_network_job, helm, is_true, phase, text,
+    CONTROLLER, KUBELET, RELEASE, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_pods,
+    controller_ready, gated_host_network_job, helm, is_true, phase, pod_start, text,
 };
 use crate::support::locks::{acquired, aws_secret, lease_lock_timed, s3_lock, timed};
 use crate::support::moto::Moto;
 use crate::support::node::Node;
+use crate::support::timescale::{CHART_GRACE_SECONDS, FAILOVER_RENEW, failover_lease};
 use crate::support::{eventually, repo_root, tool};
 use lockwarden::backend::{AwsOptions, ConnectOptions, Credentials, S3Options, Target};
 use lockwarden::lock::LockBackend;
@@ -327,10 +331,14 @@ async fn controller_on(client: &Client, image: &str) -> Pod {
     .await
 }
 
-/// `helm upgrade` of the release to `image`'s tag, every other value kept.
-fn upgrade_to(node: &Node, image: &str) {
+/// `helm upgrade` of the release to `image`'s tag (and `set`, if any), every other
+/// value kept.
+fn upgrade_to(node: &Node, image: &str, set: Option<&str>) {
     let chart = repo_root().join("charts/lockwarden");
-    let tag = format!("image.tag={}", tag_of(image));
+    let mut tag = format!("image.tag={}", tag_of(image));
+    if let Some(set) = set {
+        tag = format!("{tag},{set}");
+    }
     let out = helm(
         node,
         &[
@@ -402,13 +410,20 @@ fn apply_chart_crds(node: &Node) {
 /// gating running Jobs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
-    // Alone with the controller: the faults below are not other tests' business.
-    let _alone = CONTROLLER.write().await;
+    // Alone with the controller: the faults below are not other tests' business. The
+    // kubelet is shared: the test's Pods need it, and no other test cuts it meanwhile.
+    let _kubelet = KUBELET.read().await;
+    let _alone = super::exclusive(&CONTROLLER).await;
     let (node, client) = controller_ready().await;
-    // (d), the start: the previous release's controller, under its CRD, takes the locks.
-    let (previous, current) = (&node.images().previous, &node.images().lockwarden);
+    // Fails here, naming the archive, if the previous release's image is not there.
+    let (previous, current) = (node.images().previous(), &node.images().lockwarden);
+    let lease = failover_lease(pod_start(node, &client).await);
+    let (lease, renew) = (
+        format!("{}s", lease.as_secs()),
+        format!("{}s", FAILOVER_RENEW.as_secs()),
+    );
     install_previous_crd(&client).await;
-    upgrade_to(node, previous);
+    upgrade_to(node, previous, None);
     controller_on(&client, previous).await;
     // The release may read Secrets here (rbac.secretNamespaces): the S3 credentials.
     let ns = super::FAILOVER_NAMESPACE.to_string();
@@ -425,11 +440,11 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
                     Moto::shared().endpoint(),
                     "aws",
                 ),
-                "60s",
-                "10s",
+                &lease,
+                &renew,
             )
         } else {
-            lease_lock_timed(name, &format!("key-{i}"), "60s", "10s")
+            lease_lock_timed(name, &format!("key-{i}"), &lease, &renew)
         }
     };
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
@@ -513,9 +528,16 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
 
     // (d) `helm upgrade` to this build's image, then the CRD as the README says: the
     // new controller resumes every lock by its nonce (the formats of consecutive
-    // releases are kept compatible, docs/design.md §3) and warns about the CRD.
+    // releases are kept compatible, docs/design.md §3) and warns about the CRD. The
+    // upgrade also gives the Pod back the chart's default grace, which (b) waits out.
     let (since, started) = (Timestamp::now(), Instant::now());
-    upgrade_to(node, current);
+    upgrade_to(
+        node,
+        current,
+        Some(&format!(
+            "terminationGracePeriodSeconds={CHART_GRACE_SECONDS}"
+        )),
+    );
     let upgraded = controller_on(&client, current).await;
     let warned = eventually(
         "the upgraded controller's warning about the older CRD",
@@ -561,8 +583,9 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
 
     // (b) the Pod deleted normally: another Pod, another identity in the election. The
     // controller ignores SIGTERM (PID 1 without a handler), so the old one runs, and
-    // renews, for the whole grace period; only then may the new Pod take the node's
-    // host port, win the election and resume the locks.
+    // renews, for the whole grace period (the chart's default 30 s: the full-scale
+    // instance; the release's other replacements wait its scaled grace); only then may
+    // the new Pod take the node's host port, win the election and resume the locks.
     let deleted = delete_and_recover(&client, &ns, &s3, &name, DeleteParams::default()).await;
     println!("failover (b) Pod deleted: every held lock renewed {deleted:.1?} after the delete");
 
@@ -589,11 +612,11 @@ async fn controller_failover_keeps_every_lock_held_and_every_job_running() {
     );
 
     // One more renewal period under the watch: a late effect of either fault shows.
-    tokio::time::sleep(Duration::from_secs(12)).await;
+    tokio::time::sleep(FAILOVER_RENEW + Duration::from_secs(2)).await;
     let list = locks.list(&ListParams::default()).await.unwrap();
     assert_eq!(list.items.iter().filter(|l| acquired(l)).count(), HELD);
     println!(
-        "failover: the longest time a held lock went without renewal: {:.1?} (lease 60s)",
+        "failover: the longest time a held lock went without renewal: {:.1?} (lease {lease})",
         *longest_gap.lock().unwrap()
     );
     let seen = violations.lock().unwrap().clone();

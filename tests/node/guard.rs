@@ -18,8 +18,16 @@
 //!   `Node::kubelet_api`, blackholed) at once.
 //!
 //! The guard reads the Lease from the API server itself, which none of these cut.
-//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats each trial; every margin is printed with
-//! the min and median, and each must be positive.
+//!
+//! Each fault is one window: its workloads (a Job and a gated Pod, each on a key of its
+//! own with its own register and contender) are armed side by side and the fault taken
+//! once for all of them, so the release's controller is out three times, not seven.
+//! Scales (`support::timescale`): the cut window's first Job runs at full scale
+//! (Kubernetes' default 30 s grace, the 37 s lock-delay the controller gives it, the
+//! 43 s stored lease the guard counts: the suite's full-scale instance of rule 9 on the
+//! node), every other trial at suite scale (3 s, 9 s, 15 s); `LOCKWARDEN_NODE_TRIALS=N`
+//! runs N windows of a Job and a Pod at full scale per fault. Every margin is printed
+//! with the min and median, and each must be positive.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -37,22 +45,20 @@ use lockwarden::lock::LockBackend;
 use serde_json::json;
 
 use super::{
-    CONTROLLER, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_ready, wait_controller_ready,
+    CONTROLLER, KUBELET, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_ready,
+    wait_controller_ready,
 };
 use crate::support::locks::lease_lock_timed;
 use crate::support::node::Node;
 use crate::support::proxy::{Mode, Proxy};
+use crate::support::timescale::{
+    CONTENDER_HEAD_START, CONTENDER_LEASE, CONTENDER_TIMEOUT, LAST_WRITE_IN_FLIGHT, Scale,
+    WORKLOAD_LEASE, WORKLOAD_RENEW, long_run,
+};
 use crate::support::trials::{
-    RecordSampler, Register, contend, monotonic_now, report_margins, trial_count,
+    RecordSampler, Register, assert_lock_delay, contend, monotonic_now, report_margins,
 };
 use crate::support::{ServerProcess, eventually, tool, unique};
-
-/// The Job's lease and renew interval: short, so a trial takes about a minute.
-const LEASE: &str = "6s";
-const RENEW: &str = "2s";
-/// How long the contender sees the record before the fault: its observation (rule 1)
-/// runs from the first read of the version the holder last wrote.
-const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
 /// The workload's container, for podFailurePolicy.
 const CONTAINER: &str = "writer";
 
@@ -107,8 +113,9 @@ async fn allow_reading_leases(client: &Client, ns: &str) {
 /// guard from lockwarden's image, and the busybox container runs
 /// `lockwarden guard -- sh -c …`, a shell that ignores SIGTERM and writes `job N` to the
 /// register every 100 ms through busybox's nc (host network: the register and the API
-/// server are on the host's loopback, hence the service's host and port).
-fn guarded_pod_spec(node: &Node, register_port: u16) -> serde_json::Value {
+/// server are on the host's loopback, hence the service's host and port); its grace is
+/// `scale`'s, and with it the lock-delay the controller gives its lock.
+fn guarded_pod_spec(node: &Node, register_port: u16, scale: Scale) -> serde_json::Value {
     let script = format!(
         "trap '' TERM; i=0; while true; do i=$((i+1)); echo \"job $i\"; sleep 0.1; done \
          | nc 127.0.0.1 {register_port}"
@@ -120,7 +127,7 @@ fn guarded_pod_spec(node: &Node, register_port: u16) -> serde_json::Value {
     json!({
         "hostNetwork": true,
         "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": 30,
+        "terminationGracePeriodSeconds": scale.grace_seconds(),
         "volumes": [{ "name": "guard", "emptyDir": {} }],
         "initContainers": [{
             "name": "install-guard", "image": node.images().lockwarden,
@@ -252,14 +259,14 @@ impl Workload {
 
 /// What one trial measured, in seconds on CLOCK_MONOTONIC.
 struct Trial {
-    /// The contender's first arrival minus the Job's last: positive is safe.
+    /// The contender's first arrival minus the workload's last: positive is safe.
     margin: f64,
     stop_to_job_last: f64,
     stop_to_contender_first: f64,
     lock_delay: Option<String>,
 }
 
-/// How the controller holding the Job's lock is taken out of the trial.
+/// How the controller holding the workloads' locks is taken out of a window's trials.
 enum Fault<'a> {
     /// The release's controller process is SIGSTOPped (SIGCONT when the trial ends).
     Sigstop,
@@ -324,27 +331,42 @@ impl<'a> Fault<'a> {
     }
 }
 
-async fn one_trial<'a>(
-    node: &'a Node,
+/// One guarded workload of a window, running under the guard, its contender observing
+/// the key: ready for the fault.
+struct Armed {
+    workload: Workload,
+    name: String,
+    template_name: String,
+    register: Arc<Register>,
+    lock_delay: Option<String>,
+}
+
+/// The contender's task: it ends with the backend and its lease once it acquired.
+type Contender = tokio::task::JoinHandle<(Arc<dyn LockBackend>, lockwarden::lock::Lease)>;
+
+/// Starts `workload` number `n` at `scale` on a template of its own (a key of its own),
+/// waits for its first write under the guard, checks the lock-delay the controller gave
+/// its lock, and starts its contender.
+async fn arm(
+    node: &Node,
     client: &Client,
     ns: &str,
     n: usize,
-    workload: Workload,
-    fault: &Fault<'a>,
-) -> Trial {
+    (workload, scale): (Workload, Scale),
+) -> (Armed, Contender) {
     let key = unique("guard");
     let suffix = &key[key.len() - 6..];
     let (port, register) = Register::serve().await;
     let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
     let template_name = format!("guard-tpl-{n}-{suffix}");
     let name = format!("guard-{}-{n}-{suffix}", workload.name());
-    let mut template = lease_lock_timed(&template_name, &key, LEASE, RENEW);
+    let mut template = lease_lock_timed(&template_name, &key, WORKLOAD_LEASE, WORKLOAD_RENEW);
     template.spec.release = true;
     locks
         .create(&PostParams::default(), &template)
         .await
         .expect("create the template");
-    let spec = guarded_pod_spec(node, port);
+    let spec = guarded_pod_spec(node, port, scale);
     workload
         .create(client, ns, &name, (&template_name, None), spec)
         .await;
@@ -353,48 +375,90 @@ async fn one_trial<'a>(
     })
     .await;
     let own_lock = own_lock(&locks, &name).await;
-    let lock_delay = own_lock.spec.lock_delay.clone();
+    assert_lock_delay(&own_lock, scale);
+    let contender = contend(lease_backend(client, ns, &key).await, port, CONTENDER_LEASE).await;
+    let armed = Armed {
+        workload,
+        name,
+        template_name,
+        register,
+        lock_delay: own_lock.spec.lock_delay.clone(),
+    };
+    (armed, contender)
+}
 
-    let contender = contend(
-        lease_backend(client, ns, &key).await,
-        port,
-        Duration::from_secs(6),
+/// One window's trials at once: every workload of `cases` armed side by side, one fault
+/// for all of them, and each margin measured on its own register. Nothing undoes the
+/// fault before every contender has written: until then each workload can be stopped by
+/// its guard alone.
+async fn window<'a>(
+    node: &'a Node,
+    client: &Client,
+    ns: &str,
+    (first, cases): (usize, &[(Workload, Scale)]),
+    fault: &Fault<'a>,
+) -> Vec<Trial> {
+    let (armed, contenders): (Vec<Armed>, Vec<Contender>) = futures::future::join_all(
+        cases
+            .iter()
+            .enumerate()
+            .map(|(i, case)| arm(node, client, ns, first + i, *case)),
     )
-    .await;
+    .await
+    .into_iter()
+    .unzip();
     tokio::time::sleep(CONTENDER_HEAD_START).await;
 
-    // The fault: no renewal from the controller, and no stop of the workload from it.
+    // The fault: no renewal from the controller, and no stop of the workloads from it.
     let (stopped_at, undo) = fault.inflict(node, client).await;
-    let (contender_backend, contender_lease) =
-        tokio::time::timeout(Duration::from_secs(300), contender)
+    let won = futures::future::join_all(contenders.into_iter().map(|contender| async move {
+        tokio::time::timeout(CONTENDER_TIMEOUT, contender)
             .await
-            .expect("the contender acquires within 300 s of the fault")
-            .expect("the contender task");
-    // The contender wrote; from here on nothing the workload writes can be safe. It goes
-    // (its Pods too), then the controller resumes.
-    workload.delete(client, ns, &name).await;
-    drop(undo);
-    eventually(
-        "the workload's Pods gone",
-        Duration::from_secs(180),
-        || async { workload.pods_gone(client, ns, &name).await.then_some(()) },
-    )
+            .expect("the contender acquires within CONTENDER_TIMEOUT of the fault")
+            .expect("the contender task")
+    }))
     .await;
-    // A last write in flight arrives within a moment.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let job_last = *register
-        .of("job")
-        .last()
-        .expect("the workload wrote to the register");
-    let contender_first = register.of("contender")[0];
-    let _ = contender_backend.release(&contender_lease).await;
-    let _ = locks.delete(&template_name, &DeleteParams::default()).await;
-    Trial {
-        margin: contender_first - job_last,
-        stop_to_job_last: job_last - stopped_at,
-        stop_to_contender_first: contender_first - stopped_at,
-        lock_delay,
+    // Every contender wrote; from here on nothing a workload writes can be safe. They go
+    // (their Pods too), then the controller resumes.
+    for a in &armed {
+        a.workload.delete(client, ns, &a.name).await;
     }
+    drop(undo);
+    for a in &armed {
+        eventually(
+            "the workload's Pods gone",
+            Duration::from_secs(180),
+            || async {
+                a.workload
+                    .pods_gone(client, ns, &a.name)
+                    .await
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    tokio::time::sleep(LAST_WRITE_IN_FLIGHT).await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), ns);
+    let mut trials = Vec::new();
+    for (a, (contender_backend, contender_lease)) in armed.iter().zip(won) {
+        let job_last = *a
+            .register
+            .of("job")
+            .last()
+            .expect("the workload wrote to the register");
+        let contender_first = a.register.of("contender")[0];
+        let _ = contender_backend.release(&contender_lease).await;
+        let _ = locks
+            .delete(&a.template_name, &DeleteParams::default())
+            .await;
+        trials.push(Trial {
+            margin: contender_first - job_last,
+            stop_to_job_last: job_last - stopped_at,
+            stop_to_contender_first: contender_first - stopped_at,
+            lock_delay: a.lock_delay.clone(),
+        });
+    }
+    trials
 }
 
 /// The workload `name`'s own lock, as the controller made it from the template.
@@ -424,7 +488,7 @@ async fn lease_backend(client: &Client, ns: &str, key: &str) -> Arc<dyn LockBack
         .expect("a Lease backend")
 }
 
-/// What takes the controller holding the workload's lock out of a test's trials.
+/// What takes the controller holding the workloads' locks out of a window.
 #[derive(Clone, Copy)]
 enum Outage {
     /// [`Fault::Sigstop`].
@@ -435,15 +499,21 @@ enum Outage {
     SigstopAndKubeletCut,
 }
 
-/// Runs `trial_count(in_suite)` trials of `workload` under `outage` in a namespace of
-/// its own, printing each margin under `label`, and asserts every one is positive.
-async fn guarded_trials(label: &str, workload: Workload, outage: Outage, in_suite: usize) {
-    // Alone with the controller: stopping it is not other tests' business.
-    let _alone = CONTROLLER.write().await;
+/// Runs the trials of `suite` (each a workload and a scale) under `outage` in a
+/// namespace of their own, side by side in one window of the fault, printing each
+/// margin under `label`, and asserts every one is positive. `LOCKWARDEN_NODE_TRIALS=N`:
+/// N windows of a Job and a Pod at full scale.
+async fn guarded_trials(label: &str, outage: Outage, suite: &[(Workload, Scale)]) {
+    // The kubelet cut stops every Pod on the node from starting, stopping or reporting:
+    // alone with the kubelet then. Alone with the controller always: stopping it,
+    // cutting it off or scaling it to zero is not other tests' business.
+    let (_kubelet_shared, _kubelet_alone) = match outage {
+        Outage::SigstopAndKubeletCut => (None, Some(super::exclusive(&KUBELET).await)),
+        _ => (Some(KUBELET.read().await), None),
+    };
+    let _alone = super::exclusive(&CONTROLLER).await;
     let (node, client) = controller_ready().await;
-    let ns = node
-        .namespace(&client, &format!("node-{label}-{}", workload.name()))
-        .await;
+    let ns = node.namespace(&client, &format!("node-{label}")).await;
     allow_reading_leases(&client, &ns).await;
     let api = matches!(outage, Outage::ControllerCut).then(|| Proxy::start(node.plane().port()));
     let host = match &api {
@@ -455,42 +525,68 @@ async fn guarded_trials(label: &str, workload: Workload, outage: Outage, in_suit
         Outage::SigstopAndKubeletCut => Fault::SigstopAndKubeletCut,
         Outage::ControllerCut => Fault::Cut(api.as_ref().expect("the controller's proxy")),
     };
-    let mut margins = Vec::new();
-    for n in 0..trial_count(in_suite) {
-        let trial = one_trial(node, &client, &ns, n, workload, &fault).await;
-        println!(
-            "{label} ({}): trial {n}: margin {:+.3} s (fault → its last write {:.3} s, fault → \
-             contender's first write {:.3} s; its lock's lockDelay {:?})",
-            workload.name(),
-            trial.margin,
-            trial.stop_to_job_last,
-            trial.stop_to_contender_first,
-            trial.lock_delay
-        );
-        margins.push(trial.margin);
+    let windows: Vec<Vec<(Workload, Scale)>> = match long_run() {
+        Some(n) => vec![vec![(Workload::Job, Scale::Full), (Workload::Pod, Scale::Full)]; n],
+        None => vec![suite.to_vec()],
+    };
+    let mut margins: Vec<(String, f64)> = Vec::new();
+    let mut first = 0;
+    for cases in &windows {
+        for (n, (workload, scale)) in cases.iter().enumerate() {
+            println!(
+                "{label} ({}): trial {}: {}",
+                workload.name(),
+                first + n,
+                scale.describe()
+            );
+        }
+        let trials = window(node, &client, &ns, (first, cases), &fault).await;
+        for (n, ((workload, scale), trial)) in cases.iter().zip(trials).enumerate() {
+            let case = format!("{label} ({}, {})", workload.name(), scale.name());
+            println!(
+                "{case}: trial {}: margin {:+.3} s (fault → its last write {:.3} s, fault → \
+                 contender's first write {:.3} s; its lock's lockDelay {:?})",
+                first + n,
+                trial.margin,
+                trial.stop_to_job_last,
+                trial.stop_to_contender_first,
+                trial.lock_delay
+            );
+            margins.push((case, trial.margin));
+        }
+        first += cases.len();
     }
     drop(host);
-    report_margins(&format!("{label} ({})", workload.name()), &margins);
+    let mut cases: Vec<&String> = margins.iter().map(|(c, _)| c).collect();
+    cases.sort();
+    cases.dedup();
+    for case in cases {
+        let of: Vec<f64> = margins
+            .iter()
+            .filter(|(c, _)| c == case)
+            .map(|(_, m)| *m)
+            .collect();
+        report_margins(case, &of);
+    }
     super::delete_namespace(&client, &ns).await;
     if matches!(outage, Outage::ControllerCut) {
         wait_controller_ready(node, &client).await;
     }
 }
 
-/// The guarded Job's last write arrives before the contender's first, after the
-/// controller holding its Lease lock is SIGSTOPped: the guard alone stops it
-/// (docs/design.md §3 rule 9, §6.3).
+/// The guarded Job's and the guarded Pod's (lockwarden's scheduling gate) last writes
+/// arrive before their contenders' first, after the controller holding their Lease
+/// locks is SIGSTOPped: the guard alone stops them (docs/design.md §3 rule 9, §6.3).
+/// Both in one window, at suite scale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_on_a_lease()
+async fn guard_stops_a_job_and_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_on_a_lease()
  {
-    guarded_trials("guard", Workload::Job, Outage::Sigstop, 1).await;
-}
-
-/// The same with a gated Pod (lockwarden's scheduling gate) in place of the Job.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_stops_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_on_a_lease()
- {
-    guarded_trials("guard", Workload::Pod, Outage::Sigstop, 1).await;
+    guarded_trials(
+        "guard",
+        Outage::Sigstop,
+        &[(Workload::Job, Scale::Suite), (Workload::Pod, Scale::Suite)],
+    )
+    .await;
 }
 
 /// The release's controller scaled to zero and a `lockwarden controller` on the host in
@@ -523,7 +619,15 @@ impl HostController {
             "kubectl scale the release to 0: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // The release's controller gone first: one controller gates the Job.
+        // The release's controller gone first: one controller gates the Job. It ignores
+        // SIGTERM (PID 1 without a handler), so rather than wait out the chart's 30 s
+        // grace its Pods are deleted with 1 s: a Pod object goes only once the kubelet
+        // has killed its containers, so gone means its process is gone too.
+        for pod in super::controller_pods(client).await {
+            let _ = Api::<Pod>::namespaced(client.clone(), RELEASE_NAMESPACE)
+                .delete(&pod.name_any(), &DeleteParams::default().grace_period(1))
+                .await;
+        }
         eventually("the release's controller gone", TIMEOUT, || async {
             super::controller_pods(client)
                 .await
@@ -573,60 +677,55 @@ impl Drop for HostController {
     }
 }
 
-/// The guarded Job's last write arrives before the contender's first, after the
-/// controller holding its Lease lock is cut from the API server, its store: the
-/// release's controller is replaced for the test by one on the host that reaches the
-/// API server through a fault proxy (the release's own way there is a value every
-/// node test shares), and the proxy blackholes. The guard reads the Lease itself and
-/// stops the Job (docs/design.md §3 rule 9, §6.3). Two trials in the suite.
+/// The guarded Jobs' and the guarded Pod's last writes arrive before their contenders'
+/// first, after the controller holding their Lease locks is cut from the API server,
+/// its store: the release's controller is replaced for the test by one on the host that
+/// reaches the API server through a fault proxy (the release's own way there is a value
+/// every node test shares), and the proxy blackholes. The guard reads the Lease itself
+/// and stops the work (docs/design.md §3 rule 9, §6.3). One window of three trials: a
+/// Job at full scale (the suite's full-scale instance of rule 9: the 30 s grace, the
+/// 37 s lock-delay, the 43 s stored lease the guard counts), a Job and a Pod at suite
+/// scale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_cut_from_the_api_server_on_a_lease()
- {
-    guarded_trials("guard-cut", Workload::Job, Outage::ControllerCut, 2).await;
-}
-
-/// The same with a gated Pod.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_stops_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_cut_from_the_api_server_on_a_lease()
- {
-    guarded_trials("guard-cut", Workload::Pod, Outage::ControllerCut, 1).await;
-}
-
-/// As the SIGSTOP trial, with the kubelet cut from the API server too (a fault proxy
-/// between them) from the moment the controller stops: the Pod's stop comes from the
-/// guard alone, which reads the Lease from the API server itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_stops_a_job_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_and_the_kubelet_cut_on_a_lease()
+async fn guard_stops_a_job_and_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_cut_from_the_api_server_on_a_lease()
  {
     guarded_trials(
-        "guard-kubelet",
-        Workload::Job,
-        Outage::SigstopAndKubeletCut,
-        1,
+        "guard-cut",
+        Outage::ControllerCut,
+        &[
+            (Workload::Job, Scale::Full),
+            (Workload::Job, Scale::Suite),
+            (Workload::Pod, Scale::Suite),
+        ],
     )
     .await;
 }
 
-/// The same with a gated Pod.
+/// As the SIGSTOP window, with the kubelet cut from the API server too (a fault proxy
+/// between them) from the moment the controller stops: the work's stop comes from the
+/// guard alone, which reads the Lease from the API server itself. A Job and a Pod in one
+/// window, at suite scale (the cut stops every Pod on the node from reporting, so this
+/// window runs alone with the kubelet; short, well inside the node's monitor grace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_stops_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_and_the_kubelet_cut_on_a_lease()
+async fn guard_stops_a_job_and_a_pod_ignoring_sigterm_before_the_contender_when_the_controller_is_sigstopped_and_the_kubelet_cut_on_a_lease()
  {
     guarded_trials(
         "guard-kubelet",
-        Workload::Pod,
         Outage::SigstopAndKubeletCut,
-        1,
+        &[(Workload::Job, Scale::Suite), (Workload::Pod, Scale::Suite)],
     )
     .await;
 }
 
 /// Deleting the DistributedLock of a running guarded Job (docs/design.md §6.3, "every
 /// release path waits for the processes"): the controller stops the Job (for good:
-/// `on-lock-lost: fail`) and deletes its Pod with its 30 s grace, which the shell as the guard's child ignores; the lock
-/// stays held (renewed, the Lease still the Job's) until the Pod has ended, and only
-/// then is it released. A sampler reads the Lease every 200 ms: no read before the Job's
-/// last write shows it free or someone else's, and the contender's first write comes
-/// after the Job's last.
+/// `on-lock-lost: fail`) and deletes its Pod with its 30 s grace, which the shell as
+/// the guard's child ignores; the lock stays held (renewed, the Lease still the Job's)
+/// until the Pod has ended, and only then is it released. A sampler reads the Lease
+/// every 200 ms: no read before the Job's last write shows it free or someone else's,
+/// and the contender's first write comes after the Job's last. At full scale (the
+/// suite's one instance of this release path; it shares the controller, so it runs
+/// beside the other tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it_only_once_its_processes_ended_on_a_lease()
  {
@@ -638,7 +737,9 @@ async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it
     let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
     let template_name = "guard-delete-tpl";
     let name = "guard-delete-job";
-    let mut template = lease_lock_timed(template_name, &key, LEASE, RENEW);
+    let scale = Scale::Full;
+    println!("guard-delete: {}", scale.describe());
+    let mut template = lease_lock_timed(template_name, &key, WORKLOAD_LEASE, WORKLOAD_RENEW);
     template.spec.release = true;
     locks
         .create(&PostParams::default(), &template)
@@ -646,7 +747,7 @@ async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it
         .expect("create the template");
     // `fail`: stopped for good, so the Job does not wait for the key again (it would
     // race the contender for it; fair order is another matter).
-    let spec = guarded_pod_spec(node, port);
+    let spec = guarded_pod_spec(node, port, scale);
     Workload::Job
         .create(&client, &ns, name, (template_name, Some("fail")), spec)
         .await;
@@ -655,11 +756,12 @@ async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it
     })
     .await;
     let own = own_lock(&locks, name).await;
+    assert_lock_delay(&own, scale);
     let sampler = RecordSampler::start(lease_backend(&client, &ns, &key).await);
     let contender = contend(
         lease_backend(&client, &ns, &key).await,
         port,
-        Duration::from_secs(6),
+        CONTENDER_LEASE,
     )
     .await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
@@ -669,11 +771,10 @@ async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it
         .delete(&own.name_any(), &DeleteParams::default())
         .await
         .expect("delete the Job's lock");
-    let (contender_backend, contender_lease) =
-        tokio::time::timeout(Duration::from_secs(300), contender)
-            .await
-            .expect("the contender acquires within 300 s of the lock's deletion")
-            .expect("the contender task");
+    let (contender_backend, contender_lease) = tokio::time::timeout(CONTENDER_TIMEOUT, contender)
+        .await
+        .expect("the contender acquires within CONTENDER_TIMEOUT of the lock's deletion")
+        .expect("the contender task");
     eventually("the Job's Pods gone", Duration::from_secs(180), || async {
         Workload::Job
             .pods_gone(&client, &ns, name)
@@ -681,7 +782,7 @@ async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(LAST_WRITE_IN_FLIGHT).await;
     let job_last = *register.of("job").last().expect("the Job wrote");
     let contender_first = register.of("contender")[0];
     let samples = sampler.stop();

@@ -10,6 +10,17 @@
 //! probes go to `host: 127.0.0.1`. Two host-network Pods cannot share a port on one
 //! node, so the release runs one replica with the `Recreate` strategy; the standby
 //! takeover stays covered by the process-level leader-election tests.
+//!
+//! Run with `--test-threads=16` (every test of the binary at once; the suite runner
+//! passes the same): the tests that only share the node and the release's controller
+//! run side by side, and what must not overlap is ordered by two locks, not by the
+//! harness's threads ([`CONTROLLER`], [`KUBELET`]; taken in that order of the kubelet's
+//! first). A test that faults the release's controller (SIGSTOP, scaled to zero, killed
+//! or upgraded: guard.rs, failover.rs) takes [`CONTROLLER`] alone, since every test
+//! relying on it holds locks it renews and Jobs it gates, which its outage would expire
+//! or stop; the trial that cuts the kubelet from the API server takes [`KUBELET`] alone,
+//! since no Pod on the node starts, stops or reports while it lasts. The durations of
+//! the tests that wait out real time come from `support::timescale`.
 
 mod failover;
 mod guard;
@@ -46,6 +57,10 @@ const CLUSTER_NAME: &str = "node-test";
 /// The failover test's namespace: the release may read Secrets there (its S3 locks'
 /// credentials), so it exists before the release and has this fixed name.
 const FAILOVER_NAMESPACE: &str = "node-failover";
+/// The same for stop.rs's S3 trials: a namespace of their own, so that nothing of
+/// theirs is still there when the failover test counts and watches every lock of its
+/// namespace.
+const STOP_NAMESPACE: &str = "node-stop";
 
 /// The chart's test-only values for a one-node cluster with no Pod network.
 fn release_values(node: &Node, metrics_port: u16) -> Value {
@@ -60,9 +75,10 @@ fn release_values(node: &Node, metrics_port: u16) -> Value {
         "replicaCount": 1,
         "strategy": { "type": "Recreate" },
         "hostNetwork": true,
+        "terminationGracePeriodSeconds": support::timescale::RELEASE_GRACE_SECONDS,
         "metrics": { "port": metrics_port },
         "probes": { "host": "127.0.0.1" },
-        "rbac": { "secretNamespaces": [FAILOVER_NAMESPACE] },
+        "rbac": { "secretNamespaces": [FAILOVER_NAMESPACE, STOP_NAMESPACE] },
         "extraEnv": [
             { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
             { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
@@ -112,18 +128,20 @@ fn install_release() {
         serde_json::to_string_pretty(&release_values(node, free_port())).unwrap(),
     )
     .expect("write the release's values");
-    // rbac.secretNamespaces: a Role there, so the namespace first.
-    let out = Command::new(tool("KUBECTL"))
-        .arg("--kubeconfig")
-        .arg(node.plane().kubeconfig_path())
-        .args(["create", "namespace", FAILOVER_NAMESPACE])
-        .output()
-        .expect("run kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl create namespace {FAILOVER_NAMESPACE}: {}",
-        text_of(&out)
-    );
+    // rbac.secretNamespaces: a Role in each, so the namespaces first.
+    for namespace in [FAILOVER_NAMESPACE, STOP_NAMESPACE] {
+        let out = Command::new(tool("KUBECTL"))
+            .arg("--kubeconfig")
+            .arg(node.plane().kubeconfig_path())
+            .args(["create", "namespace", namespace])
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl create namespace {namespace}: {}",
+            text_of(&out)
+        );
+    }
     let chart = repo_root().join("charts/lockwarden");
     let out = helm(
         node,
@@ -230,20 +248,92 @@ async fn wait_controller_ready(node: &Node, client: &Client) -> Pod {
     }
 }
 
-/// Tests that rely on the release's controller share it; the failover test takes it
-/// alone (it kills the controller), so no other test sees its faults.
+/// Tests that rely on the release's controller share it (read); a test that faults it
+/// (SIGSTOP, scale to zero, SIGKILL, Pod deletion, upgrade) takes it alone
+/// ([`exclusive`]), so no other test sees its faults: their locks would expire and their
+/// Jobs stop while it is out.
 static CONTROLLER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
+/// Tests that run Pods on the node share the kubelet (read); the trial that cuts it from
+/// the API server takes it alone ([`exclusive`]): while it is cut no Pod on the node
+/// starts, stops or reports its state, whosever it is. Taken before [`CONTROLLER`].
+static KUBELET: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// `lock` for writing, taken only when no test holds it: unlike `write()` (tokio's lock
+/// is fair), a writer waiting here never holds back new readers, so the tests that
+/// share the node run side by side first and those that take it alone after them, one
+/// at a time. It first gives the tests started with it (all of them, with
+/// `--test-threads=16`) two seconds to take their shares, which they do first thing.
+async fn exclusive(
+    lock: &'static tokio::sync::RwLock<()>,
+) -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    loop {
+        if let Ok(guard) = lock.try_write() {
+            return guard;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// What a test shares with the others until dropped: the kubelet and the release's
+/// controller.
+struct Shared {
+    _controller: tokio::sync::RwLockReadGuard<'static, ()>,
+    _kubelet: tokio::sync::RwLockReadGuard<'static, ()>,
+}
+
 /// The node, its admin client, the CRD (installed by the release) and the release's
-/// controller Ready; the guard shares the controller with other tests until dropped.
-async fn with_controller() -> (
-    &'static Node,
-    Client,
-    tokio::sync::RwLockReadGuard<'static, ()>,
-) {
-    let shared = CONTROLLER.read().await;
+/// controller Ready; the guard shares the kubelet and the controller with other tests
+/// until dropped.
+async fn with_controller() -> (&'static Node, Client, Shared) {
+    let kubelet = KUBELET.read().await;
+    let controller = CONTROLLER.read().await;
     let (node, client) = controller_ready().await;
+    let shared = Shared {
+        _controller: controller,
+        _kubelet: kubelet,
+    };
     (node, client, shared)
+}
+
+/// How long a trivial Pod (the workload image, host network) takes on this node from
+/// its creation to `Running`: the measured floor the failover test's leases are sized
+/// by (`timescale::failover_lease`), measured once per binary. The caller shares the
+/// kubelet.
+async fn pod_start(node: &Node, client: &Client) -> Duration {
+    support::timescale::pod_start(|| async {
+        let ns = node.namespace(client, "node-timescale").await;
+        let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": "start" },
+            "spec": {
+                "hostNetwork": true,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{
+                    "name": "start", "image": node.images().workload, "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                }],
+            },
+        }))
+        .unwrap();
+        let created = std::time::Instant::now();
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create the Pod to time");
+        eventually("the timed Pod Running", TIMEOUT, || async {
+            pods.get("start")
+                .await
+                .ok()
+                .filter(|p| phase(p) == "Running")
+        })
+        .await;
+        let took = created.elapsed();
+        delete_namespace(client, &ns).await;
+        took
+    })
+    .await
 }
 
 /// The node, its admin client, the CRD and the release's controller Ready.
@@ -268,6 +358,7 @@ async fn logs(client: &Client, ns: &str, pod: &str) -> String {
 /// completion there: its output is read back through the API server from the kubelet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_is_ready_and_runs_a_pod() {
+    let _kubelet = KUBELET.read().await;
     let node = Node::shared();
     let client = node.client().await;
     let ns = node.namespace(&client, "node-pod").await;
@@ -894,7 +985,7 @@ async fn example_job_kubectl_wait_runs_on_the_node() {
         )
         .replace(
             "image: registry.k8s.io/kubectl:v1.36.3",
-            &format!("image: {}", node.images().kubectl),
+            &format!("image: {}", node.images().kubectl()),
         );
     let mut documents = Vec::new();
     for document in serde_yaml_ng::Deserializer::from_str(&text) {

@@ -8,8 +8,12 @@
 //! CLOCK_MONOTONIC by the register: the Job's last write must arrive before the
 //! contender's first.
 //!
-//! `LOCKWARDEN_NODE_TRIALS` (default 1) repeats the trial; every margin is printed with
-//! the min and median, and each must be positive.
+//! Scales (`support::timescale`): the store-cut test runs one trial at full scale
+//! (Kubernetes' default 30 s grace, the 37 s lock-delay it needs: the suite's full-scale
+//! instance of §6.3's lock-delay) and one at suite scale (3 s, 9 s) side by side, the
+//! `on-lock-lost: fail` test one at full scale; `LOCKWARDEN_NODE_TRIALS=N` runs N
+//! full-scale trials of each, one after another. Every margin is printed with the min
+//! and median, and each must be positive.
 
 use std::time::Duration;
 
@@ -20,27 +24,24 @@ use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
 use serde_json::json;
 
-use super::{FAILOVER_NAMESPACE, TIMEOUT, with_controller};
+use super::{STOP_NAMESPACE, TIMEOUT, with_controller};
 use crate::support::eventually;
 use crate::support::locks::{s3_lock, timed};
 use crate::support::moto::{self, Moto};
 use crate::support::node::Node;
 use crate::support::proxy::{Mode, Proxy};
+use crate::support::timescale::{
+    CONTENDER_HEAD_START, CONTENDER_LEASE, CONTENDER_TIMEOUT, Scale, WORKLOAD_LEASE,
+    WORKLOAD_RENEW, trials as scales,
+};
 use crate::support::trials::{
-    RecordSampler, Register, contend, direct_s3_backend as direct_backend, last_and_first,
-    monotonic_now, report_margins, trial_count,
+    RecordSampler, Register, assert_lock_delay, contend, direct_s3_backend as direct_backend,
+    last_and_first, monotonic_now, report_margins, run_trials,
 };
 use crate::support::unique;
 
-/// The Job's lease and renew interval: short, so a trial takes about a minute.
-const LEASE: &str = "6s";
-const RENEW: &str = "2s";
-/// How long the contender sees the record before the cut: its observation (rule 1)
-/// runs from the first read of the version the holder last wrote.
-const CONTENDER_HEAD_START: Duration = Duration::from_secs(3);
-
 /// The Secret with moto's credentials in the namespace the release may read Secrets
-/// of (created once; the failover test makes the same one).
+/// of (created once).
 async fn ensure_aws_secret(client: &Client, ns: &str) {
     let secret: Secret = serde_json::from_value(json!({
         "metadata": { "name": "aws" },
@@ -60,14 +61,14 @@ async fn ensure_aws_secret(client: &Client, ns: &str) {
     }
 }
 
-/// A gated Job with a lock template whose container ignores SIGTERM and writes
-/// `job N` to the register every 100 ms through busybox's nc (host network: the
-/// register is on the host's loopback).
+/// A gated Job with a lock template whose container ignores SIGTERM for its grace of
+/// `scale` and writes `job N` to the register every 100 ms through busybox's nc (host
+/// network: the register is on the host's loopback).
 fn ignoring_job(
     name: &str,
     template: &str,
     on_lock_lost: Option<&str>,
-    image: &str,
+    (image, scale): (&str, Scale),
     register_port: u16,
 ) -> Job {
     let script = format!(
@@ -86,7 +87,7 @@ fn ignoring_job(
             "template": { "spec": {
                 "hostNetwork": true,
                 "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 30,
+                "terminationGracePeriodSeconds": scale.grace_seconds(),
                 "containers": [{
                     "name": "writer", "image": image, "imagePullPolicy": "Never",
                     "command": ["sh", "-c", script],
@@ -112,7 +113,7 @@ enum Outage {
     /// The store stays cut from the controller (`on-lock-lost` as the Job's default).
     Cut,
     /// The Job is `on-lock-lost: fail`, and the store is reachable again as soon as the
-    /// controller has stopped it (while its Pod still runs its 30 s grace): a release the
+    /// controller has stopped it (while its Pod still runs its grace): a release the
     /// controller wrote then would let the contender in beside the Pod.
     HealOnceFailed,
 }
@@ -122,7 +123,7 @@ async fn one_trial(
     client: &Client,
     ns: &str,
     bucket: &str,
-    n: usize,
+    (n, scale): (usize, Scale),
     outage: Outage,
 ) -> Trial {
     let key = unique("stop");
@@ -134,8 +135,8 @@ async fn one_trial(
     let job_name = format!("stop-job-{n}-{}", &key[key.len() - 6..]);
     let mut template = timed(
         s3_lock(&template_name, bucket, &key, proxy.endpoint(), "aws"),
-        LEASE,
-        RENEW,
+        WORKLOAD_LEASE,
+        WORKLOAD_RENEW,
     );
     template.spec.release = true;
     locks
@@ -148,7 +149,7 @@ async fn one_trial(
             &job_name,
             &template_name,
             matches!(outage, Outage::HealOnceFailed).then_some("fail"),
-            &node.images().workload,
+            (&node.images().workload, scale),
             port,
         ),
     )
@@ -167,12 +168,13 @@ async fn one_trial(
     })
     .await;
     let lock_delay = own_lock.spec.lock_delay.clone();
+    assert_lock_delay(&own_lock, scale);
 
     // The contender: waits for the key straight through moto, and writes to the
     // register the moment it acquires.
     let sampler = RecordSampler::start(direct_backend(bucket, &key).await);
     let backend = direct_backend(bucket, &key).await;
-    let contender = contend(backend, port, Duration::from_secs(6)).await;
+    let contender = contend(backend, port, CONTENDER_LEASE).await;
     tokio::time::sleep(CONTENDER_HEAD_START).await;
 
     let cut = monotonic_now();
@@ -190,11 +192,10 @@ async fn one_trial(
             monotonic_now() - cut
         );
     }
-    let (contender_backend, contender_lease) =
-        tokio::time::timeout(Duration::from_secs(300), contender)
-            .await
-            .expect("the contender acquires within 300 s of the cut")
-            .expect("the contender task");
+    let (contender_backend, contender_lease) = tokio::time::timeout(CONTENDER_TIMEOUT, contender)
+        .await
+        .expect("the contender acquires within CONTENDER_TIMEOUT of the cut")
+        .expect("the contender task");
     // The Job's writes end at the latest when its Pod is gone (grace period over).
     eventually("the Job's Pods gone", Duration::from_secs(180), || async {
         crate::support::kube::job_pods_ended(client, ns, &job_name)
@@ -223,33 +224,49 @@ async fn one_trial(
     }
 }
 
-/// Runs `trial_count(in_suite)` trials under `outage` on one bucket, printing each
+/// Runs the trials of `suite`'s scales (`timescale::trials`) under `outage` on one
+/// bucket, side by side (each on its own key, proxy, register and Job), printing each
 /// margin under `label`, and asserts every one is positive.
-async fn trials(label: &str, outage: Outage, in_suite: usize) {
+async fn trials(label: &str, outage: Outage, suite: &[Scale]) {
     let (node, client, _shared) = with_controller().await;
-    let ns = FAILOVER_NAMESPACE;
+    let ns = STOP_NAMESPACE;
     ensure_aws_secret(&client, ns).await;
     let bucket = Moto::shared().new_bucket("node-stop").await;
-    let mut margins = Vec::new();
-    for n in 0..trial_count(in_suite) {
-        let trial = one_trial(node, &client, ns, &bucket, n, outage).await;
+    let (client, bucket) = (&client, &bucket);
+    let done = run_trials(scales(suite), |n, scale| async move {
+        println!("{label}: trial {n}: {}", scale.describe());
+        let trial = one_trial(node, client, ns, bucket, (n, scale), outage).await;
         println!(
-            "{label}: trial {n}: margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
+            "{label}: trial {n} ({}): margin {:+.3} s (cut → Job's last write {:.3} s, cut → \
              contender's first write {:.3} s; the Job's lock's lockDelay {:?})",
-            trial.margin, trial.cut_to_job_last, trial.cut_to_contender_first, trial.lock_delay
+            scale.name(),
+            trial.margin,
+            trial.cut_to_job_last,
+            trial.cut_to_contender_first,
+            trial.lock_delay
         );
-        margins.push(trial.margin);
+        (scale, trial.margin)
+    })
+    .await;
+    for scale in [Scale::Full, Scale::Suite] {
+        let margins: Vec<f64> = done
+            .iter()
+            .filter(|(s, _)| *s == scale)
+            .map(|(_, m)| *m)
+            .collect();
+        if !margins.is_empty() {
+            report_margins(&format!("{label} ({})", scale.name()), &margins);
+        }
     }
-    report_margins(label, &margins);
 }
 
 /// The Job's last write arrives before the contender's first, after the store is cut
 /// off from the controller (docs/design.md §6.3); the store never shows the key free
-/// while the Job writes. Two trials in the suite.
+/// while the Job writes. Two trials in the suite: one at full scale, one at suite scale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when_the_store_is_cut_on_s3()
  {
-    trials("stop", Outage::Cut, 2).await;
+    trials("stop", Outage::Cut, &[Scale::Full, Scale::Suite]).await;
 }
 
 /// `on-lock-lost: fail` takes the same release path (docs/design.md §6.3, "every release
@@ -258,5 +275,5 @@ async fn stop_before_next_a_job_ignoring_sigterm_stops_before_the_contender_when
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_before_next_on_lock_lost_fail_releases_nothing_until_the_jobs_processes_ended_on_s3()
 {
-    trials("stop-fail", Outage::HealOnceFailed, 1).await;
+    trials("stop-fail", Outage::HealOnceFailed, &[Scale::Full]).await;
 }

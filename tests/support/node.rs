@@ -87,10 +87,37 @@ pub struct Images {
     /// busybox (sh, cat, nc, …) and nothing else.
     pub workload: String,
     /// lockwarden as released at the previous release (`LOCKWARDEN_PREVIOUS_RELEASE`),
-    /// from today's Dockerfile: the upgrade test starts from it.
-    pub previous: String,
-    /// kubectl as the entrypoint of an otherwise empty image.
-    pub kubectl: String,
+    /// from today's Dockerfile: the upgrade test starts from it. Imported only if its
+    /// archive is there (`scripts/testenv` builds it; `scripts/demo --node` needs none):
+    /// [`Images::previous`].
+    previous: Option<String>,
+    /// kubectl as the entrypoint of an otherwise empty image, imported only if its
+    /// archive is there: [`Images::kubectl`].
+    kubectl: Option<String>,
+}
+
+impl Images {
+    /// The previous release's image; fails the calling test, naming the archive, when it
+    /// was not imported (its archive missing): a test that needs it never passes without.
+    pub fn previous(&self) -> &str {
+        self.previous.as_deref().unwrap_or_else(|| {
+            panic!(
+                "the previous release's image was not imported into the node: its archive \
+                 (LOCKWARDEN_PREVIOUS_IMAGE_ARCHIVE) is missing; run `scripts/testenv` first"
+            )
+        })
+    }
+
+    /// The kubectl image; fails the calling test, naming the archive, when it was not
+    /// imported.
+    pub fn kubectl(&self) -> &str {
+        self.kubectl.as_deref().unwrap_or_else(|| {
+            panic!(
+                "the kubectl image was not imported into the node: its archive \
+                 (LOCKWARDEN_KUBECTL_IMAGE_ARCHIVE) is missing; run `scripts/testenv` first"
+            )
+        })
+    }
 }
 
 /// A running node and its control plane. Lives in a `static`; torn down at exit.
@@ -320,8 +347,8 @@ impl Node {
     }
 
     /// The proxy between the kubelet and the API server: passing, except while a test
-    /// cuts the kubelet off (such a test runs alone: it holds the controller's write
-    /// lock, and sets it passing again before it ends, also when it fails).
+    /// cuts the kubelet off (such a test runs alone with the kubelet: tests/node's
+    /// `KUBELET` lock, and sets it passing again before it ends, also when it fails).
     pub fn kubelet_api(&self) -> &Proxy {
         &self.kubelet_api
     }
@@ -600,8 +627,8 @@ fn static_binary() -> PathBuf {
 }
 
 /// Imports the pause, workload and lockwarden images (the latter built now, around the
-/// static binary), the previous release's and the kubectl image into the node's
-/// containerd, where the CRI plugin finds them.
+/// static binary) and, where their archives exist, the previous release's and the
+/// kubectl image into the node's containerd, where the CRI plugin finds them.
 fn import_images(containerd: &mut ServerProcess, dir: &Path, binary: &Path) -> Images {
     let images_dir = tool("LOCKWARDEN_NODE_IMAGES");
     let started = Instant::now();
@@ -620,14 +647,31 @@ fn import_images(containerd: &mut ServerProcess, dir: &Path, binary: &Path) -> I
         "[support] lockwarden's image for {binary}: {lockwarden_archive} ({:.1?})",
         started.elapsed()
     );
+    // The previous release's and the kubectl image only if built: the tests that run
+    // them fail without (`Images::previous`, `Images::kubectl`), nothing else needs them.
+    let (previous_archive, kubectl_archive) = (
+        optional_path("LOCKWARDEN_PREVIOUS_IMAGE_ARCHIVE"),
+        optional_path("LOCKWARDEN_KUBECTL_IMAGE_ARCHIVE"),
+    );
+    for (name, archive) in [
+        ("the previous release's image", &previous_archive),
+        ("the kubectl image", &kubectl_archive),
+    ] {
+        if archive.is_none() {
+            eprintln!(
+                "[support] {name} is not imported: its archive is missing (`scripts/testenv` \
+                 builds it); a test that runs it fails"
+            );
+        }
+    }
     let archives = [
-        images_dir.join("pause.tar"),
-        images_dir.join("workload.tar"),
-        PathBuf::from(&lockwarden_archive),
-        tool("LOCKWARDEN_PREVIOUS_IMAGE_ARCHIVE"),
-        tool("LOCKWARDEN_KUBECTL_IMAGE_ARCHIVE"),
+        Some(images_dir.join("pause.tar")),
+        Some(images_dir.join("workload.tar")),
+        Some(PathBuf::from(&lockwarden_archive)),
+        previous_archive.clone(),
+        kubectl_archive.clone(),
     ];
-    for archive in &archives {
+    for archive in archives.iter().flatten() {
         let out = ctr(&["images", "import", &archive.display().to_string()]);
         assert!(
             out.status.success(),
@@ -645,9 +689,22 @@ fn import_images(containerd: &mut ServerProcess, dir: &Path, binary: &Path) -> I
     Images {
         lockwarden: testenv_value("LOCKWARDEN_IMAGE"),
         workload: testenv_value("LOCKWARDEN_WORKLOAD_IMAGE"),
-        previous: testenv_value("LOCKWARDEN_PREVIOUS_IMAGE"),
-        kubectl: testenv_value("LOCKWARDEN_KUBECTL_IMAGE"),
+        previous: previous_archive.map(|_| testenv_value("LOCKWARDEN_PREVIOUS_IMAGE")),
+        kubectl: kubectl_archive.map(|_| testenv_value("LOCKWARDEN_KUBECTL_IMAGE")),
     }
+}
+
+/// The path `scripts/testenv env` gives for `name` (or the variable), if that file
+/// exists and is not empty.
+fn optional_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var(name)
+        .ok()
+        .or_else(|| super::testenv().get(name).cloned())
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)?;
+    std::fs::metadata(&path)
+        .is_ok_and(|m| m.len() > 0)
+        .then_some(path)
 }
 
 /// Creates the kubelet's cgroupRoot in every cgroup hierarchy (the kubelet refuses a

@@ -1,7 +1,8 @@
 //! What the stop-before-next trials on the node share (tests/node stop.rs and guard.rs,
 //! tests/kueue loss.rs): the register the writers write to, a contender that writes
 //! there the moment it acquires (straight to the store, never through a fault proxy),
-//! the trial count and the margins' summary.
+//! how trials of several scales run, and the margins' summary. Their durations are
+//! `super::timescale`'s.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,6 +10,8 @@ use std::time::Duration;
 use lockwarden::lock::{AcquireRequest, Attempt, Lease, LockBackend, LockState};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::task::JoinHandle;
+
+use super::timescale::{self, CONTENDER_POLL, LAST_WRITE_IN_FLIGHT, SAMPLE_EVERY, Scale};
 
 /// CLOCK_MONOTONIC in seconds: the register's clock.
 pub fn monotonic_now() -> f64 {
@@ -91,7 +94,7 @@ pub async fn direct_s3_backend(bucket: &str, key: &str) -> Arc<dyn LockBackend> 
     target.connect(&options).await.expect("an S3 backend")
 }
 
-/// The contender: tries `backend` every 100 ms (or sooner when told) and writes
+/// The contender: tries `backend` every [`CONTENDER_POLL`] (or sooner when told) and writes
 /// `contender 1` to the register on `port` the moment it acquires; the task ends with
 /// the backend and its lease, to release.
 pub async fn contend(
@@ -112,12 +115,12 @@ pub async fn contend(
                     return (backend, lease);
                 }
                 Ok(Attempt::Busy { retry_in, .. }) => {
-                    let pause = retry_in.unwrap_or(Duration::from_millis(100));
-                    tokio::time::sleep(pause.min(Duration::from_millis(100))).await;
+                    let pause = retry_in.unwrap_or(CONTENDER_POLL);
+                    tokio::time::sleep(pause.min(CONTENDER_POLL)).await;
                 }
                 Err(e) => {
                     eprintln!("trial: contender attempt failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::time::sleep(CONTENDER_POLL).await;
                 }
             }
         }
@@ -132,7 +135,7 @@ pub async fn last_and_first(
     sampler: RecordSampler,
     whose: &str,
 ) -> (f64, f64) {
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(LAST_WRITE_IN_FLIGHT).await;
     let last = *register
         .of("job")
         .last()
@@ -142,17 +145,51 @@ pub async fn last_and_first(
     (last, first)
 }
 
-/// How many trials a test runs: `LOCKWARDEN_NODE_TRIALS`, else `in_suite` (what the
-/// suite runs; the long runs set the variable).
-pub fn trial_count(in_suite: usize) -> usize {
-    std::env::var("LOCKWARDEN_NODE_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(in_suite)
-        .max(1)
+/// Runs `trial(n, scale)` for each of `scales` (`timescale::trials`) and returns what
+/// each returned, in order: side by side in the suite (each trial has its own key,
+/// register and workload, and measures its own margin), one after another in the long
+/// runs (`LOCKWARDEN_NODE_TRIALS`), which repeat the full-scale trial many times.
+pub async fn run_trials<T, F, Fut>(scales: Vec<Scale>, trial: F) -> Vec<T>
+where
+    F: Fn(usize, Scale) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    if timescale::long_run().is_some() {
+        let mut done = Vec::new();
+        for (n, scale) in scales.into_iter().enumerate() {
+            done.push(trial(n, scale).await);
+        }
+        done
+    } else {
+        futures::future::join_all(
+            scales
+                .into_iter()
+                .enumerate()
+                .map(|(n, scale)| trial(n, scale)),
+        )
+        .await
+    }
 }
 
-/// Reads a lock's record in its store every 200 ms on its own task, for a test to
+/// Asserts that the controller gave `lock` (a workload's own lock) the lock-delay its
+/// Pods' grace needs at `scale` (rule 8, §6.3), the one the trial's timing rests on.
+pub fn assert_lock_delay(lock: &lockwarden::api::DistributedLock, scale: Scale) {
+    let delay = lock
+        .spec
+        .lock_delay
+        .as_deref()
+        .map(|d| lockwarden::duration::parse_duration(d).expect("a lockDelay"));
+    assert_eq!(
+        delay,
+        Some(scale.lock_delay()),
+        "the workload's own lock has lockDelay {:?}, not the {:?} its grace of {} s needs",
+        lock.spec.lock_delay,
+        scale.lock_delay(),
+        scale.grace_seconds()
+    );
+}
+
+/// Reads a lock's record in its store every [`SAMPLE_EVERY`] on its own task, for a test to
 /// check who the store said held the key, and when (CLOCK_MONOTONIC, the register's
 /// clock: a sample's time is its read's *send* time, so a sample showing the workload's
 /// holder proves the record was still its at that instant or later).
@@ -187,7 +224,7 @@ impl RecordSampler {
                     }
                     Err(e) => eprintln!("trial: sampler read failed: {e}"),
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(SAMPLE_EVERY).await;
             }
         });
         RecordSampler { samples, task }
