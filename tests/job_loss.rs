@@ -13,14 +13,20 @@
 //! (the later of the contender record's `acquiredAt`, stamped before its write, and
 //! the send time of the last store read that still showed another holder).
 //!
-//! Timing argument (S3, lease 4 s, renew 1 s; docs/design.md §3 rules 1 and 2): the
-//! holder stops claiming at `sent + 4 s × 0.98 − 0.25 s`; the contender, observing the
-//! holder's last record from no earlier than `sent`, takes over no sooner than
-//! `(4 s + 0.25 s) × 0.98` later: at least ~0.5 s, plus the contender's poll delay,
-//! for the chain lock status → Job watch → suspend patch → Job controller. ZooKeeper:
+//! Timing argument (S3, lease 4 s, renew 1 s; docs/design.md §3 rules 1 and 2; the
+//! durations from `support::timescale`): the holder stops claiming at
+//! `sent + 4 s × 0.98 − 0.25 s`; the contender, observing the holder's last record from
+//! no earlier than `sent`, takes over no sooner than `(4 s + D + 0.25 s) × 0.98` later,
+//! `D` the lock-delay the controller gives the Job's lock for its Pods' grace (7 s for
+//! the trials' 1 s, `timescale::LOSS_GRACE_SECONDS`: the Pods are never bound here, so
+//! the grace acts through `D` alone): at least ~0.5 s + `D`, plus the contender's poll
+//! delay, for the chain lock status → Job watch → suspend patch → Job controller. ZooKeeper
+//! (no lock-delay there):
 //! the holder stops at `sent + 10 s × 0.98 − 0.25 s`, the server expires the session
 //! no sooner than 10 s after it last heard from the client (pings continue after
-//! `sent`): at least ~0.45 s. `LOCKWARDEN_LOSS_TRIALS` trials per store (default 2).
+//! `sent`): at least ~0.45 s. `LOCKWARDEN_LOSS_TRIALS` trials per store (default 2),
+//! S3's side by side, ZooKeeper's one at a time and alone ([`ALONE`]). Run with
+//! `--test-threads=4`.
 
 mod support;
 
@@ -53,6 +59,7 @@ use support::kube::{
     wait_pods_with_fence,
 };
 use support::proxy::{Mode, Proxy};
+use support::timescale::{LOSS_GRACE_SECONDS, LOSS_LEASE, LOSS_RENEW};
 
 /// Generous: the test machine is a loaded 2-core box.
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -174,6 +181,20 @@ enum Store {
 }
 
 impl Store {
+    /// The same store reached through `proxy` (in front of it).
+    fn through(&self, proxy: &Proxy) -> Store {
+        match self {
+            Store::S3 { bucket, secret, .. } => Store::S3 {
+                bucket: bucket.clone(),
+                endpoint: proxy.endpoint(),
+                secret: secret.clone(),
+            },
+            Store::ZooKeeper { .. } => Store::ZooKeeper {
+                server: proxy.address(),
+            },
+        }
+    }
+
     fn backend(&self, key: &str) -> BackendSpec {
         match self {
             Store::S3 {
@@ -205,14 +226,17 @@ impl Store {
     }
 }
 
-/// The trial's two sides and the proxy between side A's controller and the store.
+/// The trials' two sides and the store: side A's controller reaches it through a fault
+/// proxy of each trial's own (in front of `upstream`), side B's directly.
 struct Trials {
     name: &'static str,
     a: Side,
     b: Side,
-    proxy: Proxy,
+    upstream: u16,
     a_store: Store,
     b_store: Store,
+    /// Trials side by side (each on its own key, proxy and Jobs), or one at a time.
+    side_by_side: bool,
     /// The test's own view of the store (a third connection, never cut).
     inspect: Box<dyn Fn(&str) -> Target + Send + Sync>,
     inspect_options: ConnectOptions,
@@ -225,32 +249,41 @@ fn trial_count() -> usize {
         .unwrap_or(2)
 }
 
-/// The trials of both stores one after the other: each measures a timing, which the
-/// other store's trial running alongside would only blur.
-async fn one_store_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
-    LOCK.get_or_init(|| tokio::sync::Mutex::new(()))
-        .lock()
-        .await
+/// The ZooKeeper trials measure a margin of a few hundred milliseconds (no lock-delay
+/// there: the session's expiry against the holder's deadline, rule 2), which anything
+/// running alongside would blur: they run alone, after the binary's other tests (which
+/// hold this shared; run with `--test-threads=4`, every test starts at once). The S3
+/// trials' margin is the lock-delay's seconds, and they run beside the others.
+static ALONE: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// [`ALONE`] taken alone, once no test holds it: a second first, so that the tests
+/// started with this one have taken it shared.
+async fn alone() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    loop {
+        if let Ok(guard) = ALONE.try_write() {
+            return guard;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_gated_job_is_suspended_before_a_contender_acquires() {
-    let _turn = one_store_at_a_time().await;
+    let _shared = ALONE.read().await;
     let moto = tokio::task::spawn_blocking(support::moto::Moto::shared)
         .await
         .unwrap();
     let bucket = moto.new_bucket("loss").await;
     let a = side("loss-s3-a", "loss-a").await;
     let b = side("loss-s3-b", "loss-b").await;
-    let proxy = Proxy::start(moto.port());
     let (a_secret, b_secret) = (a.aws_secret().await, b.aws_secret().await);
     let inspect_bucket = bucket.clone();
     let trials = Trials {
         name: "S3",
         a_store: Store::S3 {
             bucket: bucket.clone(),
-            endpoint: proxy.endpoint(),
+            endpoint: moto.endpoint(),
             secret: a_secret,
         },
         b_store: Store::S3 {
@@ -260,7 +293,8 @@ async fn s3_gated_job_is_suspended_before_a_contender_acquires() {
         },
         a,
         b,
-        proxy,
+        upstream: moto.port(),
+        side_by_side: true,
         inspect: Box::new(move |key| {
             Target::parse(&format!("s3://{inspect_bucket}/{key}")).unwrap()
         }),
@@ -282,32 +316,32 @@ async fn s3_gated_job_is_suspended_before_a_contender_acquires() {
             ..Default::default()
         },
     };
-    run_trials(&trials, "4s", "1s").await;
+    run_trials(&trials, LOSS_LEASE, LOSS_RENEW).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_gated_job_is_suspended_before_a_contender_acquires() {
-    let _turn = one_store_at_a_time().await;
+    let _alone = alone().await;
     let zk = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
         .await
         .unwrap();
     let port = zk.node(0).port();
     let a = side("loss-zk-a", "loss-a").await;
     let b = side("loss-zk-b", "loss-b").await;
-    let proxy = Proxy::start(port);
     // Three spellings of the server, three sessions (the registry keys sessions by
-    // spelling): side A's through the proxy, side B's and the test's direct.
+    // spelling): side A's through each trial's proxy, side B's and the test's direct.
     let trials = Trials {
         name: "ZooKeeper",
         a_store: Store::ZooKeeper {
-            server: proxy.address(),
+            server: format!("127.0.0.1:{port}"),
         },
         b_store: Store::ZooKeeper {
             server: format!("localhost:{port}"),
         },
         a,
         b,
-        proxy,
+        upstream: port,
+        side_by_side: false,
         inspect: Box::new(move |key| {
             Target::parse(&format!("zk://127.0.0.1:{port}/lockwarden-loss/{key}")).unwrap()
         }),
@@ -315,13 +349,12 @@ async fn zookeeper_gated_job_is_suspended_before_a_contender_acquires() {
     };
     // The lease of a ZooKeeper lock is its session's timeout (10 s); the lease here only
     // sets the renewal policy.
-    run_trials(&trials, "4s", "1s").await;
+    run_trials(&trials, LOSS_LEASE, LOSS_RENEW).await;
 }
 
 async fn run_trials(trials: &Trials, lease: &str, renew: &str) {
     let n = trial_count();
-    let mut margins = Vec::with_capacity(n);
-    for i in 0..n {
+    let one = |i: usize| async move {
         let margin = trial(trials, i, lease, renew).await;
         eprintln!(
             "[{}] trial {}/{n}: margin {:+.3} s (contender acquired − Job stopped)",
@@ -329,8 +362,17 @@ async fn run_trials(trials: &Trials, lease: &str, renew: &str) {
             i + 1,
             margin
         );
-        margins.push(margin);
-    }
+        margin
+    };
+    let margins: Vec<f64> = if trials.side_by_side {
+        futures::future::join_all((0..n).map(one)).await
+    } else {
+        let mut margins = Vec::with_capacity(n);
+        for i in 0..n {
+            margins.push(one(i).await);
+        }
+        margins
+    };
     let mut sorted = margins.clone();
     sorted.sort_by(|x, y| x.partial_cmp(y).unwrap());
     eprintln!(
@@ -351,7 +393,9 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
     let key = support::unique(&format!("loss-{i}"));
     let (a, b) = (&t.a, &t.b);
     let template = format!("t-{i}");
-    for (side, store) in [(a, &t.a_store), (b, &t.b_store)] {
+    let proxy = Proxy::start(t.upstream);
+    let a_store = t.a_store.through(&proxy);
+    for (side, store) in [(a, &a_store), (b, &t.b_store)] {
         let mut lock = lock(&template, store.backend(&key), lease, renew);
         lock.spec.release = true;
         side.locks
@@ -366,7 +410,7 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
     a.jobs
         .create(
             &PostParams::default(),
-            &gated_job(&a_name, &on_template, true),
+            &with_grace(gated_job(&a_name, &on_template, true)),
         )
         .await
         .unwrap();
@@ -375,7 +419,7 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
         .jobs
         .create(
             &PostParams::default(),
-            &gated_job(&b_name, &on_template, true),
+            &with_grace(gated_job(&b_name, &on_template, true)),
         )
         .await
         .unwrap();
@@ -390,7 +434,7 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
     let stopped = watch_stopped(a.client.clone(), a.ns.clone(), a_name.clone()).await;
     let backend = (t.inspect)(&key).connect(&t.inspect_options).await.unwrap();
     let acquired = tokio::spawn(watch_acquired(backend, b.job_holder(&b_job)));
-    t.proxy.set_mode(Mode::Blackhole);
+    proxy.set_mode(Mode::Blackhole);
 
     let stopped_at = tokio::time::timeout(TIMEOUT, stopped)
         .await
@@ -424,7 +468,7 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
     assert_eq!(second, b_fence);
 
     // Heal. When B's Job ends, A's runs again with a fence above both.
-    t.proxy.set_mode(Mode::Pass);
+    proxy.set_mode(Mode::Pass);
     finish_pods(&b.client, &b.ns, &b_name, true).await;
     let third = a.wait_running(&a_name, second).await;
     assert!(
@@ -433,6 +477,13 @@ async fn trial(t: &Trials, i: usize, lease: &str, renew: &str) -> f64 {
     );
     finish_pods(&a.client, &a.ns, &a_name, true).await;
     margin
+}
+
+/// `job` with the loss trials' grace period (`timescale::LOSS_GRACE_SECONDS`).
+fn with_grace(mut job: Job) -> Job {
+    let pod = job.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    pod.termination_grace_period_seconds = Some(LOSS_GRACE_SECONDS);
+    job
 }
 
 /// Resolves (once the watches are running) to a task that yields the wall-clock time
@@ -568,6 +619,7 @@ async fn take_over_by_force(side: &Side) {
 /// the lock is free and another Job takes it. Counted in `lockwarden_jobs_stopped`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_lock_lost_fail_stops_the_job_for_good() {
+    let _shared = ALONE.read().await;
     let side = side("loss-fail", "loss-fail").await;
     let fence = running_job_on_lease(&side, "failing", "fail").await;
     take_over_by_force(&side).await;
@@ -623,6 +675,7 @@ async fn on_lock_lost_fail_stops_the_job_for_good() {
 /// it no longer holds, and nothing else: the Job stays unsuspended, its Pods live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_lock_lost_ignore_only_warns() {
+    let _shared = ALONE.read().await;
     let side = side("loss-ignore", "loss-ignore").await;
     let fence = running_job_on_lease(&side, "ignoring", "ignore").await;
     let pods_before = job_pods(&side.client, &side.ns, "ignoring").await;
