@@ -22,8 +22,8 @@
 //! plus the election lease (a new leader waits for the old one's claim to expire) plus
 //! a controller's start, which the holder's deadline (rule 2) must outlast; the start
 //! is bounded by a Pod's start on this node, measured once per binary, times a safety
-//! factor of 4, plus 20 s for the controller's own (docs/design.md §5 measured up to
-//! 37 s unrenewed on a loaded node; an idle machine's Pod start made 30 s too close).
+//! factor of 4, plus 35 s for the controller's own (docs/design.md §5 measured up to
+//! 37 s unrenewed on a loaded node, and 53 s after a forced deletion here).
 
 use std::collections::HashMap;
 use std::process::Command;
