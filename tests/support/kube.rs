@@ -1049,19 +1049,14 @@ pub async fn wait_event(
         &format!("a {type_} {reason} Event on {name} saying {words:?}"),
         Duration::from_secs(90),
         || async {
-            events
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                        && e.type_.as_deref() == Some(type_)
-                        && e.reason.as_deref() == Some(reason)
-                        && e.note.as_deref().is_some_and(|n| n.contains(words))
-                })?
-                .note
+            let matches = |e: &Event| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                    && e.type_.as_deref() == Some(type_)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.note.as_deref().is_some_and(|n| n.contains(words))
+            };
+            let all = events.list(&ListParams::default()).await.ok()?.items;
+            all.into_iter().find(matches)?.note
         },
     )
     .await

@@ -9,7 +9,6 @@ use super::support::locks::{
     zookeeper_backend,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::DeleteParams;
 use lockwarden::api::LockPhase;
 use lockwarden::controller::{LeaderElectionArgs, OnLostLeadership, run_elected_with};
 use serde_json::json;
@@ -64,6 +63,13 @@ async fn create(locks: &Api<DistributedLock>, lock: DistributedLock) {
     support::kube::create(locks, &lock).await;
 }
 
+/// Creates `lock` and waits until it is Acquired.
+async fn acquire(locks: &Api<DistributedLock>, lock: DistributedLock) {
+    let name = lock.metadata.name.clone().expect("a named lock");
+    create(locks, lock).await;
+    wait_acquired(locks, &name, TIMEOUT).await;
+}
+
 fn is(body: &str, series: &str, expected: f64) -> bool {
     value(body, series) == Some(expected)
 }
@@ -81,8 +87,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
     };
 
     // 1. Acquire a free key: one wait observed (of ~0 s), no hand-off; this replica leads.
-    create(&locks, lease_lock_timed("first", "k1", "30s", "1s")).await;
-    wait_acquired(&locks, "first", TIMEOUT).await;
+    acquire(&locks, lease_lock_timed("first", "k1", "30s", "1s")).await;
     capture
         .mark_when("the first acquisition to be counted", |m| {
             is(m, &k8s("lockwarden_wait_duration_seconds_count"), 1.0)
@@ -117,8 +122,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
     // 4. Forced takeover: a third lock takes the Lease by force; the second loses it.
     let mut third = lease_lock_timed("third", "k1", "30s", "1s");
     third.spec.force = true;
-    create(&locks, third).await;
-    wait_acquired(&locks, "third", TIMEOUT).await;
+    acquire(&locks, third).await;
     wait_phase(&locks, "second", LockPhase::Lost, TIMEOUT).await;
     capture
         .mark_when("a takeover and a loss by takeover", |m| {
@@ -130,12 +134,8 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
         .await;
 
     // 5. Released by hand: a held lock's Lease is deleted under it.
-    create(&locks, lease_lock_timed("fourth", "k2", "30s", "1s")).await;
-    wait_acquired(&locks, "fourth", TIMEOUT).await;
-    Api::<Lease>::namespaced(client.clone(), &ns)
-        .delete("k2", &DeleteParams::default())
-        .await
-        .unwrap();
+    acquire(&locks, lease_lock_timed("fourth", "k2", "30s", "1s")).await;
+    support::kube::delete(&Api::<Lease>::namespaced(client.clone(), &ns), "k2").await;
     wait_phase(&locks, "fourth", LockPhase::Lost, TIMEOUT).await;
     capture
         .mark_when("a loss released by hand", |m| {
@@ -154,8 +154,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
         lock.spec.backend = zookeeper_backend(&zookeeper.connect_string(), &path);
         lock
     };
-    create(&locks, on_zookeeper("zk-first")).await;
-    wait_acquired(&locks, "zk-first", TIMEOUT).await;
+    acquire(&locks, on_zookeeper("zk-first")).await;
     create(&locks, on_zookeeper("zk-second")).await;
     wait_phase(&locks, "zk-second", LockPhase::Waiting, TIMEOUT).await;
     capture
@@ -163,10 +162,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
             value(m, &zk("lockwarden_queue_length")).is_some_and(|v| v >= 1.0)
         })
         .await;
-    locks
-        .delete("zk-first", &DeleteParams::default())
-        .await
-        .unwrap();
+    support::kube::delete(&locks, "zk-first").await;
     wait_acquired(&locks, "zk-second", TIMEOUT).await;
     capture
         .mark_when("the ZooKeeper hand-off and an empty queue", |m| {
@@ -178,10 +174,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
     // Let the ZooKeeper key go now, with a release: the rest of the scenario runs for a
     // minute on a loaded machine, and a session that expired there would be a loss the
     // alert expectations below do not list.
-    locks
-        .delete("zk-second", &DeleteParams::default())
-        .await
-        .unwrap();
+    support::kube::delete(&locks, "zk-second").await;
     support::eventually("zk-second released and gone", TIMEOUT, || async {
         locks
             .get_opt("zk-second")
@@ -203,8 +196,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
     let bucket = moto.new_bucket("metrics").await;
     let proxy = support::proxy::Proxy::start(moto.port());
     let held = s3_lock("held", &bucket, "locks/k", proxy.endpoint(), &secret.name);
-    create(&locks, timed(held, "6s", "2s")).await;
-    wait_acquired(&locks, "held", TIMEOUT).await;
+    acquire(&locks, timed(held, "6s", "2s")).await;
     proxy.set_mode(support::proxy::Mode::Blackhole);
     let expiring_at = capture
         .mark_when("the expiring gauge to rise", |m| {
@@ -223,8 +215,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
         moto.endpoint(),
         &secret.name,
     );
-    create(&locks, timed(contender, "6s", "2s")).await;
-    wait_acquired(&locks, "contender", TIMEOUT).await;
+    acquire(&locks, timed(contender, "6s", "2s")).await;
     proxy.set_mode(support::proxy::Mode::Pass);
     wait_phase(&locks, "held", LockPhase::Lost, TIMEOUT).await;
     let lost_at = capture
@@ -320,8 +311,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_controller_fires_no_alert_and_a_standby_fires_no_leader() {
     let (client, ns, capture, locks) = observed("metrics-quiet").await;
-    create(&locks, lease_lock_timed("quiet", "k", "30s", "2s")).await;
-    wait_acquired(&locks, "quiet", TIMEOUT).await;
+    acquire(&locks, lease_lock_timed("quiet", "k", "30s", "2s")).await;
     let held = capture
         .mark_when("the held lock to be counted", |m| {
             is(m, "lockwarden_locks{phase=\"Held\"}", 1.0)
