@@ -117,11 +117,17 @@ async fn engine_contender(lock: Arc<dyn LockBackend>, req: AcquireRequest, grant
 /// The CLI as a user runs it: `lockwarden lock URL --queue --wait`, then `unlock`.
 async fn cli_contender(cli: Arc<Cli>, url: String, holder: String, grants: Grants) {
     let file = format!("{holder}.lock");
+    // Its place comes after up to 21 others, each a hand-off through a controller: on a
+    // loaded machine that is minutes, so the command's own 5 min wait bounds it, not the
+    // support's usual cap.
     let out = cli
-        .run(&[
-            "lock", &url, "--queue", "--wait", "5m", "--lease", "30s", "--holder", &holder,
-            "--output", &file,
-        ])
+        .run_within(
+            Duration::from_secs(360),
+            &[
+                "lock", &url, "--queue", "--wait", "5m", "--lease", "30s", "--holder", &holder,
+                "--output", &file,
+            ],
+        )
         .await;
     out.ok();
     let fence = cli.read_json(&file)["fence"].as_u64().expect("a fence");
@@ -197,7 +203,13 @@ struct Arrivals {
 impl Arrivals {
     async fn new(key: Key) -> Arrivals {
         let first = key.handle().await;
-        let held = take(first.as_ref(), &queued("first", "east", 0)).await;
+        // Nobody renews this holder, and the contenders arrive one at a time (each
+        // registered before the next): on a loaded machine 22 arrivals outlast a 30 s
+        // lease, and a takeover by expiry would reorder the queue under the test. The
+        // order is what is tested, so the first holds until it lets go.
+        let mut first_request = queued("first", "east", 0);
+        first_request.lease = Duration::from_secs(600);
+        let held = take(first.as_ref(), &first_request).await;
         let (cli, url) = cli_for(&key);
         Arrivals {
             key,

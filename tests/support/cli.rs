@@ -236,14 +236,20 @@ impl Cli {
 
     /// [`Cli::run`] with arguments that need not be UTF-8.
     pub async fn run_os<S: AsRef<OsStr>>(&self, args: &[S]) -> Out {
+        self.run_within(TIMEOUT, args).await
+    }
+
+    /// [`Cli::run_os`] for a command that may rightly run longer than [`TIMEOUT`] (one
+    /// with a `--wait` of its own): at most `timeout`.
+    pub async fn run_within<S: AsRef<OsStr>>(&self, timeout: Duration, args: &[S]) -> Out {
         let shown: Vec<String> = args
             .iter()
             .map(|a| a.as_ref().to_string_lossy().into_owned())
             .collect();
         let started = Instant::now();
-        let out = tokio::time::timeout(TIMEOUT, self.command(args).output())
+        let out = tokio::time::timeout(timeout, self.command(args).output())
             .await
-            .unwrap_or_else(|_| panic!("lockwarden {shown:?} did not finish within {TIMEOUT:?}"))
+            .unwrap_or_else(|_| panic!("lockwarden {shown:?} did not finish within {timeout:?}"))
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", self.bin.display()));
         let out = Out {
             code: out.status.code().unwrap_or(-1),
