@@ -20,7 +20,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::lock::FenceToken;
+use crate::lock::{FenceToken, LockBackend, LockError, when_reachable};
 
 /// A holder's fence: the token its acquisition carries and the lock it belongs to. The
 /// lock is named by what is the same for every client of one lock (a lock URL's
@@ -102,6 +102,30 @@ pub enum FencedError {
     )]
     SeveralPermits { lock: String, permits: u32 },
 
+    /// The fence is higher than any the lock has issued: a mistyped or invented fence,
+    /// which, written, would lock the rightful holder out as stale.
+    #[error(
+        "fence {yours} was never issued by lock {lock}: its latest fence is {latest}, so a write with {yours} would make the rightful holder's writes look stale"
+    )]
+    NeverIssued {
+        lock: String,
+        yours: FenceToken,
+        latest: FenceToken,
+    },
+
+    /// The lock's store keeps no lockwarden record that says which fences it issued:
+    /// nobody holds the key through lockwarden now, so no fence of it is current.
+    #[error("lock {lock} {why}: no fence of it can be checked, so none is accepted")]
+    Unissued { lock: String, why: String },
+
+    /// The lock's record could not be read, so the fence could not be checked.
+    #[error("reading lock {lock} to check the fence: {source}")]
+    LockUnreadable {
+        lock: String,
+        #[source]
+        source: LockError,
+    },
+
     /// The data given cannot be written (malformed DynamoDB JSON, a key attribute, …).
     #[error("invalid data: {0}")]
     InvalidData(String),
@@ -132,7 +156,10 @@ impl FencedError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            FencedError::Stale { .. } | FencedError::OtherLock { .. }
+            FencedError::Stale { .. }
+                | FencedError::OtherLock { .. }
+                | FencedError::NeverIssued { .. }
+                | FencedError::Unissued { .. }
         )
     }
 
@@ -170,6 +197,71 @@ pub fn check(
     Ok(())
 }
 
+/// A holder's fence, checked against the lock it claims to come from with one read of
+/// the lock's record (docs/design.md §6.5, "a fence the lock never issued"):
+///
+/// - a lock with several permits is refused ([`FencedError::SeveralPermits`]);
+/// - a token above the lock's latest fence is refused ([`FencedError::NeverIssued`]);
+/// - a lock with no lockwarden record (a free ZooKeeper key, a key deleted on release,
+///   one never taken) or held by another tool is refused ([`FencedError::Unissued`]):
+///   nothing says which fences it issued, and no lockwarden holder holds it now.
+///
+/// What it proves: the token was issued by this lock at some time. What it does not:
+/// that its holder still holds the lock — the object's own check ([`check`]) refuses a
+/// write once a higher fence has written, and nothing refuses a late write of the last
+/// holder before anyone newer writes. `name` is what names the lock for every client
+/// of it (a lock URL's `order_key`), as in [`Fence::lock`].
+pub async fn issued_fence(
+    lock: &dyn LockBackend,
+    name: impl Into<String>,
+    token: u64,
+) -> Result<Fence, FencedError> {
+    let name = name.into();
+    let stored =
+        when_reachable(|| lock.inspect())
+            .await
+            .map_err(|source| FencedError::LockUnreadable {
+                lock: name.clone(),
+                source,
+            })?;
+    let record = match stored.map(|s| s.record) {
+        Some(Ok(record)) => record,
+        Some(Err(foreign)) => {
+            return Err(FencedError::Unissued {
+                lock: name,
+                why: format!("is held by another tool ({})", foreign.what),
+            });
+        }
+        None => {
+            return Err(FencedError::Unissued {
+                lock: name,
+                why:
+                    "has no record (a key never taken, deleted on release, or a free ZooKeeper key)"
+                        .into(),
+            });
+        }
+    };
+    let latest = match &record.set {
+        Some(set) if set.permits > 1 => {
+            return Err(FencedError::SeveralPermits {
+                lock: name,
+                permits: set.permits,
+            });
+        }
+        Some(set) => set.last_fence.max(record.fence),
+        None => record.fence,
+    };
+    let yours = FenceToken(token);
+    if yours > latest {
+        return Err(FencedError::NeverIssued {
+            lock: name,
+            yours,
+            latest,
+        });
+    }
+    Ok(Fence::new(token, name))
+}
+
 /// How many conditional writes a put or delete makes before giving up, each lost to a
 /// concurrent writer whose fence was no higher than ours (a higher one ends the race
 /// with [`FencedError::Stale`] at once). Every loss is another writer's success.
@@ -181,6 +273,13 @@ pub const MAX_ATTEMPTS: u32 = 32;
 pub trait FencedObject: Send + Sync {
     /// The object's URL (`s3://BUCKET/KEY`, …).
     fn url(&self) -> &str;
+
+    /// Refuses data [`FencedObject::put`] could never write (malformed DynamoDB JSON, a
+    /// manifest that is not YAML), without a request: callers check it before anything
+    /// touches a store, the lock's read for [`issued_fence`] included.
+    fn check_data(&self, _data: &[u8]) -> Result<(), FencedError> {
+        Ok(())
+    }
 
     /// Replaces the object's data, only if `fence` is of the lock that fenced it so far
     /// and no lower than its highest fence. Atomic: a conditional write on what was
@@ -197,7 +296,59 @@ pub trait FencedObject: Send + Sync {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::lock::memory::MemoryStore;
+    use crate::lock::{AcquireRequest, Attempt, CasLock};
+
+    /// Takes and releases `lock` `times` times: its latest fence is then `times`.
+    async fn issue(lock: &CasLock<MemoryStore>, times: u32) {
+        for _ in 0..times {
+            let req = AcquireRequest::new("writer", Duration::from_secs(30));
+            let Ok(Attempt::Acquired(lease)) = lock.try_acquire(&req).await else {
+                panic!("a free key is acquired");
+            };
+            lock.release(&lease).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn rule10_a_fence_above_the_locks_latest_is_refused_naming_both() {
+        let lock = CasLock::new(MemoryStore::new("mem://fenced/issued"));
+        let err = issued_fence(&lock, "mem://fenced/issued", 1)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FencedError::Unissued { .. }), "{err}");
+        assert!(err.is_refusal());
+        issue(&lock, 2).await;
+        let err = issued_fence(&lock, "mem://fenced/issued", 12)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "fence 12 was never issued by lock mem://fenced/issued: its latest fence is 2, \
+             so a write with 12 would make the rightful holder's writes look stale"
+        );
+        assert!(err.is_refusal());
+        for token in [1, 2] {
+            let fence = issued_fence(&lock, "mem://fenced/issued", token)
+                .await
+                .unwrap();
+            assert_eq!(fence, Fence::new(token, "mem://fenced/issued"));
+        }
+    }
+
+    #[tokio::test]
+    async fn rule10_a_lock_held_by_another_tool_issues_no_fence() {
+        let store = MemoryStore::new("mem://fenced/foreign");
+        store.put_body(br#"{"owner":"s3lock"}"#);
+        let lock = CasLock::new(store);
+        let err = issued_fence(&lock, "mem://fenced/foreign", 1)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("is held by another tool"), "{err}");
+    }
 
     #[test]
     fn a_stale_fence_names_both_fences() {

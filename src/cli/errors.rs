@@ -59,8 +59,8 @@ pub const EXIT_CODES: &[ExitStatus] = &[
     },
     ExitStatus {
         code: exit::STALE_FENCE,
-        meaning: "put, delete: refused, the object was written by a higher fence or by another lock; \
-                  check-fence: the fence is not a current holder's",
+        meaning: "put, delete: refused, the object was written by a higher fence or by another lock, \
+                  or the lock never issued the fence; check-fence: the fence is not a current holder's",
     },
     ExitStatus {
         code: exit::UNCONFIRMED,
@@ -267,11 +267,15 @@ impl CliError {
             },
             CliError::Reported { code, .. } => *code,
             CliError::Fenced { error, .. } => match error {
-                FencedError::Stale { .. } | FencedError::OtherLock { .. } => exit::STALE_FENCE,
+                FencedError::Stale { .. }
+                | FencedError::OtherLock { .. }
+                | FencedError::NeverIssued { .. }
+                | FencedError::Unissued { .. } => exit::STALE_FENCE,
                 FencedError::InvalidData(_) | FencedError::Unsupported(_) => exit::USAGE,
                 FencedError::LockRecord { .. }
                 | FencedError::SeveralPermits { .. }
                 | FencedError::Contended { .. }
+                | FencedError::LockUnreadable { .. }
                 | FencedError::Store { .. } => exit::ERROR,
             },
             CliError::Connect(_)

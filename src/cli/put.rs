@@ -1,7 +1,8 @@
 //! `lockwarden put`, `get` and `delete`: fenced writes to the object a lock protects
 //! ([`crate::fenced`]). A write carries the holder's fence and lock (by default
 //! `LOCKWARDEN_FENCE` and `LOCKWARDEN_URL`, which `lockwarden run` gives its
-//! command); the store itself refuses it, atomically, when a higher fence or another
+//! command); a fence the lock never issued is refused first (rule 10, one read of the
+//! lock), and the store itself refuses it, atomically, when a higher fence or another
 //! lock wrote the object (exit 5).
 
 use std::io::{Read, Write};
@@ -12,7 +13,7 @@ use serde::Serialize;
 
 use super::{BackendArgs, CliError, exit, parse_target};
 use crate::backend::{ConnectOptions, FencedTarget, Target, connect_fenced};
-use crate::fenced::{Content, Fence, FencedError, FencedObject, FencedRead};
+use crate::fenced::{Content, Fence, FencedError, FencedObject, FencedRead, issued_fence};
 
 const TARGET_HELP: &str = "Fenced writes go to the object the lock protects, never to the lock \
 itself. TARGET is s3://BUCKET/KEY (an object; its user metadata keeps the fence), \
@@ -24,7 +25,9 @@ is the whole object as YAML or JSON; its lockwarden.io/fence annotation keeps th
 the API server with the chart's fencing admission policy; deletes are not fenced).
 
 A write with a fence lower than the one that last wrote the object, or with another lock's fence, \
-is refused by the store itself (exit 5). A delete leaves a fenced tombstone, so a stale holder \
+is refused by the store itself (exit 5). The lock is read once first: a fence above its latest (one \
+it never issued), or a lock with no lockwarden record (free on ZooKeeper, deleted on release, \
+another tool's), is refused before anything is written (exit 5). A delete leaves a fenced tombstone, so a stale holder \
 cannot recreate the object. Fenced writes are for exclusive holders: a lock with several permits \
 is refused.
 
@@ -45,8 +48,8 @@ pub struct FenceArgs {
 }
 
 impl FenceArgs {
-    /// The fence, once the lock is known to have one permit: two holders of a key
-    /// with several permits both legitimately hold it, so a fence orders nothing.
+    /// The fence, once the lock is known to have one permit and to have issued it
+    /// ([`crate::fenced::issued_fence`]).
     async fn checked(&self, options: &ConnectOptions) -> Result<Fence, CliError> {
         let (Some(token), Some(lock)) = (self.fence, &self.lock) else {
             return Err(CliError::Usage(
@@ -54,22 +57,13 @@ impl FenceArgs {
             ));
         };
         let backend = lock.connect(options).await?;
-        let stored = crate::lock::when_reachable(|| backend.inspect()).await?;
-        let permits = stored
-            .and_then(|s| s.record.ok())
-            .and_then(|r| r.set)
-            .map_or(1, |set| set.permits);
-        if permits > 1 {
-            return Err(CliError::Fenced {
-                target: lock.url(),
-                error: FencedError::SeveralPermits {
-                    lock: lock.url(),
-                    permits,
-                },
-            });
-        }
         // What names the lock for every client of it (not how a client reaches it).
-        Ok(Fence::new(token, lock.order_key()))
+        issued_fence(backend.as_ref(), lock.order_key(), token)
+            .await
+            .map_err(|error| CliError::Fenced {
+                target: lock.url(),
+                error,
+            })
     }
 }
 
@@ -178,6 +172,9 @@ pub async fn put(args: PutArgs) -> Result<u8, CliError> {
     let data = read_data(&args.file)?;
     let options = args.backend.options(None);
     let object = object(&args.target, &options).await?;
+    object
+        .check_data(&data)
+        .map_err(|e| fenced_error(&args.target, e))?;
     let fence = args.fence.checked(&options).await?;
     object
         .put(&fence, &data)

@@ -1,6 +1,7 @@
 //! `check-fence URL FENCE` on every store: the holder's fence → 0; an older one, and
 //! any fence on a key nobody holds → 5 with one line saying why; on a key with
-//! several permits, every holder's fence is current.
+//! several permits, every holder's fence is current. And rule 10 (docs/design.md
+//! §6.5) on every store: `put --lock URL` with a fence the lock never issued → 5.
 
 use super::*;
 
@@ -34,9 +35,19 @@ async fn fence_checks(backend: Backend) {
         Backend::DynamoDb | Backend::ZooKeeper | Backend::Kubernetes => "fenced",
     };
     let (cli, url) = fresh_lock(backend, "cli-check-fence", key).await;
+    // The fenced object is on S3 whatever the lock's store.
+    let cli = cli.with_aws();
+    let data = format!(
+        "s3://{}/data",
+        Moto::shared().new_bucket("cli-fenced").await
+    );
+    std::fs::write(cli.path("data.txt"), "data\n").unwrap();
     let (lw, url) = (&cli, url.as_str());
     let out = check(lw, url, 1).await;
     assert_not_current(&out, url, 1, "nobody holds the key");
+    let out = put(lw, url, 1, &data).await;
+    out.code(5)
+        .one_line_error(&[url, "has no record", "none is accepted"]);
 
     lw.run(&["lock", url, "-o", "a.lock", "--holder", "holder-a"])
         .await
@@ -53,10 +64,63 @@ async fn fence_checks(backend: Backend) {
     let out = check(lw, url, fa).await;
     assert_not_current(&out, url, fa, &format!("held by holder-b with fence {fb}"));
     assert_current(&check(lw, url, fb).await, url, fb, "holder-b");
+    rule10_a_fence_the_lock_never_issued_is_refused(lw, url, fb, &data).await;
     lw.unlock("b.lock").await;
 
     let out = check(lw, url, fb).await;
     assert_not_current(&out, url, fb, "nobody holds the key");
+    let out = put(lw, url, fb, &data).await;
+    if backend == Backend::ZooKeeper {
+        // A free ZooKeeper key keeps nothing (its queue is a container znode).
+        out.code(5).one_line_error(&[url, "has no record"]);
+    } else {
+        // The tombstone keeps the fence: the last holder's late write goes on to the
+        // object's own check, as it always did.
+        out.ok();
+    }
+}
+
+/// `lockwarden put --fence FENCE --lock URL TARGET data.txt`.
+async fn put(lw: &Cli, url: &str, fence: u64, target: &str) -> Out {
+    let fence = fence.to_string();
+    lw.run(&["put", "--fence", &fence, "--lock", url, target, "data.txt"])
+        .await
+}
+
+/// Held with fence `latest`: a write with a fence above it is refused naming both and
+/// writes nothing; the holder's own fence then writes, and is not locked out.
+async fn rule10_a_fence_the_lock_never_issued_is_refused(
+    lw: &Cli,
+    url: &str,
+    latest: u64,
+    data: &str,
+) {
+    let invented = latest + 10;
+    let out = put(lw, url, invented, data).await;
+    out.code(5).one_line_error(&[
+        url,
+        &format!("fence {invented} was never issued by lock"),
+        &format!("its latest fence is {latest}"),
+    ]);
+    lw.run(&["get", data])
+        .await
+        .code(1)
+        .one_line_error(&[data, "no such object"]);
+    lw.run(&[
+        "delete",
+        "--fence",
+        &invented.to_string(),
+        "--lock",
+        url,
+        data,
+    ])
+    .await
+    .code(5)
+    .one_line_error(&[url, "never issued"]);
+    put(lw, url, latest, data).await.ok();
+    let out = lw.run(&["get", data]).await;
+    out.ok();
+    assert_eq!(out.stdout, "data\n", "{out:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,7 +163,7 @@ fn zk_url(prefix: &str) -> String {
 }
 
 /// A store the CLI tests run one body on, in a test of its own per store.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Backend {
     S3,
     DynamoDb,

@@ -15,6 +15,16 @@ async fn put(cli: &Cli, fence: u64, lock: &str, target: &str, file: &str) -> Out
         .await
 }
 
+/// Takes and releases `lock` with `lockwarden lock`/`unlock` until its latest fence is
+/// `latest`, so that fences up to it are ones the lock issued (rule 10: `put` refuses
+/// any other).
+async fn issue_fences(cli: &Cli, lock: &str, latest: u64) {
+    for _ in 0..latest {
+        cli.run(&["lock", lock, "-o", "issue.lock"]).await.ok();
+        cli.run(&["unlock", "issue.lock"]).await.ok();
+    }
+}
+
 /// `put` with the fence `yours` is refused with exit 5 and one line naming the object:
 /// it was `what` ("written", "deleted") by the fence `stored`.
 async fn assert_put_is_stale(
@@ -38,6 +48,7 @@ async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
     let cli = Cli::aws();
     std::fs::write(cli.path("v5.csv"), "a,b\n5,5\n").unwrap();
     std::fs::write(cli.path("v4.csv"), "a,b\n4,4\n").unwrap();
+    issue_fences(&cli, &lock, 6).await;
 
     put(&cli, 5, &lock, &target, "v5.csv").await.ok();
     let out = cli.run(&["get", &target]).await;
@@ -55,7 +66,8 @@ async fn put_get_delete_on_s3_refuse_a_stale_fence_with_exit_5() {
         .code(5)
         .one_line_error(&[&target, "written by fence 5, yours is 4"]);
     let other = format!("s3://{bucket}/locks/other");
-    put(&cli, 9, &other, &target, "v4.csv")
+    issue_fences(&cli, &other, 1).await;
+    put(&cli, 1, &other, &target, "v4.csv")
         .await
         .code(5)
         .one_line_error(&[&target, &format!("fenced by lock {lock}"), &other]);
@@ -88,6 +100,7 @@ async fn put_and_get_on_dynamodb_take_and_print_dynamodb_json() {
     let lock_table = new_table_at(&endpoint, "fenced-locks", "key").await;
     let lock = format!("dynamodb://{lock_table}/the-lock");
     let cli = Cli::aws();
+    issue_fences(&cli, &lock, 2).await;
     std::fs::write(
         cli.path("item.json"),
         r#"{"count":{"N":"3"},"state":{"S":"done"}}"#,

@@ -20,8 +20,9 @@ mod support;
 use lockwarden::backend::{FencedDynamoItem, FencedS3Object};
 use lockwarden::fenced::Fence;
 
-/// The lock whose fences the tests write with (nothing needs to hold it: the library
-/// compares fences, the CLI reads the lock only for its permits).
+/// The lock whose fences the library tests write with (nothing needs to hold it: a
+/// `FencedObject` compares fences; the CLI tests take their locks, since `put` checks
+/// that the lock issued the fence).
 const LOCK: &str = "s3://locks/fenced-test";
 
 fn fence(token: u64) -> Fence {

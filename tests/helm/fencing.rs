@@ -266,9 +266,9 @@ async fn the_api_server_refuses_a_write_with_a_stale_fence() {
 /// fence: 8 holders with fences 1..8 race on one ConfigMap, round after round, each
 /// with a fence 8 higher than in the last round. The stored fence never goes down,
 /// every refusal is of a fence below the stored one, and the round's highest fence is
-/// what stays. Then `lockwarden put`/`get` on the same object: exit 5 naming both
-/// fences for a stale one, another lock's write refused, a manifest of another kind
-/// refused, deletes not offered.
+/// what stays. Then `lockwarden put`/`get` with a lock really taken: a fence the lock
+/// never issued refused, exit 5 naming both fences for a stale one, another lock's
+/// write refused, a manifest of another kind refused, deletes not offered.
 #[tokio::test]
 async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
     use lockwarden::backend::{FencedKubernetesObject, FencedTarget};
@@ -348,47 +348,51 @@ async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
         "the race refused nobody: the writers did not overlap"
     );
 
-    // The command line, as a holder under `lockwarden run` uses it.
+    // The command line, as a holder under `lockwarden run` uses it, on an object of
+    // its own: `put` takes only fences the lock issued (rule 10), so the lock is
+    // really taken, twice (fence 2), and another lock once.
     let kube = support::cli::Cli::kube();
+    api.create(&PostParams::default(), &config_map("ledger-cli", true, &[]))
+        .await
+        .expect("create ledger-cli");
+    let url = format!("k8s://{ns}/configmaps/ledger-cli");
+    let lock = format!("k8s://{ns}/ledger-cli-lock");
+    let other = format!("k8s://{ns}/other");
+    for taken in [&lock, &lock, &other] {
+        kube.run(&["lock", taken, "-o", "taken.lock"]).await.ok();
+        kube.run(&["unlock", "taken.lock"]).await.ok();
+    }
     let file = kube.path("ledger.yaml");
     std::fs::write(&file, "apiVersion: v1\nkind: ConfigMap\ndata:\n  v: cli\n").unwrap();
     let file = file.to_str().unwrap();
-    let next = (highest + 1).to_string();
-    kube.run(&["put", "--fence", &next, "--lock", &lock, &url, file])
+    kube.run(&["put", "--fence", "3", "--lock", &lock, &url, file])
+        .await
+        .code(5)
+        .one_line_error(&[&lock, "fence 3 was never issued", "its latest fence is 2"]);
+    kube.run(&["put", "--fence", "2", "--lock", &lock, &url, file])
         .await
         .ok();
     let out = kube.run(&["get", &url]).await;
     out.ok();
     assert!(out.stdout.contains("v: cli"), "{}", out.stdout);
     assert!(
-        out.stderr.contains(&format!("fence {next} of lock {lock}")),
+        out.stderr.contains(&format!("fence 2 of lock {lock}")),
         "{}",
         out.stderr
     );
-    kube.run(&["put", "--fence", "3", "--lock", &lock, &url, file])
+    kube.run(&["put", "--fence", "1", "--lock", &lock, &url, file])
         .await
         .code(5)
-        .one_line_error(&[
-            &url,
-            &format!("stale fence: object written by fence {next}, yours is 3"),
-        ]);
-    kube.run(&[
-        "put",
-        "--fence",
-        &next,
-        "--lock",
-        &format!("k8s://{ns}/other"),
-        &url,
-        file,
-    ])
-    .await
-    .code(5)
-    .one_line_error(&[&format!("fenced by lock {lock}")]);
+        .one_line_error(&[&url, "stale fence: object written by fence 2, yours is 1"]);
+    kube.run(&["put", "--fence", "1", "--lock", &other, &url, file])
+        .await
+        .code(5)
+        .one_line_error(&[&format!("fenced by lock {lock}")]);
     std::fs::write(kube.path("secret.yaml"), "apiVersion: v1\nkind: Secret\n").unwrap();
     kube.run(&[
         "put",
         "--fence",
-        &next,
+        "2",
         "--lock",
         &lock,
         &url,
@@ -397,17 +401,17 @@ async fn fenced_puts_racing_on_one_object_never_lower_its_fence() {
     .await
     .code(2)
     .one_line_error(&["is a v1 Secret, not one of configmaps"]);
-    kube.run(&["delete", "--fence", &next, "--lock", &lock, &url])
+    kube.run(&["delete", "--fence", "2", "--lock", &lock, &url])
         .await
         .code(2)
         .one_line_error(&["deletes of Kubernetes objects are not fenced"]);
     // A stale holder that bypasses `put` is still refused, by the API server.
     let message = refusal(
-        put_back_with_fence(&api, "ledger", "3").await,
-        "a PUT with fence 3",
+        put_back_with_fence(&api, "ledger-cli", "1").await,
+        "a PUT with fence 1",
     );
     assert!(
-        message.contains(&format!("object written by fence {next}, yours is 3")),
+        message.contains("object written by fence 2, yours is 1"),
         "{message}"
     );
 }

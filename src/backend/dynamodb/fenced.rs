@@ -244,6 +244,10 @@ impl FencedObject for FencedDynamoItem {
         &self.url
     }
 
+    fn check_data(&self, data: &[u8]) -> Result<(), FencedError> {
+        parse_attributes(data, &HashMap::new()).map(|_| ())
+    }
+
     async fn put(&self, fence: &Fence, data: &[u8]) -> Result<Written, FencedError> {
         // Malformed input is refused before any request.
         let attributes = parse_attributes(data, &HashMap::new())?;

@@ -217,10 +217,12 @@ impl FencedObject for FencedKubernetesObject {
     /// object or replaces it conditioned on the version just read. A stored fence above
     /// ours, or another lock's, refuses the write before it is sent; the admission
     /// policy refuses it again on the server if a newer write slipped in between.
+    fn check_data(&self, data: &[u8]) -> Result<(), FencedError> {
+        manifest_of(data).map(|_| ())
+    }
+
     async fn put(&self, fence: &Fence, data: &[u8]) -> Result<Written, FencedError> {
-        let manifest: Value = serde_yaml_ng::from_slice(data).map_err(|e| {
-            FencedError::InvalidData(format!("the manifest is not YAML or JSON: {e}"))
-        })?;
+        let manifest = manifest_of(data)?;
         let (api, resource) = self.api().await?;
         let mut object = self.object(&resource, manifest)?;
         let annotations = object.metadata.annotations.get_or_insert_default();
@@ -384,6 +386,12 @@ fn refusal(message: &str, fence: &Fence) -> FencedError {
         };
     }
     FencedError::store("write", format!("refused by the API server: {message}"))
+}
+
+/// The data of a put, as a manifest.
+fn manifest_of(data: &[u8]) -> Result<Value, FencedError> {
+    serde_yaml_ng::from_slice(data)
+        .map_err(|e| FencedError::InvalidData(format!("the manifest is not YAML or JSON: {e}")))
 }
 
 #[cfg(test)]
