@@ -8,8 +8,9 @@ use serde::Serialize;
 use super::output::columns;
 use super::{BackendArgs, CliError, PermitArgs, exit};
 use crate::backend::Target;
+use crate::backend::zookeeper::FOREIGN_QUEUE_ENTRY;
 use crate::lock::history::{self, Grant};
-use crate::lock::{HolderSet, LockState, Permits, QueueView, Stored};
+use crate::lock::{HolderSet, LockRecord, LockState, Permits, QueueView, Stored};
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -97,6 +98,11 @@ pub struct Status {
     /// version earlier counts from its own first sight; a renewal moves it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_takeover_before: Option<String>,
+    /// What frees a key held by a tool whose locks lockwarden never takes over by time
+    /// (s3lock's, whose locks never expire; another ZooKeeper client's queue entry,
+    /// kafka-kit's): there is then no `noTakeoverBefore`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub freed_by: Option<String>,
     /// Another tool's lock holds (or held) the key: it names no permits.
     #[serde(skip)]
     pub by_another_tool: bool,
@@ -229,7 +235,7 @@ const NEVER_EXPIRES: &str = "never expires";
 /// and entry. Other names are shown as they are.
 fn short_holder(holder: &str) -> String {
     let Some((entry, found)) = holder
-        .strip_prefix("foreign queue entry ")
+        .strip_prefix(FOREIGN_QUEUE_ENTRY)
         .and_then(|rest| rest.split_once(": "))
     else {
         return holder.to_string();
@@ -244,6 +250,26 @@ fn short_holder(holder: &str) -> String {
         _ => "another client".to_string(),
     };
     format!("{what} (entry {entry})")
+}
+
+/// What frees a held record lockwarden never takes over by time; `None` for records
+/// whose lease it observes (its own, dynamolock's, client-go's Leases).
+fn freed_by(record: &LockRecord, never_expires: bool) -> Option<String> {
+    if record.state != LockState::Held {
+        return None;
+    }
+    if record.holder.starts_with(FOREIGN_QUEUE_ENTRY) {
+        return Some(
+            "the other client deleting its queue entry, or its ZooKeeper session ending \
+             (lockwarden never takes over another client's entry)"
+                .into(),
+        );
+    }
+    never_expires.then(|| {
+        "its tool's unlock (the lock never expires; lockwarden takes it over only with \
+         --force)"
+            .into()
+    })
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
@@ -272,6 +298,7 @@ impl Status {
             queue: None,
             history: None,
             no_takeover_before: None,
+            freed_by: None,
             by_another_tool: false,
         };
         let Some(stored) = stored else { return s };
@@ -288,6 +315,7 @@ impl Status {
                 };
                 s.by_another_tool = r.by_another_tool();
                 let never_expires = r.never_expires();
+                s.freed_by = freed_by(&r, never_expires);
                 s.holder = Some(r.holder).filter(|h| !h.is_empty());
                 s.fence = Some(r.fence.0);
                 s.nonce = Some(r.nonce).filter(|n| !n.is_empty());
@@ -349,6 +377,7 @@ impl Status {
     /// observer whose contenders wait `grace` beyond the stored lease.
     pub fn with_takeover(mut self, read_at: SystemTime, grace: Duration) -> Self {
         if self.state == "held"
+            && self.freed_by.is_none()
             && let Some(ms) = self.lease_ms
         {
             let after = Duration::from_millis(ms) + grace;
@@ -399,6 +428,9 @@ impl Status {
             .as_ref()
             .map(|n| format!("note: {n}\n"))
             .unwrap_or_default();
+        if let Some(freed_by) = &self.freed_by {
+            note.push_str(&format!("free only by {freed_by}\n"));
+        }
         if let Some(t) = &self.no_takeover_before {
             note.push_str(&format!(
                 "no takeover before {t} if it is not renewed (lease {} + grace, as seen from \
@@ -746,9 +778,17 @@ mod tests {
                 version: Version("v".into()),
             }),
         );
+        let status = status.with_takeover(SystemTime::now(), Duration::from_secs(1));
         let table = status.table(false);
         assert!(table.contains("kafka-kit \"kk, 1\" (entry "), "{table}");
         assert!(!table.contains("ttl_deadline"), "{table}");
+        // lockwarden never takes over a kafka-kit entry: no time is promised.
+        assert_eq!(status.no_takeover_before, None);
+        assert!(!table.contains("no takeover before"), "{table}");
+        assert!(
+            table.contains("free only by the other client deleting its queue entry"),
+            "{table}"
+        );
         assert!(status.table(true).contains(sentence));
         assert_eq!(
             status.holder.as_deref(),

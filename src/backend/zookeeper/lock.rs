@@ -33,6 +33,11 @@ pub struct ZkLock {
     pub(super) state: Mutex<Contender>,
 }
 
+/// How a queue entry another ZooKeeper client wrote (kafka-kit's, Curator's) is named
+/// as the holder: lockwarden never takes such an entry over; it waits until the entry
+/// is deleted.
+pub const FOREIGN_QUEUE_ENTRY: &str = "foreign queue entry ";
+
 impl ZkLock {
     /// A contender for the lock whose queue lives under `path` (absolute, chroot
     /// included) on `session`'s ensemble.
@@ -138,7 +143,7 @@ impl ZkLock {
         match stored.record {
             Ok(record) => record,
             Err(found) => LockRecord {
-                holder: format!("foreign queue entry {name}: {found}"),
+                holder: format!("{FOREIGN_QUEUE_ENTRY}{name}: {found}"),
                 nonce: String::new(),
                 revision: String::new(),
                 fence: Generation::fence_of(stat),

@@ -78,7 +78,7 @@ use serde::{Deserialize, Serialize};
 use zookeeper_client::Error as ZkError;
 
 pub use key::{DEFAULT_PORT, PATH_MAX_BYTES, ZkKey, path_name};
-pub use lock::ZkLock;
+pub use lock::{FOREIGN_QUEUE_ENTRY, ZkLock};
 pub use queue::sequence_of;
 pub use session::{ZkSession, ZkSessions, parse_connect};
 pub use spec::ZooKeeperBackend;
