@@ -1544,3 +1544,225 @@ async fn kafka_kit_and_a_queued_lockwarden_waiter_keep_the_entries_order() {
     backend.release(&lease).await.expect("release");
     acquires(later).await;
 }
+
+// ---------------------------------------------------------------------------------
+// Taking turns with a tool that polls (docs/design.md §6.4, "Sharing a key with a tool
+// that polls"): 3 workers of the tool and 3 lockwarden workers on one key, each
+// taking it SECTIONS times; before (lockwarden takes a freed key at once) and after
+// (`yield_to_pollers`, what `--shared-with TOOL` sets).
+
+/// Sections per worker: 3 workers × 4 = 12 a side.
+const SECTIONS: usize = 4;
+/// How long each section holds the key.
+const HOLD: Duration = Duration::from_millis(200);
+/// A worker's wait for one section: it never runs out in a fair race (each section
+/// waits behind at most a few of the other five workers' sections and hand-offs).
+const SECTION_WAIT: Duration = Duration::from_secs(60);
+
+/// One critical section as its worker saw it, in time since the race began: it asked
+/// at `asked`, held the key from `got` (after the acquisition was confirmed) until
+/// `left` (before its release was sent). The real hold contains [got, left], so
+/// two logged sections that overlap prove a real overlap.
+#[derive(Clone, Debug)]
+struct Section {
+    who: String,
+    tool: bool,
+    asked: Duration,
+    got: Duration,
+    left: Duration,
+}
+
+impl Section {
+    fn waited(&self) -> Duration {
+        self.got - self.asked
+    }
+}
+
+/// What a race measured for one side.
+#[derive(Debug)]
+struct Side {
+    sections: usize,
+    longest_wait: Duration,
+}
+
+fn side(sections: &[Section], tool: bool) -> Side {
+    let mine: Vec<_> = sections.iter().filter(|s| s.tool == tool).collect();
+    Side {
+        sections: mine.len(),
+        longest_wait: mine.iter().map(|s| s.waited()).max().unwrap_or_default(),
+    }
+}
+
+/// Runs the race: `tool(worker)` spawns one waiting client of the tool (its section
+/// begins at its `ACQUIRED` and ends with `release`); lockwarden's workers use the
+/// engine on `url`, each a contender of its own (as separate processes are), with
+/// `yield_to` as the request's yield. Asserts that no two sections overlapped and that
+/// every worker finished all its sections; returns them in order.
+async fn take_turns(
+    tool: Arc<dyn Fn(usize) -> Foreign + Send + Sync>,
+    url: &str,
+    options: &ConnectOptions,
+    yield_to: Option<Duration>,
+) -> Vec<Section> {
+    let start = tokio::time::Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for worker in 0..3 {
+        let tool = tool.clone();
+        workers.spawn(async move {
+            let mut sections = Vec::new();
+            for _ in 0..SECTIONS {
+                let asked = start.elapsed();
+                let mut client = tool(worker);
+                client.expect("ACQUIRED").await;
+                let got = start.elapsed();
+                tokio::time::sleep(HOLD).await;
+                let left = start.elapsed();
+                client.release().await;
+                assert_eq!(client.exit_code().await, 0, "tool worker {worker}");
+                sections.push(Section {
+                    who: format!("tool-{worker}"),
+                    tool: true,
+                    asked,
+                    got,
+                    left,
+                });
+            }
+            sections
+        });
+        let backend = engine(url, options).await;
+        workers.spawn(async move {
+            let holder = format!("lockwarden-{worker}");
+            let req = AcquireRequest {
+                yield_to_pollers: yield_to,
+                ..request(&holder, Duration::from_secs(30))
+            };
+            let mut sections = Vec::new();
+            for _ in 0..SECTIONS {
+                let asked = start.elapsed();
+                let lease = acquire(backend.as_ref(), &req, Wait::For(SECTION_WAIT))
+                    .await
+                    .unwrap_or_else(|e| panic!("{holder}: {e}"));
+                let got = start.elapsed();
+                tokio::time::sleep(HOLD).await;
+                let left = start.elapsed();
+                backend.release(&lease).await.expect("release");
+                sections.push(Section {
+                    who: holder.clone(),
+                    tool: false,
+                    asked,
+                    got,
+                    left,
+                });
+            }
+            sections
+        });
+    }
+    let mut sections = Vec::new();
+    while let Some(done) = workers.join_next().await {
+        sections.extend(done.expect("a worker finished all its sections"));
+    }
+    sections.sort_by_key(|s| s.got);
+    for pair in sections.windows(2) {
+        assert!(
+            pair[1].got >= pair[0].left,
+            "two holders at once: {} held until {:?}, {} from {:?}",
+            pair[0].who,
+            pair[0].left,
+            pair[1].who,
+            pair[1].got
+        );
+    }
+    sections
+}
+
+/// The race before and after the yield: prints each side's longest wait and the order
+/// of the sections; after, both sides finish and the tool's longest wait is at most
+/// twice lockwarden's (the two alternate, so a waiter of either waits behind about as
+/// many sections of the other).
+async fn tool_and_lockwarden_take_turns(
+    name: &str,
+    tool: Arc<dyn Fn(usize) -> Foreign + Send + Sync>,
+    url: &str,
+    options: &ConnectOptions,
+    window: Duration,
+) {
+    let order = |sections: &[Section]| {
+        sections
+            .iter()
+            .map(|s| if s.tool { "T" } else { "L" })
+            .collect::<String>()
+    };
+    let before = take_turns(tool.clone(), url, options, None).await;
+    let after = take_turns(tool, url, options, Some(window)).await;
+    for (when, sections) in [("before", &before), ("after", &after)] {
+        let (theirs, ours) = (side(sections, true), side(sections, false));
+        println!(
+            "[take turns] {name} {when}: {name} longest wait {:.2}s over {} sections, \
+             lockwarden {:.2}s over {}; order {}",
+            theirs.longest_wait.as_secs_f64(),
+            theirs.sections,
+            ours.longest_wait.as_secs_f64(),
+            ours.sections,
+            order(sections)
+        );
+    }
+    let (theirs, ours) = (side(&after, true), side(&after, false));
+    assert_eq!(
+        (theirs.sections, ours.sections),
+        (3 * SECTIONS, 3 * SECTIONS)
+    );
+    assert!(
+        theirs.longest_wait <= ours.longest_wait * 2,
+        "{name} waited {:?} at most, lockwarden {:?}: order {}",
+        theirs.longest_wait,
+        ours.longest_wait,
+        order(&after)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamolock_and_lockwarden_take_turns_on_a_shared_key() {
+    let (table, key, url) = dynamo_key().await;
+    // The driver's clients poll every 200 ms (`WithRefreshPeriod`): what
+    // `--shared-with dynamolock=200ms` says.
+    let shared = lockwarden::backend::SharedWith {
+        period: Duration::from_millis(200),
+        ..lockwarden::backend::SharedWith::named("dynamolock").unwrap()
+    };
+    let wait = format!("{}s", SECTION_WAIT.as_secs());
+    let tool: Arc<dyn Fn(usize) -> Foreign + Send + Sync> =
+        Arc::new(move |worker| dynamolock(&table, &key, &format!("dynamolock-{worker}"), &wait));
+    tool_and_lockwarden_take_turns(
+        "dynamolock",
+        tool,
+        &url,
+        &aws_options(false),
+        shared.window(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn s3lock_and_lockwarden_take_turns_on_a_compatible_key() {
+    let (bucket, key, url) = s3_key().await;
+    // s3lock's own LockWaitInterval, 1 s: what `--shared-with s3lock` assumes.
+    let shared = lockwarden::backend::SharedWith::named("s3lock").unwrap();
+    let tool: Arc<dyn Fn(usize) -> Foreign + Send + Sync> = Arc::new(move |_| {
+        Foreign::spawn(
+            "s3lock",
+            &[
+                "--endpoint",
+                &Moto::shared().endpoint(),
+                "--bucket",
+                &bucket,
+                "--key",
+                &key,
+                "--wait",
+                "60s",
+                "--interval",
+                "1s",
+            ],
+        )
+    });
+    tool_and_lockwarden_take_turns("s3lock", tool, &url, &aws_options(true), shared.window()).await;
+}

@@ -700,8 +700,8 @@ on_each_store!(
 );
 
 /// A key deleted on release (`--s3lock-compatible`) has no record while nobody holds
-/// it, so it cannot keep a queue: `lock --queue` on it is refused, naming why, and
-/// writes nothing.
+/// it, so it cannot keep a queue: `lock --queue` on it is refused as a flag conflict
+/// (exit 2, as every other), naming why, and writes nothing; so is `run`.
 #[tokio::test]
 async fn a_queue_is_refused_on_a_key_deleted_on_release() {
     let key = Key::s3().await;
@@ -717,12 +717,20 @@ async fn a_queue_is_refused_on_a_key_deleted_on_release() {
         ])
         .await;
     out.expect(
-        1,
+        2,
         &[
-            "cannot be kept on a key that is deleted on release",
-            "s3lockCompatible",
+            "--queue with --s3lock-compatible",
+            "a key deleted on release has no record",
         ],
-        "queue on s3lock-compatible",
+        "lock: queue on s3lock-compatible",
+    );
+    let out = cli
+        .run(&["run", &url, "--queue", "--s3lock-compatible", "--", "true"])
+        .await;
+    out.expect(
+        2,
+        &["--queue with --s3lock-compatible"],
+        "run: queue on s3lock-compatible",
     );
     let stored = key.handle().await.inspect().await.expect("read the key");
     assert!(stored.is_none(), "nothing written: {stored:?}");

@@ -10,10 +10,12 @@
 //! - [`store`] and [`spec`]: what every store declares (its key, its spec) and the
 //!   errors they share; no store named.
 //! - [`aws`]: what the two AWS stores share (options, credentials, clients).
+//! - [`pollers`]: the other tools whose clients poll a shared key, per store.
 
 pub mod aws;
 pub mod dynamodb;
 pub mod kubernetes;
+pub mod pollers;
 pub mod registry;
 pub mod s3;
 pub mod spec;
@@ -24,6 +26,7 @@ pub use aws::{AwsOptions, Credentials};
 pub use dynamodb::{DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout};
 pub use kubernetes::fenced::{FencedKubernetesObject, ObjectTarget};
 pub use kubernetes::{KubernetesOptions, LeaseStore};
+pub use pollers::{POLLING_TOOLS, PollingTool, SharedWith};
 pub use registry::{
     BackendKind, ConnectOptions, FencedTarget, SelectedSpec, StoreFlags, Target, connect,
     connect_fenced, release_recorded,

@@ -9,7 +9,7 @@ use clap::Args;
 use super::lockfile::LockFile;
 use super::sys;
 use crate::api::distributed_lock::MAX_LOCK_DELAY;
-use crate::backend::{Target, TargetError};
+use crate::backend::{SharedWith, Target, TargetError};
 use crate::duration::{DurationError, parse_duration as parse_go_duration};
 use crate::lock::{AcquireRequest, FenceToken, Mode, Permits, Queueing};
 
@@ -67,11 +67,23 @@ pub struct QueueArgs {
 }
 
 impl QueueArgs {
-    /// What the queue flags ask for on `url` with `permits`: `None` without --queue;
-    /// an error naming the flag when a value does not fit.
-    pub fn queueing(&self, url: &Target, permits: Permits) -> Result<Option<Queueing>, ValueError> {
+    /// What the queue flags ask for on `url` with `permits` and the store flags
+    /// `store`: `None` without --queue; an error naming the flags when they do not fit.
+    pub fn queueing(
+        &self,
+        url: &Target,
+        permits: Permits,
+        store: &BackendArgs,
+    ) -> Result<Option<Queueing>, ValueError> {
         if !self.queue {
             return Ok(None);
+        }
+        if store.s3.s3lock_compatible {
+            return Err(ValueError(
+                "--queue with --s3lock-compatible: a key deleted on release has no record \
+                 while nobody holds it, so nothing could keep the queue; drop one of them"
+                    .into(),
+            ));
         }
         let queueing = Queueing {
             priority: self.priority.unwrap_or(0),
@@ -97,6 +109,59 @@ impl QueueArgs {
             .validate(permits)
             .map_err(|message| ValueError(format!("--weight: {message}")))?;
         Ok(Some(queueing))
+    }
+}
+
+/// `--shared-with TOOL[=PERIOD]`: another tool's clients poll the key
+/// (docs/design.md §6.4, "Sharing a key with a tool that polls").
+#[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[command(next_help_heading = "Sharing the key")]
+pub struct SharingArgs {
+    /// Another tool's clients wait for this key by polling it: after a lockwarden
+    /// release, leave the key free for one of their polls (the period and a quarter)
+    /// before a lockwarden contender takes it, so they get turns too. TOOL: s3lock
+    /// (needs --s3lock-compatible), dynamolock or client-go, with the period its
+    /// clients poll at if not their default (1s, 1s, 2s): dynamolock=200ms. Costs a
+    /// lockwarden-to-lockwarden hand-off that window; exclusive, unqueued locks only
+    #[arg(long, value_name = "TOOL[=PERIOD]", value_parser = parse_shared_with)]
+    pub shared_with: Option<SharedWith>,
+}
+
+impl SharingArgs {
+    /// How long a request yields to the tool, once checked against the lock `url`, the
+    /// store flags and how the key is taken.
+    pub fn yield_to_pollers(
+        &self,
+        url: &Target,
+        store: &BackendArgs,
+        permits: Permits,
+        queue: Option<Queueing>,
+    ) -> Result<Option<Duration>, ValueError> {
+        let Some(shared) = self.shared_with else {
+            return Ok(None);
+        };
+        let tool = shared.tool.name;
+        if url.backend_kind() != shared.tool.store {
+            return Err(ValueError(format!(
+                "--shared-with {tool}: {tool} locks on {}, not on {url}",
+                shared.tool.store.as_str()
+            )));
+        }
+        if tool == "s3lock" && !store.s3.s3lock_compatible {
+            return Err(ValueError(
+                "--shared-with s3lock needs --s3lock-compatible: s3lock reads any object at \
+                 the key as held, so only a key deleted on release is ever free for it"
+                    .into(),
+            ));
+        }
+        if !permits.is_mutex() || queue.is_some() || url.is_session_bound() {
+            return Err(ValueError(format!(
+                "--shared-with {tool}: only an exclusive lock outside a queue yields to \
+                 another tool's polls (a queue or a semaphore key is granted in its own \
+                 order, which the other tool does not see)"
+            )));
+        }
+        Ok(Some(shared.window()))
     }
 }
 
@@ -216,6 +281,9 @@ pub struct LockArgs {
     pub queue: QueueArgs,
 
     #[command(flatten)]
+    pub sharing: SharingArgs,
+
+    #[command(flatten)]
     pub backend: BackendArgs,
 
     /// Internal: be the process that keeps a ZooKeeper lock's session.
@@ -234,7 +302,7 @@ impl LockArgs {
     /// together.
     pub fn request(&self) -> Result<AcquireRequest, ValueError> {
         let permits = self.permits.permits()?;
-        let queue = self.queue.queueing(&self.url, permits)?;
+        let queue = self.queue.queueing(&self.url, permits, &self.backend)?;
         if self.force && queue.is_some() {
             return Err(ValueError(
                 "--force with --queue: a forced takeover does not wait its turn; \
@@ -242,6 +310,9 @@ impl LockArgs {
                     .into(),
             ));
         }
+        let yield_to_pollers =
+            self.sharing
+                .yield_to_pollers(&self.url, &self.backend, permits, queue)?;
         Ok(AcquireRequest {
             holder: self.holder.clone().unwrap_or_else(default_holder),
             lease: self.lease,
@@ -252,6 +323,7 @@ impl LockArgs {
             cluster: Some(sys::hostname()),
             lock_delay: lock_delay_for(&self.url, self.lock_delay)?,
             queue,
+            yield_to_pollers,
         })
     }
 }
@@ -367,6 +439,31 @@ pub fn parse_lock_delay(s: &str) -> Result<Duration, ValueError> {
         )));
     }
     Ok(d)
+}
+
+/// `--shared-with TOOL[=PERIOD]`: one of [`crate::backend::POLLING_TOOLS`], at its
+/// default period or at PERIOD (a duration from 10ms to 1m).
+pub fn parse_shared_with(s: &str) -> Result<SharedWith, ValueError> {
+    let (name, period) = match s.split_once('=') {
+        Some((name, period)) => (name.trim(), Some(period.trim())),
+        None => (s.trim(), None),
+    };
+    let mut shared = SharedWith::named(name).ok_or_else(|| {
+        ValueError(format!(
+            "{name:?} is not a tool lockwarden yields to: expected one of {}",
+            SharedWith::names()
+        ))
+    })?;
+    if let Some(period) = period {
+        let d = parse_duration(period)?;
+        if !(Duration::from_millis(10)..=Duration::from_secs(60)).contains(&d) {
+            return Err(ValueError(format!(
+                "{period:?}: a poll period must be from 10ms to 1m"
+            )));
+        }
+        shared.period = d;
+    }
+    Ok(shared)
 }
 
 /// `--wait`: whole seconds (as s3lock's `--wait=UINT`) or a duration; 0 = do not wait.

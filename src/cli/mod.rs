@@ -45,9 +45,9 @@ pub mod unlock;
 use std::time::Duration;
 
 pub use args::{
-    BackendArgs, GlobalArgs, LogFormat, PermitArgs, QueueArgs, ValueError, default_holder,
-    parse_duration, parse_fence, parse_holder, parse_lease, parse_lock_delay, parse_nonce,
-    parse_target, parse_wait,
+    BackendArgs, GlobalArgs, LogFormat, PermitArgs, QueueArgs, SharingArgs, ValueError,
+    default_holder, parse_duration, parse_fence, parse_holder, parse_lease, parse_lock_delay,
+    parse_nonce, parse_target, parse_wait,
 };
 pub use errors::{CliError, EXIT_CODES, ExitStatus, after_help, exit};
 pub use logging::init_logging;

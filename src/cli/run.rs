@@ -25,7 +25,8 @@ use super::stop::grace_up_to;
 pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
 use super::stop::{exit_code, stop_tree, terminate};
 use super::{
-    BackendArgs, CliError, PermitArgs, QueueArgs, default_holder, print_warning, sys, tree,
+    BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, default_holder, print_warning, sys,
+    tree,
 };
 use crate::backend::Target;
 use crate::lock::{
@@ -117,6 +118,9 @@ pub struct RunArgs {
     pub queue: QueueArgs,
 
     #[command(flatten)]
+    pub sharing: SharingArgs,
+
+    #[command(flatten)]
     pub backend: BackendArgs,
 }
 
@@ -129,7 +133,11 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let queue = args
         .queue
-        .queueing(&args.url, permits)
+        .queueing(&args.url, permits, &args.backend)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let yield_to_pollers = args
+        .sharing
+        .yield_to_pollers(&args.url, &args.backend, permits, queue)
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
@@ -140,7 +148,13 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if !args.url.is_session_bound() {
         grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
     }
-    let lease = acquire(&args, permits, lock_delay, queue, backend.as_ref()).await?;
+    let how = How {
+        permits,
+        lock_delay,
+        queue,
+        yield_to_pollers,
+    };
+    let lease = acquire(&args, how, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
 
     // The holder's own lease: the lock-delay the record carries is the contenders'
@@ -312,23 +326,26 @@ async fn finish(
 }
 
 /// Acquires the lock with progress on stderr.
-async fn acquire(
-    args: &RunArgs,
+/// How `run` takes the key, from its checked flags.
+struct How {
     permits: Permits,
     lock_delay: Duration,
     queue: Option<Queueing>,
-    backend: &dyn LockBackend,
-) -> Result<Lease, CliError> {
+    yield_to_pollers: Option<Duration>,
+}
+
+async fn acquire(args: &RunArgs, how: How, backend: &dyn LockBackend) -> Result<Lease, CliError> {
     let req = AcquireRequest {
         holder: args.holder.clone().unwrap_or_else(default_holder),
         lease: args.lease,
         data: args.data.clone(),
         force: false,
         reclaim: args.reclaim,
-        permits,
+        permits: how.permits,
         cluster: Some(sys::hostname()),
-        lock_delay,
-        queue,
+        lock_delay: how.lock_delay,
+        queue: how.queue,
+        yield_to_pollers: how.yield_to_pollers,
     };
     let mut progress = Progress::new(backend.url(), args.wait);
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;

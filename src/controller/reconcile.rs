@@ -731,6 +731,8 @@ impl Reconciling<'_> {
             cluster: Some(self.ctx.config.cluster_name.clone()),
             lock_delay: self.spec.lock_delay,
             queue: self.spec.queue,
+            // Not a DistributedLock field yet (docs/design.md §6.4).
+            yield_to_pollers: None,
         };
         match timed(
             self.ctx,

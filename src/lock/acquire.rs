@@ -42,6 +42,18 @@ pub async fn acquire_with_progress(
     wait: Wait,
     mut on_busy: impl FnMut(&LockRecord, Option<u32>) + Send,
 ) -> Result<Lease, LockError> {
+    // One look cannot wait out a yield to a polling tool (docs/design.md §6.4): without
+    // a wait, a free key is taken as it is found.
+    let one_look;
+    let req = if wait == Wait::No && req.yield_to_pollers.is_some() {
+        one_look = AcquireRequest {
+            yield_to_pollers: None,
+            ..req.clone()
+        };
+        &one_look
+    } else {
+        req
+    };
     let started = Instant::now();
     let deadline = match wait {
         Wait::No => Some(started),

@@ -40,6 +40,12 @@ pub struct AcquireRequest {
     /// today's race for the key unless the key already has a queue, which every
     /// contender of this build then joins.
     pub queue: Option<super::queue::Queueing>,
+    /// A tool that polls shares the key (docs/design.md §6.4, "Sharing a key with a
+    /// tool that polls"): after a lockwarden release, leave the key free this long,
+    /// from this contender's first sight of it free, so that the tool's next poll can
+    /// take it. Exclusive, unqueued locks on the conditional-write stores; `None`:
+    /// take a free key at once.
+    pub yield_to_pollers: Option<Duration>,
 }
 
 impl AcquireRequest {
@@ -54,6 +60,7 @@ impl AcquireRequest {
             cluster: None,
             lock_delay: Duration::ZERO,
             queue: None,
+            yield_to_pollers: None,
         }
     }
 }

@@ -38,7 +38,18 @@ pub(super) struct ContenderState {
     pending: Option<(LockRecord, Instant)>,
     /// The same for a key with more than one permit (`semaphore`).
     pub(super) set: super::semaphore::SetContender,
+    /// How long a key released by lockwarden has been seen free, for a request that
+    /// yields to a polling tool (§6.4).
+    yield_observer: LeaseObserver,
+    /// The last lockwarden record seen on the key, while no other tool's was seen
+    /// since: a key found absent after it (deleted on release) was freed by
+    /// lockwarden, and a request that yields leaves it to the polling tool first.
+    last_ours: Option<LockRecord>,
 }
+
+/// What the yield observer watches while the key is absent (no store gives a version
+/// to an absent key).
+const ABSENT: Version = Version(String::new());
 
 impl<S: RecordStore> CasLock<S> {
     pub fn new(store: S) -> Self {
@@ -116,6 +127,23 @@ impl<S: RecordStore> CasLock<S> {
         let holder_lease = record.lease.saturating_sub(lock_delay);
         let deadline = HolderDeadline::after_write(sent, holder_lease, &self.margins);
         Lease::new(record, version, deadline).with_lock_delay(lock_delay)
+    }
+}
+
+/// A request that yields to a polling tool (§6.4), on a key lockwarden freed (its
+/// tombstone at `version`, or [`ABSENT`]): the time left before it may take the key;
+/// `None` to take it now. The window counts from this contender's first sight of the
+/// key free (rule 1's observer: no clock is compared across hosts).
+fn yield_left(
+    req: &AcquireRequest,
+    version: &Version,
+    st: &mut ContenderState,
+) -> Option<Duration> {
+    let window = req.yield_to_pollers.filter(|_| !req.force)?;
+    if st.yield_observer.is_expired(version, window) {
+        None
+    } else {
+        Some(st.yield_observer.remaining(version, window))
     }
 }
 
@@ -296,6 +324,8 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
             Err(e) => return Err(self.store_error(e)),
         };
         let mut st = self.state.lock().await;
+        // A key this contender finds absent next was freed by lockwarden (§6.4).
+        st.last_ours = Some(tombstone.clone());
         if self.delete_on_release {
             match self.store.delete(&version).await {
                 Ok(()) => st.last_seen = None,
@@ -417,7 +447,14 @@ impl<S: RecordStore> CasLock<S> {
         st: &mut ContenderState,
     ) -> Result<Plan, LockError> {
         let (record, version) = match current {
-            None => return Ok(Plan::Create),
+            None => {
+                if let Some(last) = st.last_ours.clone()
+                    && let Some(left) = yield_left(req, &ABSENT, st)
+                {
+                    return Ok(Plan::Busy(Box::new(last.released()), left));
+                }
+                return Ok(Plan::Create);
+            }
             Some(Stored { record, version }) => (record, version),
         };
         let r = match record {
@@ -450,8 +487,16 @@ impl<S: RecordStore> CasLock<S> {
                 requested: 1,
             });
         }
+        if req.yield_to_pollers.is_some() {
+            st.last_ours = (!r.by_another_tool()).then(|| r.clone());
+        }
         let takeover_after = self.margins.takeover_after(r.lease);
         let (forced_from, ending) = if r.state == LockState::Released {
+            if !r.by_another_tool()
+                && let Some(left) = yield_left(req, version, st)
+            {
+                return Ok(Plan::Busy(Box::new(r.clone()), left));
+            }
             (None, Ending::Released)
         } else if req.force {
             (Some(HeldBy::from_record(r)), Ending::Forced)
@@ -1444,5 +1489,48 @@ pub(super) mod tests {
         // A refusal while the store still shows our version is not a loss.
         assert!(a.renew(&mut lease).await.unwrap_err().is_transient());
         a.renew(&mut lease).await.unwrap();
+    }
+
+    /// §6.4, sharing a key with a tool that polls: after a lockwarden release, a request
+    /// that yields finds the key busy for the window from its first sight of the key
+    /// free, then takes it; a key another tool released, or a request without the
+    /// yield, is taken at once; on a key deleted on release the absence after a
+    /// lockwarden record yields the same.
+    #[tokio::test]
+    async fn a_request_that_yields_leaves_a_key_lockwarden_freed_for_one_poll() {
+        const WINDOW: Duration = Duration::from_millis(200);
+        let yielding = |holder| AcquireRequest {
+            yield_to_pollers: Some(WINDOW),
+            ..req(holder)
+        };
+        for delete_on_release in [false, true] {
+            let store = store();
+            let a = contender(&store).with_delete_on_release(delete_on_release);
+            let b = contender(&store).with_delete_on_release(delete_on_release);
+            // b saw a hold it; then a releases.
+            let lease = acquired(&a, &req("a")).await;
+            busy(&b, &yielding("b")).await;
+            a.release(&lease).await.unwrap();
+            let first_sight = Instant::now();
+            let seen = busy(&b, &yielding("b")).await;
+            assert_eq!(seen.holder, "a", "the holder it yields after");
+            // a itself, locking again with the yield, leaves the key alone too.
+            busy(&a, &yielding("a")).await;
+            tokio::time::sleep(WINDOW + Duration::from_millis(20)).await;
+            let taken = acquired(&b, &yielding("b")).await;
+            assert!(first_sight.elapsed() >= WINDOW);
+            b.release(&taken).await.unwrap();
+            // Without the yield, a freed key is taken at once.
+            let again = acquired(&a, &req("a")).await;
+            a.release(&again).await.unwrap();
+        }
+
+        // Another tool's release is taken at once.
+        let store = store();
+        let mut theirs =
+            LockRecord::new_acquisition("dynamolock-1", FenceToken(4), LEASE, None).released();
+        theirs.nonce = format!("{}x", super::super::record::ANOTHER_TOOL_NONCE_PREFIX);
+        store.put_body(&theirs.to_json());
+        acquired(&contender(&store), &yielding("c")).await;
     }
 }

@@ -139,6 +139,16 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["lock", "zk://127.0.0.1:1/locks/a", "--queue", "--priority", "5"], 2, vec!["--priority: not supported on zk://", "lowest first"]),
         (vec!["run", "zk://127.0.0.1:1/locks/a", "--queue", "--permits", "3", "--weight", "2", "--", "true"], 2, vec!["--weight: not supported on zk://"]),
         (vec!["lock", g, "--queue", "--force"], 2, vec!["--force with --queue"]),
+        (vec!["lock", "s3://locks/a", "--queue", "--s3lock-compatible"], 2, vec!["--queue with --s3lock-compatible", "no record"]),
+        // Sharing a key with a tool that polls (§6.4): a tool of another store, an
+        // unknown tool, a period out of range, a key s3lock could never take, a queue.
+        (vec!["lock", "s3://locks/a", "--shared-with", "dynamolock", "--wait", "5"], 2, vec!["--shared-with dynamolock", "dynamolock locks on dynamodb", "not on s3://locks/a"]),
+        (vec!["lock", g, "--shared-with", "consul"], 2, vec!["\"consul\" is not a tool lockwarden yields to", "s3lock (s3), dynamolock (dynamodb), client-go (kubernetes)"]),
+        (vec!["lock", "dynamodb://tbl/k", "--shared-with", "dynamolock=5ms"], 2, vec!["\"5ms\"", "poll period must be from 10ms to 1m"]),
+        (vec!["lock", "dynamodb://tbl/k", "--shared-with", "dynamolock=soon"], 2, vec!["--shared-with", "soon"]),
+        (vec!["run", "s3://locks/a", "--shared-with", "s3lock", "--", "true"], 2, vec!["--shared-with s3lock needs --s3lock-compatible"]),
+        (vec!["lock", "dynamodb://tbl/k", "--shared-with", "dynamolock", "--queue"], 2, vec!["--shared-with dynamolock", "only an exclusive lock outside a queue"]),
+        (vec!["run", "dynamodb://tbl/k", "--shared-with", "dynamolock", "--permits", "3", "--", "true"], 2, vec!["only an exclusive lock outside a queue"]),
         // flags
         (vec!["lock", g, "--holder", "a\u{7}b"], 2, vec!["--holder", "printable"]),
         (vec!["lock", g, "--holder", &long_holder], 2, vec!["at most 256 characters"]),

@@ -1,0 +1,106 @@
+//! The other tools whose clients poll a key lockwarden shares with them
+//! (docs/design.md §6.4, "Sharing a key with a tool that polls"): on which store each
+//! lives and how often its clients look by default. A request that yields to one
+//! leaves a key lockwarden freed alone for one of those polls.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::registry::BackendKind;
+
+/// A tool whose waiting clients poll the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollingTool {
+    pub name: &'static str,
+    /// The one store it locks on.
+    pub store: BackendKind,
+    /// How often a waiting client of it looks, unless configured otherwise.
+    pub default_period: Duration,
+    /// Its source, for the period.
+    pub why: &'static str,
+}
+
+/// Every tool lockwarden can yield to.
+pub const POLLING_TOOLS: [PollingTool; 3] = [
+    PollingTool {
+        name: "s3lock",
+        store: BackendKind::S3,
+        default_period: Duration::from_secs(1),
+        why: "s3lock's LockWaitInterval",
+    },
+    PollingTool {
+        name: "dynamolock",
+        store: BackendKind::DynamoDb,
+        default_period: Duration::from_secs(1),
+        why: "dynamolock's default refresh period for AcquireLock",
+    },
+    PollingTool {
+        name: "client-go",
+        store: BackendKind::Kubernetes,
+        default_period: Duration::from_secs(2),
+        why: "the retry period client-go's leader election examples use",
+    },
+];
+
+/// A tool sharing a key, and how often its clients poll.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedWith {
+    pub tool: PollingTool,
+    pub period: Duration,
+}
+
+impl SharedWith {
+    /// The tool named `name` (one of [`POLLING_TOOLS`]) at its default period.
+    pub fn named(name: &str) -> Option<SharedWith> {
+        POLLING_TOOLS
+            .iter()
+            .find(|t| t.name == name)
+            .map(|&tool| SharedWith {
+                tool,
+                period: tool.default_period,
+            })
+    }
+
+    /// How long a freed key is left to the tool: one poll period, plus a quarter of it
+    /// (at least 200 ms) for the poll's own request and the scheduling of the client.
+    pub fn window(&self) -> Duration {
+        self.period + (self.period / 4).max(Duration::from_millis(200))
+    }
+
+    /// The names, for messages.
+    pub fn names() -> String {
+        POLLING_TOOLS
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.store.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl fmt::Display for SharedWith {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} polling every {}",
+            self.tool.name,
+            humantime::format_duration(self.period)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_covers_one_poll_and_its_request() {
+        let dynamolock = SharedWith::named("dynamolock").unwrap();
+        assert_eq!(dynamolock.window(), Duration::from_millis(1_250));
+        let fast = SharedWith {
+            period: Duration::from_millis(200),
+            ..dynamolock
+        };
+        assert_eq!(fast.window(), Duration::from_millis(400));
+        assert_eq!(SharedWith::named("consul"), None);
+    }
+}
