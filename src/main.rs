@@ -58,6 +58,9 @@ enum Command {
     Completions(cli::completions::CompletionsArgs),
     /// Print the DistributedLock CustomResourceDefinition (YAML, as in crds/)
     Crd,
+    /// Print docs/reference/cli.md, generated from these definitions (scripts/gen-reference)
+    #[command(hide = true)]
+    ReferenceCli,
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<u8> {
@@ -82,6 +85,13 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,
         Command::Crd => {
             print!("{}", lockwarden::api::all_crds_yaml());
+            cli::exit::OK
+        }
+        Command::ReferenceCli => {
+            print!(
+                "{}",
+                cli::reference::cli_reference_markdown(&Cli::command())
+            );
             cli::exit::OK
         }
     };

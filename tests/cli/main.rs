@@ -11,6 +11,7 @@ mod check_fence;
 mod connecting;
 mod cycle;
 mod docs;
+mod docs_reference;
 mod guard;
 mod input;
 mod lifetime;
