@@ -11,6 +11,8 @@ mod check_fence;
 mod connecting;
 mod cycle;
 mod docs;
+mod docs_examples;
+mod docs_markdown;
 mod docs_reference;
 mod guard;
 mod input;
