@@ -1,8 +1,9 @@
 //! The `sh` examples of the README and the user guide marked
 //! `<!-- runs: tests/cli/docs_examples.rs -->`, read from the Markdown and run as they
 //! are written, one after another, each with `bash -euo pipefail` in a directory of its
-//! own, against moto (S3, DynamoDB), with `lockwarden` (and, for a block that calls it,
-//! `kubectl`) on PATH and HOME in that directory.
+//! own, against moto (S3, DynamoDB), with `lockwarden` (and, for a block that calls
+//! them, `kubectl` and `helm`) on PATH and HOME in that directory, which also holds the
+//! repository's `charts/`, `crds/` and `examples/` (links), as a clone would.
 //!
 //! Before a block runs, every bucket it names (`s3://BUCKET/…`) is emptied or created,
 //! and every DynamoDB table it names (`dynamodb://TABLE/…`) deleted and, unless the
@@ -34,6 +35,8 @@ const PAGES: &[&str] = &[
     "docs/guide/fencing.md",
     "docs/guide/interop.md",
     "docs/guide/kubectl-plugin.md",
+    "docs/guide/monitoring.md",
+    "docs/guide/operations.md",
     "docs/guide/queues.md",
     "docs/guide/semaphores.md",
 ];
@@ -155,9 +158,15 @@ async fn the_sh_examples_of_the_readme_and_the_guide_run_as_written() {
             let cli = Cli::aws();
             let home = cli.dir().to_path_buf();
             let mut path = vec![home.join(".local/bin"), bin_dir.to_path_buf()];
-            if block.text.contains("kubectl") {
-                let kubectl = support::tool("KUBECTL");
-                path.push(kubectl.parent().expect("kubectl's directory").to_path_buf());
+            for (program, tool) in [("kubectl", "KUBECTL"), ("helm", "HELM")] {
+                if block.text.contains(program) {
+                    let tool = support::tool(tool);
+                    path.push(tool.parent().expect("a tool's directory").to_path_buf());
+                }
+            }
+            for dir in ["charts", "crds", "examples"] {
+                std::os::unix::fs::symlink(support::repo_root().join(dir), home.join(dir))
+                    .expect("link a directory of the repository");
             }
             path.extend(std::env::split_paths(
                 &std::env::var_os("PATH").unwrap_or_default(),
