@@ -58,9 +58,6 @@ enum Command {
     Completions(cli::completions::CompletionsArgs),
     /// Print the DistributedLock CustomResourceDefinition (YAML, as in crds/)
     Crd,
-    /// Print docs/reference/cli.md, generated from these definitions (scripts/gen-reference)
-    #[command(hide = true)]
-    ReferenceCli,
 }
 
 async fn dispatch(command: Command) -> anyhow::Result<u8> {
@@ -85,13 +82,6 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Completions(args) => cli::completions::run(args, Cli::command())?,
         Command::Crd => {
             print!("{}", lockwarden::api::all_crds_yaml());
-            cli::exit::OK
-        }
-        Command::ReferenceCli => {
-            print!(
-                "{}",
-                cli::reference::cli_reference_markdown(&Cli::command())
-            );
             cli::exit::OK
         }
     };
@@ -157,6 +147,15 @@ fn plugin_main(mode: InvokedAs) -> ExitCode {
 fn main() -> ExitCode {
     if let Some(mode) = kubectl::invoked_as(std::env::args_os().next().as_ref()) {
         return plugin_main(mode);
+    }
+    // `lockwarden reference-cli`: docs/reference/cli.md from these definitions
+    // (scripts/gen-reference). Not a subcommand, so that no help or completion offers it.
+    if std::env::args_os().skip(1).eq(["reference-cli"]) {
+        print!(
+            "{}",
+            cli::reference::cli_reference_markdown(&Cli::command())
+        );
+        return ExitCode::SUCCESS;
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

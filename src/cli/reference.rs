@@ -1,7 +1,7 @@
 //! docs/reference/cli.md, generated from the clap definitions: every command and flag
 //! of `lockwarden` and of `kubectl lockwarden` (clap-markdown), then the exit-code
 //! table from [`EXIT_CODES`] — the one place the docs write the exit codes.
-//! `lockwarden reference-cli` (hidden) prints it; `scripts/gen-reference` writes it and
+//! `lockwarden reference-cli` (not a subcommand: src/main.rs) prints it; `scripts/gen-reference` writes it and
 //! tests/cli/docs_reference.rs fails when the file differs.
 
 use clap::CommandFactory;

@@ -249,7 +249,7 @@ fn every_flag_of_help_is_in_the_reference_and_the_reverse() {
         !sections
             .iter()
             .any(|(name, _)| name.contains("reference-cli")),
-        "the hidden reference-cli is not documented"
+        "reference-cli, not a subcommand, is not documented"
     );
     // Flags the guide pages name are flags of some command.
     let all: BTreeSet<String> = sections
