@@ -148,6 +148,15 @@ fn main() -> ExitCode {
     if let Some(mode) = kubectl::invoked_as(std::env::args_os().next().as_ref()) {
         return plugin_main(mode);
     }
+    // `lockwarden reference-cli`: docs/reference/cli.md from these definitions
+    // (scripts/gen-reference). Not a subcommand, so that no help or completion offers it.
+    if std::env::args_os().skip(1).eq(["reference-cli"]) {
+        print!(
+            "{}",
+            cli::reference::cli_reference_markdown(&Cli::command())
+        );
+        return ExitCode::SUCCESS;
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return ExitCode::from(cli::report_parse_error(e)),

@@ -1,7 +1,7 @@
-//! README's SQL fencing recipe ("Making the fence count" → "SQL") on a real
+//! The SQL fencing recipe of docs/guide/fencing.md (its "## SQL" section) on a real
 //! PostgreSQL from Debian's packages (tests/support/postgres.rs), through `psql`.
 //!
-//! The SQL is the README's own `sql` block, read from the README at run time, so the
+//! The SQL is the guide's own `sql` block, read from docs/guide/fencing.md at run time, so the
 //! recipe users copy and the one tested cannot drift apart. Each test works in a
 //! schema of its own.
 
@@ -13,19 +13,23 @@ use std::collections::BTreeMap;
 use support::postgres::Postgres;
 use support::{repo_root, unique};
 
-/// The `sql` block of README's "### SQL" section.
-fn readme_recipe() -> String {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+/// The guide page the recipe is read from (its `<!-- runs: tests/fenced_sql.rs -->`
+/// block; tests/cli/docs_markdown.rs checks this file names the page).
+const GUIDE: &str = "docs/guide/fencing.md";
+
+/// The `sql` block of docs/guide/fencing.md's "## SQL" section.
+fn guide_recipe() -> String {
+    let readme = std::fs::read_to_string(repo_root().join(GUIDE)).expect(GUIDE);
     let section = readme
-        .split_once("\n### SQL\n")
+        .split_once("\n## SQL\n")
         .map(|(_, rest)| rest)
-        .expect("README has a \"### SQL\" section");
+        .expect("docs/guide/fencing.md has a \"## SQL\" section");
     let section = section.split("\n#").next().unwrap_or(section);
     let block = section
         .split_once("```sql\n")
         .and_then(|(_, rest)| rest.split_once("```"))
         .map(|(block, _)| block)
-        .expect("README's SQL section has a ```sql block");
+        .expect("docs/guide/fencing.md's SQL section has a ```sql block");
     block.to_string()
 }
 
@@ -50,7 +54,7 @@ fn schema_with_recipe(pg: &Postgres, prefix: &str, extra: &str) -> String {
     let schema = unique(prefix).replace('-', "_");
     let script = format!(
         "CREATE SCHEMA {schema};\nSET search_path TO {schema};\n{}\n{extra}",
-        readme_recipe()
+        guide_recipe()
     );
     let out = pg.psql(&["--quiet"], &script);
     assert!(
@@ -64,7 +68,7 @@ fn schema_with_recipe(pg: &Postgres, prefix: &str, extra: &str) -> String {
 /// Runs `script` in `schema` with the recipe's statements prepared; tuples only,
 /// unaligned. Fails the test if psql fails.
 fn run_in(pg: &Postgres, schema: &str, script: &str) -> Vec<String> {
-    let recipe = readme_recipe();
+    let recipe = guide_recipe();
     let full = format!(
         "SET search_path TO {schema};\n{}{script}",
         prepared_statements(&recipe)

@@ -1,5 +1,6 @@
-//! The library example in README.md, compiled and run against a real S3 (moto).
-//! `readme_shows_this_example` fails when the README's copy drifts from this one.
+//! The library example of docs/guide/library.md, compiled and run against a real S3
+//! (moto). `the_guide_shows_this_example` fails when the guide's copy drifts from this
+//! one. And README.md's **Prerequisites** are the programs the scripts call.
 
 mod support;
 
@@ -48,16 +49,21 @@ async fn readme_example_runs_against_s3() {
     migrate(s3).await.expect("and again");
 }
 
+/// The page that shows the example (its block is marked
+/// `<!-- runs: tests/readme_example.rs -->`; tests/cli/docs_markdown.rs checks that
+/// this file names the page).
+const GUIDE: &str = "docs/guide/library.md";
+
 #[test]
-fn readme_shows_this_example() {
+fn the_guide_shows_this_example() {
     let this = include_str!("readme_example.rs");
     let begin = this.find("// README:begin\n").unwrap() + "// README:begin\n".len();
     let end = this.find("// README:end").unwrap();
     let example = &this[begin..end];
-    let readme = std::fs::read_to_string(support::repo_root().join("README.md")).unwrap();
+    let guide = std::fs::read_to_string(support::repo_root().join(GUIDE)).expect(GUIDE);
     assert!(
-        readme.contains(example),
-        "README.md's library example differs from tests/readme_example.rs; copy this block into it:\n{example}"
+        guide.contains(example),
+        "{GUIDE}'s library example differs from tests/readme_example.rs; copy this block into it:\n{example}"
     );
 }
 

@@ -35,6 +35,7 @@ mod logging;
 mod output;
 mod progress;
 pub mod put;
+pub mod reference;
 pub mod run;
 pub mod status;
 mod stop;

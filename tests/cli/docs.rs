@@ -1,11 +1,16 @@
-//! What the docs say about the CLI is what the code does: the exit-code tables of the
-//! README and docs/architecture.md are `EXIT_CODES` row for row, `--help` prints every
-//! row, and the architecture tree names every file of the engine and the stores.
+//! What the docs say about the CLI is what the code does: the exit-code table is
+//! written once in the docs, in the generated docs/reference/cli.md, and it is
+//! `EXIT_CODES` row for row; `--help` prints every row; and the architecture tree names
+//! every file of the engine and the stores.
 
 use lockwarden::cli::EXIT_CODES;
 
 use super::support;
 use support::cli::BIN;
+
+/// The one page of the docs with the exit-code table (generated: scripts/gen-reference).
+const EXIT_CODES_PAGE: &str = "docs/reference/cli.md";
+const TABLE_HEADER: &str = "| code | meaning |";
 
 /// The rows `| code | meaning |` of the exit-code table that follows the line
 /// containing `heading` in a Markdown file.
@@ -17,7 +22,7 @@ fn exit_code_rows(file: &str, heading: &str) -> Vec<(u8, String)> {
         .unwrap_or_else(|| panic!("{file} has no {heading:?}"))
         .1;
     let table = after
-        .split_once("| code | meaning |")
+        .split_once(TABLE_HEADER)
         .unwrap_or_else(|| panic!("{file}: no exit-code table after {heading:?}"))
         .1;
     table
@@ -39,21 +44,45 @@ fn exit_code_rows(file: &str, heading: &str) -> Vec<(u8, String)> {
 }
 
 #[test]
-fn readme_and_architecture_list_the_exit_code_table_of_the_code() {
+fn the_reference_lists_the_exit_code_table_of_the_code_and_no_other_page_copies_it() {
     let table: Vec<(u8, String)> = EXIT_CODES
         .iter()
         .map(|s| (s.code, s.meaning.to_string()))
         .collect();
-    for (file, heading) in [
-        ("README.md", "**Exit status**"),
-        ("docs/architecture.md", "**Exit codes**"),
-    ] {
-        assert_eq!(
-            exit_code_rows(file, heading),
-            table,
-            "{file}'s exit codes differ from cli::EXIT_CODES (src/cli/errors.rs)"
-        );
+    assert_eq!(
+        exit_code_rows(EXIT_CODES_PAGE, "## Exit status"),
+        table,
+        "{EXIT_CODES_PAGE}'s exit codes differ from cli::EXIT_CODES (src/cli/errors.rs): \
+         run scripts/gen-reference"
+    );
+    // Anywhere else a copy would drift: the README and docs link to the reference.
+    let root = support::repo_root();
+    let mut pages = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("docs/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
     }
+    let copies: Vec<String> = pages
+        .iter()
+        .filter(|p| !p.ends_with(EXIT_CODES_PAGE))
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .expect("a page")
+                .contains(TABLE_HEADER)
+        })
+        .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    assert!(
+        copies.is_empty(),
+        "{copies:?} copy the exit-code table: link to {EXIT_CODES_PAGE}#exit-status instead"
+    );
 }
 
 #[test]
