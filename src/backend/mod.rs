@@ -26,10 +26,10 @@ pub use aws::{AwsOptions, Credentials};
 pub use dynamodb::{DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout};
 pub use kubernetes::fenced::{FencedKubernetesObject, ObjectTarget};
 pub use kubernetes::{KubernetesOptions, LeaseStore};
-pub use pollers::{POLLING_TOOLS, PollingTool, SharedWith};
+pub use pollers::{PollingTool, SharedWith};
 pub use registry::{
-    BackendKind, ConnectOptions, FencedTarget, SelectedSpec, StoreFlags, Target, connect,
-    connect_fenced, release_recorded,
+    BackendKind, ConnectOptions, FencedTarget, POLLING_TOOLS, SelectedSpec, StoreFlags, Target,
+    connect, connect_fenced, release_recorded,
 };
 pub use s3::{FencedS3Object, S3Options, S3Store};
 pub use spec::{SecretRef, SpecFieldError, StoreSpec};

@@ -1,12 +1,13 @@
 //! The other tools whose clients poll a key lockwarden shares with them
 //! (docs/design.md §6.4, "Sharing a key with a tool that polls"): on which store each
 //! lives and how often its clients look by default. A request that yields to one
-//! leaves a key lockwarden freed alone for one of those polls.
+//! leaves a key lockwarden freed alone for one of those polls. Each store declares its
+//! own tool (`POLLING_TOOL` in its folder); the registry lists them.
 
 use std::fmt;
 use std::time::Duration;
 
-use super::registry::BackendKind;
+use super::registry::{BackendKind, POLLING_TOOLS};
 
 /// A tool whose waiting clients poll the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,28 +20,6 @@ pub struct PollingTool {
     /// Its source, for the period.
     pub why: &'static str,
 }
-
-/// Every tool lockwarden can yield to.
-pub const POLLING_TOOLS: [PollingTool; 3] = [
-    PollingTool {
-        name: "s3lock",
-        store: BackendKind::S3,
-        default_period: Duration::from_secs(1),
-        why: "s3lock's LockWaitInterval",
-    },
-    PollingTool {
-        name: "dynamolock",
-        store: BackendKind::DynamoDb,
-        default_period: Duration::from_secs(1),
-        why: "dynamolock's default refresh period for AcquireLock",
-    },
-    PollingTool {
-        name: "client-go",
-        store: BackendKind::Kubernetes,
-        default_period: Duration::from_secs(2),
-        why: "the retry period client-go's leader election examples use",
-    },
-];
 
 /// A tool sharing a key, and how often its clients poll.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -688,3 +688,10 @@ mod tests {
         }
     }
 }
+
+/// Every tool lockwarden can yield to (`--shared-with`), one per store that has one.
+pub const POLLING_TOOLS: [super::PollingTool; 3] = [
+    s3::POLLING_TOOL,
+    dynamodb::POLLING_TOOL,
+    kubernetes::POLLING_TOOL,
+];

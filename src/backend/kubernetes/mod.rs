@@ -120,3 +120,12 @@ async fn client(context: Option<&str>) -> Result<kube::Client, String> {
     };
     kube::Client::try_from(config).map_err(|e| e.to_string())
 }
+
+/// The tool whose clients poll this store's keys, for `--shared-with` (docs/design.md
+/// §6.4, "Sharing a key with a tool that polls").
+pub const POLLING_TOOL: super::PollingTool = super::PollingTool {
+    name: "client-go",
+    store: super::BackendKind::Kubernetes,
+    default_period: std::time::Duration::from_secs(2),
+    why: "the retry period client-go's leader election examples use",
+};
