@@ -2,19 +2,18 @@
 //! (docs/design.md §6.4, "Sharing a key with a tool that polls"): on which store each
 //! lives and how often its clients look by default. A request that yields to one
 //! leaves a key lockwarden freed alone for one of those polls. Each store declares its
-//! own tool (`POLLING_TOOL` in its folder); the registry lists them.
+//! own tool (`POLLING_TOOL` in its folder); the registry lists them and finds one by
+//! name (`SharedWith::named`).
 
 use std::fmt;
 use std::time::Duration;
-
-use super::registry::{BackendKind, POLLING_TOOLS};
 
 /// A tool whose waiting clients poll the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollingTool {
     pub name: &'static str,
-    /// The one store it locks on.
-    pub store: BackendKind,
+    /// The one store it locks on (its `StoreKey::KIND`: `s3`, `dynamodb`, …).
+    pub store: &'static str,
     /// How often a waiting client of it looks, unless configured otherwise.
     pub default_period: Duration,
     /// Its source, for the period.
@@ -29,30 +28,10 @@ pub struct SharedWith {
 }
 
 impl SharedWith {
-    /// The tool named `name` (one of [`POLLING_TOOLS`]) at its default period.
-    pub fn named(name: &str) -> Option<SharedWith> {
-        POLLING_TOOLS
-            .iter()
-            .find(|t| t.name == name)
-            .map(|&tool| SharedWith {
-                tool,
-                period: tool.default_period,
-            })
-    }
-
     /// How long a freed key is left to the tool: one poll period, plus a quarter of it
     /// (at least 200 ms) for the poll's own request and the scheduling of the client.
     pub fn window(&self) -> Duration {
         self.period + (self.period / 4).max(Duration::from_millis(200))
-    }
-
-    /// The names, for messages.
-    pub fn names() -> String {
-        POLLING_TOOLS
-            .iter()
-            .map(|t| format!("{} ({})", t.name, t.store.as_str()))
-            .collect::<Vec<_>>()
-            .join(", ")
     }
 }
 

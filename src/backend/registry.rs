@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::aws::{self, AwsFlags, AwsOptions};
 use super::dynamodb::{self, DynamoDbBackend, DynamoDbFlags, DynamoDbKey, DynamoDbOptions};
 use super::kubernetes::{self, KubernetesBackend, KubernetesFlags, KubernetesOptions, LeaseKey};
+use super::pollers::{PollingTool, SharedWith};
 use super::s3::{self, S3Backend, S3Flags, S3Key, S3Options};
 use super::spec::{SecretRef, SpecFieldError, StoreSpec};
 use super::store::{ConnectError, RecordedAcquisition, StoreKey, TargetError};
@@ -690,8 +691,30 @@ mod tests {
 }
 
 /// Every tool lockwarden can yield to (`--shared-with`), one per store that has one.
-pub const POLLING_TOOLS: [super::PollingTool; 3] = [
+pub const POLLING_TOOLS: [PollingTool; 3] = [
     s3::POLLING_TOOL,
     dynamodb::POLLING_TOOL,
     kubernetes::POLLING_TOOL,
 ];
+
+impl SharedWith {
+    /// The tool named `name` (one of [`POLLING_TOOLS`]) at its default period.
+    pub fn named(name: &str) -> Option<SharedWith> {
+        POLLING_TOOLS
+            .iter()
+            .find(|t| t.name == name)
+            .map(|&tool| SharedWith {
+                tool,
+                period: tool.default_period,
+            })
+    }
+
+    /// The names, for messages.
+    pub fn names() -> String {
+        POLLING_TOOLS
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.store))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}

@@ -141,10 +141,10 @@ impl SharingArgs {
             return Ok(None);
         };
         let tool = shared.tool.name;
-        if url.backend_kind() != shared.tool.store {
+        if url.kind() != shared.tool.store {
             return Err(ValueError(format!(
                 "--shared-with {tool}: {tool} locks on {}, not on {url}",
-                shared.tool.store.as_str()
+                shared.tool.store
             )));
         }
         if tool == "s3lock" && !store.s3.s3lock_compatible {

@@ -209,9 +209,10 @@ async fn client(aws: &AwsOptions) -> aws_sdk_dynamodb::Client {
 
 /// The tool whose clients poll this store's keys, for `--shared-with` (docs/design.md
 /// §6.4, "Sharing a key with a tool that polls").
-pub const POLLING_TOOL: super::PollingTool = super::PollingTool {
-    name: "dynamolock",
-    store: super::BackendKind::DynamoDb,
-    default_period: std::time::Duration::from_secs(1),
-    why: "dynamolock's default refresh period for AcquireLock",
-};
+pub const POLLING_TOOL: crate::backend::pollers::PollingTool =
+    crate::backend::pollers::PollingTool {
+        name: "dynamolock",
+        store: <DynamoDbKey as crate::backend::store::StoreKey>::KIND,
+        default_period: std::time::Duration::from_secs(1),
+        why: "dynamolock's default refresh period for AcquireLock",
+    };

@@ -123,9 +123,10 @@ async fn client(context: Option<&str>) -> Result<kube::Client, String> {
 
 /// The tool whose clients poll this store's keys, for `--shared-with` (docs/design.md
 /// §6.4, "Sharing a key with a tool that polls").
-pub const POLLING_TOOL: super::PollingTool = super::PollingTool {
-    name: "client-go",
-    store: super::BackendKind::Kubernetes,
-    default_period: std::time::Duration::from_secs(2),
-    why: "the retry period client-go's leader election examples use",
-};
+pub const POLLING_TOOL: crate::backend::pollers::PollingTool =
+    crate::backend::pollers::PollingTool {
+        name: "client-go",
+        store: <LeaseKey as crate::backend::store::StoreKey>::KIND,
+        default_period: std::time::Duration::from_secs(2),
+        why: "the retry period client-go's leader election examples use",
+    };

@@ -130,9 +130,10 @@ async fn client(aws: &AwsOptions, s3: &S3Options) -> aws_sdk_s3::Client {
 
 /// The tool whose clients poll this store's keys, for `--shared-with` (docs/design.md
 /// §6.4, "Sharing a key with a tool that polls").
-pub const POLLING_TOOL: super::PollingTool = super::PollingTool {
-    name: "s3lock",
-    store: super::BackendKind::S3,
-    default_period: std::time::Duration::from_secs(1),
-    why: "s3lock's LockWaitInterval",
-};
+pub const POLLING_TOOL: crate::backend::pollers::PollingTool =
+    crate::backend::pollers::PollingTool {
+        name: "s3lock",
+        store: <S3Key as crate::backend::store::StoreKey>::KIND,
+        default_period: std::time::Duration::from_secs(1),
+        why: "s3lock's LockWaitInterval",
+    };
