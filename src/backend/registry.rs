@@ -551,6 +551,35 @@ impl<'a> SelectedSpec<'a> {
     }
 }
 
+/// Every tool lockwarden can yield to (`--shared-with`), one per store that has one.
+pub const POLLING_TOOLS: [PollingTool; 3] = [
+    s3::POLLING_TOOL,
+    dynamodb::POLLING_TOOL,
+    kubernetes::POLLING_TOOL,
+];
+
+impl SharedWith {
+    /// The tool named `name` (one of [`POLLING_TOOLS`]) at its default period.
+    pub fn named(name: &str) -> Option<SharedWith> {
+        POLLING_TOOLS
+            .iter()
+            .find(|t| t.name == name)
+            .map(|&tool| SharedWith {
+                tool,
+                period: tool.default_period,
+            })
+    }
+
+    /// The names, for messages.
+    pub fn names() -> String {
+        POLLING_TOOLS
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.store))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -687,34 +716,5 @@ mod tests {
             assert!(msg.contains(url), "{url}: {msg:?} does not name the URL");
             assert!(!msg.contains('\n'), "{url}: {msg:?}");
         }
-    }
-}
-
-/// Every tool lockwarden can yield to (`--shared-with`), one per store that has one.
-pub const POLLING_TOOLS: [PollingTool; 3] = [
-    s3::POLLING_TOOL,
-    dynamodb::POLLING_TOOL,
-    kubernetes::POLLING_TOOL,
-];
-
-impl SharedWith {
-    /// The tool named `name` (one of [`POLLING_TOOLS`]) at its default period.
-    pub fn named(name: &str) -> Option<SharedWith> {
-        POLLING_TOOLS
-            .iter()
-            .find(|t| t.name == name)
-            .map(|&tool| SharedWith {
-                tool,
-                period: tool.default_period,
-            })
-    }
-
-    /// The names, for messages.
-    pub fn names() -> String {
-        POLLING_TOOLS
-            .iter()
-            .map(|t| format!("{} ({})", t.name, t.store))
-            .collect::<Vec<_>>()
-            .join(", ")
     }
 }

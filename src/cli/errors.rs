@@ -201,7 +201,10 @@ pub enum CliError {
     /// A fenced write or read (`put`, `get`, `delete`) failed or was refused; `target`
     /// is the object's URL (the lock's, for a lock with several permits).
     #[error("{target}: {error}")]
-    Fenced { target: String, error: FencedError },
+    Fenced {
+        target: String,
+        error: Box<FencedError>,
+    },
 
     /// A message already formatted elsewhere (the ZooKeeper session keeper's), with
     /// its exit code.
@@ -266,7 +269,7 @@ impl CliError {
                 _ => exit::CANNOT_EXECUTE,
             },
             CliError::Reported { code, .. } => *code,
-            CliError::Fenced { error, .. } => match error {
+            CliError::Fenced { error, .. } => match error.as_ref() {
                 FencedError::Stale { .. }
                 | FencedError::OtherLock { .. }
                 | FencedError::NeverIssued { .. }

@@ -62,7 +62,7 @@ impl FenceArgs {
             .await
             .map_err(|error| CliError::Fenced {
                 target: lock.url(),
-                error,
+                error: Box::new(error),
             })
     }
 }
@@ -137,7 +137,7 @@ struct Document {
 fn fenced_error(target: &FencedTarget, error: FencedError) -> CliError {
     CliError::Fenced {
         target: target.url(),
-        error,
+        error: Box::new(error),
     }
 }
 
