@@ -371,8 +371,11 @@ async fn rule9_the_guard_of_several_locks_stops_its_command_when_either_cannot_b
         )
         .env("LOCKWARDEN_FENCES", &fences);
     let mut guard = cmd.spawn().expect("spawn lockwarden guard");
+    // The shell creates env.txt before echo writes to it: wait for the whole line.
     let seen = eventually("the guarded command to start", || async {
-        std::fs::read_to_string(lw.path("env.txt")).ok()
+        std::fs::read_to_string(lw.path("env.txt"))
+            .ok()
+            .filter(|line| line.ends_with('\n'))
     });
     let seen = tokio::select! {
         seen = seen => seen,

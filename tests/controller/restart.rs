@@ -255,27 +255,40 @@ async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiti
         (holder == "in-process").then_some(())
     })
     .await;
-    // Another replica takes the Lease (as after a partition longer than the claim).
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    );
-    leases
-        .patch(
-            "lead",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {
-                "holderIdentity": "another-replica",
-                "leaseDurationSeconds": 3600,
-                "acquireTime": now,
-                "renewTime": now,
-            }})),
-        )
-        .await
-        .unwrap();
+    // Another replica takes the Lease (as after a partition longer than the claim), and
+    // renews it as a replica does: kube-lease-manager renews its own claim with an
+    // unconditional patch of renewTime and leaseDurationSeconds, so a renewal of the
+    // in-process controller's in flight can shorten the taker's claim to its own 3 s,
+    // and a taker that never renewed would lose the Lease back to it (seen once under
+    // load: the controller led again before its loss was observed).
+    let taker = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                let _ = leases
+                    .patch(
+                        "lead",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"spec": {
+                            "holderIdentity": "another-replica",
+                            "leaseDurationSeconds": 3600,
+                            "acquireTime": now,
+                            "renewTime": now,
+                        }})),
+                    )
+                    .await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
     let ended = tokio::time::timeout(TIMEOUT, controller)
         .await
         .expect("the controller kept running after losing its Lease")
         .expect("the controller task panicked");
+    taker.abort();
     match ended {
         Err(controller::ControllerError::LostLeadership(identity)) => {
             assert_eq!(identity, "in-process")

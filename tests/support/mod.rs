@@ -155,24 +155,68 @@ pub struct DemoRun {
     pub dev: PathBuf,
 }
 
+/// How long `scripts/demo` may take before [`run_demo`] stops it: many times what it
+/// takes here (a minute or two; the node's, with its image, a few), so that only a hang
+/// reaches it.
+const DEMO_DEADLINE: Duration = Duration::from_secs(20 * 60);
+
 /// `scripts/demo ARGS` with the lockwarden `binary` under test and a dev directory of
-/// its own (named after `name`); fails the test unless it exits successfully.
+/// its own (named after `name`); fails the test unless it exits successfully within
+/// [`DEMO_DEADLINE`]. Its output goes to files in the dev directory (not pipes: a server
+/// it leaves behind holding a pipe would keep the test waiting for the pipe's end), and
+/// a demo that runs past the deadline is stopped (its session: it runs in one of its
+/// own) and fails the test with what it printed so far.
 pub fn run_demo(name: &str, args: &[&str], binary: &str) -> DemoRun {
     let dev = work_dir(&unique(name));
-    let out = Command::new(repo_root().join("scripts/demo"))
-        .args(args)
+    let (out_path, err_path) = (dev.join("demo.stdout"), dev.join("demo.stderr"));
+    let mut cmd = Command::new(repo_root().join("scripts/demo"));
+    cmd.args(args)
         .env("LOCKWARDEN_BIN", binary)
         .env("LOCKWARDEN_DEV", &dev)
-        .output()
-        .expect("run scripts/demo");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "scripts/demo {} failed ({}):\n{stdout}\n{stderr}",
-        args.join(" "),
-        out.status,
-    );
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).expect("create the demo's stdout file"))
+        .stderr(File::create(&err_path).expect("create the demo's stderr file"));
+    // SAFETY: setsid(2) only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("run scripts/demo");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for scripts/demo") {
+            break Some(status);
+        }
+        if started.elapsed() > DEMO_DEADLINE {
+            // SIGTERM to its session runs the demo's traps (they stop what it started).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGTERM) };
+            let stopping = Instant::now();
+            while child.try_wait().ok().flatten().is_none()
+                && stopping.elapsed() < Duration::from_secs(60)
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    match status {
+        Some(status) => assert!(
+            status.success(),
+            "scripts/demo {} failed ({status}):\n{stdout}\n{stderr}",
+            args.join(" "),
+        ),
+        None => panic!(
+            "scripts/demo {} still ran after {DEMO_DEADLINE:?}: stopped. What it printed:\n{stdout}\n{stderr}",
+            args.join(" "),
+        ),
+    }
     DemoRun {
         stdout,
         stderr,
