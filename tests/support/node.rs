@@ -210,8 +210,9 @@ impl Node {
 
     fn launch() -> Node {
         let started = Instant::now();
-        // Before the machine lock and the servers: a cold build takes minutes.
-        let binary = static_binary();
+        // Beside the node's start: a cold build takes minutes, the start about a minute,
+        // and only the images need the binary.
+        let binary = std::thread::spawn(static_binary);
         let machine_lock = take_machine_lock();
         // What a killed test binary left behind, before it can get in the way.
         if let Ok(previous) = std::fs::read_to_string(STATE_FILE) {
@@ -240,9 +241,11 @@ impl Node {
         let plane = ControlPlane::start_with(ControlPlaneOptions::for_node());
         let scheduler = start_scheduler(&plane, &dir);
         let mut containerd = start_containerd(&dir);
-        let images = import_images(&mut containerd, &dir, &binary);
         let kubelet_api = Proxy::start(plane.port());
         let kubelet = start_kubelet(&plane, &dir, &kubelet_api);
+        // While the kubelet registers: no Pod runs before this returns.
+        let binary = binary.join().expect("the static binary");
+        let images = import_images(&mut containerd, &dir, &binary);
         let node = Node {
             plane,
             dir,
@@ -597,9 +600,16 @@ fn ctr(args: &[&str]) -> std::process::Output {
 /// `lockwarden guard`, so it must not need their C library. `LOCKWARDEN_STATIC_BINARY`
 /// when scripts/test built it already; otherwise the script runs now, into this build's
 /// target directory (cargo does nothing when it is up to date; a cold one takes minutes).
+///
+/// `LOCKWARDEN_STATIC_BUILD=PREFIX` (scripts/test, which builds it beside the tests):
+/// the build is under way; it writes `PREFIX.path` and then `PREFIX.rc` (its exit
+/// status), and this waits for them, so a node starts while the binary still builds.
 fn static_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("LOCKWARDEN_STATIC_BINARY").filter(|p| !p.is_empty()) {
         return PathBuf::from(path);
+    }
+    if let Some(prefix) = std::env::var_os("LOCKWARDEN_STATIC_BUILD").filter(|p| !p.is_empty()) {
+        return static_binary_built_elsewhere(Path::new(&prefix));
     }
     // <target>/debug/lockwarden: the same target directory, whatever named it.
     let target_dir = Path::new(env!("CARGO_BIN_EXE_lockwarden"))
@@ -620,6 +630,43 @@ fn static_binary() -> PathBuf {
     let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     eprintln!(
         "[support] the static binary {} ({:.1?})",
+        path.display(),
+        started.elapsed()
+    );
+    path
+}
+
+/// The static binary scripts/test builds (see [`static_binary`]): waits for its
+/// `PREFIX.rc`, then reads `PREFIX.path`; a failed build fails the node with its log.
+fn static_binary_built_elsewhere(prefix: &Path) -> PathBuf {
+    let file = |ext: &str| PathBuf::from(format!("{}.{ext}", prefix.display()));
+    let started = Instant::now();
+    let rc = loop {
+        match std::fs::read_to_string(file("rc")) {
+            Ok(rc) if !rc.trim().is_empty() => break rc.trim().to_string(),
+            _ => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3600),
+            "the static binary's build ({}) did not finish in an hour",
+            prefix.display()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(
+        rc,
+        "0",
+        "scripts/static-binary failed; its log ({}.log):\n{}",
+        prefix.display(),
+        std::fs::read_to_string(file("log")).unwrap_or_default()
+    );
+    let path = PathBuf::from(
+        std::fs::read_to_string(file("path"))
+            .expect("the static build's path file")
+            .trim(),
+    );
+    eprintln!(
+        "[support] the static binary {} (waited {:.1?} for scripts/test's build)",
         path.display(),
         started.elapsed()
     );
