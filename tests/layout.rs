@@ -1,13 +1,16 @@
-//! The source layout's rules, checked over `src/` as text (no server, no build of its
-//! own): the file-level graph of `crate::`, `super::` and child-module paths has no
-//! cycle spanning two folders, so each folder (`lock/`, `backend/`, `api/`,
-//! `controller/gating/`, …) depends on the others in one direction only
-//! (docs/architecture.md). A cycle inside one folder (a module and its children) is a
-//! module's own business and allowed.
+//! The source layout's rules, checked over every crate's `src/` as text (no server, no
+//! build of its own). The layers are crates (docs/architecture.md): the compiler
+//! refuses a lower one naming a higher one, and [`the_crates_depend_downward_only`]
+//! keeps the manifests so. Inside each crate, the file-level graph of `crate::`,
+//! `super::` and child-module paths has no cycle spanning two folders, so each folder
+//! (`controller/gating/`, `stores/zookeeper/`, …) depends on the others in one
+//! direction only. A cycle inside one folder (a module and its children) is a module's
+//! own business and allowed.
 //!
-//! Stores are named in one registry: outside `backend/<store>/`, only
-//! `backend/registry.rs` and `api/backend_spec.rs` (which composes the stores' specs)
-//! name a store's variant of the registry's enums or a store's URL scheme.
+//! Stores are named in one registry: outside their own folders (`crates/stores/src/
+//! <store>/`, `crates/api/src/stores/<store>.rs`), only the stores' registry and the
+//! API's composition of their specs (`backend_spec.rs`, `store_spec.rs`) name a
+//! store's variant of the registry's enums or a store's URL scheme.
 //!
 //! `cargo test --test layout -- --nocapture` prints the graph's size and the files
 //! naming stores and, on failure, each cycle with the paths that close it.
@@ -15,7 +18,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// A file of `src/` and the module path it defines (`["controller", "gating"]`).
+/// The workspace's crates, lowest layer first: (short name, `src/` directory, package).
+const CRATES: [(&str, &str, &str); 5] = [
+    ("core", "crates/core/src", "lockwarden-core"),
+    ("stores", "crates/stores/src", "lockwarden-stores"),
+    ("api", "crates/api/src", "lockwarden-api"),
+    (
+        "controller",
+        "crates/controller/src",
+        "lockwarden-controller",
+    ),
+    ("lockwarden", "src", "lockwarden"),
+];
+
+/// A crate's file and the module path it defines, the crate's short name first
+/// (`["controller", "gating"]`).
 struct SourceFile {
     path: PathBuf,
     module: Vec<String>,
@@ -23,30 +40,34 @@ struct SourceFile {
 }
 
 fn sources() -> Vec<SourceFile> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    let mut stack = vec![root.clone()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).expect("src dir") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let rel = path.strip_prefix(&root).expect("under src");
-                // main.rs is the binary's crate: it reaches the library as `lockwarden::`.
-                if rel == Path::new("main.rs") {
-                    continue;
+    for (name, dir, _) in CRATES {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("src dir") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let rel = path.strip_prefix(&root).expect("under src");
+                    // main.rs is the binary's crate: it reaches the library as
+                    // `lockwarden::`.
+                    if rel == Path::new("main.rs") {
+                        continue;
+                    }
+                    let mut module: Vec<String> = vec![name.to_string()];
+                    module.extend(
+                        rel.with_extension("")
+                            .components()
+                            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+                    );
+                    if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
+                        module.pop();
+                    }
+                    let text = strip_comments(&std::fs::read_to_string(&path).expect("read"));
+                    files.push(SourceFile { path, module, text });
                 }
-                let mut module: Vec<String> = rel
-                    .with_extension("")
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
-                    module.pop();
-                }
-                let text = strip_comments(&std::fs::read_to_string(&path).expect("read"));
-                files.push(SourceFile { path, module, text });
             }
         }
     }
@@ -249,7 +270,7 @@ fn expand_into(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>)
 fn resolve(file: &SourceFile, children: &BTreeSet<String>, path: &[String]) -> Option<Vec<String>> {
     let first = path.first()?;
     let mut module = match first.as_str() {
-        "crate" => Vec::new(),
+        "crate" => file.module[..1].to_vec(),
         "self" => file.module.clone(),
         "super" => {
             let mut module = file.module.clone();
@@ -408,17 +429,18 @@ fn the_checker_finds_a_cycle_when_there_is_one() {
     // Two files in two folders naming each other: the graph must see both edges.
     let a = SourceFile {
         path: PathBuf::from("src/a/mod.rs"),
-        module: vec!["a".into()],
+        module: vec!["lockwarden".into(), "a".into()],
         text: strip_comments(
             "use crate::b::thing; // crate::c::not_a_use\nfn f() { crate::b::g() }",
         ),
     };
     let paths = paths_named(&a, &BTreeSet::new());
-    assert!(paths.contains(&vec!["b".to_string(), "thing".to_string()]));
+    let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert!(paths.contains(&path(&["lockwarden", "b", "thing"])));
     assert!(
         !paths
             .iter()
-            .any(|p| p.first().map(String::as_str) == Some("c"))
+            .any(|p| p.get(1).map(String::as_str) == Some("c"))
     );
     let grouped = expand("crate::x::{y, z::{p, q as r}}");
     assert_eq!(grouped.len(), 3);
@@ -432,7 +454,11 @@ fn the_checker_finds_a_cycle_when_there_is_one() {
 fn the_gating_machine_names_no_workload_kind() {
     // docs/design.md §2: `controller/gating/` drives every kind through the
     // `GatedWorkload` trait; a kind is registered, never imported.
-    let kinds = [["controller", "jobs"], ["controller", "pods"]];
+    let kinds = [
+        ["controller", "jobs"],
+        ["controller", "pods"],
+        ["controller", "kueue"],
+    ];
     for file in sources() {
         if !file
             .module
@@ -468,9 +494,19 @@ const STORE_SCHEMES: [&str; 8] = [
 ];
 
 /// Where a store is named in `text` (code and string literals, comments stripped):
-/// `Target::S3`, `BackendKind::ZooKeeper`, `"zk"`, `"s3://…"`.
+/// `Target::S3`, `BackendKind::ZooKeeper`, `"zk"`, `"s3://…"`. A Cargo feature named
+/// after a store (`#[cfg(feature = "s3")]`) is no use of the store.
 fn store_names(text: &str) -> Vec<String> {
     let mut found = Vec::new();
+    let mut rest = text;
+    let mut kept = String::with_capacity(text.len());
+    while let Some(at) = rest.find("feature = \"") {
+        kept.push_str(&rest[..at]);
+        let after = &rest[at + "feature = \"".len()..];
+        rest = after.find('"').map_or("", |end| &after[end + 1..]);
+    }
+    kept.push_str(rest);
+    let text = kept.as_str();
     for e in STORE_ENUMS {
         for v in STORE_VARIANTS {
             let name = format!("{e}::{v}");
@@ -532,14 +568,21 @@ fn without_tests(text: &str) -> (String, BTreeSet<String>) {
 
 #[test]
 fn stores_are_named_in_one_registry() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let own_folders: Vec<PathBuf> = ["s3", "dynamodb", "zookeeper", "kubernetes"]
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let stores = ["s3", "dynamodb", "zookeeper", "kubernetes"];
+    let own: Vec<PathBuf> = stores
         .iter()
-        .map(|s| root.join("backend").join(s))
+        .flat_map(|s| {
+            [
+                root.join("crates/stores/src").join(s),
+                root.join("crates/api/src/stores").join(format!("{s}.rs")),
+            ]
+        })
         .collect();
     let allowed = [
-        root.join("backend/registry.rs"),
-        root.join("api/backend_spec.rs"),
+        root.join("crates/stores/src/registry.rs"),
+        root.join("crates/api/src/backend_spec.rs"),
+        root.join("crates/api/src/store_spec.rs"),
     ];
     let files = sources();
     // Test-only files: declared under `#[cfg(test)]` by their parent (or named
@@ -555,7 +598,7 @@ fn stores_are_named_in_one_registry() {
     }
     let mut naming = Vec::new();
     for file in &files {
-        if own_folders.iter().any(|f| file.path.starts_with(f))
+        if own.iter().any(|f| file.path.starts_with(f))
             || test_only.iter().any(|m| file.module.starts_with(m))
         {
             continue;
@@ -568,7 +611,7 @@ fn stores_are_named_in_one_registry() {
         }
     }
     println!(
-        "files outside backend/<store>/ naming a store: {}",
+        "files outside the stores' own folders naming a store: {}",
         naming.len()
     );
     for (path, names) in &naming {
@@ -588,15 +631,141 @@ fn stores_are_named_in_one_registry() {
         "stores named outside their folder and the registry:\n{}",
         stray.join("\n")
     );
-    assert!(naming.len() <= 3, "{naming:?}");
+    assert!(naming.len() <= allowed.len(), "{naming:?}");
 }
 
 #[test]
 fn the_store_scan_sees_names_and_skips_tests() {
-    let text = "fn f() { Target::S3(k); BackendKind::ZooKeeperX; x(\"zk://h\") }\n\
+    let text = "#[cfg(feature = \"s3\")] fn f() { Target::S3(k); BackendKind::ZooKeeperX; x(\"zk://h\") }\n\
                 #[cfg(test)]\nmod tests { fn g() { Target::DynamoDb } }\n\
                 #[cfg(test)]\nmod testing;";
     let (code, children) = without_tests(text);
     assert_eq!(store_names(&code), ["Target::S3", "\"zk://"]);
     assert_eq!(children, BTreeSet::from(["testing".to_string()]));
+}
+
+/// The `lockwarden-*` packages `manifest` depends on in its `[dependencies]` (not the
+/// dev-dependencies: a crate's tests may use a lower layer's test support).
+fn our_dependencies(manifest: &str) -> BTreeSet<String> {
+    let mut section = "";
+    let mut found = BTreeSet::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        if section == "[dependencies]"
+            && let Some(name) = line.split(['.', ' ', '=']).next()
+            && name.starts_with("lockwarden-")
+        {
+            found.insert(name.to_string());
+        }
+    }
+    found
+}
+
+/// The layers' order holds in the manifests: each crate depends only on crates listed
+/// before it in [`CRATES`], so the compiler refuses any use of a higher layer (the
+/// engine cannot name a store, the stores cannot name the API types, nothing below the
+/// controller can name it).
+#[test]
+fn the_crates_depend_downward_only() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (i, (_, dir, package)) in CRATES.iter().enumerate() {
+        let manifest_path = root.join(dir).parent().unwrap().join("Cargo.toml");
+        let manifest = std::fs::read_to_string(&manifest_path).expect("read Cargo.toml");
+        let lower: BTreeSet<String> = CRATES[..i].iter().map(|c| c.2.to_string()).collect();
+        for dependency in our_dependencies(&manifest) {
+            assert!(
+                lower.contains(&dependency),
+                "{package} ({}) depends on {dependency}, which is not a lower layer \
+                 (the order: {:?})",
+                manifest_path.display(),
+                CRATES.map(|c| c.2)
+            );
+        }
+    }
+    assert_eq!(
+        our_dependencies(
+            "[dependencies]\nlockwarden-core.workspace = true\n[dev-dependencies]\nlockwarden-api = 1\n"
+        ),
+        BTreeSet::from(["lockwarden-core".to_string()]),
+    );
+}
+
+/// The packages `package` builds with, from `cargo tree` (normal dependencies, no
+/// build): what a user of that package compiles.
+fn dependency_closure(package: &str) -> BTreeSet<String> {
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .args(["--format", "{p}", "-p", package])
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The engine builds with no Kubernetes, AWS, ZooKeeper or HTTP client, and a program
+/// embedding one store (examples/embed-dynamodb: DynamoDB) gets that store's client
+/// alone: no Kubernetes client, no S3 or ZooKeeper client.
+#[test]
+fn the_engine_and_an_embedding_of_one_store_carry_no_other_client() {
+    let clients = |closure: &BTreeSet<String>, forbidden: &[&str]| -> Vec<String> {
+        closure
+            .iter()
+            .filter(|p| forbidden.iter().any(|f| p.starts_with(f)))
+            .cloned()
+            .collect()
+    };
+    let core = dependency_closure("lockwarden-core");
+    let in_core = clients(
+        &core,
+        &[
+            "kube",
+            "k8s-openapi",
+            "aws-",
+            "zookeeper-client",
+            "hyper",
+            "lockwarden-",
+        ],
+    );
+    assert_eq!(
+        in_core,
+        ["lockwarden-core"],
+        "lockwarden-core's dependencies"
+    );
+    let embedding = dependency_closure("embed-dynamodb");
+    assert!(embedding.contains("aws-sdk-dynamodb"), "{embedding:?}");
+    let others = clients(
+        &embedding,
+        &["kube", "k8s-openapi", "aws-sdk-s3", "zookeeper-client"],
+    );
+    assert!(
+        others.is_empty(),
+        "examples/embed-dynamodb builds {others:?} (of {} packages)",
+        embedding.len()
+    );
+    println!(
+        "lockwarden-core: {} packages; examples/embed-dynamodb: {}; lockwarden: {}",
+        core.len(),
+        embedding.len(),
+        dependency_closure("lockwarden").len()
+    );
 }

@@ -8,14 +8,14 @@ use clap::Args;
 
 use super::lockfile::LockFile;
 use super::sys;
-use crate::api::distributed_lock::MAX_LOCK_DELAY;
-use crate::backend::{SharedWith, Target, TargetError};
-use crate::duration::{DurationError, parse_duration as parse_go_duration};
-use crate::lock::{AcquireRequest, FenceToken, Mode, Permits, Queueing};
+use lockwarden_api::distributed_lock::MAX_LOCK_DELAY;
+use lockwarden_core::duration::{DurationError, parse_duration as parse_go_duration};
+use lockwarden_core::{AcquireRequest, FenceToken, Mode, Permits, Queueing};
+use lockwarden_stores::{SharedWith, Target, TargetError};
 
 /// Options every command that talks to a backend accepts: each store's flags,
-/// declared with the store ([`crate::backend::StoreFlags`]).
-pub use crate::backend::StoreFlags as BackendArgs;
+/// declared with the store ([`lockwarden_stores::StoreFlags`]).
+pub use lockwarden_stores::StoreFlags as BackendArgs;
 
 /// `--permits`, `--shared` and `--exclusive`: how many may hold the key at once and
 /// how this holder takes it (docs/design.md §6.2).
@@ -397,9 +397,9 @@ pub fn parse_nonce(s: &str) -> Result<String, ValueError> {
 }
 
 /// A positive duration in Go's form, as everywhere else in lockwarden
-/// ([`crate::duration`]): `30s`, `5m`, `1h30m`, `1500ms`, `1.5h`.
+/// ([`lockwarden_core::duration`]): `30s`, `5m`, `1h30m`, `1500ms`, `1.5h`.
 pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
-    crate::duration::parse_flag_duration(s).map_err(ValueError)
+    lockwarden_core::duration::parse_flag_duration(s).map_err(ValueError)
 }
 
 /// A lease: a duration of at least one second (backends store whole seconds or
@@ -441,7 +441,7 @@ pub fn parse_lock_delay(s: &str) -> Result<Duration, ValueError> {
     Ok(d)
 }
 
-/// `--shared-with TOOL[=PERIOD]`: one of [`crate::backend::POLLING_TOOLS`], at its
+/// `--shared-with TOOL[=PERIOD]`: one of [`lockwarden_stores::POLLING_TOOLS`], at its
 /// default period or at PERIOD (a duration from 10ms to 1m).
 pub fn parse_shared_with(s: &str) -> Result<SharedWith, ValueError> {
     let (name, period) = match s.split_once('=') {

@@ -1,13 +1,13 @@
 //! `lockwarden check-fence URL FENCE`: whether FENCE is still a current holder's on
 //! the lock (Chubby's `CheckSequencer`), for a service about to do work on a caller's
 //! behalf. Advisory: the holder may lose the lock right after the answer; only a
-//! conditional write at the resource is safe (see [`crate::lock::sequencer`]).
+//! conditional write at the resource is safe (see [`lockwarden_core::sequencer`]).
 
 use clap::Args;
 
 use super::{BackendArgs, CliError, exit, parse_fence, print_error};
-use crate::backend::Target;
-use crate::lock::{FenceCheck, FenceToken};
+use lockwarden_core::{FenceCheck, FenceToken};
+use lockwarden_stores::Target;
 
 #[derive(Args, Debug)]
 pub struct CheckFenceArgs {
@@ -27,9 +27,10 @@ pub struct CheckFenceArgs {
 pub async fn run(args: CheckFenceArgs) -> Result<u8, CliError> {
     let backend = args.url.connect(&args.backend.options(None)).await?;
     // A store that is still starting is retried for the connect timeout, as `status` does.
-    let check =
-        crate::lock::when_reachable(|| crate::lock::check_fence(backend.as_ref(), args.fence))
-            .await?;
+    let check = lockwarden_core::when_reachable(|| {
+        lockwarden_core::check_fence(backend.as_ref(), args.fence)
+    })
+    .await?;
     let line = format!("{}: {check}", backend.url());
     match check {
         FenceCheck::Current { .. } => {

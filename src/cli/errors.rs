@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::lockfile::LockFileError;
-use crate::backend::{BackendKind, ConnectError, TargetError};
-use crate::fenced::FencedError;
-use crate::lock::{HeldBy, LockError};
+use lockwarden_core::fenced::FencedError;
+use lockwarden_core::{HeldBy, LockError};
+use lockwarden_stores::{BackendKind, ConnectError, TargetError};
 
 /// Exit codes of every command: the names the code uses. What each means is said once,
 /// in [`EXIT_CODES`].
@@ -235,7 +235,7 @@ fn round(d: Duration) -> Duration {
 fn held_by(by: &HeldBy) -> String {
     let mut s = format!("{} (fence {})", by.holder, by.fence);
     if let Some(since) = by.since.filter(|t| *t > std::time::UNIX_EPOCH) {
-        s.push_str(&format!(" since {}", crate::lock::rfc3339(since)));
+        s.push_str(&format!(" since {}", lockwarden_core::rfc3339(since)));
     }
     s
 }
@@ -331,7 +331,7 @@ mod tests {
     fn exit_codes() {
         let by = HeldBy {
             holder: "h".into(),
-            fence: crate::lock::FenceToken(4),
+            fence: lockwarden_core::FenceToken(4),
             since: None,
         };
         let held = CliError::from(LockError::Held {

@@ -24,8 +24,8 @@ use super::stop::{
     KILL_MARGIN, StopTimes, exit_code, grace_up_to, longest_grace, stop_tree, terminate,
 };
 use super::{BackendArgs, CliError, parse_fence, print_warning, sys, tree};
-use crate::backend::Target;
-use crate::lock::{FenceToken, LockBackend, LockState, SafetyMargins, Stored};
+use lockwarden_core::{FenceToken, LockBackend, LockState, SafetyMargins, Stored};
+use lockwarden_stores::Target;
 
 /// What one read of the record showed about the acquisition the guard watches.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -434,7 +434,7 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
     // The guard runs inside the workload's image, which need not have what
     // lockwarden's own image has.
     if let Some(tls) = locks.iter().find(|l| l.url.needs_system_roots(&options))
-        && let Some(why) = crate::backend::aws::missing_root_certificates()
+        && let Some(why) = lockwarden_stores::aws::missing_root_certificates()
     {
         return Err(CliError::Unreadable {
             cause: format!("{}: {why}", tls.url),
@@ -450,7 +450,12 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
     // The first reads: every lock must be ours, now.
     let mut firsts = Vec::with_capacity(locks.len());
     for ((lock, backend), url) in locks.iter().zip(&backends).zip(&urls) {
-        let first = read_once(backend.as_ref(), &lock.nonce, crate::lock::CONNECT_TIMEOUT).await;
+        let first = read_once(
+            backend.as_ref(),
+            &lock.nonce,
+            lockwarden_core::CONNECT_TIMEOUT,
+        )
+        .await;
         let lease = ours_at_start(&first, url, lock.fence)?;
         firsts.push((first, lease));
     }
@@ -988,7 +993,7 @@ mod tests {
 
     #[test]
     fn rule9_the_longest_grace_leaves_a_renewal_on_schedule_and_two_polls_before_sigterm() {
-        use crate::lock::RenewPolicy;
+        use lockwarden_core::RenewPolicy;
         let margins = SafetyMargins::default();
         for (lease, longest) in [(30_000, 8_150), (4_000, 436), (3_000, 140), (1_500, 0)] {
             let lease = ms(lease);
@@ -1016,7 +1021,7 @@ mod tests {
 
     #[test]
     fn rule9_only_our_own_entry_proves_a_renewal_on_a_key_with_permits() {
-        use crate::lock::{HolderSet, LockRecord, Mode, SetEntry, Version};
+        use lockwarden_core::{HolderSet, LockRecord, Mode, SetEntry, Version};
         let entry = |nonce: &str, revision: &str| SetEntry {
             holder: "h".into(),
             nonce: nonce.into(),

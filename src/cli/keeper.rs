@@ -30,7 +30,7 @@ use super::lockfile::{Keeper, LockFile};
 use super::output::report_locked_lines;
 use super::progress::Progress;
 use super::{CliError, exit, print_warning, sys};
-use crate::lock::{HeldLock, HolderState, Lease, LockBackend, RenewPolicy};
+use lockwarden_core::{HeldLock, HolderState, Lease, LockBackend, RenewPolicy};
 
 /// What the keeper tells the `lock` that started it, one JSON object per line.
 #[derive(Debug, Serialize, Deserialize)]
@@ -191,7 +191,7 @@ async fn acquire_reporting_progress(
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let on_busy = {
         let (parent_gone, gone) = (parent_gone.clone(), gone.clone());
-        move |by: &crate::lock::HeldBy, queue: Option<u32>| {
+        move |by: &lockwarden_core::HeldBy, queue: Option<u32>| {
             let busy = Message::Busy {
                 holder: by.holder.clone(),
                 fence: by.fence.0,

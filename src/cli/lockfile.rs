@@ -24,8 +24,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{LockFileFields, StoreFlags, Target};
-use crate::lock::Lease;
+use lockwarden_core::Lease;
+use lockwarden_stores::{LockFileFields, StoreFlags, Target};
 
 /// Format marker of lock files written by this build.
 pub const FORMAT: u32 = 1;
@@ -43,7 +43,7 @@ pub struct Keeper {
 pub struct LockFile {
     /// What another tool reads in a lock file for this key, beside lockwarden's own
     /// fields: s3lock's `Bucket`, `Key`, `Id` (our nonce) and `ETag` for S3 locks
-    /// (the store declares them: [`crate::backend::StoreKey::lock_file_fields`]).
+    /// (the store declares them: [`lockwarden_stores::StoreKey::lock_file_fields`]).
     #[serde(flatten)]
     pub store: LockFileFields,
     pub url: String,

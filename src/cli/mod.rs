@@ -54,7 +54,7 @@ pub use errors::{CliError, EXIT_CODES, ExitStatus, after_help, exit};
 pub use logging::init_logging;
 pub use output::{print_error, print_warning, report_parse_error};
 
-use crate::lock::{
+use lockwarden_core::{
     AcquireRequest, HeldBy, Lease, LockBackend, LockError, Queue, Wait, acquire_with_progress,
 };
 

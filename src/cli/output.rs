@@ -6,8 +6,8 @@ use std::io::Write;
 use std::path::Path;
 
 use super::exit;
-use crate::backend::Target;
-use crate::lock::Lease;
+use lockwarden_core::Lease;
+use lockwarden_stores::Target;
 
 /// Prints `lockwarden: error: …` on one line (a message with line breaks is joined).
 pub fn print_error(message: &str) {

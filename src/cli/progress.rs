@@ -5,7 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use crate::lock::HeldBy;
+use lockwarden_core::HeldBy;
 
 const PLAIN_EVERY: Duration = Duration::from_secs(30);
 const FRAMES: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];

@@ -12,8 +12,10 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use super::{BackendArgs, CliError, exit, parse_target};
-use crate::backend::{ConnectOptions, FencedTarget, Target, connect_fenced};
-use crate::fenced::{Content, Fence, FencedError, FencedObject, FencedRead, issued_fence};
+use lockwarden_core::fenced::{
+    Content, Fence, FencedError, FencedObject, FencedRead, issued_fence,
+};
+use lockwarden_stores::{ConnectOptions, FencedTarget, Target, connect_fenced};
 
 const TARGET_HELP: &str = "Fenced writes go to the object the lock protects, never to the lock \
 itself. TARGET is s3://BUCKET/KEY (an object; its user metadata keeps the fence), \
@@ -49,7 +51,7 @@ pub struct FenceArgs {
 
 impl FenceArgs {
     /// The fence, once the lock is known to have one permit and to have issued it
-    /// ([`crate::fenced::issued_fence`]).
+    /// ([`lockwarden_core::fenced::issued_fence`]).
     async fn checked(&self, options: &ConnectOptions) -> Result<Fence, CliError> {
         let (Some(token), Some(lock)) = (self.fence, &self.lock) else {
             return Err(CliError::Usage(

@@ -28,11 +28,11 @@ use super::{
     BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, default_holder, print_warning, sys,
     tree,
 };
-use crate::backend::Target;
-use crate::lock::{
+use lockwarden_core::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
     Permits, Queueing, RenewPolicy, SafetyMargins, Stored,
 };
+use lockwarden_stores::Target;
 
 /// Lease of a lock held by `run`: renewed every third of it, so a `run` that dies
 /// (SIGKILL, machine loss) holds others off for about this long.

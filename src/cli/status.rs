@@ -7,10 +7,10 @@ use serde::Serialize;
 
 use super::output::columns;
 use super::{BackendArgs, CliError, PermitArgs, exit};
-use crate::backend::Target;
-use crate::backend::zookeeper::FOREIGN_QUEUE_ENTRY;
-use crate::lock::history::{self, Grant};
-use crate::lock::{HolderSet, LockRecord, LockState, Permits, QueueView, Stored};
+use lockwarden_core::history::{self, Grant};
+use lockwarden_core::{HolderSet, LockRecord, LockState, Permits, QueueView, Stored};
+use lockwarden_stores::Target;
+use lockwarden_stores::zookeeper::FOREIGN_QUEUE_ENTRY;
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
@@ -108,7 +108,7 @@ pub struct Status {
     pub by_another_tool: bool,
 }
 
-/// One grant of the key's holder history ([`crate::lock::history`]).
+/// One grant of the key's holder history ([`lockwarden_core::history`]).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
@@ -273,7 +273,7 @@ fn freed_by(record: &LockRecord, never_expires: bool) -> Option<String> {
 }
 
 fn rfc3339(t: SystemTime) -> Option<String> {
-    (t > SystemTime::UNIX_EPOCH).then(|| crate::lock::rfc3339(t))
+    (t > SystemTime::UNIX_EPOCH).then(|| lockwarden_core::rfc3339(t))
 }
 
 impl Status {
@@ -574,7 +574,7 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     // A store that is still starting is retried for the connect timeout, as `lock` does.
-    let stored = crate::lock::when_reachable(|| backend.inspect()).await?;
+    let stored = lockwarden_core::when_reachable(|| backend.inspect()).await?;
     let read_at = SystemTime::now();
     let note = stored.as_ref().and_then(|s| backend.note(s));
     // From the record just read: the same as `LockBackend::history`, without a second
@@ -611,7 +611,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::lock::{FenceToken, LockRecord, Mode, SetEntry, Version};
+    use lockwarden_core::{FenceToken, LockRecord, Mode, SetEntry, Version};
 
     fn semaphore_record() -> Stored {
         let entry = |holder: &str, fence: u64| {
@@ -641,7 +641,7 @@ mod tests {
 
     #[test]
     fn a_queued_key_lists_its_waiters_in_grant_order() {
-        use crate::lock::Queue;
+        use lockwarden_core::Queue;
         let waiter = |holder: &str, ticket, priority| {
             let mut w = SetEntry::new(
                 holder,
@@ -739,8 +739,9 @@ mod tests {
 
     #[test]
     fn an_s3lock_lease_never_expires_and_a_kafka_kit_holder_is_short_in_the_table() {
-        let s3lock = crate::backend::s3::parse_body(b"0d5e1f4c-3b1a-4c57-9d34-0c6a2f0e9a11", "e1")
-            .expect("an s3lock body");
+        let s3lock =
+            lockwarden_stores::s3::parse_body(b"0d5e1f4c-3b1a-4c57-9d34-0c6a2f0e9a11", "e1")
+                .expect("an s3lock body");
         let status = Status::new(
             "s3://b/k",
             Some(Stored {
@@ -799,8 +800,8 @@ mod tests {
 
     #[test]
     fn history_lists_the_grants_oldest_first_only_when_asked() {
-        use crate::lock::history::{after_grant, of_stored};
-        use crate::lock::{Ending, Grant};
+        use lockwarden_core::history::{after_grant, of_stored};
+        use lockwarden_core::{Ending, Grant};
         let first = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(30), None);
         let mut first = first;
         first.history = vec![Grant::new(
@@ -881,7 +882,7 @@ mod tests {
         };
         let status =
             Status::new("s3://b/k", Some(stored(held.clone()))).with_takeover(read_at, grace);
-        let expected = crate::lock::rfc3339(read_at + Duration::from_millis(5_250));
+        let expected = lockwarden_core::rfc3339(read_at + Duration::from_millis(5_250));
         assert_eq!(
             status.no_takeover_before.as_deref(),
             Some(expected.as_str())

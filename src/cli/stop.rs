@@ -11,7 +11,7 @@ use tokio::process::Child;
 use tokio::time::{Instant, sleep_until};
 
 use super::{sys, tree};
-use crate::lock::{RenewPolicy, SafetyMargins};
+use lockwarden_core::{RenewPolicy, SafetyMargins};
 
 /// Rule 7's k: how long before the holder deadline SIGKILL goes, the time to walk
 /// `/proc`, signal every process of the tree and see each gone, with room for a

@@ -14,8 +14,10 @@ use clap::Args;
 
 use super::lockfile::LockFile;
 use super::{BackendArgs, CliError, exit, print_warning};
-use crate::backend::{ConnectError, ConnectOptions, RecordedAcquisition, Target, release_recorded};
-use crate::lock::{LockError, LostReason, Version, when_reachable};
+use lockwarden_core::{LockError, LostReason, Version, when_reachable};
+use lockwarden_stores::{
+    ConnectError, ConnectOptions, RecordedAcquisition, Target, release_recorded,
+};
 
 #[derive(Args, Debug)]
 pub struct UnlockArgs {

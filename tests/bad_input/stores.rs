@@ -283,7 +283,7 @@ async fn dynamodb_items_with_wrong_types_are_reported_and_left_alone() {
         ("fence-fraction", "fence", n("3.5"), "non-negative integer"),
         ("fence-beyond-u64", "fence", n("18446744073709551616"), "non-negative integer"),
         // isReleased of any type is not here: like dynamolock, a present isReleased
-        // means released (see src/backend/dynamodb.rs), so it is not bad input.
+        // means released (see crates/stores/src/dynamodb/store.rs), so it is not bad input.
         ("data-number", "data", n("1"), "data is a number"),
         ("owner-list", "ownerName", AttributeValue::L(vec![s("a")]), "ownerName is a list"),
         ("owner-huge-map", "ownerName", AttributeValue::M(huge_map), "ownerName is a map"),

@@ -37,7 +37,7 @@ fn crd_file_is_up_to_date() {
         let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             on_disk == yaml,
-            "{file} is out of date with src/api (or missing). Regenerate it (and the \
+            "{file} is out of date with crates/api (or missing). Regenerate it (and the \
              chart's copy in {CHART_CRD_DIR}/) with \
              `LOCKWARDEN_UPDATE_CRDS=1 cargo test --test crd crd_file_is_up_to_date`"
         );

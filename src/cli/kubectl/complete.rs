@@ -9,9 +9,9 @@ use kube::config::Kubeconfig;
 use kube::{Client, ResourceExt};
 
 use super::{Cluster, KubeFlags};
-use crate::api::DistributedLock;
-use crate::controller::gating::decide;
-use crate::controller::pods::GATED_SELECTOR;
+use lockwarden_api::DistributedLock;
+use lockwarden_controller::gating::decide;
+use lockwarden_controller::pods::GATED_SELECTOR;
 
 /// cobra's ShellCompDirectiveNoFileComp: candidates only, never file names.
 const NO_FILES: &str = ":4";
@@ -167,7 +167,10 @@ async fn workload_names(cluster: &Cluster) -> Vec<String> {
     let ns = &cluster.namespace;
     // Misconfigured ones too: `why` says what is wrong with them.
     let names_a_lock = |a: &std::collections::BTreeMap<String, String>| {
-        !matches!(decide::locks(a, &crate::controller::jobs::JOB), Ok(None))
+        !matches!(
+            decide::locks(a, &lockwarden_controller::jobs::JOB),
+            Ok(None)
+        )
     };
     let mut out: Vec<String> = Api::<Job>::namespaced(cluster.client.clone(), ns)
         .list(&ListParams::default())

@@ -8,11 +8,11 @@ use kube::{Client, ResourceExt};
 use serde::Serialize;
 
 use super::{Cluster, Output, api_error, render};
-use crate::api::conditions::{self, ACQUIRED};
-use crate::api::{DistributedLock, HistoryEntry, LockPhase};
 use crate::cli::CliError;
 use crate::cli::output::columns;
-use crate::controller::gating::CLAIM_ANNOTATION;
+use lockwarden_api::conditions::{self, ACQUIRED};
+use lockwarden_api::{DistributedLock, HistoryEntry, LockPhase};
+use lockwarden_controller::gating::CLAIM_ANNOTATION;
 
 /// How many of an object's Events `status` and `why` show: the last ones.
 const EVENTS_SHOWN: usize = 10;
@@ -137,7 +137,7 @@ pub(super) fn ago(t: &str) -> String {
 /// Who uses a lock: its claimant (`Job x`, `Pod y`), else the workload owning it (a
 /// template's copy).
 pub(super) fn used_by(lock: &DistributedLock) -> Option<String> {
-    let kinds = crate::controller::gated_kinds();
+    let kinds = lockwarden_controller::gated_kinds();
     if let Some(claim) = lock.annotations().get(CLAIM_ANNOTATION) {
         return Some(match kinds.claimant(claim) {
             Some(c) => format!("{} {}", c.kind.as_str(), c.name),
@@ -265,12 +265,12 @@ pub(super) async fn get_lock(cluster: &Cluster, name: &str) -> Result<Distribute
 /// The key's history as its store keeps it now: the same read as `lockwarden status
 /// --history`, with the same credentials (this process's environment).
 async fn store_history(key: &str) -> Result<Vec<HistoryEntry>, CliError> {
-    let target = crate::backend::Target::parse(key)?;
+    let target = lockwarden_stores::Target::parse(key)?;
     let backend = target
         .connect(&crate::cli::BackendArgs::default().options(None))
         .await?;
-    let grants = crate::lock::when_reachable(|| backend.history()).await?;
-    Ok(crate::controller::status::history_entries(&grants))
+    let grants = lockwarden_core::when_reachable(|| backend.history()).await?;
+    Ok(lockwarden_controller::status::history_entries(&grants))
 }
 
 /// What a lock's status says, without the cluster's other locks or Events.

@@ -10,12 +10,12 @@ use serde::Serialize;
 
 use super::view::{self, EventView, LockView};
 use super::{Cluster, ObjectKind, Output, api_error, render};
-use crate::api::{DistributedLock, LockPhase};
 use crate::cli::CliError;
-use crate::controller::gating::decide::{self, Gate};
-use crate::controller::gating::machine::{self, Phase};
-use crate::controller::gating::{CLAIM_ANNOTATION, GatedWorkload, STATUS_ANNOTATION, lockset};
-use crate::controller::pods::GATED_LABEL;
+use lockwarden_api::{DistributedLock, LockPhase};
+use lockwarden_controller::gating::decide::{self, Gate};
+use lockwarden_controller::gating::machine::{self, Phase};
+use lockwarden_controller::gating::{CLAIM_ANNOTATION, GatedWorkload, STATUS_ANNOTATION, lockset};
+use lockwarden_controller::pods::GATED_LABEL;
 
 /// What `why` found; also the JSON / YAML document.
 #[derive(Debug, Serialize)]

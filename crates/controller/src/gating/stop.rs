@@ -1,0 +1,248 @@
+//! How long a workload's processes may outlive its lock's holder deadline, and the
+//! lock-delay that covers it (docs/design.md §6.3, rule 8).
+//!
+//! With `P` the longest time the processes may run on after the holder deadline, a
+//! contender's earliest takeover after an expiry comes `(D + grace)(1 − δ) + margin`
+//! after that deadline, so the delay must be `D ≥ (P − margin)/(1 − δ) − grace`.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+
+use super::lockset::RanWith;
+use lockwarden_api::distributed_lock::MAX_LOCK_DELAY;
+use lockwarden_core::SafetyMargins;
+
+/// W: from the holder deadline until lockwarden's stop (the suspend patch and its own
+/// delete of the Pods) is accepted by the API server and seen by the kubelet. A stated
+/// bound: beyond it only the node-side guard protects.
+pub const STOP_SEEN_WITHIN: Duration = Duration::from_secs(5);
+/// The kubelet's one-time extension of the grace period for a preStop hook still
+/// running when the grace period ends.
+pub const PRE_STOP_EXTENSION: Duration = Duration::from_secs(2);
+/// k: SIGKILL sent by the container runtime and the container's processes gone, on a
+/// loaded node.
+pub const KILL_TIME: Duration = Duration::from_secs(1);
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+/// The delay a workload needs is above what a lock may carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "terminationGracePeriodSeconds {grace_seconds} needs a lock-delay of {}s, above the \
+     maximum of {}s; shorten the grace period (below about {}s)",
+    needed.as_secs(),
+    MAX_LOCK_DELAY.as_secs(),
+    max_grace_seconds(&SafetyMargins::default())
+)]
+pub struct DelayTooLong {
+    pub grace_seconds: i64,
+    pub needed: Duration,
+}
+
+/// P: the longest time the processes of a Pod with `spec` may run on after the holder
+/// deadline, on the controller's clock: `W + G × (1 + δ) + 2 s (preStop) + k`.
+pub fn outlive_bound(spec: Option<&PodSpec>, margins: &SafetyMargins) -> Duration {
+    let grace = Duration::from_secs(grace_seconds(spec).max(0) as u64);
+    let pre_stop = if spec.is_some_and(has_pre_stop) {
+        PRE_STOP_EXTENSION
+    } else {
+        Duration::ZERO
+    };
+    STOP_SEEN_WITHIN + grace.mul_f64(1.0 + margins.drift) + pre_stop + KILL_TIME
+}
+
+/// The lock-delay a workload whose Pods have `spec` needs so that its processes are
+/// gone before anyone may take its lock over after an expiry:
+/// `D ≥ (P − margin)/(1 − δ) − grace`, rounded up to whole seconds. An error when that
+/// is above [`MAX_LOCK_DELAY`].
+pub fn needed_lock_delay(
+    spec: Option<&PodSpec>,
+    margins: &SafetyMargins,
+) -> Result<Duration, DelayTooLong> {
+    let p = outlive_bound(spec, margins).as_secs_f64();
+    let needed =
+        (p - margins.margin.as_secs_f64()) / (1.0 - margins.drift) - margins.grace.as_secs_f64();
+    let needed = Duration::from_secs(needed.max(0.0).ceil() as u64);
+    if needed > MAX_LOCK_DELAY {
+        return Err(DelayTooLong {
+            grace_seconds: grace_seconds(spec),
+            needed,
+        });
+    }
+    Ok(needed)
+}
+
+/// The longest grace period (without preStop hooks) whose delay fits the cap, for the
+/// error message.
+fn max_grace_seconds(margins: &SafetyMargins) -> u64 {
+    let max = ((MAX_LOCK_DELAY.as_secs_f64() + margins.grace.as_secs_f64())
+        * (1.0 - margins.drift)
+        + margins.margin.as_secs_f64()
+        - (STOP_SEEN_WITHIN + KILL_TIME).as_secs_f64())
+        / (1.0 + margins.drift);
+    max.floor().max(0.0) as u64
+}
+
+/// Whether none of a Pod's containers can run any more: it is `Succeeded` or `Failed`
+/// (the kubelet reports a terminal phase once they have stopped, for a deleted Pod too
+/// since Kubernetes 1.27), or it is not bound to a node and never will be (being
+/// deleted, or held by a scheduling gate): it ran nothing.
+pub fn pod_processes_ended(pod: &Pod) -> bool {
+    let terminal = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"));
+    let spec = pod.spec.as_ref();
+    let bound = spec.is_some_and(|s| s.node_name.is_some());
+    let unschedulable = pod.metadata.deletion_timestamp.is_some()
+        || spec.is_some_and(|s| s.scheduling_gates.as_ref().is_some_and(|g| !g.is_empty()));
+    terminal || (!bound && unschedulable)
+}
+
+/// One warning per lock the workload runs with whose `lockDelay` is shorter than
+/// `needed`, on a store that can carry one: the workload runs anyway.
+pub fn too_short(ran: &RanWith, needed: Duration) -> Vec<String> {
+    ran.0
+        .iter()
+        .filter(|r| r.supports_lock_delay && r.lock_delay < needed)
+        .map(|r| {
+            format!(
+                "lock {} has a lockDelay of {}s, below the {}s its Pods need: after an \
+                 expiry a contender may start while they still run; the fence and the \
+                 node-side guard remain",
+                r.name,
+                r.lock_delay.as_secs(),
+                needed.as_secs()
+            )
+        })
+        .collect()
+}
+
+fn grace_seconds(spec: Option<&PodSpec>) -> i64 {
+    spec.and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
+}
+
+/// Whether any container (init containers too: a sidecar's preStop runs on stop) has a
+/// preStop hook.
+fn has_pre_stop(spec: &PodSpec) -> bool {
+    let hooked = |c: &Container| c.lifecycle.as_ref().is_some_and(|l| l.pre_stop.is_some());
+    spec.containers.iter().any(hooked) || spec.init_containers.iter().flatten().any(hooked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gating::lockset::Ran;
+    use serde_json::json;
+
+    fn spec(value: serde_json::Value) -> PodSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn needed(value: serde_json::Value) -> Result<Duration, DelayTooLong> {
+        needed_lock_delay(Some(&spec(value)), &SafetyMargins::default())
+    }
+
+    /// The inequality of docs/design.md §6.3 holds for the delay found, and not for one
+    /// second less (it is the smallest whole number of seconds).
+    fn covers(p: Duration, d: Duration, m: &SafetyMargins) -> bool {
+        p.as_secs_f64() < (d + m.grace).as_secs_f64() * (1.0 - m.drift) + m.margin.as_secs_f64()
+    }
+
+    #[test]
+    fn rule8_the_default_grace_of_30s_needs_a_37s_delay() {
+        let margins = SafetyMargins::default();
+        let pod = spec(json!({ "containers": [{ "name": "c" }] }));
+        let d = needed_lock_delay(Some(&pod), &margins).unwrap();
+        assert_eq!(d, Duration::from_secs(37));
+        let p = outlive_bound(Some(&pod), &margins);
+        assert!(covers(p, d, &margins), "P {p:?} covered by D {d:?}");
+        assert!(!covers(p, d - Duration::from_secs(1), &margins));
+        // No Pod spec known: the default grace too.
+        assert_eq!(needed_lock_delay(None, &margins), Ok(d));
+    }
+
+    #[test]
+    fn rule8_an_explicit_grace_sets_the_delay() {
+        let one =
+            needed(json!({ "terminationGracePeriodSeconds": 1, "containers": [{ "name": "c" }] }));
+        assert_eq!(one, Ok(Duration::from_secs(7)));
+        let zero =
+            needed(json!({ "terminationGracePeriodSeconds": 0, "containers": [{ "name": "c" }] }));
+        assert_eq!(zero, Ok(Duration::from_secs(6)));
+        let long = needed(
+            json!({ "terminationGracePeriodSeconds": 120, "containers": [{ "name": "c" }] }),
+        );
+        assert_eq!(long, Ok(Duration::from_secs(131)));
+    }
+
+    #[test]
+    fn rule8_a_prestop_hook_adds_the_kubelets_2s_extension() {
+        let hook = json!({ "preStop": { "exec": { "command": ["sleep", "1"] } } });
+        let plain = needed(json!({ "containers": [{ "name": "c" }] })).unwrap();
+        let main = needed(json!({ "containers": [{ "name": "c", "lifecycle": hook }] })).unwrap();
+        let sidecar = needed(json!({
+            "containers": [{ "name": "c" }],
+            "initContainers": [{ "name": "s", "restartPolicy": "Always", "lifecycle": hook }],
+        }))
+        .unwrap();
+        assert_eq!(plain, Duration::from_secs(37));
+        assert_eq!(main, Duration::from_secs(39));
+        assert_eq!(sidecar, main);
+    }
+
+    #[test]
+    fn stop_a_lock_delay_below_the_needed_one_is_warned_about_naming_both() {
+        let ran = |name: &str, delay: u64, supports: bool| Ran {
+            name: name.into(),
+            lock_delay: Duration::from_secs(delay),
+            supports_lock_delay: supports,
+            ..Ran::default()
+        };
+        let locks = RanWith(vec![
+            ran("short", 10, true),
+            ran("enough", 37, true),
+            ran("zookeeper", 0, false),
+        ]);
+        let warnings = too_short(&locks, Duration::from_secs(37));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with("lock short has a lockDelay of 10s, below the 37s"),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn stop_a_grace_too_long_for_the_cap_is_refused_naming_grace_needed_and_maximum() {
+        let err = needed(
+            json!({ "terminationGracePeriodSeconds": 3600, "containers": [{ "name": "c" }] }),
+        )
+        .unwrap_err();
+        assert_eq!(err.grace_seconds, 3600);
+        assert!(err.needed > MAX_LOCK_DELAY);
+        let text = err.to_string();
+        assert!(
+            text.contains("terminationGracePeriodSeconds 3600"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{}s", err.needed.as_secs())),
+            "{text}"
+        );
+        assert!(text.contains("maximum of 600s"), "{text}");
+        // The largest grace the message names fits; one more second does not.
+        let max = max_grace_seconds(&SafetyMargins::default()) as i64;
+        let fits = needed(
+            json!({ "terminationGracePeriodSeconds": max, "containers": [{ "name": "c" }] }),
+        );
+        assert!(fits.is_ok_and(|d| d <= MAX_LOCK_DELAY));
+        let over = needed(
+            json!({ "terminationGracePeriodSeconds": max + 2, "containers": [{ "name": "c" }] }),
+        );
+        assert!(over.is_err());
+    }
+}

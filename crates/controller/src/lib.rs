@@ -1,0 +1,236 @@
+//! lockwarden-controller: the operator, a kube-runtime controller over
+//! `DistributedLock` (docs/design.md §5), and its [`telemetry`] (metrics, health).
+//!
+//! - [`reconcile`]: phase by phase — validate (into a [`validated::ValidatedSpec`]),
+//!   resume, acquire (one attempt per reconcile, jittered requeue while waiting), hold,
+//!   release, finalizer cleanup — each phase a method of one reconcile context.
+//! - [`connect`]: the one way to a backend: the lock's address plus the credentials
+//!   from its Secret, handed to the backend factory (the controller never names a store).
+//! - [`waiters`]: the locks waiting for their key, by object and by key.
+//! - [`holders`]: one [`holders::HolderTask`] per held lock, wrapping
+//!   [`lockwarden_core::HeldLock`]; it reports state *transitions* (not renewals) on a
+//!   channel that triggers a reconcile of its object.
+//! - [`status`]: status built from what is known and written with server-side apply
+//!   (field manager `lockwarden`) only when it differs from the stored one.
+//!
+//! - [`gating`]: the gating machine — one controller per kind of gated workload, every
+//!   phase written once (claim, take the locks in order, start with fences, watch for
+//!   loss, stop per `on-lock-lost`, let go) — and the [`gating::GatedWorkload`] trait a
+//!   kind implements; run next to the first under the same leader election and
+//!   namespace scope.
+//! - [`jobs`]: `batch/v1` Jobs held back by `spec.suspend` (docs/design.md §6).
+//! - [`pods`]: Pods held back by the scheduling gate `lockwarden.io/lock`
+//!   (docs/design.md §6.1), watching only Pods labelled `lockwarden.io/gated=true`.
+//!
+//! A new kind of gated workload is one file implementing [`gating::GatedWorkload`] and
+//! one line in [`gated_kinds`].
+//!
+//! Wake-ups do not come from polling the API server: the queue of the applier is the
+//! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
+//! releases (which wake every lock waiting on the same backend key).
+
+pub mod admission;
+mod config;
+pub mod connect;
+pub mod crd_check;
+mod events;
+#[cfg(test)]
+mod fake_api;
+pub mod gating;
+pub mod holders;
+pub mod jobs;
+pub mod kueue;
+pub mod leader;
+pub mod pods;
+pub mod reconcile;
+pub mod status;
+pub mod telemetry;
+#[cfg(test)]
+mod test_kind;
+#[cfg(test)]
+pub mod testing;
+pub mod validated;
+pub mod waiters;
+
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{Config as RuntimeConfig, ReconcileRequest, trigger_self};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, applier, watcher};
+
+use crate::telemetry::Telemetry;
+use lockwarden_api::DistributedLock;
+
+pub use config::{ControllerConfig, FIELD_MANAGER, FINALIZER};
+pub use leader::{LeaderElectionArgs, OnLostLeadership, run_elected, run_elected_with};
+
+/// Every kind of workload lockwarden gates: the one registry of them.
+pub fn gated_kinds() -> gating::Kinds {
+    gating::Kinds::default()
+        .with::<Job>()
+        .with::<Pod>()
+        .with::<kueue::Workload>()
+}
+pub use reconcile::{Context, ReconcileError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("cannot serve metrics on {0}: {1}")]
+    Metrics(std::net::SocketAddr, #[source] std::io::Error),
+    #[error(
+        "cannot list DistributedLocks (is the CRD installed and may this identity list them?): {0}"
+    )]
+    Crd(#[source] kube::Error),
+    #[error("leader election: {0}")]
+    LeaderElection(String),
+    #[error("lost leadership as {0:?}: another replica leads now")]
+    LostLeadership(String),
+}
+
+/// Runs the controller until its watch stream ends (it does not on its own).
+pub async fn run(client: kube::Client, config: ControllerConfig) -> Result<(), ControllerError> {
+    let telemetry = serve_telemetry(&config).await?;
+    run_with(client, config, telemetry).await
+}
+
+/// Starts /metrics, /healthz and /readyz if the config asks for them.
+pub(crate) async fn serve_telemetry(
+    config: &ControllerConfig,
+) -> Result<Arc<Telemetry>, ControllerError> {
+    let telemetry = Arc::new(Telemetry::new());
+    if let Some(addr) = config.metrics_address {
+        telemetry::serve(addr, telemetry.clone())
+            .await
+            .map_err(|e| ControllerError::Metrics(addr, e))?;
+    }
+    Ok(telemetry)
+}
+
+/// Lists DistributedLocks once before starting, so a missing CRD or missing RBAC is a
+/// clear error at start-up. An API server that is merely unreachable or overloaded
+/// (restarting, network blip, 5xx, 429) is waited for instead: exiting would only turn a
+/// blip into a crash loop, and nothing is held yet that could need the time.
+async fn wait_for_lock_api(api: &Api<DistributedLock>) -> Result<(), ControllerError> {
+    let mut delay = std::time::Duration::from_millis(200);
+    loop {
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code < 500 && status.code != 429 => {
+                return Err(ControllerError::Crd(kube::Error::Api(status)));
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?delay, "cannot reach the API server to list DistributedLocks yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// The controller reporting into `telemetry` (the caller serves it, or reads it: an
+/// embedding process or a test).
+pub async fn run_with(
+    client: kube::Client,
+    config: ControllerConfig,
+    telemetry: Arc<Telemetry>,
+) -> Result<(), ControllerError> {
+    let api: Api<DistributedLock> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    wait_for_lock_api(&api).await?;
+    crd_check::warn_if_outdated(&client).await;
+    // Only the replica that leads gets here (a standby waits in `run_elected`).
+    telemetry.set_leader(true);
+
+    let (wake_tx, wake_rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<DistributedLock>>();
+    let ctx = Arc::new(Context::new(client, config, wake_tx, telemetry.clone()));
+
+    let (reader, writer) = reflector::store();
+    let watch = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    )
+    .inspect_ok(move |event| {
+        // Ready once the first list of DistributedLocks has been seen in full.
+        if matches!(event, watcher::Event::InitDone) {
+            telemetry.set_ready();
+        }
+    })
+    .applied_objects();
+    let from_watch = trigger_self(watch, ());
+    let from_wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
+        rx.recv().await.map(|r| (Ok(ReconcileRequest::from(r)), rx))
+    });
+    let queue = futures::stream::select(from_watch, from_wakes);
+
+    let kueue_checks = ctx.config.kueue_admission_check.then(|| ctx.client.clone());
+    let kinds = gated_kinds();
+    let gating = kinds.run_all(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.telemetry.clone(),
+    );
+    let locks = applier(
+        |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
+        reconcile::error_policy,
+        ctx,
+        reader,
+        queue,
+        RuntimeConfig::default(),
+    )
+    .for_each(|result| async move {
+        match result {
+            Ok((obj, _)) => tracing::trace!(lock = %obj, "reconciled"),
+            // `reconcile::error_policy` has logged it with its lock and category.
+            Err(kube::runtime::controller::Error::ReconcilerFailed(_, obj)) => {
+                tracing::trace!(lock = %obj, "reconcile failed")
+            }
+            Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+        }
+    });
+    // Kueue's AdmissionChecks of lockwarden's: their `Active` condition (§6.6).
+    let checks = async {
+        if let Some(client) = kueue_checks {
+            kueue::check::run(client).await;
+        }
+    };
+    futures::future::join3(locks, gating, checks).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gating::Workload;
+
+    #[test]
+    fn claims_of_every_registered_kind_parse_back_to_their_kind() {
+        let kinds = gated_kinds();
+        for kind in [&jobs::JOB, &pods::POD] {
+            let w = Workload {
+                kind,
+                name: "w-1".into(),
+                uid: "0123-4567".into(),
+                namespace: "ns".into(),
+            };
+            let c = kinds.claimant(&w.claim()).unwrap();
+            assert_eq!(
+                (c.kind, c.name.as_str(), c.uid.as_str()),
+                (kind, "w-1", "0123-4567")
+            );
+        }
+        // A Job named "pod" keeps the Job format: `pod/<uid>` has one slash only.
+        let job = kinds.claimant("pod/0123").unwrap();
+        assert_eq!((job.kind, job.name.as_str()), (&jobs::JOB, "pod"));
+        // A kind this build does not know is nobody's to judge stale.
+        assert_eq!(
+            gating::Kinds::default().with::<Pod>().claimant("j/0123"),
+            None
+        );
+    }
+}

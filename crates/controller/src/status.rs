@@ -1,0 +1,706 @@
+//! Status: computed from what the controller knows, written with server-side apply
+//! (field manager [`FIELD_MANAGER`](super::config::FIELD_MANAGER)) only when it differs from
+//! the stored status. Times that change on every look (`renewedAt`) are set only when
+//! something else changed, so a steady Held or Waiting lock costs no writes.
+
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::holders::Acquisition;
+use lockwarden_api::conditions::{self, ACQUIRED, reason};
+use lockwarden_api::{DistributedLock, DistributedLockStatus, HistoryEntry, LockPhase};
+use lockwarden_core::history::{self, Grant};
+use lockwarden_core::{FenceToken, LockRecord, QueueView, rfc3339};
+
+/// How a key with more than one permit is held (docs/design.md §6.2), as a record
+/// showed it: for `status.holders` and `status.permitsInUse`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Occupancy {
+    pub holders: u32,
+    pub in_use: u32,
+    pub permits: u32,
+}
+
+impl Occupancy {
+    /// `None` for a mutex's record (it has no holder set).
+    pub fn of(record: &LockRecord) -> Option<Occupancy> {
+        record.set.as_ref().map(|set| Occupancy {
+            holders: set.holders.len() as u32,
+            in_use: set.in_use(),
+            permits: set.permits,
+        })
+    }
+}
+
+impl std::fmt::Display for Occupancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = if self.holders == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} holder{s}, {} of {} permits in use",
+            self.holders, self.in_use, self.permits
+        )
+    }
+}
+
+/// Now, in whole seconds.
+pub fn now() -> Time {
+    seconds(Timestamp::now())
+}
+
+/// `t` in whole seconds.
+pub fn time(t: SystemTime) -> Option<Time> {
+    Timestamp::try_from(t).ok().map(seconds)
+}
+
+/// A `metav1.Time` is stored with whole seconds, so a time with a fraction never
+/// equals the stored one: every reconcile of a held lock then wrote its status again.
+fn seconds(t: Timestamp) -> Time {
+    Time(Timestamp::from_second(t.as_second()).unwrap_or(t))
+}
+
+/// What a status should say; applied onto the current status by [`next_status`].
+#[derive(Clone, Debug, Default)]
+pub struct Desired {
+    pub phase: Option<LockPhase>,
+    pub backend: Option<String>,
+    pub key: Option<String>,
+    pub holder: Option<String>,
+    pub etag: Option<String>,
+    pub fence: Option<i64>,
+    pub nonce: Option<String>,
+    pub acquired_at: Option<Time>,
+    pub queue_position: Option<i32>,
+    /// Where a queued waiter stands (docs/design.md §6.4): the queue's length, the
+    /// expected start (RFC 3339, whole 10 s so a poll does not rewrite it), how often
+    /// it was overtaken.
+    pub queue_length: Option<i32>,
+    pub expected_start: Option<String>,
+    pub overtaken: Option<u32>,
+    /// When the wait for the key began; kept while waiting (`acquireTimeout` counts
+    /// from it across restarts).
+    pub waiting_since: Option<Time>,
+    /// How the key was held when last seen (keys with more than one permit).
+    pub occupancy: Option<Occupancy>,
+    /// The key's holder history as a record just read or written showed it; `None`:
+    /// keep what status says.
+    pub history: Option<Vec<HistoryEntry>>,
+    /// `Acquired` condition: status, reason, message.
+    pub acquired: (bool, &'static str, String),
+}
+
+/// The key's holder history as `status.history` shows it.
+pub fn history_entries(history: &[Grant]) -> Vec<HistoryEntry> {
+    history
+        .iter()
+        .map(|g| HistoryEntry {
+            holder: g.holder.clone(),
+            cluster: g.cluster.clone(),
+            fence: i64::try_from(g.fence.0).unwrap_or(i64::MAX),
+            acquired_at: g.acquired_at().and_then(time),
+            ended: g.ended.to_string(),
+            ended_at: g.ended_at().and_then(time),
+        })
+        .collect()
+}
+
+impl Desired {
+    /// What every status of a lock carries: its backend kind and key.
+    pub fn for_key(kind: &str, key: &str) -> Desired {
+        Desired {
+            backend: Some(kind.to_string()),
+            key: Some(key.to_string()),
+            ..Default::default()
+        }
+    }
+
+    /// Held by this controller. `renewals_failing` (the last renewal error) when the
+    /// holder deadline has passed: the lock is then not claimed.
+    pub fn held(self, a: &Acquisition, renewals_failing: Option<&str>) -> Desired {
+        let acquired = match (renewals_failing, &a.forced_from) {
+            (Some(last_error), _) => (
+                false,
+                reason::LEASE_EXPIRING,
+                format!("renewals failing, not claiming the lock: {last_error}"),
+            ),
+            (None, Some(from)) => (
+                true,
+                reason::FORCED,
+                format!("taken over by force from {from}"),
+            ),
+            (None, None) => (
+                true,
+                reason::LEASE_HELD,
+                match &a.occupancy {
+                    Some(occupancy) => format!("held with fence {} ({occupancy})", a.fence),
+                    None => format!("held with fence {}", a.fence),
+                },
+            ),
+        };
+        Desired {
+            phase: Some(LockPhase::Held),
+            holder: Some(a.holder.clone()),
+            etag: Some(a.version.clone()),
+            fence: Some(a.fence as i64),
+            nonce: Some(a.nonce.clone()),
+            acquired_at: time(a.acquired_at),
+            occupancy: a.occupancy,
+            history: Some(history_entries(&a.history)),
+            acquired,
+            ..self
+        }
+    }
+
+    /// With the key's holder history as `holder` (a record just read) shows it.
+    pub fn with_history_of(self, holder: &LockRecord) -> Desired {
+        Desired {
+            history: Some(history_entries(&history::of_record(holder))),
+            ..self
+        }
+    }
+
+    /// Waiting for `holder`, who holds the lock with `fence`.
+    pub fn waiting(self, holder: &str, fence: FenceToken, queue_position: Option<u32>) -> Desired {
+        Desired {
+            phase: Some(LockPhase::Waiting),
+            holder: Some(holder.to_string()),
+            queue_position: queue_position.map(|p| p as i32),
+            acquired: (
+                false,
+                reason::WAITING,
+                format!("held by {holder} (fence {fence})"),
+            ),
+            ..self
+        }
+    }
+
+    /// Waiting for a key with more than one permit, held as `occupancy` (the record's
+    /// `holder` is then its first holder and `fence` the latest granted).
+    pub fn waiting_for_permit(
+        self,
+        holder: &str,
+        fence: FenceToken,
+        queue_position: Option<u32>,
+        occupancy: Occupancy,
+    ) -> Desired {
+        let waiting = self.waiting(holder, fence, queue_position);
+        Desired {
+            occupancy: Some(occupancy),
+            acquired: (
+                false,
+                reason::WAITING,
+                format!("no permit free: {occupancy} (latest fence {fence})"),
+            ),
+            ..waiting
+        }
+    }
+
+    /// Where this waiter stands in the key's queue, if it is in one.
+    pub fn in_queue(self, view: Option<QueueView>) -> Desired {
+        let Some(view) = view else {
+            return self;
+        };
+        let expected_start = view.expected_start.map(|t| {
+            let secs = t
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or_default();
+            rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(secs.div_ceil(10) * 10))
+        });
+        Desired {
+            queue_position: Some(i32::try_from(view.position).unwrap_or(i32::MAX)),
+            queue_length: Some(i32::try_from(view.length).unwrap_or(i32::MAX)),
+            expected_start,
+            overtaken: Some(view.overtaken).filter(|n| *n > 0),
+            ..self
+        }
+    }
+
+    /// The same, with the queue place `current` shows.
+    pub fn keeping_place_of(self, current: &DistributedLockStatus) -> Desired {
+        Desired {
+            queue_position: current.queue_position,
+            queue_length: current.queue_length,
+            expected_start: current.expected_start.clone(),
+            overtaken: current.overtaken,
+            ..self
+        }
+    }
+
+    /// Waiting since `started` (wall clock).
+    pub fn since(self, started: Option<SystemTime>) -> Desired {
+        Desired {
+            waiting_since: started.and_then(time),
+            ..self
+        }
+    }
+
+    /// Not held, in `phase`, for `why`.
+    pub fn not_held(self, phase: LockPhase, why: &'static str, message: String) -> Desired {
+        Desired {
+            phase: Some(phase),
+            acquired: (false, why, message),
+            ..self
+        }
+    }
+
+    /// `Failed`: final for this generation.
+    pub fn failed(self, why: &'static str, message: String) -> Desired {
+        self.not_held(LockPhase::Failed, why, message)
+    }
+}
+
+/// Whether writing `desired` would change nothing but the waiter's place in the queue
+/// (position, length, expected start, overtaken).
+pub fn only_the_place_moved(lock: &DistributedLock, desired: &Desired) -> bool {
+    let Some(current) = lock.status.as_ref() else {
+        return false;
+    };
+    let place_moved = current.queue_position != desired.queue_position
+        || current.queue_length != desired.queue_length
+        || current.expected_start != desired.expected_start
+        || current.overtaken != desired.overtaken;
+    if !place_moved {
+        return false;
+    }
+    let keeping = desired.clone().keeping_place_of(current);
+    next_status(lock, keeping).is_none()
+}
+
+/// The status to write, or `None` when the stored one already says it all.
+pub fn next_status(lock: &DistributedLock, desired: Desired) -> Option<DistributedLockStatus> {
+    let current = lock.status.clone().unwrap_or_default();
+    let generation = lock.metadata.generation;
+    let mut next = current.clone();
+    let held = desired.phase == Some(LockPhase::Held);
+    next.phase = desired.phase;
+    next.backend = desired.backend;
+    next.key = desired.key;
+    next.holder = desired.holder;
+    next.etag = desired.etag;
+    next.fence = desired.fence;
+    next.nonce = desired.nonce;
+    next.acquired_at = desired.acquired_at;
+    next.queue_position = desired.queue_position;
+    next.queue_length = desired.queue_length;
+    next.expected_start = desired.expected_start;
+    next.overtaken = desired.overtaken;
+    next.waiting_since = desired.waiting_since;
+    next.holders = desired.occupancy.map(|o| o.holders);
+    next.permits_in_use = desired.occupancy.map(|o| o.in_use);
+    next.observed_generation = generation;
+    next.lease_expires_at = None;
+    if !held {
+        next.renewed_at = None;
+    }
+    let (ok, reason, message) = desired.acquired;
+    conditions::set_condition(
+        &mut next.conditions,
+        conditions::condition(ACQUIRED, ok, reason, message, generation, now()),
+    );
+    // The history rides along with a write that happens anyway: a change of the
+    // history alone (seen while waiting, say) is no reason to write.
+    if next == current {
+        return None;
+    }
+    if let Some(history) = desired.history {
+        next.history = Some(history);
+    }
+    if held {
+        next.renewed_at = Some(now());
+    }
+    Some(next)
+}
+
+/// Writes `status` with server-side apply.
+///
+/// During an upgrade the controller may run before the README's CRD step has
+/// installed this build's CRD, and server-side apply refuses a field the installed
+/// schema does not declare. `status.history` (CRD revision 3) is the only status field
+/// an older CRD lacks, and it is informational: without it the write is made again,
+/// so every other status field keeps being written (docs/design.md §3 "Stored formats
+/// that can evolve").
+pub async fn write(
+    api: &Api<DistributedLock>,
+    name: &str,
+    status: &DistributedLockStatus,
+) -> kube::Result<()> {
+    match apply(api, name, status).await {
+        Err(kube::Error::Api(e)) if status.history.is_some() && undeclared_history(&e.message) => {
+            tracing::debug!(
+                lock = name,
+                "the installed CRD has no status.history: written without it"
+            );
+            let without = DistributedLockStatus {
+                history: None,
+                ..status.clone()
+            };
+            apply(api, name, &without).await
+        }
+        other => other,
+    }
+}
+
+/// Whether the API server refused the apply because the installed CRD does not declare
+/// `status.history`.
+fn undeclared_history(message: &str) -> bool {
+    message.contains(".status.history") && message.contains("field not declared in schema")
+}
+
+async fn apply(
+    api: &Api<DistributedLock>,
+    name: &str,
+    status: &DistributedLockStatus,
+) -> kube::Result<()> {
+    let patch = json!({
+        "apiVersion": "lockwarden.io/v1alpha1",
+        "kind": "DistributedLock",
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(super::config::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The API server's answer to an apply of `status.history` against a CRD from
+    /// before revision 3 is recognised; other refusals are not retried.
+    #[test]
+    fn a_crd_without_status_history_is_recognised() {
+        assert!(undeclared_history(
+            "failed to create typed patch object (ns/l; lockwarden.io/v1alpha1, Kind=DistributedLock): \
+             .status.history: field not declared in schema"
+        ));
+        assert!(!undeclared_history(
+            ".status.fence: field not declared in schema"
+        ));
+        assert!(!undeclared_history(
+            "status.history: Too many: 9: must have at most 8 items"
+        ));
+    }
+    use lockwarden_api::DistributedLockSpec;
+    use lockwarden_api::conditions::reason;
+
+    fn held(fence: i64) -> Desired {
+        Desired {
+            phase: Some(LockPhase::Held),
+            backend: Some("kubernetes".into()),
+            key: Some("k8s://ns/l".into()),
+            holder: Some("c/ns/x".into()),
+            etag: Some("1".into()),
+            fence: Some(fence),
+            nonce: Some("n".into()),
+            acquired: (true, reason::LEASE_HELD, format!("held with fence {fence}")),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn writes_only_on_transitions() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let first = next_status(&lock, held(1)).expect("a new status is a change");
+        assert!(first.renewed_at.is_some());
+        assert_eq!(first.observed_generation, Some(1));
+        lock.status = Some(first.clone());
+        // The same knowledge again (a resync, a resume): nothing to write.
+        assert_eq!(next_status(&lock, held(1)), None);
+        // A new fence is a transition.
+        let second = next_status(&lock, held(2)).expect("changed");
+        assert_eq!(second.fence, Some(2));
+        // A new generation is reported even when nothing else changed.
+        lock.metadata.generation = Some(2);
+        assert_eq!(
+            next_status(&lock, held(1)).unwrap().observed_generation,
+            Some(2)
+        );
+        // Leaving Held clears renewedAt.
+        let waiting = Desired {
+            phase: Some(LockPhase::Waiting),
+            acquired: (false, reason::WAITING, "held by y".into()),
+            ..Default::default()
+        };
+        assert_eq!(next_status(&lock, waiting).unwrap().renewed_at, None);
+    }
+
+    /// The stored status comes back from the API server with whole-second times; a
+    /// held lock with a sub-second `acquiredAt` must still compare equal to it.
+    #[test]
+    fn stored_times_compare_equal_after_a_round_trip() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let acquired_at =
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
+        let desired = || Desired {
+            acquired_at: time(acquired_at),
+            ..held(1)
+        };
+        let written = next_status(&lock, desired()).expect("a new status is a change");
+        let stored: DistributedLockStatus =
+            serde_json::from_value(serde_json::to_value(&written).unwrap()).unwrap();
+        lock.status = Some(stored);
+        assert_eq!(next_status(&lock, desired()), None);
+    }
+
+    fn acquisition(forced_from: Option<&str>) -> Acquisition {
+        Acquisition {
+            holder: "c/ns/x".into(),
+            fence: 7,
+            nonce: "n".into(),
+            version: "v1".into(),
+            acquired_at: SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+            forced_from: forced_from.map(|h| lockwarden_core::HeldBy {
+                holder: h.into(),
+                fence: FenceToken(6),
+                since: None,
+            }),
+            occupancy: None,
+            history: Vec::new(),
+        }
+    }
+
+    fn acquired_condition(
+        status: &DistributedLockStatus,
+    ) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        conditions::find_condition(&status.conditions, ACQUIRED).expect("Acquired condition")
+    }
+
+    fn stale(t: Option<Time>) -> Option<Time> {
+        t.map(|t| Time(t.0 - std::time::Duration::from_secs(3600)))
+    }
+
+    /// Renewals change neither the acquisition nor the phase, so a steady held lock
+    /// costs no status writes however old its `renewedAt` is.
+    #[test]
+    fn renewals_alone_cause_no_write() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(3);
+        let desired = || Desired::for_key("s3", "s3://b/k").held(&acquisition(None), None);
+        let mut stored = next_status(&lock, desired()).expect("first write");
+        stored.renewed_at = stale(stored.renewed_at.clone());
+        lock.status = Some(stored.clone());
+        assert_eq!(next_status(&lock, desired()), None);
+        // Something else changing does refresh renewedAt.
+        let expiring = Desired::for_key("s3", "s3://b/k").held(&acquisition(None), Some("timeout"));
+        let next = next_status(&lock, expiring).expect("a transition");
+        assert!(next.renewed_at > stored.renewed_at);
+    }
+
+    /// `status.history` costs no write of its own: a history that changed while
+    /// nothing else did (another waiter's view of the key) waits for the next write
+    /// that happens anyway, and that write carries it.
+    #[test]
+    fn the_history_rides_along_with_writes_that_happen_anyway() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let mut record = LockRecord::new_acquisition(
+            "east/ns/a",
+            FenceToken(4),
+            std::time::Duration::from_secs(30),
+            None,
+        );
+        let waiting = |r: &LockRecord| {
+            Desired::for_key("s3", "s3://b/k")
+                .waiting(&r.holder, r.fence, None)
+                .with_history_of(r)
+        };
+        let first = next_status(&lock, waiting(&record)).expect("first write");
+        let history = first
+            .history
+            .clone()
+            .expect("written with the first status");
+        assert_eq!((history[0].fence, history[0].ended.as_str()), (4, "held"));
+        lock.status = Some(first);
+        // Only the history differs: no write.
+        record.history = history::after_release(&record, SystemTime::now());
+        record.history.insert(
+            0,
+            Grant::new("west/ns/b", Some("west"), FenceToken(3), SystemTime::now()),
+        );
+        assert_eq!(next_status(&lock, waiting(&record)), None);
+        // Held by us now: that write carries our acquisition's history.
+        let ours = Acquisition {
+            history: history::after_grant(
+                Some(&record.released()),
+                lockwarden_core::Ending::Released,
+                Grant::new("c/ns/x", Some("c"), FenceToken(5), SystemTime::now()),
+                SystemTime::now(),
+            ),
+            ..acquisition(None)
+        };
+        let held = next_status(&lock, Desired::for_key("s3", "s3://b/k").held(&ours, None))
+            .expect("a transition");
+        let fences: Vec<i64> = held.history.unwrap().iter().map(|g| g.fence).collect();
+        assert_eq!(fences, [3, 4, 5]);
+    }
+
+    #[test]
+    fn the_condition_follows_phase_and_generation() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let base = || Desired::for_key("zookeeper", "zk://h:2181/l");
+        let mut waiting =
+            next_status(&lock, base().waiting("y", FenceToken(4), Some(2))).expect("first write");
+        assert_eq!(waiting.phase, Some(LockPhase::Waiting));
+        assert_eq!(waiting.holder.as_deref(), Some("y"));
+        assert_eq!(waiting.queue_position, Some(2));
+        let condition = acquired_condition(&waiting);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", reason::WAITING)
+        );
+        assert_eq!(condition.message, "held by y (fence 4)");
+        assert_eq!(condition.observed_generation, Some(1));
+        let long_ago = stale(Some(condition.last_transition_time.clone())).unwrap();
+        waiting.conditions[0].last_transition_time = long_ago.clone();
+        lock.status = Some(waiting);
+
+        // Same condition status, new message: written, transition time kept.
+        let moved = next_status(&lock, base().waiting("z", FenceToken(5), Some(1)))
+            .expect("a new holder is a change");
+        let condition = acquired_condition(&moved);
+        assert_eq!(condition.message, "held by z (fence 5)");
+        assert_eq!(condition.last_transition_time, long_ago);
+
+        // A new generation alone is a write, into the condition too.
+        lock.metadata.generation = Some(2);
+        let regenerated = next_status(&lock, base().waiting("y", FenceToken(4), Some(2)))
+            .expect("a new generation is a change");
+        assert_eq!(regenerated.observed_generation, Some(2));
+        assert_eq!(
+            acquired_condition(&regenerated).observed_generation,
+            Some(2)
+        );
+
+        // Acquired: the condition turns True with a new transition time; queue and
+        // renewedAt follow the phase.
+        let held = next_status(&lock, base().held(&acquisition(None), None)).expect("changed");
+        let condition = acquired_condition(&held);
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", reason::LEASE_HELD)
+        );
+        assert_ne!(condition.last_transition_time, long_ago);
+        assert_eq!(held.queue_position, None);
+        assert_eq!(held.fence, Some(7));
+        assert_eq!(held.etag.as_deref(), Some("v1"));
+        assert!(held.renewed_at.is_some());
+
+        // Failed clears what belonged to the holder.
+        lock.status = Some(held);
+        let failed =
+            next_status(&lock, base().failed(reason::FOREIGN, "foreign".into())).expect("changed");
+        assert_eq!(failed.phase, Some(LockPhase::Failed));
+        assert_eq!(failed.fence, None);
+        assert_eq!(failed.nonce, None);
+        assert_eq!(failed.renewed_at, None);
+        assert_eq!(acquired_condition(&failed).status, "False");
+    }
+
+    #[test]
+    fn held_says_whether_it_can_be_relied_on() {
+        let base = || Desired::for_key("s3", "s3://b/k");
+        let held = base().held(&acquisition(None), None);
+        assert_eq!(
+            held.acquired,
+            (true, reason::LEASE_HELD, "held with fence 7".to_string())
+        );
+        assert_eq!(held.backend.as_deref(), Some("s3"));
+        assert_eq!(held.key.as_deref(), Some("s3://b/k"));
+        let forced = base().held(&acquisition(Some("other")), None);
+        assert_eq!(
+            (forced.acquired.0, forced.acquired.1),
+            (true, reason::FORCED)
+        );
+        assert!(
+            forced
+                .acquired
+                .2
+                .starts_with("taken over by force from other")
+        );
+        // Failing renewals win over everything: the lock is not claimed.
+        let expiring = base().held(&acquisition(Some("other")), Some("timed out"));
+        assert_eq!(
+            expiring.acquired,
+            (
+                false,
+                reason::LEASE_EXPIRING,
+                "renewals failing, not claiming the lock: timed out".to_string()
+            )
+        );
+        assert_eq!(expiring.phase, Some(LockPhase::Held));
+    }
+
+    #[test]
+    fn times_are_whole_seconds() {
+        assert_eq!(now().0.subsec_nanosecond(), 0);
+        let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_999);
+        let whole = time(t).expect("representable");
+        assert_eq!(whole.0.subsec_nanosecond(), 0);
+        assert_eq!(whole.0.as_second(), 1_700_000_000);
+    }
+
+    #[test]
+    fn a_key_with_permits_reports_its_holders_and_permits_in_use() {
+        let mut lock = DistributedLock::new("x", DistributedLockSpec::default());
+        lock.metadata.generation = Some(1);
+        let occupancy = Occupancy {
+            holders: 2,
+            in_use: 2,
+            permits: 3,
+        };
+        let semaphore = Acquisition {
+            occupancy: Some(occupancy),
+            ..acquisition(None)
+        };
+        let held = next_status(
+            &lock,
+            Desired::for_key("s3", "s3://b/k").held(&semaphore, None),
+        )
+        .expect("first write");
+        assert_eq!((held.holders, held.permits_in_use), (Some(2), Some(2)));
+        assert_eq!(held.fence, Some(7), "the lock's own fence");
+        assert_eq!(
+            acquired_condition(&held).message,
+            "held with fence 7 (2 holders, 2 of 3 permits in use)"
+        );
+
+        let full = Occupancy {
+            holders: 3,
+            in_use: 3,
+            permits: 3,
+        };
+        let waiting =
+            Desired::for_key("s3", "s3://b/k").waiting_for_permit("a", FenceToken(9), None, full);
+        let waiting = next_status(&lock, waiting).expect("a change");
+        assert_eq!(waiting.phase, Some(LockPhase::Waiting));
+        assert_eq!(
+            (waiting.holders, waiting.permits_in_use),
+            (Some(3), Some(3))
+        );
+        assert_eq!(
+            acquired_condition(&waiting).message,
+            "no permit free: 3 holders, 3 of 3 permits in use (latest fence 9)"
+        );
+
+        // A mutex's status has neither (as before).
+        lock.status = Some(waiting);
+        let mutex = next_status(
+            &lock,
+            Desired::for_key("s3", "s3://b/k").held(&acquisition(None), None),
+        )
+        .expect("a change");
+        assert_eq!((mutex.holders, mutex.permits_in_use), (None, None));
+    }
+}

@@ -1,0 +1,448 @@
+//! A held lock renewed in the background by its [`HolderTask`], the way a program
+//! uses a lock: acquire, work while it is held, release (explicitly or on drop), and
+//! learn at once if it is lost.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::backend::{Lease, LockBackend};
+use super::error::{LockError, LostReason};
+use super::record::{FenceToken, Version};
+
+/// When to renew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewPolicy {
+    /// Time between successful renewals (less than half the lease).
+    pub interval: Duration,
+    /// Time between attempts after a failed renewal.
+    pub retry: Duration,
+    /// Upper bound on one renewal request; a hung request is abandoned (its outcome
+    /// is resolved by the next one, rule 4).
+    pub request_timeout: Duration,
+}
+
+impl RenewPolicy {
+    /// Renew every `lease / 3`, retry quickly, never let one request eat the lease.
+    pub fn for_lease(lease: Duration) -> Self {
+        RenewPolicy {
+            interval: lease / 3,
+            retry: (lease / 10).clamp(Duration::from_millis(50), Duration::from_secs(1)),
+            request_timeout: (lease / 4).max(Duration::from_millis(200)),
+        }
+    }
+
+    /// This policy, tightened where it would not keep up with the lease the backend
+    /// actually granted. A store may grant less than was asked (a ZooKeeper lease is
+    /// its session timeout): renewing on the requested interval would then come after
+    /// the holder deadline every time, and the lock would flap Held/Expiring.
+    pub fn within(self, granted: Duration) -> Self {
+        let fit = RenewPolicy::for_lease(granted);
+        RenewPolicy {
+            interval: self.interval.min(fit.interval),
+            retry: self.retry.min(fit.retry),
+            request_timeout: self.request_timeout.min(fit.request_timeout),
+        }
+    }
+}
+
+/// What the holder believes, published on a watch channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HolderState {
+    /// Held, renewed in time: safe to act with this fence.
+    Held { fence: FenceToken, version: Version },
+    /// Renewals have been failing and the holder deadline (rule 2) passed: the lock
+    /// must not be relied on, though it may come back if a renewal gets through before
+    /// anyone takes over.
+    Expiring {
+        fence: FenceToken,
+        last_error: String,
+    },
+    /// Someone else has it, or it is gone: final.
+    Lost(LostReason),
+    /// Released by us: final.
+    Released,
+}
+
+impl HolderState {
+    pub fn is_held(&self) -> bool {
+        matches!(self, HolderState::Held { .. })
+    }
+}
+
+/// A held lock. Dropping it releases the lock in the background.
+pub struct HeldLock {
+    backend: Arc<dyn LockBackend>,
+    fence: FenceToken,
+    nonce: String,
+    holder: String,
+    state: watch::Receiver<HolderState>,
+    deadline: watch::Receiver<Instant>,
+    release: Option<oneshot::Sender<oneshot::Sender<Result<(), LockError>>>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl HeldLock {
+    /// Starts the holder task for a lease just acquired (or resumed).
+    pub fn hold(backend: Arc<dyn LockBackend>, lease: Lease, policy: RenewPolicy) -> HeldLock {
+        let initial = if lease.is_valid() {
+            HolderState::Held {
+                fence: lease.fence(),
+                version: lease.version.clone(),
+            }
+        } else {
+            HolderState::Expiring {
+                fence: lease.fence(),
+                last_error: "not renewed yet".into(),
+            }
+        };
+        let (state_tx, state) = watch::channel(initial);
+        let (deadline_tx, deadline) = watch::channel(lease.deadline.instant());
+        let (release, release_rx) = oneshot::channel();
+        let fence = lease.fence();
+        let nonce = lease.nonce().to_string();
+        let holder = lease.holder().to_string();
+        let task = HolderTask {
+            backend: backend.clone(),
+            // The holder's own lease, not the lock-delay its record also carries.
+            policy: policy.within(lease.holder_lease()),
+            state: state_tx,
+            deadline: deadline_tx,
+        };
+        let task = tokio::spawn(task.run(lease, release_rx));
+        HeldLock {
+            backend,
+            fence,
+            nonce,
+            holder,
+            state,
+            deadline,
+            release: Some(release),
+            task: Some(task),
+        }
+    }
+
+    /// Acquires (waiting as `wait` allows) and holds the lock, renewing every third
+    /// of the lease.
+    pub async fn acquire(
+        backend: Arc<dyn LockBackend>,
+        req: &super::AcquireRequest,
+        wait: super::Wait,
+    ) -> Result<HeldLock, LockError> {
+        let lease = super::acquire(backend.as_ref(), req, wait).await?;
+        Ok(HeldLock::hold(
+            backend,
+            lease,
+            RenewPolicy::for_lease(req.lease),
+        ))
+    }
+
+    pub fn fence(&self) -> FenceToken {
+        self.fence
+    }
+
+    pub fn nonce(&self) -> &str {
+        &self.nonce
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The backend the lock is held on.
+    pub fn backend(&self) -> Arc<dyn LockBackend> {
+        self.backend.clone()
+    }
+
+    pub fn url(&self) -> &str {
+        self.backend.url()
+    }
+
+    /// Whether the lock is held and renewed in time right now.
+    pub fn is_held(&self) -> bool {
+        self.state.borrow().is_held()
+    }
+
+    pub fn state(&self) -> HolderState {
+        self.state.borrow().clone()
+    }
+
+    /// A receiver of every state change.
+    pub fn watch(&self) -> watch::Receiver<HolderState> {
+        self.state.clone()
+    }
+
+    /// The holder deadline (rule 2) of the last confirmed write, on this process's
+    /// monotonic clock; it moves with every renewal. `run` stops its command before it
+    /// (rule 7).
+    pub fn deadline(&self) -> watch::Receiver<Instant> {
+        self.deadline.clone()
+    }
+
+    /// Resolves when the lock is lost (or can no longer be claimed: `Expiring`).
+    pub fn lost(&self) -> impl Future<Output = HolderState> + Send + 'static {
+        let mut rx = self.state.clone();
+        async move {
+            match rx.wait_for(|s| !s.is_held()).await {
+                Ok(s) => s.clone(),
+                Err(_) => HolderState::Lost(LostReason::NotOurs),
+            }
+        }
+    }
+
+    /// Releases the lock and waits for the store to confirm.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let (done_tx, done_rx) = oneshot::channel();
+        let Some(release) = self.release.take() else {
+            return Ok(());
+        };
+        if release.send(done_tx).is_err() {
+            return Err(self.final_error());
+        }
+        let result = done_rx.await.unwrap_or_else(|_| Err(self.final_error()));
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        result
+    }
+
+    fn final_error(&self) -> LockError {
+        let url = self.backend.url().to_string();
+        match self.state.borrow().clone() {
+            HolderState::Lost(reason) => LockError::Lost { url, reason },
+            _ => LockError::NotHeld { url },
+        }
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        // Ask the task to release; it runs on without us.
+        if let Some(release) = self.release.take() {
+            let (done, _) = oneshot::channel();
+            let _ = release.send(done);
+        }
+    }
+}
+
+type Renewal = Pin<Box<dyn Future<Output = (Lease, Result<(), LockError>)> + Send>>;
+
+/// Renews one lease on its own timer and publishes what the holder may believe.
+struct HolderTask {
+    backend: Arc<dyn LockBackend>,
+    policy: RenewPolicy,
+    state: watch::Sender<HolderState>,
+    deadline: watch::Sender<Instant>,
+}
+
+impl HolderTask {
+    fn renewal(&self, mut lease: Lease) -> Renewal {
+        let backend = self.backend.clone();
+        let limit = self.policy.request_timeout;
+        Box::pin(async move {
+            let result = match timeout(limit, backend.renew(&mut lease)).await {
+                Ok(r) => r,
+                Err(_) => Err(LockError::Unavailable {
+                    url: backend.url().to_string(),
+                    cause: format!("renewal took longer than {limit:?}").into(),
+                }),
+            };
+            (lease, result)
+        })
+    }
+
+    async fn run(
+        self,
+        mut lease: Lease,
+        mut release: oneshot::Receiver<oneshot::Sender<Result<(), LockError>>>,
+    ) {
+        // A resumed lease (expired deadline) renews at once.
+        let mut next = if lease.is_valid() {
+            Instant::now() + self.policy.interval
+        } else {
+            Instant::now()
+        };
+        let mut inflight: Option<Renewal> = None;
+        let mut last_error = String::new();
+        loop {
+            let claimed = self.state.borrow().is_held();
+            tokio::select! {
+                biased;
+                done = &mut release => {
+                    if let Some(renewal) = inflight.take() {
+                        // Let a renewal in flight finish so the release is conditioned
+                        // on the latest version.
+                        lease = renewal.await.0;
+                    }
+                    let result = self.backend.release(&lease).await;
+                    let final_state = match &result {
+                        Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
+                        _ => HolderState::Released,
+                    };
+                    self.state.send_replace(final_state);
+                    let unheard = match done {
+                        Ok(done) => done.send(result).err(),
+                        Err(_) => Some(result),
+                    };
+                    // Nobody waits for the answer (the HeldLock was dropped): a failed
+                    // release must still be seen. The key is then free only after its
+                    // lease, by rule 1 on the contender's clock.
+                    if let Some(Err(error)) = unheard {
+                        tracing::warn!(url = self.backend.url(), %error, "releasing a dropped lock failed; it frees after its lease");
+                    }
+                    return;
+                }
+                (renewed, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                    inflight = None;
+                    lease = renewed;
+                    match result {
+                        Ok(()) => {
+                            next = Instant::now() + self.policy.interval;
+                            self.deadline.send_replace(lease.deadline.instant());
+                            self.state.send_replace(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
+                        }
+                        Err(LockError::Lost { reason, .. }) => {
+                            tracing::warn!(url = self.backend.url(), %reason, "lock lost");
+                            self.state.send_replace(HolderState::Lost(reason));
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::debug!(url = self.backend.url(), error = %e, "renewal failed; retrying");
+                            last_error = e.to_string();
+                            next = Instant::now() + self.policy.retry;
+                            if !lease.is_valid() {
+                                self.state.send_replace(HolderState::Expiring { fence: lease.fence(), last_error: last_error.clone() });
+                            }
+                        }
+                    }
+                }
+                // Rule 2: stop claiming at the deadline, even while a renewal hangs.
+                _ = sleep_until(lease.deadline.instant()), if claimed => {
+                    self.state.send_replace(HolderState::Expiring {
+                        fence: lease.fence(),
+                        last_error: if last_error.is_empty() { "renewal not confirmed in time".into() } else { last_error.clone() },
+                    });
+                }
+                _ = sleep_until(next), if inflight.is_none() => {
+                    inflight = Some(self.renewal(lease.clone()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{Fault, MemoryStore};
+    use crate::{AcquireRequest, Attempt, CasLock, LockRecord, LockState, SafetyMargins};
+
+    const LEASE: Duration = Duration::from_millis(600);
+    /// Generous: these tests wait for the holder task, which shares two cores.
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    fn margins() -> SafetyMargins {
+        SafetyMargins {
+            drift: 0.02,
+            margin: Duration::from_millis(30),
+            grace: Duration::from_millis(50),
+        }
+    }
+
+    /// A lock acquired on a fresh in-memory store, held by its holder task, and the
+    /// holder deadline of the acquisition.
+    async fn held(store: &MemoryStore) -> (HeldLock, Instant) {
+        let lock = CasLock::new(store.clone()).with_margins(margins());
+        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let deadline = lease.deadline.instant();
+        let held = HeldLock::hold(Arc::new(lock), lease, RenewPolicy::for_lease(LEASE));
+        (held, deadline)
+    }
+
+    async fn until(held: &HeldLock, what: impl Fn(&HolderState) -> bool) -> HolderState {
+        let mut state = held.watch();
+        timeout(PATIENCE, state.wait_for(|s| what(s)))
+            .await
+            .expect("state reached in time")
+            .expect("holder task alive")
+            .clone()
+    }
+
+    #[tokio::test]
+    async fn rule2_holder_stops_claiming_at_its_deadline_while_renewals_fail() {
+        let store = MemoryStore::new("mem://held/failing");
+        let (held, deadline) = held(&store).await;
+        store.set_unreachable(true);
+        let state = until(&held, |s| !s.is_held()).await;
+        assert!(Instant::now() >= deadline, "gave up before its deadline");
+        assert!(matches!(state, HolderState::Expiring { .. }), "{state:?}");
+        // Nobody took over: a renewal that gets through makes it held again.
+        store.set_unreachable(false);
+        until(&held, HolderState::is_held).await;
+        held.release().await.unwrap();
+        assert_eq!(store.record().state, LockState::Released);
+    }
+
+    #[tokio::test]
+    async fn rule2_holder_stops_claiming_at_its_deadline_while_a_renewal_hangs() {
+        let store = MemoryStore::new("mem://held/hanging");
+        let (held, deadline) = held(&store).await;
+        // Each renewal hangs until the holder abandons it at its request timeout.
+        for _ in 0..8 {
+            store.next_write(Fault::Delay(Duration::from_secs(60)));
+        }
+        let state = until(&held, |s| !s.is_held()).await;
+        assert!(Instant::now() >= deadline, "gave up before its deadline");
+        assert!(matches!(state, HolderState::Expiring { .. }), "{state:?}");
+        until(&held, HolderState::is_held).await;
+    }
+
+    #[tokio::test]
+    async fn a_holder_learns_of_a_takeover_at_its_next_renewal() {
+        let store = MemoryStore::new("mem://held/taken");
+        let (held, _) = held(&store).await;
+        let other = LockRecord::new_acquisition("b", FenceToken(2), LEASE, None);
+        store.put(Ok(other));
+        match until(&held, |s| matches!(s, HolderState::Lost(_))).await {
+            HolderState::Lost(LostReason::TakenOver(by)) => assert_eq!(by.holder, "b"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
+        assert_eq!(store.record().holder, "b", "the new holder is left alone");
+    }
+
+    #[tokio::test]
+    async fn dropping_a_held_lock_releases_it() {
+        let store = MemoryStore::new("mem://held/dropped");
+        let (held, _) = held(&store).await;
+        drop(held);
+        let give_up = Instant::now() + PATIENCE;
+        while store.record().state != LockState::Released {
+            assert!(Instant::now() < give_up, "not released after drop");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[test]
+    fn renew_policy_within_a_shorter_granted_lease_renews_in_time() {
+        let asked = RenewPolicy {
+            interval: Duration::from_secs(10),
+            ..RenewPolicy::for_lease(Duration::from_secs(30))
+        };
+        let fitted = asked.within(Duration::from_secs(10));
+        assert!(fitted.interval <= Duration::from_secs(10) / 3);
+        assert!(fitted.request_timeout <= Duration::from_millis(2500));
+        // A lease at least as long as asked changes nothing.
+        let same = asked.within(Duration::from_secs(30));
+        assert_eq!(same.interval, Duration::from_secs(10));
+        assert_eq!(same.retry, asked.retry);
+    }
+}

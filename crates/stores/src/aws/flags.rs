@@ -1,0 +1,56 @@
+//! The command line's AWS flags (feature `cli`).
+
+use serde::{Deserialize, Serialize};
+
+use super::AwsOptions;
+
+/// The command line's AWS flags; a lock file saves them, so `unlock` reaches the same
+/// store.
+#[derive(clap::Args, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", default)]
+pub struct AwsFlags {
+    /// AWS endpoint URL, e.g. an S3-compatible server [default: AWS_ENDPOINT_URL, else AWS]
+    #[arg(long, value_name = "URL", value_parser = parse_endpoint)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+
+    /// AWS region [default: AWS_REGION / the profile's]
+    #[arg(long, value_name = "REGION", value_parser = parse_region)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+}
+
+impl AwsFlags {
+    /// These flags, falling back to `saved` for anything not given.
+    pub fn options(&self, saved: &AwsFlags) -> AwsOptions {
+        AwsOptions {
+            endpoint: self.endpoint.clone().or_else(|| saved.endpoint.clone()),
+            region: self.region.clone().or_else(|| saved.region.clone()),
+            ..AwsOptions::default()
+        }
+    }
+}
+
+fn parse_endpoint(s: &str) -> Result<String, String> {
+    let ok = (s.starts_with("http://") || s.starts_with("https://"))
+        && s.split_once("://").is_some_and(|(_, h)| !h.is_empty());
+    if !ok {
+        return Err(format!(
+            "{s:?} is not an endpoint URL: expected http(s)://HOST[:PORT]"
+        ));
+    }
+    Ok(s.to_string())
+}
+
+fn parse_region(s: &str) -> Result<String, String> {
+    if s.is_empty()
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(format!(
+            "{s:?} is not a region name: expected e.g. eu-west-1"
+        ));
+    }
+    Ok(s.to_string())
+}

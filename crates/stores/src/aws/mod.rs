@@ -1,0 +1,89 @@
+//! What the two AWS stores (S3 and DynamoDB) share: how to reach AWS (endpoint,
+//! region, credentials, timeouts), one SDK client per distinct way of reaching a
+//! service, and reading an SDK failure.
+//!
+//! Clients come from the AWS SDK default chain (`AWS_ENDPOINT_URL`, `AWS_REGION`,
+//! `AWS_PROFILE`, environment credentials, `~/.aws`, SSO, IRSA / Pod Identity, IMDS),
+//! overridden by [`AwsOptions`]. The options are plain data (lockwarden-api fills them
+//! from a spec without any SDK); the clients (`client.rs`) come with the `s3` or
+//! `dynamodb` feature, the command line's flags (`flags.rs`) with `cli`.
+
+#[cfg(feature = "aws")]
+mod client;
+#[cfg(feature = "cli")]
+mod flags;
+
+use std::fmt;
+use std::time::Duration;
+
+#[cfg(feature = "aws")]
+pub use client::missing_root_certificates;
+#[cfg(feature = "aws")]
+pub(crate) use client::{
+    ClientCache, MAX_CACHED_CLIENTS, describe, plain_http_client, sdk_config, service_endpoint,
+    status_and_code,
+};
+#[cfg(feature = "cli")]
+pub use flags::AwsFlags;
+
+/// How to reach AWS, beyond what the lock URL says. Everything is optional: the
+/// defaults come from the SDK's chain (see the module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AwsOptions {
+    /// AWS endpoint (S3-compatible server, DynamoDB endpoint, a local emulator).
+    /// Default: `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3` / the profile, else AWS.
+    pub endpoint: Option<String>,
+    /// AWS region. Default: `AWS_REGION` / the profile.
+    pub region: Option<String>,
+    /// Static credentials (e.g. from a Kubernetes Secret). Default: the SDK chain.
+    pub credentials: Option<Credentials>,
+    /// Timeout of one request attempt. Default 20 s.
+    pub request_timeout: Option<Duration>,
+}
+
+/// Static AWS credentials. Their `Debug` never shows the secret.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl Credentials {
+    pub fn new(
+        access_key_id: impl Into<String>,
+        secret_access_key: impl Into<String>,
+        session_token: Option<String>,
+    ) -> Credentials {
+        Credentials {
+            access_key_id: access_key_id.into(),
+            secret_access_key: secret_access_key.into(),
+            session_token,
+        }
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("secret_access_key", &"<redacted>")
+            .field(
+                "session_token",
+                &self.session_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// Whether the service whose endpoint variable is `variable` (`AWS_ENDPOINT_URL_S3`,
+/// …) is reached over TLS, which the SDK verifies against the system's root
+/// certificates: an `https://` endpoint, or AWS itself when none is set. (An endpoint
+/// from an AWS profile is not looked at: profiles name AWS's own, TLS endpoints.)
+pub fn reached_over_tls(options: &AwsOptions, variable: &str) -> bool {
+    let set = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let endpoint = set(variable)
+        .or_else(|| options.endpoint.clone())
+        .or_else(|| set("AWS_ENDPOINT_URL"));
+    !endpoint.is_some_and(|e| e.starts_with("http://"))
+}

@@ -1,0 +1,78 @@
+//! The process's DynamoDB clients and the backends on them (feature `dynamodb`).
+
+use std::sync::Arc;
+
+use lockwarden_core::fenced::FencedObject;
+use lockwarden_core::{CasLock, LockBackend};
+
+use super::{
+    DEFAULT_PARTITION_KEY, DynamoDbKey, DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout,
+};
+use crate::aws::{
+    AwsOptions, ClientCache, MAX_CACHED_CLIENTS, plain_http_client, sdk_config, service_endpoint,
+};
+use crate::store::ConnectError;
+
+/// The lock at `key`, on the process's DynamoDB client for `aws`; creates the table
+/// first when asked to.
+pub async fn connect(
+    key: &DynamoDbKey,
+    aws: &AwsOptions,
+    options: &DynamoDbOptions,
+) -> Result<Arc<dyn LockBackend>, ConnectError> {
+    let client = client(aws).await;
+    let layout = TableLayout {
+        table: key.table.clone(),
+        partition_key: options
+            .partition_key
+            .clone()
+            .unwrap_or_else(|| DEFAULT_PARTITION_KEY.to_string()),
+        sort_key: options.sort_key.clone(),
+    };
+    let store = DynamoStore::new(client, layout, key.key.clone());
+    if options.create_table {
+        store
+            .ensure_table()
+            .await
+            .map_err(|e| ConnectError::Backend {
+                url: key.to_string(),
+                cause: e.to_string(),
+            })?;
+    }
+    Ok(Arc::new(CasLock::new(store)))
+}
+
+/// The fenced item at `key` (`lockwarden put dynamodb://TABLE/KEY`): KEY is the
+/// partition key value, `options.sort_key` the sort key's name and value where the
+/// table has one (its key schema is read from DescribeTable on first use).
+pub async fn connect_fenced(
+    key: &DynamoDbKey,
+    aws: &AwsOptions,
+    options: &DynamoDbOptions,
+) -> Box<dyn FencedObject> {
+    let client = client(aws).await;
+    Box::new(FencedDynamoItem::new(
+        client,
+        key.table.clone(),
+        key.key.clone(),
+        options.sort_key.clone(),
+    ))
+}
+
+/// The process's DynamoDB clients, one per endpoint, region, credentials and timeout.
+static CLIENTS: ClientCache<AwsOptions, aws_sdk_dynamodb::Client> =
+    ClientCache::new(MAX_CACHED_CLIENTS);
+
+async fn client(aws: &AwsOptions) -> aws_sdk_dynamodb::Client {
+    CLIENTS
+        .get_or_build(aws.clone(), || async {
+            let sdk = sdk_config(aws).await;
+            let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
+            let mut config = aws_sdk_dynamodb::config::Builder::from(&sdk);
+            if let Some(client) = plain_http_client(endpoint.as_deref()) {
+                config = config.http_client(client);
+            }
+            aws_sdk_dynamodb::Client::from_conf(config.build())
+        })
+        .await
+}

@@ -1,0 +1,764 @@
+//! The DynamoDB [`RecordStore`]: one lock key, one item (see the module above).
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, AttributeValue, BillingMode, KeySchemaElement, KeyType,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+};
+
+use crate::aws::{describe, status_and_code};
+use lockwarden_core::duration::{format_duration, parse_duration};
+use lockwarden_core::history;
+use lockwarden_core::{
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
+    RecordStore, StoreError, Stored, UnknownFields, Version,
+};
+
+use super::DEFAULT_PARTITION_KEY;
+
+pub(super) const OWNER: &str = "ownerName";
+pub(super) const LEASE: &str = "leaseDuration";
+pub(super) const RVN: &str = "recordVersionNumber";
+const RELEASED: &str = "isReleased";
+const DATA: &str = "data";
+const FENCE: &str = "fence";
+const NONCE: &str = "nonce";
+/// The `recordVersionNumber` lockwarden wrote last (see the module documentation).
+const LOCKWARDEN_RVN: &str = "lockwardenRvn";
+/// dynamolock's "released" marker value (it tests presence, and conditions on "1").
+const RELEASED_MARK: &str = "1";
+const ACQUIRED: &str = "acquiredAtMs";
+const RENEWED: &str = "renewedAtMs";
+/// The holder set of a key with more than one permit (JSON); absent on mutexes.
+const HOLDERS: &str = "holders";
+/// The key's holder history (JSON text, `lockwarden_core::history`); absent when empty.
+const HISTORY: &str = "history";
+/// Every attribute this build writes: a record's unknown fields never take these names.
+const OURS: [&str; 12] = [
+    OWNER,
+    LEASE,
+    RVN,
+    RELEASED,
+    DATA,
+    FENCE,
+    NONCE,
+    LOCKWARDEN_RVN,
+    ACQUIRED,
+    RENEWED,
+    HOLDERS,
+    HISTORY,
+];
+
+/// Where the lock items live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableLayout {
+    pub table: String,
+    pub partition_key: String,
+    /// Optional sort key attribute name and the value lockwarden's items use for it.
+    pub sort_key: Option<(String, String)>,
+}
+
+impl TableLayout {
+    pub fn new(table: impl Into<String>) -> Self {
+        TableLayout {
+            table: table.into(),
+            partition_key: DEFAULT_PARTITION_KEY.into(),
+            sort_key: None,
+        }
+    }
+}
+
+/// One lock key in a DynamoDB table.
+pub struct DynamoStore {
+    client: Client,
+    layout: TableLayout,
+    key: String,
+    url: String,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, layout: TableLayout, key: impl Into<String>) -> Self {
+        let key = key.into();
+        let url = format!("dynamodb://{}/{key}", layout.table);
+        DynamoStore {
+            client,
+            layout,
+            key,
+            url,
+        }
+    }
+
+    fn item_key(&self) -> HashMap<String, AttributeValue> {
+        let mut k = HashMap::from([(
+            self.layout.partition_key.clone(),
+            AttributeValue::S(self.key.clone()),
+        )]);
+        if let Some((name, value)) = &self.layout.sort_key {
+            k.insert(name.clone(), AttributeValue::S(value.clone()));
+        }
+        k
+    }
+
+    /// Creates the table (on-demand billing) if it does not exist, and waits until it
+    /// is active.
+    pub async fn ensure_table(&self) -> Result<(), StoreError> {
+        let l = &self.layout;
+        let mut req = self
+            .client
+            .create_table()
+            .table_name(&l.table)
+            .billing_mode(BillingMode::PayPerRequest)
+            .attribute_definitions(attr_def(&l.partition_key))
+            .key_schema(key_elem(&l.partition_key, KeyType::Hash));
+        if let Some((sk, _)) = &l.sort_key {
+            req = req
+                .attribute_definitions(attr_def(sk))
+                .key_schema(key_elem(sk, KeyType::Range));
+        }
+        match req.send().await {
+            Ok(_) => {}
+            Err(SdkError::ServiceError(e)) if e.err().is_resource_in_use_exception() => {}
+            Err(e) => {
+                return Err(StoreError::Rejected(format!(
+                    "creating table {}: {}",
+                    l.table,
+                    describe(&e)
+                )));
+            }
+        }
+        for _ in 0..600 {
+            let out = self
+                .client
+                .describe_table()
+                .table_name(&l.table)
+                .send()
+                .await
+                .map_err(|e| {
+                    StoreError::Unavailable(format!(
+                        "describing table {}: {}",
+                        l.table,
+                        describe(&e)
+                    ))
+                })?;
+            if out.table().and_then(|t| t.table_status()) == Some(&TableStatus::Active) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(StoreError::Unavailable(format!(
+            "table {} did not become ACTIVE within 60s",
+            l.table
+        )))
+    }
+
+    fn parse(&self, item: &HashMap<String, AttributeValue>) -> Stored {
+        let version = Version(
+            item.get(RVN)
+                .and_then(|v| v.as_s().ok())
+                .cloned()
+                .unwrap_or_default(),
+        );
+        Stored {
+            record: parse_item(item),
+            version,
+        }
+    }
+
+    async fn update(
+        &self,
+        record: &LockRecord,
+        condition: &str,
+        expected: Option<&Version>,
+    ) -> Result<Version, StoreError> {
+        let UpdateOf {
+            expression,
+            mut names,
+            mut values,
+        } = update_of(record, &self.layout);
+        if let Some(v) = expected {
+            values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
+        }
+        // Only name what the condition uses besides the update's own names.
+        if !condition.contains("#pk") {
+            names.remove("#pk");
+        }
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.item_key()))
+            .update_expression(expression)
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(Version(record.revision.clone())),
+            Err(e) => Err(self.classify_write(e)),
+        }
+    }
+
+    fn classify_write<E>(&self, err: SdkError<E, HttpResponse>) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static + AsConditionFailure,
+    {
+        if let SdkError::ServiceError(e) = &err
+            && let Some(item) = e.err().condition_failure_item()
+        {
+            return StoreError::Conflict {
+                current: item.map(|i| Box::new(self.parse(i))),
+            };
+        }
+        classify(err, &self.url)
+    }
+}
+
+/// Access to the item DynamoDB returns with a failed condition (`ALL_OLD`).
+pub trait AsConditionFailure {
+    /// `Some(item)` if this is a condition failure (`item` is `None` when no item existed).
+    fn condition_failure_item(&self) -> Option<Option<&HashMap<String, AttributeValue>>>;
+}
+
+impl AsConditionFailure for aws_sdk_dynamodb::operation::update_item::UpdateItemError {
+    fn condition_failure_item(&self) -> Option<Option<&HashMap<String, AttributeValue>>> {
+        match self {
+            Self::ConditionalCheckFailedException(e) => Some(e.item()),
+            _ => None,
+        }
+    }
+}
+
+impl AsConditionFailure for aws_sdk_dynamodb::operation::delete_item::DeleteItemError {
+    fn condition_failure_item(&self) -> Option<Option<&HashMap<String, AttributeValue>>> {
+        match self {
+            Self::ConditionalCheckFailedException(e) => Some(e.item()),
+            _ => None,
+        }
+    }
+}
+
+fn classify<E>(err: SdkError<E, HttpResponse>, url: &str) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let (status, code) = status_and_code(&err);
+    let detail = describe(&err);
+    match (status, code.as_deref()) {
+        // Throttling and transaction conflicts are definite refusals: retry later.
+        (
+            _,
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "ThrottlingException"
+                | "RequestLimitExceeded"
+                | "TransactionConflictException",
+            ),
+        ) => StoreError::Unavailable(detail),
+        (_, Some("ResourceNotFoundException")) => {
+            StoreError::Rejected(format!("table not found: {detail}"))
+        }
+        // 5xx, or success with a reply we cannot read: the write may have applied.
+        (Some(s), _) if s >= 500 || (200..300).contains(&s) => StoreError::Indeterminate(detail),
+        (Some(_), _) => StoreError::Rejected(detail),
+        (None, _) => match &err {
+            SdkError::ConstructionFailure(_) => StoreError::Rejected(detail),
+            _ => StoreError::Indeterminate(format!("{url}: {detail}")),
+        },
+    }
+}
+
+fn attr_def(name: &str) -> AttributeDefinition {
+    AttributeDefinition::builder()
+        .attribute_name(name)
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .expect("attribute definition has name and type")
+}
+
+fn key_elem(name: &str, kind: KeyType) -> KeySchemaElement {
+    KeySchemaElement::builder()
+        .attribute_name(name)
+        .key_type(kind)
+        .build()
+        .expect("key schema element has name and type")
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The `UpdateItem` that writes `record` in full: the expression and its attribute
+/// names and values (the caller adds its condition's).
+struct UpdateOf {
+    expression: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
+    let mut names = HashMap::from([
+        ("#pk".to_string(), layout.partition_key.clone()),
+        ("#owner".to_string(), OWNER.to_string()),
+        ("#lease".to_string(), LEASE.to_string()),
+        ("#rvn".to_string(), RVN.to_string()),
+        ("#lwrvn".to_string(), LOCKWARDEN_RVN.to_string()),
+        ("#rel".to_string(), RELEASED.to_string()),
+        ("#fence".to_string(), FENCE.to_string()),
+        ("#nonce".to_string(), NONCE.to_string()),
+        ("#acq".to_string(), ACQUIRED.to_string()),
+        ("#ren".to_string(), RENEWED.to_string()),
+        ("#data".to_string(), DATA.to_string()),
+        ("#holders".to_string(), HOLDERS.to_string()),
+        ("#history".to_string(), HISTORY.to_string()),
+    ]);
+    let mut values = HashMap::from([
+        (
+            ":owner".to_string(),
+            AttributeValue::S(record.holder.clone()),
+        ),
+        (
+            ":lease".to_string(),
+            AttributeValue::S(format_duration(record.lease)),
+        ),
+        (
+            ":rvn".to_string(),
+            AttributeValue::S(record.revision.clone()),
+        ),
+        (
+            ":fence".to_string(),
+            AttributeValue::N(record.fence.0.to_string()),
+        ),
+        (
+            ":nonce".to_string(),
+            AttributeValue::S(record.nonce.clone()),
+        ),
+        (
+            ":acq".to_string(),
+            AttributeValue::N(unix_ms(record.acquired_at).to_string()),
+        ),
+        (
+            ":ren".to_string(),
+            AttributeValue::N(unix_ms(record.renewed_at).to_string()),
+        ),
+    ]);
+    let mut set: Vec<String> = [
+        "#owner = :owner",
+        "#lease = :lease",
+        "#rvn = :rvn",
+        "#lwrvn = :rvn",
+        "#fence = :fence",
+        "#nonce = :nonce",
+        "#acq = :acq",
+        "#ren = :ren",
+    ]
+    .map(String::from)
+    .into();
+    let mut remove = Vec::new();
+    // dynamolock: a present isReleased means released (see the module docs).
+    if record.state == LockState::Released {
+        set.push("#rel = :rel".into());
+        values.insert(":rel".into(), AttributeValue::S(RELEASED_MARK.to_string()));
+    } else {
+        remove.push("#rel");
+    }
+    match &record.data {
+        Some(d) => {
+            set.push("#data = :data".into());
+            values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
+        }
+        None => remove.push("#data"),
+    }
+    match &record.set {
+        Some(holders) => {
+            set.push("#holders = :holders".into());
+            values.insert(":holders".into(), AttributeValue::S(holders.to_json()));
+        }
+        None => remove.push("#holders"),
+    }
+    if record.history.is_empty() {
+        remove.push("#history");
+    } else {
+        set.push("#history = :history".into());
+        values.insert(
+            ":history".into(),
+            AttributeValue::S(history::to_text(&record.history)),
+        );
+    }
+    let keys = std::iter::once(&layout.partition_key).chain(layout.sort_key.iter().map(|(k, _)| k));
+    let reserved: Vec<&str> = OURS.into_iter().chain(keys.map(String::as_str)).collect();
+    let unknown = record
+        .unknown
+        .iter()
+        .filter(|(name, _)| !reserved.contains(&name.as_str()));
+    for (i, (name, value)) in unknown.enumerate() {
+        names.insert(format!("#u{i}"), name.clone());
+        values.insert(format!(":u{i}"), attribute_of(value));
+        set.push(format!("#u{i} = :u{i}"));
+    }
+    let mut expression = format!("SET {}", set.join(", "));
+    if !remove.is_empty() {
+        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+    }
+    UpdateOf {
+        expression,
+        names,
+        values,
+    }
+}
+
+/// An unknown field as an attribute: scalars as themselves, anything else as JSON text.
+fn attribute_of(value: &serde_json::Value) -> AttributeValue {
+    match value {
+        serde_json::Value::String(s) => AttributeValue::S(s.clone()),
+        serde_json::Value::Number(n) => AttributeValue::N(n.to_string()),
+        serde_json::Value::Bool(b) => AttributeValue::Bool(*b),
+        serde_json::Value::Null => AttributeValue::Null(true),
+        other => AttributeValue::S(other.to_string()),
+    }
+}
+
+/// Reads a lock item; an item without lockwarden's attributes (or with wrong types)
+/// is foreign. Attributes it does not name are ignored: another client's, or a newer
+/// lockwarden's, which `UpdateItem` leaves in place. Public for the fuzzers (`fuzz/`).
+pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
+    let holder = s(item, OWNER)?.clone();
+    let lease_text = s(item, LEASE)?;
+    let lease = parse_duration(lease_text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            ForeignRecord::new(format!(
+                "attribute {LEASE} is {lease_text:?}, expected a duration such as \"30s\""
+            ))
+        })?;
+    let released = match item.get(RELEASED) {
+        None => false,
+        // Items written before lockwarden followed dynamolock's presence rule.
+        Some(AttributeValue::Bool(b)) => *b,
+        // dynamolock: present means released, whatever the value.
+        Some(_) => true,
+    };
+    let data = data(item)?;
+    let rvn = s(item, RVN)?;
+    let optional_ms =
+        |name: &str| SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, name).unwrap_or(0));
+    let written_by_lockwarden = match item.get(LOCKWARDEN_RVN) {
+        Some(AttributeValue::S(last_ours)) => last_ours == rvn,
+        // Items written before `lockwardenRvn` existed carried a boolean isReleased.
+        None => {
+            item.contains_key(NONCE) && matches!(item.get(RELEASED), Some(AttributeValue::Bool(_)))
+        }
+        Some(_) => false,
+    };
+    let (nonce, fence, acquired_at, renewed_at, set) = if written_by_lockwarden {
+        let set = match item.get(HOLDERS) {
+            None => None,
+            Some(AttributeValue::S(json)) => Some(HolderSet::from_json(json)?),
+            Some(v) => {
+                return Err(ForeignRecord::new(format!(
+                    "attribute {HOLDERS} is {}, expected a string",
+                    kind(v)
+                )));
+            }
+        };
+        (
+            s(item, NONCE)?.clone(),
+            FenceToken(n(item, FENCE)?),
+            optional_ms(ACQUIRED),
+            optional_ms(RENEWED),
+            set,
+        )
+    } else {
+        // Another client (dynamolock) wrote the item last: it holds (or released) it
+        // under its ownerName. A fence lockwarden left behind (dynamolock copies
+        // unknown attributes) is where the next lockwarden acquisition continues.
+        let fence = if item.contains_key(FENCE) {
+            n(item, FENCE)?
+        } else {
+            0
+        };
+        (
+            format!("{ANOTHER_TOOL_NONCE_PREFIX}rvn:{rvn}"),
+            FenceToken(fence),
+            SystemTime::UNIX_EPOCH,
+            SystemTime::UNIX_EPOCH,
+            None,
+        )
+    };
+    Ok(LockRecord {
+        holder,
+        nonce,
+        revision: rvn.clone(),
+        fence,
+        lease,
+        state: if released {
+            LockState::Released
+        } else {
+            LockState::Held
+        },
+        data,
+        acquired_at,
+        renewed_at,
+        set,
+        // Read whoever wrote the item last: dynamolock keeps attributes it does not
+        // know, so the key's history survives its holds too.
+        history: match item.get(HISTORY) {
+            Some(AttributeValue::S(text)) => history::parse_text(text),
+            _ => Vec::new(),
+        },
+        // Not read: no write of this build removes what it does not name.
+        unknown: UnknownFields::new(),
+    })
+}
+
+/// A string attribute of a lock item.
+fn s<'a>(
+    item: &'a HashMap<String, AttributeValue>,
+    name: &str,
+) -> Result<&'a String, ForeignRecord> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Ok(v),
+        Some(other) => Err(ForeignRecord::new(format!(
+            "attribute {name} is {}, expected a string",
+            kind(other)
+        ))),
+        None => Err(ForeignRecord::new(format!(
+            "attribute {name} is missing (not a lockwarden item)"
+        ))),
+    }
+}
+/// A non-negative integer attribute of a lock item.
+fn n(item: &HashMap<String, AttributeValue>, name: &str) -> Result<u64, ForeignRecord> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v.parse().map_err(|_| {
+            ForeignRecord::new(format!(
+                "attribute {name} is {v:?}, expected a non-negative integer"
+            ))
+        }),
+        Some(other) => Err(ForeignRecord::new(format!(
+            "attribute {name} is {}, expected a number",
+            kind(other)
+        ))),
+        None => Err(ForeignRecord::new(format!(
+            "attribute {name} is missing (not a lockwarden item)"
+        ))),
+    }
+}
+
+/// The free text of a lock item (binary, or a string as older writers stored it).
+fn data(item: &HashMap<String, AttributeValue>) -> Result<Option<String>, ForeignRecord> {
+    match item.get(DATA) {
+        None => Ok(None),
+        Some(AttributeValue::B(b)) => Ok(Some(String::from_utf8_lossy(b.as_ref()).into_owned())),
+        Some(AttributeValue::S(v)) => Ok(Some(v.clone())),
+        Some(other) => Err(ForeignRecord::new(format!(
+            "attribute {DATA} is {}, expected binary",
+            kind(other)
+        ))),
+    }
+}
+
+fn kind(v: &AttributeValue) -> &'static str {
+    match v {
+        AttributeValue::S(_) => "a string",
+        AttributeValue::N(_) => "a number",
+        AttributeValue::B(_) => "binary",
+        AttributeValue::Bool(_) => "a boolean",
+        AttributeValue::Null(_) => "null",
+        AttributeValue::L(_) => "a list",
+        AttributeValue::M(_) => "a map",
+        AttributeValue::Ss(_) | AttributeValue::Ns(_) | AttributeValue::Bs(_) => "a set",
+        _ => "an unknown type",
+    }
+}
+
+#[async_trait]
+impl RecordStore for DynamoStore {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn read(&self) -> Result<Option<Stored>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.item_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify(e, &self.url).for_read())?;
+        Ok(out.item().map(|item| self.parse(item)))
+    }
+
+    async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
+        self.update(record, "attribute_not_exists(#pk)", None).await
+    }
+
+    async fn replace(
+        &self,
+        expected: &Version,
+        record: &LockRecord,
+    ) -> Result<Version, StoreError> {
+        if expected.0.is_empty() {
+            // A foreign item without a version attribute (force takeover).
+            return self
+                .update(
+                    record,
+                    "attribute_exists(#pk) AND attribute_not_exists(#rvn)",
+                    None,
+                )
+                .await;
+        }
+        self.update(record, "#rvn = :expected", Some(expected))
+            .await
+    }
+
+    async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
+        self.client
+            .delete_item()
+            .table_name(&self.layout.table)
+            .set_key(Some(self.item_key()))
+            .condition_expression("#rvn = :expected")
+            .expression_attribute_names("#rvn", RVN)
+            .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify_write(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dynamolock_item(released: bool) -> HashMap<String, AttributeValue> {
+        let mut item = HashMap::from([
+            ("key".to_string(), AttributeValue::S("k".into())),
+            (OWNER.to_string(), AttributeValue::S("worker-1".into())),
+            (LEASE.to_string(), AttributeValue::S("3s".into())),
+            (RVN.to_string(), AttributeValue::S("AbC123".into())),
+        ]);
+        if released {
+            item.insert(RELEASED.to_string(), AttributeValue::S("1".into()));
+        }
+        item
+    }
+
+    #[test]
+    fn dynamolock_items_are_held_by_their_owner() {
+        let r = parse_item(&dynamolock_item(false)).unwrap();
+        assert_eq!(r.holder, "worker-1");
+        assert_eq!(r.lease, Duration::from_secs(3));
+        assert_eq!(r.state, LockState::Held);
+        assert_eq!(r.fence, FenceToken(0));
+        assert!(r.by_another_tool(), "{}", r.nonce);
+        let r = parse_item(&dynamolock_item(true)).unwrap();
+        assert_eq!(r.state, LockState::Released);
+    }
+
+    #[test]
+    fn a_dynamolock_write_over_a_lockwarden_item_is_not_ours() {
+        // dynamolock's PutItem copies our attributes but writes a new version.
+        let mut item = dynamolock_item(false);
+        item.insert(NONCE.to_string(), AttributeValue::S("ournonce".into()));
+        item.insert(FENCE.to_string(), AttributeValue::N("7".into()));
+        item.insert(LOCKWARDEN_RVN.to_string(), AttributeValue::S("old".into()));
+        let r = parse_item(&item).unwrap();
+        assert_ne!(r.nonce, "ournonce");
+        assert_eq!(r.holder, "worker-1");
+        assert_eq!(r.fence, FenceToken(7), "the fence continues");
+        item.insert(
+            LOCKWARDEN_RVN.to_string(),
+            AttributeValue::S("AbC123".into()),
+        );
+        let r = parse_item(&item).unwrap();
+        assert_eq!(r.nonce, "ournonce");
+    }
+
+    #[test]
+    fn wrong_types_are_foreign() {
+        let item = HashMap::from([
+            (OWNER.to_string(), AttributeValue::N("3".into())),
+            (LEASE.to_string(), AttributeValue::S("10s".into())),
+        ]);
+        let err = parse_item(&item).unwrap_err();
+        assert!(err.what.contains("ownerName is a number"), "{err}");
+    }
+
+    /// The history is one string attribute, removed when a record has none; read also
+    /// from an item dynamolock wrote last (it keeps attributes it does not know).
+    #[test]
+    fn the_history_is_an_attribute_of_ours() {
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
+        let update = update_of(&record, &TableLayout::new("t"));
+        assert!(update.expression.contains("REMOVE") && update.expression.contains("#history"));
+        record.history = vec![lockwarden_core::Grant::new(
+            "h",
+            Some("east"),
+            FenceToken(2),
+            record.acquired_at,
+        )];
+        let update = update_of(&record, &TableLayout::new("t"));
+        assert!(
+            update.expression.contains("#history = :history"),
+            "{}",
+            update.expression
+        );
+        let AttributeValue::S(text) = &update.values[":history"] else {
+            panic!("a string attribute")
+        };
+        let mut item = dynamolock_item(false);
+        item.insert(HISTORY.to_string(), AttributeValue::S(text.clone()));
+        let read = parse_item(&item).unwrap();
+        assert!(read.by_another_tool());
+        assert_eq!(read.history, record.history);
+    }
+
+    /// A record's unknown fields are written as attributes of their own, never in
+    /// place of lockwarden's or of the item's key.
+    #[test]
+    fn unknown_fields_are_written_beside_ours() {
+        let mut record =
+            LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
+        record.unknown.insert("newer".into(), "kept".into());
+        record.unknown.insert("count".into(), 3.into());
+        record.unknown.insert(OWNER.into(), "not-the-owner".into());
+        record.unknown.insert("key".into(), "not-the-key".into());
+        let update = update_of(&record, &TableLayout::new("t"));
+        let written: HashMap<&String, &AttributeValue> = update
+            .names
+            .iter()
+            .filter(|(placeholder, _)| placeholder.starts_with("#u"))
+            .map(|(placeholder, name)| (name, &update.values[&placeholder.replace('#', ":")]))
+            .collect();
+        assert_eq!(written.len(), 2, "{written:?}");
+        assert_eq!(
+            written[&"newer".to_string()],
+            &AttributeValue::S("kept".into())
+        );
+        assert_eq!(
+            written[&"count".to_string()],
+            &AttributeValue::N("3".into())
+        );
+        assert_eq!(update.values[":owner"], AttributeValue::S("h".into()));
+        assert!(
+            update.expression.contains("#u0 = :u0, #u1 = :u1"),
+            "{}",
+            update.expression
+        );
+    }
+}

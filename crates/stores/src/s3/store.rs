@@ -1,0 +1,239 @@
+//! The S3 [`RecordStore`]: one lock key, one object (see the module above).
+
+use async_trait::async_trait;
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+
+use crate::aws::{describe, status_and_code};
+use lockwarden_core::history;
+use lockwarden_core::{
+    ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, RecordStore,
+    StoreError, Stored, UnknownFields, Version,
+};
+
+/// The user-metadata key (`x-amz-meta-lockwarden-history`) of the key's holder
+/// history (`lockwarden_core::history`): beside the body, because the previous release
+/// reads a body with a field it does not know as foreign.
+pub const HISTORY_METADATA: &str = "lockwarden-history";
+
+/// The longest history text stored: S3 allows 2 KB of user metadata per object (names
+/// and values together), and a PUT over it is refused, so the oldest entries are left
+/// out instead.
+pub const HISTORY_METADATA_MAX: usize = 1800;
+
+/// The lease reported for an s3lock lock, which has none.
+pub const S3LOCK_LEASE: std::time::Duration = lockwarden_core::NO_LEASE;
+
+/// Reads a stored body: a lockwarden record, an s3lock lock, or something foreign.
+pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord> {
+    LockRecord::from_json(bytes).or_else(|not_ours| {
+        let id = std::str::from_utf8(bytes).ok().map(str::trim);
+        match id.and_then(|id| uuid::Uuid::try_parse(id).ok().map(|_| id)) {
+            Some(id) => Ok(LockRecord {
+                holder: format!("s3lock (lock id {id})"),
+                nonce: format!("{ANOTHER_TOOL_NONCE_PREFIX}s3lock:{id}"),
+                revision: etag.to_string(),
+                fence: FenceToken(0),
+                lease: S3LOCK_LEASE,
+                state: LockState::Held,
+                data: None,
+                acquired_at: std::time::SystemTime::UNIX_EPOCH,
+                renewed_at: std::time::SystemTime::UNIX_EPOCH,
+                set: None,
+                history: Vec::new(),
+                unknown: UnknownFields::new(),
+            }),
+            None => Err(not_ours),
+        }
+    })
+}
+
+/// One lock key in an S3 bucket.
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    key: String,
+    url: String,
+}
+
+impl S3Store {
+    pub fn new(client: Client, bucket: impl Into<String>, key: impl Into<String>) -> Self {
+        let (bucket, key) = (bucket.into(), key.into());
+        let url = format!("s3://{bucket}/{key}");
+        S3Store {
+            client,
+            bucket,
+            key,
+            url,
+        }
+    }
+
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// What an SDK failure means for a write.
+fn classify<E>(err: SdkError<E, HttpResponse>, op: &str, url: &str) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let (status, code) = status_and_code(&err);
+    let detail = describe(&err);
+    match (status, code.as_deref()) {
+        (Some(412), _) => StoreError::Conflict { current: None },
+        // If-Match on an object that no longer exists.
+        (Some(404), Some("NoSuchKey")) | (Some(404), None) => {
+            StoreError::Conflict { current: None }
+        }
+        (Some(404), Some(_)) | (Some(403), _) | (Some(400), _) | (Some(301), _) => {
+            StoreError::Rejected(format!("{op} refused: {detail}"))
+        }
+        // S3's "a conflicting conditional operation is in progress": may have applied.
+        (Some(409), _) => StoreError::Indeterminate(format!("{op}: {detail}")),
+        // Success with a reply we cannot read: the write applied, or may have.
+        (Some(s), _) if (200..300).contains(&s) => {
+            StoreError::Indeterminate(format!("{op}: {detail}"))
+        }
+        (Some(s), _) if s >= 500 => StoreError::Indeterminate(format!("{op}: {detail}")),
+        (Some(_), _) => StoreError::Rejected(format!("{op} refused: {detail}")),
+        // No response: the request may or may not have been processed.
+        (None, _) => match &err {
+            SdkError::ConstructionFailure(_) => StoreError::Rejected(format!("{op}: {detail}")),
+            _ => StoreError::Indeterminate(format!("{op} to {url}: {detail}")),
+        },
+    }
+}
+
+/// What a released record left in the bucket means to winebarrel/s3lock.
+const S3LOCK_SEES_HELD: &str = "free for lockwarden, but winebarrel/s3lock clients see this \
+key as held: their lock is a PUT If-None-Match: *, refused while any object is there. Release \
+with spec.backend.s3.s3lockCompatible: true (DistributedLock) or --s3lock-compatible (CLI) to \
+delete the object, or delete it by hand";
+
+#[async_trait]
+impl RecordStore for S3Store {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn kept_tombstone_note(&self) -> Option<&'static str> {
+        Some(S3LOCK_SEES_HELD)
+    }
+
+    async fn read(&self) -> Result<Option<Stored>, StoreError> {
+        let out = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .send()
+            .await;
+        let out = match out {
+            Ok(out) => out,
+            Err(err) => {
+                if let SdkError::ServiceError(e) = &err
+                    && (e.err().is_no_such_key() || e.raw().status().as_u16() == 404)
+                {
+                    return Ok(None);
+                }
+                return Err(classify(err, "GET", &self.url).for_read());
+            }
+        };
+        let version = Version(out.e_tag().unwrap_or_default().to_string());
+        let history = out
+            .metadata()
+            .and_then(|m| m.get(HISTORY_METADATA))
+            .map(|text| history::parse_text(text));
+        let bytes = out
+            .body
+            .collect()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("GET {}: reading body: {e}", self.url)))?
+            .into_bytes();
+        let mut record = parse_body(&bytes, &version.0);
+        if let (Ok(r), Some(history)) = (record.as_mut(), history) {
+            r.history = history;
+        }
+        Ok(Some(Stored { record, version }))
+    }
+
+    async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
+        self.put(record, None).await
+    }
+
+    async fn replace(
+        &self,
+        expected: &Version,
+        record: &LockRecord,
+    ) -> Result<Version, StoreError> {
+        self.put(record, Some(expected)).await
+    }
+
+    async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .if_match(&expected.0)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(e, "DELETE If-Match", &self.url))
+    }
+}
+
+impl S3Store {
+    async fn put(
+        &self,
+        record: &LockRecord,
+        expected: Option<&Version>,
+    ) -> Result<Version, StoreError> {
+        let mut req = self
+            .client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(&self.key)
+            .content_type("application/json")
+            .body(ByteStream::from(record.to_json()));
+        if let Some(text) = history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX) {
+            req = req.metadata(HISTORY_METADATA, text);
+        }
+        let (req, op) = match expected {
+            None => (req.if_none_match("*"), "PUT If-None-Match"),
+            Some(v) => (req.if_match(&v.0), "PUT If-Match"),
+        };
+        match req.send().await {
+            Ok(out) => match out.e_tag() {
+                Some(etag) => Ok(Version(etag.to_string())),
+                // Without an ETag the next conditional write is impossible; the engine
+                // re-reads to learn it.
+                None => Err(StoreError::Indeterminate(format!(
+                    "{op} to {}: no ETag in the reply",
+                    self.url
+                ))),
+            },
+            Err(e) => Err(classify(e, op, &self.url)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_s3lock_body_is_held_by_s3lock_forever() {
+        let r = parse_body(b"0b3c7e4c-5a8f-4b3e-9d9a-0e3f1c2b4a5d", "\"e\"").unwrap();
+        assert_eq!(r.state, LockState::Held);
+        assert!(r.holder.contains("s3lock"), "{}", r.holder);
+        assert_eq!(r.lease, S3LOCK_LEASE);
+        assert!(parse_body(b"not a uuid", "e").is_err());
+    }
+}
