@@ -617,7 +617,7 @@ fn stores_are_named_in_one_registry() {
     for (path, names) in &naming {
         println!(
             "  {} ({})",
-            path.strip_prefix(&root).unwrap().display(),
+            path.strip_prefix(root).unwrap().display(),
             names.join(", ")
         );
     }
