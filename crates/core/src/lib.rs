@@ -19,6 +19,11 @@
 //! - [`names`] and [`duration`]: the name and duration rules every layer shares.
 //! - `memory` (feature `testing`): an in-memory [`RecordStore`] for unit tests.
 
+// Functions over clippy.toml's threshold are split into named steps (issue 41);
+// unit tests are not held to it.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod acquire;
 pub mod backend;
 pub mod cas;

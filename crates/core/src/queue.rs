@@ -181,51 +181,23 @@ impl<S: RecordStore> CasLock<S> {
         req: &AcquireRequest,
         current: Current,
     ) -> Result<Option<Attempt>, LockError> {
-        if self.delete_on_release {
-            return Err(LockError::Backend {
-                url: self.url(),
-                message: "a queue cannot be kept on a key that is deleted on release \
-                          (s3lockCompatible): nobody would hold the record the queue lives in; \
-                          turn the queue or s3lock compatibility off"
-                    .into(),
-            });
-        }
+        self.check_queue_can_be_kept()?;
         let queueing = req.queue.unwrap_or_default();
+        if let Some(busy) = self.held_without_queue(st, req, &current) {
+            return Ok(Some(busy));
+        }
         let Current {
             mut set,
             version,
             unknown,
-            another_tool,
+            another_tool: _,
         } = current;
-        let takeover_after = |lease| self.margins.takeover_after(lease);
-        // Held by another tool, or by holders in the shape without a queue (which a
-        // build without queues may be renewing): never rewritten into a queued set
-        // while held, or that holder would read its key as foreign and lose it. Wait
-        // unregistered.
-        if (another_tool.is_some() || set.queue.is_none()) && !set.holders.is_empty() {
-            let retry_in = st.next_expiry(&set, takeover_after).min(req.lease / 3);
-            let holder = another_tool.unwrap_or_else(|| record_of(set.clone(), &unknown));
-            return Ok(Some(unregistered(holder, retry_in)));
-        }
         let queue = set.queue.get_or_insert_with(|| Queue {
             next_ticket: 1,
             ..Queue::default()
         });
-        // Our registration, if it is (still) there: a registration dropped as expired
-        // (we did not refresh in time) or never landed is made again, with a new ticket.
-        let ours = st
-            .waiting
-            .as_ref()
-            .and_then(|w| queue.waiters.iter().find(|e| e.nonce == w.nonce))
-            .cloned();
-        if ours.is_none() {
-            st.waiting = None;
-        }
-        let head = queue.in_order().first().map(|w| w.nonce.clone());
-        let our_turn = match &ours {
-            Some(e) => head.as_ref() == Some(&e.nonce),
-            None => queue.waiters.is_empty(),
-        };
+        let ours = our_registration(st, queue);
+        let our_turn = is_our_turn(queue, ours.as_ref());
         let weight = match req.permits.mode {
             Mode::Exclusive => 1,
             Mode::Shared => queueing.weight,
@@ -259,6 +231,45 @@ impl<S: RecordStore> CasLock<S> {
                     .await
             }
         }
+    }
+
+    /// A queue lives in the key's record: a key deleted on release cannot keep one.
+    fn check_queue_can_be_kept(&self) -> Result<(), LockError> {
+        if self.delete_on_release {
+            return Err(LockError::Backend {
+                url: self.url(),
+                message: "a queue cannot be kept on a key that is deleted on release \
+                          (s3lockCompatible): nobody would hold the record the queue lives in; \
+                          turn the queue or s3lock compatibility off"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Held by another tool, or by holders in the shape without a queue (which a
+    /// build without queues may be renewing): never rewritten into a queued set
+    /// while held, or that holder would read its key as foreign and lose it. Busy,
+    /// waiting unregistered; `None` when the key may take a queue.
+    fn held_without_queue(
+        &self,
+        st: &SetContender,
+        req: &AcquireRequest,
+        current: &Current,
+    ) -> Option<Attempt> {
+        let set = &current.set;
+        let unqueued_holders =
+            (current.another_tool.is_some() || set.queue.is_none()) && !set.holders.is_empty();
+        if !unqueued_holders {
+            return None;
+        }
+        let takeover_after = |lease| self.margins.takeover_after(lease);
+        let retry_in = st.next_expiry(set, takeover_after).min(req.lease / 3);
+        let holder = current
+            .another_tool
+            .clone()
+            .unwrap_or_else(|| record_of(set.clone(), &current.unknown));
+        Some(unregistered(holder, retry_in))
     }
 
     /// Registers a new waiter entry with the set's next ticket — or, when the queue is
@@ -418,6 +429,31 @@ impl<S: RecordStore> CasLock<S> {
             st.waiting_written = None;
         }
         Ok(lease)
+    }
+}
+
+/// Our registration, if it is (still) in `queue`: a registration dropped as expired
+/// (we did not refresh in time) or never landed is forgotten, to be made again with a
+/// new ticket.
+fn our_registration(st: &mut SetContender, queue: &Queue) -> Option<SetEntry> {
+    let ours = st
+        .waiting
+        .as_ref()
+        .and_then(|w| queue.waiters.iter().find(|e| e.nonce == w.nonce))
+        .cloned();
+    if ours.is_none() {
+        st.waiting = None;
+    }
+    ours
+}
+
+/// Only the head is granted: our registration when it is first in grant order, or an
+/// unregistered contender when nobody waits.
+fn is_our_turn(queue: &Queue, ours: Option<&SetEntry>) -> bool {
+    let head = queue.in_order().first().map(|w| w.nonce.clone());
+    match ours {
+        Some(e) => head.as_ref() == Some(&e.nonce),
+        None => queue.waiters.is_empty(),
     }
 }
 

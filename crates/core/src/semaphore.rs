@@ -300,58 +300,9 @@ impl<S: RecordStore> CasLock<S> {
             }
         };
         let mut set = match &r.set {
-            Some(set) if set.permits == permits => set.clone(),
-            Some(set) if !set.holders.is_empty() => {
-                return Err(LockError::PermitsDisagree {
-                    url: self.url(),
-                    stored: set.permits,
-                    requested: permits,
-                });
-            }
-            // Nobody holds it: the permits are whatever the next holder names.
-            Some(set) => HolderSet {
-                permits,
-                waiting_writer: set.waiting_writer.clone(),
-                queue: set.queue.clone(),
-                ..HolderSet::default()
-            },
-            // Another tool's lock has no permits: held, permits unknown. It counts as
-            // one exclusive holder (its revision is the store's version, which every
-            // write of that tool changes); the first lockwarden holder after it names
-            // the permits.
-            // A queued mutex contender (docs/design.md §6.4) sees a held mutex record
-            // the same way, as its one exclusive holder, observed by the record's
-            // version; the record is ours, so its unknown fields are carried.
-            None if r.state == LockState::Held
-                && (r.by_another_tool() || (req.queue.is_some() && permits == 1)) =>
-            {
-                let mut entry = SetEntry::new(&r.holder, r.fence, r.lease, Mode::Exclusive, None);
-                entry.nonce = r.nonce.clone();
-                entry.revision = stored.version.0.clone();
-                let another_tool = r.by_another_tool();
-                return Ok(Current {
-                    set: HolderSet {
-                        permits,
-                        holders: vec![entry],
-                        last_fence: r.fence,
-                        ..HolderSet::default()
-                    },
-                    version: Some(stored.version.clone()),
-                    // Another tool's record: nothing of it is ours to carry.
-                    unknown: if another_tool {
-                        UnknownFields::new()
-                    } else {
-                        r.unknown.clone()
-                    },
-                    another_tool: another_tool.then(|| r.clone()),
-                });
-            }
+            Some(set) => self.stored_set_for(set, permits)?,
             None if r.state == LockState::Held => {
-                return Err(LockError::PermitsDisagree {
-                    url: self.url(),
-                    stored: 1,
-                    requested: permits,
-                });
+                return self.held_mutex_as_set(req, r, &stored.version);
             }
             None => HolderSet {
                 permits,
@@ -365,6 +316,74 @@ impl<S: RecordStore> CasLock<S> {
             version: Some(stored.version.clone()),
             unknown: r.unknown.clone(),
             another_tool: None,
+        })
+    }
+
+    /// The stored holder set, for a contender asking for `permits`: every lock on a
+    /// held key must name the key's permits.
+    fn stored_set_for(&self, set: &HolderSet, permits: u32) -> Result<HolderSet, LockError> {
+        if set.permits == permits {
+            return Ok(set.clone());
+        }
+        if !set.holders.is_empty() {
+            return Err(LockError::PermitsDisagree {
+                url: self.url(),
+                stored: set.permits,
+                requested: permits,
+            });
+        }
+        // Nobody holds it: the permits are whatever the next holder names.
+        Ok(HolderSet {
+            permits,
+            waiting_writer: set.waiting_writer.clone(),
+            queue: set.queue.clone(),
+            ..HolderSet::default()
+        })
+    }
+
+    /// A held record without a holder set, for a contender asking for
+    /// `req.permits`.
+    ///
+    /// Another tool's lock has no permits: held, permits unknown. It counts as one
+    /// exclusive holder (its revision is the store's version, which every write of
+    /// that tool changes); the first lockwarden holder after it names the permits.
+    /// A queued mutex contender (docs/design.md §6.4) sees a held mutex record the same
+    /// way, as its one exclusive holder, observed by the record's version; the record
+    /// is ours, so its unknown fields are carried. Anyone else asks for permits the
+    /// held mutex does not have.
+    fn held_mutex_as_set(
+        &self,
+        req: &AcquireRequest,
+        r: &LockRecord,
+        version: &Version,
+    ) -> Result<Current, LockError> {
+        let permits = req.permits.total;
+        if !(r.by_another_tool() || (req.queue.is_some() && permits == 1)) {
+            return Err(LockError::PermitsDisagree {
+                url: self.url(),
+                stored: 1,
+                requested: permits,
+            });
+        }
+        let mut entry = SetEntry::new(&r.holder, r.fence, r.lease, Mode::Exclusive, None);
+        entry.nonce = r.nonce.clone();
+        entry.revision = version.0.clone();
+        let another_tool = r.by_another_tool();
+        Ok(Current {
+            set: HolderSet {
+                permits,
+                holders: vec![entry],
+                last_fence: r.fence,
+                ..HolderSet::default()
+            },
+            version: Some(version.clone()),
+            // Another tool's record: nothing of it is ours to carry.
+            unknown: if another_tool {
+                UnknownFields::new()
+            } else {
+                r.unknown.clone()
+            },
+            another_tool: another_tool.then(|| r.clone()),
         })
     }
 
