@@ -19,6 +19,11 @@
 //! Every optional field is non-nullable in the schema, so the API server prunes an
 //! explicit `null` (and then applies the field's default) instead of storing it.
 
+// Functions over clippy.toml's threshold are split into named steps (issue 41);
+// unit tests are not held to it.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod backend_spec;
 pub mod conditions;
 pub mod distributed_lock;

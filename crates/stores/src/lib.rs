@@ -16,6 +16,11 @@
 //! Features: `s3`, `dynamodb`, `zookeeper`, `kubernetes` (each store's client and
 //! backend), `all`, and `cli` (each store's command-line flags, with clap).
 
+// Functions over clippy.toml's threshold are split into named steps (issue 41);
+// unit tests are not held to it.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod aws;
 pub mod dynamodb;
 pub mod kubernetes;
