@@ -138,7 +138,7 @@ pub(crate) fn shared_needs_permits() -> Rule {
         .validate()
         .expect_err("shared with one permit is refused");
     Rule::new("!has(self.mode) || self.mode != 'shared' || self.permits >= 2")
-        .msg(message)
+        .msg(message.to_string())
         .field_path(".mode")
 }
 

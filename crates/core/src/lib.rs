@@ -51,8 +51,8 @@ pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use history::{Ending, Grant, HISTORY_LEN};
-pub use permits::{HolderSet, Mode, Permits, Queue, SetEntry};
-pub use queue::{QueueView, Queueing};
+pub use permits::{HolderSet, Mode, Permits, PermitsError, Queue, SetEntry};
+pub use queue::{QueueView, Queueing, WeightError};
 pub use record::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, NO_LEASE, Stored,
     UnknownFields, Version, rfc3339,

@@ -48,25 +48,33 @@ impl Default for Queueing {
 
 impl Queueing {
     /// Checks the weight against the key's permits; the error names what is wrong.
-    pub fn validate(&self, permits: Permits) -> Result<(), String> {
-        if self.weight == 0 {
-            return Err("weight must be at least 1".into());
+    pub fn validate(&self, permits: Permits) -> Result<(), WeightError> {
+        let (weight, permits, mode) = (self.weight, permits.total, permits.mode);
+        if weight == 0 {
+            return Err(WeightError::Zero);
         }
-        if self.weight > permits.total {
-            return Err(format!(
-                "weight {} is more than the key's {} permits: it could never be granted",
-                self.weight, permits.total
-            ));
+        if weight > permits {
+            return Err(WeightError::MoreThanPermits { weight, permits });
         }
-        if self.weight > 1 && permits.mode == Mode::Exclusive {
-            return Err(format!(
-                "weight {} on an exclusive holder: an exclusive holder takes all {} permits \
-                 already; a weight is for shared holders",
-                self.weight, permits.total
-            ));
+        if weight > 1 && mode == Mode::Exclusive {
+            return Err(WeightError::Exclusive { weight, permits });
         }
         Ok(())
     }
+}
+
+/// A weight that no grant of the key could honour.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WeightError {
+    #[error("weight must be at least 1")]
+    Zero,
+    #[error("weight {weight} is more than the key's {permits} permits: it could never be granted")]
+    MoreThanPermits { weight: u32, permits: u32 },
+    #[error(
+        "weight {weight} on an exclusive holder: an exclusive holder takes all {permits} permits \
+         already; a weight is for shared holders"
+    )]
+    Exclusive { weight: u32, permits: u32 },
 }
 
 /// How long a waiter's entry lives without a refresh (rule 1 per entry), at most: a
@@ -891,7 +899,10 @@ mod tests {
             weight,
         };
         assert!(q(3).validate(Permits::semaphore(4)).is_ok());
-        let err = q(5).validate(Permits::semaphore(4)).unwrap_err();
+        let err = q(5)
+            .validate(Permits::semaphore(4))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("weight 5 is more than the key's 4 permits"),
             "{err}"
@@ -899,6 +910,7 @@ mod tests {
         assert!(
             q(0).validate(Permits::semaphore(4))
                 .unwrap_err()
+                .to_string()
                 .contains("at least 1")
         );
         let err = q(2)
@@ -906,7 +918,8 @@ mod tests {
                 total: 4,
                 mode: Mode::Exclusive,
             })
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("exclusive"), "{err}");
     }
 
