@@ -47,7 +47,9 @@ pub use registry::{
 pub use s3::S3Options;
 #[cfg(feature = "s3")]
 pub use s3::{FencedS3Object, S3Store};
-pub use store::{ConnectError, LockFileFields, RecordedAcquisition, StoreKey, TargetError};
+pub use store::{
+    ConnectError, LockFileFields, LockFileMismatch, RecordedAcquisition, StoreKey, TargetError,
+};
 pub use zookeeper::ZooKeeperOptions;
 #[cfg(feature = "zookeeper")]
 pub use zookeeper::{ZkLock, ZkSessions};

@@ -58,7 +58,11 @@ pub async fn connect_fenced(
         Some(client) => client.clone(),
         None => super::connect::client(options.context.as_deref())
             .await
-            .map_err(|cause| FencedError::store("connect", cause))?,
+            .map_err(|cause| FencedError::Store {
+                op: "connect".into(),
+                detail: cause.to_string(),
+                source: Some(Box::new(cause)),
+            })?,
     };
     Ok(Box::new(FencedKubernetesObject::new(
         client,

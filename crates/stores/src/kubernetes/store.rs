@@ -149,13 +149,13 @@ impl LeaseStore {
 
     /// The fence is `leaseTransitions`, an int32: a fence beyond it cannot be stored,
     /// and storing a smaller one would hand the same fence to two holders.
-    fn check_fence(record: &LockRecord) -> Result<(), String> {
+    fn check_fence(record: &LockRecord) -> Result<(), StoreError> {
         if i32::try_from(record.fence.0).is_err() {
-            return Err(format!(
+            return Err(StoreError::Rejected(format!(
                 "fence {} does not fit leaseTransitions (an int32): the fence sequence of \
                  this Lease is exhausted; delete the Lease to start it again",
                 record.fence
-            ));
+            )));
         }
         Ok(())
     }
@@ -352,7 +352,7 @@ impl RecordStore for LeaseStore {
     }
 
     async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
-        Self::check_fence(record).map_err(StoreError::Rejected)?;
+        Self::check_fence(record)?;
         let lease = self.to_lease(record, None);
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(l) => {
@@ -368,7 +368,7 @@ impl RecordStore for LeaseStore {
         expected: &Version,
         record: &LockRecord,
     ) -> Result<Version, StoreError> {
-        Self::check_fence(record).map_err(StoreError::Rejected)?;
+        Self::check_fence(record)?;
         // PUT with metadata.resourceVersion: the API server's compare-and-swap, of the
         // Lease as read with lockwarden's fields rewritten (see the module docs).
         let lease = self.to_lease(record, Some(self.base_at(expected).await?));
