@@ -41,7 +41,9 @@ pub use distributed_lock::{
     DistributedLockStatus, HistoryEntry, LockPhase,
 };
 pub use error::SpecError;
-pub use lock_admission_config::{LockAdmissionConfig, LockAdmissionConfigSpec, TemplateRef};
+pub use lock_admission_config::{
+    AdmissionConfigError, LockAdmissionConfig, LockAdmissionConfigSpec, TemplateRef,
+};
 pub use lockwarden_core::duration;
 pub use lockwarden_core::duration::{
     DurationError, format_duration, parse_duration, parse_positive_duration,
@@ -83,7 +85,7 @@ pub fn crd() -> CustomResourceDefinition {
 
 /// The revision an installed CRD says it is: its [`CRD_REVISION_ANNOTATION`], or 1
 /// for a CRD without it (what every build before the annotation installed).
-pub fn installed_crd_revision(crd: &CustomResourceDefinition) -> Result<u32, String> {
+pub fn installed_crd_revision(crd: &CustomResourceDefinition) -> Result<u32, CrdRevisionError> {
     match crd
         .metadata
         .annotations
@@ -91,10 +93,20 @@ pub fn installed_crd_revision(crd: &CustomResourceDefinition) -> Result<u32, Str
         .and_then(|a| a.get(CRD_REVISION_ANNOTATION))
     {
         None => Ok(1),
-        Some(value) => value
-            .parse()
-            .map_err(|_| format!("{CRD_REVISION_ANNOTATION} is {value:?}, not a number")),
+        Some(value) => value.parse().map_err(|source| CrdRevisionError {
+            value: value.clone(),
+            source,
+        }),
     }
+}
+
+/// An installed CRD's [`CRD_REVISION_ANNOTATION`] that is not a revision.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{} is {value:?}, not a number", CRD_REVISION_ANNOTATION)]
+pub struct CrdRevisionError {
+    pub value: String,
+    #[source]
+    pub source: std::num::ParseIntError,
 }
 
 /// The CRD as YAML, exactly as stored in [`CRD_PATH`].
