@@ -1,5 +1,6 @@
-//! lockwarden-api: the `DistributedLock` API (`lockwarden.io/v1alpha1`): Rust types,
-//! the generated CustomResourceDefinition and its admission rules (docs/design.md §4).
+//! lockwarden-api: the `DistributedLock` and `LockAdmissionConfig` APIs
+//! (`lockwarden.io/v1alpha1`): Rust types, the generated CustomResourceDefinitions and
+//! their admission rules (docs/design.md §4, §6.6).
 //! Spec data only: serde and schemars types, no SDK or client. Every store's part of
 //! the spec is here whatever lockwarden-stores' features are, so `crds/` is always
 //! generated whole.
@@ -9,6 +10,8 @@
 //!   `stores/<store>.rs`), and the lock key URL.
 //! - [`store_spec`]: what every store's part provides ([`StoreSpec`]) and its errors;
 //!   [`SelectedSpec`] (in `backend_spec`) is the one part that is set.
+//! - [`lock_admission_config`]: [`LockAdmissionConfig`], the parameters of a Kueue
+//!   AdmissionCheck of lockwarden's.
 //! - [`conditions`]: condition types, reasons and `set_condition`.
 //! - [`duration`]: Go-style duration strings.
 //!

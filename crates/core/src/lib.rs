@@ -11,8 +11,11 @@
 //!   resolution, conditional force) on top of any [`RecordStore`].
 //! - [`permits`]: more than one holder per key ([`Permits`], [`Mode`], [`HolderSet`]);
 //!   `semaphore`: the protocol for such keys on a [`RecordStore`] (used by [`CasLock`]).
+//! - [`queue`]: queues on a [`RecordStore`]'s keys, in the key's own record: waiters
+//!   granted in (priority, arrival) order, weights ([`Queueing`], [`QueueView`]).
+//! - [`error`]: [`LockError`], each naming the lock, and why a held lock was lost.
 //! - [`history`]: the key's last grants, kept in its record ([`Grant`]).
-//! - [`acquire`]: waiting with a deadline; [`held`]: a lock renewed in the background.
+//! - [`acquire`](mod@acquire): waiting with a deadline; [`held`]: a lock renewed in the background.
 //! - [`sequencer`]: [`check_fence`], whether a fence is still a current holder's
 //!   (Chubby's `CheckSequencer`; advisory).
 //! - [`fenced`]: fenced writes to the objects the work lands in (rule 10), any store.

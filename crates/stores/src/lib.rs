@@ -1,9 +1,10 @@
 //! lockwarden-stores: one module per store (`s3`, `dynamodb`, `zookeeper`,
 //! `kubernetes`), each with its lock key and URL grammar, its connection options and
 //! its store, the store behind a Cargo feature of the same name (`all` for every one).
-//! Each knows its store and nothing about Kubernetes objects (the Lease store knows
-//! Leases); the engine in lockwarden-core runs the protocol on top. A store's part of
-//! the DistributedLock spec is lockwarden-api's.
+//! Each knows its store and nothing about DistributedLock objects (the Lease store
+//! knows Leases, the fenced writes of `kubernetes` the object they are given); the
+//! engine in lockwarden-core runs the protocol on top. A store's part of the
+//! DistributedLock spec is lockwarden-api's.
 //!
 //! - [`registry`]: the one list of stores — [`BackendKind`], the lock URL grammar
 //!   ([`Target`]), [`ConnectOptions`] and [`connect`], the only place that builds a

@@ -1,5 +1,5 @@
 //! What every store declares about its lock keys, and the errors they share. The stores
-//! (`backend/<store>/`) build on this file; the registry ([`super::registry`]) puts
+//! (`<store>/`) build on this file; the registry ([`super::registry`]) puts
 //! them together. It names no store itself, so a store never depends on the list of
 //! all stores.
 
@@ -12,7 +12,7 @@ use lockwarden_core::names::NameError;
 
 /// One store's lock key, as its URL names it (`s3://BUCKET/KEY` is an S3 key).
 ///
-/// A store implements this for its key type in `backend/<store>/key.rs`; the registry's
+/// A store implements this for its key type in `<store>/key.rs`; the registry's
 /// [`Target`](super::Target) holds one of them and forwards to it.
 pub trait StoreKey: Clone + fmt::Debug + fmt::Display + PartialEq + Eq + std::hash::Hash {
     /// `spec.backend`'s field for this store and `status.backend`: `s3`, `dynamodb`,

@@ -1,4 +1,4 @@
-//! Fenced writes to Kubernetes objects (README "Making the fence count").
+//! Fenced writes to Kubernetes objects (docs/guide/fencing.md "Kubernetes objects").
 //!
 //! The API server checks the fence, not us: the chart's ValidatingAdmissionPolicy
 //! (`fencing.admissionPolicy.enabled`, or manifests/fencing-admission-policy.yaml)
