@@ -224,8 +224,11 @@ impl FencedObject for FencedKubernetesObject {
             return Ok(None);
         };
         let stored = StoredFence::of(&object)?;
-        let yaml = serde_yaml_ng::to_string(&object)
-            .map_err(|e| FencedError::store("read", format!("cannot print the object: {e}")))?;
+        let yaml = serde_yaml_ng::to_string(&object).map_err(|e| FencedError::Store {
+            op: "read".into(),
+            detail: format!("cannot print the object: {e}"),
+            source: Some(Box::new(e)),
+        })?;
         Ok(Some(FencedRead {
             written_by: stored.fence.map(|token| Fence {
                 token,
