@@ -780,7 +780,7 @@ pub(super) mod tests {
         }
     }
 
-    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
+    pub(crate) async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
         match lock.try_acquire(req).await {
             Ok(Attempt::Acquired(lease)) => lease,
             other => panic!("{} should have acquired: {other:?}", req.holder),
@@ -798,23 +798,7 @@ pub(super) mod tests {
     /// takeover only once `since` — taken before the version was first read — is
     /// lease + grace in the past.
     async fn take_over(lock: &CasLock<MemoryStore>, holder: &str, since: Instant) -> Lease {
-        let give_up = since + TAKEOVER_AFTER * 20;
-        loop {
-            let attempt = lock.try_acquire(&req(holder)).await.unwrap();
-            let observed_at_most = since.elapsed();
-            match attempt {
-                Attempt::Acquired(lease) => {
-                    assert!(
-                        observed_at_most >= TAKEOVER_AFTER,
-                        "took over after at most {observed_at_most:?} of observation; \
-                         rule 1 needs {TAKEOVER_AFTER:?}"
-                    );
-                    return lease;
-                }
-                Attempt::Busy { .. } => assert!(Instant::now() < give_up, "never took over"),
-            }
-            sleep(Duration::from_millis(5)).await;
-        }
+        take_over_after(lock, holder, since, TAKEOVER_AFTER, 1).await
     }
 
     /// A store, and contender `a` holding the lock on it.
@@ -1000,12 +984,13 @@ pub(super) mod tests {
     }
 
     /// Like `take_over`, for a record whose stored lease is `after − grace`: no takeover
-    /// before `since + after`.
+    /// before `since + after`, which `rule` (its number, for the message) requires.
     async fn take_over_after(
         lock: &CasLock<MemoryStore>,
         holder: &str,
         since: Instant,
         after: Duration,
+        rule: u8,
     ) -> Lease {
         let give_up = since + after * 20;
         loop {
@@ -1016,7 +1001,7 @@ pub(super) mod tests {
                     assert!(
                         observed_at_most >= after,
                         "took over after at most {observed_at_most:?} of observation; \
-                         rule 8 needs {after:?}"
+                         rule {rule} needs {after:?}"
                     );
                     return lease;
                 }
@@ -1054,7 +1039,7 @@ pub(super) mod tests {
             (store, a, lease)
         };
         let b = contender(&store);
-        let lease = take_over_after(&b, "b", before, TAKEOVER_AFTER + DELAY).await;
+        let lease = take_over_after(&b, "b", before, TAKEOVER_AFTER + DELAY, 8).await;
         assert_eq!(lease.fence(), FenceToken(2));
         assert!(!a_lease.is_valid(), "two holders claim the lock at once");
     }

@@ -26,7 +26,7 @@ use super::cas::CasLock;
 use super::error::LockError;
 use super::permits::{HolderSet, Mode, Permits, Queue, SetEntry};
 use super::record::{FenceToken, LockRecord, UnknownFields, Version};
-use super::semaphore::{Current, SetContender, lost_a_race, reclaimable, record_of};
+use super::semaphore::{Current, SetContender, holder_entry, lost_a_race, reclaimable, record_of};
 
 /// What a contender that waits in a key's queue asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -416,19 +416,10 @@ impl<S: RecordStore> CasLock<S> {
             w.overtaken += 1;
         }
         queue.record_grant(SystemTime::now());
-        let stored_lease = req.lease + req.lock_delay;
-        let mut entry = SetEntry::new(
-            &req.holder,
-            fence,
-            stored_lease,
-            req.permits.mode,
-            req.data.clone(),
-        );
+        let mut entry = holder_entry(req, fence);
         entry.weight = weight;
         entry.priority = req.queue.unwrap_or_default().priority;
         entry.ticket = ticket;
-        set.holders.push(entry.clone());
-        set.last_fence = fence;
         let lease = self
             .write_grant(st, replacing, set, entry, req.lock_delay)
             .await?;
@@ -513,8 +504,8 @@ mod tests {
     use tokio::time::{Instant, sleep};
 
     use super::*;
-    use crate::backend::{Lease, LockBackend};
-    use crate::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER};
+    use crate::backend::LockBackend;
+    use crate::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER, acquired};
     use crate::memory::MemoryStore;
     use crate::record::LockState;
 
@@ -540,13 +531,6 @@ mod tests {
                 weight,
             }),
             ..AcquireRequest::new(holder, LEASE)
-        }
-    }
-
-    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
-        match lock.try_acquire(req).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{} should have acquired: {other:?}", req.holder),
         }
     }
 

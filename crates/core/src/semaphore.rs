@@ -258,6 +258,19 @@ pub(super) fn reclaimable(set: &HolderSet, req: &AcquireRequest) -> Option<(Hold
     Some((without, from))
 }
 
+/// Our entry as a holder granted `fence`. Rule 8: every entry's lease carries the
+/// lock-delay for contenders.
+pub(super) fn holder_entry(req: &AcquireRequest, fence: FenceToken) -> SetEntry {
+    let stored_lease = req.lease + req.lock_delay;
+    SetEntry::new(
+        &req.holder,
+        fence,
+        stored_lease,
+        req.permits.mode,
+        req.data.clone(),
+    )
+}
+
 /// Whether `set` admits a new holder in `mode` now, with `us` the nonce of our
 /// waiting-writer registration, if any.
 fn admits(set: &HolderSet, mode: Mode, us: Option<&str>) -> bool {
@@ -524,17 +537,11 @@ impl<S: RecordStore> CasLock<S> {
         mut set: HolderSet,
         replacing: Replacing<'_>,
     ) -> Result<Option<Lease>, LockError> {
-        let fence = self.next_fence(&set)?;
-        let mode = req.permits.mode;
-        // Rule 8: every entry's lease carries the lock-delay for contenders.
-        let stored_lease = req.lease + req.lock_delay;
-        let entry = SetEntry::new(&req.holder, fence, stored_lease, mode, req.data.clone());
+        let entry = holder_entry(req, self.next_fence(&set)?);
         let ours = st.waiting.as_ref().map(|w| &w.nonce);
         if set.waiting_writer.as_ref().map(|w| &w.nonce) == ours {
             set.waiting_writer = None;
         }
-        set.holders.push(entry.clone());
-        set.last_fence = fence;
         let lease = self
             .write_grant(st, replacing, set, entry, req.lock_delay)
             .await?;
@@ -592,16 +599,19 @@ impl<S: RecordStore> CasLock<S> {
         }
     }
 
-    /// The grant's one conditional write, with rule 4 for a lost reply. `None`: lost a
-    /// race (re-read and decide again).
+    /// The grant's one conditional write: `entry` joins the set's holders, its fence
+    /// the set's last (rule 3); rule 4 for a lost reply. `None`: lost a race (re-read
+    /// and decide again).
     pub(super) async fn write_grant(
         &self,
         st: &mut SetContender,
         (version, unknown): Replacing<'_>,
-        set: HolderSet,
+        mut set: HolderSet,
         entry: SetEntry,
         lock_delay: Duration,
     ) -> Result<Option<Lease>, LockError> {
+        set.holders.push(entry.clone());
+        set.last_fence = entry.fence;
         let record = record_of(set, unknown);
         let sent = Instant::now();
         match self.write_set(version, &record).await {
@@ -905,7 +915,7 @@ mod tests {
 
     use super::*;
     use crate::backend::LockBackend;
-    use crate::cas::tests::{DELAY, LEASE, MARGINS, TAKEOVER_AFTER};
+    use crate::cas::tests::{DELAY, LEASE, MARGINS, TAKEOVER_AFTER, acquired};
     use crate::memory::{Fault, MemoryStore};
     use crate::permits::Permits;
 
@@ -925,13 +935,6 @@ mod tests {
 
     fn shared(holder: &str) -> AcquireRequest {
         req(holder, 3, Mode::Shared)
-    }
-
-    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
-        match lock.try_acquire(req).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{} should have acquired: {other:?}", req.holder),
-        }
     }
 
     async fn busy(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> LockRecord {
