@@ -36,7 +36,7 @@ use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
 
 use super::store::{LEASE, OWNER, RVN};
-use crate::aws::describe;
+use crate::aws::fenced_error;
 use lockwarden_core::FenceToken;
 use lockwarden_core::fenced::{
     Content, Fence, FencedError, FencedObject, FencedRead, MAX_ATTEMPTS, Written, check,
@@ -98,7 +98,7 @@ impl FencedDynamoItem {
             .table_name(&self.table)
             .send()
             .await
-            .map_err(|e| store_error(e, "DescribeTable"))?;
+            .map_err(|e| fenced_error(e, "DescribeTable"))?;
         let table = out
             .table()
             .ok_or_else(|| FencedError::store("DescribeTable", "the answer describes no table"))?;
@@ -176,7 +176,7 @@ impl FencedDynamoItem {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| store_error(e, "GetItem"))?;
+            .map_err(|e| fenced_error(e, "GetItem"))?;
         Ok(out.item)
     }
 
@@ -210,7 +210,7 @@ impl FencedDynamoItem {
                 {
                     self.why_refused(fence).await?;
                 }
-                e => return Err(store_error(e, op)),
+                e => return Err(fenced_error(e, op)),
             }
         }
         Err(FencedError::Contended {
@@ -394,17 +394,6 @@ fn fence_of(item: &HashMap<String, AttributeValue>) -> Result<(Option<Fence>, bo
         }),
         deleted,
     ))
-}
-
-fn store_error<E>(err: SdkError<E, HttpResponse>, op: &str) -> FencedError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    FencedError::Store {
-        op: op.to_string(),
-        detail: describe(&err),
-        source: Some(Box::new(err)),
-    }
 }
 
 /// Parses DynamoDB JSON, an object of attributes, for a put: no key attribute, none
