@@ -399,7 +399,7 @@ pub fn parse_nonce(s: &str) -> Result<String, ValueError> {
 /// A positive duration in Go's form, as everywhere else in lockwarden
 /// ([`lockwarden_core::duration`]): `30s`, `5m`, `1h30m`, `1500ms`, `1.5h`.
 pub fn parse_duration(s: &str) -> Result<Duration, ValueError> {
-    lockwarden_core::duration::parse_flag_duration(s).map_err(ValueError)
+    lockwarden_core::duration::parse_flag_duration(s).map_err(|e| ValueError(e.to_string()))
 }
 
 /// A lease: a duration of at least one second (backends store whole seconds or

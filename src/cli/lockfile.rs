@@ -170,7 +170,7 @@ impl LockFile {
         }
         target
             .check_lock_file_fields(&file.store)
-            .map_err(corrupt)?;
+            .map_err(|e| corrupt(e.to_string()))?;
         if target.is_session_bound() && file.version.rsplit_once(':').is_none() {
             return Err(corrupt(format!(
                 "version {:?} is not a ZooKeeper entry (NAME:VERSION)",

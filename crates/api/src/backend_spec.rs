@@ -39,7 +39,7 @@ pub struct BackendSpec {
 
 impl BackendSpec {
     /// The stores' parts that are set, in field order: with the fields above, the one
-    /// place `api/` lists the stores.
+    /// place lockwarden-api lists the stores.
     fn set(&self) -> Vec<SelectedSpec<'_>> {
         [
             self.s3.as_ref().map(SelectedSpec::S3),

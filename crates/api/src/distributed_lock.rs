@@ -408,7 +408,7 @@ impl DistributedLockSpec {
         };
         queueing
             .validate(self.permits())
-            .map_err(|message| invalid("spec.weight", message))?;
+            .map_err(|source| SpecError::Weight { source })?;
         Ok(Some(queueing))
     }
 
@@ -445,14 +445,14 @@ impl DistributedLockSpec {
             });
         }
         let permits = self.permits();
-        permits.validate().map_err(|message| SpecError::Invalid {
+        permits.validate().map_err(|source| SpecError::Permits {
             // The one mistake that is not the number's: shared with one permit.
             field: if permits.total == 1 {
-                "spec.mode".into()
+                "spec.mode"
             } else {
-                "spec.permits".into()
+                "spec.permits"
             },
-            message,
+            source,
         })?;
         self.queueing()?;
         if self.holder_identity.as_ref().is_some_and(|h| h.len() > 512) {

@@ -2,6 +2,7 @@
 
 use super::duration::DurationError;
 use crate::store_spec::SpecFieldError;
+use lockwarden_core::{PermitsError, WeightError};
 use lockwarden_stores::BackendKind;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +28,18 @@ pub enum SpecError {
     },
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
+    /// `spec.permits` (or `spec.mode`, for shared with one permit) that no key can have.
+    #[error("{field}: {source}")]
+    Permits {
+        field: &'static str,
+        #[source]
+        source: PermitsError,
+    },
+    #[error("spec.weight: {source}")]
+    Weight {
+        #[source]
+        source: WeightError,
+    },
     #[error("{field} is immutable")]
     Immutable { field: String },
 }

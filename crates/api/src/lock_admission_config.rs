@@ -10,7 +10,8 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use crate::schema::{MAX_DURATION_LEN, positive_duration};
-use lockwarden_core::duration::parse_positive_duration;
+use lockwarden_core::duration::{DurationError, parse_positive_duration};
+use lockwarden_core::names::NameError;
 
 /// How long a Workload waits for its locks while holding quota, when unset.
 pub const DEFAULT_PENDING_TIMEOUT: &str = "5m";
@@ -83,7 +84,7 @@ impl TemplateRef {
 
 impl LockAdmissionConfigSpec {
     /// `pendingTimeout`, or its default.
-    pub fn pending_timeout(&self) -> Result<Duration, String> {
+    pub fn pending_timeout(&self) -> Result<Duration, AdmissionConfigError> {
         duration_field(
             "pendingTimeout",
             &self.pending_timeout,
@@ -92,29 +93,27 @@ impl LockAdmissionConfigSpec {
     }
 
     /// `retryAfter`, or its default.
-    pub fn retry_after(&self) -> Result<Duration, String> {
+    pub fn retry_after(&self) -> Result<Duration, AdmissionConfigError> {
         duration_field("retryAfter", &self.retry_after, DEFAULT_RETRY_AFTER)
     }
 
     /// What makes these parameters unusable, for the AdmissionCheck's `Active`
     /// condition: no template, a template named twice or not a valid name, a bad
     /// duration.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), AdmissionConfigError> {
         if self.templates.is_empty() {
-            return Err(
-                "spec.templates is empty: name at least one DistributedLock template".into(),
-            );
+            return Err(AdmissionConfigError::NoTemplates);
         }
         let mut seen = std::collections::BTreeSet::new();
         for t in &self.templates {
             lockwarden_core::names::kubernetes_name(&t.name)
-                .map_err(|e| format!("spec.templates: {}", e.named("template name")))?;
+                .map_err(|e| AdmissionConfigError::Template(e.named("template name")))?;
             if let Some(ns) = &t.namespace {
                 lockwarden_core::names::kubernetes_namespace(ns)
-                    .map_err(|e| format!("spec.templates: {}", e.named("namespace")))?;
+                    .map_err(|e| AdmissionConfigError::Template(e.named("namespace")))?;
             }
             if !seen.insert(t.reference()) {
-                return Err(format!("spec.templates: {} is named twice", t.reference()));
+                return Err(AdmissionConfigError::NamedTwice(t.reference()));
             }
         }
         self.pending_timeout()?;
@@ -123,9 +122,33 @@ impl LockAdmissionConfigSpec {
     }
 }
 
-fn duration_field(field: &str, value: &Option<String>, default: &str) -> Result<Duration, String> {
+/// Why `LockAdmissionConfig` parameters cannot be used, for the AdmissionCheck's
+/// `Active` condition; each names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdmissionConfigError {
+    #[error("spec.templates is empty: name at least one DistributedLock template")]
+    NoTemplates,
+    /// A template's name or namespace is no Kubernetes name.
+    #[error("spec.templates: {0}")]
+    Template(#[source] NameError),
+    /// `NAME` or `NAMESPACE/NAME`, as the gating machine names a template.
+    #[error("spec.templates: {0} is named twice")]
+    NamedTwice(String),
+    #[error("spec.{field}: {source}")]
+    Duration {
+        field: &'static str,
+        #[source]
+        source: DurationError,
+    },
+}
+
+fn duration_field(
+    field: &'static str,
+    value: &Option<String>,
+    default: &str,
+) -> Result<Duration, AdmissionConfigError> {
     let text = value.as_deref().unwrap_or(default);
-    parse_positive_duration(text).map_err(|e| format!("spec.{field}: {e}"))
+    parse_positive_duration(text).map_err(|source| AdmissionConfigError::Duration { field, source })
 }
 
 #[cfg(test)]
@@ -159,17 +182,36 @@ mod tests {
 
     #[test]
     fn bad_input_parameters_that_cannot_be_used_say_why() {
-        assert!(spec(&[]).validate().unwrap_err().contains("empty"));
+        assert!(
+            spec(&[])
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
         let twice = spec(&[("db", Some("a")), ("db", Some("a"))]);
-        assert!(twice.validate().unwrap_err().contains("named twice"));
+        assert!(
+            twice
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("named twice")
+        );
         let bad_name = spec(&[("Not_A_Name", None)]);
-        assert!(bad_name.validate().unwrap_err().contains("template name"));
+        assert!(
+            bad_name
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("template name")
+        );
         let mut bad_timeout = spec(&[("db", None)]);
         bad_timeout.pending_timeout = Some("soon".into());
         assert!(
             bad_timeout
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("pendingTimeout")
         );
     }

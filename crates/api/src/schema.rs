@@ -1,13 +1,13 @@
-//! Building blocks of the CRD's schema, shared by the `DistributedLock` spec (`api/`)
-//! and each store's part of `spec.backend` (`backend/<store>/spec.rs`), which hold the
-//! rules themselves: the schema transforms every type of the CRD applies
-//! ([`strip_nullable`], [`kubernetes_integer_formats`]) and the pieces of its CEL
-//! admission rules (`x-kubernetes-validations`).
+//! Building blocks of the CRD's schema, shared by the `DistributedLock` spec
+//! (`distributed_lock.rs`) and each store's part of `spec.backend`
+//! (`stores/<store>.rs`), which hold the rules themselves: the schema transforms every
+//! type of the CRD applies (`strip_nullable`, `kubernetes_integer_formats`) and the
+//! pieces of its CEL admission rules (`x-kubernetes-validations`).
 //!
 //! CEL notes: Kubernetes rejects rules whose estimated cost is too high, so every
 //! string a rule reads has a `maxLength` and every list a `maxItems`. Regexes avoid
 //! backslashes (`[.]` instead of `\.`) where they can, so they read the same in Rust,
-//! CEL and YAML; the character-class rules need them (`\p{Cc}`), and [`lit`] escapes
+//! CEL and YAML; the character-class rules need them (`\p{Cc}`), and `lit` escapes
 //! them for CEL. Sizes in bytes are `size(bytes(self))`: `size(self)` and `maxLength`
 //! count characters.
 

@@ -5,9 +5,9 @@
 //! through [`DistributedLockSpec::validate`].
 //!
 //! The rules of each store's part of `spec.backend` live with the store
-//! (`backend/<store>/spec.rs`); the building blocks of every rule in [`crate::schema`];
-//! the name and size rules in each store's `key.rs` and [`lockwarden_core::names`], shared
-//! with the command-line URL parser.
+//! (`stores/<store>.rs`); the building blocks of every rule in [`crate::schema`]; the
+//! name and size rules in each store's `key.rs` (lockwarden-stores) and
+//! [`lockwarden_core::names`], shared with the command-line URL parser.
 //!
 //! [`DistributedLockSpec::validate`]: super::DistributedLockSpec::validate
 
@@ -138,7 +138,7 @@ pub(crate) fn shared_needs_permits() -> Rule {
         .validate()
         .expect_err("shared with one permit is refused");
     Rule::new("!has(self.mode) || self.mode != 'shared' || self.permits >= 2")
-        .msg(message)
+        .msg(message.to_string())
         .field_path(".mode")
 }
 

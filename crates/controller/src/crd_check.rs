@@ -40,7 +40,10 @@ pub async fn warn_if_outdated(client: &kube::Client) {
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     match crds.get(CRD_NAME).await {
         Ok(crd) => {
-            if let Some(warning) = verdict(installed_crd_revision(&crd), CRD_REVISION) {
+            if let Some(warning) = verdict(
+                installed_crd_revision(&crd).map_err(|e| e.to_string()),
+                CRD_REVISION,
+            ) {
                 tracing::warn!(crd = CRD_NAME, "{warning}");
             } else {
                 tracing::debug!(

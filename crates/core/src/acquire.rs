@@ -1,6 +1,7 @@
 //! Acquisition with waiting: retries a backend's single attempt until a deadline,
 //! woken early by backends that can watch the record.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use rand::Rng;
@@ -42,90 +43,156 @@ pub async fn acquire_with_progress(
     wait: Wait,
     mut on_busy: impl FnMut(&LockRecord, Option<u32>) + Send,
 ) -> Result<Lease, LockError> {
-    // One look cannot wait out a yield to a polling tool (docs/design.md §6.4): without
-    // a wait, a free key is taken as it is found.
-    let one_look;
-    let req = if wait == Wait::No && req.yield_to_pollers.is_some() {
-        one_look = AcquireRequest {
-            yield_to_pollers: None,
-            ..req.clone()
-        };
-        &one_look
-    } else {
-        req
-    };
-    let started = Instant::now();
-    let deadline = match wait {
-        Wait::No => Some(started),
-        // A wait beyond what the clock can represent is a wait without end.
-        Wait::For(d) => started.checked_add(d),
-        Wait::Forever => None,
-    };
-    let connecting_until = started + CONNECT_TIMEOUT;
-    let mut poll = POLL_MIN;
-    let mut last_holder: Option<HeldBy> = None;
-    // Until the store answers once, an unreachable store is retried (see above).
-    let mut answered = false;
-    let mut unreachable: Option<LockError>;
+    let req = without_yield_for_one_look(req, wait);
+    let mut waiting = Waiting::new(wait);
     loop {
-        let pause = match backend.try_acquire(req).await {
+        let retry = match backend.try_acquire(&req).await {
             Ok(Attempt::Acquired(lease)) => return Ok(lease),
             Ok(Attempt::Busy {
                 holder,
                 retry_in,
                 queue_position,
             }) => {
-                answered = true;
-                unreachable = None;
                 on_busy(&holder, queue_position);
-                let by = HeldBy::from_record(&holder);
-                if wait == Wait::No {
-                    backend.abandon().await;
-                    return Err(LockError::Held {
-                        url: backend.url().to_string(),
-                        by,
-                    });
-                }
-                last_holder = Some(by);
-                // Wake right when the holder's lease could be observed expired, or at
-                // the next poll, whichever is first.
-                retry_in.map_or(poll, |r| r.min(poll).max(Duration::from_millis(5)))
+                waiting.after_busy(&holder, retry_in, backend.url())
             }
-            Err(e) if e.is_transient() && (wait != Wait::No || !answered) => {
-                unreachable = (!answered).then_some(e);
-                poll
-            }
+            Err(e) => waiting.after_error(e),
+        };
+        let pause = match retry {
+            Ok(pause) => pause,
             Err(e) => {
                 backend.abandon().await;
                 return Err(e);
             }
         };
-        let jittered = pause.mul_f64(rand::rng().random_range(0.8..1.2));
-        let until = match deadline {
-            Some(d) if !answered => Some(d.max(connecting_until)),
-            other => other,
-        };
-        let sleep = match until {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    backend.abandon().await;
-                    if let Some(e) = unreachable {
-                        // Never reached: say so, not that a holder kept the lock.
-                        return Err(e);
-                    }
-                    return Err(LockError::Timeout {
-                        url: backend.url().to_string(),
-                        waited: started.elapsed(),
-                        by: last_holder,
-                    });
-                }
-                jittered.min(left)
-            }
-            None => jittered,
+        let Some(sleep) = waiting.sleep_before_retry(pause) else {
+            backend.abandon().await;
+            return Err(waiting.out_of_time(backend.url()));
         };
         backend.changed(sleep).await;
-        poll = (poll.mul_f64(1.5)).min(POLL_MAX);
+        waiting.back_off();
+    }
+}
+
+/// One look cannot wait out a yield to a polling tool (docs/design.md §6.4): without
+/// a wait, a free key is taken as it is found.
+fn without_yield_for_one_look(req: &AcquireRequest, wait: Wait) -> Cow<'_, AcquireRequest> {
+    if wait == Wait::No && req.yield_to_pollers.is_some() {
+        Cow::Owned(AcquireRequest {
+            yield_to_pollers: None,
+            ..req.clone()
+        })
+    } else {
+        Cow::Borrowed(req)
+    }
+}
+
+/// The state of one [`acquire_with_progress`] call between its attempts: the
+/// deadline, the poll interval and what the attempts so far have shown.
+struct Waiting {
+    wait: Wait,
+    started: Instant,
+    /// `None`: no end.
+    deadline: Option<Instant>,
+    connecting_until: Instant,
+    poll: Duration,
+    last_holder: Option<HeldBy>,
+    /// Until the store answers once, an unreachable store is retried (see
+    /// [`CONNECT_TIMEOUT`]).
+    answered: bool,
+    /// The last error of a store never reached, while it has not answered.
+    unreachable: Option<LockError>,
+}
+
+impl Waiting {
+    fn new(wait: Wait) -> Self {
+        let started = Instant::now();
+        let deadline = match wait {
+            Wait::No => Some(started),
+            // A wait beyond what the clock can represent is a wait without end.
+            Wait::For(d) => started.checked_add(d),
+            Wait::Forever => None,
+        };
+        Waiting {
+            wait,
+            started,
+            deadline,
+            connecting_until: started + CONNECT_TIMEOUT,
+            poll: POLL_MIN,
+            last_holder: None,
+            answered: false,
+            unreachable: None,
+        }
+    }
+
+    /// An attempt found the lock held: how long until the next one (before jitter
+    /// and the deadline), or, without a wait, the error to give up with.
+    fn after_busy(
+        &mut self,
+        holder: &LockRecord,
+        retry_in: Option<Duration>,
+        url: &str,
+    ) -> Result<Duration, LockError> {
+        self.answered = true;
+        self.unreachable = None;
+        let by = HeldBy::from_record(holder);
+        if self.wait == Wait::No {
+            return Err(LockError::Held {
+                url: url.to_string(),
+                by,
+            });
+        }
+        self.last_holder = Some(by);
+        // Wake right when the holder's lease could be observed expired, or at the next
+        // poll, whichever is first.
+        Ok(retry_in.map_or(self.poll, |r| {
+            r.min(self.poll).max(Duration::from_millis(5))
+        }))
+    }
+
+    /// An attempt failed: poll again while the error is transient and waiting is
+    /// allowed (or the store has not answered yet); otherwise give up with it.
+    fn after_error(&mut self, e: LockError) -> Result<Duration, LockError> {
+        if e.is_transient() && (self.wait != Wait::No || !self.answered) {
+            self.unreachable = (!self.answered).then_some(e);
+            return Ok(self.poll);
+        }
+        Err(e)
+    }
+
+    /// How long to sleep before the next attempt: `pause` with jitter, cut at the
+    /// deadline (the connect timeout's, while the store has not answered). `None`:
+    /// the time is up.
+    fn sleep_before_retry(&self, pause: Duration) -> Option<Duration> {
+        let jittered = pause.mul_f64(rand::rng().random_range(0.8..1.2));
+        let until = match self.deadline {
+            Some(d) if !self.answered => Some(d.max(self.connecting_until)),
+            other => other,
+        };
+        match until {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                (!left.is_zero()).then(|| jittered.min(left))
+            }
+            None => Some(jittered),
+        }
+    }
+
+    /// The error once the time is up.
+    fn out_of_time(self, url: &str) -> LockError {
+        if let Some(e) = self.unreachable {
+            // Never reached: say so, not that a holder kept the lock.
+            return e;
+        }
+        LockError::Timeout {
+            url: url.to_string(),
+            waited: self.started.elapsed(),
+            by: self.last_holder,
+        }
+    }
+
+    fn back_off(&mut self) {
+        self.poll = (self.poll.mul_f64(1.5)).min(POLL_MAX);
     }
 }
 

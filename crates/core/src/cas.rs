@@ -12,7 +12,7 @@ use super::backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, S
 use super::clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 use super::error::{HeldBy, LockError, LostReason};
 use super::history::{self, Ending, Grant};
-use super::record::{FenceToken, LockRecord, LockState, Stored, Version};
+use super::record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version};
 
 /// How many times one `try_acquire` re-reads after losing a race before it reports
 /// the lock busy.
@@ -147,21 +147,77 @@ fn yield_left(
     }
 }
 
+/// An absent key is created, unless lockwarden freed it (deleted on release) and the
+/// request yields to a polling tool (§6.4): then it is busy for the rest of the window.
+fn plan_for_absent_key(req: &AcquireRequest, st: &mut ContenderState) -> Plan {
+    if let Some(last) = st.last_ours.clone()
+        && let Some(left) = yield_left(req, &ABSENT, st)
+    {
+        return Plan::Busy(Box::new(last.released()), left);
+    }
+    Plan::Write(AcquisitionWrite::create())
+}
+
 /// What to do about the record currently stored.
 enum Plan {
-    Create,
-    Replace {
-        expected: Version,
-        fence: FenceToken,
-        forced_from: Option<HeldBy>,
-        /// How the grant being replaced ended, for the key's history.
-        ending: Ending,
-    },
+    Write(AcquisitionWrite),
     /// Boxed: a record with a holder set is large, and this is the rare arm.
     Busy(Box<LockRecord>, std::time::Duration),
     /// The key has a queue (docs/design.md §6.4): every contender of this build joins
     /// it rather than race the waiters.
     Queued,
+}
+
+/// The acquisition's one conditional write, as [`CasLock::plan`] decides it.
+struct AcquisitionWrite {
+    /// The version the write replaces; `None`: the key is absent, create it.
+    expected: Option<Version>,
+    fence: FenceToken,
+    forced_from: Option<HeldBy>,
+    /// How the grant being replaced ended, for the key's history.
+    ending: Ending,
+}
+
+impl AcquisitionWrite {
+    /// The first record of an absent key: the first fence, no grant it replaces.
+    fn create() -> Self {
+        AcquisitionWrite {
+            expected: None,
+            fence: FenceToken::FIRST,
+            forced_from: None,
+            ending: Ending::Unknown,
+        }
+    }
+}
+
+/// The record an acquisition writes: our grant at `fence`, for the holder's lease
+/// plus the lock-delay, carrying what it replaces must keep (`current`).
+fn acquisition_record(
+    req: &AcquireRequest,
+    current: Option<&Stored>,
+    fence: FenceToken,
+    ending: Ending,
+) -> LockRecord {
+    // Rule 8: contenders read the holder's lease plus the lock-delay.
+    let stored_lease = req.lease + req.lock_delay;
+    let mut record =
+        LockRecord::new_acquisition(&req.holder, fence, stored_lease, req.data.clone());
+    // A newer build's fields stay with the key (docs/design.md §3).
+    record.unknown = current.map(Stored::unknown).unwrap_or_default();
+    // The key's history: the grant replaced closed, ours appended. A holder set
+    // keeps none, so after one the history starts again.
+    let replaced = match current.map(|s| &s.record) {
+        Some(Ok(r)) if r.set.is_none() => Some(r),
+        _ => None,
+    };
+    let grant = Grant::new(
+        &req.holder,
+        req.cluster.as_deref(),
+        fence,
+        record.acquired_at,
+    );
+    record.history = history::after_grant(replaced, ending, grant, record.acquired_at);
+    record
 }
 
 #[async_trait]
@@ -180,20 +236,14 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
         }
         let mut st = self.state.lock().await;
         for _ in 0..CONFLICT_RETRIES {
-            // A cached absent/released state is safe to act on: the write is
-            // conditional, so a stale cache only costs a conflict. A held record is
-            // always read afresh, since expiry must be observed.
-            let current = match st.last_seen.take() {
-                Some(s) if matches!(&s.record, Ok(r) if r.state == LockState::Released) => Some(s),
-                _ => self.read().await?,
-            };
+            let current = self.current_for_attempt(&mut st).await?;
             if let Some(lease) = self
                 .adopt_pending(&mut st, current.as_ref(), req.lock_delay)
                 .await?
             {
                 return Ok(Attempt::Acquired(lease));
             }
-            let plan = match self.plan(req, current.as_ref(), &mut st)? {
+            let write = match self.plan(req, current.as_ref(), &mut st)? {
                 Plan::Queued => {
                     drop(st);
                     let queued = AcquireRequest {
@@ -210,54 +260,21 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
                         queue_position: None,
                     });
                 }
-                Plan::Create => (None, FenceToken::FIRST, None, Ending::Unknown),
-                Plan::Replace {
-                    expected,
-                    fence,
-                    forced_from,
-                    ending,
-                } => (Some(expected), fence, forced_from, ending),
+                Plan::Write(write) => write,
             };
-            let (expected, fence, forced_from, ending) = plan;
-            // Rule 8: contenders read the holder's lease plus the lock-delay.
-            let stored_lease = req.lease + req.lock_delay;
-            let mut record =
-                LockRecord::new_acquisition(&req.holder, fence, stored_lease, req.data.clone());
-            // A newer build's fields stay with the key (docs/design.md §3).
-            record.unknown = current.as_ref().map(Stored::unknown).unwrap_or_default();
-            // The key's history: the grant replaced closed, ours appended. A holder set
-            // keeps none, so after one the history starts again.
-            let replaced = match current.as_ref().map(|s| &s.record) {
-                Some(Ok(r)) if r.set.is_none() => Some(r),
-                _ => None,
-            };
-            let grant = Grant::new(
-                &req.holder,
-                req.cluster.as_deref(),
-                fence,
-                record.acquired_at,
-            );
-            record.history = history::after_grant(replaced, ending, grant, record.acquired_at);
+            let record = acquisition_record(req, current.as_ref(), write.fence, write.ending);
             // `None`: the condition failed — someone else wrote first (or an SDK-level
             // retry found our first try had landed: it stays pending, so the next look
             // adopts it).
             if let Some(mut lease) = self
-                .write_acquisition(&mut st, expected, record, req.lock_delay)
+                .write_acquisition(&mut st, write.expected, record, req.lock_delay)
                 .await?
             {
-                lease.forced_from = forced_from;
+                lease.forced_from = write.forced_from;
                 return Ok(Attempt::Acquired(lease));
             }
         }
-        // Every write lost a race; report whoever holds it now.
-        match self.read().await? {
-            Some(Stored { record: Ok(r), .. }) => Ok(Attempt::Busy {
-                holder: r,
-                retry_in: None,
-                queue_position: None,
-            }),
-            _ => Err(self.unavailable("the record kept changing while acquiring")),
-        }
+        self.busy_after_lost_races().await
     }
 
     async fn renew(&self, lease: &mut Lease) -> Result<(), LockError> {
@@ -438,6 +455,31 @@ impl<S: RecordStore> CasLock<S> {
         Ok(Some(lease))
     }
 
+    /// The record an attempt starts from. A cached absent/released state is safe to
+    /// act on: the write is conditional, so a stale cache only costs a conflict. A held
+    /// record is always read afresh, since expiry must be observed.
+    async fn current_for_attempt(
+        &self,
+        st: &mut ContenderState,
+    ) -> Result<Option<Stored>, LockError> {
+        match st.last_seen.take() {
+            Some(s) if matches!(&s.record, Ok(r) if r.state == LockState::Released) => Ok(Some(s)),
+            _ => self.read().await,
+        }
+    }
+
+    /// Every write lost a race; report whoever holds it now.
+    async fn busy_after_lost_races(&self) -> Result<Attempt, LockError> {
+        match self.read().await? {
+            Some(Stored { record: Ok(r), .. }) => Ok(Attempt::Busy {
+                holder: r,
+                retry_in: None,
+                queue_position: None,
+            }),
+            _ => Err(self.unavailable("the record kept changing while acquiring")),
+        }
+    }
+
     /// What to do about the record currently stored: rules 1 (observed expiry),
     /// 3 (the next fence), 5 (force is a conditional write) and 6 (foreign records).
     fn plan(
@@ -446,35 +488,12 @@ impl<S: RecordStore> CasLock<S> {
         current: Option<&Stored>,
         st: &mut ContenderState,
     ) -> Result<Plan, LockError> {
-        let (record, version) = match current {
-            None => {
-                if let Some(last) = st.last_ours.clone()
-                    && let Some(left) = yield_left(req, &ABSENT, st)
-                {
-                    return Ok(Plan::Busy(Box::new(last.released()), left));
-                }
-                return Ok(Plan::Create);
-            }
-            Some(Stored { record, version }) => (record, version),
+        let Some(Stored { record, version }) = current else {
+            return Ok(plan_for_absent_key(req, st));
         };
         let r = match record {
             Ok(r) => r,
-            Err(found) if !req.force => {
-                return Err(LockError::Foreign {
-                    url: self.url(),
-                    found: found.clone(),
-                });
-            }
-            // Nothing to continue from: a forced takeover of a foreign record starts
-            // the fence sequence afresh.
-            Err(_) => {
-                return Ok(Plan::Replace {
-                    expected: version.clone(),
-                    fence: FenceToken::FIRST,
-                    forced_from: None,
-                    ending: Ending::Forced,
-                });
-            }
+            Err(found) => return self.plan_for_foreign_record(req, found, version),
         };
         if r.set.as_ref().is_some_and(|s| s.queue.is_some()) && !req.force {
             return Ok(Plan::Queued);
@@ -490,6 +509,42 @@ impl<S: RecordStore> CasLock<S> {
         if req.yield_to_pollers.is_some() {
             st.last_ours = (!r.by_another_tool()).then(|| r.clone());
         }
+        self.plan_for_mutex_record(req, r, version, st)
+    }
+
+    /// Rule 6: a record that is not a lockwarden lock is refused, unless forced.
+    fn plan_for_foreign_record(
+        &self,
+        req: &AcquireRequest,
+        found: &ForeignRecord,
+        version: &Version,
+    ) -> Result<Plan, LockError> {
+        if !req.force {
+            return Err(LockError::Foreign {
+                url: self.url(),
+                found: found.clone(),
+            });
+        }
+        // Nothing to continue from: a forced takeover of a foreign record starts
+        // the fence sequence afresh.
+        Ok(Plan::Write(AcquisitionWrite {
+            expected: Some(version.clone()),
+            fence: FenceToken::FIRST,
+            forced_from: None,
+            ending: Ending::Forced,
+        }))
+    }
+
+    /// A mutex record (or a holder set nobody holds, without a queue): taken when
+    /// released, forced, observed expired (rule 1) or reclaimed, with the next fence
+    /// (rule 3); otherwise busy for as long as its lease may still run.
+    fn plan_for_mutex_record(
+        &self,
+        req: &AcquireRequest,
+        r: &LockRecord,
+        version: &Version,
+        st: &mut ContenderState,
+    ) -> Result<Plan, LockError> {
         let takeover_after = self.margins.takeover_after(r.lease);
         let (forced_from, ending) = if r.state == LockState::Released {
             if !r.by_another_tool()
@@ -521,12 +576,12 @@ impl<S: RecordStore> CasLock<S> {
                 r.fence
             ),
         })?;
-        Ok(Plan::Replace {
-            expected: version.clone(),
+        Ok(Plan::Write(AcquisitionWrite {
+            expected: Some(version.clone()),
             fence,
             forced_from,
             ending,
-        })
+        }))
     }
 
     /// The acquisition's one conditional write (create if absent, else replace the
@@ -725,7 +780,7 @@ pub(super) mod tests {
         }
     }
 
-    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
+    pub(crate) async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
         match lock.try_acquire(req).await {
             Ok(Attempt::Acquired(lease)) => lease,
             other => panic!("{} should have acquired: {other:?}", req.holder),
@@ -743,23 +798,7 @@ pub(super) mod tests {
     /// takeover only once `since` — taken before the version was first read — is
     /// lease + grace in the past.
     async fn take_over(lock: &CasLock<MemoryStore>, holder: &str, since: Instant) -> Lease {
-        let give_up = since + TAKEOVER_AFTER * 20;
-        loop {
-            let attempt = lock.try_acquire(&req(holder)).await.unwrap();
-            let observed_at_most = since.elapsed();
-            match attempt {
-                Attempt::Acquired(lease) => {
-                    assert!(
-                        observed_at_most >= TAKEOVER_AFTER,
-                        "took over after at most {observed_at_most:?} of observation; \
-                         rule 1 needs {TAKEOVER_AFTER:?}"
-                    );
-                    return lease;
-                }
-                Attempt::Busy { .. } => assert!(Instant::now() < give_up, "never took over"),
-            }
-            sleep(Duration::from_millis(5)).await;
-        }
+        take_over_after(lock, holder, since, TAKEOVER_AFTER, 1).await
     }
 
     /// A store, and contender `a` holding the lock on it.
@@ -945,12 +984,13 @@ pub(super) mod tests {
     }
 
     /// Like `take_over`, for a record whose stored lease is `after − grace`: no takeover
-    /// before `since + after`.
+    /// before `since + after`, which `rule` (its number, for the message) requires.
     async fn take_over_after(
         lock: &CasLock<MemoryStore>,
         holder: &str,
         since: Instant,
         after: Duration,
+        rule: u8,
     ) -> Lease {
         let give_up = since + after * 20;
         loop {
@@ -961,7 +1001,7 @@ pub(super) mod tests {
                     assert!(
                         observed_at_most >= after,
                         "took over after at most {observed_at_most:?} of observation; \
-                         rule 8 needs {after:?}"
+                         rule {rule} needs {after:?}"
                     );
                     return lease;
                 }
@@ -999,7 +1039,7 @@ pub(super) mod tests {
             (store, a, lease)
         };
         let b = contender(&store);
-        let lease = take_over_after(&b, "b", before, TAKEOVER_AFTER + DELAY).await;
+        let lease = take_over_after(&b, "b", before, TAKEOVER_AFTER + DELAY, 8).await;
         assert_eq!(lease.fence(), FenceToken(2));
         assert!(!a_lease.is_valid(), "two holders claim the lock at once");
     }

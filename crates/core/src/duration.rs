@@ -26,16 +26,34 @@ pub enum DurationError {
     NotPositive,
 }
 
+/// A duration given on the command line that is refused; the message names the value
+/// and the expected form.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FlagDurationError {
+    #[error("{text:?} is not a duration ({source}): expected e.g. 30s, 5m, 1h30m")]
+    NotADuration {
+        text: String,
+        #[source]
+        source: DurationError,
+    },
+    #[error("{text:?}: the duration must be greater than zero")]
+    Zero { text: String },
+}
+
 /// The largest duration Go can represent (`math.MaxInt64` nanoseconds, ~292 years).
 const MAX_NANOS: u128 = i64::MAX as u128;
 
 /// A positive duration given on the command line, in Go's form: `30s`, `5m`,
 /// `1h30m`, `1500ms`, `1.5h`. The error names the value and the expected form.
-pub fn parse_flag_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s.trim())
-        .map_err(|e| format!("{s:?} is not a duration ({e}): expected e.g. 30s, 5m, 1h30m"))?;
+pub fn parse_flag_duration(s: &str) -> Result<Duration, FlagDurationError> {
+    let d = parse_duration(s.trim()).map_err(|source| FlagDurationError::NotADuration {
+        text: s.to_string(),
+        source,
+    })?;
     if d.is_zero() {
-        return Err(format!("{s:?}: the duration must be greater than zero"));
+        return Err(FlagDurationError::Zero {
+            text: s.to_string(),
+        });
     }
     Ok(d)
 }

@@ -1,15 +1,17 @@
 //! Fenced writes: the fence checked where the work lands (issue 29).
 //!
 //! A fencing token protects only if the resource being written checks it. A
-//! [`FencedObject`] is one object in a store (an S3 object, a DynamoDB item) that
-//! remembers the highest [`Fence`] that wrote it and the lock that fence belongs to,
-//! and refuses — atomically, in the store's own conditional write — a write carrying a
-//! lower fence or another lock's. A delete leaves a fenced tombstone rather than
-//! nothing, so a stale holder cannot recreate the object as if it had never existed.
+//! [`FencedObject`] is one object in a store (an S3 object, a DynamoDB item, a
+//! Kubernetes object) that remembers the highest [`Fence`] that wrote it and the lock
+//! that fence belongs to, and refuses — atomically, in the store's own conditional
+//! write (for a Kubernetes object, the API server's admission policy) — a write
+//! carrying a lower fence or another lock's. On S3 and DynamoDB a delete leaves a
+//! fenced tombstone rather than nothing, so a stale holder cannot recreate the object
+//! as if it had never existed.
 //!
 //! This module is the store-independent part: the fence, what a read returns, the
-//! errors and the trait. Each store implements the trait in its own folder
-//! (`backend/<store>/fenced.rs`); `backend::registry::connect_fenced` picks one from a
+//! errors and the trait. Each store of lockwarden-stores implements the trait in its
+//! own folder (`<store>/fenced.rs`); its `registry::connect_fenced` picks one from a
 //! target URL.
 //!
 //! Fenced writes are for exclusive holders: two holders of a key with several permits

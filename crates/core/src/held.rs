@@ -1,4 +1,4 @@
-//! A held lock renewed in the background by its [`HolderTask`], the way a program
+//! A held lock renewed in the background by its `HolderTask`, the way a program
 //! uses a lock: acquire, work while it is held, release (explicitly or on drop), and
 //! learn at once if it is lost.
 

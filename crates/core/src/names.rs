@@ -2,9 +2,10 @@
 //! key error says ([`NameError`]), the bounded-text and control-character rules every
 //! store's keys follow, and Kubernetes object and namespace names (Leases, Secrets and
 //! DistributedLocks alike). Each store's own limits (S3 bucket names, DynamoDB tables,
-//! ZooKeeper paths) live with that store (`backend/<store>/key.rs`), which builds on
-//! these; the command-line URL parser, the CRD's admission rules and Job gating all
-//! call the same functions, so a lock key one of them accepts is accepted by all.
+//! ZooKeeper paths) live with that store (lockwarden-stores' `<store>/key.rs`), which
+//! builds on these; the command-line URL parser, the CRD's admission rules and Job
+//! gating all call the same functions, so a lock key one of them accepts is accepted
+//! by all.
 //!
 //! - Kubernetes: object names are DNS-1123 subdomains of at most 253 characters;
 //!   namespaces DNS-1123 labels of at most 63.

@@ -70,26 +70,35 @@ impl Permits {
     }
 
     /// Checks the values a user gave; the error says what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PermitsError> {
         if self.total == 0 {
-            return Err("permits must be at least 1".into());
+            return Err(PermitsError::Zero);
         }
         if self.total > Self::MAX {
-            return Err(format!(
-                "permits is {}, at most {} are supported (every holder is kept in the key's one record)",
-                self.total,
-                Self::MAX
-            ));
+            return Err(PermitsError::TooMany { total: self.total });
         }
         if self.mode == Mode::Shared && self.total == 1 {
-            return Err(
-                "shared mode needs permits of 2 or more: with one permit a shared holder \
-                 excludes everyone, which is an exclusive lock"
-                    .into(),
-            );
+            return Err(PermitsError::SharedWithOne);
         }
         Ok(())
     }
+}
+
+/// Permits a user gave that no key can have.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PermitsError {
+    #[error("permits must be at least 1")]
+    Zero,
+    #[error(
+        "permits is {total}, at most {} are supported (every holder is kept in the key's one record)",
+        Permits::MAX
+    )]
+    TooMany { total: u32 },
+    #[error(
+        "shared mode needs permits of 2 or more: with one permit a shared holder excludes \
+         everyone, which is an exclusive lock"
+    )]
+    SharedWithOne,
 }
 
 impl fmt::Display for Permits {
@@ -467,17 +476,25 @@ mod tests {
             total: 1,
             mode: Mode::Shared,
         };
-        assert!(shared_one.validate().unwrap_err().contains("shared mode"));
+        assert!(
+            shared_one
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("shared mode")
+        );
         assert!(
             Permits::semaphore(0)
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("at least 1")
         );
         assert!(
             Permits::semaphore(1000)
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("at most 256")
         );
     }

@@ -26,7 +26,7 @@ use super::cas::CasLock;
 use super::error::LockError;
 use super::permits::{HolderSet, Mode, Permits, Queue, SetEntry};
 use super::record::{FenceToken, LockRecord, UnknownFields, Version};
-use super::semaphore::{Current, SetContender, lost_a_race, reclaimable, record_of};
+use super::semaphore::{Current, SetContender, holder_entry, lost_a_race, reclaimable, record_of};
 
 /// What a contender that waits in a key's queue asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,25 +48,33 @@ impl Default for Queueing {
 
 impl Queueing {
     /// Checks the weight against the key's permits; the error names what is wrong.
-    pub fn validate(&self, permits: Permits) -> Result<(), String> {
-        if self.weight == 0 {
-            return Err("weight must be at least 1".into());
+    pub fn validate(&self, permits: Permits) -> Result<(), WeightError> {
+        let (weight, permits, mode) = (self.weight, permits.total, permits.mode);
+        if weight == 0 {
+            return Err(WeightError::Zero);
         }
-        if self.weight > permits.total {
-            return Err(format!(
-                "weight {} is more than the key's {} permits: it could never be granted",
-                self.weight, permits.total
-            ));
+        if weight > permits {
+            return Err(WeightError::MoreThanPermits { weight, permits });
         }
-        if self.weight > 1 && permits.mode == Mode::Exclusive {
-            return Err(format!(
-                "weight {} on an exclusive holder: an exclusive holder takes all {} permits \
-                 already; a weight is for shared holders",
-                self.weight, permits.total
-            ));
+        if weight > 1 && mode == Mode::Exclusive {
+            return Err(WeightError::Exclusive { weight, permits });
         }
         Ok(())
     }
+}
+
+/// A weight that no grant of the key could honour.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WeightError {
+    #[error("weight must be at least 1")]
+    Zero,
+    #[error("weight {weight} is more than the key's {permits} permits: it could never be granted")]
+    MoreThanPermits { weight: u32, permits: u32 },
+    #[error(
+        "weight {weight} on an exclusive holder: an exclusive holder takes all {permits} permits \
+         already; a weight is for shared holders"
+    )]
+    Exclusive { weight: u32, permits: u32 },
 }
 
 /// How long a waiter's entry lives without a refresh (rule 1 per entry), at most: a
@@ -181,51 +189,23 @@ impl<S: RecordStore> CasLock<S> {
         req: &AcquireRequest,
         current: Current,
     ) -> Result<Option<Attempt>, LockError> {
-        if self.delete_on_release {
-            return Err(LockError::Backend {
-                url: self.url(),
-                message: "a queue cannot be kept on a key that is deleted on release \
-                          (s3lockCompatible): nobody would hold the record the queue lives in; \
-                          turn the queue or s3lock compatibility off"
-                    .into(),
-            });
-        }
+        self.check_queue_can_be_kept()?;
         let queueing = req.queue.unwrap_or_default();
+        if let Some(busy) = self.held_without_queue(st, req, &current) {
+            return Ok(Some(busy));
+        }
         let Current {
             mut set,
             version,
             unknown,
-            another_tool,
+            another_tool: _,
         } = current;
-        let takeover_after = |lease| self.margins.takeover_after(lease);
-        // Held by another tool, or by holders in the shape without a queue (which a
-        // build without queues may be renewing): never rewritten into a queued set
-        // while held, or that holder would read its key as foreign and lose it. Wait
-        // unregistered.
-        if (another_tool.is_some() || set.queue.is_none()) && !set.holders.is_empty() {
-            let retry_in = st.next_expiry(&set, takeover_after).min(req.lease / 3);
-            let holder = another_tool.unwrap_or_else(|| record_of(set.clone(), &unknown));
-            return Ok(Some(unregistered(holder, retry_in)));
-        }
         let queue = set.queue.get_or_insert_with(|| Queue {
             next_ticket: 1,
             ..Queue::default()
         });
-        // Our registration, if it is (still) there: a registration dropped as expired
-        // (we did not refresh in time) or never landed is made again, with a new ticket.
-        let ours = st
-            .waiting
-            .as_ref()
-            .and_then(|w| queue.waiters.iter().find(|e| e.nonce == w.nonce))
-            .cloned();
-        if ours.is_none() {
-            st.waiting = None;
-        }
-        let head = queue.in_order().first().map(|w| w.nonce.clone());
-        let our_turn = match &ours {
-            Some(e) => head.as_ref() == Some(&e.nonce),
-            None => queue.waiters.is_empty(),
-        };
+        let ours = our_registration(st, queue);
+        let our_turn = is_our_turn(queue, ours.as_ref());
         let weight = match req.permits.mode {
             Mode::Exclusive => 1,
             Mode::Shared => queueing.weight,
@@ -259,6 +239,45 @@ impl<S: RecordStore> CasLock<S> {
                     .await
             }
         }
+    }
+
+    /// A queue lives in the key's record: a key deleted on release cannot keep one.
+    fn check_queue_can_be_kept(&self) -> Result<(), LockError> {
+        if self.delete_on_release {
+            return Err(LockError::Backend {
+                url: self.url(),
+                message: "a queue cannot be kept on a key that is deleted on release \
+                          (s3lockCompatible): nobody would hold the record the queue lives in; \
+                          turn the queue or s3lock compatibility off"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Held by another tool, or by holders in the shape without a queue (which a
+    /// build without queues may be renewing): never rewritten into a queued set
+    /// while held, or that holder would read its key as foreign and lose it. Busy,
+    /// waiting unregistered; `None` when the key may take a queue.
+    fn held_without_queue(
+        &self,
+        st: &SetContender,
+        req: &AcquireRequest,
+        current: &Current,
+    ) -> Option<Attempt> {
+        let set = &current.set;
+        let unqueued_holders =
+            (current.another_tool.is_some() || set.queue.is_none()) && !set.holders.is_empty();
+        if !unqueued_holders {
+            return None;
+        }
+        let takeover_after = |lease| self.margins.takeover_after(lease);
+        let retry_in = st.next_expiry(set, takeover_after).min(req.lease / 3);
+        let holder = current
+            .another_tool
+            .clone()
+            .unwrap_or_else(|| record_of(set.clone(), &current.unknown));
+        Some(unregistered(holder, retry_in))
     }
 
     /// Registers a new waiter entry with the set's next ticket — or, when the queue is
@@ -397,19 +416,10 @@ impl<S: RecordStore> CasLock<S> {
             w.overtaken += 1;
         }
         queue.record_grant(SystemTime::now());
-        let stored_lease = req.lease + req.lock_delay;
-        let mut entry = SetEntry::new(
-            &req.holder,
-            fence,
-            stored_lease,
-            req.permits.mode,
-            req.data.clone(),
-        );
+        let mut entry = holder_entry(req, fence);
         entry.weight = weight;
         entry.priority = req.queue.unwrap_or_default().priority;
         entry.ticket = ticket;
-        set.holders.push(entry.clone());
-        set.last_fence = fence;
         let lease = self
             .write_grant(st, replacing, set, entry, req.lock_delay)
             .await?;
@@ -418,6 +428,31 @@ impl<S: RecordStore> CasLock<S> {
             st.waiting_written = None;
         }
         Ok(lease)
+    }
+}
+
+/// Our registration, if it is (still) in `queue`: a registration dropped as expired
+/// (we did not refresh in time) or never landed is forgotten, to be made again with a
+/// new ticket.
+fn our_registration(st: &mut SetContender, queue: &Queue) -> Option<SetEntry> {
+    let ours = st
+        .waiting
+        .as_ref()
+        .and_then(|w| queue.waiters.iter().find(|e| e.nonce == w.nonce))
+        .cloned();
+    if ours.is_none() {
+        st.waiting = None;
+    }
+    ours
+}
+
+/// Only the head is granted: our registration when it is first in grant order, or an
+/// unregistered contender when nobody waits.
+fn is_our_turn(queue: &Queue, ours: Option<&SetEntry>) -> bool {
+    let head = queue.in_order().first().map(|w| w.nonce.clone());
+    match ours {
+        Some(e) => head.as_ref() == Some(&e.nonce),
+        None => queue.waiters.is_empty(),
     }
 }
 
@@ -469,8 +504,8 @@ mod tests {
     use tokio::time::{Instant, sleep};
 
     use super::*;
-    use crate::backend::{Lease, LockBackend};
-    use crate::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER};
+    use crate::backend::LockBackend;
+    use crate::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER, acquired};
     use crate::memory::MemoryStore;
     use crate::record::LockState;
 
@@ -496,13 +531,6 @@ mod tests {
                 weight,
             }),
             ..AcquireRequest::new(holder, LEASE)
-        }
-    }
-
-    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
-        match lock.try_acquire(req).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{} should have acquired: {other:?}", req.holder),
         }
     }
 
@@ -855,7 +883,10 @@ mod tests {
             weight,
         };
         assert!(q(3).validate(Permits::semaphore(4)).is_ok());
-        let err = q(5).validate(Permits::semaphore(4)).unwrap_err();
+        let err = q(5)
+            .validate(Permits::semaphore(4))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("weight 5 is more than the key's 4 permits"),
             "{err}"
@@ -863,6 +894,7 @@ mod tests {
         assert!(
             q(0).validate(Permits::semaphore(4))
                 .unwrap_err()
+                .to_string()
                 .contains("at least 1")
         );
         let err = q(2)
@@ -870,7 +902,8 @@ mod tests {
                 total: 4,
                 mode: Mode::Exclusive,
             })
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("exclusive"), "{err}");
     }
 

@@ -258,6 +258,19 @@ pub(super) fn reclaimable(set: &HolderSet, req: &AcquireRequest) -> Option<(Hold
     Some((without, from))
 }
 
+/// Our entry as a holder granted `fence`. Rule 8: every entry's lease carries the
+/// lock-delay for contenders.
+pub(super) fn holder_entry(req: &AcquireRequest, fence: FenceToken) -> SetEntry {
+    let stored_lease = req.lease + req.lock_delay;
+    SetEntry::new(
+        &req.holder,
+        fence,
+        stored_lease,
+        req.permits.mode,
+        req.data.clone(),
+    )
+}
+
 /// Whether `set` admits a new holder in `mode` now, with `us` the nonce of our
 /// waiting-writer registration, if any.
 fn admits(set: &HolderSet, mode: Mode, us: Option<&str>) -> bool {
@@ -300,58 +313,9 @@ impl<S: RecordStore> CasLock<S> {
             }
         };
         let mut set = match &r.set {
-            Some(set) if set.permits == permits => set.clone(),
-            Some(set) if !set.holders.is_empty() => {
-                return Err(LockError::PermitsDisagree {
-                    url: self.url(),
-                    stored: set.permits,
-                    requested: permits,
-                });
-            }
-            // Nobody holds it: the permits are whatever the next holder names.
-            Some(set) => HolderSet {
-                permits,
-                waiting_writer: set.waiting_writer.clone(),
-                queue: set.queue.clone(),
-                ..HolderSet::default()
-            },
-            // Another tool's lock has no permits: held, permits unknown. It counts as
-            // one exclusive holder (its revision is the store's version, which every
-            // write of that tool changes); the first lockwarden holder after it names
-            // the permits.
-            // A queued mutex contender (docs/design.md §6.4) sees a held mutex record
-            // the same way, as its one exclusive holder, observed by the record's
-            // version; the record is ours, so its unknown fields are carried.
-            None if r.state == LockState::Held
-                && (r.by_another_tool() || (req.queue.is_some() && permits == 1)) =>
-            {
-                let mut entry = SetEntry::new(&r.holder, r.fence, r.lease, Mode::Exclusive, None);
-                entry.nonce = r.nonce.clone();
-                entry.revision = stored.version.0.clone();
-                let another_tool = r.by_another_tool();
-                return Ok(Current {
-                    set: HolderSet {
-                        permits,
-                        holders: vec![entry],
-                        last_fence: r.fence,
-                        ..HolderSet::default()
-                    },
-                    version: Some(stored.version.clone()),
-                    // Another tool's record: nothing of it is ours to carry.
-                    unknown: if another_tool {
-                        UnknownFields::new()
-                    } else {
-                        r.unknown.clone()
-                    },
-                    another_tool: another_tool.then(|| r.clone()),
-                });
-            }
+            Some(set) => self.stored_set_for(set, permits)?,
             None if r.state == LockState::Held => {
-                return Err(LockError::PermitsDisagree {
-                    url: self.url(),
-                    stored: 1,
-                    requested: permits,
-                });
+                return self.held_mutex_as_set(req, r, &stored.version);
             }
             None => HolderSet {
                 permits,
@@ -365,6 +329,74 @@ impl<S: RecordStore> CasLock<S> {
             version: Some(stored.version.clone()),
             unknown: r.unknown.clone(),
             another_tool: None,
+        })
+    }
+
+    /// The stored holder set, for a contender asking for `permits`: every lock on a
+    /// held key must name the key's permits.
+    fn stored_set_for(&self, set: &HolderSet, permits: u32) -> Result<HolderSet, LockError> {
+        if set.permits == permits {
+            return Ok(set.clone());
+        }
+        if !set.holders.is_empty() {
+            return Err(LockError::PermitsDisagree {
+                url: self.url(),
+                stored: set.permits,
+                requested: permits,
+            });
+        }
+        // Nobody holds it: the permits are whatever the next holder names.
+        Ok(HolderSet {
+            permits,
+            waiting_writer: set.waiting_writer.clone(),
+            queue: set.queue.clone(),
+            ..HolderSet::default()
+        })
+    }
+
+    /// A held record without a holder set, for a contender asking for
+    /// `req.permits`.
+    ///
+    /// Another tool's lock has no permits: held, permits unknown. It counts as one
+    /// exclusive holder (its revision is the store's version, which every write of
+    /// that tool changes); the first lockwarden holder after it names the permits.
+    /// A queued mutex contender (docs/design.md §6.4) sees a held mutex record the same
+    /// way, as its one exclusive holder, observed by the record's version; the record
+    /// is ours, so its unknown fields are carried. Anyone else asks for permits the
+    /// held mutex does not have.
+    fn held_mutex_as_set(
+        &self,
+        req: &AcquireRequest,
+        r: &LockRecord,
+        version: &Version,
+    ) -> Result<Current, LockError> {
+        let permits = req.permits.total;
+        if !(r.by_another_tool() || (req.queue.is_some() && permits == 1)) {
+            return Err(LockError::PermitsDisagree {
+                url: self.url(),
+                stored: 1,
+                requested: permits,
+            });
+        }
+        let mut entry = SetEntry::new(&r.holder, r.fence, r.lease, Mode::Exclusive, None);
+        entry.nonce = r.nonce.clone();
+        entry.revision = version.0.clone();
+        let another_tool = r.by_another_tool();
+        Ok(Current {
+            set: HolderSet {
+                permits,
+                holders: vec![entry],
+                last_fence: r.fence,
+                ..HolderSet::default()
+            },
+            version: Some(version.clone()),
+            // Another tool's record: nothing of it is ours to carry.
+            unknown: if another_tool {
+                UnknownFields::new()
+            } else {
+                r.unknown.clone()
+            },
+            another_tool: another_tool.then(|| r.clone()),
         })
     }
 
@@ -505,17 +537,11 @@ impl<S: RecordStore> CasLock<S> {
         mut set: HolderSet,
         replacing: Replacing<'_>,
     ) -> Result<Option<Lease>, LockError> {
-        let fence = self.next_fence(&set)?;
-        let mode = req.permits.mode;
-        // Rule 8: every entry's lease carries the lock-delay for contenders.
-        let stored_lease = req.lease + req.lock_delay;
-        let entry = SetEntry::new(&req.holder, fence, stored_lease, mode, req.data.clone());
+        let entry = holder_entry(req, self.next_fence(&set)?);
         let ours = st.waiting.as_ref().map(|w| &w.nonce);
         if set.waiting_writer.as_ref().map(|w| &w.nonce) == ours {
             set.waiting_writer = None;
         }
-        set.holders.push(entry.clone());
-        set.last_fence = fence;
         let lease = self
             .write_grant(st, replacing, set, entry, req.lock_delay)
             .await?;
@@ -573,16 +599,19 @@ impl<S: RecordStore> CasLock<S> {
         }
     }
 
-    /// The grant's one conditional write, with rule 4 for a lost reply. `None`: lost a
-    /// race (re-read and decide again).
+    /// The grant's one conditional write: `entry` joins the set's holders, its fence
+    /// the set's last (rule 3); rule 4 for a lost reply. `None`: lost a race (re-read
+    /// and decide again).
     pub(super) async fn write_grant(
         &self,
         st: &mut SetContender,
         (version, unknown): Replacing<'_>,
-        set: HolderSet,
+        mut set: HolderSet,
         entry: SetEntry,
         lock_delay: Duration,
     ) -> Result<Option<Lease>, LockError> {
+        set.holders.push(entry.clone());
+        set.last_fence = entry.fence;
         let record = record_of(set, unknown);
         let sent = Instant::now();
         match self.write_set(version, &record).await {
@@ -886,7 +915,7 @@ mod tests {
 
     use super::*;
     use crate::backend::LockBackend;
-    use crate::cas::tests::{DELAY, LEASE, MARGINS, TAKEOVER_AFTER};
+    use crate::cas::tests::{DELAY, LEASE, MARGINS, TAKEOVER_AFTER, acquired};
     use crate::memory::{Fault, MemoryStore};
     use crate::permits::Permits;
 
@@ -906,13 +935,6 @@ mod tests {
 
     fn shared(holder: &str) -> AcquireRequest {
         req(holder, 3, Mode::Shared)
-    }
-
-    async fn acquired(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> Lease {
-        match lock.try_acquire(req).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{} should have acquired: {other:?}", req.holder),
-        }
     }
 
     async fn busy(lock: &CasLock<MemoryStore>, req: &AcquireRequest) -> LockRecord {

@@ -4,8 +4,8 @@
 //!
 //! **Advisory.** The answer is about the record as the store showed it at one read:
 //! the holder may lose the lock the moment after. Only a write that the resource
-//! itself refuses for a stale fence (a conditional write, README "Making the fence
-//! count") is safe; this check only saves work that would be refused anyway.
+//! itself refuses for a stale fence (a conditional write, docs/guide/fencing.md) is
+//! safe; this check only saves work that would be refused anyway.
 //!
 //! **Expiry as this reader sees it.** A held record counts as current. A reader that
 //! just started cannot know whether the holder's lease has run out: expiry is only

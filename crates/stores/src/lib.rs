@@ -1,9 +1,10 @@
 //! lockwarden-stores: one module per store (`s3`, `dynamodb`, `zookeeper`,
 //! `kubernetes`), each with its lock key and URL grammar, its connection options and
 //! its store, the store behind a Cargo feature of the same name (`all` for every one).
-//! Each knows its store and nothing about Kubernetes objects (the Lease store knows
-//! Leases); the engine in lockwarden-core runs the protocol on top. A store's part of
-//! the DistributedLock spec is lockwarden-api's.
+//! Each knows its store and nothing about DistributedLock objects (the Lease store
+//! knows Leases, the fenced writes of `kubernetes` the object they are given); the
+//! engine in lockwarden-core runs the protocol on top. A store's part of the
+//! DistributedLock spec is lockwarden-api's.
 //!
 //! - [`registry`]: the one list of stores — [`BackendKind`], the lock URL grammar
 //!   ([`Target`]), [`ConnectOptions`] and [`connect`], the only place that builds a
@@ -15,6 +16,11 @@
 //!
 //! Features: `s3`, `dynamodb`, `zookeeper`, `kubernetes` (each store's client and
 //! backend), `all`, and `cli` (each store's command-line flags, with clap).
+
+// Functions over clippy.toml's threshold are split into named steps (issue 41);
+// unit tests are not held to it.
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod aws;
 pub mod dynamodb;
@@ -42,7 +48,9 @@ pub use registry::{
 pub use s3::S3Options;
 #[cfg(feature = "s3")]
 pub use s3::{FencedS3Object, S3Store};
-pub use store::{ConnectError, LockFileFields, RecordedAcquisition, StoreKey, TargetError};
+pub use store::{
+    ConnectError, LockFileFields, LockFileMismatch, RecordedAcquisition, StoreKey, TargetError,
+};
 pub use zookeeper::ZooKeeperOptions;
 #[cfg(feature = "zookeeper")]
 pub use zookeeper::{ZkLock, ZkSessions};

@@ -259,7 +259,10 @@ impl Target {
 
     /// Whether a lock file's store fields name this key
     /// ([`StoreKey::check_lock_file_fields`]).
-    pub fn check_lock_file_fields(&self, fields: &crate::LockFileFields) -> Result<(), String> {
+    pub fn check_lock_file_fields(
+        &self,
+        fields: &crate::LockFileFields,
+    ) -> Result<(), crate::LockFileMismatch> {
         on_key!(self, key => key.check_lock_file_fields(fields))
     }
 

@@ -1,5 +1,5 @@
 //! What every store declares about its lock keys, and the errors they share. The stores
-//! (`backend/<store>/`) build on this file; the registry ([`super::registry`]) puts
+//! (`<store>/`) build on this file; the registry ([`super::registry`]) puts
 //! them together. It names no store itself, so a store never depends on the list of
 //! all stores.
 
@@ -7,11 +7,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use lockwarden_core::LockError;
+use lockwarden_core::error::Cause;
 use lockwarden_core::names::NameError;
 
 /// One store's lock key, as its URL names it (`s3://BUCKET/KEY` is an S3 key).
 ///
-/// A store implements this for its key type in `backend/<store>/key.rs`; the registry's
+/// A store implements this for its key type in `<store>/key.rs`; the registry's
 /// [`Target`](super::Target) holds one of them and forwards to it.
 pub trait StoreKey: Clone + fmt::Debug + fmt::Display + PartialEq + Eq + std::hash::Hash {
     /// `spec.backend`'s field for this store and `status.backend`: `s3`, `dynamodb`,
@@ -65,13 +66,22 @@ pub trait StoreKey: Clone + fmt::Debug + fmt::Display + PartialEq + Eq + std::ha
 
     /// Whether the fields of [`StoreKey::lock_file_fields`] read back from a lock file
     /// name this key; the error says what disagrees.
-    fn check_lock_file_fields(&self, _fields: &LockFileFields) -> Result<(), String> {
+    fn check_lock_file_fields(&self, _fields: &LockFileFields) -> Result<(), LockFileMismatch> {
         Ok(())
     }
 }
 
 /// A lock file's fields beyond lockwarden's own, by name.
 pub type LockFileFields = BTreeMap<String, serde_json::Value>;
+
+/// A lock file's store fields that name another key than its URL.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{fields} do not match the url {url}")]
+pub struct LockFileMismatch {
+    /// The fields that disagree, as the other tool names them (`Bucket/Key`).
+    pub fields: &'static str,
+    pub url: String,
+}
 
 /// A malformed lock URL. Every message names the URL and the expected form.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -140,10 +150,19 @@ pub enum ConnectError {
     #[error(
         "{url}: no usable Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster service account): {cause}"
     )]
-    Kubernetes { url: String, cause: String },
+    Kubernetes {
+        url: String,
+        #[source]
+        cause: Cause,
+    },
 
+    /// The store refused to be set up (a DynamoDB table that could not be created).
     #[error("{url}: {cause}")]
-    Backend { url: String, cause: String },
+    Backend {
+        url: String,
+        #[source]
+        cause: Cause,
+    },
 
     #[error(transparent)]
     Lock(#[from] LockError),

@@ -117,11 +117,7 @@ impl DynamoDbBackend {
     /// How to reach the table and where lock items sit in it: endpoint, region, the
     /// key layout and table creation. Credentials come from the Secret.
     pub fn options(&self) -> (AwsOptions, DynamoDbOptions) {
-        let aws = AwsOptions {
-            endpoint: self.endpoint.clone().filter(|e| !e.is_empty()),
-            region: self.region.clone(),
-            ..AwsOptions::default()
-        };
+        let aws = super::aws_options(&self.endpoint, &self.region);
         let dynamodb = DynamoDbOptions {
             partition_key: Some(self.partition_key_name.clone()),
             sort_key: self

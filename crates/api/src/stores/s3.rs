@@ -65,11 +65,7 @@ impl S3Backend {
     /// How to reach the store: endpoint, region and path-style addressing, and
     /// delete-on-release (s3lock compatibility). Credentials come from the Secret.
     pub fn options(&self) -> (AwsOptions, S3Options) {
-        let aws = AwsOptions {
-            endpoint: self.endpoint.clone().filter(|e| !e.is_empty()),
-            region: self.region.clone(),
-            ..AwsOptions::default()
-        };
+        let aws = super::aws_options(&self.endpoint, &self.region);
         let s3 = S3Options {
             force_path_style: self.force_path_style,
             s3lock_compatible: self.s3lock_compatible.unwrap_or(false),

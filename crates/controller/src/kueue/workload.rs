@@ -103,7 +103,11 @@ pub async fn parameters_of(
             reference.name
         )));
     };
-    Ok(config.spec.validate().map(|()| config.spec))
+    Ok(config
+        .spec
+        .validate()
+        .map(|()| config.spec)
+        .map_err(|e| e.to_string()))
 }
 
 /// Looks up which of `workload`'s checks is lockwarden's (an AdmissionCheck with our

@@ -13,6 +13,8 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_runtime_api::http::Response;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
+use lockwarden_core::fenced::FencedError;
+
 use super::{AwsOptions, Credentials};
 
 /// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
@@ -183,6 +185,18 @@ where
     }
     parts.dedup();
     parts.join(": ")
+}
+
+/// A fenced object's request (`op`) that failed, the SDK's error its source.
+pub(crate) fn fenced_error<E>(err: SdkError<E, Response>, op: &str) -> FencedError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    FencedError::Store {
+        op: op.to_string(),
+        detail: describe(&err),
+        source: Some(Box::new(err)),
+    }
 }
 
 /// The HTTP status and the service's error code, when there was a response.

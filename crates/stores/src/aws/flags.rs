@@ -31,26 +31,31 @@ impl AwsFlags {
     }
 }
 
-fn parse_endpoint(s: &str) -> Result<String, String> {
+/// An AWS flag's value that is refused; the message names it and the form expected.
+#[derive(Debug, thiserror::Error)]
+enum AwsFlagError {
+    #[error("{0:?} is not an endpoint URL: expected http(s)://HOST[:PORT]")]
+    Endpoint(String),
+    #[error("{0:?} is not a region name: expected e.g. eu-west-1")]
+    Region(String),
+}
+
+fn parse_endpoint(s: &str) -> Result<String, AwsFlagError> {
     let ok = (s.starts_with("http://") || s.starts_with("https://"))
         && s.split_once("://").is_some_and(|(_, h)| !h.is_empty());
     if !ok {
-        return Err(format!(
-            "{s:?} is not an endpoint URL: expected http(s)://HOST[:PORT]"
-        ));
+        return Err(AwsFlagError::Endpoint(s.to_string()));
     }
     Ok(s.to_string())
 }
 
-fn parse_region(s: &str) -> Result<String, String> {
+fn parse_region(s: &str) -> Result<String, AwsFlagError> {
     if s.is_empty()
         || !s
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     {
-        return Err(format!(
-            "{s:?} is not a region name: expected e.g. eu-west-1"
-        ));
+        return Err(AwsFlagError::Region(s.to_string()));
     }
     Ok(s.to_string())
 }

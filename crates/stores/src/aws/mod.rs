@@ -20,8 +20,8 @@ use std::time::Duration;
 pub use client::missing_root_certificates;
 #[cfg(feature = "aws")]
 pub(crate) use client::{
-    ClientCache, MAX_CACHED_CLIENTS, describe, plain_http_client, sdk_config, service_endpoint,
-    status_and_code,
+    ClientCache, MAX_CACHED_CLIENTS, describe, fenced_error, plain_http_client, sdk_config,
+    service_endpoint, status_and_code,
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;

@@ -36,7 +36,7 @@ pub async fn connect(
             .await
             .map_err(|e| ConnectError::Backend {
                 url: key.to_string(),
-                cause: e.to_string(),
+                cause: e.into(),
             })?;
     }
     Ok(Arc::new(CasLock::new(store)))

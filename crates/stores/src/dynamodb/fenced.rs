@@ -36,7 +36,7 @@ use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
 
 use super::store::{LEASE, OWNER, RVN};
-use crate::aws::describe;
+use crate::aws::fenced_error;
 use lockwarden_core::FenceToken;
 use lockwarden_core::fenced::{
     Content, Fence, FencedError, FencedObject, FencedRead, MAX_ATTEMPTS, Written, check,
@@ -98,7 +98,7 @@ impl FencedDynamoItem {
             .table_name(&self.table)
             .send()
             .await
-            .map_err(|e| store_error(e, "DescribeTable"))?;
+            .map_err(|e| fenced_error(e, "DescribeTable"))?;
         let table = out
             .table()
             .ok_or_else(|| FencedError::store("DescribeTable", "the answer describes no table"))?;
@@ -176,7 +176,7 @@ impl FencedDynamoItem {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| store_error(e, "GetItem"))?;
+            .map_err(|e| fenced_error(e, "GetItem"))?;
         Ok(out.item)
     }
 
@@ -210,7 +210,7 @@ impl FencedDynamoItem {
                 {
                     self.why_refused(fence).await?;
                 }
-                e => return Err(store_error(e, op)),
+                e => return Err(fenced_error(e, op)),
             }
         }
         Err(FencedError::Contended {
@@ -396,17 +396,6 @@ fn fence_of(item: &HashMap<String, AttributeValue>) -> Result<(Option<Fence>, bo
     ))
 }
 
-fn store_error<E>(err: SdkError<E, HttpResponse>, op: &str) -> FencedError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    FencedError::Store {
-        op: op.to_string(),
-        detail: describe(&err),
-        source: Some(Box::new(err)),
-    }
-}
-
 /// Parses DynamoDB JSON, an object of attributes, for a put: no key attribute, none
 /// of ours.
 pub fn parse_attributes(
@@ -454,41 +443,80 @@ fn is_number(text: &str) -> bool {
     !t.is_empty() && t == text && t.parse::<f64>().is_ok_and(f64::is_finite)
 }
 
+/// The form of one DynamoDB JSON value, for messages.
+const ATTRIBUTE_FORM: &str =
+    "expected one type and its value, e.g. {\"S\":\"text\"} or {\"N\":\"3\"}";
+
+/// A DynamoDB JSON value that is not an attribute; `kind` is the type it names.
+#[derive(Debug, thiserror::Error)]
+enum AttributeJsonError {
+    #[error("{0}: {ATTRIBUTE_FORM}", ATTRIBUTE_FORM = ATTRIBUTE_FORM)]
+    NotOneType(Value),
+    #[error("{kind}: {value} is not a string")]
+    NotAString { kind: String, value: Value },
+    #[error("{kind}: {text:?} is not a number")]
+    NotANumber { kind: String, text: String },
+    #[error("{kind}: {text:?} is not base64")]
+    NotBase64 { kind: String, text: String },
+    #[error("{kind}: {value} is not a list")]
+    NotAList { kind: String, value: Value },
+    #[error("BOOL: {0} is not true or false")]
+    NotABool(Value),
+    #[error("NULL: {0}: expected true")]
+    NullNotTrue(Value),
+    #[error("M: {0} is not an object")]
+    NotAMap(Value),
+    #[error("unknown type {0:?}: {ATTRIBUTE_FORM}", ATTRIBUTE_FORM = ATTRIBUTE_FORM)]
+    UnknownType(String),
+}
+
 /// One DynamoDB JSON value: `{"S": "…"}`, `{"N": "3"}`, `{"B": "base64"}`,
 /// `{"BOOL": true}`, `{"NULL": true}`, `{"L": […]}`, `{"M": {…}}`, `{"SS": […]}`,
 /// `{"NS": […]}`, `{"BS": […]}`.
-fn attribute_from_json(value: &Value) -> Result<AttributeValue, String> {
-    const FORM: &str = "expected one type and its value, e.g. {\"S\":\"text\"} or {\"N\":\"3\"}";
+fn attribute_from_json(value: &Value) -> Result<AttributeValue, AttributeJsonError> {
     let Some((kind, inner)) = value
         .as_object()
         .filter(|o| o.len() == 1)
         .and_then(|o| o.iter().next())
     else {
-        return Err(format!("{value}: {FORM}"));
+        return Err(AttributeJsonError::NotOneType(value.clone()));
     };
     let string = |v: &Value| {
         v.as_str()
             .map(str::to_string)
-            .ok_or_else(|| format!("{kind}: {v} is not a string"))
+            .ok_or_else(|| AttributeJsonError::NotAString {
+                kind: kind.clone(),
+                value: v.clone(),
+            })
     };
     let number = |v: &Value| {
         let n = string(v)?;
         if is_number(&n) {
             Ok(n)
         } else {
-            Err(format!("{kind}: {n:?} is not a number"))
+            Err(AttributeJsonError::NotANumber {
+                kind: kind.clone(),
+                text: n,
+            })
         }
     };
     let binary = |v: &Value| {
         let text = string(v)?;
-        base64_decode(&text)
-            .map(Blob::new)
-            .ok_or_else(|| format!("{kind}: {text:?} is not base64"))
+        match base64_decode(&text) {
+            Some(bytes) => Ok(Blob::new(bytes)),
+            None => Err(AttributeJsonError::NotBase64 {
+                kind: kind.clone(),
+                text,
+            }),
+        }
     };
     let list = |v: &Value| {
         v.as_array()
             .cloned()
-            .ok_or_else(|| format!("{kind}: {v} is not a list"))
+            .ok_or_else(|| AttributeJsonError::NotAList {
+                kind: kind.clone(),
+                value: v.clone(),
+            })
     };
     Ok(match kind.as_str() {
         "S" => AttributeValue::S(string(inner)?),
@@ -497,10 +525,10 @@ fn attribute_from_json(value: &Value) -> Result<AttributeValue, String> {
         "BOOL" => AttributeValue::Bool(
             inner
                 .as_bool()
-                .ok_or_else(|| format!("BOOL: {inner} is not true or false"))?,
+                .ok_or_else(|| AttributeJsonError::NotABool(inner.clone()))?,
         ),
         "NULL" if inner == &Value::Bool(true) => AttributeValue::Null(true),
-        "NULL" => return Err(format!("NULL: {inner}: expected true")),
+        "NULL" => return Err(AttributeJsonError::NullNotTrue(inner.clone())),
         "L" => AttributeValue::L(
             list(inner)?
                 .iter()
@@ -510,15 +538,15 @@ fn attribute_from_json(value: &Value) -> Result<AttributeValue, String> {
         "M" => AttributeValue::M(
             inner
                 .as_object()
-                .ok_or_else(|| format!("M: {inner} is not an object"))?
+                .ok_or_else(|| AttributeJsonError::NotAMap(inner.clone()))?
                 .iter()
                 .map(|(k, v)| Ok((k.clone(), attribute_from_json(v)?)))
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, AttributeJsonError>>()?,
         ),
         "SS" => AttributeValue::Ss(list(inner)?.iter().map(string).collect::<Result<_, _>>()?),
         "NS" => AttributeValue::Ns(list(inner)?.iter().map(number).collect::<Result<_, _>>()?),
         "BS" => AttributeValue::Bs(list(inner)?.iter().map(binary).collect::<Result<_, _>>()?),
-        other => return Err(format!("unknown type {other:?}: {FORM}")),
+        other => return Err(AttributeJsonError::UnknownType(other.to_string())),
     })
 }
 

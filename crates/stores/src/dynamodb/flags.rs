@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use lockwarden_core::names::NameError;
+
 use super::{DynamoDbOptions, attribute_name, sort_key_value};
 
 /// The command line's DynamoDB flags; a lock file saves the key layout.
@@ -38,19 +40,44 @@ impl DynamoDbFlags {
     }
 }
 
-fn parse_attribute_name(s: &str) -> Result<String, String> {
-    attribute_name(s)
-        .map_err(|e| format!("{s:?}: an attribute name has 1-255 characters ({e})"))?;
+/// A DynamoDB flag's value that is refused; the message names it.
+#[derive(Debug, thiserror::Error)]
+enum DynamoDbFlagError {
+    #[error("{name:?}: an attribute name has 1-255 characters ({source})")]
+    AttributeName {
+        name: String,
+        #[source]
+        source: NameError,
+    },
+    /// `--sort-key NAME=VALUE` with a VALUE no lock item can have.
+    #[error("{flag:?}: {source}")]
+    SortKeyValue {
+        flag: String,
+        #[source]
+        source: NameError,
+    },
+    #[error("{0:?}: expected NAME=VALUE, e.g. sk=lock")]
+    SortKeyForm(String),
+}
+
+fn parse_attribute_name(s: &str) -> Result<String, DynamoDbFlagError> {
+    attribute_name(s).map_err(|source| DynamoDbFlagError::AttributeName {
+        name: s.to_string(),
+        source,
+    })?;
     Ok(s.to_string())
 }
 
-fn parse_sort_key(s: &str) -> Result<(String, String), String> {
+fn parse_sort_key(s: &str) -> Result<(String, String), DynamoDbFlagError> {
     match s.split_once('=') {
         Some((name, value)) if !name.is_empty() && !value.is_empty() => {
-            sort_key_value(value).map_err(|e| format!("{s:?}: {e}"))?;
+            sort_key_value(value).map_err(|source| DynamoDbFlagError::SortKeyValue {
+                flag: s.to_string(),
+                source,
+            })?;
             Ok((parse_attribute_name(name)?, value.to_string()))
         }
-        _ => Err(format!("{s:?}: expected NAME=VALUE, e.g. sk=lock")),
+        _ => Err(DynamoDbFlagError::SortKeyForm(s.to_string())),
     }
 }
 

@@ -307,7 +307,49 @@ struct UpdateOf {
 }
 
 fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
-    let mut names = HashMap::from([
+    let mut names = attribute_names(layout);
+    let mut values = always_written_values(record);
+    let mut set: Vec<String> = [
+        "#owner = :owner",
+        "#lease = :lease",
+        "#rvn = :rvn",
+        "#lwrvn = :rvn",
+        "#fence = :fence",
+        "#nonce = :nonce",
+        "#acq = :acq",
+        "#ren = :ren",
+    ]
+    .map(String::from)
+    .into();
+    let mut remove = Vec::new();
+    for (name, placeholder, value) in optional_values(record) {
+        match value {
+            Some(value) => {
+                set.push(format!("{name} = {placeholder}"));
+                values.insert(placeholder.into(), value);
+            }
+            None => remove.push(name),
+        }
+    }
+    for (i, (name, value)) in unknown_fields(record, layout).enumerate() {
+        names.insert(format!("#u{i}"), name.clone());
+        values.insert(format!(":u{i}"), attribute_of(value));
+        set.push(format!("#u{i} = :u{i}"));
+    }
+    let mut expression = format!("SET {}", set.join(", "));
+    if !remove.is_empty() {
+        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
+    }
+    UpdateOf {
+        expression,
+        names,
+        values,
+    }
+}
+
+/// The placeholders of the attribute names an update of a lock item uses.
+fn attribute_names(layout: &TableLayout) -> HashMap<String, String> {
+    HashMap::from([
         ("#pk".to_string(), layout.partition_key.clone()),
         ("#owner".to_string(), OWNER.to_string()),
         ("#lease".to_string(), LEASE.to_string()),
@@ -321,8 +363,12 @@ fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
         ("#data".to_string(), DATA.to_string()),
         ("#holders".to_string(), HOLDERS.to_string()),
         ("#history".to_string(), HISTORY.to_string()),
-    ]);
-    let mut values = HashMap::from([
+    ])
+}
+
+/// The values of the attributes every write of a lock item sets.
+fn always_written_values(record: &LockRecord) -> HashMap<String, AttributeValue> {
+    HashMap::from([
         (
             ":owner".to_string(),
             AttributeValue::S(record.holder.clone()),
@@ -351,70 +397,59 @@ fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
             ":ren".to_string(),
             AttributeValue::N(unix_ms(record.renewed_at).to_string()),
         ),
-    ]);
-    let mut set: Vec<String> = [
-        "#owner = :owner",
-        "#lease = :lease",
-        "#rvn = :rvn",
-        "#lwrvn = :rvn",
-        "#fence = :fence",
-        "#nonce = :nonce",
-        "#acq = :acq",
-        "#ren = :ren",
+    ])
+}
+
+/// The attributes a record may leave out, as (name placeholder, value placeholder,
+/// value): set when there is a value, else removed from the item.
+fn optional_values(
+    record: &LockRecord,
+) -> [(&'static str, &'static str, Option<AttributeValue>); 4] {
+    [
+        // dynamolock: a present isReleased means released (see the module docs).
+        (
+            "#rel",
+            ":rel",
+            (record.state == LockState::Released)
+                .then(|| AttributeValue::S(RELEASED_MARK.to_string())),
+        ),
+        (
+            "#data",
+            ":data",
+            record
+                .data
+                .as_ref()
+                .map(|d| AttributeValue::B(Blob::new(d.as_bytes()))),
+        ),
+        (
+            "#holders",
+            ":holders",
+            record
+                .set
+                .as_ref()
+                .map(|holders| AttributeValue::S(holders.to_json())),
+        ),
+        (
+            "#history",
+            ":history",
+            (!record.history.is_empty())
+                .then(|| AttributeValue::S(history::to_text(&record.history))),
+        ),
     ]
-    .map(String::from)
-    .into();
-    let mut remove = Vec::new();
-    // dynamolock: a present isReleased means released (see the module docs).
-    if record.state == LockState::Released {
-        set.push("#rel = :rel".into());
-        values.insert(":rel".into(), AttributeValue::S(RELEASED_MARK.to_string()));
-    } else {
-        remove.push("#rel");
-    }
-    match &record.data {
-        Some(d) => {
-            set.push("#data = :data".into());
-            values.insert(":data".into(), AttributeValue::B(Blob::new(d.as_bytes())));
-        }
-        None => remove.push("#data"),
-    }
-    match &record.set {
-        Some(holders) => {
-            set.push("#holders = :holders".into());
-            values.insert(":holders".into(), AttributeValue::S(holders.to_json()));
-        }
-        None => remove.push("#holders"),
-    }
-    if record.history.is_empty() {
-        remove.push("#history");
-    } else {
-        set.push("#history = :history".into());
-        values.insert(
-            ":history".into(),
-            AttributeValue::S(history::to_text(&record.history)),
-        );
-    }
+}
+
+/// The record's fields this build does not know, but for any that would take the name
+/// of an attribute it writes or of the table's key.
+fn unknown_fields<'a>(
+    record: &'a LockRecord,
+    layout: &TableLayout,
+) -> impl Iterator<Item = (&'a String, &'a serde_json::Value)> {
     let keys = std::iter::once(&layout.partition_key).chain(layout.sort_key.iter().map(|(k, _)| k));
     let reserved: Vec<&str> = OURS.into_iter().chain(keys.map(String::as_str)).collect();
-    let unknown = record
+    record
         .unknown
         .iter()
-        .filter(|(name, _)| !reserved.contains(&name.as_str()));
-    for (i, (name, value)) in unknown.enumerate() {
-        names.insert(format!("#u{i}"), name.clone());
-        values.insert(format!(":u{i}"), attribute_of(value));
-        set.push(format!("#u{i} = :u{i}"));
-    }
-    let mut expression = format!("SET {}", set.join(", "));
-    if !remove.is_empty() {
-        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
-    }
-    UpdateOf {
-        expression,
-        names,
-        values,
-    }
+        .filter(move |(name, _)| !reserved.contains(&name.as_str()))
 }
 
 /// An unknown field as an attribute: scalars as themselves, anything else as JSON text.
@@ -433,35 +468,92 @@ fn attribute_of(value: &serde_json::Value) -> AttributeValue {
 /// lockwarden's, which `UpdateItem` leaves in place. Public for the fuzzers (`fuzz/`).
 pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, ForeignRecord> {
     let holder = s(item, OWNER)?.clone();
+    let lease = lease(item)?;
+    let released = released(item);
+    let data = data(item)?;
+    let rvn = s(item, RVN)?;
+    let written = if written_by_lockwarden(item, rvn) {
+        Written::by_lockwarden(item)?
+    } else {
+        Written::by_another_client(item, rvn)?
+    };
+    Ok(LockRecord {
+        holder,
+        nonce: written.nonce,
+        revision: rvn.clone(),
+        fence: written.fence,
+        lease,
+        state: if released {
+            LockState::Released
+        } else {
+            LockState::Held
+        },
+        data,
+        acquired_at: written.acquired_at,
+        renewed_at: written.renewed_at,
+        set: written.set,
+        // Read whoever wrote the item last: dynamolock keeps attributes it does not
+        // know, so the key's history survives its holds too.
+        history: match item.get(HISTORY) {
+            Some(AttributeValue::S(text)) => history::parse_text(text),
+            _ => Vec::new(),
+        },
+        // Not read: no write of this build removes what it does not name.
+        unknown: UnknownFields::new(),
+    })
+}
+
+/// The lease of a lock item: a positive duration.
+fn lease(item: &HashMap<String, AttributeValue>) -> Result<Duration, ForeignRecord> {
     let lease_text = s(item, LEASE)?;
-    let lease = parse_duration(lease_text)
+    parse_duration(lease_text)
         .ok()
         .filter(|d| !d.is_zero())
         .ok_or_else(|| {
             ForeignRecord::new(format!(
                 "attribute {LEASE} is {lease_text:?}, expected a duration such as \"30s\""
             ))
-        })?;
-    let released = match item.get(RELEASED) {
+        })
+}
+
+/// Whether a lock item is released.
+fn released(item: &HashMap<String, AttributeValue>) -> bool {
+    match item.get(RELEASED) {
         None => false,
         // Items written before lockwarden followed dynamolock's presence rule.
         Some(AttributeValue::Bool(b)) => *b,
         // dynamolock: present means released, whatever the value.
         Some(_) => true,
-    };
-    let data = data(item)?;
-    let rvn = s(item, RVN)?;
-    let optional_ms =
-        |name: &str| SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, name).unwrap_or(0));
-    let written_by_lockwarden = match item.get(LOCKWARDEN_RVN) {
+    }
+}
+
+/// Whether lockwarden wrote the item last (at `recordVersionNumber` `rvn`), rather
+/// than another client (dynamolock).
+fn written_by_lockwarden(item: &HashMap<String, AttributeValue>, rvn: &str) -> bool {
+    match item.get(LOCKWARDEN_RVN) {
         Some(AttributeValue::S(last_ours)) => last_ours == rvn,
         // Items written before `lockwardenRvn` existed carried a boolean isReleased.
         None => {
             item.contains_key(NONCE) && matches!(item.get(RELEASED), Some(AttributeValue::Bool(_)))
         }
         Some(_) => false,
-    };
-    let (nonce, fence, acquired_at, renewed_at, set) = if written_by_lockwarden {
+    }
+}
+
+/// The fields of a lock item that depend on who wrote it last.
+struct Written {
+    nonce: String,
+    fence: FenceToken,
+    acquired_at: SystemTime,
+    renewed_at: SystemTime,
+    set: Option<HolderSet>,
+}
+
+impl Written {
+    /// lockwarden's own attributes.
+    fn by_lockwarden(item: &HashMap<String, AttributeValue>) -> Result<Written, ForeignRecord> {
+        let optional_ms =
+            |name: &str| SystemTime::UNIX_EPOCH + Duration::from_millis(n(item, name).unwrap_or(0));
         let set = match item.get(HOLDERS) {
             None => None,
             Some(AttributeValue::S(json)) => Some(HolderSet::from_json(json)?),
@@ -472,54 +564,35 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
                 )));
             }
         };
-        (
-            s(item, NONCE)?.clone(),
-            FenceToken(n(item, FENCE)?),
-            optional_ms(ACQUIRED),
-            optional_ms(RENEWED),
+        Ok(Written {
+            nonce: s(item, NONCE)?.clone(),
+            fence: FenceToken(n(item, FENCE)?),
+            acquired_at: optional_ms(ACQUIRED),
+            renewed_at: optional_ms(RENEWED),
             set,
-        )
-    } else {
-        // Another client (dynamolock) wrote the item last: it holds (or released) it
-        // under its ownerName. A fence lockwarden left behind (dynamolock copies
-        // unknown attributes) is where the next lockwarden acquisition continues.
+        })
+    }
+
+    /// Another client (dynamolock) wrote the item last: it holds (or released) it
+    /// under its ownerName. A fence lockwarden left behind (dynamolock copies unknown
+    /// attributes) is where the next lockwarden acquisition continues.
+    fn by_another_client(
+        item: &HashMap<String, AttributeValue>,
+        rvn: &str,
+    ) -> Result<Written, ForeignRecord> {
         let fence = if item.contains_key(FENCE) {
             n(item, FENCE)?
         } else {
             0
         };
-        (
-            format!("{ANOTHER_TOOL_NONCE_PREFIX}rvn:{rvn}"),
-            FenceToken(fence),
-            SystemTime::UNIX_EPOCH,
-            SystemTime::UNIX_EPOCH,
-            None,
-        )
-    };
-    Ok(LockRecord {
-        holder,
-        nonce,
-        revision: rvn.clone(),
-        fence,
-        lease,
-        state: if released {
-            LockState::Released
-        } else {
-            LockState::Held
-        },
-        data,
-        acquired_at,
-        renewed_at,
-        set,
-        // Read whoever wrote the item last: dynamolock keeps attributes it does not
-        // know, so the key's history survives its holds too.
-        history: match item.get(HISTORY) {
-            Some(AttributeValue::S(text)) => history::parse_text(text),
-            _ => Vec::new(),
-        },
-        // Not read: no write of this build removes what it does not name.
-        unknown: UnknownFields::new(),
-    })
+        Ok(Written {
+            nonce: format!("{ANOTHER_TOOL_NONCE_PREFIX}rvn:{rvn}"),
+            fence: FenceToken(fence),
+            acquired_at: SystemTime::UNIX_EPOCH,
+            renewed_at: SystemTime::UNIX_EPOCH,
+            set: None,
+        })
+    }
 }
 
 /// A string attribute of a lock item.

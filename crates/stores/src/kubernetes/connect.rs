@@ -20,7 +20,7 @@ pub async fn connect(
             None => client(options.context.as_deref()).await.map_err(|cause| {
                 ConnectError::Kubernetes {
                     url: key.to_string(),
-                    cause,
+                    cause: cause.into(),
                 }
             })?,
         };
@@ -31,9 +31,29 @@ pub async fn connect(
     ))))
 }
 
-pub(super) async fn client(context: Option<&str>) -> Result<kube::Client, String> {
+/// Why no Kubernetes client could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Neither a kubeconfig nor the in-cluster service account.
+    #[error(transparent)]
+    Infer(#[from] kube::config::InferConfigError),
+    /// The kubeconfig context asked for.
+    #[error("context {context:?}: {source}")]
+    Context {
+        context: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// A configuration no client can be built from (its TLS settings, proxy, …).
+    #[error(transparent)]
+    Client(#[from] kube::Error),
+}
+
+/// A client from `KUBECONFIG` / `~/.kube/config` (the given context) / the
+/// in-cluster service account.
+pub(super) async fn client(context: Option<&str>) -> Result<kube::Client, ClientError> {
     let config = match context {
-        None => kube::Config::infer().await.map_err(|e| e.to_string())?,
+        None => kube::Config::infer().await?,
         Some(context) => {
             let options = kube::config::KubeConfigOptions {
                 context: Some(context.to_string()),
@@ -41,8 +61,11 @@ pub(super) async fn client(context: Option<&str>) -> Result<kube::Client, String
             };
             kube::Config::from_kubeconfig(&options)
                 .await
-                .map_err(|e| format!("context {context:?}: {e}"))?
+                .map_err(|source| ClientError::Context {
+                    context: context.to_string(),
+                    source,
+                })?
         }
     };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    Ok(kube::Client::try_from(config)?)
 }

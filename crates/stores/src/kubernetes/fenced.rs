@@ -1,4 +1,4 @@
-//! Fenced writes to Kubernetes objects (README "Making the fence count").
+//! Fenced writes to Kubernetes objects (docs/guide/fencing.md "Kubernetes objects").
 //!
 //! The API server checks the fence, not us: the chart's ValidatingAdmissionPolicy
 //! (`fencing.admissionPolicy.enabled`, or manifests/fencing-admission-policy.yaml)
@@ -58,7 +58,11 @@ pub async fn connect_fenced(
         Some(client) => client.clone(),
         None => super::connect::client(options.context.as_deref())
             .await
-            .map_err(|cause| FencedError::store("connect", cause))?,
+            .map_err(|cause| FencedError::Store {
+                op: "connect".into(),
+                detail: cause.to_string(),
+                source: Some(Box::new(cause)),
+            })?,
     };
     Ok(Box::new(FencedKubernetesObject::new(
         client,
@@ -220,8 +224,11 @@ impl FencedObject for FencedKubernetesObject {
             return Ok(None);
         };
         let stored = StoredFence::of(&object)?;
-        let yaml = serde_yaml_ng::to_string(&object)
-            .map_err(|e| FencedError::store("read", format!("cannot print the object: {e}")))?;
+        let yaml = serde_yaml_ng::to_string(&object).map_err(|e| FencedError::Store {
+            op: "read".into(),
+            detail: format!("cannot print the object: {e}"),
+            source: Some(Box::new(e)),
+        })?;
         Ok(Some(FencedRead {
             written_by: stored.fence.map(|token| Fence {
                 token,

@@ -1,5 +1,6 @@
 //! The Lease [`RecordStore`]: one lock key, one Lease (see the module above).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -9,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
-use lockwarden_core::history;
+use lockwarden_core::history::{self, Grant};
 use lockwarden_core::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
     RecordStore, StoreError, Stored, UnknownFields, Version,
@@ -148,13 +149,13 @@ impl LeaseStore {
 
     /// The fence is `leaseTransitions`, an int32: a fence beyond it cannot be stored,
     /// and storing a smaller one would hand the same fence to two holders.
-    fn check_fence(record: &LockRecord) -> Result<(), String> {
+    fn check_fence(record: &LockRecord) -> Result<(), StoreError> {
         if i32::try_from(record.fence.0).is_err() {
-            return Err(format!(
+            return Err(StoreError::Rejected(format!(
                 "fence {} does not fit leaseTransitions (an int32): the fence sequence of \
                  this Lease is exhausted; delete the Lease to start it again",
                 record.fence
-            ));
+            )));
         }
         Ok(())
     }
@@ -204,49 +205,106 @@ fn system_time(t: &Option<MicroTime>) -> SystemTime {
 
 /// Reads a Lease as a lock record. Public for the fuzzers (`fuzz/`).
 pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
-    let spec = lease.spec.clone().unwrap_or_default();
     let annotations = lease.metadata.annotations.clone().unwrap_or_default();
-    let holder_identity = spec.holder_identity.clone().unwrap_or_default();
-    let fence = FenceToken(u64::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0));
-    let seconds = spec.lease_duration_seconds.unwrap_or(0);
-    let acquired_at = system_time(&spec.acquire_time);
-    let renewed_at = system_time(&spec.renew_time);
-    // The key's history, whoever wrote the Lease last: client-go carries annotations
-    // it does not know through its updates.
-    let history = annotations
-        .get(HISTORY)
-        .map(|text| history::parse_text(text))
-        .unwrap_or_default();
-    // The Lease as client-go reads it: held by `holderIdentity` unless that is empty,
-    // with a nonce that can never be ours.
-    let other_client = LockRecord {
-        holder: holder_identity.clone(),
-        nonce: format!("{ANOTHER_TOOL_NONCE_PREFIX}client-go"),
-        revision: String::new(),
-        fence,
-        lease: Duration::from_secs(seconds.max(1) as u64),
-        state: if holder_identity.is_empty() {
-            LockState::Released
-        } else {
-            LockState::Held
-        },
-        data: None,
-        acquired_at,
-        renewed_at,
-        set: None,
-        history: history.clone(),
-        unknown: UnknownFields::new(),
-    };
+    let spec = SpecFields::of(lease, &annotations);
     let Some(nonce) = annotations.get(NONCE) else {
         // A Lease written by another client (client-go leader election).
-        if seconds <= 0 && !holder_identity.is_empty() {
+        if spec.seconds <= 0 && !spec.holder_identity.is_empty() {
             return Err(ForeignRecord::new(format!(
-                "Lease held by {holder_identity:?} has leaseDurationSeconds {seconds}"
+                "Lease held by {:?} has leaseDurationSeconds {}",
+                spec.holder_identity, spec.seconds
             )));
         }
-        return Ok(other_client);
+        return Ok(spec.into_client_go_record());
     };
-    let lease_ms: u64 = annotations
+    let lease_ms = lease_ms(&annotations)?;
+    let state = state(&annotations)?;
+    // Another client may have written holderIdentity since (client-go takeover):
+    // then it is that client's lock, whatever our annotations say.
+    let recorded_holder = annotations.get(HOLDER).cloned().unwrap_or_default();
+    if state == LockState::Held && spec.holder_identity != recorded_holder
+        || state == LockState::Released && !spec.holder_identity.is_empty()
+    {
+        return Ok(spec.into_client_go_record());
+    }
+    Ok(LockRecord {
+        holder: recorded_holder,
+        nonce: nonce.clone(),
+        revision: annotations.get(REVISION).cloned().unwrap_or_default(),
+        fence: spec.fence,
+        lease: Duration::from_millis(lease_ms),
+        state,
+        data: annotations.get(DATA).cloned(),
+        acquired_at: spec.acquired_at,
+        renewed_at: spec.renewed_at,
+        set: annotations
+            .get(HOLDERS)
+            .map(|json| HolderSet::from_json(json))
+            .transpose()?,
+        history: spec.history,
+        unknown: annotations
+            .iter()
+            .filter(|(name, _)| name.starts_with(PREFIX) && !OURS.contains(&name.as_str()))
+            .map(|(name, value)| (name.clone(), value.clone().into()))
+            .collect(),
+    })
+}
+
+/// What a Lease says whoever wrote it last: its spec, and the key's history.
+struct SpecFields {
+    holder_identity: String,
+    fence: FenceToken,
+    seconds: i32,
+    acquired_at: SystemTime,
+    renewed_at: SystemTime,
+    history: Vec<Grant>,
+}
+
+impl SpecFields {
+    fn of(lease: &KubeLease, annotations: &BTreeMap<String, String>) -> SpecFields {
+        let spec = lease.spec.clone().unwrap_or_default();
+        SpecFields {
+            holder_identity: spec.holder_identity.clone().unwrap_or_default(),
+            fence: FenceToken(u64::try_from(spec.lease_transitions.unwrap_or(0)).unwrap_or(0)),
+            seconds: spec.lease_duration_seconds.unwrap_or(0),
+            acquired_at: system_time(&spec.acquire_time),
+            renewed_at: system_time(&spec.renew_time),
+            // The key's history, whoever wrote the Lease last: client-go carries
+            // annotations it does not know through its updates.
+            history: annotations
+                .get(HISTORY)
+                .map(|text| history::parse_text(text))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The Lease as client-go reads it: held by `holderIdentity` unless that is empty,
+    /// with a nonce that can never be ours.
+    fn into_client_go_record(self) -> LockRecord {
+        LockRecord {
+            state: if self.holder_identity.is_empty() {
+                LockState::Released
+            } else {
+                LockState::Held
+            },
+            holder: self.holder_identity,
+            nonce: format!("{ANOTHER_TOOL_NONCE_PREFIX}client-go"),
+            revision: String::new(),
+            fence: self.fence,
+            lease: Duration::from_secs(self.seconds.max(1) as u64),
+            data: None,
+            acquired_at: self.acquired_at,
+            renewed_at: self.renewed_at,
+            set: None,
+            history: self.history,
+            unknown: UnknownFields::new(),
+        }
+    }
+}
+
+/// Our lease annotation: a positive number of milliseconds.
+fn lease_ms(annotations: &BTreeMap<String, String>) -> Result<u64, ForeignRecord> {
+    annotations
         .get(LEASE_MS)
         .and_then(|v| v.parse().ok())
         .filter(|ms| *ms > 0)
@@ -254,45 +312,18 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
             ForeignRecord::new(format!(
                 "annotation {LEASE_MS} is missing or not a positive integer"
             ))
-        })?;
-    let state = match annotations.get(STATE).map(String::as_str) {
-        Some("held") => LockState::Held,
-        Some("released") => LockState::Released,
-        other => {
-            return Err(ForeignRecord::new(format!(
-                "annotation {STATE} is {other:?}, expected \"held\" or \"released\""
-            )));
-        }
-    };
-    // Another client may have written holderIdentity since (client-go takeover):
-    // then it is that client's lock, whatever our annotations say.
-    let recorded_holder = annotations.get(HOLDER).cloned().unwrap_or_default();
-    if state == LockState::Held && holder_identity != recorded_holder
-        || state == LockState::Released && !holder_identity.is_empty()
-    {
-        return Ok(other_client);
+        })
+}
+
+/// Our state annotation: held or released.
+fn state(annotations: &BTreeMap<String, String>) -> Result<LockState, ForeignRecord> {
+    match annotations.get(STATE).map(String::as_str) {
+        Some("held") => Ok(LockState::Held),
+        Some("released") => Ok(LockState::Released),
+        other => Err(ForeignRecord::new(format!(
+            "annotation {STATE} is {other:?}, expected \"held\" or \"released\""
+        ))),
     }
-    Ok(LockRecord {
-        holder: recorded_holder,
-        nonce: nonce.clone(),
-        revision: annotations.get(REVISION).cloned().unwrap_or_default(),
-        fence,
-        lease: Duration::from_millis(lease_ms),
-        state,
-        data: annotations.get(DATA).cloned(),
-        acquired_at,
-        renewed_at,
-        set: annotations
-            .get(HOLDERS)
-            .map(|json| HolderSet::from_json(json))
-            .transpose()?,
-        history,
-        unknown: annotations
-            .iter()
-            .filter(|(name, _)| name.starts_with(PREFIX) && !OURS.contains(&name.as_str()))
-            .map(|(name, value)| (name.clone(), value.clone().into()))
-            .collect(),
-    })
 }
 
 fn stored(lease: &KubeLease) -> Stored {
@@ -321,7 +352,7 @@ impl RecordStore for LeaseStore {
     }
 
     async fn create(&self, record: &LockRecord) -> Result<Version, StoreError> {
-        Self::check_fence(record).map_err(StoreError::Rejected)?;
+        Self::check_fence(record)?;
         let lease = self.to_lease(record, None);
         match self.api.create(&PostParams::default(), &lease).await {
             Ok(l) => {
@@ -337,7 +368,7 @@ impl RecordStore for LeaseStore {
         expected: &Version,
         record: &LockRecord,
     ) -> Result<Version, StoreError> {
-        Self::check_fence(record).map_err(StoreError::Rejected)?;
+        Self::check_fence(record)?;
         // PUT with metadata.resourceVersion: the API server's compare-and-swap, of the
         // Lease as read with lockwarden's fields rewritten (see the module docs).
         let lease = self.to_lease(record, Some(self.base_at(expected).await?));

@@ -25,7 +25,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use std::collections::HashMap;
 
 use super::store::parse_body;
-use crate::aws::{describe, status_and_code};
+use crate::aws::{fenced_error, status_and_code};
 use lockwarden_core::FenceToken;
 use lockwarden_core::fenced::{
     Content, Fence, FencedError, FencedObject, FencedRead, MAX_ATTEMPTS, Written, check,
@@ -110,7 +110,7 @@ impl FencedS3Object {
             Err(SdkError::ServiceError(e)) if matches!(e.raw().status().as_u16(), 404 | 412) => {
                 return Ok(());
             }
-            Err(e) => return Err(store_error(e, "GET")),
+            Err(e) => return Err(fenced_error(e, "GET")),
         };
         let bytes = read_body(out.body).await?;
         refuse_lock_body(&bytes, etag)
@@ -181,7 +181,7 @@ impl FencedS3Object {
                                 code.map(|c| format!(" {c}")).unwrap_or_default()
                             );
                         }
-                        _ => return Err(store_error(e, op)),
+                        _ => return Err(fenced_error(e, op)),
                     }
                 }
             }
@@ -307,18 +307,7 @@ where
     match sent {
         Ok(out) => Ok(Some(out)),
         Err(SdkError::ServiceError(e)) if e.raw().status().as_u16() == 404 => Ok(None),
-        Err(e) => Err(store_error(e, op)),
-    }
-}
-
-fn store_error<E>(err: SdkError<E, HttpResponse>, op: &str) -> FencedError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    FencedError::Store {
-        op: op.to_string(),
-        detail: describe(&err),
-        source: Some(Box::new(err)),
+        Err(e) => Err(fenced_error(e, op)),
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::store::{LockFileFields, StoreKey, TargetError, bad_name, split_two};
+use crate::store::{LockFileFields, LockFileMismatch, StoreKey, TargetError, bad_name, split_two};
 use lockwarden_core::names::{self, NameError, is_lower_alnum};
 
 /// Bucket names: at least this many characters.
@@ -94,11 +94,14 @@ impl StoreKey for S3Key {
         .collect()
     }
 
-    fn check_lock_file_fields(&self, fields: &LockFileFields) -> Result<(), String> {
+    fn check_lock_file_fields(&self, fields: &LockFileFields) -> Result<(), LockFileMismatch> {
         let differs =
             |name: &str, ours: &str| fields.get(name).is_some_and(|v| v.as_str() != Some(ours));
         if differs(BUCKET_FIELD, &self.bucket) || differs(KEY_FIELD, &self.key) {
-            return Err(format!("Bucket/Key do not match the url {self}"));
+            return Err(LockFileMismatch {
+                fields: "Bucket/Key",
+                url: self.to_string(),
+            });
         }
         Ok(())
     }
@@ -166,7 +169,8 @@ mod tests {
         let mut other = fields.clone();
         other.insert("Key".into(), "other".into());
         assert_eq!(
-            key.check_lock_file_fields(&other),
+            key.check_lock_file_fields(&other)
+                .map_err(|e| e.to_string()),
             Err("Bucket/Key do not match the url s3://b/k".into())
         );
     }

@@ -20,6 +20,8 @@
 //! `connect` (the process's clients); the last three with the `s3` feature, the
 //! command line's `flags` with `cli`. Its part of a DistributedLock's spec is
 //! lockwarden-api's.
+//!
+//! [`LockRecord`]: lockwarden_core::LockRecord
 
 #[cfg(feature = "s3")]
 mod connect;

@@ -11,7 +11,7 @@ use zookeeper_client::{Error as ZkError, Stat};
 
 use super::cleanup::{Cleanup, spawn_cleanup};
 use super::kafka_kit;
-use super::queue::{Contender, Entry, QUEUE_RETRIES, name_of, version_of};
+use super::queue::{Child, Contender, Entry, QUEUE_RETRIES, name_of, version_of};
 use super::semaphore::{self, Member, Verdict};
 use super::session::{Generation, ZkSession};
 use super::{definite, permanent, session_ended};
@@ -238,57 +238,12 @@ impl ZkLock {
         match (semaphore::verdict(&modes, req.permits), st.entry.as_ref()) {
             (_, None) => Err(self.unavailable("our queue entry was forgotten meanwhile; retrying")),
             (Verdict::Granted, Some(entry)) => {
-                let mut record = semaphore::fenced(entry.record.clone(), &entry.stat);
-                // A permit's lease carries every holder granted so far: the granted
-                // entries ahead of ours, and ours (the controller shows the counts).
-                if let Some(own) = record.set.as_ref().and_then(|s| s.holders.first().cloned()) {
-                    let mut set = semaphore::summary(ahead, req.permits.total)
-                        .and_then(|s| s.record.ok())
-                        .and_then(|r| r.set)
-                        .unwrap_or_default();
-                    set.permits = req.permits.total;
-                    set.waiting_writer = None;
-                    set.last_fence = set.last_fence.max(own.fence);
-                    set.holders.push(own);
-                    record.set = Some(set);
-                }
-                let version = version_of(&entry.name, &entry.stat);
+                let lease = self.granted(entry, generation, ahead, req, sent);
                 st.watched.clear();
-                let deadline = HolderDeadline::after_write(sent, generation.timeout, &self.margins);
-                Ok(Attempt::Acquired(Lease::new(record, version, deadline)))
+                Ok(Attempt::Acquired(lease))
             }
             (Verdict::Waiting { departures, watch }, Some(_)) => {
-                // The head of the queue is granted, whatever wrote it.
-                let head = &ahead[0];
-                // Another client's entry that our permit waits for (it counts as
-                // exclusive) is what blocks us, granted or not: it is named, not the
-                // lockwarden holders granted before it.
-                let foreign_blocker = watch
-                    .iter()
-                    .map(|&k| &ahead[k])
-                    .find(|m| m.stored.record.is_err());
-                // On a semaphore key, the holders granted ahead of us (the counts a
-                // waiting DistributedLock shows); otherwise the head, whatever wrote it.
-                let holder = match foreign_blocker {
-                    Some(blocker) if !req.permits.is_mutex() => Self::holder_record(
-                        &blocker.name,
-                        blocker.stored.clone(),
-                        &blocker.stat,
-                        generation.timeout,
-                    ),
-                    _ => (!req.permits.is_mutex())
-                        .then(|| semaphore::summary(ahead, req.permits.total))
-                        .flatten()
-                        .and_then(|s| s.record.ok())
-                        .unwrap_or_else(|| {
-                            Self::holder_record(
-                                &head.name,
-                                head.stored.clone(),
-                                &head.stat,
-                                generation.timeout,
-                            )
-                        }),
-                };
+                let holder = Self::blocking_holder(generation, ahead, &watch, req);
                 st.watched = watch.into_iter().map(|k| ahead[k].name.clone()).collect();
                 Ok(Attempt::Busy {
                     holder,
@@ -297,6 +252,76 @@ impl ZkLock {
                     queue_position: Some(u32::try_from(departures - 1).unwrap_or(u32::MAX)),
                 })
             }
+        }
+    }
+
+    /// The lease of our granted `entry`: its holder deadline counts the session
+    /// timeout from `sent`, taken before the queue read that showed it granted.
+    fn granted(
+        &self,
+        entry: &Entry,
+        generation: &Generation,
+        ahead: &[Member],
+        req: &AcquireRequest,
+        sent: Instant,
+    ) -> Lease {
+        let mut record = semaphore::fenced(entry.record.clone(), &entry.stat);
+        // A permit's lease carries every holder granted so far: the granted entries
+        // ahead of ours, and ours (the controller shows the counts).
+        if let Some(own) = record.set.as_ref().and_then(|s| s.holders.first().cloned()) {
+            let mut set = semaphore::summary(ahead, req.permits.total)
+                .and_then(|s| s.record.ok())
+                .and_then(|r| r.set)
+                .unwrap_or_default();
+            set.permits = req.permits.total;
+            set.waiting_writer = None;
+            set.last_fence = set.last_fence.max(own.fence);
+            set.holders.push(own);
+            record.set = Some(set);
+        }
+        let version = version_of(&entry.name, &entry.stat);
+        let deadline = HolderDeadline::after_write(sent, generation.timeout, &self.margins);
+        Lease::new(record, version, deadline)
+    }
+
+    /// Who a waiting entry is told holds the key, `watch` being the entries ahead
+    /// whose change can let it in.
+    fn blocking_holder(
+        generation: &Generation,
+        ahead: &[Member],
+        watch: &[usize],
+        req: &AcquireRequest,
+    ) -> LockRecord {
+        // The head of the queue is granted, whatever wrote it.
+        let head = &ahead[0];
+        // Another client's entry that our permit waits for (it counts as exclusive) is
+        // what blocks us, granted or not: it is named, not the lockwarden holders
+        // granted before it.
+        let foreign_blocker = watch
+            .iter()
+            .map(|&k| &ahead[k])
+            .find(|m| m.stored.record.is_err());
+        // On a semaphore key, the holders granted ahead of us (the counts a waiting
+        // DistributedLock shows); otherwise the head, whatever wrote it.
+        match foreign_blocker {
+            Some(blocker) if !req.permits.is_mutex() => Self::holder_record(
+                &blocker.name,
+                blocker.stored.clone(),
+                &blocker.stat,
+                generation.timeout,
+            ),
+            _ => (!req.permits.is_mutex())
+                .then(|| semaphore::summary(ahead, req.permits.total))
+                .flatten()
+                .and_then(|s| s.record.ok())
+                .unwrap_or_else(|| {
+                    Self::holder_record(
+                        &head.name,
+                        head.stored.clone(),
+                        &head.stat,
+                        generation.timeout,
+                    )
+                }),
         }
     }
 
@@ -374,23 +399,13 @@ impl ZkLock {
     }
 }
 
-#[async_trait]
-impl LockBackend for ZkLock {
-    fn url(&self) -> &str {
-        &self.url
-    }
-
-    fn margins(&self) -> SafetyMargins {
-        self.margins
-    }
-
-    /// Joins the queue (or keeps our place in it) and reports the holder. The lease is
-    /// the session timeout; `req.lease` does not apply to ZooKeeper. Whether our entry
-    /// is granted follows the rule in `semaphore` (for a mutex: it is first).
-    ///
-    /// (Over 80 lines on purpose: one pass of the queue protocol per iteration, every
-    /// branch working on the contender state held under one lock for the whole call.)
-    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
+// `try_acquire`'s steps: one pass of the queue protocol per call of `queue_pass`,
+// every step on the contender state held under one lock for the whole of
+// `try_acquire`.
+impl ZkLock {
+    /// What a ZooKeeper queue cannot do: force on a key with permits, a lock-delay,
+    /// priorities and weights.
+    fn check_supported(&self, req: &AcquireRequest) -> Result<(), LockError> {
         if req.force && !req.permits.is_mutex() {
             // Force deletes every entry ahead of ours: on a key with permits that takes
             // away permits others hold in good standing, so it is refused.
@@ -405,90 +420,159 @@ impl LockBackend for ZkLock {
         if req.queue.is_some_and(|q| q != Queueing::default()) {
             return Err(ranks_refused(&self.url));
         }
+        Ok(())
+    }
+
+    /// One pass: our entry in the queue (joining it if need be), the queue read, and
+    /// our place in it judged. `None`: the queue or the session changed under us;
+    /// look again. `forced_from` keeps whom force or reclaim took the key from across
+    /// passes.
+    async fn queue_pass(
+        &self,
+        st: &mut Contender,
+        req: &AcquireRequest,
+        forced_from: &mut Option<HeldBy>,
+    ) -> Result<Option<Attempt>, LockError> {
+        st.forget_ended_session();
+        let Some(generation) = self.live_generation(st).await? else {
+            return Ok(None);
+        };
+        if st.entry.is_none() {
+            let entry = self.enqueue(&generation, st, req).await?;
+            st.entry = Some(entry);
+        }
+        let Some(entry) = st.entry.as_ref() else {
+            return Ok(None);
+        };
+        let (name, prefix) = (entry.name.clone(), entry.prefix.clone());
+
+        let sent = Instant::now();
+        let queue = match self.queue(&generation).await {
+            Ok(queue) => queue,
+            Err(e) if session_ended(&e) => return Ok(None),
+            Err(e) => return Err(self.error("listing the queue", e)),
+        };
+        self.clean_up_duplicates(&generation, &queue, &name, &prefix);
+        match queue.iter().position(|c| c.name == name) {
+            None => {
+                // Deleted by someone (force), or the session just expired: queue
+                // again, at the back.
+                tracing::warn!(url = %self.url, entry = %name, "our queue entry disappeared; queueing again");
+                st.entry = None;
+                st.watched.clear();
+                Ok(None)
+            }
+            Some(i) if req.force && i > 0 => {
+                // The first pass removed the holder; a later pass (after a
+                // concurrent change) must not overwrite whom we took over from.
+                let removed = self.force_ahead(&generation, &queue[..i]).await?;
+                *forced_from = forced_from.take().or(removed);
+                Ok(None)
+            }
+            Some(i) => {
+                self.judge_place(st, &generation, &queue[..i], req, sent, forced_from)
+                    .await
+            }
+        }
+    }
+
+    /// The session our queue state lives on (our entry's, a pending create's, or the
+    /// current one); `None` when it has just ended (look again, on a new one).
+    async fn live_generation(&self, st: &Contender) -> Result<Option<Arc<Generation>>, LockError> {
+        let generation = match (&st.entry, &st.pending) {
+            (Some(entry), _) => entry.generation.clone(),
+            (None, Some(pending)) => pending.generation.clone(),
+            (None, None) => self.session.generation(&self.url).await?,
+        };
+        if !generation.is_connected() {
+            if generation.is_gone() {
+                return Ok(None);
+            }
+            return Err(self.unavailable(format!(
+                "ZooKeeper session {:#x} is {}",
+                generation.id,
+                generation.state()
+            )));
+        }
+        Ok(Some(generation))
+    }
+
+    /// Deletes, in the background, the entries a create of ours with a lost reply left
+    /// beside `name` (the same protected `prefix`).
+    fn clean_up_duplicates(
+        &self,
+        generation: &Arc<Generation>,
+        queue: &[Child],
+        name: &str,
+        prefix: &str,
+    ) {
+        for duplicate in queue
+            .iter()
+            .filter(|c| c.name.starts_with(prefix) && c.name != name)
+        {
+            spawn_cleanup(
+                generation.clone(),
+                self.node(&duplicate.name),
+                Cleanup::Node,
+            );
+        }
+    }
+
+    /// Our entry stands behind the queue entries `ahead`: reclaim our holder name's
+    /// entries of other sessions among them (then look again), or take our turn.
+    async fn judge_place(
+        &self,
+        st: &mut Contender,
+        generation: &Arc<Generation>,
+        ahead: &[Child],
+        req: &AcquireRequest,
+        sent: Instant,
+        forced_from: &mut Option<HeldBy>,
+    ) -> Result<Option<Attempt>, LockError> {
+        let ahead = match self.members(generation, ahead).await {
+            Ok(ahead) => ahead,
+            Err(e) if session_ended(&e) => return Ok(None),
+            Err(e) => return Err(self.error("reading the queue", e)),
+        };
+        if req.reclaim
+            && let Some(from) = self.reclaim_ahead(generation, &ahead, req).await?
+        {
+            // Our holder name's entry of another session is gone: look again.
+            *forced_from = forced_from.take().or(Some(from));
+            return Ok(None);
+        }
+        let mut attempt = self.take_turn(st, generation, &ahead, req, sent).await?;
+        if let Attempt::Acquired(lease) = &mut attempt {
+            lease.forced_from = forced_from.clone();
+        }
+        Ok(Some(attempt))
+    }
+}
+
+#[async_trait]
+impl LockBackend for ZkLock {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn margins(&self) -> SafetyMargins {
+        self.margins
+    }
+
+    /// Joins the queue (or keeps our place in it) and reports the holder. The lease is
+    /// the session timeout; `req.lease` does not apply to ZooKeeper. Whether our entry
+    /// is granted follows the rule in `semaphore` (for a mutex: it is first).
+    async fn try_acquire(&self, req: &AcquireRequest) -> Result<Attempt, LockError> {
+        self.check_supported(req)?;
         let mut st = self.state.lock().await;
         let mut forced_from = None;
         for _ in 0..QUEUE_RETRIES {
-            st.forget_ended_session();
-            let generation = match (&st.entry, &st.pending) {
-                (Some(entry), _) => entry.generation.clone(),
-                (None, Some(pending)) => pending.generation.clone(),
-                (None, None) => self.session.generation(&self.url).await?,
-            };
-            if !generation.is_connected() {
-                if generation.is_gone() {
-                    continue;
-                }
-                return Err(self.unavailable(format!(
-                    "ZooKeeper session {:#x} is {}",
-                    generation.id,
-                    generation.state()
-                )));
-            }
-            if st.entry.is_none() {
-                let entry = self.enqueue(&generation, &mut st, req).await?;
-                st.entry = Some(entry);
-            }
-            let Some(entry) = st.entry.as_ref() else {
-                continue;
-            };
-            let (name, prefix) = (entry.name.clone(), entry.prefix.clone());
-
-            let sent = Instant::now();
-            let queue = match self.queue(&generation).await {
-                Ok(queue) => queue,
-                Err(e) if session_ended(&e) => continue,
-                Err(e) => return Err(self.error("listing the queue", e)),
-            };
-            for duplicate in queue
-                .iter()
-                .filter(|c| c.name.starts_with(&prefix) && c.name != name)
-            {
-                spawn_cleanup(
-                    generation.clone(),
-                    self.node(&duplicate.name),
-                    Cleanup::Node,
-                );
-            }
-            match queue.iter().position(|c| c.name == name) {
-                None => {
-                    // Deleted by someone (force), or the session just expired: queue
-                    // again, at the back.
-                    tracing::warn!(url = %self.url, entry = %name, "our queue entry disappeared; queueing again");
-                    st.entry = None;
-                    st.watched.clear();
-                }
-                Some(i) if req.force && i > 0 => {
-                    // The first pass removed the holder; a later pass (after a
-                    // concurrent change) must not overwrite whom we took over from.
-                    let removed = self.force_ahead(&generation, &queue[..i]).await?;
-                    forced_from = forced_from.or(removed);
-                }
-                Some(i) => {
-                    let ahead = match self.members(&generation, &queue[..i]).await {
-                        Ok(ahead) => ahead,
-                        Err(e) if session_ended(&e) => continue,
-                        Err(e) => return Err(self.error("reading the queue", e)),
-                    };
-                    if req.reclaim
-                        && let Some(from) = self.reclaim_ahead(&generation, &ahead, req).await?
-                    {
-                        // Our holder name's entry of another session is gone: look again.
-                        forced_from = forced_from.or(Some(from));
-                        continue;
-                    }
-                    let mut attempt = self
-                        .take_turn(&mut st, &generation, &ahead, req, sent)
-                        .await?;
-                    if let Attempt::Acquired(lease) = &mut attempt {
-                        lease.forced_from = forced_from;
-                    }
-                    return Ok(attempt);
-                }
+            if let Some(attempt) = self.queue_pass(&mut st, req, &mut forced_from).await? {
+                return Ok(attempt);
             }
         }
         Err(self.unavailable("the queue kept changing while we read it; retrying"))
     }
-
     /// One `exists` on our znode: it proves the session alive at the server at or after
     /// `t_sent`, so the server cannot expire it (and delete the znode) before
     /// `t_sent + session timeout`.

@@ -97,6 +97,22 @@ pub(super) fn queue_of(children: Vec<String>) -> Vec<Child> {
     queue
 }
 
+/// A new entry's protected prefix (`_c_<uuid>-lock-`) and the record it carries.
+fn new_entry(generation: &Generation, req: &AcquireRequest) -> (String, LockRecord) {
+    (
+        format!("{PROTECTED_PREFIX}{}-{LOCK_NAME}", uuid::Uuid::new_v4()),
+        super::semaphore::entry_record(
+            LockRecord::new_acquisition(
+                &req.holder,
+                FenceToken(0),
+                generation.timeout,
+                req.data.clone(),
+            ),
+            req.permits,
+        ),
+    )
+}
+
 /// The znode name a [`Version`] of this backend names.
 pub(super) fn name_of(version: &Version) -> Option<&str> {
     version.0.rsplit_once(':').map(|(name, _)| name)
@@ -215,9 +231,6 @@ impl ZkLock {
     }
 
     /// Puts this contender in the queue (or finds the entry a lost reply left).
-    ///
-    /// (Over 80 lines on purpose: each outcome of the create decides what `pending`
-    /// must remember, and reads best next to the create itself.)
     pub(super) async fn enqueue(
         &self,
         generation: &Arc<Generation>,
@@ -238,19 +251,20 @@ impl ZkLock {
                     }
                 }
             }
-            _ => (
-                format!("{PROTECTED_PREFIX}{}-{LOCK_NAME}", uuid::Uuid::new_v4()),
-                super::semaphore::entry_record(
-                    LockRecord::new_acquisition(
-                        &req.holder,
-                        FenceToken(0),
-                        generation.timeout,
-                        req.data.clone(),
-                    ),
-                    req.permits,
-                ),
-            ),
+            _ => new_entry(generation, req),
         };
+        self.create_entry(generation, st, prefix, record).await
+    }
+
+    /// Creates our entry (ephemeral, sequential, under its protected `prefix`). Each
+    /// outcome of the create decides what `pending` must remember, next to the create.
+    async fn create_entry(
+        &self,
+        generation: &Arc<Generation>,
+        st: &mut Contender,
+        prefix: String,
+        record: LockRecord,
+    ) -> Result<Entry, LockError> {
         let data = super::kafka_kit::entry_data(&record);
         let path = self.node(&prefix);
         let mode = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
