@@ -21,8 +21,8 @@ use tokio::time::{Instant, sleep_until};
 
 use super::output::display_command;
 use super::progress::Progress;
-use super::stop::grace_up_to;
 pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
+use super::stop::{GraceTooLong, grace_up_to};
 use super::stop::{exit_code, stop_tree, terminate};
 use super::{
     BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, default_holder, print_warning, sys,
@@ -44,7 +44,7 @@ pub fn grace_within(
     asked: Option<Duration>,
     granted: Duration,
     margins: &SafetyMargins,
-) -> Result<Duration, String> {
+) -> Result<Duration, GraceTooLong> {
     grace_up_to(
         asked,
         longest_grace(granted, margins),
@@ -146,7 +146,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     // (ZooKeeper: the session timeout the server grants): there the grace can only be
     // checked once the lock is acquired.
     if !args.url.is_session_bound() {
-        grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
+        grace_within(args.grace, args.lease, &margins)?;
     }
     let how = How {
         permits,
@@ -171,7 +171,7 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
         Ok(grace) => grace,
         Err(refused) => {
             let _ = held.release().await;
-            return Err(CliError::Usage(refused));
+            return Err(refused.into());
         }
     };
     tracing::info!(%url, %fence, %holder, ?grace, "lock held; starting the command");
@@ -455,7 +455,9 @@ mod tests {
         let margins = SafetyMargins::default();
         let lease = Duration::from_secs(3);
         assert_eq!(grace_within(Some(ms(440)), lease, &margins), Ok(ms(440)));
-        let refused = grace_within(Some(ms(441)), lease, &margins).unwrap_err();
+        let refused = grace_within(Some(ms(441)), lease, &margins)
+            .unwrap_err()
+            .to_string();
         for needle in ["--grace 441ms", "3s lease", "at most 440ms"] {
             assert!(refused.contains(needle), "{needle:?} not in {refused:?}");
         }

@@ -42,21 +42,39 @@ pub fn grace_up_to(
     asked: Option<Duration>,
     longest: Duration,
     lease: Duration,
-    deadline: &str,
-) -> Result<Duration, String> {
+    deadline: &'static str,
+) -> Result<Duration, GraceTooLong> {
     match asked {
         None => Ok(DEFAULT_GRACE.min(longest)),
         Some(grace) if grace <= longest => Ok(grace),
-        Some(grace) => Err(format!(
-            "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before {deadline}, \
-             SIGTERM the grace before that, and renewals on schedule must not trigger it); \
-             give a shorter --grace or a longer lease",
-            humantime::format_duration(grace),
-            humantime::format_duration(lease),
-            humantime::format_duration(longest),
-            humantime::format_duration(KILL_MARGIN),
-        )),
+        Some(grace) => Err(GraceTooLong {
+            grace,
+            lease,
+            longest,
+            deadline,
+        }),
     }
+}
+
+/// A `--grace` longer than the lease leaves (a usage error, exit 2): it is refused,
+/// never clamped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before {deadline}, \
+     SIGTERM the grace before that, and renewals on schedule must not trigger it); \
+     give a shorter --grace or a longer lease",
+    humantime::format_duration(*grace),
+    humantime::format_duration(*lease),
+    humantime::format_duration(*longest),
+    humantime::format_duration(KILL_MARGIN)
+)]
+pub struct GraceTooLong {
+    pub grace: Duration,
+    pub lease: Duration,
+    /// The longest grace the lease leaves.
+    pub longest: Duration,
+    /// What SIGKILL comes before: the holder deadline (`run`) or the guard's.
+    pub deadline: &'static str,
 }
 
 /// When COMMAND's processes are stopped (docs/design.md §3 rules 7 and 9), on this
