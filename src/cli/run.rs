@@ -27,7 +27,7 @@ use super::stop::{GraceTooLong, grace_up_to};
 use super::stop::{exit_code, stop_tree, terminate};
 use super::{
     BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, ValueError, default_holder,
-    print_warning, sys, tree,
+    print_warning, release_or_log, sys, tree,
 };
 use lockwarden_core::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
@@ -162,7 +162,7 @@ async fn hold(
     match grace_within(asked, granted, margins) {
         Ok(grace) => Ok((held, grace)),
         Err(refused) => {
-            let _ = held.release().await;
+            release_or_log(held, None, "after refusing --grace").await;
             Err(refused.into())
         }
     }
@@ -197,7 +197,7 @@ async fn start(args: &RunArgs, held: HeldLock, grace: Duration) -> Result<Runnin
     }) {
         Ok(signals) => signals,
         Err(source) => {
-            let _ = held.release().await;
+            release_or_log(held, None, "after failing to handle signals").await;
             return Err(CliError::Io {
                 context: format!("{url}: cannot handle signals or adopt orphans"),
                 source,
@@ -316,7 +316,8 @@ impl Running {
                 let (backend, nonce) = (self.held.backend(), self.held.nonce().to_string());
                 // A lock in jeopardy (not renewed in time) may still be ours: give it back,
                 // without waiting long for a backend that is not answering.
-                let _ = tokio::time::timeout(Duration::from_secs(10), self.held.release()).await;
+                let within = Some(Duration::from_secs(10));
+                release_or_log(self.held, within, "after stopping the command").await;
                 Err(CliError::Lost {
                     url,
                     reason: loss_reason(&state, backend.as_ref(), &nonce).await,
@@ -364,7 +365,7 @@ async fn finish(
             Ok(exit_code(status))
         }
         Err(source) => {
-            let _ = held.release().await;
+            release_or_log(held, None, "after failing to wait for the command").await;
             Err(CliError::Io {
                 context: format!("{url}: waiting for {shown:?}"),
                 source,
