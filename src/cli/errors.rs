@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::args::ValueError;
 use super::guard::args::GuardArgsError;
+use super::kubectl::object::ObjectError;
 use super::lockfile::LockFileError;
 use super::stop::GraceTooLong;
 use lockwarden_core::fenced::FencedError;
@@ -149,6 +150,10 @@ pub enum CliError {
     #[error(transparent)]
     GuardArgs(#[from] GuardArgsError),
 
+    /// `kubectl lockwarden`: the words name no object the command reads.
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+
     #[error(transparent)]
     Target(#[from] TargetError),
 
@@ -276,6 +281,7 @@ impl CliError {
             | CliError::Value(_)
             | CliError::Grace(_)
             | CliError::GuardArgs(_)
+            | CliError::Object(_)
             | CliError::Target(_) => exit::USAGE,
             CliError::Held { .. }
             | CliError::TimedOut { .. }

@@ -202,7 +202,7 @@ async fn acquire_reporting_progress(
             }
         }
     };
-    let request = args.request().map_err(|e| CliError::Usage(e.to_string()))?;
+    let request = args.request()?;
     let acquiring = super::acquire(backend.as_ref(), &request, args.wait, on_busy);
     let outcome = tokio::select! {
         lease = acquiring => Some(lease?),
