@@ -17,17 +17,17 @@ use std::time::Duration;
 
 use clap::Args;
 use tokio::process::Child;
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind};
 use tokio::time::{Instant, sleep_until};
 
 use super::output::display_command;
 use super::progress::Progress;
 pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
 use super::stop::{GraceTooLong, grace_up_to};
-use super::stop::{exit_code, stop_tree, terminate};
+use super::stop::{exit_code, stop_leftovers, take_signals, terminate};
 use super::{
     BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, ValueError, default_holder,
-    print_warning, release_or_log, sys, tree,
+    print_warning, release_or_log, sys,
 };
 use lockwarden_core::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
@@ -191,17 +191,16 @@ async fn start(args: &RunArgs, held: HeldLock, grace: Duration) -> Result<Runnin
     let url = held.url().to_string();
     // Handle signals before COMMAND exists, so none can kill us and orphan it; adopt
     // COMMAND's orphans, so none leaves the tree `run` stops (rule 7).
-    let signals = match signals().and_then(|s| {
-        tree::become_subreaper()?;
-        Ok(s)
-    }) {
-        Ok(signals) => signals,
-        Err(source) => {
+    let kinds = [
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::interrupt(),
+    ];
+    let signals = match take_signals(kinds, &url) {
+        Ok([term, hup, int]) => Signals { term, hup, int },
+        Err(refused) => {
             release_or_log(held, None, "after failing to handle signals").await;
-            return Err(CliError::Io {
-                context: format!("{url}: cannot handle signals or adopt orphans"),
-                source,
-            });
+            return Err(refused);
         }
     };
 
@@ -297,17 +296,8 @@ impl Running {
                 // What COMMAND left running is still its work under the lock: it ends
                 // before the release lets the next holder start (rule 7). Usually nothing
                 // is left, and the release follows at once.
-                let leftovers = tree::live_descendants(std::process::id());
-                if !leftovers.is_empty() {
-                    let times = StopTimes::now(Instant::now(), deadline, grace);
-                    let stopped = stop_tree(None, times).await;
-                    print_warning(&format!(
-                        "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}, \
-                         before releasing",
-                        leftovers.len(),
-                        stopped.termed,
-                        stopped.killing(times)
-                    ));
+                if let Some(done) = stop_leftovers(&shown, deadline, grace).await {
+                    print_warning(&format!("{done}, before releasing"));
                 }
                 finish(waited, self.held, &url, &shown, lease).await
             }
@@ -418,15 +408,6 @@ async fn acquire(args: &RunArgs, how: How, backend: &dyn LockBackend) -> Result<
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;
     progress.finish();
     lease
-}
-
-/// SIGTERM, SIGHUP and SIGINT, handled by us from now on.
-fn signals() -> std::io::Result<Signals> {
-    Ok(Signals {
-        term: signal(SignalKind::terminate())?,
-        hup: signal(SignalKind::hangup())?,
-        int: signal(SignalKind::interrupt())?,
-    })
 }
 
 /// Why the lock was lost, and who has it now when the loss itself does not say

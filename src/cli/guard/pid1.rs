@@ -2,8 +2,9 @@
 //! itself (passed on to COMMAND, or before COMMAND starts, its own exit) and the
 //! orphans it adopts and reaps.
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::SignalKind;
 
+use crate::cli::stop::take_signals;
 use crate::cli::{CliError, sys, tree};
 
 /// The signals the guard handles itself, taken before anything else runs; orphans are
@@ -18,19 +19,18 @@ pub(super) struct Signals {
 
 impl Signals {
     pub(super) fn take(url: &str) -> Result<Signals, CliError> {
-        let taken = (|| -> std::io::Result<_> {
-            let signals = Signals {
-                term: signal(SignalKind::terminate())?,
-                int: signal(SignalKind::interrupt())?,
-                hup: signal(SignalKind::hangup())?,
-                chld: signal(SignalKind::child())?,
-            };
-            tree::become_subreaper()?;
-            Ok(signals)
-        })();
-        taken.map_err(|source| CliError::Io {
-            context: format!("{url}: cannot handle signals or adopt orphans"),
-            source,
+        let kinds = [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::hangup(),
+            SignalKind::child(),
+        ];
+        let [term, int, hup, chld] = take_signals(kinds, url)?;
+        Ok(Signals {
+            term,
+            int,
+            hup,
+            chld,
         })
     }
 

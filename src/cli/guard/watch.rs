@@ -4,7 +4,6 @@
 //! [`crate::cli::stop`], shared with `run`).
 
 use std::ffi::OsString;
-use std::time::Duration;
 
 use tokio::process::Child;
 use tokio::time::{Instant, sleep_until};
@@ -13,8 +12,8 @@ use super::args::{GuardArgs, Guarded};
 use super::deadline::{Read, Seen, Step, Watch, Watched};
 use super::pid1::Signals;
 use crate::cli::output::display_command;
-use crate::cli::stop::{KILL_MARGIN, StopTimes, exit_code, stop_tree, terminate};
-use crate::cli::{CliError, print_warning, sys, tree};
+use crate::cli::stop::{KILL_MARGIN, StopTimes, exit_code, stop_leftovers, terminate};
+use crate::cli::{CliError, print_warning, sys};
 
 /// Why the guard stopped COMMAND (the index of the lock that stopped it), and when it
 /// had to.
@@ -83,7 +82,11 @@ impl Watch {
                     context: format!("{url}: waiting for {shown:?}"),
                     source,
                 })?;
-                stop_leftovers(std::process::id(), &shown, deadline, grace).await;
+                // COMMAND ended on its own: what it left running is still work under the
+                // lock, so it stops by the deadline too, as under `run` (rule 7).
+                if let Some(done) = stop_leftovers(&shown, deadline, grace).await {
+                    print_warning(&done);
+                }
                 Ok(exit_code(status))
             }
             Err((stop, times)) => {
@@ -136,23 +139,6 @@ impl Watch {
         let (_, i) = self.deadline().unwrap_or((deadline, 0));
         (Stop::Unconfirmed(i, reason), stop)
     }
-}
-
-/// COMMAND ended on its own: what it left running is still work under the lock, so it
-/// stops by the deadline too, as under `run` (rule 7).
-async fn stop_leftovers(me: u32, shown: &str, deadline: Instant, grace: Duration) {
-    let leftovers = tree::live_descendants(me);
-    if leftovers.is_empty() {
-        return;
-    }
-    let times = StopTimes::now(Instant::now(), deadline, grace);
-    let stopped = stop_tree(None, times).await;
-    print_warning(&format!(
-        "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
-        leftovers.len(),
-        stopped.termed,
-        stopped.killing(times)
-    ));
 }
 
 /// What COMMAND finds in its environment: LOCKWARDEN_FENCE, LOCKWARDEN_URL and
