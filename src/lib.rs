@@ -15,6 +15,9 @@
 //! A program that embeds one store depends on lockwarden-core and lockwarden-stores
 //! with that store's feature alone (examples/dynamodb-only).
 
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod cli;
 
 pub use lockwarden_api as api;

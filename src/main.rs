@@ -1,5 +1,8 @@
 //! The `lockwarden` binary: one clap entry point for every command.
 
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 use std::process::ExitCode;
 
 use anyhow::Context;

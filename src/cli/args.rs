@@ -543,11 +543,10 @@ mod tests {
         permits: PermitArgs,
     }
 
-    fn permits(args: &[&str]) -> Result<Permits, String> {
+    fn permits(args: &[&str]) -> Result<Permits, Box<dyn std::error::Error>> {
         let parsed =
-            PermitCommand::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
-                .map_err(|e| e.to_string())?;
-        parsed.permits.permits().map_err(|e| e.to_string())
+            PermitCommand::try_parse_from(std::iter::once("t").chain(args.iter().copied()))?;
+        Ok(parsed.permits.permits()?)
     }
 
     #[test]
@@ -591,7 +590,7 @@ mod tests {
             ),
         ];
         for (flags, want) in rows {
-            match (permits(flags), want) {
+            match (permits(flags).map_err(|e| e.to_string()), want) {
                 (Ok(got), Ok(want)) => assert_eq!(got, want, "{flags:?}"),
                 (Err(got), Err(phrase)) => assert!(got.contains(phrase), "{flags:?}: {got}"),
                 (got, want) => panic!("{flags:?}: got {got:?}, want {want:?}"),

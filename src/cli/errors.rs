@@ -2,7 +2,11 @@
 
 use std::time::Duration;
 
+use super::args::ValueError;
+use super::guard::args::GuardArgsError;
+use super::kubectl::object::ObjectError;
 use super::lockfile::LockFileError;
+use super::stop::GraceTooLong;
 use lockwarden_core::fenced::FencedError;
 use lockwarden_core::{HeldBy, LockError};
 use lockwarden_stores::{BackendKind, ConnectError, TargetError};
@@ -134,6 +138,22 @@ pub enum CliError {
     #[error("{0}")]
     Usage(String),
 
+    /// A flag's value that does not fit (the message names the flag).
+    #[error(transparent)]
+    Value(#[from] ValueError),
+
+    /// `run`, `guard`: a `--grace` longer than the lease leaves.
+    #[error(transparent)]
+    Grace(#[from] GraceTooLong),
+
+    /// `guard`: the flags name no lock it can guard.
+    #[error(transparent)]
+    GuardArgs(#[from] GuardArgsError),
+
+    /// `kubectl lockwarden`: the words name no object the command reads.
+    #[error(transparent)]
+    Object(#[from] ObjectError),
+
     #[error(transparent)]
     Target(#[from] TargetError),
 
@@ -257,7 +277,12 @@ impl From<LockError> for CliError {
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Usage(_) | CliError::Target(_) => exit::USAGE,
+            CliError::Usage(_)
+            | CliError::Value(_)
+            | CliError::Grace(_)
+            | CliError::GuardArgs(_)
+            | CliError::Object(_)
+            | CliError::Target(_) => exit::USAGE,
             CliError::Held { .. }
             | CliError::TimedOut { .. }
             | CliError::Foreign { .. }

@@ -29,7 +29,7 @@ use super::args::LockArgs;
 use super::lockfile::{Keeper, LockFile};
 use super::output::report_locked_lines;
 use super::progress::Progress;
-use super::{CliError, exit, print_warning, sys};
+use super::{CliError, exit, print_warning, release_or_log, sys};
 use lockwarden_core::{HeldLock, HolderState, Lease, LockBackend, RenewPolicy};
 
 /// What the keeper tells the `lock` that started it, one JSON object per line.
@@ -175,7 +175,7 @@ pub async fn keep(args: LockArgs) -> Result<u8, CliError> {
             forced_from,
         });
     if !reported {
-        let _ = held.release().await;
+        release_or_log(held, None, "after the lock process went away").await;
         return Ok(exit::ERROR);
     }
     Ok(hold(&args, held, session_timeout).await)
@@ -202,7 +202,7 @@ async fn acquire_reporting_progress(
             }
         }
     };
-    let request = args.request().map_err(|e| CliError::Usage(e.to_string()))?;
+    let request = args.request()?;
     let acquiring = super::acquire(backend.as_ref(), &request, args.wait, on_busy);
     let outcome = tokio::select! {
         lease = acquiring => Some(lease?),
@@ -227,7 +227,7 @@ async fn hold(args: &LockArgs, held: HeldLock, session_timeout: Duration) -> u8 
     ]
     .map(signal);
     let [Ok(mut term), Ok(mut int), Ok(mut hup)] = signals else {
-        let _ = held.release().await;
+        release_or_log(held, None, "after failing to handle signals").await;
         return exit::ERROR;
     };
     let until = tokio::time::sleep(args.lease);
@@ -267,6 +267,6 @@ async fn hold(args: &LockArgs, held: HeldLock, session_timeout: Duration) -> u8 
             }
         }
     }
-    let _ = held.release().await;
+    release_or_log(held, None, "at the lease's end or on SIGTERM or SIGINT").await;
     exit::OK
 }

@@ -12,7 +12,7 @@ pub async fn run(args: LockArgs) -> Result<u8, CliError> {
         return keeper::keep(args).await;
     }
     // Before anything is started (the ZooKeeper keeper gets the same flags).
-    let request = args.request().map_err(|e| CliError::Usage(e.to_string()))?;
+    let request = args.request()?;
     let path = args.output_path();
     check_writable(&path)?;
     if args.url.is_session_bound() {

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use lockwarden_core::Lease;
-use lockwarden_stores::{LockFileFields, StoreFlags, Target};
+use lockwarden_stores::{LockFileFields, StoreFlags, Target, TargetError};
 
 /// Format marker of lock files written by this build.
 pub const FORMAT: u32 = 1;
@@ -83,6 +83,16 @@ pub enum LockFileError {
 
     #[error("lock file {} is not a lockwarden lock file: {why}", path.display())]
     Corrupt { path: PathBuf, why: String },
+
+    /// Not JSON, or not a lock file's fields.
+    #[error("lock file {} is not a lockwarden lock file: {source}", path.display())]
+    Unparsable {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+
+    #[error("lock file {} is not a lockwarden lock file: url: {source}", path.display())]
+    BadUrl { path: PathBuf, source: TargetError },
 
     #[error("lock file {} already exists (unlock it first, remove it, or choose another file with --output)", path.display())]
     Exists { path: PathBuf },
@@ -148,11 +158,14 @@ impl LockFile {
             path: path.to_path_buf(),
             why,
         };
-        let file: LockFile = serde_json::from_slice(bytes).map_err(|e| {
+        let file: LockFile = serde_json::from_slice(bytes).map_err(|source| {
             if bytes.iter().all(u8::is_ascii_whitespace) {
                 corrupt("the file is empty".into())
             } else {
-                corrupt(e.to_string())
+                LockFileError::Unparsable {
+                    path: path.to_path_buf(),
+                    source,
+                }
             }
         })?;
         if file.format != FORMAT {
@@ -161,7 +174,10 @@ impl LockFile {
                 file.format
             )));
         }
-        let target = Target::parse(&file.url).map_err(|e| corrupt(format!("url: {e}")))?;
+        let target = Target::parse(&file.url).map_err(|source| LockFileError::BadUrl {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if file.nonce.is_empty() {
             return Err(corrupt("empty nonce".into()));
         }

@@ -55,7 +55,8 @@ pub use logging::init_logging;
 pub use output::{print_error, print_warning, report_parse_error};
 
 use lockwarden_core::{
-    AcquireRequest, HeldBy, Lease, LockBackend, LockError, Queue, Wait, acquire_with_progress,
+    AcquireRequest, HeldBy, HeldLock, Lease, LockBackend, LockError, Queue, Wait,
+    acquire_with_progress,
 };
 
 /// Acquires the lock with progress on stderr. With `force` and a wait, waits first
@@ -98,5 +99,128 @@ pub async fn acquire(
             Ok(acquire_with_progress(backend, req, Wait::No, |_, _| {}).await?)
         }
         other => Ok(other?),
+    }
+}
+
+/// Gives `held` back on a way out that ends in an error or exit status of its own
+/// (`after` says which, for the log). A release that fails is logged with the lock's URL
+/// and why, not printed: the command's own message stays its one line, and the lease
+/// ends the lock. `within`: how long to wait for a store that may not answer.
+pub(crate) async fn release_or_log(held: HeldLock, within: Option<Duration>, after: &str) {
+    let url = held.url().to_string();
+    let failed = match within {
+        None => held.release().await.err().map(|e| e.to_string()),
+        Some(limit) => match tokio::time::timeout(limit, held.release()).await {
+            Ok(released) => released.err().map(|e| e.to_string()),
+            Err(_) => Some(format!(
+                "no answer within {}",
+                humantime::format_duration(limit)
+            )),
+        },
+    };
+    if let Some(reason) = failed {
+        tracing::warn!(%url, %reason, "releasing the lock {after} failed; its lease ends it");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    use lockwarden_core::{
+        Attempt, FenceToken, HolderDeadline, LockRecord, RenewPolicy, SafetyMargins, Stored,
+        Version,
+    };
+
+    /// A store that confirms every renewal and whose releases fail (`hangs`: never
+    /// answer).
+    struct ReleaseFails {
+        hangs: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl LockBackend for ReleaseFails {
+        fn url(&self) -> &str {
+            "s3://locks/nightly"
+        }
+        async fn try_acquire(&self, _: &AcquireRequest) -> Result<Attempt, LockError> {
+            unreachable!("the lock is held from the start")
+        }
+        async fn renew(&self, _: &mut Lease) -> Result<(), LockError> {
+            Ok(())
+        }
+        async fn release(&self, _: &Lease) -> Result<(), LockError> {
+            if self.hangs {
+                std::future::pending::<()>().await;
+            }
+            Err(LockError::Unavailable {
+                url: self.url().into(),
+                cause: "the store is down".into(),
+            })
+        }
+        async fn inspect(&self) -> Result<Option<Stored>, LockError> {
+            Ok(None)
+        }
+        async fn resume(&self, _: &str, _: &str) -> Result<Lease, LockError> {
+            unreachable!("nothing resumes")
+        }
+    }
+
+    /// What was logged, as text.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logged {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `release_or_log` logs for a store that fails the release that way.
+    async fn logged_release(hangs: bool, within: Option<Duration>) -> String {
+        let logged = Logged::default();
+        let writer = logged.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let lease_for = Duration::from_secs(30);
+        let record = LockRecord::new_acquisition("h", FenceToken(3), lease_for, None);
+        let deadline = HolderDeadline::after_write(
+            tokio::time::Instant::now(),
+            lease_for,
+            &SafetyMargins::default(),
+        );
+        let lease = Lease::new(record, Version("v1".into()), deadline);
+        let held = HeldLock::hold(
+            Arc::new(ReleaseFails { hangs }),
+            lease,
+            RenewPolicy::for_lease(lease_for),
+        );
+        release_or_log(held, within, "after the test").await;
+        String::from_utf8(logged.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_failed_release_is_logged_with_the_lock_and_why() {
+        let logged = logged_release(false, None).await;
+        for needle in [
+            "WARN",
+            "releasing the lock after the test failed",
+            "url=s3://locks/nightly",
+            "the store is down",
+        ] {
+            assert!(logged.contains(needle), "{needle:?} not in {logged:?}");
+        }
+        let logged = logged_release(true, Some(Duration::from_millis(50))).await;
+        for needle in ["url=s3://locks/nightly", "no answer within 50ms"] {
+            assert!(logged.contains(needle), "{needle:?} not in {logged:?}");
+        }
     }
 }

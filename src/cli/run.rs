@@ -12,21 +12,22 @@
 
 use std::ffi::OsString;
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
 use tokio::process::Child;
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind};
 use tokio::time::{Instant, sleep_until};
 
 use super::output::display_command;
 use super::progress::Progress;
-use super::stop::grace_up_to;
 pub use super::stop::{DEFAULT_GRACE, KILL_MARGIN, StopTimes, longest_grace};
-use super::stop::{exit_code, stop_tree, terminate};
+use super::stop::{GraceTooLong, grace_up_to};
+use super::stop::{exit_code, stop_leftovers, take_signals, terminate};
 use super::{
-    BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, default_holder, print_warning, sys,
-    tree,
+    BackendArgs, CliError, PermitArgs, QueueArgs, SharingArgs, ValueError, default_holder,
+    print_warning, release_or_log, sys,
 };
 use lockwarden_core::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
@@ -44,7 +45,7 @@ pub fn grace_within(
     asked: Option<Duration>,
     granted: Duration,
     margins: &SafetyMargins,
-) -> Result<Duration, String> {
+) -> Result<Duration, GraceTooLong> {
     grace_up_to(
         asked,
         longest_grace(granted, margins),
@@ -125,20 +126,7 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> Result<u8, CliError> {
-    let permits = args
-        .permits
-        .permits()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let lock_delay = super::args::lock_delay_for(&args.url, args.lock_delay)
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let queue = args
-        .queue
-        .queueing(&args.url, permits, &args.backend)
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    let yield_to_pollers = args
-        .sharing
-        .yield_to_pollers(&args.url, &args.backend, permits, queue)
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let how = How::from_flags(&args)?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     let url = backend.url().to_string();
     let margins = backend.margins();
@@ -146,54 +134,84 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     // (ZooKeeper: the session timeout the server grants): there the grace can only be
     // checked once the lock is acquired.
     if !args.url.is_session_bound() {
-        grace_within(args.grace, args.lease, &margins).map_err(CliError::Usage)?;
+        grace_within(args.grace, args.lease, &margins)?;
     }
-    let how = How {
-        permits,
-        lock_delay,
-        queue,
-        yield_to_pollers,
-    };
     let lease = acquire(&args, how, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
+    let (held, grace) = hold(backend, lease, args.grace, &margins).await?;
+    tracing::info!(%url, fence = %held.fence(), holder = %held.holder(), ?grace, "lock held; starting the command");
+    let mut running = start(&args, held, grace).await?;
+    let outcome = running.until_ended().await;
+    running.end(outcome, args.lease).await
+}
 
+/// Holds the lock just acquired, renewed in the background, with the grace its granted
+/// lease leaves; a lease that leaves less than `--grace` asks gives it back (ZooKeeper,
+/// where the lease is known only now).
+async fn hold(
+    backend: Arc<dyn LockBackend>,
+    lease: Lease,
+    asked: Option<Duration>,
+    margins: &SafetyMargins,
+) -> Result<(HeldLock, Duration), CliError> {
     // The holder's own lease: the lock-delay the record carries is the contenders'
     // (rule 8), never time this holder may run.
     let granted = lease.holder_lease();
     let policy = RenewPolicy::for_lease(granted);
-    let (fence, holder, nonce) = (
-        lease.fence(),
-        lease.holder().to_string(),
-        lease.nonce().to_string(),
-    );
-    let held = HeldLock::hold(backend.clone(), lease, policy);
-    let grace = match grace_within(args.grace, granted, &margins) {
-        Ok(grace) => grace,
+    let held = HeldLock::hold(backend, lease, policy);
+    match grace_within(asked, granted, margins) {
+        Ok(grace) => Ok((held, grace)),
         Err(refused) => {
-            let _ = held.release().await;
-            return Err(CliError::Usage(refused));
+            release_or_log(held, None, "after refusing --grace").await;
+            Err(refused.into())
         }
-    };
-    tracing::info!(%url, %fence, %holder, ?grace, "lock held; starting the command");
+    }
+}
 
+/// SIGTERM, SIGHUP and SIGINT, handled by `run` while COMMAND runs.
+struct Signals {
+    term: Signal,
+    hup: Signal,
+    int: Signal,
+}
+
+/// COMMAND running while `run` holds the lock.
+struct Running {
+    held: HeldLock,
+    child: Child,
+    signals: Signals,
+    url: String,
+    /// COMMAND as messages show it.
+    shown: String,
+    grace: Duration,
+}
+
+/// Starts COMMAND under the held lock; if it cannot start, the lock is given back.
+async fn start(args: &RunArgs, held: HeldLock, grace: Duration) -> Result<Running, CliError> {
+    let url = held.url().to_string();
     // Handle signals before COMMAND exists, so none can kill us and orphan it; adopt
     // COMMAND's orphans, so none leaves the tree `run` stops (rule 7).
-    let (mut term, mut hup, mut int) = match signals().and_then(|s| {
-        tree::become_subreaper()?;
-        Ok(s)
-    }) {
-        Ok(signals) => signals,
-        Err(source) => {
-            let _ = held.release().await;
-            return Err(CliError::Io {
-                context: format!("{url}: cannot handle signals or adopt orphans"),
-                source,
-            });
+    let kinds = [
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::interrupt(),
+    ];
+    let signals = match take_signals(kinds, &url) {
+        Ok([term, hup, int]) => Signals { term, hup, int },
+        Err(refused) => {
+            release_or_log(held, None, "after failing to handle signals").await;
+            return Err(refused);
         }
     };
 
     let shown = display_command(&args.command);
-    let mut child = match spawn(&args.command, fence, &holder, &url, &nonce) {
+    let child = match spawn(
+        &args.command,
+        held.fence(),
+        held.holder(),
+        &url,
+        held.nonce(),
+    ) {
         Ok(child) => child,
         Err(source) => {
             if let Err(e) = held.release().await {
@@ -206,75 +224,96 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
             });
         }
     };
-    let pid = child.id();
+    Ok(Running {
+        held,
+        child,
+        signals,
+        url,
+        shown,
+        grace,
+    })
+}
 
-    let forward = |sig: i32| {
-        if let Some(pid) = pid {
-            let _ = sys::signal(pid, sig);
-        }
-    };
-    let lost = held.lost();
-    tokio::pin!(lost);
-    let mut deadline = held.deadline();
-    let mut renewing = true;
-    let outcome = loop {
-        // Every confirmed renewal moves the deadline, and the stop with it.
-        let stop = StopTimes::before(*deadline.borrow_and_update(), grace);
-        tokio::select! {
-            status = child.wait() => break Ok(status),
-            state = &mut lost => {
-                break Err((state, StopTimes::now(Instant::now(), *deadline.borrow(), grace)));
-            }
-            changed = deadline.changed(), if renewing => renewing = changed.is_ok(),
-            _ = sleep_until(stop.term) => {
-                let state = match held.state() {
-                    HolderState::Held { fence, .. } => HolderState::Expiring {
-                        fence,
-                        last_error: format!(
-                            "no renewal confirmed {} before the holder deadline",
-                            humantime::format_duration(grace + KILL_MARGIN)
-                        ),
-                    },
-                    other => other,
-                };
-                break Err((state, stop));
-            }
-            _ = term.recv() => forward(sys::SIGTERM),
-            _ = hup.recv() => forward(sys::SIGHUP),
-            // The terminal sends Ctrl-C to COMMAND too; we wait for it to exit.
-            _ = int.recv() => {}
-        }
-    };
+/// How COMMAND's run ended: it exited (what waiting for it gave), or the lock was lost
+/// or not renewed in time (the holder's state then, and when COMMAND's processes stop).
+type Outcome = Result<std::io::Result<ExitStatus>, (HolderState, StopTimes)>;
 
-    match outcome {
-        Ok(waited) => {
-            // What COMMAND left running is still its work under the lock: it ends
-            // before the release lets the next holder start (rule 7). Usually nothing
-            // is left, and the release follows at once.
-            let leftovers = tree::live_descendants(std::process::id());
-            if !leftovers.is_empty() {
-                let times = StopTimes::now(Instant::now(), *deadline.borrow(), grace);
-                let stopped = stop_tree(None, times).await;
-                print_warning(&format!(
-                    "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}, \
-                     before releasing",
-                    leftovers.len(),
-                    stopped.termed,
-                    stopped.killing(times)
-                ));
+impl Running {
+    /// Waits for COMMAND to exit, passing signals on, unless the lock is lost or not
+    /// renewed `--grace` plus the kill margin before the holder deadline.
+    async fn until_ended(&mut self) -> Outcome {
+        let pid = self.child.id();
+        let forward = |sig: i32| {
+            if let Some(pid) = pid {
+                let _ = sys::signal(pid, sig);
             }
-            finish(waited, held, &url, &shown, args.lease).await
+        };
+        let grace = self.grace;
+        let lost = self.held.lost();
+        tokio::pin!(lost);
+        let mut deadline = self.held.deadline();
+        let mut renewing = true;
+        loop {
+            // Every confirmed renewal moves the deadline, and the stop with it.
+            let stop = StopTimes::before(*deadline.borrow_and_update(), grace);
+            tokio::select! {
+                status = self.child.wait() => return Ok(status),
+                state = &mut lost => {
+                    return Err((state, StopTimes::now(Instant::now(), *deadline.borrow(), grace)));
+                }
+                changed = deadline.changed(), if renewing => renewing = changed.is_ok(),
+                _ = sleep_until(stop.term) => return Err((self.not_renewed(), stop)),
+                _ = self.signals.term.recv() => forward(sys::SIGTERM),
+                _ = self.signals.hup.recv() => forward(sys::SIGHUP),
+                // The terminal sends Ctrl-C to COMMAND too; we wait for it to exit.
+                _ = self.signals.int.recv() => {}
+            }
         }
-        Err((state, times)) => {
-            let action = terminate(&mut child, &shown, *deadline.borrow(), times).await;
-            // A lock in jeopardy (not renewed in time) may still be ours: give it back,
-            // without waiting long for a backend that is not answering.
-            let _ = tokio::time::timeout(Duration::from_secs(10), held.release()).await;
-            Err(CliError::Lost {
-                url,
-                reason: loss_reason(&state, backend.as_ref(), &nonce).await,
-                action,
-            })
+    }
+
+    /// The holder's state when no renewal was confirmed in time: still held as far as
+    /// the holder task knows, but not for `run`.
+    fn not_renewed(&self) -> HolderState {
+        match self.held.state() {
+            HolderState::Held { fence, .. } => HolderState::Expiring {
+                fence,
+                last_error: format!(
+                    "no renewal confirmed {} before the holder deadline",
+                    humantime::format_duration(self.grace + KILL_MARGIN)
+                ),
+            },
+            other => other,
+        }
+    }
+
+    /// Stops what COMMAND left or, after a loss, all of it, by the holder deadline; then
+    /// gives the lock back and says how `run` ends.
+    async fn end(mut self, outcome: Outcome, lease: Duration) -> Result<u8, CliError> {
+        let deadline = *self.held.deadline().borrow();
+        let (url, shown, grace) = (self.url, self.shown, self.grace);
+        match outcome {
+            Ok(waited) => {
+                // What COMMAND left running is still its work under the lock: it ends
+                // before the release lets the next holder start (rule 7). Usually nothing
+                // is left, and the release follows at once.
+                if let Some(done) = stop_leftovers(&shown, deadline, grace).await {
+                    print_warning(&format!("{done}, before releasing"));
+                }
+                finish(waited, self.held, &url, &shown, lease).await
+            }
+            Err((state, times)) => {
+                let action = terminate(&mut self.child, &shown, deadline, times).await;
+                let (backend, nonce) = (self.held.backend(), self.held.nonce().to_string());
+                // A lock in jeopardy (not renewed in time) may still be ours: give it back,
+                // without waiting long for a backend that is not answering.
+                let within = Some(Duration::from_secs(10));
+                release_or_log(self.held, within, "after stopping the command").await;
+                Err(CliError::Lost {
+                    url,
+                    reason: loss_reason(&state, backend.as_ref(), &nonce).await,
+                    action,
+                })
+            }
         }
     }
 }
@@ -316,7 +355,7 @@ async fn finish(
             Ok(exit_code(status))
         }
         Err(source) => {
-            let _ = held.release().await;
+            release_or_log(held, None, "after failing to wait for the command").await;
             Err(CliError::Io {
                 context: format!("{url}: waiting for {shown:?}"),
                 source,
@@ -325,7 +364,6 @@ async fn finish(
     }
 }
 
-/// Acquires the lock with progress on stderr.
 /// How `run` takes the key, from its checked flags.
 struct How {
     permits: Permits,
@@ -334,6 +372,25 @@ struct How {
     yield_to_pollers: Option<Duration>,
 }
 
+impl How {
+    /// `run`'s flags for taking the key, each checked against the lock and the others.
+    fn from_flags(args: &RunArgs) -> Result<How, ValueError> {
+        let permits = args.permits.permits()?;
+        let lock_delay = super::args::lock_delay_for(&args.url, args.lock_delay)?;
+        let queue = args.queue.queueing(&args.url, permits, &args.backend)?;
+        let yield_to_pollers =
+            args.sharing
+                .yield_to_pollers(&args.url, &args.backend, permits, queue)?;
+        Ok(How {
+            permits,
+            lock_delay,
+            queue,
+            yield_to_pollers,
+        })
+    }
+}
+
+/// Acquires the lock with progress on stderr.
 async fn acquire(args: &RunArgs, how: How, backend: &dyn LockBackend) -> Result<Lease, CliError> {
     let req = AcquireRequest {
         holder: args.holder.clone().unwrap_or_else(default_holder),
@@ -351,15 +408,6 @@ async fn acquire(args: &RunArgs, how: How, backend: &dyn LockBackend) -> Result<
     let lease = super::acquire(backend, &req, args.wait, |by, q| progress.busy(by, q)).await;
     progress.finish();
     lease
-}
-
-/// SIGTERM, SIGHUP and SIGINT, handled by us from now on.
-fn signals() -> std::io::Result<(Signal, Signal, Signal)> {
-    Ok((
-        signal(SignalKind::terminate())?,
-        signal(SignalKind::hangup())?,
-        signal(SignalKind::interrupt())?,
-    ))
 }
 
 /// Why the lock was lost, and who has it now when the loss itself does not say
@@ -455,7 +503,9 @@ mod tests {
         let margins = SafetyMargins::default();
         let lease = Duration::from_secs(3);
         assert_eq!(grace_within(Some(ms(440)), lease, &margins), Ok(ms(440)));
-        let refused = grace_within(Some(ms(441)), lease, &margins).unwrap_err();
+        let refused = grace_within(Some(ms(441)), lease, &margins)
+            .unwrap_err()
+            .to_string();
         for needle in ["--grace 441ms", "3s lease", "at most 440ms"] {
             assert!(refused.contains(needle), "{needle:?} not in {refused:?}");
         }

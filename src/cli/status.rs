@@ -570,8 +570,7 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
     // Only when asked: without permit flags, the holder table says it all.
     let asked = (args.permits != PermitArgs::default())
         .then(|| args.permits.permits())
-        .transpose()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
+        .transpose()?;
     let backend = args.url.connect(&args.backend.options(None)).await?;
     // A store that is still starting is retried for the connect timeout, as `lock` does.
     let stored = lockwarden_core::when_reachable(|| backend.inspect()).await?;

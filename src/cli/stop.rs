@@ -8,9 +8,10 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use tokio::process::Child;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
-use super::{sys, tree};
+use super::{CliError, sys, tree};
 use lockwarden_core::{RenewPolicy, SafetyMargins};
 
 /// Rule 7's k: how long before the holder deadline SIGKILL goes, the time to walk
@@ -42,21 +43,39 @@ pub fn grace_up_to(
     asked: Option<Duration>,
     longest: Duration,
     lease: Duration,
-    deadline: &str,
-) -> Result<Duration, String> {
+    deadline: &'static str,
+) -> Result<Duration, GraceTooLong> {
     match asked {
         None => Ok(DEFAULT_GRACE.min(longest)),
         Some(grace) if grace <= longest => Ok(grace),
-        Some(grace) => Err(format!(
-            "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before {deadline}, \
-             SIGTERM the grace before that, and renewals on schedule must not trigger it); \
-             give a shorter --grace or a longer lease",
-            humantime::format_duration(grace),
-            humantime::format_duration(lease),
-            humantime::format_duration(longest),
-            humantime::format_duration(KILL_MARGIN),
-        )),
+        Some(grace) => Err(GraceTooLong {
+            grace,
+            lease,
+            longest,
+            deadline,
+        }),
     }
+}
+
+/// A `--grace` longer than the lease leaves (a usage error, exit 2): it is refused,
+/// never clamped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--grace {}: a {} lease leaves at most {} (SIGKILL comes {} before {deadline}, \
+     SIGTERM the grace before that, and renewals on schedule must not trigger it); \
+     give a shorter --grace or a longer lease",
+    humantime::format_duration(*grace),
+    humantime::format_duration(*lease),
+    humantime::format_duration(*longest),
+    humantime::format_duration(KILL_MARGIN)
+)]
+pub struct GraceTooLong {
+    pub grace: Duration,
+    pub lease: Duration,
+    /// The longest grace the lease leaves.
+    pub longest: Duration,
+    /// What SIGKILL comes before: the holder deadline (`run`) or the guard's.
+    pub deadline: &'static str,
 }
 
 /// When COMMAND's processes are stopped (docs/design.md §3 rules 7 and 9), on this
@@ -96,6 +115,51 @@ impl StopTimes {
 /// where no lease has been running for long either.
 fn earlier(t: Instant, by: Duration) -> Instant {
     t.checked_sub(by).unwrap_or(t)
+}
+
+/// Handles `kinds` from now on and makes this process the subreaper of its orphaned
+/// descendants (rule 7: leaving the process group or the session does not leave the
+/// tree that is stopped). `url` names the lock in the error.
+pub(crate) fn take_signals<const N: usize>(
+    kinds: [SignalKind; N],
+    url: &str,
+) -> Result<[Signal; N], CliError> {
+    let taken = (|| -> std::io::Result<Vec<Signal>> {
+        let signals = kinds.into_iter().map(signal).collect::<Result<_, _>>()?;
+        tree::become_subreaper()?;
+        Ok(signals)
+    })();
+    match taken {
+        Ok(signals) => Ok(signals
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one signal a kind"))),
+        Err(source) => Err(CliError::Io {
+            context: format!("{url}: cannot handle signals or adopt orphans"),
+            source,
+        }),
+    }
+}
+
+/// COMMAND exited on its own: what it left running is still work under the lock, so
+/// it stops by the deadline too (rule 7), SIGTERM at once and SIGKILL after `grace` at
+/// the latest. What was done, if anything was left (usually nothing is).
+pub(crate) async fn stop_leftovers(
+    shown: &str,
+    deadline: Instant,
+    grace: Duration,
+) -> Option<String> {
+    let leftovers = tree::live_descendants(std::process::id());
+    if leftovers.is_empty() {
+        return None;
+    }
+    let times = StopTimes::now(Instant::now(), deadline, grace);
+    let stopped = stop_tree(None, times).await;
+    Some(format!(
+        "{shown:?} exited and left {} process(es) running: sent SIGTERM to {}{}",
+        leftovers.len(),
+        stopped.termed,
+        stopped.killing(times)
+    ))
 }
 
 /// Ends every process of COMMAND's tree after the lock was lost, by `times` (rule 7).

@@ -14,6 +14,7 @@
 //! Everything here only reads.
 
 mod complete;
+pub(super) mod object;
 mod view;
 mod why;
 
@@ -25,6 +26,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use super::{CliError, exit};
+pub use object::{ObjectError, ObjectKind, parse_resource};
 
 /// The plugin's executable name, as kubectl finds it on PATH.
 pub const PLUGIN_NAME: &str = "kubectl-lockwarden";
@@ -134,80 +136,6 @@ pub enum PluginCommand {
         #[arg(long)]
         store: bool,
     },
-}
-
-/// The kinds of object the plugin reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ObjectKind {
-    Lock,
-    Job,
-    Pod,
-}
-
-impl ObjectKind {
-    /// kubectl's spellings of each kind: singular, plural, short name, with group.
-    fn parse(word: &str) -> Option<ObjectKind> {
-        match word.to_ascii_lowercase().as_str() {
-            "dlock"
-            | "dlocks"
-            | "distributedlock"
-            | "distributedlocks"
-            | "distributedlock.lockwarden.io"
-            | "distributedlocks.lockwarden.io" => Some(ObjectKind::Lock),
-            "job" | "jobs" | "job.batch" | "jobs.batch" => Some(ObjectKind::Job),
-            "pod" | "pods" | "po" => Some(ObjectKind::Pod),
-            _ => None,
-        }
-    }
-}
-
-/// `KIND/NAME`, `KIND NAME` or (where `bare` is given) `NAME`: the object named.
-pub fn parse_resource(
-    words: &[String],
-    allowed: &[ObjectKind],
-    bare: Option<ObjectKind>,
-) -> Result<(ObjectKind, String), CliError> {
-    let expected = allowed
-        .iter()
-        .map(|k| match k {
-            ObjectKind::Lock => "dlock/NAME",
-            ObjectKind::Job => "job/NAME",
-            ObjectKind::Pod => "pod/NAME",
-        })
-        .collect::<Vec<_>>()
-        .join(" or ");
-    let usage = |what: String| CliError::Usage(format!("{what}; expected {expected}"));
-    let (kind, name) = match words {
-        [one] => match one.split_once('/') {
-            Some((kind, name)) => (kind.to_string(), name.to_string()),
-            None => match bare {
-                Some(kind) => return check_name(one).map(|n| (kind, n)).map_err(usage),
-                None => return Err(usage(format!("{one:?} names no kind of object"))),
-            },
-        },
-        [kind, name] if !kind.contains('/') => (kind.clone(), name.clone()),
-        [] => return Err(usage("no object given".into())),
-        more => return Err(usage(format!("{} words given, one object", more.len()))),
-    };
-    let Some(found) = ObjectKind::parse(&kind) else {
-        return Err(usage(format!(
-            "{kind:?} is not a kind of object kubectl lockwarden reads"
-        )));
-    };
-    if !allowed.contains(&found) {
-        return Err(usage(format!("{kind:?} cannot be used here")));
-    }
-    Ok((found, check_name(&name).map_err(usage)?))
-}
-
-fn check_name(name: &str) -> Result<String, String> {
-    if name.is_empty() {
-        return Err("the object's name is missing".into());
-    }
-    if name.contains('/') {
-        return Err(format!("{name:?} is not an object name"));
-    }
-    Ok(name.to_string())
 }
 
 /// A connection to the cluster, as kubectl would make it from the same flags.
@@ -352,42 +280,5 @@ mod tests {
         assert_eq!(run_as("/usr/bin/lockwarden"), None);
         assert_eq!(run_as("kubectl-lockwarden-old"), None);
         assert_eq!(invoked_as(None), None);
-    }
-
-    #[test]
-    fn objects_are_named_as_kubectl_names_them() {
-        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let lock = [ObjectKind::Lock];
-        let workloads = [ObjectKind::Job, ObjectKind::Pod];
-        for line in [
-            &["dlock/db"][..],
-            &["distributedlock/db"],
-            &["dlocks", "db"],
-            &["db"],
-        ] {
-            let got = parse_resource(&words(line), &lock, Some(ObjectKind::Lock)).unwrap();
-            assert_eq!(got, (ObjectKind::Lock, "db".to_string()), "{line:?}");
-        }
-        assert_eq!(
-            parse_resource(&words(&["job.batch/n"]), &workloads, None).unwrap(),
-            (ObjectKind::Job, "n".into())
-        );
-        assert_eq!(
-            parse_resource(&words(&["po", "p"]), &workloads, None).unwrap(),
-            (ObjectKind::Pod, "p".into())
-        );
-        for (line, phrase) in [
-            (&["svc/x"][..], "\"svc\" is not a kind of object"),
-            (&["job/"], "name is missing"),
-            (&["nightly"], "names no kind of object"),
-            (&["dlock/db"], "cannot be used here"),
-            (&[], "no object given"),
-        ] {
-            let err = parse_resource(&words(line), &workloads, None)
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(phrase), "{line:?}: {err}");
-            assert!(err.contains("expected job/NAME or pod/NAME"), "{err}");
-        }
     }
 }

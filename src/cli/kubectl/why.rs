@@ -159,16 +159,7 @@ async fn explain<W: GatedWorkload>(
             return Ok(view);
         }
         Ok(None) => {
-            match w.gate_without_lock() {
-                Some(message) => {
-                    view.state = "misconfigured".into();
-                    view.summary = message;
-                }
-                None => {
-                    view.state = "not-gated".into();
-                    view.summary = format!("the {kind} names no lock: lockwarden does not gate it");
-                }
-            }
+            (view.state, view.summary) = without_lock(w);
             return Ok(view);
         }
         Ok(Some(set)) => set,
@@ -208,45 +199,62 @@ async fn explain<W: GatedWorkload>(
             ),
         ),
         (Phase::NotHeldBack, _) => ("misconfigured".into(), w.not_held_back(&what).1),
-        (Phase::HeldBack, None) => {
-            let blocking: Vec<&LockWait> =
-                view.locks.iter().filter(|l| l.state != "held").collect();
-            let summary = match blocking.first() {
-                None => format!(
-                    "every lock is held for it ({what}); the controller starts the {kind} \
-                     next"
-                ),
-                Some(first) => {
-                    let holder = first
-                        .holder
-                        .as_ref()
-                        .map(|h| {
-                            let fence = first
-                                .fence
-                                .map(|f| format!(" (fence {f})"))
-                                .unwrap_or_default();
-                            let by = if first.state == "claimed-by-another" {
-                                "claimed"
-                            } else {
-                                "held"
-                            };
-                            format!(", {by} by {h}{fence}")
-                        })
-                        .unwrap_or_default();
-                    let position = match first.position {
-                        Some(p) => format!("position {p}"),
-                        None => "position not known".into(),
-                    };
-                    format!(
-                        "the {kind} waits for lock {}{holder}; {position}",
-                        first.lock
-                    )
-                }
-            };
-            ("waiting".into(), summary)
-        }
+        (Phase::HeldBack, None) => ("waiting".into(), waiting_for(kind, &what, &view.locks)),
     };
     Ok(view)
+}
+
+/// The state and summary of a workload that names no lock: gated by mistake, or not
+/// gated at all.
+fn without_lock<W: GatedWorkload>(w: &W) -> (String, String) {
+    match w.gate_without_lock() {
+        Some(message) => ("misconfigured".into(), message),
+        None => (
+            "not-gated".into(),
+            format!(
+                "the {} names no lock: lockwarden does not gate it",
+                W::KIND.as_str()
+            ),
+        ),
+    }
+}
+
+/// The summary of a workload held back for its locks (`what`): the first lock it does
+/// not hold yet, by whom that is held, and its position.
+fn waiting_for(kind: &str, what: &str, locks: &[LockWait]) -> String {
+    let blocking: Vec<&LockWait> = locks.iter().filter(|l| l.state != "held").collect();
+    match blocking.first() {
+        None => format!(
+            "every lock is held for it ({what}); the controller starts the {kind} \
+             next"
+        ),
+        Some(first) => {
+            let holder = first
+                .holder
+                .as_ref()
+                .map(|h| {
+                    let fence = first
+                        .fence
+                        .map(|f| format!(" (fence {f})"))
+                        .unwrap_or_default();
+                    let by = if first.state == "claimed-by-another" {
+                        "claimed"
+                    } else {
+                        "held"
+                    };
+                    format!(", {by} by {h}{fence}")
+                })
+                .unwrap_or_default();
+            let position = match first.position {
+                Some(p) => format!("position {p}"),
+                None => "position not known".into(),
+            };
+            format!(
+                "the {kind} waits for lock {}{holder}; {position}",
+                first.lock
+            )
+        }
+    }
 }
 
 /// Where one of the workload's locks stands for it.
@@ -261,49 +269,8 @@ async fn lock_wait(
         Gate::Named(n) => format!("lock {n}"),
         Gate::Template(t) => format!("template {t}"),
     };
-    let read = |name: String| {
-        let locks = locks.clone();
-        async move {
-            locks
-                .get_opt(&name)
-                .await
-                .map_err(api_error(format!("cannot read DistributedLock {name}")))
-        }
-    };
-    let Some(found) = read(lock.name.clone()).await? else {
-        return Ok(match &lock.gate {
-            Gate::Named(n) => LockWait::new(
-                n,
-                named_as,
-                "not-found",
-                format!("creating DistributedLock {n} in this namespace: it does not exist"),
-            ),
-            Gate::Template(t) => {
-                if read(t.clone()).await?.is_none() {
-                    LockWait::new(
-                        &lock.name,
-                        named_as,
-                        "not-found",
-                        format!(
-                            "creating the lock template {t} (a DistributedLock) in this \
-                             namespace: it does not exist"
-                        ),
-                    )
-                } else {
-                    LockWait::new(
-                        &lock.name,
-                        named_as,
-                        "not-created-yet",
-                        format!(
-                            "the controller creating {} from template {t}: it does so when \
-                             the workload reaches this lock (several locks are taken one at \
-                             a time, in key order)",
-                            lock.name
-                        ),
-                    )
-                }
-            }
-        });
+    let Some(found) = read_lock(locks, &lock.name).await? else {
+        return not_found(locks, lock, named_as).await;
     };
     let view = view::lock_view_with_peers(cluster, &found).await?;
     let mut wait = LockWait::new(&lock.name, named_as, "", String::new());
@@ -313,26 +280,7 @@ async fn lock_wait(
     if let Gate::Named(_) = lock.gate {
         match found.annotations().get(CLAIM_ANNOTATION) {
             Some(claim) if claim != ours => {
-                let by = view.used_by.clone().unwrap_or_else(|| claim.clone());
-                wait.state = "claimed-by-another".into();
-                wait.holder = Some(by.clone());
-                wait.fence = view.fence.filter(|_| view.phase.as_deref() == Some("Held"));
-                wait.position_note = "not known: claims are not queued; once the lock is \
-                                      let go, the next workload the controller reconciles \
-                                      claims it"
-                    .into();
-                // What the claimant itself waits for, if it does.
-                let behind = match (view.phase.as_deref(), &view.holder) {
-                    (Some("Waiting"), Some(holder)) => {
-                        format!(" (it waits itself: the key is held by {holder})")
-                    }
-                    _ => String::new(),
-                };
-                wait.unblocks = format!(
-                    "{by} finishing{behind}: the controller then lets the lock go and removes \
-                     its claim"
-                );
-                return Ok(wait);
+                return Ok(claimed_by_another(claim, &view, wait));
             }
             None if phase == Phase::HeldBack => {
                 wait.state = "not-claimed-yet".into();
@@ -346,6 +294,83 @@ async fn lock_wait(
         }
     }
     explain_lock(&found, view, wait)
+}
+
+/// The DistributedLock `name`, if it exists.
+async fn read_lock(
+    locks: &Api<DistributedLock>,
+    name: &str,
+) -> Result<Option<DistributedLock>, CliError> {
+    locks
+        .get_opt(name)
+        .await
+        .map_err(api_error(format!("cannot read DistributedLock {name}")))
+}
+
+/// The workload's lock does not exist: what would create it.
+async fn not_found(
+    locks: &Api<DistributedLock>,
+    lock: &lockset::WorkloadLock,
+    named_as: String,
+) -> Result<LockWait, CliError> {
+    Ok(match &lock.gate {
+        Gate::Named(n) => LockWait::new(
+            n,
+            named_as,
+            "not-found",
+            format!("creating DistributedLock {n} in this namespace: it does not exist"),
+        ),
+        Gate::Template(t) => {
+            if read_lock(locks, t).await?.is_none() {
+                LockWait::new(
+                    &lock.name,
+                    named_as,
+                    "not-found",
+                    format!(
+                        "creating the lock template {t} (a DistributedLock) in this \
+                         namespace: it does not exist"
+                    ),
+                )
+            } else {
+                LockWait::new(
+                    &lock.name,
+                    named_as,
+                    "not-created-yet",
+                    format!(
+                        "the controller creating {} from template {t}: it does so when \
+                         the workload reaches this lock (several locks are taken one at \
+                         a time, in key order)",
+                        lock.name
+                    ),
+                )
+            }
+        }
+    })
+}
+
+/// A named lock another workload claims (`claim`): it is that workload's until it
+/// finishes.
+fn claimed_by_another(claim: &str, view: &LockView, mut wait: LockWait) -> LockWait {
+    let by = view.used_by.clone().unwrap_or_else(|| claim.to_string());
+    wait.state = "claimed-by-another".into();
+    wait.holder = Some(by.clone());
+    wait.fence = view.fence.filter(|_| view.phase.as_deref() == Some("Held"));
+    wait.position_note = "not known: claims are not queued; once the lock is \
+                          let go, the next workload the controller reconciles \
+                          claims it"
+        .into();
+    // What the claimant itself waits for, if it does.
+    let behind = match (view.phase.as_deref(), &view.holder) {
+        (Some("Waiting"), Some(holder)) => {
+            format!(" (it waits itself: the key is held by {holder})")
+        }
+        _ => String::new(),
+    };
+    wait.unblocks = format!(
+        "{by} finishing{behind}: the controller then lets the lock go and removes \
+         its claim"
+    );
+    wait
 }
 
 /// The lock is the workload's: where its acquisition stands.
@@ -372,47 +397,7 @@ fn explain_lock(
     match status.phase {
         Some(LockPhase::Waiting) => {
             wait.state = "waiting".into();
-            let holder = view.holder.clone().unwrap_or_else(|| "its holder".into());
-            // A holder in this cluster: name the lock and the workload behind it.
-            let here = view
-                .holders_here
-                .iter()
-                .map(|p| {
-                    let used = p
-                        .used_by
-                        .as_ref()
-                        .map(|u| format!(", used by {u}"))
-                        .unwrap_or_default();
-                    format!("DistributedLock {}{used}", p.lock)
-                })
-                .collect::<Vec<_>>();
-            let who = if here.is_empty() {
-                holder.clone()
-            } else {
-                format!("{holder} ({})", here.join("; "))
-            };
-            let others = view.waiting_here.len();
-            let queue = if others > 0 && view.queue.position.is_none() {
-                format!(
-                    "; {others} other lock{} of this cluster wait{} for the key too",
-                    if others == 1 { "" } else { "s" },
-                    if others == 1 { "s" } else { "" }
-                )
-            } else {
-                String::new()
-            };
-            let then = match view.queue.position {
-                Some(0) => "then it is next".to_string(),
-                Some(p) => format!(
-                    "then the queue moves ({p} waiter{} ahead of it)",
-                    if p == 1 { "" } else { "s" }
-                ),
-                None => "lockwarden then takes the key by itself".into(),
-            };
-            wait.unblocks = format!(
-                "{who} letting go of the key (its workload finishing, spec.release, or its \
-                 unlock), or its lease running out without renewal; {then}{queue}"
-            );
+            wait.unblocks = unblocks_the_key(&view);
         }
         Some(LockPhase::Held) => {
             // Held, but not for this spec generation yet (the controller has not caught
@@ -444,6 +429,52 @@ fn explain_lock(
         }
     }
     Ok(wait)
+}
+
+/// What unblocks a lock of the workload waiting for its key: its holder letting go,
+/// then the queue or lockwarden itself.
+fn unblocks_the_key(view: &LockView) -> String {
+    let holder = view.holder.clone().unwrap_or_else(|| "its holder".into());
+    // A holder in this cluster: name the lock and the workload behind it.
+    let here = view
+        .holders_here
+        .iter()
+        .map(|p| {
+            let used = p
+                .used_by
+                .as_ref()
+                .map(|u| format!(", used by {u}"))
+                .unwrap_or_default();
+            format!("DistributedLock {}{used}", p.lock)
+        })
+        .collect::<Vec<_>>();
+    let who = if here.is_empty() {
+        holder.clone()
+    } else {
+        format!("{holder} ({})", here.join("; "))
+    };
+    let others = view.waiting_here.len();
+    let queue = if others > 0 && view.queue.position.is_none() {
+        format!(
+            "; {others} other lock{} of this cluster wait{} for the key too",
+            if others == 1 { "" } else { "s" },
+            if others == 1 { "s" } else { "" }
+        )
+    } else {
+        String::new()
+    };
+    let then = match view.queue.position {
+        Some(0) => "then it is next".to_string(),
+        Some(p) => format!(
+            "then the queue moves ({p} waiter{} ahead of it)",
+            if p == 1 { "" } else { "s" }
+        ),
+        None => "lockwarden then takes the key by itself".into(),
+    };
+    format!(
+        "{who} letting go of the key (its workload finishing, spec.release, or its \
+         unlock), or its lease running out without renewal; {then}{queue}"
+    )
 }
 
 fn text(v: &WhyView) -> String {
