@@ -35,7 +35,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::decide::{self, LockSet, LossPolicy};
+use super::decide::{self, AnnotationError, LockSet, LossPolicy};
 use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
 use super::running::{Running, Step};
@@ -86,7 +86,7 @@ pub struct Settings {
 impl Settings {
     /// The settings of a workload of `W`'s kind, `None` if it names no lock, or why its
     /// annotations cannot be acted on.
-    pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, String> {
+    pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, AnnotationError> {
         Settings::from_annotations(workload.annotations(), W::KIND)
     }
 
@@ -95,7 +95,7 @@ impl Settings {
     pub fn from_annotations(
         annotations: &BTreeMap<String, String>,
         kind: &'static super::Kind,
-    ) -> Result<Option<Settings>, String> {
+    ) -> Result<Option<Settings>, AnnotationError> {
         let Some((locks, on_lock_lost)) = decide::locks_and_on_lock_lost(annotations, kind)? else {
             return Ok(None);
         };
@@ -260,7 +260,7 @@ pub async fn reconcile<W: GatedWorkload>(
             Some(message) if phase == Phase::HeldBack => return run.on_invalid(message).await,
             _ => return run.on_ungated().await,
         },
-        Err(message) => return run.on_invalid(message).await,
+        Err(invalid) => return run.on_invalid(invalid.to_string()).await,
     };
     // Not asked of a workload lockwarden started: that one's locks stay watched.
     if matches!(phase, Phase::HeldBack | Phase::NotHeldBack)
@@ -632,16 +632,16 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             };
         let priority = match decide::queue_priority(self.gate, self.obj.pod_spec()) {
             Ok(asked) => self.priority_value(asked).await,
-            Err(message) => {
-                self.wait(EventType::Warning, "InvalidPriority", message)
+            Err(invalid) => {
+                self.wait(EventType::Warning, "InvalidPriority", invalid.to_string())
                     .await?;
                 return Ok(Action::await_change());
             }
         };
         let weight = match decide::queue_weight(self.gate) {
             Ok(weight) => weight,
-            Err(message) => {
-                self.wait(EventType::Warning, "InvalidWeight", message)
+            Err(invalid) => {
+                self.wait(EventType::Warning, "InvalidWeight", invalid.to_string())
                     .await?;
                 return Ok(Action::await_change());
             }

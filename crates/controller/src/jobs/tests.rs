@@ -88,7 +88,9 @@ fn on_lock_lost_values_and_a_bad_one() {
         let s = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, value)])).unwrap();
         assert_eq!(s.unwrap().on_lock_lost, policy);
     }
-    let err = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")])).unwrap_err();
+    let err = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")]))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(ON_LOCK_LOST_ANNOTATION), "{err}");
     assert!(err.contains("suspend, fail, ignore"), "{err}");
 }
@@ -101,11 +103,15 @@ fn lost_grace_must_end_before_the_earliest_takeover() {
     let s = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "300ms")])).unwrap();
     assert_eq!(s.unwrap().lost_grace, Duration::from_millis(300));
     for too_long in ["495ms", "1s", "30s"] {
-        let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, too_long)])).unwrap_err();
+        let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, too_long)]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("another holder may acquire"), "{err}");
         assert!(err.contains("495ms"), "{err}");
     }
-    let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "soon")])).unwrap_err();
+    let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "soon")]))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(LOST_GRACE_ANNOTATION), "{err}");
 }
 
@@ -116,17 +122,24 @@ fn gate_annotations() {
         json!({ LOCK_ANNOTATION: "a", TEMPLATE_ANNOTATION: "b" }),
         json!({}),
     );
-    assert!(Settings::of(&both).unwrap_err().contains("both"));
+    assert!(
+        Settings::of(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("both")
+    );
     let other_ns = job(json!({ TEMPLATE_ANNOTATION: "ns/b" }), json!({}));
     assert!(
         Settings::of(&other_ns)
             .unwrap_err()
+            .to_string()
             .contains("another namespace")
     );
     let bad = job(json!({ LOCK_ANNOTATION: "Not_A_Name" }), json!({}));
     assert!(
         Settings::of(&bad)
             .unwrap_err()
+            .to_string()
             .contains("invalid DistributedLock name")
     );
 }

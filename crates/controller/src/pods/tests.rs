@@ -49,7 +49,11 @@ fn settings_default_to_delete_and_take_the_shared_annotations() {
 
 #[test]
 fn bad_annotations_name_the_problem() {
-    let bad = |a: serde_json::Value| Settings::of(&pod(a, &[SCHEDULING_GATE])).unwrap_err();
+    let bad = |a: serde_json::Value| {
+        Settings::of(&pod(a, &[SCHEDULING_GATE]))
+            .unwrap_err()
+            .to_string()
+    };
     // A Job's policy is not a Pod's: the message names the value and the allowed ones.
     let e = bad(json!({ LOCK_ANNOTATION: "db", ON_LOCK_LOST_ANNOTATION: "suspend" }));
     assert!(
