@@ -24,6 +24,7 @@
 //! the workloads that own, claim or name each lock.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +37,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::decide::{self, AnnotationError, LockSet, LossPolicy};
+use super::error::GatingError;
 use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
+use super::locks::OwnLockTerms;
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
 use super::running::{Running, Step};
 use super::stop;
@@ -65,12 +68,6 @@ enum LetGo {
     Running,
     /// Ended: its locks were let go; what was done, `None` if nothing.
     Ended(Option<String>),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum GatingError {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
 }
 
 /// Everything a gated workload's annotations ask for.
@@ -242,7 +239,10 @@ pub async fn reconcile<W: GatedWorkload>(
     obj: Arc<W>,
     ctx: Arc<Gating<W>>,
 ) -> Result<Action, GatingError> {
-    let gate = obj.gate_annotations(&ctx.client).await?;
+    let gate = obj
+        .gate_annotations(&ctx.client)
+        .await
+        .map_err(|e| GatingError::Gate(workload(&*obj).to_string(), e))?;
     let run = Run::new(&ctx, &obj, &gate);
     let phase = Phase::of(&*obj);
     // Letting go needs only the locks' names: a bad policy annotation must not keep a
@@ -264,7 +264,10 @@ pub async fn reconcile<W: GatedWorkload>(
     };
     // Not asked of a workload lockwarden started: that one's locks stay watched.
     if matches!(phase, Phase::HeldBack | Phase::NotHeldBack)
-        && let Some(why) = obj.managed_elsewhere(&ctx.client, &ctx.config).await?
+        && let Some(why) = obj
+            .managed_elsewhere(&ctx.client, &ctx.config)
+            .await
+            .map_err(run.failed(GatingError::ManagedElsewhere))?
     {
         return run.on_managed_elsewhere(why, &settings).await;
     }
@@ -306,13 +309,27 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         lockset::named(set, &self.workload)
     }
 
+    /// The failure of `step` for this workload.
+    fn failed<E: 'static>(
+        &self,
+        step: fn(String, E) -> GatingError,
+    ) -> impl FnOnce(E) -> GatingError + '_ {
+        move |source| step(self.workload.to_string(), source)
+    }
+
+    async fn remove_finalizer(&self, obj: &W) -> Result<(), GatingError> {
+        remove_finalizer(&self.api, obj)
+            .await
+            .map_err(self.failed(GatingError::Finalizer))
+    }
+
     async fn report(
         &self,
         type_: EventType,
         reason: &str,
         message: String,
     ) -> Result<(), GatingError> {
-        Ok(report(
+        report(
             &self.api,
             &self.ctx.events,
             self.obj,
@@ -320,7 +337,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             reason,
             message,
         )
-        .await?)
+        .await
+        .map_err(self.failed(GatingError::Report))
     }
 
     /// Why it is not started (yet): [`report`](Self::report), and the same message
@@ -334,7 +352,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     ) -> Result<(), GatingError> {
         self.obj
             .show_waiting(&self.api, &message, type_ == EventType::Warning)
-            .await?;
+            .await
+            .map_err(self.failed(GatingError::Report))?;
         self.report(type_, reason, message).await
     }
 
@@ -350,7 +369,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     async fn observe_ended(&self, obj: &W) -> Result<Option<Ended>, GatingError> {
         Ok(obj
             .processes_ended(&self.ctx.client)
-            .await?
+            .await
+            .map_err(self.failed(GatingError::ProcessesEnded))?
             .then_some(Ended(())))
     }
 
@@ -362,8 +382,9 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             return Ok(LetGo::Running);
         };
         let locks = self.named(set);
-        let notes =
-            lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, obj.running()).await?;
+        let notes = lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, obj.running())
+            .await
+            .map_err(self.failed(GatingError::LetGo))?;
         Ok(LetGo::Ended((!notes.is_empty()).then(|| notes.join("; "))))
     }
 
@@ -379,7 +400,10 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 LetGo::Running => {
                     // Its Pods get their grace period, starting now (a Job's Pods are
                     // otherwise deleted only once the Job is gone).
-                    self.obj.delete_pods(&self.ctx.client).await?;
+                    self.obj
+                        .delete_pods(&self.ctx.client)
+                        .await
+                        .map_err(self.failed(GatingError::DeletePods))?;
                     let message = format!(
                         "deleted; {} is let go once its processes have ended",
                         describe(&self.named(&set))
@@ -397,7 +421,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             }
         }
         self.forget_not_held();
-        remove_finalizer(&self.api, self.obj).await?;
+        self.remove_finalizer(self.obj).await?;
         Ok(Action::await_change())
     }
 
@@ -423,8 +447,10 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         };
         // The finalizer goes first: its patch is conditioned on the resourceVersion
         // this reconcile read, which the status write would change.
-        remove_finalizer(&self.api, self.obj).await?;
-        let patched = set_status(&self.api, self.obj, &message).await?;
+        self.remove_finalizer(self.obj).await?;
+        let patched = set_status(&self.api, self.obj, &message)
+            .await
+            .map_err(self.failed(GatingError::Report))?;
         self.event(
             patched.as_ref().unwrap_or(self.obj),
             EventType::Normal,
@@ -438,7 +464,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// Naming no lock (the annotations were removed): our finalizer, if any, goes.
     async fn on_ungated(self) -> Result<Action, GatingError> {
         if has_finalizer(self.obj) {
-            remove_finalizer(&self.api, self.obj).await?;
+            self.remove_finalizer(self.obj).await?;
         }
         Ok(Action::await_change())
     }
@@ -457,7 +483,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
                 return Ok(Action::requeue(PROCESSES_RECHECK));
             }
-            remove_finalizer(&self.api, self.obj).await?;
+            self.remove_finalizer(self.obj).await?;
         }
         Ok(Action::await_change())
     }
@@ -481,7 +507,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
                 return Ok(Action::requeue(PROCESSES_RECHECK));
             }
-            remove_finalizer(&self.api, self.obj).await?;
+            self.remove_finalizer(self.obj).await?;
         }
         Ok(Action::await_change())
     }
@@ -506,7 +532,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             uid: &self.workload.uid,
             policy: settings.loss_policy(),
         };
-        match running.step(&self.ctx.not_held_since).await? {
+        let step = running
+            .step(&self.ctx.not_held_since)
+            .await
+            .map_err(self.failed(GatingError::Standing))?;
+        match step {
             Step::Continue(None) => Ok(Action::await_change()),
             Step::Continue(Some(message)) => {
                 self.report(EventType::Normal, "LockHeld", message).await?;
@@ -546,7 +576,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         settings: &Settings,
         stopping: &Stopping<'_>,
     ) -> Result<Action, GatingError> {
-        let stopped = self.obj.stop(&self.api, stopping).await?;
+        let stopped = self
+            .obj
+            .stop(&self.api, stopping)
+            .await
+            .map_err(self.failed(GatingError::Stop))?;
         let Some(object) = stopped.object else {
             return Ok(Action::await_change());
         };
@@ -574,7 +608,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             // If this fails, the stopped (or re-gated) workload picks up from here.
             let let_go = self.let_go_when_ended(&object, &settings.locks).await?;
             if matches!(let_go, LetGo::Ended(_)) && stopping.for_good {
-                remove_finalizer(&self.api, &object).await?;
+                self.remove_finalizer(&object).await?;
             }
         }
         Ok(Action::await_change())
@@ -606,7 +640,9 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// order), and start it once all are held for it, or say why not.
     async fn start_or_explain(self, settings: &Settings) -> Result<Action, GatingError> {
         if !has_finalizer(self.obj) {
-            add_finalizer(&self.api, self.obj).await?;
+            add_finalizer(&self.api, self.obj)
+                .await
+                .map_err(self.failed(GatingError::Finalizer))?;
             // The patched object comes back through the watch.
             return Ok(Action::await_change());
         }
@@ -617,6 +653,44 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 .await?;
             return Ok(Action::await_change());
         }
+        let terms = match self.own_lock_terms().await? {
+            ControlFlow::Continue(terms) => terms,
+            ControlFlow::Break(action) => return Ok(action),
+        };
+        let ordered = lockset::in_take_order(&self.locks, &settings.locks, &self.workload)
+            .await
+            .map_err(self.failed(GatingError::Order))?;
+        let ordered = match ordered {
+            Ok(ordered) => ordered,
+            Err((type_, reason, message)) => {
+                self.wait(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
+        };
+        let lost = self.obj.lost_fences(&ordered);
+        let ran = match self.take(&ordered, &lost, terms).await? {
+            ControlFlow::Continue(ran) => ran,
+            ControlFlow::Break(action) => return Ok(action),
+        };
+        let readiness = self
+            .obj
+            .ready_to_start(&self.api, !lost.is_empty(), &describe(&ordered))
+            .await
+            .map_err(self.failed(GatingError::ReadyToStart))?;
+        match readiness {
+            Readiness::Ready => self.start(&ordered, ran, terms.needed_delay).await,
+            Readiness::Wait(message) => {
+                self.wait(EventType::Normal, "Waiting", message).await?;
+                Ok(Action::await_change())
+            }
+            Readiness::Wrote => Ok(Action::await_change()),
+        }
+    }
+
+    /// What its own locks take besides their template's spec: the lock-delay its Pods
+    /// need (§6.3), its queue priority and weight (§6.4). Or, once the Warning says why
+    /// it cannot start, the action to return.
+    async fn own_lock_terms(&self) -> Result<ControlFlow<Action, OwnLockTerms>, GatingError> {
         let needed_delay =
             match stop::needed_lock_delay(self.obj.pod_spec(), &SafetyMargins::default()) {
                 Ok(needed) => needed,
@@ -627,7 +701,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                     );
                     self.wait(EventType::Warning, "LockDelayTooLong", message)
                         .await?;
-                    return Ok(Action::await_change());
+                    return Ok(ControlFlow::Break(Action::await_change()));
                 }
             };
         let priority = match decide::queue_priority(self.gate, self.obj.pod_spec()) {
@@ -635,7 +709,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             Err(invalid) => {
                 self.wait(EventType::Warning, "InvalidPriority", invalid.to_string())
                     .await?;
-                return Ok(Action::await_change());
+                return Ok(ControlFlow::Break(Action::await_change()));
             }
         };
         let weight = match decide::queue_weight(self.gate) {
@@ -643,18 +717,25 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             Err(invalid) => {
                 self.wait(EventType::Warning, "InvalidWeight", invalid.to_string())
                     .await?;
-                return Ok(Action::await_change());
+                return Ok(ControlFlow::Break(Action::await_change()));
             }
         };
-        let ordered =
-            match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
-                Ok(ordered) => ordered,
-                Err((type_, reason, message)) => {
-                    self.wait(type_, reason, message).await?;
-                    return Ok(Action::requeue(WAITING_RESYNC));
-                }
-            };
-        let lost = self.obj.lost_fences(&ordered);
+        Ok(ControlFlow::Continue(OwnLockTerms {
+            needed_delay,
+            priority,
+            weight,
+        }))
+    }
+
+    /// Takes `ordered`, one at a time (a lock it `lost` is let go and taken anew, once
+    /// the processes of the run that lost it have ended): what it runs with once all
+    /// are held, or, once the status says why not, the action to return.
+    async fn take(
+        &self,
+        ordered: &[WorkloadLock],
+        lost: &BTreeMap<String, i64>,
+        terms: OwnLockTerms,
+    ) -> Result<ControlFlow<Action, RanWith>, GatingError> {
         let ended = if lost.is_empty() {
             None
         } else {
@@ -667,40 +748,33 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             workload: &self.workload,
             cluster: &self.ctx.config.cluster_name,
             in_use_by: &in_use_by,
-            lost: &lost,
+            lost,
             ended: ended.as_ref(),
-            needed_delay,
-            priority,
-            weight,
+            terms,
         };
-        let ran = match taker.take(&ordered).await? {
-            Taking::Held(ran) => ran,
+        let taking = taker
+            .take(ordered)
+            .await
+            .map_err(self.failed(GatingError::Take))?;
+        match taking {
+            Taking::Held(ran) => Ok(ControlFlow::Continue(ran)),
             Taking::Waiting((type_, reason, message)) => {
                 self.wait(type_, reason, message).await?;
-                return Ok(Action::requeue(WAITING_RESYNC));
+                Ok(ControlFlow::Break(Action::requeue(WAITING_RESYNC)))
             }
             Taking::Impossible(why) => {
-                self.obj.refuse(&self.api, &why).await?;
+                self.obj
+                    .refuse(&self.api, &why)
+                    .await
+                    .map_err(self.failed(GatingError::Refuse))?;
                 self.report(
                     EventType::Warning,
                     "Impossible",
                     format!("not started: {why}"),
                 )
                 .await?;
-                return Ok(Action::await_change());
+                Ok(ControlFlow::Break(Action::await_change()))
             }
-        };
-        match self
-            .obj
-            .ready_to_start(&self.api, !lost.is_empty(), &describe(&ordered))
-            .await?
-        {
-            Readiness::Ready => self.start(&ordered, ran, needed_delay).await,
-            Readiness::Wait(message) => {
-                self.wait(EventType::Normal, "Waiting", message).await?;
-                Ok(Action::await_change())
-            }
-            Readiness::Wrote => Ok(Action::await_change()),
         }
     }
 
@@ -721,7 +795,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         needed: Duration,
     ) -> Result<Action, GatingError> {
         let message = format!("started holding {}", ran.describe());
-        let started = self.obj.start(&self.api, &ran, locks, &message).await?;
+        let started = self
+            .obj
+            .start(&self.api, &ran, locks, &message)
+            .await
+            .map_err(self.failed(GatingError::Start))?;
         tracing::info!(
             kind = W::KIND.name, name = %self.obj.name_any(), fences = ?ran.0,
             "started a gated workload"

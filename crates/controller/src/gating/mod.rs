@@ -9,6 +9,7 @@
 //! identity, owner reference) and how to ask whether a claimant still lives.
 
 pub mod decide;
+mod error;
 pub mod kind;
 pub mod locks;
 pub mod lockset;
@@ -17,8 +18,9 @@ pub mod running;
 pub mod stop;
 pub mod writes;
 
+pub use error::{GatingError, LockRequestFailed};
 pub use kind::{Claimant, GatedWorkload, Kind, Kinds, OnLockLost, Readiness, Stopped, Stopping};
-pub use machine::{GatingError, Phase, Settings};
+pub use machine::{Phase, Settings};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -98,6 +100,13 @@ pub struct Workload {
     pub name: String,
     pub uid: String,
     pub namespace: String,
+}
+
+/// `Job ns/name`: how logs and errors name it.
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind.name, self.namespace, self.name)
+    }
 }
 
 impl Workload {
