@@ -29,6 +29,9 @@
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
 //! releases (which wake every lock waiting on the same backend key).
 
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod admission;
 mod config;
 pub mod connect;
