@@ -89,7 +89,9 @@ pub enum ControllerError {
     )]
     Crd(#[source] kube::Error),
     #[error("leader election: {0}")]
-    LeaderElection(String),
+    LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
+    #[error("leader election: the election task ended")]
+    ElectionEnded,
     #[error("lost leadership as {0:?}: another replica leads now")]
     LostLeadership(String),
 }
