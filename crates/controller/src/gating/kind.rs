@@ -4,9 +4,10 @@
 //! The machine ([`super::machine`]) knows every phase a gated workload goes through —
 //! claim, take its locks in order, start with fences, watch for loss, stop per
 //! `on-lock-lost`, let go — and asks the kind only what differs between kinds: where it
-//! is held back (a Job's `suspend`, a Pod's scheduling gate), how it is started and
-//! stopped, where its fences go and when it has finished. A kind is one file
-//! (`controller/jobs.rs`, `controller/pods.rs`) plus one line in the registry
+//! is held back (a Job's `suspend`, a Pod's scheduling gate, a Kueue Workload's
+//! admission check), how it is started and stopped, where its fences go and when it
+//! has finished. A kind is one file (`controller/jobs.rs`, `controller/pods.rs`,
+//! `controller/kueue/workload.rs`) plus one line in the registry
 //! (`controller::gated_kinds`); nothing here names one.
 
 use std::collections::BTreeMap;
@@ -34,14 +35,14 @@ use crate::telemetry::Telemetry;
 /// messages call it. Compared by value; one `static` per kind.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Kind {
-    /// `Job`, `Pod`: as in owner references and messages.
+    /// `Job`, `Pod`, `Workload`: as in owner references and messages.
     pub name: &'static str,
-    /// `batch/v1`, `v1`.
+    /// `batch/v1`, `v1`, `kueue.x-k8s.io/v1beta2`.
     pub api_version: &'static str,
     /// How a claim of this kind begins (see [`super::Workload::claim`]): `None` for
     /// `<name>/<uid>` — Jobs, the format since Job gating began; at most one kind —,
-    /// `Some("pod")` for `pod/<name>/<uid>`. Names never contain `/`, so the forms
-    /// cannot be confused.
+    /// `Some("pod")` for `pod/<name>/<uid>` (`workload` for Kueue Workloads). Names
+    /// never contain `/`, so the forms cannot be confused.
     pub claim_prefix: Option<&'static str>,
     /// `blockOwnerDeletion` on the owner reference of the workload's own lock: where
     /// OwnerReferencesPermissionEnforcement runs it needs `update` on the owner's
@@ -86,13 +87,15 @@ impl Kind {
 }
 
 /// What happens to a running workload whose lock is no longer held; each kind names
-/// the values it takes (a Job's `suspend` and a Pod's `delete` are both [`Stop`]).
+/// the values it takes (a Job's `suspend`, a Pod's `delete` and a Kueue Workload's
+/// `retry` are all [`Stop`]).
 ///
 /// [`Stop`]: OnLockLost::Stop
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnLockLost {
-    /// Stop it the kind's way (a Job is suspended, a Pod deleted); it waits for the lock
-    /// again (a Job) or its owner makes a new, gated one (a Pod).
+    /// Stop it the kind's way (a Job is suspended, a Pod deleted, a Kueue Workload sent
+    /// back by its check); it waits for the lock again (a Job, a Workload) or its owner
+    /// makes a new, gated one (a Pod).
     Stop,
     /// Stop it, mark it stopped by lockwarden and let its locks go; never started again.
     Fail,
