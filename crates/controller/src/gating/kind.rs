@@ -407,6 +407,22 @@ trait Registered: Send + Sync {
 
 struct Of<W>(PhantomData<fn() -> W>);
 
+impl<W: GatedWorkload> Of<W> {
+    /// The workload `name` of `ns`, if it is still the one with `uid` (not gone, nor
+    /// replaced by another object of the same name).
+    async fn current(
+        client: kube::Client,
+        ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<W>, kube::Error> {
+        Ok(Api::<W>::namespaced(client, ns)
+            .get_opt(name)
+            .await?
+            .filter(|w| w.uid().as_deref() == Some(uid)))
+    }
+}
+
 #[async_trait]
 impl<W: GatedWorkload> Registered for Of<W> {
     fn kind(&self) -> &'static Kind {
@@ -420,10 +436,9 @@ impl<W: GatedWorkload> Registered for Of<W> {
         name: &str,
         uid: &str,
     ) -> Result<bool, kube::Error> {
-        Ok(Api::<W>::namespaced(client, ns)
-            .get_opt(name)
+        Ok(Self::current(client, ns, name, uid)
             .await?
-            .is_some_and(|w| w.uid().as_deref() == Some(uid) && w.finished().is_none()))
+            .is_some_and(|w| w.finished().is_none()))
     }
 
     async fn processes_ended(
@@ -433,12 +448,9 @@ impl<W: GatedWorkload> Registered for Of<W> {
         name: &str,
         uid: &str,
     ) -> Result<bool, kube::Error> {
-        match Api::<W>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?
-        {
-            Some(w) if w.uid().as_deref() == Some(uid) => w.processes_ended(&client).await,
-            _ => Ok(true),
+        match Self::current(client.clone(), ns, name, uid).await? {
+            Some(w) => w.processes_ended(&client).await,
+            None => Ok(true),
         }
     }
 
@@ -471,6 +483,11 @@ impl Kinds {
         );
         self.0.push(Arc::new(Of::<W>(PhantomData)));
         self
+    }
+
+    /// The registration of `kind`, `None` if this build does not gate it.
+    fn registered(&self, kind: &Kind) -> Option<&Arc<dyn Registered>> {
+        self.0.iter().find(|k| k.kind() == kind)
     }
 
     /// Who `claim` names, `None` for a claim of a kind not registered here (a newer
@@ -509,7 +526,7 @@ impl Kinds {
         ns: &str,
         claimant: &Claimant,
     ) -> Result<bool, kube::Error> {
-        match self.0.iter().find(|k| k.kind() == claimant.kind) {
+        match self.registered(claimant.kind) {
             Some(kind) => kind.alive(client, ns, &claimant.name, &claimant.uid).await,
             // Not a kind of ours: assume it lives rather than steal its claim.
             None => Ok(true),
@@ -526,7 +543,7 @@ impl Kinds {
         ns: &str,
         claimant: &Claimant,
     ) -> Result<bool, kube::Error> {
-        match self.0.iter().find(|k| k.kind() == claimant.kind) {
+        match self.registered(claimant.kind) {
             Some(kind) => {
                 kind.processes_ended(client, ns, &claimant.name, &claimant.uid)
                     .await

@@ -187,6 +187,24 @@ impl<W: GatedWorkload> Gating<W> {
     }
 }
 
+#[cfg(test)]
+impl<W: GatedWorkload> Gating<W> {
+    /// For the unit tests: the default config, an empty cache, telemetry of its own,
+    /// and `W` the only kind registered.
+    pub fn alone(client: kube::Client) -> Arc<Self> {
+        let (cache, _writer) = kube::runtime::reflector::store();
+        let kinds = Kinds::default().with::<W>();
+        let config = ControllerConfig::default();
+        Arc::new(Gating::new(
+            client,
+            config,
+            cache,
+            Arc::new(Telemetry::new()),
+            kinds,
+        ))
+    }
+}
+
 fn error_policy<W: GatedWorkload>(_obj: Arc<W>, err: &GatingError, _ctx: Arc<Gating<W>>) -> Action {
     tracing::debug!(kind = W::KIND.name, error = %err, "gating reconcile failed; retrying");
     // Mostly a lost race on a resourceVersion precondition: retry soon.
