@@ -49,8 +49,10 @@ impl LockAddress {
     }
 }
 
-/// A spec that passed [`DistributedLockSpec::validate`](super::DistributedLockSpec::validate),
-/// with every duration parsed and the holder identity decided.
+/// A spec that passed [`DistributedLockSpec::validate`], with every duration parsed and
+/// the holder identity decided: made once per reconcile, and what its phases read.
+///
+/// [`DistributedLockSpec::validate`]: lockwarden_api::DistributedLockSpec::validate
 #[derive(Clone, Debug)]
 pub struct ValidatedSpec {
     pub address: LockAddress,
