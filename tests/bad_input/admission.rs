@@ -224,11 +224,12 @@ fn example_rows() -> Vec<Row> {
 
 /// The controller's verdict: `Err(message)` if it refuses the object.
 fn controller_verdict(object: &Value) -> Result<(), String> {
-    match object["kind"].as_str() {
+    let verdict = match object["kind"].as_str() {
         Some("Job") => job_misuse(&serde_json::from_value::<Job>(object.clone()).unwrap()),
         Some("Pod") => pod_misuse(&serde_json::from_value::<Pod>(object.clone()).unwrap()),
         other => panic!("a row of kind {other:?}"),
-    }
+    };
+    verdict.map_err(|misuse| misuse.to_string())
 }
 
 /// The API server's verdict on creating `object` as `name` (a dry run: admission runs,

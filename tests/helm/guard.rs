@@ -323,7 +323,7 @@ async fn guard_injection_adds_the_guard_to_annotated_jobs_and_pods_at_creation()
     )
     .await;
     let typed: Pod = serde_json::from_value(pod("no-command", true, no_command)).unwrap();
-    let rust = guard_misuse(&typed).unwrap_err();
+    let rust = guard_misuse(&typed).unwrap_err().to_string();
     assert!(rust.contains(message), "{rust}");
     assert!(
         guard_missing(typed.annotations(), typed.pod_spec())

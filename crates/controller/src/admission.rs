@@ -17,15 +17,45 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use super::gating::decide::AnnotationError;
 use super::gating::{GUARD_ANNOTATION, GatedWorkload, decide};
 use super::jobs::JOB;
 use super::pods::{GATED_LABEL, POD, SCHEDULING_GATE};
 
+/// Why a workload created like this is misuse: the message the admission rules give.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Misuse {
+    /// Annotations the controller refuses.
+    #[error(transparent)]
+    Annotations(#[from] AnnotationError),
+    /// A lock named, but the workload is not held back: it would run unguarded (the
+    /// kind's message, as its Warning says it).
+    #[error("{0}")]
+    NotHeldBack(String),
+    /// A Pod with the scheduling gate but not the label: never watched.
+    #[error(
+        "the Pod has the scheduling gate {SCHEDULING_GATE} but not the label \
+         {GATED_LABEL}: \"true\"; lockwarden watches labelled Pods only, so it would \
+         stay gated forever"
+    )]
+    GateWithoutLabel,
+    /// Held back by lockwarden's gate without a lock named (the kind's message).
+    #[error("{0}")]
+    GateWithoutLock(String),
+    /// `lockwarden.io/guard: "true"` on containers without a command to wrap.
+    #[error(
+        "{GUARD_ANNOTATION}: \"true\" but container {} has no command, so the guard cannot \
+         wrap it",
+        .containers.join(", ")
+    )]
+    NoCommand { containers: Vec<String> },
+}
+
 /// Why a Job created like this is misuse, if it is: annotations the controller
 /// refuses, or a lock named on a Job that is not suspended (it would run unguarded).
-pub fn job_misuse(job: &Job) -> Result<(), String> {
+pub fn job_misuse(job: &Job) -> Result<(), Misuse> {
     match decide::locks_and_on_lock_lost(job.annotations(), &JOB)? {
-        Some(_) if !job.held_back() => Err(job.not_held_back("a lock").1),
+        Some(_) if !job.held_back() => Err(Misuse::NotHeldBack(job.not_held_back("a lock").1)),
         _ => Ok(()),
     }
 }
@@ -35,22 +65,20 @@ pub fn job_misuse(job: &Job) -> Result<(), String> {
 /// sees (labelled), annotations it refuses, the gate with no lock named, or a lock
 /// named without the gate (it would run unguarded). A Pod with neither the label nor
 /// the gate is none of lockwarden's business.
-pub fn pod_misuse(pod: &Pod) -> Result<(), String> {
+pub fn pod_misuse(pod: &Pod) -> Result<(), Misuse> {
     let labelled = pod.labels().get(GATED_LABEL).map(String::as_str) == Some("true");
     let gated = pod.held_back();
     if gated && !labelled {
-        return Err(format!(
-            "the Pod has the scheduling gate {SCHEDULING_GATE} but not the label \
-             {GATED_LABEL}: \"true\"; lockwarden watches labelled Pods only, so it would \
-             stay gated forever"
-        ));
+        return Err(Misuse::GateWithoutLabel);
     }
     if !labelled {
         return Ok(());
     }
     match decide::locks_and_on_lock_lost(pod.annotations(), &POD)? {
-        None => pod.gate_without_lock().map_or(Ok(()), Err),
-        Some(_) if !gated => Err(pod.not_held_back("a lock").1),
+        None => pod
+            .gate_without_lock()
+            .map_or(Ok(()), |message| Err(Misuse::GateWithoutLock(message))),
+        Some(_) if !gated => Err(Misuse::NotHeldBack(pod.not_held_back("a lock").1)),
         Some(_) => Ok(()),
     }
 }
@@ -60,7 +88,7 @@ pub fn pod_misuse(pod: &Pod) -> Result<(), String> {
 /// guard injection (charts/lockwarden/templates/guard-injection.yaml, the same rule in
 /// CEL) cannot wrap, since admission does not know its image's ENTRYPOINT. The
 /// controller refuses it too ([`decide::guard_missing`]: it does not run the guard).
-pub fn guard_misuse<W: GatedWorkload>(workload: &W) -> Result<(), String> {
+pub fn guard_misuse<W: GatedWorkload>(workload: &W) -> Result<(), Misuse> {
     if workload
         .annotations()
         .get(GUARD_ANNOTATION)
@@ -69,20 +97,16 @@ pub fn guard_misuse<W: GatedWorkload>(workload: &W) -> Result<(), String> {
     {
         return Ok(());
     }
-    let without: Vec<&str> = workload
+    let containers: Vec<String> = workload
         .pod_spec()
         .map(|s| s.containers.as_slice())
         .unwrap_or_default()
         .iter()
         .filter(|c| c.command.as_ref().is_none_or(Vec::is_empty))
-        .map(|c| c.name.as_str())
+        .map(|c| c.name.clone())
         .collect();
-    if without.is_empty() {
+    if containers.is_empty() {
         return Ok(());
     }
-    Err(format!(
-        "{GUARD_ANNOTATION}: \"true\" but container {} has no command, so the guard cannot \
-         wrap it",
-        without.join(", ")
-    ))
+    Err(Misuse::NoCommand { containers })
 }

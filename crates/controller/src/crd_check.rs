@@ -5,6 +5,8 @@
 //! says so at start-up, with the command that fixes it; it runs on either way (the
 //! formats are kept compatible between consecutive releases).
 
+use std::fmt::Display;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 
@@ -15,7 +17,7 @@ const APPLY_CRD: &str = "kubectl apply --server-side --force-conflicts -f charts
 
 /// What to say about an installed CRD of `installed` revision (or why it is unreadable),
 /// for a controller built with revision `expected`; `None` when they agree.
-pub fn verdict(installed: Result<u32, String>, expected: u32) -> Option<String> {
+pub fn verdict<E: Display>(installed: Result<u32, E>, expected: u32) -> Option<String> {
     match installed {
         Ok(revision) if revision == expected => None,
         Ok(revision) if revision < expected => Some(format!(
@@ -41,7 +43,7 @@ pub async fn warn_if_outdated(client: &kube::Client) {
     match crds.get(CRD_NAME).await {
         Ok(crd) => {
             if let Some(warning) = verdict(
-                installed_crd_revision(&crd).map_err(|e| e.to_string()),
+                installed_crd_revision(&crd),
                 CRD_REVISION,
             ) {
                 tracing::warn!(crd = CRD_NAME, "{warning}");
@@ -63,6 +65,11 @@ pub async fn warn_if_outdated(client: &kube::Client) {
 mod tests {
     use super::*;
 
+    /// [`super::verdict`] with the reason a revision is unreadable given as text.
+    fn verdict(installed: Result<u32, &str>, expected: u32) -> Option<String> {
+        super::verdict(installed, expected)
+    }
+
     #[test]
     fn an_older_or_newer_crd_is_named_with_the_fix() {
         assert_eq!(verdict(Ok(2), 2), None);
@@ -74,7 +81,7 @@ mod tests {
         assert!(older.contains(APPLY_CRD), "{older}");
         let newer = verdict(Ok(3), 2).expect("a warning");
         assert!(newer.contains("newer than this controller's 2"), "{newer}");
-        let unreadable = verdict(Err("x".into()), 2).expect("a warning");
+        let unreadable = verdict(Err("x"), 2).expect("a warning");
         assert!(
             unreadable.contains("unreadable revision (x)"),
             "{unreadable}"

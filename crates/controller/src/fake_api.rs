@@ -16,6 +16,18 @@ use http_body_util::BodyExt;
 use kube::client::Body;
 use serde_json::{Value, json};
 
+/// A DistributedLock's status as the lock controller writes it ([`FakeApi::set_lock_status`]).
+pub struct LockStatus<'a> {
+    pub phase: &'a str,
+    /// The `Acquired` condition: True (`LeaseHeld`), or False (`Lost`).
+    pub acquired: bool,
+    /// The condition's message.
+    pub message: &'a str,
+    pub fence: i64,
+    pub holder: &'a str,
+    pub nonce: Option<&'a str>,
+}
+
 #[derive(Default)]
 struct State {
     objects: BTreeMap<String, Value>,
@@ -74,6 +86,37 @@ impl FakeApi {
             meta["generation"] = json!(1);
         }
         state.objects.insert(path.to_string(), object);
+    }
+
+    /// Plays another controller: merges `patch` (RFC 7386) into the object at `path`.
+    pub fn merge(&self, path: &str, patch: Value) {
+        let mut object = self.get(path).expect(path);
+        json_patch::merge(&mut object, &patch);
+        self.put(path, object);
+    }
+
+    /// Plays the lock controller: writes `status` on the DistributedLock at `path`, for
+    /// its current generation.
+    pub fn set_lock_status(&self, path: &str, status: &LockStatus<'_>) {
+        let mut lock = self.get(path).expect(path);
+        let generation = lock["metadata"]["generation"].clone();
+        let (condition, reason) = match status.acquired {
+            true => ("True", "LeaseHeld"),
+            false => ("False", "Lost"),
+        };
+        lock["status"] = json!({
+            "phase": status.phase, "fence": status.fence, "holder": status.holder,
+            "observedGeneration": generation,
+            "conditions": [{
+                "type": "Acquired", "status": condition, "reason": reason,
+                "message": status.message,
+                "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }],
+        });
+        if let Some(nonce) = status.nonce {
+            lock["status"]["nonce"] = json!(nonce);
+        }
+        self.put(path, lock);
     }
 
     /// The object at `path`, if any.

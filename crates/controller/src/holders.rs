@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use super::status::Occupancy;
-use lockwarden_api::DistributedLock;
+use lockwarden_api::{BackendKind, DistributedLock};
 use lockwarden_core::history::{self, Grant};
 use lockwarden_core::{
     HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy, Stored,
@@ -41,6 +41,8 @@ pub struct Acquisition {
 pub struct HolderTask {
     pub uid: String,
     pub key: String,
+    /// The store the lock is held in (the `backend` label of its metrics).
+    pub backend: BackendKind,
     pub acquisition: Acquisition,
     held: HeldLock,
     monitor: JoinHandle<()>,
@@ -55,12 +57,13 @@ fn kind(state: &HolderState) -> u8 {
     }
 }
 
-/// Whom a holder task works for: the object (by reference and uid) and its key, where
-/// it reports transitions, and the counters of its renewals and of their failures.
+/// Whom a holder task works for: the object (by reference and uid), its key and store,
+/// where it reports transitions, and the counters of its renewals and of their failures.
 pub struct Owner {
     pub obj: ObjectRef<DistributedLock>,
     pub uid: String,
     pub key: String,
+    pub backend: BackendKind,
     pub wake: UnboundedSender<ObjectRef<DistributedLock>>,
     pub renewals: Counter,
     pub renew_failures: Counter,
@@ -77,6 +80,7 @@ impl HolderTask {
             obj,
             uid,
             key,
+            backend: held_in,
             wake,
             renewals,
             renew_failures,
@@ -116,6 +120,7 @@ impl HolderTask {
         HolderTask {
             uid,
             key,
+            backend: held_in,
             acquisition,
             held,
             monitor,

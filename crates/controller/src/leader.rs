@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use kube::Client;
 use kube_lease_manager::LeaseManagerBuilder;
+use lockwarden_core::duration::DurationError;
 
 use super::{ControllerConfig, ControllerError, run, run_with, serve_telemetry};
 
@@ -39,12 +40,23 @@ pub struct LeaderElectionArgs {
     pub leader_election_identity: Option<String>,
 }
 
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    let d = lockwarden_core::duration::parse_positive_duration(text).map_err(|e| e.to_string())?;
+/// Why a `--leader-election-lease-duration` is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseDurationError {
+    /// Not a positive duration.
+    #[error(transparent)]
+    Duration(#[from] DurationError),
+    /// Not whole seconds (a Lease's `leaseDurationSeconds` is an integer), or below 2s.
+    #[error("{text:?}: expected whole seconds, at least 2s (e.g. 15s)")]
+    NotWholeSeconds { text: String },
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, LeaseDurationError> {
+    let d = lockwarden_core::duration::parse_positive_duration(text)?;
     if d < Duration::from_secs(2) || d.subsec_nanos() != 0 {
-        return Err(format!(
-            "{text:?}: expected whole seconds, at least 2s (e.g. 15s)"
-        ));
+        return Err(LeaseDurationError::NotWholeSeconds {
+            text: text.to_string(),
+        });
     }
     Ok(d)
 }
@@ -100,14 +112,14 @@ pub async fn run_elected_with(
         .with_grace((seconds / 3).max(1))
         .build()
         .await
-        .map_err(|e| ControllerError::LeaderElection(e.to_string()))?;
+        .map_err(ControllerError::LeaderElection)?;
     let (mut leading, _task) = manager.watch().await;
     tracing::info!(%identity, lease = %election.leader_election_lease, "waiting to become the leader");
     while !*leading.borrow_and_update() {
         leading
             .changed()
             .await
-            .map_err(|_| ControllerError::LeaderElection("the election task ended".into()))?;
+            .map_err(|_| ControllerError::ElectionEnded)?;
     }
     tracing::info!(%identity, "became the leader; starting the controller");
     tokio::select! {

@@ -1,9 +1,10 @@
 //! lockwarden-controller: the operator, a kube-runtime controller over
 //! `DistributedLock` (docs/design.md §5), and its [`telemetry`] (metrics, health).
 //!
-//! - [`reconcile`]: phase by phase — validate (into a [`validated::ValidatedSpec`]),
-//!   resume, acquire (one attempt per reconcile, jittered requeue while waiting), hold,
-//!   release, finalizer cleanup — each phase a method of one reconcile context.
+//! - [`reconcile`]: phase by phase — validate once (into a
+//!   [`validated::ValidatedSpec`]), resume, acquire (one attempt per reconcile, jittered
+//!   requeue while waiting), hold, release, finalizer cleanup — each phase a method of
+//!   one reconcile context, in a file of its own.
 //! - [`connect`]: the one way to a backend: the lock's address plus the credentials
 //!   from its Secret, handed to the backend factory (the controller never names a store).
 //! - [`waiters`]: the locks waiting for their key, by object and by key.
@@ -21,6 +22,9 @@
 //! - [`jobs`]: `batch/v1` Jobs held back by `spec.suspend` (docs/design.md §6).
 //! - [`pods`]: Pods held back by the scheduling gate `lockwarden.io/lock`
 //!   (docs/design.md §6.1), watching only Pods labelled `lockwarden.io/gated=true`.
+//! - [`kueue`]: Kueue Workloads held back by lockwarden's AdmissionCheck
+//!   (docs/design.md §6.6), with `--kueue-admission-check`; and that check's `Active`
+//!   condition.
 //!
 //! A new kind of gated workload is one file implementing [`gating::GatedWorkload`] and
 //! one line in [`gated_kinds`].
@@ -28,6 +32,9 @@
 //! Wake-ups do not come from polling the API server: the queue of the applier is the
 //! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
 //! releases (which wake every lock waiting on the same backend key).
+
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod admission;
 mod config;
@@ -86,7 +93,9 @@ pub enum ControllerError {
     )]
     Crd(#[source] kube::Error),
     #[error("leader election: {0}")]
-    LeaderElection(String),
+    LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
+    #[error("leader election: the election task ended")]
+    ElectionEnded,
     #[error("lost leadership as {0:?}: another replica leads now")]
     LostLeadership(String),
 }

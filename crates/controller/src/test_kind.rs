@@ -8,19 +8,18 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kube::api::Api;
-use kube::runtime::reflector;
 use kube::{CustomResource, ResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::config::{ControllerConfig, FINALIZER};
-use super::fake_api::FakeApi;
+use super::config::FINALIZER;
+use super::fake_api::{FakeApi, LockStatus};
 use super::gating::kind::patch_as_read;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
 use super::gating::machine::{Gating, reconcile};
 use super::gating::{
-    CLAIM_ANNOTATION, FENCE_ANNOTATION, GatedWorkload, Kind, Kinds, LOCK_ANNOTATION, OnLockLost,
+    CLAIM_ANNOTATION, FENCE_ANNOTATION, GatedWorkload, Kind, LOCK_ANNOTATION, OnLockLost,
     STATUS_ANNOTATION, Stopped, Stopping,
 };
 use crate::telemetry::Telemetry;
@@ -135,23 +134,19 @@ const WORK_PATH: &str = "/apis/test.lockwarden.io/v1/namespaces/ns/works/w";
 
 /// Plays the lock controller: `db`'s status as it would write it.
 fn lock_status(api: &FakeApi, phase: &str, acquired: bool, fence: i64) {
-    let mut lock = api.get(LOCK).expect("lock db");
-    let generation = lock["metadata"]["generation"].clone();
-    lock["status"] = json!({
-        "phase": phase,
-        "fence": fence,
-        "holder": "test/ns/db",
-        "observedGeneration": generation,
-        "conditions": [{
-            "type": "Acquired",
-            "status": if acquired { "True" } else { "False" },
-            "reason": if acquired { "LeaseHeld" } else { "Lost" },
-            "message": if acquired { "held" } else { "taken over by another holder" },
-            "observedGeneration": generation,
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }],
-    });
-    api.put(LOCK, lock);
+    let status = LockStatus {
+        phase,
+        acquired,
+        message: if acquired {
+            "held"
+        } else {
+            "taken over by another holder"
+        },
+        fence,
+        holder: "test/ns/db",
+        nonce: None,
+    };
+    api.set_lock_status(LOCK, &status);
 }
 
 #[tokio::test]
@@ -173,14 +168,7 @@ async fn the_machine_drives_a_new_kind_through_claim_start_loss_stop_and_finish(
             "spec": { "paused": true },
         }),
     );
-    let (cache, _writer) = reflector::store();
-    let ctx = Arc::new(Gating::<Work>::new(
-        api.client(),
-        ControllerConfig::default(),
-        cache,
-        Arc::new(Telemetry::new()),
-        Kinds::default().with::<Work>(),
-    ));
+    let ctx = Gating::<Work>::alone(api.client());
     let step = || async {
         let work: Work = api.object(WORK_PATH);
         reconcile(Arc::new(work), ctx.clone())

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lockwarden_api::{BackendKind, DistributedLock, SecretRef, SpecError};
+use lockwarden_api::{BackendKind, DistributedLock, SecretRef, SelectedSpec, SpecError};
 use lockwarden_core::{Permits, Queueing};
 use lockwarden_stores::{ConnectOptions, Target};
 
@@ -27,20 +27,32 @@ pub struct LockAddress {
 }
 
 impl LockAddress {
+    /// The address of `lock`, from its one store part: checked against that store's
+    /// rules (a target is never built from names a store refuses) and nothing else.
     pub fn of(lock: &DistributedLock) -> Result<LockAddress, SpecError> {
-        let backend = &lock.spec.backend;
-        Ok(LockAddress {
-            kind: backend.kind()?,
-            key: lock.lock_key()?,
-            target: backend.target(lock_namespace(lock))?,
-            connect_options: backend.connect_options(),
-            credentials_secret: backend.credentials_secret().cloned(),
-        })
+        let selected = lock.spec.backend.selected()?;
+        selected.validate()?;
+        Ok(LockAddress::of_selected(selected, lock_namespace(lock)))
+    }
+
+    /// The address of the store part `selected` names, for a lock in `lock_namespace`
+    /// (a Lease's namespace when the spec names none).
+    fn of_selected(selected: SelectedSpec<'_>, lock_namespace: &str) -> LockAddress {
+        let target = selected.target(lock_namespace);
+        LockAddress {
+            kind: selected.kind(),
+            key: target.to_string(),
+            target,
+            connect_options: selected.connect_options(),
+            credentials_secret: selected.credentials_secret().cloned(),
+        }
     }
 }
 
-/// A spec that passed [`DistributedLockSpec::validate`](super::DistributedLockSpec::validate),
-/// with every duration parsed and the holder identity decided.
+/// A spec that passed [`DistributedLockSpec::validate`], with every duration parsed and
+/// the holder identity decided: made once per reconcile, and what its phases read.
+///
+/// [`DistributedLockSpec::validate`]: lockwarden_api::DistributedLockSpec::validate
 #[derive(Clone, Debug)]
 pub struct ValidatedSpec {
     pub address: LockAddress,
@@ -64,9 +76,12 @@ impl ValidatedSpec {
     /// identity.
     pub fn of(lock: &DistributedLock, cluster_name: &str) -> Result<ValidatedSpec, SpecError> {
         let spec = &lock.spec;
+        // Every rule of the CRD, the store's included: the address needs no check of
+        // its own after it.
         spec.validate()?;
+        let address = LockAddress::of_selected(spec.backend.selected()?, lock_namespace(lock));
         Ok(ValidatedSpec {
-            address: LockAddress::of(lock)?,
+            address,
             lease: spec.lease_duration()?,
             renew_interval: spec.renew_interval()?,
             acquire_timeout: spec.acquire_timeout()?,
@@ -79,7 +94,7 @@ impl ValidatedSpec {
 }
 
 /// The DistributedLock's namespace (`default` when unset, as for `lock_key`).
-fn lock_namespace(lock: &DistributedLock) -> &str {
+pub(crate) fn lock_namespace(lock: &DistributedLock) -> &str {
     lock.metadata.namespace.as_deref().unwrap_or("default")
 }
 

@@ -3,6 +3,7 @@
 //! lock is not. No API calls here; unit-tested through the Job and Pod gates.
 
 use std::collections::BTreeMap;
+use std::num::ParseIntError;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -10,8 +11,9 @@ use kube::ResourceExt;
 
 use lockwarden_api::conditions::{self, ACQUIRED, reason};
 use lockwarden_api::{DistributedLock, LockPhase};
-use lockwarden_core::duration::{format_duration, parse_duration};
-use lockwarden_core::{SafetyMargins, names};
+use lockwarden_core::SafetyMargins;
+use lockwarden_core::duration::{DurationError, format_duration, parse_duration};
+use lockwarden_core::names::{self, NameError};
 
 use super::{
     GUARD_ANNOTATION, Kind, LOCK_ANNOTATION, LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION,
@@ -59,6 +61,97 @@ impl LockSet {
     }
 }
 
+/// Why a workload's gating annotations cannot be acted on: its text is the Warning's
+/// and the status annotation's, and the chart's admission rules refuse the same
+/// mistakes with the same words (tests/bad_input/admission.rs compares them).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    /// `lock` and `lock-template` together.
+    #[error(
+        "both {LOCK_ANNOTATION} and {TEMPLATE_ANNOTATION} are set; a {kind} names one \
+         lock with them (for several, list them in {LOCKS_ANNOTATION} and \
+         {TEMPLATES_ANNOTATION})"
+    )]
+    LockAndTemplate { kind: &'static str },
+    /// A single-lock annotation together with a list.
+    #[error(
+        "both {single} and {list} are set; name one lock with {single}, or list every \
+         lock in {LOCKS_ANNOTATION} / {TEMPLATES_ANNOTATION}"
+    )]
+    OneAndList {
+        single: &'static str,
+        list: &'static str,
+    },
+    /// A list with nothing between two commas.
+    #[error(
+        "{which}: {value:?} has an empty entry; give DistributedLock names \
+         separated by commas, e.g. \"db,bucket\""
+    )]
+    EmptyEntry { which: &'static str, value: String },
+    /// A lock named twice across the lists.
+    #[error("{which}: {name:?} is named twice")]
+    NamedTwice { which: &'static str, name: String },
+    /// `NAMESPACE/NAME` where the kind may only name its own namespace's locks.
+    #[error(
+        "{which}: {name:?} names a lock in another namespace; a {kind} can only use \
+         a DistributedLock in its own namespace (give the name alone)"
+    )]
+    OtherNamespace {
+        which: &'static str,
+        name: String,
+        kind: &'static str,
+    },
+    /// Not a valid namespace or DistributedLock name (the error names which).
+    #[error("{which}: {source}")]
+    Name {
+        which: &'static str,
+        #[source]
+        source: NameError,
+    },
+    /// An `on-lock-lost` the kind does not take.
+    #[error("{ON_LOCK_LOST_ANNOTATION}: {value:?} is not one of {allowed} (for a {kind})")]
+    OnLockLost {
+        value: String,
+        allowed: String,
+        kind: &'static str,
+    },
+    /// A `lost-grace` that is not a duration.
+    #[error("{LOST_GRACE_ANNOTATION}: {value:?}: {source}")]
+    LostGraceSyntax {
+        value: String,
+        #[source]
+        source: DurationError,
+    },
+    /// A `lost-grace` that would keep the workload running past the earliest takeover.
+    #[error(
+        "{LOST_GRACE_ANNOTATION}: {value:?} would keep the {kind} running past the point \
+         where another holder may acquire the lock; it must be less than {max} (the gap \
+         between the holder deadline and the earliest takeover)"
+    )]
+    LostGraceTooLong {
+        value: String,
+        kind: &'static str,
+        /// The longest allowed, as a duration string.
+        max: String,
+    },
+    /// A `priority` that is not an int32.
+    #[error(
+        "not started: {PRIORITY_ANNOTATION} {text:?} is not a priority ({source}): a whole \
+         number from -2147483648 to 2147483647"
+    )]
+    Priority {
+        text: String,
+        #[source]
+        source: ParseIntError,
+    },
+    /// A `weight` that is not a whole number of at least one permit.
+    #[error(
+        "not started: {WEIGHT_ANNOTATION} {text:?} is not a weight: a whole number of \
+         permits, at least 1"
+    )]
+    Weight { text: String },
+}
+
 /// The workload's locks from its annotations, `None` if it names none.
 ///
 /// `lock` and `lock-template` name one lock each and exclude each other (as since Job
@@ -67,18 +160,12 @@ impl LockSet {
 pub fn locks(
     annotations: &BTreeMap<String, String>,
     kind: &Kind,
-) -> Result<Option<LockSet>, String> {
+) -> Result<Option<LockSet>, AnnotationError> {
     let elsewhere = kind.templates_elsewhere;
     let kind = kind.as_str();
     let get = |a: &str| annotations.get(a);
     let single = match (get(LOCK_ANNOTATION), get(TEMPLATE_ANNOTATION)) {
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "both {LOCK_ANNOTATION} and {TEMPLATE_ANNOTATION} are set; a {kind} names one \
-                 lock with them (for several, list them in {LOCKS_ANNOTATION} and \
-                 {TEMPLATES_ANNOTATION})"
-            ));
-        }
+        (Some(_), Some(_)) => return Err(AnnotationError::LockAndTemplate { kind }),
         (Some(n), None) => Some((LOCK_ANNOTATION, n, Gate::Named as fn(String) -> Gate)),
         (None, Some(n)) => Some((TEMPLATE_ANNOTATION, n, Gate::Template as fn(String) -> Gate)),
         (None, None) => None,
@@ -92,10 +179,7 @@ pub fn locks(
         .filter_map(|(a, g)| get(a).map(|v| (*a, v, *g)))
         .collect();
     if let (Some((single, ..)), Some((list, ..))) = (&single, listed.first()) {
-        return Err(format!(
-            "both {single} and {list} are set; name one lock with {single}, or list every \
-             lock in {LOCKS_ANNOTATION} / {TEMPLATES_ANNOTATION}"
-        ));
+        return Err(AnnotationError::OneAndList { single, list });
     }
     if let Some((which, name, gate)) = single {
         return Ok(Some(LockSet::one(gate(lock_name(
@@ -106,13 +190,16 @@ pub fn locks(
     for (which, value, gate) in listed {
         for name in value.split(',').map(str::trim) {
             if name.is_empty() {
-                return Err(format!(
-                    "{which}: {value:?} has an empty entry; give DistributedLock names \
-                     separated by commas, e.g. \"db,bucket\""
-                ));
+                return Err(AnnotationError::EmptyEntry {
+                    which,
+                    value: value.clone(),
+                });
             }
             if gates.iter().any(|g| g.named() == name) {
-                return Err(format!("{which}: {name:?} is named twice"));
+                return Err(AnnotationError::NamedTwice {
+                    which,
+                    name: name.to_string(),
+                });
             }
             gates.push(gate(lock_name(which, name, kind, elsewhere)?));
         }
@@ -129,19 +216,20 @@ pub fn locks(
 pub fn locks_and_on_lock_lost(
     annotations: &BTreeMap<String, String>,
     kind: &Kind,
-) -> Result<Option<(LockSet, OnLockLost)>, String> {
+) -> Result<Option<(LockSet, OnLockLost)>, AnnotationError> {
     let Some(locks) = locks(annotations, kind)? else {
         return Ok(None);
     };
     let on_lock_lost = match annotations.get(ON_LOCK_LOST_ANNOTATION) {
         None => kind.default_on_lock_lost(),
-        Some(value) => kind.parse_on_lock_lost(value).ok_or_else(|| {
-            format!(
-                "{ON_LOCK_LOST_ANNOTATION}: {value:?} is not one of {} (for a {})",
-                kind.on_lock_lost_allowed(),
-                kind.name
-            )
-        })?,
+        Some(value) => {
+            kind.parse_on_lock_lost(value)
+                .ok_or_else(|| AnnotationError::OnLockLost {
+                    value: value.clone(),
+                    allowed: kind.on_lock_lost_allowed(),
+                    kind: kind.name,
+                })?
+        }
     };
     Ok(Some((locks, on_lock_lost)))
 }
@@ -149,22 +237,30 @@ pub fn locks_and_on_lock_lost(
 /// A DistributedLock name from annotation `which`: in the workload's own namespace,
 /// and valid as one. A kind whose templates may live elsewhere
 /// ([`Kind::templates_elsewhere`]) may name a template `NAMESPACE/NAME`.
-fn lock_name(which: &str, name: &str, kind: &str, elsewhere: bool) -> Result<String, String> {
+fn lock_name(
+    which: &'static str,
+    name: &str,
+    kind: &'static str,
+    elsewhere: bool,
+) -> Result<String, AnnotationError> {
     let is_template = which == TEMPLATE_ANNOTATION || which == TEMPLATES_ANNOTATION;
     let (namespace, local) = template_ref(name);
+    let invalid = |what, e: NameError| AnnotationError::Name {
+        which,
+        source: e.named(what),
+    };
     if let Some(namespace) = namespace {
         if !(elsewhere && is_template) {
-            return Err(format!(
-                "{which}: {name:?} names a lock in another namespace; a {kind} can only use \
-                 a DistributedLock in its own namespace (give the name alone)"
-            ));
+            return Err(AnnotationError::OtherNamespace {
+                which,
+                name: name.to_string(),
+                kind,
+            });
         }
-        names::kubernetes_namespace(namespace)
-            .map_err(|e| format!("{which}: {}", e.named("namespace")))?;
+        names::kubernetes_namespace(namespace).map_err(|e| invalid("namespace", e))?;
     }
     // The same rule as the CRD's metadata.name and the CLI's Lease names.
-    names::kubernetes_name(local)
-        .map_err(|e| format!("{which}: {}", e.named("DistributedLock name")))?;
+    names::kubernetes_name(local).map_err(|e| invalid("DistributedLock name", e))?;
     Ok(name.to_string())
 }
 
@@ -220,14 +316,16 @@ pub enum QueuePriority {
 pub fn queue_priority(
     annotations: &BTreeMap<String, String>,
     spec: Option<&PodSpec>,
-) -> Result<QueuePriority, String> {
+) -> Result<QueuePriority, AnnotationError> {
     if let Some(text) = annotations.get(PRIORITY_ANNOTATION) {
-        return text.trim().parse().map(QueuePriority::Value).map_err(|e| {
-            format!(
-                "not started: {PRIORITY_ANNOTATION} {text:?} is not a priority ({e}): a whole \
-                 number from -2147483648 to 2147483647"
-            )
-        });
+        return text
+            .trim()
+            .parse()
+            .map(QueuePriority::Value)
+            .map_err(|source| AnnotationError::Priority {
+                text: text.clone(),
+                source,
+            });
     }
     Ok(match spec {
         Some(PodSpec {
@@ -243,16 +341,15 @@ pub fn queue_priority(
 
 /// The weight `lockwarden.io/weight` asks for its own locks: `None` without it, why not
 /// when it is not a whole number of at least 1.
-pub fn queue_weight(annotations: &BTreeMap<String, String>) -> Result<Option<u32>, String> {
+pub fn queue_weight(
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<u32>, AnnotationError> {
     let Some(text) = annotations.get(WEIGHT_ANNOTATION) else {
         return Ok(None);
     };
     match text.trim().parse::<u32>() {
         Ok(w) if w >= 1 => Ok(Some(w)),
-        _ => Err(format!(
-            "not started: {WEIGHT_ANNOTATION} {text:?} is not a weight: a whole number of \
-             permits, at least 1"
-        )),
+        _ => Err(AnnotationError::Weight { text: text.clone() }),
     }
 }
 
@@ -266,7 +363,7 @@ mod queue_weight_tests {
         assert_eq!(queue_weight(&BTreeMap::new()), Ok(None));
         assert_eq!(of("3"), Ok(Some(3)));
         for bad in ["0", "-1", "two", "1.5", ""] {
-            let e = of(bad).unwrap_err();
+            let e = of(bad).unwrap_err().to_string();
             assert!(
                 e.contains(WEIGHT_ANNOTATION) && e.contains("at least 1"),
                 "{bad}: {e}"
@@ -305,7 +402,7 @@ mod queue_priority_tests {
         assert_eq!(queue_priority(&none, None), Ok(QueuePriority::Template));
         let bad: BTreeMap<String, String> =
             [(PRIORITY_ANNOTATION.to_string(), "urgent".to_string())].into();
-        let err = queue_priority(&bad, None).unwrap_err();
+        let err = queue_priority(&bad, None).unwrap_err().to_string();
         assert!(
             err.contains("lockwarden.io/priority \"urgent\" is not a priority"),
             "{err}"
@@ -370,21 +467,24 @@ pub fn max_lost_grace(margins: &SafetyMargins) -> Duration {
 }
 
 /// `lockwarden.io/lost-grace` of a workload of `kind`: zero when absent.
-pub fn lost_grace(annotations: &BTreeMap<String, String>, kind: &Kind) -> Result<Duration, String> {
+pub fn lost_grace(
+    annotations: &BTreeMap<String, String>,
+    kind: &Kind,
+) -> Result<Duration, AnnotationError> {
     let Some(value) = annotations.get(LOST_GRACE_ANNOTATION) else {
         return Ok(Duration::ZERO);
     };
-    let grace =
-        parse_duration(value).map_err(|e| format!("{LOST_GRACE_ANNOTATION}: {value:?}: {e}"))?;
+    let grace = parse_duration(value).map_err(|source| AnnotationError::LostGraceSyntax {
+        value: value.clone(),
+        source,
+    })?;
     let max = max_lost_grace(&SafetyMargins::default());
     if grace >= max {
-        return Err(format!(
-            "{LOST_GRACE_ANNOTATION}: {value:?} would keep the {} running past the point \
-             where another holder may acquire the lock; it must be less than {} (the gap \
-             between the holder deadline and the earliest takeover)",
-            kind.as_str(),
-            format_duration(max)
-        ));
+        return Err(AnnotationError::LostGraceTooLong {
+            value: value.clone(),
+            kind: kind.as_str(),
+            max: format_duration(max),
+        });
     }
     Ok(grace)
 }
@@ -614,7 +714,8 @@ mod tests {
 
     #[test]
     fn bad_lists_say_what_is_wrong() {
-        let err = |pairs: &[(&str, &str)]| locks(&annotations(pairs), &WORK).unwrap_err();
+        let err =
+            |pairs: &[(&str, &str)]| locks(&annotations(pairs), &WORK).unwrap_err().to_string();
         let e = err(&[(LOCK_ANNOTATION, "a"), (LOCKS_ANNOTATION, "b,c")]);
         assert!(e.contains("both") && e.contains(LOCKS_ANNOTATION), "{e}");
         let e = err(&[(LOCKS_ANNOTATION, "a,,b")]);

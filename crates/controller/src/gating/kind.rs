@@ -4,9 +4,10 @@
 //! The machine ([`super::machine`]) knows every phase a gated workload goes through —
 //! claim, take its locks in order, start with fences, watch for loss, stop per
 //! `on-lock-lost`, let go — and asks the kind only what differs between kinds: where it
-//! is held back (a Job's `suspend`, a Pod's scheduling gate), how it is started and
-//! stopped, where its fences go and when it has finished. A kind is one file
-//! (`controller/jobs.rs`, `controller/pods.rs`) plus one line in the registry
+//! is held back (a Job's `suspend`, a Pod's scheduling gate, a Kueue Workload's
+//! admission check), how it is started and stopped, where its fences go and when it
+//! has finished. A kind is one file (`controller/jobs.rs`, `controller/pods.rs`,
+//! `controller/kueue/workload.rs`) plus one line in the registry
 //! (`controller::gated_kinds`); nothing here names one.
 
 use std::collections::BTreeMap;
@@ -34,14 +35,14 @@ use crate::telemetry::Telemetry;
 /// messages call it. Compared by value; one `static` per kind.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Kind {
-    /// `Job`, `Pod`: as in owner references and messages.
+    /// `Job`, `Pod`, `Workload`: as in owner references and messages.
     pub name: &'static str,
-    /// `batch/v1`, `v1`.
+    /// `batch/v1`, `v1`, `kueue.x-k8s.io/v1beta2`.
     pub api_version: &'static str,
     /// How a claim of this kind begins (see [`super::Workload::claim`]): `None` for
     /// `<name>/<uid>` — Jobs, the format since Job gating began; at most one kind —,
-    /// `Some("pod")` for `pod/<name>/<uid>`. Names never contain `/`, so the forms
-    /// cannot be confused.
+    /// `Some("pod")` for `pod/<name>/<uid>` (`workload` for Kueue Workloads). Names
+    /// never contain `/`, so the forms cannot be confused.
     pub claim_prefix: Option<&'static str>,
     /// `blockOwnerDeletion` on the owner reference of the workload's own lock: where
     /// OwnerReferencesPermissionEnforcement runs it needs `update` on the owner's
@@ -86,13 +87,15 @@ impl Kind {
 }
 
 /// What happens to a running workload whose lock is no longer held; each kind names
-/// the values it takes (a Job's `suspend` and a Pod's `delete` are both [`Stop`]).
+/// the values it takes (a Job's `suspend`, a Pod's `delete` and a Kueue Workload's
+/// `retry` are all [`Stop`]).
 ///
 /// [`Stop`]: OnLockLost::Stop
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnLockLost {
-    /// Stop it the kind's way (a Job is suspended, a Pod deleted); it waits for the lock
-    /// again (a Job) or its owner makes a new, gated one (a Pod).
+    /// Stop it the kind's way (a Job is suspended, a Pod deleted, a Kueue Workload sent
+    /// back by its check); it waits for the lock again (a Job, a Workload) or its owner
+    /// makes a new, gated one (a Pod).
     Stop,
     /// Stop it, mark it stopped by lockwarden and let its locks go; never started again.
     Fail,
@@ -404,6 +407,22 @@ trait Registered: Send + Sync {
 
 struct Of<W>(PhantomData<fn() -> W>);
 
+impl<W: GatedWorkload> Of<W> {
+    /// The workload `name` of `ns`, if it is still the one with `uid` (not gone, nor
+    /// replaced by another object of the same name).
+    async fn current(
+        client: kube::Client,
+        ns: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<W>, kube::Error> {
+        Ok(Api::<W>::namespaced(client, ns)
+            .get_opt(name)
+            .await?
+            .filter(|w| w.uid().as_deref() == Some(uid)))
+    }
+}
+
 #[async_trait]
 impl<W: GatedWorkload> Registered for Of<W> {
     fn kind(&self) -> &'static Kind {
@@ -417,10 +436,9 @@ impl<W: GatedWorkload> Registered for Of<W> {
         name: &str,
         uid: &str,
     ) -> Result<bool, kube::Error> {
-        Ok(Api::<W>::namespaced(client, ns)
-            .get_opt(name)
+        Ok(Self::current(client, ns, name, uid)
             .await?
-            .is_some_and(|w| w.uid().as_deref() == Some(uid) && w.finished().is_none()))
+            .is_some_and(|w| w.finished().is_none()))
     }
 
     async fn processes_ended(
@@ -430,12 +448,9 @@ impl<W: GatedWorkload> Registered for Of<W> {
         name: &str,
         uid: &str,
     ) -> Result<bool, kube::Error> {
-        match Api::<W>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await?
-        {
-            Some(w) if w.uid().as_deref() == Some(uid) => w.processes_ended(&client).await,
-            _ => Ok(true),
+        match Self::current(client.clone(), ns, name, uid).await? {
+            Some(w) => w.processes_ended(&client).await,
+            None => Ok(true),
         }
     }
 
@@ -468,6 +483,11 @@ impl Kinds {
         );
         self.0.push(Arc::new(Of::<W>(PhantomData)));
         self
+    }
+
+    /// The registration of `kind`, `None` if this build does not gate it.
+    fn registered(&self, kind: &Kind) -> Option<&Arc<dyn Registered>> {
+        self.0.iter().find(|k| k.kind() == kind)
     }
 
     /// Who `claim` names, `None` for a claim of a kind not registered here (a newer
@@ -506,7 +526,7 @@ impl Kinds {
         ns: &str,
         claimant: &Claimant,
     ) -> Result<bool, kube::Error> {
-        match self.0.iter().find(|k| k.kind() == claimant.kind) {
+        match self.registered(claimant.kind) {
             Some(kind) => kind.alive(client, ns, &claimant.name, &claimant.uid).await,
             // Not a kind of ours: assume it lives rather than steal its claim.
             None => Ok(true),
@@ -523,7 +543,7 @@ impl Kinds {
         ns: &str,
         claimant: &Claimant,
     ) -> Result<bool, kube::Error> {
-        match self.0.iter().find(|k| k.kind() == claimant.kind) {
+        match self.registered(claimant.kind) {
             Some(kind) => {
                 kind.processes_ended(client, ns, &claimant.name, &claimant.uid)
                     .await

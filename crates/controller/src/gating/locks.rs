@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::decide::Gate;
 use super::machine::Ended;
 use super::{CLAIM_ANNOTATION, Kinds, Workload};
-use lockwarden_api::{DistributedLock, LockPhase};
+use lockwarden_api::{DistributedLock, DistributedLockSpec, LockPhase};
 
 pub enum Claim {
     Ours(Box<DistributedLock>),
@@ -148,57 +148,109 @@ pub async fn own_lock(
     name: &str,
     terms: &OwnLockTerms,
 ) -> Result<Claim, kube::Error> {
-    let OwnLockTerms {
-        needed_delay,
-        priority,
-        weight,
-    } = *terms;
-    let kind = workload.kind.as_str();
     if let Some(lock) = locks.get_opt(name).await? {
-        let owned = lock
-            .owner_references()
-            .iter()
-            .any(|o| o.uid == workload.uid && o.controller == Some(true));
-        return Ok(if !owned {
-            Claim::Waiting(
-                EventType::Warning,
-                "LockNameTaken",
-                format!("DistributedLock {name} exists and is not owned by this {kind}"),
-            )
-        } else if lock.metadata.deletion_timestamp.is_some() {
-            // Let go after a loss: a new one is made once this one is gone.
-            Claim::Waiting(
-                EventType::Normal,
-                "Waiting",
-                format!("waiting for lock {name}: the previous acquisition is being released"),
-            )
-        } else {
-            Claim::Ours(Box::new(lock))
-        });
+        return Ok(existing_own_lock(lock, workload, name));
     }
+    let template_lock = match usable_template(locks, workload, template).await? {
+        Ok(template_lock) => template_lock,
+        Err(not_usable) => return Ok(not_usable),
+    };
+    let spec = match own_spec(template_lock.spec, workload, cluster, template, terms) {
+        Ok(spec) => spec,
+        Err(refused) => return Ok(refused),
+    };
+    if let Err(e) = lockwarden_core::names::kubernetes_name(name) {
+        let kind = workload.kind.as_str();
+        return Ok(Claim::Waiting(
+            EventType::Warning,
+            "LockNameInvalid",
+            format!(
+                "the {kind}'s own lock from template {template} would be named {name:?}, \
+                 which is not a valid DistributedLock name ({}); use shorter names",
+                e.named("name")
+            ),
+        ));
+    }
+    let lock = own_lock_object(workload, template, name, spec);
+    let lock = locks.create(&PostParams::default(), &lock).await?;
+    Ok(Claim::Ours(Box::new(lock)))
+}
+
+/// The workload's own lock `name` exists already: ours, unless another object owns it
+/// or it is being deleted.
+fn existing_own_lock(lock: DistributedLock, workload: &Workload, name: &str) -> Claim {
+    let owned = lock
+        .owner_references()
+        .iter()
+        .any(|o| o.uid == workload.uid && o.controller == Some(true));
+    if !owned {
+        let kind = workload.kind.as_str();
+        Claim::Waiting(
+            EventType::Warning,
+            "LockNameTaken",
+            format!("DistributedLock {name} exists and is not owned by this {kind}"),
+        )
+    } else if lock.metadata.deletion_timestamp.is_some() {
+        // Let go after a loss: a new one is made once this one is gone.
+        Claim::Waiting(
+            EventType::Normal,
+            "Waiting",
+            format!("waiting for lock {name}: the previous acquisition is being released"),
+        )
+    } else {
+        Claim::Ours(Box::new(lock))
+    }
+}
+
+/// The lock template `template` names, if it exists and is released (a template that
+/// holds its key would keep every workload waiting); else why the workload waits.
+async fn usable_template(
+    locks: &Api<DistributedLock>,
+    workload: &Workload,
+    template: &str,
+) -> Result<Result<DistributedLock, Claim>, kube::Error> {
     let gate = Gate::Template(template.to_string());
     let Some(template_lock) = super::lockset::lock_or_template(locks, &gate).await? else {
         let where_ = match super::decide::template_ref(template) {
             (Some(namespace), _) => format!("in namespace {namespace}"),
             (None, _) => "in this namespace".to_string(),
         };
-        return Ok(Claim::Waiting(
+        return Ok(Err(Claim::Waiting(
             EventType::Warning,
             "TemplateNotFound",
             format!("lock template {template} (a DistributedLock {where_}) does not exist"),
-        ));
+        )));
     };
     if !template_lock.spec.release {
-        return Ok(Claim::Waiting(
+        let kind = workload.kind.as_str();
+        return Ok(Err(Claim::Waiting(
             EventType::Warning,
             "TemplateNotReleased",
             format!(
                 "lock template {template} has spec.release: false, so it would hold the key \
                  itself and every {kind} would wait for it forever; set release: true on a template"
             ),
-        ));
+        )));
     }
-    let mut spec = template_lock.spec.clone();
+    Ok(Ok(template_lock))
+}
+
+/// The spec of the workload's own lock: the template's, acquiring (not released, never
+/// forced) as the workload, with the lock-delay, priority and weight the workload
+/// needs; or why it cannot take the weight it asks for.
+fn own_spec(
+    mut spec: DistributedLockSpec,
+    workload: &Workload,
+    cluster: &str,
+    template: &str,
+    terms: &OwnLockTerms,
+) -> Result<DistributedLockSpec, Claim> {
+    let OwnLockTerms {
+        needed_delay,
+        priority,
+        weight,
+    } = *terms;
+    let kind = workload.kind.as_str();
     spec.release = false;
     // A template's force would make every workload take the key over from the previous.
     spec.force = false;
@@ -215,7 +267,7 @@ pub async fn own_lock(
     // only a queued template's lock may take more than one permit (§6.4).
     if let Some(weight) = weight.filter(|w| Some(*w) != spec.weight) {
         if !spec.queue {
-            return Ok(Claim::Waiting(
+            return Err(Claim::Waiting(
                 EventType::Warning,
                 "WeightNeedsQueue",
                 format!(
@@ -225,7 +277,7 @@ pub async fn own_lock(
             ));
         }
         if weight > spec.permits {
-            return Ok(Claim::Impossible(format!(
+            return Err(Claim::Impossible(format!(
                 "it asks for {weight} permits of lock template {template}, which has {}: it \
                  could never hold its lock",
                 spec.permits
@@ -233,17 +285,17 @@ pub async fn own_lock(
         }
         spec.weight = Some(weight);
     }
-    if let Err(e) = lockwarden_core::names::kubernetes_name(name) {
-        return Ok(Claim::Waiting(
-            EventType::Warning,
-            "LockNameInvalid",
-            format!(
-                "the {kind}'s own lock from template {template} would be named {name:?}, \
-                 which is not a valid DistributedLock name ({}); use shorter names",
-                e.named("name")
-            ),
-        ));
-    }
+    Ok(spec)
+}
+
+/// The workload's own lock as created: claimed by and owned by the workload, labelled
+/// with the template it comes from.
+fn own_lock_object(
+    workload: &Workload,
+    template: &str,
+    name: &str,
+    spec: DistributedLockSpec,
+) -> DistributedLock {
     let mut lock = DistributedLock::new(name, spec);
     lock.metadata.namespace = Some(workload.namespace.clone());
     lock.metadata.annotations = Some([(CLAIM_ANNOTATION.to_string(), workload.claim())].into());
@@ -258,8 +310,7 @@ pub async fn own_lock(
         .into(),
     );
     lock.metadata.owner_references = Some(vec![workload.owner_reference()]);
-    let lock = locks.create(&PostParams::default(), &lock).await?;
-    Ok(Claim::Ours(Box::new(lock)))
+    lock
 }
 
 /// Lets the workload's lock `name` go: deletes its own lock, releases and unclaims a

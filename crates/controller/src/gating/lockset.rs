@@ -17,6 +17,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 
 use super::decide::{self, Gate, LockSet};
+use super::error::LockRequestFailed;
 use super::locks::{self, Claim, OwnLockTerms, claim, own_lock};
 use super::machine::Ended;
 use super::{
@@ -72,7 +73,7 @@ pub async fn in_take_order(
     api: &Api<DistributedLock>,
     set: &LockSet,
     workload: &Workload,
-) -> Result<Result<Vec<WorkloadLock>, Waiting>, kube::Error> {
+) -> Result<Result<Vec<WorkloadLock>, Waiting>, LockRequestFailed> {
     let all = named(set, workload);
     if !set.several() {
         return Ok(Ok(all));
@@ -80,7 +81,10 @@ pub async fn in_take_order(
     let mut keyed = Vec::with_capacity(all.len());
     for lock in all {
         let source = lock.gate.named();
-        let Some(found) = lock_or_template(api, &lock.gate).await? else {
+        let Some(found) = lock_or_template(api, &lock.gate)
+            .await
+            .map_err(LockRequestFailed::about(source))?
+        else {
             let what = match lock.gate {
                 Gate::Named(_) => "DistributedLock",
                 Gate::Template(_) => "lock template (a DistributedLock)",
@@ -322,26 +326,25 @@ pub struct Taker<'a> {
     /// Whether the processes of the run that lost it are observed ended: only then is a
     /// lost acquisition let go (docs/design.md §6.3).
     pub ended: Option<&'a Ended>,
-    /// The lock-delay the workload's Pods need, for its own locks made from templates.
-    pub needed_delay: Duration,
-    /// The workload's queue priority, for its own locks made from queued templates
-    /// (`None`: the template's).
-    pub priority: Option<i32>,
-    /// The workload's weight, for its own locks made from queued templates (`None`:
-    /// the template's).
-    pub weight: Option<u32>,
+    /// What its own locks made from templates take: the lock-delay its Pods need, its
+    /// queue priority and weight.
+    pub terms: OwnLockTerms,
 }
 
 impl Taker<'_> {
     /// Takes `ordered` one at a time: each is claimed (or created) only once every lock
     /// before it is held for the workload.
-    pub async fn take(&self, ordered: &[WorkloadLock]) -> Result<Taking, kube::Error> {
+    pub async fn take(&self, ordered: &[WorkloadLock]) -> Result<Taking, LockRequestFailed> {
         let mut held = RanWith::default();
         for (i, lock) in ordered.iter().enumerate() {
             let step = |(type_, reason, message): Waiting| {
                 Taking::Waiting((type_, reason, progress(message, i, ordered, &held)))
             };
-            let found = match self.claim(lock).await? {
+            let found = match self
+                .claim(lock)
+                .await
+                .map_err(LockRequestFailed::about(&lock.name))?
+            {
                 Claim::Ours(found) => *found,
                 Claim::Waiting(type_, reason, message) => {
                     return Ok(step((type_, reason, message)));
@@ -361,7 +364,9 @@ impl Taker<'_> {
                     );
                     return Ok(step((EventType::Normal, "Waiting", message)));
                 };
-                locks::let_go(ended, self.api, self.workload, &lock.gate, &lock.name, true).await?;
+                locks::let_go(ended, self.api, self.workload, &lock.gate, &lock.name, true)
+                    .await
+                    .map_err(LockRequestFailed::about(&lock.name))?;
                 let message = format!(
                     "waiting for lock {}: letting go of the acquisition lost with fence {lost}",
                     lock.name
@@ -401,11 +406,7 @@ impl Taker<'_> {
                     self.workload,
                     template,
                     &lock.name,
-                    &OwnLockTerms {
-                        needed_delay: self.needed_delay,
-                        priority: self.priority,
-                        weight: self.weight,
-                    },
+                    &self.terms,
                 )
                 .await
             }
@@ -445,10 +446,12 @@ pub async fn let_go_all(
     workload: &Workload,
     locks: &[WorkloadLock],
     ran: bool,
-) -> Result<Vec<String>, kube::Error> {
+) -> Result<Vec<String>, LockRequestFailed> {
     let mut notes = Vec::new();
     for lock in locks {
-        if let Some(note) = locks::let_go(ended, api, workload, &lock.gate, &lock.name, ran).await?
+        if let Some(note) = locks::let_go(ended, api, workload, &lock.gate, &lock.name, ran)
+            .await
+            .map_err(LockRequestFailed::about(&lock.name))?
         {
             notes.push(note);
         }

@@ -24,6 +24,7 @@
 //! the workloads that own, claim or name each lock.
 
 use std::collections::BTreeMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,8 +36,10 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::decide::{self, LockSet, LossPolicy};
+use super::decide::{self, AnnotationError, LockSet, LossPolicy};
+use super::error::GatingError;
 use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
+use super::locks::OwnLockTerms;
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
 use super::running::{Running, Step};
 use super::stop;
@@ -67,12 +70,6 @@ enum LetGo {
     Ended(Option<String>),
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum GatingError {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-}
-
 /// Everything a gated workload's annotations ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
@@ -86,7 +83,7 @@ pub struct Settings {
 impl Settings {
     /// The settings of a workload of `W`'s kind, `None` if it names no lock, or why its
     /// annotations cannot be acted on.
-    pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, String> {
+    pub fn of<W: GatedWorkload>(workload: &W) -> Result<Option<Settings>, AnnotationError> {
         Settings::from_annotations(workload.annotations(), W::KIND)
     }
 
@@ -95,7 +92,7 @@ impl Settings {
     pub fn from_annotations(
         annotations: &BTreeMap<String, String>,
         kind: &'static super::Kind,
-    ) -> Result<Option<Settings>, String> {
+    ) -> Result<Option<Settings>, AnnotationError> {
         let Some((locks, on_lock_lost)) = decide::locks_and_on_lock_lost(annotations, kind)? else {
             return Ok(None);
         };
@@ -190,6 +187,24 @@ impl<W: GatedWorkload> Gating<W> {
     }
 }
 
+#[cfg(test)]
+impl<W: GatedWorkload> Gating<W> {
+    /// For the unit tests: the default config, an empty cache, telemetry of its own,
+    /// and `W` the only kind registered.
+    pub fn alone(client: kube::Client) -> Arc<Self> {
+        let (cache, _writer) = kube::runtime::reflector::store();
+        let kinds = Kinds::default().with::<W>();
+        let config = ControllerConfig::default();
+        Arc::new(Gating::new(
+            client,
+            config,
+            cache,
+            Arc::new(Telemetry::new()),
+            kinds,
+        ))
+    }
+}
+
 fn error_policy<W: GatedWorkload>(_obj: Arc<W>, err: &GatingError, _ctx: Arc<Gating<W>>) -> Action {
     tracing::debug!(kind = W::KIND.name, error = %err, "gating reconcile failed; retrying");
     // Mostly a lost race on a resourceVersion precondition: retry soon.
@@ -242,7 +257,10 @@ pub async fn reconcile<W: GatedWorkload>(
     obj: Arc<W>,
     ctx: Arc<Gating<W>>,
 ) -> Result<Action, GatingError> {
-    let gate = obj.gate_annotations(&ctx.client).await?;
+    let gate = obj
+        .gate_annotations(&ctx.client)
+        .await
+        .map_err(|e| GatingError::Gate(workload(&*obj).to_string(), e))?;
     let run = Run::new(&ctx, &obj, &gate);
     let phase = Phase::of(&*obj);
     // Letting go needs only the locks' names: a bad policy annotation must not keep a
@@ -260,11 +278,14 @@ pub async fn reconcile<W: GatedWorkload>(
             Some(message) if phase == Phase::HeldBack => return run.on_invalid(message).await,
             _ => return run.on_ungated().await,
         },
-        Err(message) => return run.on_invalid(message).await,
+        Err(invalid) => return run.on_invalid(invalid.to_string()).await,
     };
     // Not asked of a workload lockwarden started: that one's locks stay watched.
     if matches!(phase, Phase::HeldBack | Phase::NotHeldBack)
-        && let Some(why) = obj.managed_elsewhere(&ctx.client, &ctx.config).await?
+        && let Some(why) = obj
+            .managed_elsewhere(&ctx.client, &ctx.config)
+            .await
+            .map_err(run.failed(GatingError::ManagedElsewhere))?
     {
         return run.on_managed_elsewhere(why, &settings).await;
     }
@@ -306,13 +327,27 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         lockset::named(set, &self.workload)
     }
 
+    /// The failure of `step` for this workload.
+    fn failed<E: 'static>(
+        &self,
+        step: fn(String, E) -> GatingError,
+    ) -> impl FnOnce(E) -> GatingError + '_ {
+        move |source| step(self.workload.to_string(), source)
+    }
+
+    async fn remove_finalizer(&self, obj: &W) -> Result<(), GatingError> {
+        remove_finalizer(&self.api, obj)
+            .await
+            .map_err(self.failed(GatingError::Finalizer))
+    }
+
     async fn report(
         &self,
         type_: EventType,
         reason: &str,
         message: String,
     ) -> Result<(), GatingError> {
-        Ok(report(
+        report(
             &self.api,
             &self.ctx.events,
             self.obj,
@@ -320,7 +355,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             reason,
             message,
         )
-        .await?)
+        .await
+        .map_err(self.failed(GatingError::Report))
     }
 
     /// Why it is not started (yet): [`report`](Self::report), and the same message
@@ -334,7 +370,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     ) -> Result<(), GatingError> {
         self.obj
             .show_waiting(&self.api, &message, type_ == EventType::Warning)
-            .await?;
+            .await
+            .map_err(self.failed(GatingError::Report))?;
         self.report(type_, reason, message).await
     }
 
@@ -350,7 +387,8 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     async fn observe_ended(&self, obj: &W) -> Result<Option<Ended>, GatingError> {
         Ok(obj
             .processes_ended(&self.ctx.client)
-            .await?
+            .await
+            .map_err(self.failed(GatingError::ProcessesEnded))?
             .then_some(Ended(())))
     }
 
@@ -362,8 +400,9 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             return Ok(LetGo::Running);
         };
         let locks = self.named(set);
-        let notes =
-            lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, obj.running()).await?;
+        let notes = lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, obj.running())
+            .await
+            .map_err(self.failed(GatingError::LetGo))?;
         Ok(LetGo::Ended((!notes.is_empty()).then(|| notes.join("; "))))
     }
 
@@ -379,7 +418,10 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 LetGo::Running => {
                     // Its Pods get their grace period, starting now (a Job's Pods are
                     // otherwise deleted only once the Job is gone).
-                    self.obj.delete_pods(&self.ctx.client).await?;
+                    self.obj
+                        .delete_pods(&self.ctx.client)
+                        .await
+                        .map_err(self.failed(GatingError::DeletePods))?;
                     let message = format!(
                         "deleted; {} is let go once its processes have ended",
                         describe(&self.named(&set))
@@ -397,7 +439,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             }
         }
         self.forget_not_held();
-        remove_finalizer(&self.api, self.obj).await?;
+        self.remove_finalizer(self.obj).await?;
         Ok(Action::await_change())
     }
 
@@ -423,8 +465,10 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         };
         // The finalizer goes first: its patch is conditioned on the resourceVersion
         // this reconcile read, which the status write would change.
-        remove_finalizer(&self.api, self.obj).await?;
-        let patched = set_status(&self.api, self.obj, &message).await?;
+        self.remove_finalizer(self.obj).await?;
+        let patched = set_status(&self.api, self.obj, &message)
+            .await
+            .map_err(self.failed(GatingError::Report))?;
         self.event(
             patched.as_ref().unwrap_or(self.obj),
             EventType::Normal,
@@ -438,7 +482,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// Naming no lock (the annotations were removed): our finalizer, if any, goes.
     async fn on_ungated(self) -> Result<Action, GatingError> {
         if has_finalizer(self.obj) {
-            remove_finalizer(&self.api, self.obj).await?;
+            self.remove_finalizer(self.obj).await?;
         }
         Ok(Action::await_change())
     }
@@ -457,7 +501,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
                 return Ok(Action::requeue(PROCESSES_RECHECK));
             }
-            remove_finalizer(&self.api, self.obj).await?;
+            self.remove_finalizer(self.obj).await?;
         }
         Ok(Action::await_change())
     }
@@ -481,7 +525,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             if let LetGo::Running = self.let_go_when_ended(self.obj, &settings.locks).await? {
                 return Ok(Action::requeue(PROCESSES_RECHECK));
             }
-            remove_finalizer(&self.api, self.obj).await?;
+            self.remove_finalizer(self.obj).await?;
         }
         Ok(Action::await_change())
     }
@@ -506,7 +550,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             uid: &self.workload.uid,
             policy: settings.loss_policy(),
         };
-        match running.step(&self.ctx.not_held_since).await? {
+        let step = running
+            .step(&self.ctx.not_held_since)
+            .await
+            .map_err(self.failed(GatingError::Standing))?;
+        match step {
             Step::Continue(None) => Ok(Action::await_change()),
             Step::Continue(Some(message)) => {
                 self.report(EventType::Normal, "LockHeld", message).await?;
@@ -546,7 +594,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         settings: &Settings,
         stopping: &Stopping<'_>,
     ) -> Result<Action, GatingError> {
-        let stopped = self.obj.stop(&self.api, stopping).await?;
+        let stopped = self
+            .obj
+            .stop(&self.api, stopping)
+            .await
+            .map_err(self.failed(GatingError::Stop))?;
         let Some(object) = stopped.object else {
             return Ok(Action::await_change());
         };
@@ -574,7 +626,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             // If this fails, the stopped (or re-gated) workload picks up from here.
             let let_go = self.let_go_when_ended(&object, &settings.locks).await?;
             if matches!(let_go, LetGo::Ended(_)) && stopping.for_good {
-                remove_finalizer(&self.api, &object).await?;
+                self.remove_finalizer(&object).await?;
             }
         }
         Ok(Action::await_change())
@@ -606,7 +658,9 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// order), and start it once all are held for it, or say why not.
     async fn start_or_explain(self, settings: &Settings) -> Result<Action, GatingError> {
         if !has_finalizer(self.obj) {
-            add_finalizer(&self.api, self.obj).await?;
+            add_finalizer(&self.api, self.obj)
+                .await
+                .map_err(self.failed(GatingError::Finalizer))?;
             // The patched object comes back through the watch.
             return Ok(Action::await_change());
         }
@@ -617,6 +671,44 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 .await?;
             return Ok(Action::await_change());
         }
+        let terms = match self.own_lock_terms().await? {
+            ControlFlow::Continue(terms) => terms,
+            ControlFlow::Break(action) => return Ok(action),
+        };
+        let ordered = lockset::in_take_order(&self.locks, &settings.locks, &self.workload)
+            .await
+            .map_err(self.failed(GatingError::Order))?;
+        let ordered = match ordered {
+            Ok(ordered) => ordered,
+            Err((type_, reason, message)) => {
+                self.wait(type_, reason, message).await?;
+                return Ok(Action::requeue(WAITING_RESYNC));
+            }
+        };
+        let lost = self.obj.lost_fences(&ordered);
+        let ran = match self.take(&ordered, &lost, terms).await? {
+            ControlFlow::Continue(ran) => ran,
+            ControlFlow::Break(action) => return Ok(action),
+        };
+        let readiness = self
+            .obj
+            .ready_to_start(&self.api, !lost.is_empty(), &describe(&ordered))
+            .await
+            .map_err(self.failed(GatingError::ReadyToStart))?;
+        match readiness {
+            Readiness::Ready => self.start(&ordered, ran, terms.needed_delay).await,
+            Readiness::Wait(message) => {
+                self.wait(EventType::Normal, "Waiting", message).await?;
+                Ok(Action::await_change())
+            }
+            Readiness::Wrote => Ok(Action::await_change()),
+        }
+    }
+
+    /// What its own locks take besides their template's spec: the lock-delay its Pods
+    /// need (§6.3), its queue priority and weight (§6.4). Or, once the Warning says why
+    /// it cannot start, the action to return.
+    async fn own_lock_terms(&self) -> Result<ControlFlow<Action, OwnLockTerms>, GatingError> {
         let needed_delay =
             match stop::needed_lock_delay(self.obj.pod_spec(), &SafetyMargins::default()) {
                 Ok(needed) => needed,
@@ -627,34 +719,41 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                     );
                     self.wait(EventType::Warning, "LockDelayTooLong", message)
                         .await?;
-                    return Ok(Action::await_change());
+                    return Ok(ControlFlow::Break(Action::await_change()));
                 }
             };
         let priority = match decide::queue_priority(self.gate, self.obj.pod_spec()) {
             Ok(asked) => self.priority_value(asked).await,
-            Err(message) => {
-                self.wait(EventType::Warning, "InvalidPriority", message)
+            Err(invalid) => {
+                self.wait(EventType::Warning, "InvalidPriority", invalid.to_string())
                     .await?;
-                return Ok(Action::await_change());
+                return Ok(ControlFlow::Break(Action::await_change()));
             }
         };
         let weight = match decide::queue_weight(self.gate) {
             Ok(weight) => weight,
-            Err(message) => {
-                self.wait(EventType::Warning, "InvalidWeight", message)
+            Err(invalid) => {
+                self.wait(EventType::Warning, "InvalidWeight", invalid.to_string())
                     .await?;
-                return Ok(Action::await_change());
+                return Ok(ControlFlow::Break(Action::await_change()));
             }
         };
-        let ordered =
-            match lockset::in_take_order(&self.locks, &settings.locks, &self.workload).await? {
-                Ok(ordered) => ordered,
-                Err((type_, reason, message)) => {
-                    self.wait(type_, reason, message).await?;
-                    return Ok(Action::requeue(WAITING_RESYNC));
-                }
-            };
-        let lost = self.obj.lost_fences(&ordered);
+        Ok(ControlFlow::Continue(OwnLockTerms {
+            needed_delay,
+            priority,
+            weight,
+        }))
+    }
+
+    /// Takes `ordered`, one at a time (a lock it `lost` is let go and taken anew, once
+    /// the processes of the run that lost it have ended): what it runs with once all
+    /// are held, or, once the status says why not, the action to return.
+    async fn take(
+        &self,
+        ordered: &[WorkloadLock],
+        lost: &BTreeMap<String, i64>,
+        terms: OwnLockTerms,
+    ) -> Result<ControlFlow<Action, RanWith>, GatingError> {
         let ended = if lost.is_empty() {
             None
         } else {
@@ -667,40 +766,33 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             workload: &self.workload,
             cluster: &self.ctx.config.cluster_name,
             in_use_by: &in_use_by,
-            lost: &lost,
+            lost,
             ended: ended.as_ref(),
-            needed_delay,
-            priority,
-            weight,
+            terms,
         };
-        let ran = match taker.take(&ordered).await? {
-            Taking::Held(ran) => ran,
+        let taking = taker
+            .take(ordered)
+            .await
+            .map_err(self.failed(GatingError::Take))?;
+        match taking {
+            Taking::Held(ran) => Ok(ControlFlow::Continue(ran)),
             Taking::Waiting((type_, reason, message)) => {
                 self.wait(type_, reason, message).await?;
-                return Ok(Action::requeue(WAITING_RESYNC));
+                Ok(ControlFlow::Break(Action::requeue(WAITING_RESYNC)))
             }
             Taking::Impossible(why) => {
-                self.obj.refuse(&self.api, &why).await?;
+                self.obj
+                    .refuse(&self.api, &why)
+                    .await
+                    .map_err(self.failed(GatingError::Refuse))?;
                 self.report(
                     EventType::Warning,
                     "Impossible",
                     format!("not started: {why}"),
                 )
                 .await?;
-                return Ok(Action::await_change());
+                Ok(ControlFlow::Break(Action::await_change()))
             }
-        };
-        match self
-            .obj
-            .ready_to_start(&self.api, !lost.is_empty(), &describe(&ordered))
-            .await?
-        {
-            Readiness::Ready => self.start(&ordered, ran, needed_delay).await,
-            Readiness::Wait(message) => {
-                self.wait(EventType::Normal, "Waiting", message).await?;
-                Ok(Action::await_change())
-            }
-            Readiness::Wrote => Ok(Action::await_change()),
         }
     }
 
@@ -721,7 +813,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         needed: Duration,
     ) -> Result<Action, GatingError> {
         let message = format!("started holding {}", ran.describe());
-        let started = self.obj.start(&self.api, &ran, locks, &message).await?;
+        let started = self
+            .obj
+            .start(&self.api, &ran, locks, &message)
+            .await
+            .map_err(self.failed(GatingError::Start))?;
         tracing::info!(
             kind = W::KIND.name, name = %self.obj.name_any(), fences = ?ran.0,
             "started a gated workload"

@@ -1,14 +1,29 @@
-//! What Job gating and Pod gating share (docs/design.md §6, §6.1): the annotations a
-//! workload names its lock with, the pure decisions about a lock's standing
-//! ([`decide`]), claiming, creating and letting go of DistributedLocks for a workload
-//! ([`locks`]), and the writes every gated object gets (status annotation with an
-//! Event, the release finalizer: [`writes`]).
+//! The gating machine: what gating a workload on DistributedLocks takes, whatever the
+//! kind of workload (docs/design.md §6, §6.1). The kinds registered in
+//! `controller::gated_kinds` are Jobs (`controller/jobs.rs`), gated Pods
+//! (`controller/pods.rs`) and Kueue Workloads (`controller/kueue/`, §6.6); nothing in
+//! this folder names one.
 //!
-//! A gated object is described to this layer by a [`Workload`] (kind, name, uid,
-//! namespace); the kind decides only what a workload is called (claim, holder
-//! identity, owner reference) and how to ask whether a claimant still lives.
+//! - this file: the annotations a workload names its locks with and lockwarden writes
+//!   on it, [`Workload`] (a gated object as this layer sees it: kind, name, uid,
+//!   namespace), the lock watch's mapping to workloads, and the Events;
+//! - [`kind`]: what a kind is to the machine ([`GatedWorkload`]) and the registry of
+//!   kinds a claim is parsed and judged stale by ([`Kinds`]);
+//! - [`machine`]: one controller per kind, one method per phase;
+//! - [`decide`]: the pure decisions (which locks the annotations name, a lock's
+//!   standing, what follows a loss);
+//! - [`locks`] and [`lockset`]: claiming, creating and letting go of DistributedLocks,
+//!   several in one global order; [`running`]: a running workload's locks;
+//!   [`stop`]: the lock-delay a workload's Pods need (§6.3); [`writes`]: the status
+//!   annotation with an Event, and the release finalizer;
+//! - `error.rs`: [`GatingError`], the step that failed.
+//!
+//! The kind decides only what differs between kinds: how a workload is held back,
+//! started, stopped and judged finished, where its fences go, and what its claims,
+//! holder identities and owner references call it.
 
 pub mod decide;
+mod error;
 pub mod kind;
 pub mod locks;
 pub mod lockset;
@@ -17,8 +32,9 @@ pub mod running;
 pub mod stop;
 pub mod writes;
 
+pub use error::{GatingError, LockRequestFailed};
 pub use kind::{Claimant, GatedWorkload, Kind, Kinds, OnLockLost, Readiness, Stopped, Stopping};
-pub use machine::{GatingError, Phase, Settings};
+pub use machine::{Phase, Settings};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -100,6 +116,13 @@ pub struct Workload {
     pub namespace: String,
 }
 
+/// `Job ns/name`: how logs and errors name it.
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind.name, self.namespace, self.name)
+    }
+}
+
 impl Workload {
     pub fn of<K: Resource>(kind: &'static Kind, obj: &K) -> Workload {
         let meta = obj.meta();
@@ -112,7 +135,8 @@ impl Workload {
     }
 
     /// What the lock's claim annotation says: `<job>/<uid>` for a Job (the format
-    /// since Job gating began), `<prefix>/<name>/<uid>` for other kinds (`pod/…`; see
+    /// since Job gating began), `<prefix>/<name>/<uid>` for other kinds (`pod/…`,
+    /// `workload/…`; see
     /// [`Kind::claim_prefix`]). Names never contain `/`, so the forms cannot be
     /// confused.
     pub fn claim(&self) -> String {
@@ -209,7 +233,7 @@ where
 
 /// Another workload of `kind` in `this` one's namespace (from the cache) that was
 /// started with the named lock `name` and has not finished (`started_and_running`): a
-/// claim removed by hand must not let `this` start next to it. "Job x" or "Pod x".
+/// claim removed by hand must not let `this` start next to it. "Job x", "Pod x", …
 pub fn in_use_by<K: Resource<DynamicType = ()>>(
     kind: &'static Kind,
     cached: &[Arc<K>],

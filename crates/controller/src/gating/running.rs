@@ -8,6 +8,7 @@ use std::time::Duration;
 use kube::api::Api;
 
 use super::decide::{self, LockStanding, LossPolicy, RunningAction};
+use super::error::LockRequestFailed;
 use super::lockset::{WorkloadLock, describe, fence_text};
 use super::{NotHeldSince, STATUS_ANNOTATION};
 use lockwarden_api::DistributedLock;
@@ -51,7 +52,7 @@ pub struct Running<'a> {
 impl Running<'_> {
     /// The next step: every lock's standing (the first not held decides), how long this
     /// controller has seen it not held, and the policy.
-    pub async fn step(&self, not_held_since: &NotHeldSince) -> Result<Step, kube::Error> {
+    pub async fn step(&self, not_held_since: &NotHeldSince) -> Result<Step, LockRequestFailed> {
         let standing = self.standing().await?;
         let not_held_for = match standing {
             LockStanding::Held => {
@@ -91,9 +92,13 @@ impl Running<'_> {
 
     /// Held only if every lock the workload runs with is still held with its fence:
     /// the first one that is not decides.
-    async fn standing(&self) -> Result<LockStanding, kube::Error> {
+    async fn standing(&self) -> Result<LockStanding, LockRequestFailed> {
         for (name, fence) in self.fences {
-            let lock = self.api.get_opt(name).await?;
+            let lock = self
+                .api
+                .get_opt(name)
+                .await
+                .map_err(LockRequestFailed::about(name))?;
             let standing = decide::standing(lock.as_ref(), name, *fence);
             if standing != LockStanding::Held {
                 return Ok(standing);

@@ -88,7 +88,9 @@ fn on_lock_lost_values_and_a_bad_one() {
         let s = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, value)])).unwrap();
         assert_eq!(s.unwrap().on_lock_lost, policy);
     }
-    let err = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")])).unwrap_err();
+    let err = Settings::of(&gated(&[(ON_LOCK_LOST_ANNOTATION, "Suspend")]))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(ON_LOCK_LOST_ANNOTATION), "{err}");
     assert!(err.contains("suspend, fail, ignore"), "{err}");
 }
@@ -101,11 +103,15 @@ fn lost_grace_must_end_before_the_earliest_takeover() {
     let s = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "300ms")])).unwrap();
     assert_eq!(s.unwrap().lost_grace, Duration::from_millis(300));
     for too_long in ["495ms", "1s", "30s"] {
-        let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, too_long)])).unwrap_err();
+        let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, too_long)]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("another holder may acquire"), "{err}");
         assert!(err.contains("495ms"), "{err}");
     }
-    let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "soon")])).unwrap_err();
+    let err = Settings::of(&gated(&[(LOST_GRACE_ANNOTATION, "soon")]))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains(LOST_GRACE_ANNOTATION), "{err}");
 }
 
@@ -116,17 +122,24 @@ fn gate_annotations() {
         json!({ LOCK_ANNOTATION: "a", TEMPLATE_ANNOTATION: "b" }),
         json!({}),
     );
-    assert!(Settings::of(&both).unwrap_err().contains("both"));
+    assert!(
+        Settings::of(&both)
+            .unwrap_err()
+            .to_string()
+            .contains("both")
+    );
     let other_ns = job(json!({ TEMPLATE_ANNOTATION: "ns/b" }), json!({}));
     assert!(
         Settings::of(&other_ns)
             .unwrap_err()
+            .to_string()
             .contains("another namespace")
     );
     let bad = job(json!({ LOCK_ANNOTATION: "Not_A_Name" }), json!({}));
     assert!(
         Settings::of(&bad)
             .unwrap_err()
+            .to_string()
             .contains("invalid DistributedLock name")
     );
 }
@@ -319,15 +332,13 @@ fn pods_of_a_suspended_job() {
 mod release_waits_for_the_pods {
     use std::sync::Arc;
 
-    use kube::runtime::reflector;
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::config::{ControllerConfig, FINALIZER};
-    use crate::fake_api::FakeApi;
+    use crate::config::FINALIZER;
+    use crate::fake_api::{FakeApi, LockStatus};
+    use crate::gating::GUARD_ANNOTATION;
     use crate::gating::machine::{Gating, reconcile};
-    use crate::gating::{GUARD_ANNOTATION, Kinds};
-    use crate::telemetry::Telemetry;
 
     const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
     const JOB: &str = "/apis/batch/v1/namespaces/ns/jobs/j";
@@ -374,38 +385,21 @@ mod release_waits_for_the_pods {
                 "status": { "phase": "Running" },
             }),
         );
-        let (cache, _writer) = reflector::store();
-        let ctx = Arc::new(Gating::<Job>::new(
-            api.client(),
-            ControllerConfig::default(),
-            cache,
-            Arc::new(Telemetry::new()),
-            Kinds::default().with::<Job>(),
-        ));
+        let ctx = Gating::<Job>::alone(api.client());
         (api, ctx)
     }
 
     /// Plays the lock controller: db's status.
     fn lock_status(api: &FakeApi, phase: &str, acquired: bool, fence: i64) {
-        let mut lock = api.get(LOCK).expect("lock db");
-        let generation = lock["metadata"]["generation"].clone();
-        lock["status"] = json!({
-            "phase": phase, "fence": fence, "holder": "c/ns/job/j/job-uid",
-            "nonce": "nonce-5", "observedGeneration": generation,
-            "conditions": [{
-                "type": "Acquired", "status": if acquired { "True" } else { "False" },
-                "reason": if acquired { "LeaseHeld" } else { "Lost" }, "message": "m",
-                "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
-            }],
-        });
-        api.put(LOCK, lock);
-    }
-
-    /// Plays another controller: merges `patch` into the object at `path`.
-    fn change(api: &FakeApi, path: &str, patch: Value) {
-        let mut object = api.get(path).expect(path);
-        json_patch::merge(&mut object, &patch);
-        api.put(path, object);
+        let status = LockStatus {
+            phase,
+            acquired,
+            message: "m",
+            fence,
+            holder: "c/ns/job/j/job-uid",
+            nonce: Some("nonce-5"),
+        };
+        api.set_lock_status(LOCK, &status);
     }
 
     async fn step(api: &FakeApi, ctx: &Arc<Gating<Job>>) -> Job {
@@ -425,12 +419,8 @@ mod release_waits_for_the_pods {
 
     /// The kubelet reports the Pod ended and the Job controller counts nothing left.
     fn pods_end(api: &FakeApi) {
-        change(api, POD, json!({ "status": { "phase": "Failed" } }));
-        change(
-            api,
-            JOB,
-            json!({ "status": { "active": 0, "terminating": 0 } }),
-        );
+        api.merge(POD, json!({ "status": { "phase": "Failed" } }));
+        api.merge(JOB, json!({ "status": { "active": 0, "terminating": 0 } }));
     }
 
     /// Loss: the Job is suspended, lockwarden deletes its Pod itself (the Pod's own grace
@@ -451,11 +441,7 @@ mod release_waits_for_the_pods {
         assert!(!pod["metadata"]["deletionTimestamp"].is_null(), "{pod}");
         assert!(!released(api), "released while the Pod may run");
         // The Job controller's view: the Pod terminating.
-        change(
-            api,
-            JOB,
-            json!({ "status": { "active": 0, "terminating": 1 } }),
-        );
+        api.merge(JOB, json!({ "status": { "active": 0, "terminating": 1 } }));
         job
     }
 
@@ -488,8 +474,7 @@ mod release_waits_for_the_pods {
     #[tokio::test]
     async fn stop_a_complete_job_whose_pod_still_terminates_is_not_released_yet() {
         let (api, ctx) = scene("suspend");
-        change(
-            &api,
+        api.merge(
             JOB,
             json!({ "status": { "active": 0, "terminating": 1,
                     "conditions": [{ "type": "Complete", "status": "True" }] } }),
@@ -505,8 +490,7 @@ mod release_waits_for_the_pods {
     #[tokio::test]
     async fn stop_a_job_deleted_while_running_deletes_its_pods_and_releases_once_they_ended() {
         let (api, ctx) = scene("suspend");
-        change(
-            &api,
+        api.merge(
             JOB,
             json!({ "metadata": { "deletionTimestamp": "2026-01-01T00:00:00Z" } }),
         );
@@ -519,14 +503,10 @@ mod release_waits_for_the_pods {
         assert!(!released(&api), "released while the Pod may run");
         // The Job controller may not count the Pods of a Job being deleted: the Pod
         // itself is what is looked at.
-        change(
-            &api,
-            JOB,
-            json!({ "status": { "active": 0, "terminating": 0 } }),
-        );
+        api.merge(JOB, json!({ "status": { "active": 0, "terminating": 0 } }));
         step(&api, &ctx).await;
         assert!(!released(&api), "released while the Pod terminates");
-        change(&api, POD, json!({ "status": { "phase": "Succeeded" } }));
+        api.merge(POD, json!({ "status": { "phase": "Succeeded" } }));
         let job: Job = api.object(JOB);
         reconcile(Arc::new(job), ctx.clone())
             .await
@@ -574,14 +554,7 @@ mod release_waits_for_the_pods {
                 } },
             }),
         );
-        let (cache, _writer) = reflector::store();
-        let ctx = Arc::new(Gating::<Job>::new(
-            api.client(),
-            ControllerConfig::default(),
-            cache,
-            Arc::new(Telemetry::new()),
-            Kinds::default().with::<Job>(),
-        ));
+        let ctx = Gating::<Job>::alone(api.client());
         (api, ctx)
     }
 
@@ -692,8 +665,7 @@ mod release_waits_for_the_pods {
     #[tokio::test]
     async fn kueue_a_job_with_a_queue_name_is_left_to_kueue_with_a_warning_and_never_written() {
         let (api, ctx) = untouched_scene();
-        change(
-            &api,
+        api.merge(
             JOB,
             json!({ "metadata": { "labels": { crate::kueue::QUEUE_NAME_LABEL: "lq" } } }),
         );

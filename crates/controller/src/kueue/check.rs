@@ -26,7 +26,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 
 use super::types::{AdmissionCheck, CONTROLLER_NAME, ClusterQueue};
-use super::workload::parameters_of;
+use super::workload::{UnusableParameters, parameters_of};
 use crate::config::FIELD_MANAGER;
 use lockwarden_api::LockAdmissionConfig;
 
@@ -43,6 +43,21 @@ pub enum CheckError {
     Kube(#[from] kube::Error),
 }
 
+/// Why a lockwarden AdmissionCheck cannot work: the message of its `Active=False`
+/// condition.
+#[derive(Debug, thiserror::Error)]
+pub enum Inactive {
+    #[error(transparent)]
+    Parameters(#[from] UnusableParameters),
+    /// A ClusterQueue asks it after another lockwarden check.
+    #[error(
+        "ClusterQueue {queue} already asks lockwarden's check {earlier}: one lockwarden \
+         check per ClusterQueue takes all of its locks (list every template in that \
+         check's LockAdmissionConfig)"
+    )]
+    SecondCheck { queue: String, earlier: String },
+}
+
 struct Ctx {
     client: kube::Client,
 }
@@ -52,9 +67,9 @@ pub async fn activity(
     client: &kube::Client,
     check: &AdmissionCheck,
     queues: &[ClusterQueue],
-) -> Result<Result<(), String>, kube::Error> {
+) -> Result<Result<(), Inactive>, kube::Error> {
     if let Err(why) = parameters_of(client, check).await? {
-        return Ok(Err(why));
+        return Ok(Err(why.into()));
     }
     let name = check.name_any();
     let checks = Api::<AdmissionCheck>::all(client.clone());
@@ -68,12 +83,10 @@ pub async fn activity(
                 continue;
             };
             if other.spec.controller_name == CONTROLLER_NAME {
-                return Ok(Err(format!(
-                    "ClusterQueue {} already asks lockwarden's check {earlier}: one \
-                     lockwarden check per ClusterQueue takes all of its locks (list every \
-                     template in that check's LockAdmissionConfig)",
-                    queue.name_any()
-                )));
+                return Ok(Err(Inactive::SecondCheck {
+                    queue: queue.name_any(),
+                    earlier: earlier.to_string(),
+                }));
             }
         }
     }
@@ -94,7 +107,7 @@ async fn reconcile(check: Arc<AdmissionCheck>, ctx: Arc<Ctx>) -> Result<Action, 
             "Active",
             "lockwarden takes the Workloads' locks".to_string(),
         ),
-        Err(why) => ("False", "InvalidParameters", why),
+        Err(why) => ("False", "InvalidParameters", why.to_string()),
     };
     let current = check
         .status

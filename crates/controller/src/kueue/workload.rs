@@ -76,38 +76,57 @@ const POD_ANNOTATIONS: [&str; 7] = [
     URLS_ANNOTATION,
 ];
 
+/// Why an AdmissionCheck of lockwarden's cannot use its `parameters`: the message of its
+/// `Active=False` condition.
+#[derive(Debug, thiserror::Error)]
+pub enum UnusableParameters {
+    #[error(
+        "spec.parameters is not set: name a LockAdmissionConfig (apiGroup lockwarden.io, \
+         kind LockAdmissionConfig)"
+    )]
+    NotSet,
+    #[error(
+        "spec.parameters names {api_group}/{kind} {name:?}: lockwarden's checks take a \
+         LockAdmissionConfig (apiGroup lockwarden.io)"
+    )]
+    NotALockAdmissionConfig {
+        api_group: String,
+        kind: String,
+        name: String,
+    },
+    #[error("LockAdmissionConfig {0:?} does not exist")]
+    Missing(String),
+    /// The LockAdmissionConfig refuses itself (no template, a template named twice, a
+    /// bad duration): its own validation's error.
+    #[error("{0}")]
+    Invalid(#[source] lockwarden_api::AdmissionConfigError),
+}
+
 /// The `LockAdmissionConfig` an AdmissionCheck of lockwarden's names, or why it cannot
 /// be used.
 pub async fn parameters_of(
     client: &kube::Client,
     check: &AdmissionCheck,
-) -> Result<Result<LockAdmissionConfigSpec, String>, kube::Error> {
+) -> Result<Result<LockAdmissionConfigSpec, UnusableParameters>, kube::Error> {
     let Some(reference) = &check.spec.parameters else {
-        return Ok(Err(
-            "spec.parameters is not set: name a LockAdmissionConfig (apiGroup lockwarden.io, \
-             kind LockAdmissionConfig)"
-                .into(),
-        ));
+        return Ok(Err(UnusableParameters::NotSet));
     };
     if reference.api_group != "lockwarden.io" || reference.kind != "LockAdmissionConfig" {
-        return Ok(Err(format!(
-            "spec.parameters names {}/{} {:?}: lockwarden's checks take a LockAdmissionConfig \
-             (apiGroup lockwarden.io)",
-            reference.api_group, reference.kind, reference.name
-        )));
+        return Ok(Err(UnusableParameters::NotALockAdmissionConfig {
+            api_group: reference.api_group.clone(),
+            kind: reference.kind.clone(),
+            name: reference.name.clone(),
+        }));
     }
     let configs = Api::<LockAdmissionConfig>::all(client.clone());
     let Some(config) = configs.get_opt(&reference.name).await? else {
-        return Ok(Err(format!(
-            "LockAdmissionConfig {:?} does not exist",
-            reference.name
-        )));
+        return Ok(Err(UnusableParameters::Missing(reference.name.clone())));
     };
     Ok(config
         .spec
         .validate()
         .map(|()| config.spec)
-        .map_err(|e| e.to_string()))
+        .map_err(UnusableParameters::Invalid))
 }
 
 /// Looks up which of `workload`'s checks is lockwarden's (an AdmissionCheck with our

@@ -49,7 +49,11 @@ fn settings_default_to_delete_and_take_the_shared_annotations() {
 
 #[test]
 fn bad_annotations_name_the_problem() {
-    let bad = |a: serde_json::Value| Settings::of(&pod(a, &[SCHEDULING_GATE])).unwrap_err();
+    let bad = |a: serde_json::Value| {
+        Settings::of(&pod(a, &[SCHEDULING_GATE]))
+            .unwrap_err()
+            .to_string()
+    };
     // A Job's policy is not a Pod's: the message names the value and the allowed ones.
     let e = bad(json!({ LOCK_ANNOTATION: "db", ON_LOCK_LOST_ANNOTATION: "suspend" }));
     assert!(
@@ -166,15 +170,13 @@ mod release_waits_for_the_containers {
     use std::sync::Arc;
 
     use kube::ResourceExt;
-    use kube::runtime::reflector;
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::config::{ControllerConfig, FINALIZER};
-    use crate::fake_api::FakeApi;
+    use crate::config::FINALIZER;
+    use crate::fake_api::{FakeApi, LockStatus};
     use crate::gating::machine::{Gating, reconcile};
-    use crate::gating::{CLAIM_ANNOTATION, GUARD_ANNOTATION, Kinds, STATUS_ANNOTATION};
-    use crate::telemetry::Telemetry;
+    use crate::gating::{CLAIM_ANNOTATION, GUARD_ANNOTATION, STATUS_ANNOTATION};
 
     const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
     const POD: &str = "/api/v1/namespaces/ns/pods/p";
@@ -204,36 +206,20 @@ mod release_waits_for_the_containers {
                 "status": { "phase": "Running" },
             }),
         );
-        let (cache, _writer) = reflector::store();
-        let ctx = Arc::new(Gating::<Pod>::new(
-            api.client(),
-            ControllerConfig::default(),
-            cache,
-            Arc::new(Telemetry::new()),
-            Kinds::default().with::<Pod>(),
-        ));
+        let ctx = Gating::<Pod>::alone(api.client());
         (api, ctx)
     }
 
     fn lock_status(api: &FakeApi, phase: &str, acquired: bool) {
-        let mut lock = api.get(LOCK).expect("lock db");
-        let generation = lock["metadata"]["generation"].clone();
-        lock["status"] = json!({
-            "phase": phase, "fence": 5, "holder": "c/ns/pod/p/pod-uid",
-            "observedGeneration": generation,
-            "conditions": [{
-                "type": "Acquired", "status": if acquired { "True" } else { "False" },
-                "reason": if acquired { "LeaseHeld" } else { "Lost" }, "message": "m",
-                "observedGeneration": generation, "lastTransitionTime": "2026-01-01T00:00:00Z",
-            }],
-        });
-        api.put(LOCK, lock);
-    }
-
-    fn change(api: &FakeApi, path: &str, patch: Value) {
-        let mut object = api.get(path).expect(path);
-        json_patch::merge(&mut object, &patch);
-        api.put(path, object);
+        let status = LockStatus {
+            phase,
+            acquired,
+            message: "m",
+            fence: 5,
+            holder: "c/ns/pod/p/pod-uid",
+            nonce: None,
+        };
+        api.set_lock_status(LOCK, &status);
     }
 
     async fn step(api: &FakeApi, ctx: &Arc<Gating<Pod>>) {
@@ -258,7 +244,7 @@ mod release_waits_for_the_containers {
         assert!(pod.metadata.deletion_timestamp.is_some(), "deleted");
         step(&api, &ctx).await;
         assert!(!released(&api), "released while its containers may run");
-        change(&api, POD, json!({ "status": { "phase": "Failed" } }));
+        api.merge(POD, json!({ "status": { "phase": "Failed" } }));
         step(&api, &ctx).await;
         assert!(released(&api));
         assert!(api.get(POD).is_none(), "the finalizer went");
@@ -267,8 +253,7 @@ mod release_waits_for_the_containers {
     #[tokio::test]
     async fn stop_a_force_deleted_running_pod_is_released_only_once_it_has_ended() {
         let (api, ctx) = scene();
-        change(
-            &api,
+        api.merge(
             POD,
             json!({ "metadata": { "deletionTimestamp": "2026-01-01T00:00:00Z",
                                   "deletionGracePeriodSeconds": 0 } }),
@@ -277,7 +262,7 @@ mod release_waits_for_the_containers {
         assert!(!released(&api), "released while its containers may run");
         let pod: Pod = api.object(POD);
         assert!(pod.finalizers().iter().any(|f| f == FINALIZER));
-        change(&api, POD, json!({ "status": { "phase": "Succeeded" } }));
+        api.merge(POD, json!({ "status": { "phase": "Succeeded" } }));
         step(&api, &ctx).await;
         assert!(released(&api));
     }

@@ -1,0 +1,114 @@
+//! What every reconcile of a DistributedLock shares: the client, the holder tasks, the
+//! locks waiting per key, the wake channel, the metrics and the way to a backend.
+
+use std::sync::Arc;
+
+use kube::Resource;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+
+use crate::config::ControllerConfig;
+use crate::connect::{Connector, FromSecrets};
+use crate::events::Events;
+use crate::holders::Holders;
+use crate::telemetry::Telemetry;
+use crate::waiters::WaiterIndex;
+use lockwarden_api::DistributedLock;
+use lockwarden_core::{LockBackend, Stored};
+
+/// Everything reconciles share.
+pub struct Context {
+    pub client: kube::Client,
+    pub config: ControllerConfig,
+    pub(super) events: Events,
+    pub(super) holders: Holders,
+    /// Locks waiting for their key, each with the backend it keeps between attempts.
+    pub(super) waiters: WaiterIndex<Arc<dyn LockBackend>>,
+    pub(super) wake: UnboundedSender<ObjectRef<DistributedLock>>,
+    pub telemetry: Arc<Telemetry>,
+    /// Where backends come from ([`FromSecrets`] unless [`Context::with_connector`]).
+    pub(super) connector: Arc<dyn Connector>,
+}
+
+impl Context {
+    pub fn new(
+        client: kube::Client,
+        config: ControllerConfig,
+        wake: UnboundedSender<ObjectRef<DistributedLock>>,
+        telemetry: Arc<Telemetry>,
+    ) -> Self {
+        Context {
+            events: Events::new(client.clone(), &config),
+            client,
+            config,
+            holders: Holders::default(),
+            waiters: WaiterIndex::default(),
+            wake,
+            telemetry,
+            connector: Arc::new(FromSecrets),
+        }
+    }
+
+    /// This context getting its backends from `connector`.
+    pub fn with_connector(self, connector: Arc<dyn Connector>) -> Self {
+        Context { connector, ..self }
+    }
+
+    /// A release the store did not confirm: the lease runs out on its own. Logged with
+    /// the lock and counted, never a reason to fail the reconcile.
+    pub(super) fn release_failed(
+        &self,
+        obj: &ObjectRef<DistributedLock>,
+        key: &str,
+        error: &dyn std::error::Error,
+    ) {
+        tracing::warn!(lock = %obj, %key, %error, "release not confirmed by the store; its lease runs out on its own");
+        self.telemetry.count_release_error();
+    }
+
+    /// Requeues every lock waiting on `key` (a same-cluster hand-off), after handing
+    /// each the `released` record (if the backend gave one), so that its next attempt
+    /// writes on it instead of reading the key first: one store round trip less
+    /// between a release and the next holder.
+    pub(super) async fn hand_off(
+        &self,
+        key: &str,
+        except: &ObjectRef<DistributedLock>,
+        released: Option<Stored>,
+    ) {
+        for (obj, backend) in self.waiters.backends_waiting_on(key, except) {
+            if let Some(released) = &released {
+                backend.learn(released.clone()).await;
+            }
+            let _ = self.wake.send(obj);
+        }
+    }
+
+    pub(super) async fn event(
+        &self,
+        lock: &DistributedLock,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        self.events
+            .publish(&lock.object_ref(&()), type_, reason, note)
+            .await;
+    }
+
+    /// Times one backend request for `lockwarden_backend_request_duration_seconds`.
+    pub(super) async fn timed<T>(
+        &self,
+        kind: &str,
+        operation: &str,
+        request: impl std::future::Future<Output = T>,
+    ) -> T {
+        let start = Instant::now();
+        let out = request.await;
+        self.telemetry
+            .observe_request(kind, operation, start.elapsed());
+        out
+    }
+}
