@@ -42,10 +42,7 @@ pub async fn warn_if_outdated(client: &kube::Client) {
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     match crds.get(CRD_NAME).await {
         Ok(crd) => {
-            if let Some(warning) = verdict(
-                installed_crd_revision(&crd),
-                CRD_REVISION,
-            ) {
+            if let Some(warning) = verdict(installed_crd_revision(&crd), CRD_REVISION) {
                 tracing::warn!(crd = CRD_NAME, "{warning}");
             } else {
                 tracing::debug!(
