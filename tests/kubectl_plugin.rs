@@ -119,7 +119,7 @@ async fn why_names_the_lock_holder_and_position_of_a_waiting_job() {
     );
     assert!(
         lock.get("position").is_none(),
-        "a Lease keeps no queue: {why:#}"
+        "a lock without spec.queue has no place: {why:#}"
     );
     assert!(
         text_of(&lock["positionNote"]).starts_with("not known"),

@@ -294,8 +294,8 @@ pub(super) fn lock_view(lock: &DistributedLock) -> LockView {
         (None, true) => Queue {
             position: None,
             note: format!(
-                "not known: lockwarden keeps no queue in the {} store (only a ZooKeeper \
-                 key has one); whichever waiter tries first after the key is free takes it",
+                "not known: this lock does not wait in the {} key's queue (no \
+                 spec.queue); whichever waiter tries first after the key is free takes it",
                 backend.as_deref().unwrap_or("lock's")
             ),
         },
