@@ -163,7 +163,9 @@ fn paths_named(file: &SourceFile, children: &BTreeSet<String>) -> Vec<Vec<String
                 i += 1;
             }
             let token = &file.text[start..i];
-            if token.contains("::") {
+            // `crate::{a, b}` (a use group) names a and b, which the `use` pass above
+            // found; the bare `crate::` before its brace is no path of its own.
+            if token.contains("::") && !token.ends_with("::") {
                 let segments: Vec<String> = token
                     .split("::")
                     .filter(|s| !s.is_empty())

@@ -46,6 +46,7 @@ mod fake_api;
 pub mod gating;
 pub mod holders;
 pub mod jobs;
+mod kinds;
 pub mod kueue;
 pub mod leader;
 pub mod pods;
@@ -62,8 +63,6 @@ pub mod waiters;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Config as RuntimeConfig, ReconcileRequest, trigger_self};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -73,15 +72,9 @@ use crate::telemetry::Telemetry;
 use lockwarden_api::DistributedLock;
 
 pub use config::{ControllerConfig, FIELD_MANAGER, FINALIZER};
+pub use kinds::gated_kinds;
 pub use leader::{LeaderElectionArgs, OnLostLeadership, run_elected, run_elected_with};
 
-/// Every kind of workload lockwarden gates: the one registry of them.
-pub fn gated_kinds() -> gating::Kinds {
-    gating::Kinds::default()
-        .with::<Job>()
-        .with::<Pod>()
-        .with::<kueue::Workload>()
-}
 pub use reconcile::{Context, ReconcileError};
 
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +209,7 @@ pub async fn run_with(
 mod tests {
     use super::*;
     use crate::gating::Workload;
+    use k8s_openapi::api::core::v1::Pod;
 
     #[test]
     fn claims_of_every_registered_kind_parse_back_to_their_kind() {

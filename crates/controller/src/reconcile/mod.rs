@@ -110,7 +110,7 @@ async fn claimant_still_runs(lock: &DistributedLock, ctx: &Context) -> bool {
     let Some(claim) = lock.annotations().get(CLAIM_ANNOTATION) else {
         return false;
     };
-    let kinds = crate::gated_kinds();
+    let kinds = crate::kinds::gated_kinds();
     let Some(claimant) = kinds.claimant(claim) else {
         return false;
     };
