@@ -592,6 +592,7 @@ async fn a_distributed_lock_with_s3lock_compatible_lets_s3lock_lock_after_its_re
                     force_path_style: Some(true),
                     credentials_secret_ref: Some(SecretRef { name: "aws".into() }),
                     s3lock_compatible: Some(true),
+                    terraform_compatible: None,
                 }),
                 ..Default::default()
             },

@@ -209,6 +209,7 @@ impl Store {
                     endpoint: Some(endpoint.clone()),
                     force_path_style: Some(true),
                     s3lock_compatible: None,
+                    terraform_compatible: None,
                     credentials_secret_ref: Some(secret.clone()),
                 }),
                 ..Default::default()

@@ -108,6 +108,7 @@ impl OperatorEnv {
                     endpoint: Some(env.s3_server.endpoint()),
                     force_path_style: Some(true),
                     s3lock_compatible: None,
+                    terraform_compatible: None,
                     credentials_secret_ref: secret,
                 }),
                 ..Default::default()

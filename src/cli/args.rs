@@ -112,6 +112,38 @@ impl QueueArgs {
     }
 }
 
+/// `--terraform-compatible` against the lock and how it is taken: a Terraform/OpenTofu
+/// state lock (docs/design.md §6.8) is one of theirs, deleted on release, so it has one
+/// holder and keeps no queue.
+pub fn check_state_lock(
+    url: &Target,
+    store: &BackendArgs,
+    permits: Permits,
+    queue: bool,
+) -> Result<(), ValueError> {
+    if !store.aws.terraform_compatible {
+        return Ok(());
+    }
+    let flag = |why: String| ValueError(format!("--terraform-compatible: {why}"));
+    url.state_lock_path(&store.options(None))
+        .map_err(|e| flag(e.to_string()))?;
+    if store.s3.s3lock_compatible {
+        return Err(flag(
+            "with --s3lock-compatible: a key is one tool's lock (a state lock is no s3lock \
+             lock); drop one of them"
+                .into(),
+        ));
+    }
+    if queue || !permits.is_mutex() {
+        return Err(flag(format!(
+            "with {}: the state lock is deleted on release (the tools lock only an absent \
+             key), so nothing keeps a queue while nobody holds it, and they know one holder",
+            if queue { "--queue" } else { "--permits" }
+        )));
+    }
+    Ok(())
+}
+
 /// `--shared-with TOOL[=PERIOD]`: another tool's clients poll the key
 /// (docs/design.md §6.4, "Sharing a key with a tool that polls").
 #[derive(Args, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -302,6 +334,7 @@ impl LockArgs {
     /// together.
     pub fn request(&self) -> Result<AcquireRequest, ValueError> {
         let permits = self.permits.permits()?;
+        check_state_lock(&self.url, &self.backend, permits, self.queue.queue)?;
         let queue = self.queue.queueing(&self.url, permits, &self.backend)?;
         if self.force && queue.is_some() {
             return Err(ValueError(

@@ -358,6 +358,7 @@ mod tests {
             holder: "h".into(),
             fence: lockwarden_core::FenceToken(4),
             since: None,
+            nonce: String::new(),
         };
         let held = CliError::from(LockError::Held {
             url: "s3://b/k".into(),

@@ -114,10 +114,16 @@ pub(super) fn takeover(lease: &Lease) -> Option<String> {
             lease.fence()
         )
     } else {
-        format!(
+        let mut what = format!(
             "took the lock over from {} (fence {})",
             from.holder, from.fence
-        )
+        );
+        // Another tool's lock that lockwarden never takes over by time: what that tool
+        // would have done instead.
+        if let Some(instead) = lockwarden_stores::terraform::force_unlock_instead(&from.nonce) {
+            what.push_str(&format!("; {instead}"));
+        }
+        what
     })
 }
 

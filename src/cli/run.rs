@@ -377,6 +377,7 @@ impl How {
     fn from_flags(args: &RunArgs) -> Result<How, ValueError> {
         let permits = args.permits.permits()?;
         let lock_delay = super::args::lock_delay_for(&args.url, args.lock_delay)?;
+        super::args::check_state_lock(&args.url, &args.backend, permits, args.queue.queue)?;
         let queue = args.queue.queueing(&args.url, permits, &args.backend)?;
         let yield_to_pollers =
             args.sharing

@@ -258,6 +258,11 @@ fn freed_by(record: &LockRecord, never_expires: bool) -> Option<String> {
     if record.state != LockState::Held {
         return None;
     }
+    if let Some(hint) = lockwarden_stores::terraform::force_unlock_hint(&record.nonce) {
+        return Some(format!(
+            "{hint} (the lock never expires; lockwarden takes it over only with --force)"
+        ));
+    }
     if record.holder.starts_with(FOREIGN_QUEUE_ENTRY) {
         return Some(
             "the other client deleting its queue entry, or its ZooKeeper session ending \

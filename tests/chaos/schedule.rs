@@ -1128,6 +1128,7 @@ fn lock_backend(backend: Backend, keys: &Keys, k: usize, c: usize, west_ns: &str
                 endpoint: Some(paths.moto().endpoint()),
                 force_path_style: Some(true),
                 s3lock_compatible: None,
+                terraform_compatible: None,
                 credentials_secret_ref: secret,
             }),
             ..Default::default()

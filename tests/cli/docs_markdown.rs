@@ -8,7 +8,8 @@
 //!   must exist and name the page (tests/cli/docs_examples.rs, tests/fenced_sql.rs,
 //!   tests/readme_example.rs);
 //! - `<!-- same-as: examples/FILE -->`: the block is FILE, whole or after its opening
-//!   comment, and FILE is one the examples tests apply (tests/jobs.rs, tests/kueue);
+//!   comment, and FILE is one the examples tests apply (tests/jobs.rs, tests/kueue,
+//!   tests/terraform.rs);
 //! - `<!-- not-run: REASON -->`: not runnable here, and why.
 //!
 //! `cargo test --test cli docs_markdown -- --nocapture` prints every block with its
@@ -202,6 +203,8 @@ fn check(block: &Block) -> Result<String, String> {
             // check for).
             let (test, needle) = if name.starts_with("kueue-") {
                 ("tests/kueue/examples.rs", "examples/kueue-*.yaml")
+            } else if name.starts_with("terraform-") {
+                ("tests/terraform.rs", "examples/terraform-job.yaml")
             } else {
                 (
                     "tests/jobs.rs",

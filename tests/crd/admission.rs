@@ -192,6 +192,12 @@ fn invalid_specs() -> Vec<Invalid> {
         invalid("bucket ending in '-'", spec(s3("bucket-", "k"), none.clone()), "spec.backend.s3.bucket"),
         invalid("bucket too long", spec(s3(&"b".repeat(64), "k"), none.clone()), "spec.backend.s3.bucket"),
         invalid("empty S3 key", spec(s3("bucket", ""), none.clone()), "spec.backend.s3.key"),
+        // Terraform/OpenTofu state locks (docs/design.md §6.8).
+        invalid("terraformCompatible on a key that is no state lock's", spec(json!({ "s3": { "bucket": "bucket", "key": "env/prod/terraform.tfstate", "terraformCompatible": true } }), none.clone()), "spec.backend.s3.key"),
+        invalid("terraformCompatible with s3lockCompatible", spec(json!({ "s3": { "bucket": "bucket", "key": "s.tflock", "terraformCompatible": true, "s3lockCompatible": true } }), none.clone()), "spec.backend.s3.terraformCompatible"),
+        invalid("terraformCompatible on a table not keyed LockID", spec(json!({ "dynamodb": { "table": "tflocks", "key": "b/s", "terraformCompatible": true } }), none.clone()), "spec.backend.dynamodb.partitionKeyName"),
+        invalid("terraformCompatible with a queue", spec(json!({ "s3": { "bucket": "bucket", "key": "s.tflock", "terraformCompatible": true } }), json!({ "queue": true })), "terraformCompatible"),
+        invalid("terraformCompatible with permits", spec(json!({ "dynamodb": { "table": "tflocks", "key": "b/s", "partitionKeyName": "LockID", "terraformCompatible": true } }), json!({ "permits": 2 })), "terraformCompatible"),
         invalid("S3 credentials Secret name", spec(json!({ "s3": { "bucket": "bucket", "key": "k", "credentialsSecretRef": { "name": "Not A Name" } } }), none.clone()), "spec.backend.s3.credentialsSecretRef.name"),
         // DynamoDB.
         invalid("table too short", spec(dynamodb("ab", "k"), none.clone()), "spec.backend.dynamodb.table"),

@@ -100,6 +100,7 @@ pub fn s3_lock(
             endpoint: Some(endpoint),
             force_path_style: Some(true),
             s3lock_compatible: None,
+            terraform_compatible: None,
             credentials_secret_ref: Some(SecretRef {
                 name: secret.into(),
             }),

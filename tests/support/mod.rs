@@ -34,6 +34,7 @@ pub mod postgres;
 pub mod proxy;
 pub mod stores;
 pub mod timescale;
+pub mod tofu;
 pub mod trials;
 pub mod versitygw;
 pub mod workloads;

@@ -116,6 +116,13 @@ impl BackendSpec {
         }
     }
 
+    /// Whether the selected store holds the lock as another tool's
+    /// (`terraformCompatible`).
+    pub fn holds_a_tools_lock(&self) -> bool {
+        self.selected()
+            .is_ok_and(|selected| selected.holds_a_tools_lock())
+    }
+
     /// The checks of the CRD's CEL rules for `spec.backend` at creation.
     pub fn validate(&self) -> Result<(), SpecError> {
         Ok(self.selected()?.validate()?)
@@ -231,5 +238,10 @@ impl<'a> SelectedSpec<'a> {
     /// Whether a queued lock may ask for a priority or a weight here.
     pub fn supports_priorities(&self) -> bool {
         on_spec!(*self, spec => spec.supports_priorities())
+    }
+
+    /// Whether the lock is held as another tool's lock (`terraformCompatible`).
+    pub fn holds_a_tools_lock(&self) -> bool {
+        on_spec!(*self, spec => spec.holds_a_tools_lock())
     }
 }

@@ -58,7 +58,8 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
     validation = lock_delay_needs_a_lease_store(),
     validation = needs_a_queue("priority"),
     validation = needs_a_queue("weight"),
-    validation = weight_at_most_the_permits()
+    validation = weight_at_most_the_permits(),
+    validation = a_tools_lock_is_a_mutex_without_a_queue()
 )]
 pub struct DistributedLockSpec {
     /// Where the lock lives: exactly one of s3, dynamodb, zookeeper, kubernetes.
@@ -442,6 +443,17 @@ impl DistributedLockSpec {
                           deleted by the server and every waiter takes over at once, so no \
                           delay can be stored; remove spec.lockDelay"
                     .into(),
+            });
+        }
+        if self.backend.holds_a_tools_lock() && (self.queue || self.permits > 1) {
+            return Err(SpecError::Invalid {
+                field: if self.queue {
+                    "spec.queue"
+                } else {
+                    "spec.permits"
+                }
+                .into(),
+                message: A_TOOLS_LOCK_IS_A_MUTEX.into(),
             });
         }
         let permits = self.permits();

@@ -46,6 +46,13 @@ pub trait StoreSpec {
     fn supports_priorities(&self) -> bool {
         true
     }
+
+    /// Whether the lock is held as another tool's lock at the tool's own name (a
+    /// Terraform/OpenTofu state lock, `terraformCompatible`; docs/design.md §6.8): deleted
+    /// on release, so it keeps no queue and takes one holder.
+    fn holds_a_tools_lock(&self) -> bool {
+        false
+    }
 }
 
 /// Why a field of `spec.backend` cannot be used. `field` is its whole path

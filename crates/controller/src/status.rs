@@ -91,7 +91,16 @@ pub struct Desired {
     pub history: Option<Vec<HistoryEntry>>,
     /// `Acquired` condition: status, reason, message.
     pub acquired: (bool, &'static str, String),
+    /// The lock is another tool's lock at that tool's name (`terraformCompatible`): the
+    /// held condition says what that costs.
+    pub as_a_tools_lock: bool,
 }
+
+/// What holding a Terraform/OpenTofu state lock as theirs costs (docs/design.md §6.8),
+/// in the held condition's message.
+const TOOLS_LOCK: &str = "held as a Terraform/OpenTofu state lock: deleted on release, so \
+     the fence restarts at 1 with every holder (unfenced across holders) and the key keeps \
+     no queue";
 
 /// The key's holder history as `status.history` shows it.
 pub fn history_entries(history: &[Grant]) -> Vec<HistoryEntry> {
@@ -118,6 +127,14 @@ impl Desired {
         }
     }
 
+    /// Marks a lock held as another tool's lock at that tool's name.
+    pub fn held_as_a_tools_lock(self, as_a_tools_lock: bool) -> Desired {
+        Desired {
+            as_a_tools_lock,
+            ..self
+        }
+    }
+
     /// Held by this controller. `renewals_failing` (the last renewal error) when the
     /// holder deadline has passed: the lock is then not claimed.
     pub fn held(self, a: &Acquisition, renewals_failing: Option<&str>) -> Desired {
@@ -140,6 +157,10 @@ impl Desired {
                     None => format!("held with fence {}", a.fence),
                 },
             ),
+        };
+        let acquired = match (acquired, self.as_a_tools_lock) {
+            ((true, reason, message), true) => (true, reason, format!("{message}; {TOOLS_LOCK}")),
+            (acquired, _) => acquired,
         };
         Desired {
             phase: Some(LockPhase::Held),

@@ -24,6 +24,10 @@ pub struct LockAddress {
     pub connect_options: ConnectOptions,
     /// The Secret (in the lock's own namespace) holding the store's credentials.
     pub credentials_secret: Option<SecretRef>,
+    /// Held as another tool's lock at that tool's name (a Terraform/OpenTofu state
+    /// lock, `terraformCompatible`; docs/design.md §6.8): unfenced across releases and
+    /// unqueued, which status says.
+    pub as_a_tools_lock: bool,
 }
 
 impl LockAddress {
@@ -45,6 +49,7 @@ impl LockAddress {
             target,
             connect_options: selected.connect_options(),
             credentials_secret: selected.credentials_secret().cloned(),
+            as_a_tools_lock: selected.holds_a_tools_lock(),
         }
     }
 }

@@ -11,6 +11,9 @@ pub struct HeldBy {
     pub fence: FenceToken,
     /// Informational wall-clock time of the holder's acquisition.
     pub since: Option<SystemTime>,
+    /// The holder's nonce: names another tool's lock (`another-tool:…`), for what may
+    /// be said about freeing it. Empty where unknown.
+    pub nonce: String,
 }
 
 impl HeldBy {
@@ -19,6 +22,7 @@ impl HeldBy {
             holder: r.holder.clone(),
             fence: r.fence,
             since: Some(r.acquired_at),
+            nonce: r.nonce.clone(),
         }
     }
 }

@@ -125,7 +125,7 @@ pub enum FencedError {
     LockUnreadable {
         lock: String,
         #[source]
-        source: LockError,
+        source: Box<LockError>,
     },
 
     /// The data given cannot be written (malformed DynamoDB JSON, a key attribute, …).
@@ -224,7 +224,7 @@ pub async fn issued_fence(
             .await
             .map_err(|source| FencedError::LockUnreadable {
                 lock: name.clone(),
-                source,
+                source: Box::new(source),
             })?;
     let record = match stored.map(|s| s.record) {
         Some(Ok(record)) => record,

@@ -254,6 +254,7 @@ pub(super) fn reclaimable(set: &HolderSet, req: &AcquireRequest) -> Option<(Hold
         holder: entry.holder.clone(),
         fence: entry.fence,
         since: Some(entry.acquired_at()),
+        nonce: entry.nonce.clone(),
     };
     Some((without, from))
 }

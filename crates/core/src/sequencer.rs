@@ -72,6 +72,7 @@ impl FenceCheck {
                     holder: h.holder.clone(),
                     fence: h.fence,
                     since: Some(h.acquired_at()),
+                    nonce: h.nonce.clone(),
                 })
                 .collect(),
             None if record.state == LockState::Held => vec![HeldBy::from_record(&record)],

@@ -13,6 +13,8 @@
 //!   named.
 //! - [`aws`]: what the two AWS stores share (options, credentials, clients).
 //! - [`pollers`]: the other tools whose clients poll a shared key, per store.
+//! - [`terraform`]: Terraform's and OpenTofu's state locks, which S3 and DynamoDB
+//!   carry (read as another tool's lock; held as theirs with `terraformCompatible`).
 //!
 //! Features: `s3`, `dynamodb`, `zookeeper`, `kubernetes` (each store's client and
 //! backend), `all`, and `cli` (each store's command-line flags, with clap).
@@ -29,6 +31,7 @@ pub mod pollers;
 pub mod registry;
 pub mod s3;
 pub mod store;
+pub mod terraform;
 pub mod zookeeper;
 
 pub use aws::{AwsOptions, Credentials};
@@ -42,8 +45,8 @@ pub use pollers::{PollingTool, SharedWith};
 #[cfg(feature = "cli")]
 pub use registry::StoreFlags;
 pub use registry::{
-    BackendKind, ConnectOptions, FencedTarget, POLLING_TOOLS, Target, connect, connect_fenced,
-    release_recorded,
+    BackendKind, ConnectOptions, FencedTarget, NotAStateLock, POLLING_TOOLS, Target, connect,
+    connect_fenced, release_recorded,
 };
 pub use s3::S3Options;
 #[cfg(feature = "s3")]

@@ -301,6 +301,50 @@ impl std::str::FromStr for Target {
     }
 }
 
+/// Why a lock cannot be held as Terraform and OpenTofu hold their state lock
+/// (`--terraform-compatible`; docs/design.md §6.8).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotAStateLock {
+    #[error(
+        "Terraform and OpenTofu lock their state on S3 (a .tflock object) or DynamoDB (their \
+         lock table), not on {url}"
+    )]
+    Store { url: String },
+    #[error(
+        "{url} is no state lock: an S3 state lock's key is the state's key followed by \
+         {suffix}",
+        suffix = crate::terraform::S3_LOCK_SUFFIX
+    )]
+    S3Key { url: String },
+    #[error(
+        "{url}: the tools' DynamoDB lock table has the partition key {key} (--partition-key \
+         {key})",
+        key = crate::terraform::DYNAMODB_LOCK_KEY
+    )]
+    PartitionKey { url: String },
+}
+
+impl Target {
+    /// The state this lock protects when held as a Terraform/OpenTofu state lock
+    /// (`<bucket>/<state key>`), with `options` naming how its store is laid out.
+    pub fn state_lock_path(&self, options: &ConnectOptions) -> Result<String, NotAStateLock> {
+        let url = self.url();
+        match self {
+            Target::S3(key) => crate::terraform::s3_state_path(&key.bucket, &key.key)
+                .ok_or(NotAStateLock::S3Key { url }),
+            Target::DynamoDb(key) => {
+                let partition_key = options.dynamodb.partition_key.as_deref();
+                if partition_key == Some(crate::terraform::DYNAMODB_LOCK_KEY) {
+                    Ok(key.key.clone())
+                } else {
+                    Err(NotAStateLock::PartitionKey { url })
+                }
+            }
+            Target::ZooKeeper(_) | Target::Kubernetes(_) => Err(NotAStateLock::Store { url }),
+        }
+    }
+}
+
 /// How to reach a store, beyond what the lock URL says: each store's own options.
 /// Everything is optional; the defaults come from the environment (each store's
 /// module says which).
@@ -345,10 +389,18 @@ impl StoreFlags {
     /// not given.
     pub fn options(&self, saved: Option<&StoreFlags>) -> ConnectOptions {
         let saved = saved.cloned().unwrap_or_default();
+        // One flag for both stores that carry the tools' state locks.
+        let terraform = self.aws.terraform_compatible || saved.aws.terraform_compatible;
         ConnectOptions {
             aws: self.aws.options(&saved.aws),
-            s3: self.s3.options(&saved.s3),
-            dynamodb: self.dynamodb.options(&saved.dynamodb),
+            s3: S3Options {
+                terraform_compatible: terraform,
+                ..self.s3.options(&saved.s3)
+            },
+            dynamodb: DynamoDbOptions {
+                terraform_compatible: terraform,
+                ..self.dynamodb.options(&saved.dynamodb)
+            },
             zookeeper: self.zookeeper.options(),
             kubernetes: self.kubernetes.options(&saved.kubernetes),
         }

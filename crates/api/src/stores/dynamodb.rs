@@ -9,19 +9,26 @@ use serde::{Deserialize, Serialize};
 use crate::schema::{
     RuleExt, immutable, lit, max_bytes, no_control_characters, non_empty, optional_immutable,
 };
-use crate::store_spec::{SecretRef, SpecFieldError, StoreSpec, check, check_secret, unchanged};
+use crate::store_spec::{
+    SecretRef, SpecFieldError, StoreSpec, check, check_secret, invalid, unchanged,
+};
 use lockwarden_stores::aws::AwsOptions;
 use lockwarden_stores::dynamodb::DEFAULT_PARTITION_KEY;
 use lockwarden_stores::dynamodb::DynamoDbOptions;
 use lockwarden_stores::dynamodb::key::{
     self, ATTRIBUTE_NAME_MAX_BYTES, DynamoDbKey, KEY_MAX_BYTES, SORT_KEY_MAX_BYTES, TABLE_PATTERN,
 };
+use lockwarden_stores::terraform;
 
 /// A lock item in DynamoDB.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = crate::schema::strip_nullable)]
-#[x_kube(validation = optional_immutable("sortKey"))]
+#[x_kube(
+    validation = optional_immutable("sortKey"),
+    validation = terraform_lock_table(),
+    validation = optional_immutable("terraformCompatible")
+)]
 pub struct DynamoDbBackend {
     /// Table name.
     #[schemars(length(max = 255))]
@@ -63,7 +70,30 @@ pub struct DynamoDbBackend {
     /// A Secret in the lock's namespace with AWS credentials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<SecretRef>,
+    /// Hold an item of Terraform's/OpenTofu's DynamoDB lock table as those tools do
+    /// (`dynamodb_table`): `partitionKeyName` is `LockID`, `key` the state's
+    /// `<bucket>/<state key>`, and the item's `Info` a `LockInfo` the tools parse and
+    /// print (`tofu force-unlock ID` removes it), the item deleted on release. Unfenced
+    /// across releases (the fencing token restarts at 1) and unqueued (no `queue`,
+    /// `permits` 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terraform_compatible: Option<bool>,
 }
+
+/// On the DynamoDB part: `terraformCompatible` names an item of the tools' lock table.
+fn terraform_lock_table() -> Rule {
+    Rule::new(format!(
+        "!has(self.terraformCompatible) || !self.terraformCompatible || \
+         self.partitionKeyName == {}",
+        lit(terraform::DYNAMODB_LOCK_KEY)
+    ))
+    .msg(TERRAFORM_TABLE_MESSAGE)
+    .field_path(".partitionKeyName")
+}
+
+const TERRAFORM_TABLE_MESSAGE: &str = "terraformCompatible holds an item of a \
+     Terraform/OpenTofu lock table: partitionKeyName must be LockID (and key the state's \
+     <bucket>/<state key>)";
 
 impl Default for DynamoDbBackend {
     fn default() -> Self {
@@ -76,6 +106,7 @@ impl Default for DynamoDbBackend {
             sort_key: None,
             create_table: None,
             credentials_secret_ref: None,
+            terraform_compatible: None,
         }
     }
 }
@@ -125,6 +156,7 @@ impl DynamoDbBackend {
                 .as_ref()
                 .map(|s| (s.name.clone(), s.value.clone())),
             create_table: self.create_table.unwrap_or(false),
+            terraform_compatible: self.terraform_compatible.unwrap_or(false),
         };
         (aws, dynamodb)
     }
@@ -151,6 +183,12 @@ impl StoreSpec for DynamoDbBackend {
             check("dynamodb.sortKey.name", key::attribute_name(&s.name))?;
             check("dynamodb.sortKey.value", key::sort_key_value(&s.value))?;
         }
+        if self.holds_a_tools_lock() && self.partition_key_name != terraform::DYNAMODB_LOCK_KEY {
+            return Err(invalid(
+                "dynamodb.partitionKeyName",
+                TERRAFORM_TABLE_MESSAGE,
+            ));
+        }
         check_secret("dynamodb", &self.credentials_secret_ref)
     }
 
@@ -162,7 +200,16 @@ impl StoreSpec for DynamoDbBackend {
             &self.partition_key_name,
             &old.partition_key_name,
         )?;
-        unchanged("dynamodb.sortKey", &self.sort_key, &old.sort_key)
+        unchanged("dynamodb.sortKey", &self.sort_key, &old.sort_key)?;
+        unchanged(
+            "dynamodb.terraformCompatible",
+            &self.terraform_compatible,
+            &old.terraform_compatible,
+        )
+    }
+
+    fn holds_a_tools_lock(&self) -> bool {
+        self.terraform_compatible == Some(true)
     }
 
     fn credentials_secret(&self) -> Option<&SecretRef> {

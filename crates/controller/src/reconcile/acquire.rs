@@ -133,7 +133,10 @@ impl Reconciling<'_> {
         self.write(self.status().held(&acq, None)).await?;
         let key = self.key();
         if let Some(from) = &acq.forced_from {
-            let note = format!("took {key} over by force from {from}; fence {}", acq.fence);
+            let mut note = format!("took {key} over by force from {from}; fence {}", acq.fence);
+            if let Some(instead) = lockwarden_stores::terraform::force_unlock_instead(&from.nonce) {
+                note.push_str(&format!("; {instead}"));
+            }
             self.event(EventType::Warning, "Forced", note).await;
         }
         let mut note = format!("acquired {key} as {} with fence {}", acq.holder, acq.fence);

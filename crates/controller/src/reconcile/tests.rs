@@ -726,6 +726,7 @@ fn loss_reasons_map_as_the_metrics_doc_says() {
         holder: "other".into(),
         fence: FenceToken(2),
         since: None,
+        nonce: String::new(),
     };
     let foreign = ForeignRecord {
         what: "not ours".into(),

@@ -93,6 +93,7 @@ impl Reconciling<'_> {
     /// A status naming this lock's backend and key, to be completed.
     pub(super) fn status(&self) -> Desired {
         Desired::for_key(self.kind(), self.key())
+            .held_as_a_tools_lock(self.spec.address.as_a_tools_lock)
     }
 
     pub(super) async fn write(&self, desired: Desired) -> Result<(), ReconcileError> {

@@ -92,6 +92,7 @@ fn acquisition(forced_from: Option<&str>) -> Acquisition {
             holder: h.into(),
             fence: FenceToken(6),
             since: None,
+            nonce: String::new(),
         }),
         occupancy: None,
         history: Vec::new(),

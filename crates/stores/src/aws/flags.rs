@@ -18,6 +18,14 @@ pub struct AwsFlags {
     #[arg(long, value_name = "REGION", value_parser = parse_region)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+
+    /// Hold a Terraform/OpenTofu state lock as those tools do: an S3 object
+    /// `<state key>.tflock` or an item of their DynamoDB lock table (partition key
+    /// LockID), written as a lock they parse and print, deleted on release (unfenced
+    /// across releases, unqueued)
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub terraform_compatible: bool,
 }
 
 impl AwsFlags {

@@ -29,7 +29,8 @@ pub async fn connect(
             .unwrap_or_else(|| DEFAULT_PARTITION_KEY.to_string()),
         sort_key: options.sort_key.clone(),
     };
-    let store = DynamoStore::new(client, layout, key.key.clone());
+    let store = DynamoStore::new(client, layout, key.key.clone())
+        .terraform_compatible(options.terraform_compatible);
     if options.create_table {
         store
             .ensure_table()
@@ -39,7 +40,10 @@ pub async fn connect(
                 cause: e.into(),
             })?;
     }
-    Ok(Arc::new(CasLock::new(store)))
+    // The tools lock with `attribute_not_exists(LockID)`: the item goes on release.
+    Ok(Arc::new(
+        CasLock::new(store).with_delete_on_release(options.terraform_compatible),
+    ))
 }
 
 /// The fenced item at `key` (`lockwarden put dynamodb://TABLE/KEY`): KEY is the

@@ -36,6 +36,8 @@ impl DynamoDbFlags {
                 .or_else(|| saved.partition_key.clone()),
             sort_key: self.sort_key.clone().or_else(|| saved.sort_key.clone()),
             create_table: self.create_table,
+            // `--terraform-compatible` is one flag for both AWS stores (AwsFlags).
+            terraform_compatible: false,
         }
     }
 }

@@ -71,6 +71,10 @@ pub struct DynamoDbOptions {
     pub sort_key: Option<(String, String)>,
     /// Create the table (on-demand billing) if it does not exist.
     pub create_table: bool,
+    /// Hold an item of Terraform's/OpenTofu's DynamoDB lock table (partition key
+    /// `LockID`) as those tools do (docs/design.md §6.8): its `Info` a `LockInfo` they
+    /// parse, the item deleted on release. Unfenced across releases and unqueued.
+    pub terraform_compatible: bool,
 }
 
 /// The tool whose clients poll this store's keys, for `--shared-with` (docs/design.md

@@ -14,6 +14,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use crate::aws::{describe, status_and_code};
+use crate::terraform::{self, LockInfo};
 use lockwarden_core::duration::{format_duration, parse_duration};
 use lockwarden_core::history;
 use lockwarden_core::{
@@ -41,7 +42,7 @@ const HOLDERS: &str = "holders";
 /// The key's holder history (JSON text, `lockwarden_core::history`); absent when empty.
 const HISTORY: &str = "history";
 /// Every attribute this build writes: a record's unknown fields never take these names.
-const OURS: [&str; 12] = [
+const OURS: [&str; 13] = [
     OWNER,
     LEASE,
     RVN,
@@ -54,6 +55,7 @@ const OURS: [&str; 12] = [
     RENEWED,
     HOLDERS,
     HISTORY,
+    terraform::DYNAMODB_INFO_ATTRIBUTE,
 ];
 
 /// Where the lock items live.
@@ -81,6 +83,10 @@ pub struct DynamoStore {
     layout: TableLayout,
     key: String,
     url: String,
+    /// Hold the item as Terraform and OpenTofu hold theirs in their lock table
+    /// (`terraformCompatible`): with an `Info` they parse. Without it an item of such a
+    /// table is read, never written.
+    terraform_compatible: bool,
 }
 
 impl DynamoStore {
@@ -92,6 +98,45 @@ impl DynamoStore {
             layout,
             key,
             url,
+            terraform_compatible: false,
+        }
+    }
+
+    /// Holds the item as Terraform and OpenTofu hold their state lock (the table must
+    /// be their lock table: partition key `LockID`, the key `<bucket>/<state key>`);
+    /// the caller deletes it on release, as they need.
+    pub fn terraform_compatible(mut self, on: bool) -> Self {
+        self.terraform_compatible = on;
+        self
+    }
+
+    /// Whether the table is keyed as the tools' lock table.
+    fn is_state_lock_table(&self) -> bool {
+        self.layout.partition_key == terraform::DYNAMODB_LOCK_KEY
+    }
+
+    /// The `Info` attribute a write of `record` sets (with `terraformCompatible`), or
+    /// why the item may not be written: an item of the tools' lock table without `Info`
+    /// would keep them out for good (they neither wait for nor force-unlock a lock
+    /// whose `Info` they cannot read).
+    fn state_lock_info(&self, record: &LockRecord) -> Result<Option<String>, StoreError> {
+        match (self.is_state_lock_table(), self.terraform_compatible) {
+            (true, true) => Ok(Some(LockInfo::of_record(record, &self.key).to_go_json())),
+            (true, false) => Err(StoreError::Rejected(format!(
+                "{} is an item of a Terraform/OpenTofu lock table (partition key {}): \
+                 lockwarden holds it only as they do, with --terraform-compatible \
+                 (spec.backend.dynamodb.terraformCompatible: true)",
+                self.url,
+                terraform::DYNAMODB_LOCK_KEY
+            ))),
+            (false, true) => Err(StoreError::Rejected(format!(
+                "{}: --terraform-compatible holds an item of a Terraform/OpenTofu lock table, \
+                 whose partition key is {} (--partition-key {})",
+                self.url,
+                terraform::DYNAMODB_LOCK_KEY,
+                terraform::DYNAMODB_LOCK_KEY
+            ))),
+            (false, false) => Ok(None),
         }
     }
 
@@ -159,16 +204,20 @@ impl DynamoStore {
     }
 
     fn parse(&self, item: &HashMap<String, AttributeValue>) -> Stored {
-        let version = Version(
-            item.get(RVN)
-                .and_then(|v| v.as_s().ok())
-                .cloned()
-                .unwrap_or_default(),
-        );
-        Stored {
-            record: parse_item(item),
-            version,
-        }
+        let rvn = item.get(RVN).and_then(|v| v.as_s().ok());
+        let version = Version(rvn.cloned().unwrap_or_default());
+        // The tools' own lock: `LockID` and `Info`, none of the lock attributes.
+        let tools_info = item
+            .get(terraform::DYNAMODB_INFO_ATTRIBUTE)
+            .and_then(|v| v.as_s().ok())
+            .filter(|_| rvn.is_none());
+        let record = match tools_info {
+            Some(info) => LockInfo::parse(info.as_bytes(), Some(&self.key))
+                .map(|info| info.foreign_record(""))
+                .map_err(|why| ForeignRecord::from_bytes(&why.to_string(), info.as_bytes())),
+            None => parse_item(item),
+        };
+        Stored { record, version }
     }
 
     async fn update(
@@ -178,10 +227,16 @@ impl DynamoStore {
         expected: Option<&Version>,
     ) -> Result<Version, StoreError> {
         let UpdateOf {
-            expression,
+            mut expression,
             mut names,
             mut values,
         } = update_of(record, &self.layout);
+        if let Some(info) = self.state_lock_info(record)? {
+            // SET comes first in the expression: one more assignment of it.
+            expression = expression.replacen("SET ", "SET #info = :info, ", 1);
+            names.insert("#info".into(), terraform::DYNAMODB_INFO_ATTRIBUTE.into());
+            values.insert(":info".into(), AttributeValue::S(info));
+        }
         if let Some(v) = expected {
             values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
         }

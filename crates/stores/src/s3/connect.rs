@@ -18,9 +18,12 @@ pub async fn connect(
     s3: &S3Options,
 ) -> Result<Arc<dyn LockBackend>, ConnectError> {
     let client = client(aws, s3).await;
+    let store = S3Store::new(client, key.bucket.clone(), key.key.clone())
+        .terraform_compatible(s3.terraform_compatible);
+    // Both tools lock with a create that any object refuses: the object goes on release.
+    let delete_on_release = s3.s3lock_compatible || s3.terraform_compatible;
     Ok(Arc::new(
-        CasLock::new(S3Store::new(client, key.bucket.clone(), key.key.clone()))
-            .with_delete_on_release(s3.s3lock_compatible),
+        CasLock::new(store).with_delete_on_release(delete_on_release),
     ))
 }
 

@@ -26,6 +26,8 @@ impl S3Flags {
         S3Options {
             force_path_style: (self.path_style || saved.path_style).then_some(true),
             s3lock_compatible: self.s3lock_compatible || saved.s3lock_compatible,
+            // `--terraform-compatible` is one flag for both AWS stores (AwsFlags).
+            terraform_compatible: false,
         }
     }
 }

@@ -41,7 +41,7 @@ pub use fenced::{DELETED_METADATA, FENCE_METADATA, FencedS3Object, LOCK_METADATA
 pub use flags::S3Flags;
 pub use key::{BUCKET_MAX_LEN, BUCKET_MIN_LEN, KEY_MAX_BYTES, S3Key, bucket_name, object_key};
 #[cfg(feature = "s3")]
-pub use store::{S3LOCK_LEASE, S3Store, parse_body};
+pub use store::{S3LOCK_LEASE, S3Store, parse_body, parse_state_lock_body};
 
 /// How to reach S3 beyond the AWS options.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -54,6 +54,10 @@ pub struct S3Options {
     /// winebarrel/s3lock clients (which treat any object as held) can acquire the key
     /// after lockwarden. The fence then restarts at 1 after every release.
     pub s3lock_compatible: bool,
+    /// Hold a Terraform/OpenTofu state lock (`<state key>.tflock`) as those tools do
+    /// (docs/design.md §6.8): the body a `LockInfo` they parse, the object deleted on
+    /// release. Unfenced across releases (the fence restarts at 1) and unqueued.
+    pub terraform_compatible: bool,
 }
 
 /// The tool whose clients poll this store's keys, for `--shared-with` (docs/design.md

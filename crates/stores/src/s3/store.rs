@@ -7,6 +7,7 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::aws::{describe, status_and_code};
+use crate::terraform::{self, StateLock};
 use lockwarden_core::history;
 use lockwarden_core::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, RecordStore,
@@ -50,24 +51,56 @@ pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord>
     })
 }
 
+/// Reads a Terraform/OpenTofu state lock's body (docs/design.md §6.8): lockwarden's
+/// record (a plain one, or carried beside its `LockInfo`), or the tool's lock, held and
+/// never expiring; anything else — or the lock of another state than `state_path` —
+/// is foreign.
+pub fn parse_state_lock_body(
+    bytes: &[u8],
+    etag: &str,
+    state_path: &str,
+) -> Result<LockRecord, ForeignRecord> {
+    LockRecord::from_json(bytes).or_else(|_| match terraform::parse_s3_body(bytes, state_path) {
+        Ok(StateLock::Ours(record)) => Ok(*record),
+        Ok(StateLock::Theirs(info)) => Ok(info.foreign_record(etag)),
+        Err(why) => Err(ForeignRecord::from_bytes(&why.to_string(), bytes)),
+    })
+}
+
 /// One lock key in an S3 bucket.
 pub struct S3Store {
     client: Client,
     bucket: String,
     key: String,
     url: String,
+    /// A Terraform/OpenTofu state lock's key (`<state key>.tflock`): the state it
+    /// protects, `<bucket>/<state key>`.
+    state_path: Option<String>,
+    /// Hold the key as those tools do (`terraformCompatible`): write the record inside
+    /// a `LockInfo` they parse. Without it a state lock's key is read, never written.
+    terraform_compatible: bool,
 }
 
 impl S3Store {
     pub fn new(client: Client, bucket: impl Into<String>, key: impl Into<String>) -> Self {
         let (bucket, key) = (bucket.into(), key.into());
         let url = format!("s3://{bucket}/{key}");
+        let state_path = terraform::s3_state_path(&bucket, &key);
         S3Store {
             client,
             bucket,
             key,
             url,
+            state_path,
+            terraform_compatible: false,
         }
+    }
+
+    /// Holds the key as Terraform and OpenTofu hold their state lock (the key must be
+    /// one: `<state key>.tflock`); the caller deletes it on release, as they need.
+    pub fn terraform_compatible(mut self, on: bool) -> Self {
+        self.terraform_compatible = on;
+        self
     }
 
     pub fn bucket(&self) -> &str {
@@ -157,7 +190,10 @@ impl RecordStore for S3Store {
             .await
             .map_err(|e| StoreError::Unavailable(format!("GET {}: reading body: {e}", self.url)))?
             .into_bytes();
-        let mut record = parse_body(&bytes, &version.0);
+        let mut record = match &self.state_path {
+            Some(path) => parse_state_lock_body(&bytes, &version.0, path),
+            None => parse_body(&bytes, &version.0),
+        };
         if let (Ok(r), Some(history)) = (record.as_mut(), history) {
             r.history = history;
         }
@@ -190,6 +226,29 @@ impl RecordStore for S3Store {
 }
 
 impl S3Store {
+    /// What a write of `record` puts in the object: the record, or on a state lock's
+    /// key (with `terraformCompatible`) its `LockInfo` carrying the record. A state
+    /// lock's key is never written otherwise: a plain record there would keep the
+    /// tools out for good (they cannot parse it, so they neither wait nor
+    /// force-unlock).
+    fn body(&self, record: &LockRecord) -> Result<Vec<u8>, StoreError> {
+        match (&self.state_path, self.terraform_compatible) {
+            (Some(path), true) => Ok(terraform::s3_body(record, path)),
+            (Some(_), false) => Err(StoreError::Rejected(format!(
+                "{} is a Terraform/OpenTofu state lock: lockwarden holds it only as they do, \
+                 with --terraform-compatible (spec.backend.s3.terraformCompatible: true)",
+                self.url
+            ))),
+            (None, true) => Err(StoreError::Rejected(format!(
+                "{}: --terraform-compatible holds a Terraform/OpenTofu state lock, whose key \
+                 ends in {}",
+                self.url,
+                terraform::S3_LOCK_SUFFIX
+            ))),
+            (None, false) => Ok(record.to_json()),
+        }
+    }
+
     async fn put(
         &self,
         record: &LockRecord,
@@ -201,7 +260,7 @@ impl S3Store {
             .bucket(&self.bucket)
             .key(&self.key)
             .content_type("application/json")
-            .body(ByteStream::from(record.to_json()));
+            .body(ByteStream::from(self.body(record)?));
         if let Some(text) = history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX) {
             req = req.metadata(HISTORY_METADATA, text);
         }
