@@ -1687,14 +1687,27 @@ async fn tool_and_lockwarden_take_turns(
     options: &ConnectOptions,
     window: Duration,
 ) {
+    tool_and_lockwarden_take_turns_with(name, tool.clone(), tool, url, options, window).await
+}
+
+/// [`tool_and_lockwarden_take_turns`] with another client of the tool for the race
+/// after the yield (one with a shorter wait of its own, which must not run out).
+async fn tool_and_lockwarden_take_turns_with(
+    name: &str,
+    tool: Arc<dyn Fn(usize) -> Foreign + Send + Sync>,
+    tool_after: Arc<dyn Fn(usize) -> Foreign + Send + Sync>,
+    url: &str,
+    options: &ConnectOptions,
+    window: Duration,
+) {
     let order = |sections: &[Section]| {
         sections
             .iter()
             .map(|s| if s.tool { "T" } else { "L" })
             .collect::<String>()
     };
-    let before = take_turns(tool.clone(), url, options, None).await;
-    let after = take_turns(tool, url, options, Some(window)).await;
+    let before = take_turns(tool, url, options, None).await;
+    let after = take_turns(tool_after, url, options, Some(window)).await;
     for (when, sections) in [("before", &before), ("after", &after)] {
         let (theirs, ours) = (side(sections, true), side(sections, false));
         println!(
@@ -1731,11 +1744,20 @@ async fn dynamolock_and_lockwarden_take_turns_on_a_shared_key() {
         ..lockwarden::backend::SharedWith::named("dynamolock").unwrap()
     };
     let wait = format!("{}s", SECTION_WAIT.as_secs());
+    let (t, k) = (table.clone(), key.clone());
     let tool: Arc<dyn Fn(usize) -> Foreign + Send + Sync> =
-        Arc::new(move |worker| dynamolock(&table, &key, &format!("dynamolock-{worker}"), &wait));
-    tool_and_lockwarden_take_turns(
+        Arc::new(move |worker| dynamolock(&t, &k, &format!("dynamolock-{worker}"), &wait));
+    // After the yield the tool's clients give up after three rounds of every worker's
+    // hold (3 × 6 × 200 ms): a client that times out fails the race (the race
+    // had one dynamolock waiter time out).
+    let short_wait = format!("{}ms", (HOLD * 6 * 3).as_millis());
+    let tool_after: Arc<dyn Fn(usize) -> Foreign + Send + Sync> = Arc::new(move |worker| {
+        dynamolock(&table, &key, &format!("dynamolock-{worker}"), &short_wait)
+    });
+    tool_and_lockwarden_take_turns_with(
         "dynamolock",
         tool,
+        tool_after,
         &url,
         &aws_options(false),
         shared.window(),
