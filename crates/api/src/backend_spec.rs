@@ -245,3 +245,21 @@ impl<'a> SelectedSpec<'a> {
         on_spec!(*self, spec => spec.holds_a_tools_lock())
     }
 }
+
+/// On the spec: a Terraform/OpenTofu state lock is a mutex without a queue (docs/design.md
+/// §6.8). Here, where the stores' parts are composed: it names the two that carry one.
+pub(crate) fn a_tools_lock_is_a_mutex_without_a_queue() -> kube::core::Rule {
+    let held_as_terraform = |store: &str| {
+        format!(
+            "(has(self.backend.{store}) && has(self.backend.{store}.terraformCompatible) && \
+             self.backend.{store}.terraformCompatible)"
+        )
+    };
+    kube::core::Rule::new(format!(
+        "!({} || {}) || ((!has(self.queue) || !self.queue) && \
+         (!has(self.permits) || self.permits == 1))",
+        held_as_terraform("s3"),
+        held_as_terraform("dynamodb")
+    ))
+    .msg(super::validation::A_TOOLS_LOCK_IS_A_MUTEX)
+}

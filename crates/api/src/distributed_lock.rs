@@ -7,7 +7,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::SpecError;
-use super::backend_spec::{BackendKind, BackendSpec};
+use super::backend_spec::{BackendKind, BackendSpec, a_tools_lock_is_a_mutex_without_a_queue};
 use super::validation::*;
 use lockwarden_core::{Mode, Permits, Queueing};
 

@@ -77,24 +77,6 @@ pub(crate) const A_TOOLS_LOCK_IS_A_MUTEX: &str = "terraformCompatible: a Terrafo
      state lock is deleted on release (the tools lock only an absent key), so nothing keeps \
      a queue while nobody holds it, and they know one holder: no queue, permits 1";
 
-/// On the spec: a Terraform/OpenTofu state lock is a mutex without a queue (docs/design.md
-/// §6.8).
-pub(crate) fn a_tools_lock_is_a_mutex_without_a_queue() -> Rule {
-    let held_as_terraform = |store: &str| {
-        format!(
-            "(has(self.backend.{store}) && has(self.backend.{store}.terraformCompatible) && \
-             self.backend.{store}.terraformCompatible)"
-        )
-    };
-    Rule::new(format!(
-        "!({} || {}) || ((!has(self.queue) || !self.queue) && \
-         (!has(self.permits) || self.permits == 1))",
-        held_as_terraform("s3"),
-        held_as_terraform("dynamodb")
-    ))
-    .msg(A_TOOLS_LOCK_IS_A_MUTEX)
-}
-
 pub(crate) fn weight_at_most_the_permits() -> Rule {
     Rule::new(
         "!has(self.weight) || self.weight == 1 || \

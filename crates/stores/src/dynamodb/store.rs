@@ -110,19 +110,26 @@ impl DynamoStore {
         self
     }
 
-    /// Whether the table is keyed as the tools' lock table.
+    /// Whether the table is keyed as the tools' lock table (`LockID`).
     fn is_state_lock_table(&self) -> bool {
         self.layout.partition_key == terraform::DYNAMODB_LOCK_KEY
     }
 
+    /// Whether the item is one the tools would lock: in their table, under a state's
+    /// `<bucket>/<state key>` (their `LockID`s always name a bucket and a key). Other
+    /// items of a table keyed `LockID` are ordinary lockwarden locks.
+    fn is_state_lock_item(&self) -> bool {
+        self.is_state_lock_table() && self.key.contains('/')
+    }
+
     /// The `Info` attribute a write of `record` sets (with `terraformCompatible`), or
-    /// why the item may not be written: an item of the tools' lock table without `Info`
-    /// would keep them out for good (they neither wait for nor force-unlock a lock
-    /// whose `Info` they cannot read).
+    /// why the item may not be written: a state's item of the tools' lock table without
+    /// `Info` would keep them out for good (they neither wait for nor force-unlock a
+    /// lock whose `Info` they cannot read).
     fn state_lock_info(&self, record: &LockRecord) -> Result<Option<String>, StoreError> {
         match (self.is_state_lock_table(), self.terraform_compatible) {
             (true, true) => Ok(Some(LockInfo::of_record(record, &self.key).to_go_json())),
-            (true, false) => Err(StoreError::Rejected(format!(
+            (true, false) if self.is_state_lock_item() => Err(StoreError::Rejected(format!(
                 "{} is an item of a Terraform/OpenTofu lock table (partition key {}): \
                  lockwarden holds it only as they do, with --terraform-compatible \
                  (spec.backend.dynamodb.terraformCompatible: true)",
@@ -136,7 +143,7 @@ impl DynamoStore {
                 terraform::DYNAMODB_LOCK_KEY,
                 terraform::DYNAMODB_LOCK_KEY
             ))),
-            (false, false) => Ok(None),
+            (_, false) => Ok(None),
         }
     }
 
