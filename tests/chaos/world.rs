@@ -295,6 +295,11 @@ pub const CLI_SLOTS: usize = 2;
 
 static WORLD: OnceLock<World> = OnceLock::new();
 
+/// The tests of a binary share its world's servers, controllers and proxies and inject
+/// faults into them: one plan at a time. (A tokio mutex: it is held across awaits, and
+/// works across the tests' runtimes.)
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The world, started on first use (blocks; call from a blocking context).
 pub fn world() -> &'static World {
     // On a plain thread: starting it drives a runtime of its own, which must not
