@@ -303,8 +303,13 @@ impl<S: RecordStore> CasLock<S> {
         let mut registered = set.clone();
         let queue = registered.queue.get_or_insert_with(Queue::default);
         let full = queue.waiters.len() >= Queue::MAX_WAITERS;
-        entry.ticket = queue.next_ticket;
-        queue.next_ticket += 1;
+        entry.ticket = match kept_ticket(st, queue) {
+            Some(ticket) => ticket,
+            None => {
+                queue.next_ticket += 1;
+                queue.next_ticket - 1
+            }
+        };
         queue.waiters.push(entry.clone());
         if full || registered.to_json().len() > Queue::MAX_SET_BYTES {
             let retry_in = waiter_lease(req) / 3;
@@ -359,6 +364,7 @@ impl<S: RecordStore> CasLock<S> {
             Ok(_) => {
                 st.waiting = Some(entry.clone());
                 st.waiting_written = Some(sent);
+                st.ticket = Some(entry.ticket);
                 Ok(Some(busy(&set, unknown, &entry, req, st)))
             }
             Err(StoreError::Conflict { .. }) => {
@@ -426,14 +432,15 @@ impl<S: RecordStore> CasLock<S> {
         if lease.is_some() {
             st.waiting = None;
             st.waiting_written = None;
+            st.ticket = None;
         }
         Ok(lease)
     }
 }
 
 /// Our registration, if it is (still) in `queue`: a registration dropped as expired
-/// (we did not refresh in time) or never landed is forgotten, to be made again with a
-/// new ticket.
+/// (we did not refresh in time) or never landed is forgotten, to be made again (with
+/// the ticket it had, if its write landed: [`kept_ticket`]).
 fn our_registration(st: &mut SetContender, queue: &Queue) -> Option<SetEntry> {
     let ours = st
         .waiting
@@ -444,6 +451,17 @@ fn our_registration(st: &mut SetContender, queue: &Queue) -> Option<SetEntry> {
         st.waiting = None;
     }
     ours
+}
+
+/// The ticket a registration made again keeps: the one the store gave our earlier
+/// registration of this acquisition, which others dropped because we missed its
+/// refreshes for its waiter lease (a stall: a dead waiter never comes back). Arrival
+/// order is kept for every waiter that lives (docs/design.md §6.4). The store issued
+/// it (our write of it landed) and never issues it again, so no other waiter has it;
+/// the check is for a record rewritten by something else.
+fn kept_ticket(st: &SetContender, queue: &Queue) -> Option<u64> {
+    st.ticket
+        .filter(|t| *t < queue.next_ticket && queue.waiters.iter().all(|w| w.ticket != *t))
 }
 
 /// Only the head is granted: our registration when it is first in grant order, or an
@@ -581,6 +599,55 @@ mod tests {
             .map(|w| w.ticket)
             .collect();
         assert_eq!(tickets, vec![4, 5], "w3 and w4 keep their tickets");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_for_missed_refreshes_registers_again_with_its_ticket() {
+        let store = MemoryStore::new("mem://locks/queue-stalled-waiter");
+        let (la, stalled, next) = (contender(&store), contender(&store), contender(&store));
+        // The holder outlives the test: only the stalled waiter's entry expires.
+        let long = AcquireRequest {
+            lease: Duration::from_secs(600),
+            ..queued("a", 0)
+        };
+        let a = acquired(&la, &long).await;
+        assert_eq!(waits(&stalled, &queued("stalled", 0)).await, Some(0));
+        let ticket = stored_set(&store).queue.unwrap().waiters[0].ticket;
+        assert_eq!(waits(&next, &queued("next", 0)).await, Some(1));
+        // "stalled" misses its refreshes: "next", looking on, drops its entry once it
+        // has stayed unchanged for its waiter lease plus the grace.
+        let since = Instant::now();
+        while stored_set(&store).queue.unwrap().waiters.len() > 1 {
+            assert!(
+                since.elapsed() < TAKEOVER_AFTER * 20,
+                "the stalled waiter's entry was never dropped"
+            );
+            sleep(Duration::from_millis(20)).await;
+            waits(&next, &queued("next", 0)).await;
+        }
+        assert_eq!(waits(&next, &queued("next", 0)).await, Some(0));
+        // Back, it registers again with the ticket it had: ahead of "next" again.
+        assert_eq!(waits(&stalled, &queued("stalled", 0)).await, Some(0));
+        let set = stored_set(&store);
+        let queue = set.queue.unwrap();
+        let again = queue
+            .waiters
+            .iter()
+            .find(|w| w.holder == "stalled")
+            .unwrap();
+        assert_eq!(again.ticket, ticket, "a new ticket: sent to the back");
+        assert_eq!(queue.next_ticket, ticket + 2, "no ticket was issued again");
+        assert_eq!(waits(&next, &queued("next", 0)).await, Some(1));
+        la.release(&a).await.unwrap();
+        assert_eq!(waits(&next, &queued("next", 0)).await, Some(1));
+        let first = acquired(&stalled, &queued("stalled", 0)).await;
+        stalled.release(&first).await.unwrap();
+        let second = acquired(&next, &queued("next", 0)).await;
+        assert!(second.fence() > first.fence());
+        // Granted, it forgets the ticket: its next acquisition queues anew.
+        assert_eq!(waits(&stalled, &queued("stalled", 0)).await, Some(0));
+        let set = stored_set(&store);
+        assert!(set.queue.unwrap().waiters[0].ticket > ticket + 1);
     }
 
     #[tokio::test]

@@ -78,6 +78,11 @@ pub(super) struct SetContender {
     /// When we last sent a write of our queue registration: it is refreshed every
     /// third of its lease (docs/design.md §6.4).
     pub(super) waiting_written: Option<Instant>,
+    /// The queue ticket the store gave our registration (its write landed), until we
+    /// are granted or give up: if others drop the registration because we missed its
+    /// refreshes (a stall, not a death), we register again with it and keep our place
+    /// (docs/design.md §6.4).
+    pub(super) ticket: Option<u64>,
 }
 
 /// Every entry of a set that expires by rule 1: holders, the waiting writer, waiters.
@@ -872,6 +877,7 @@ impl<S: RecordStore> CasLock<S> {
     pub(super) async fn abandon_permit(&self) {
         let mut st = self.state.lock().await;
         st.set.waiting_written = None;
+        st.set.ticket = None;
         let Some(waiting) = st.set.waiting.take() else {
             return;
         };
