@@ -65,6 +65,7 @@ fn record() -> impl Strategy<Value = LockRecord> {
                     renewed_at: SystemTime::UNIX_EPOCH + Duration::from_millis(renewed),
                     set: None,
                     history: Vec::new(),
+                    runs: Default::default(),
                     unknown: Default::default(),
                 }
             },

@@ -520,6 +520,36 @@ pub fn parse_wait(s: &str) -> Result<Duration, ValueError> {
 }
 
 /// A holder identity: printable, non-empty, at most 256 characters.
+/// A `--run-key`: printable, not empty, at most `MAX_RUN_KEY_LEN` bytes.
+pub fn parse_run_key(s: &str) -> Result<lockwarden_core::RunKey, ValueError> {
+    lockwarden_core::RunKey::new(s).map_err(|e| ValueError(format!("--run-key {s:?}: {e}")))
+}
+
+/// `--run-key` beside the other flags: one completion per run needs one holder at a
+/// time, and the memory lives in an exclusive, unqueued key's record (§6.7).
+pub fn check_run_key(
+    run: Option<&lockwarden_core::RunKey>,
+    permits: Permits,
+    queue: Option<lockwarden_core::Queueing>,
+) -> Result<(), ValueError> {
+    let Some(run) = run else {
+        return Ok(());
+    };
+    if !permits.is_mutex() {
+        return Err(ValueError(format!(
+            "--run-key {run}: a run is completed by one holder; not with --permits (a shared \
+             or counted lock)"
+        )));
+    }
+    if queue.is_some() {
+        return Err(ValueError(format!(
+            "--run-key {run}: not with --queue yet: a queued key's record keeps no memory of \
+             completed runs"
+        )));
+    }
+    Ok(())
+}
+
 pub fn parse_holder(s: &str) -> Result<String, ValueError> {
     if s.trim().is_empty() {
         return Err(ValueError("the holder must not be empty".into()));

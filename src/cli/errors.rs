@@ -21,6 +21,7 @@ pub mod exit {
     pub const LOST: u8 = 4;
     pub const STALE_FENCE: u8 = 5;
     pub const UNCONFIRMED: u8 = 6;
+    pub const ALREADY_COMPLETED: u8 = 7;
     pub const CANNOT_EXECUTE: u8 = 126;
     pub const NOT_FOUND: u8 = 127;
 }
@@ -71,6 +72,11 @@ pub const EXIT_CODES: &[ExitStatus] = &[
         meaning: "guard: the lock could not be confirmed by the guard's deadline (no renewal seen, or the store not answering); \
                   every process of COMMAND got SIGTERM, then SIGKILL before that deadline (at start: no renewal within the \
                   stored lease, COMMAND never started)",
+    },
+    ExitStatus {
+        code: exit::ALREADY_COMPLETED,
+        meaning: "run --run-key: the key's memory says this run already completed (or is older than \
+                  what it still remembers); COMMAND was not started and the lock was released",
     },
     ExitStatus {
         code: exit::CANNOT_EXECUTE,
@@ -203,6 +209,11 @@ pub enum CliError {
         action: String,
     },
 
+    /// `run --run-key`: the run is done already (docs/design.md §6.7); COMMAND was not
+    /// started.
+    #[error("{url}: {detail}; the command was not started")]
+    AlreadyCompleted { url: String, detail: String },
+
     /// `guard`: the lock could not be read when the guard started (`cause` names the
     /// lock URL).
     #[error("{cause}; the command was not started")]
@@ -289,6 +300,7 @@ impl CliError {
             | CliError::Mismatch { .. } => exit::HELD,
             CliError::Lost { .. } | CliError::NotHeld { .. } => exit::LOST,
             CliError::Unconfirmed { .. } => exit::UNCONFIRMED,
+            CliError::AlreadyCompleted { .. } => exit::ALREADY_COMPLETED,
             CliError::Spawn { source, .. } => match source.kind() {
                 std::io::ErrorKind::NotFound => exit::NOT_FOUND,
                 _ => exit::CANNOT_EXECUTE,

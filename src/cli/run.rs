@@ -31,7 +31,7 @@ use super::{
 };
 use lockwarden_core::{
     AcquireRequest, FenceToken, HeldLock, HolderState, Lease, LockBackend, LockState, LostReason,
-    Permits, Queueing, RenewPolicy, SafetyMargins, Stored,
+    Permits, Queueing, RenewPolicy, RunCheck, RunKey, RunMemory, SafetyMargins, Stored,
 };
 use lockwarden_stores::Target;
 
@@ -108,6 +108,18 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", value_parser = super::parse_duration)]
     pub grace: Option<Duration>,
 
+    /// Once per run: the name of this run (e.g. its scheduled time). If the key
+    /// remembers it as completed — here or on another host — COMMAND is not started,
+    /// the lock is released and run exits 7; when COMMAND exits 0 the release records
+    /// the run. S3 (not --s3lock-compatible), DynamoDB or a Lease; a mutex, no --queue
+    #[arg(long, value_name = "KEY", value_parser = super::args::parse_run_key)]
+    pub run_key: Option<RunKey>,
+
+    /// With --run-key: how many completed runs the key remembers, most recent first
+    /// (older ones are counted as dropped) [default: 64]
+    #[arg(long, value_name = "N", requires = "run_key", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub runs_kept: Option<u16>,
+
     /// The command to run while the lock is held (after `--`)
     #[arg(value_name = "COMMAND", required = true, num_args = 1.., trailing_var_arg = true)]
     pub command: Vec<OsString>,
@@ -136,9 +148,14 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     if !args.url.is_session_bound() {
         grace_within(args.grace, args.lease, &margins)?;
     }
+    if args.run_key.is_some() {
+        // Before waiting for the key: a key that cannot remember runs is refused now.
+        backend.keeps_runs().map_err(CliError::Lock)?;
+    }
     let lease = acquire(&args, how, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
     let (held, grace) = hold(backend, lease, args.grace, &margins).await?;
+    let held = once_per_run(&args, held).await?;
     tracing::info!(%url, fence = %held.fence(), holder = %held.holder(), ?grace, "lock held; starting the command");
     let mut running = start(&args, held, grace).await?;
     let outcome = running.until_ended().await;
@@ -184,6 +201,37 @@ struct Running {
     /// COMMAND as messages show it.
     shown: String,
     grace: Duration,
+    /// `--run-key`: recorded with the release when COMMAND succeeds (§6.7).
+    run: Option<RunToRecord>,
+}
+
+/// A run `run --run-key` records on success: which, and how many the key keeps.
+struct RunToRecord {
+    key: RunKey,
+    keep: usize,
+}
+
+/// `--run-key`: the memory of the record our grant replaced says whether this run is
+/// done. A run done (or too old to tell) is not started: the lock goes back at once.
+async fn once_per_run(args: &RunArgs, held: HeldLock) -> Result<HeldLock, CliError> {
+    let Some(run) = &args.run_key else {
+        return Ok(held);
+    };
+    let url = held.url().to_string();
+    let detail = match held.runs().check(run) {
+        RunCheck::New => return Ok(held),
+        RunCheck::Completed(done) => done.describe(),
+        RunCheck::BeyondMemory {
+            oldest_kept,
+            dropped,
+        } => format!(
+            "run {run} is not older than the oldest run the key still remembers ({}), and it \
+             has forgotten {dropped} earlier ones: it may have completed",
+            oldest_kept.run
+        ),
+    };
+    release_or_log(held, None, "after finding the run completed").await;
+    Err(CliError::AlreadyCompleted { url, detail })
 }
 
 /// Starts COMMAND under the held lock; if it cannot start, the lock is given back.
@@ -224,6 +272,10 @@ async fn start(args: &RunArgs, held: HeldLock, grace: Duration) -> Result<Runnin
             });
         }
     };
+    let run = args.run_key.clone().map(|key| RunToRecord {
+        key,
+        keep: args.runs_kept.map_or(RunMemory::DEFAULT_KEEP, usize::from),
+    });
     Ok(Running {
         held,
         child,
@@ -231,6 +283,7 @@ async fn start(args: &RunArgs, held: HeldLock, grace: Duration) -> Result<Runnin
         url,
         shown,
         grace,
+        run,
     })
 }
 
@@ -299,7 +352,7 @@ impl Running {
                 if let Some(done) = stop_leftovers(&shown, deadline, grace).await {
                     print_warning(&format!("{done}, before releasing"));
                 }
-                finish(waited, self.held, &url, &shown, lease).await
+                finish(waited, self.held, &url, &shown, lease, self.run.as_ref()).await
             }
             Err((state, times)) => {
                 let action = terminate(&mut self.child, &shown, deadline, times).await;
@@ -342,11 +395,20 @@ async fn finish(
     url: &str,
     shown: &str,
     lease: Duration,
+    run: Option<&RunToRecord>,
 ) -> Result<u8, CliError> {
     match waited {
         Ok(status) => {
             tracing::info!(%url, %status, "command exited; releasing");
-            if let Err(e) = held.release().await {
+            // Only a success is a completed run; a failure leaves it to the next holder.
+            let released = match run.filter(|_| status.success()) {
+                Some(run) => {
+                    held.release_completed(&run.key, Some(&sys::hostname()), run.keep)
+                        .await
+                }
+                None => held.release().await,
+            };
+            if let Err(e) = released {
                 print_warning(&format!(
                     "{e} (releasing after the command exited; the lease ends it in {})",
                     humantime::format_duration(lease)
@@ -382,6 +444,7 @@ impl How {
         let yield_to_pollers =
             args.sharing
                 .yield_to_pollers(&args.url, &args.backend, permits, queue)?;
+        super::args::check_run_key(args.run_key.as_ref(), permits, queue)?;
         Ok(How {
             permits,
             lock_delay,

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::output::columns;
 use super::{BackendArgs, CliError, PermitArgs, exit};
+use lockwarden_core::RunMemory;
 use lockwarden_core::history::{self, Grant};
 use lockwarden_core::{HolderSet, LockRecord, LockState, Permits, QueueView, Stored};
 use lockwarden_stores::Target;
@@ -92,6 +93,10 @@ pub struct Status {
     /// The key's last grants, oldest first (`--history`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<Vec<HistoryEntry>>,
+    /// The key's memory of completed runs (`run --run-key`, docs/design.md §6.7),
+    /// oldest first, and how many older runs it dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<CompletedRuns>,
     /// Wall clock, as seen by this observer: a held record that is not renewed cannot
     /// be taken over before this (rule 1: the stored lease — a lock-delay included,
     /// rule 8 — plus the grace, counted from this read). A contender that saw this
@@ -106,6 +111,46 @@ pub struct Status {
     /// Another tool's lock holds (or held) the key: it names no permits.
     #[serde(skip)]
     pub by_another_tool: bool,
+}
+
+/// The key's memory of completed runs ([`lockwarden_core::runs`]).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletedRuns {
+    pub completed: Vec<CompletedRunEntry>,
+    /// Older completed runs the memory no longer keeps.
+    pub dropped: u64,
+}
+
+/// One completed run: which, by whom, with which fence, when it finished.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletedRunEntry {
+    pub run: String,
+    pub fence: u64,
+    pub holder: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    pub finished_at: String,
+}
+
+impl CompletedRuns {
+    fn of(memory: &RunMemory) -> Option<CompletedRuns> {
+        (!memory.is_empty()).then(|| CompletedRuns {
+            completed: memory
+                .runs
+                .iter()
+                .map(|r| CompletedRunEntry {
+                    run: r.run.clone(),
+                    fence: r.fence.0,
+                    holder: r.holder.clone(),
+                    cluster: r.cluster.clone(),
+                    finished_at: lockwarden_core::rfc3339(r.finished_at()),
+                })
+                .collect(),
+            dropped: memory.dropped,
+        })
+    }
 }
 
 /// One grant of the key's holder history ([`lockwarden_core::history`]).
@@ -302,6 +347,7 @@ impl Status {
             holders: Vec::new(),
             queue: None,
             history: None,
+            runs: None,
             no_takeover_before: None,
             freed_by: None,
             by_another_tool: false,
@@ -335,6 +381,7 @@ impl Status {
                 s.acquired_at = rfc3339(r.acquired_at);
                 s.renewed_at = rfc3339(r.renewed_at);
                 s.data = r.data;
+                s.runs = CompletedRuns::of(&r.runs);
                 if let Some(set) = &r.set {
                     s.permits = Some(set.permits);
                     s.permits_in_use = Some(set.in_use());
@@ -445,11 +492,43 @@ impl Status {
         }
         let header = header.iter().map(|h| h.to_string()).collect();
         format!(
-            "{}{note}{}{}{}",
+            "{}{note}{}{}{}{}",
             columns(&[header, row]),
             self.holders_table(wide),
             self.queue_table(),
-            self.history_table()
+            self.history_table(),
+            self.runs_table()
+        )
+    }
+
+    /// A key that remembers completed runs: "completed runs: N" and a row per run,
+    /// the most recent last. Empty for a key without any.
+    fn runs_table(&self) -> String {
+        let Some(runs) = &self.runs else {
+            return String::new();
+        };
+        let mut rows = vec![
+            ["RUN", "FENCE", "HOLDER", "CLUSTER", "FINISHED"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for r in &runs.completed {
+            rows.push(vec![
+                r.run.clone(),
+                r.fence.to_string(),
+                r.holder.clone(),
+                r.cluster.clone().unwrap_or_else(|| "-".into()),
+                r.finished_at.clone(),
+            ]);
+        }
+        let dropped = match runs.dropped {
+            0 => String::new(),
+            n => format!(" ({n} older dropped)"),
+        };
+        format!(
+            "completed runs: {}{dropped}, oldest first\n{}",
+            runs.completed.len(),
+            columns(&rows)
         )
     }
 

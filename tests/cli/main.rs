@@ -18,6 +18,7 @@ mod guard;
 mod input;
 mod lifetime;
 mod lock_delay;
+mod once;
 mod permits;
 mod reclaim;
 mod run;

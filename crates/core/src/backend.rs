@@ -192,6 +192,32 @@ pub trait LockBackend: Send + Sync {
     /// equivalent). Releasing a lock that is no longer ours is `Err(Lost)`.
     async fn release(&self, lease: &Lease) -> Result<(), LockError>;
 
+    /// Lets go of the lock after `done`'s run succeeded, recording the run in the
+    /// key's memory of completed runs in the same write as the release, keeping the
+    /// `keep` most recent (docs/design.md §6.7). A store or key that keeps no memory
+    /// refuses ([`keeps_runs`](Self::keeps_runs)) and releases nothing.
+    async fn release_completed(
+        &self,
+        lease: &Lease,
+        done: super::runs::CompletedRun,
+        keep: usize,
+    ) -> Result<(), LockError> {
+        let _ = (lease, done, keep);
+        self.keeps_runs()
+    }
+
+    /// Whether this key can keep a memory of completed runs (docs/design.md §6.7):
+    /// the refusal, naming why, when it cannot. A granted [`Lease`]'s `record.runs`
+    /// is the memory of the record its grant replaced.
+    fn keeps_runs(&self) -> Result<(), LockError> {
+        Err(LockError::Backend {
+            url: self.url().to_string(),
+            message: "this store keeps no memory of completed runs yet (a run key needs \
+                      S3, DynamoDB or a Kubernetes Lease)"
+                .into(),
+        })
+    }
+
     /// Reads the current record without acquiring.
     async fn inspect(&self) -> Result<Option<Stored>, LockError>;
 

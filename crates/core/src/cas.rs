@@ -13,6 +13,7 @@ use super::clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 use super::error::{HeldBy, LockError, LostReason};
 use super::history::{self, Ending, Grant};
 use super::record::{FenceToken, ForeignRecord, LockRecord, LockState, Stored, Version};
+use super::runs::CompletedRun;
 
 /// How many times one `try_acquire` re-reads after losing a race before it reports
 /// the lock busy.
@@ -217,7 +218,84 @@ fn acquisition_record(
         record.acquired_at,
     );
     record.history = history::after_grant(replaced, ending, grant, record.acquired_at);
+    // The key's memory of completed runs stays with the key (docs/design.md §6.7):
+    // the holder learns from it whether its run is already done.
+    if let Some(Ok(r)) = current.map(|s| &s.record) {
+        record.runs = r.runs.clone();
+    }
     record
+}
+
+impl<S: RecordStore> CasLock<S> {
+    /// The release of an exclusive lock: its tombstone (recording `completed`, a run
+    /// that succeeded, in the key's memory: docs/design.md §6.7) in one conditional
+    /// write, conditioned on our last write.
+    async fn release_recording(
+        &self,
+        lease: &Lease,
+        completed: Option<(CompletedRun, usize)>,
+    ) -> Result<(), LockError> {
+        let tombstone = match &completed {
+            Some((done, keep)) => lease.record.released_completed(done.clone(), *keep),
+            None => lease.record.released(),
+        };
+        let outcome = self.store.replace(&lease.version, &tombstone).await;
+        let version = match outcome {
+            Ok(v) => v,
+            Err(StoreError::Indeterminate(_)) | Err(StoreError::Conflict { .. }) => {
+                match self.read().await? {
+                    Some(Stored {
+                        record: Ok(r),
+                        version,
+                    }) if r.is_write_of(&tombstone) => version,
+                    current => {
+                        // Our tombstone did not land and the record moved on: releasing
+                        // someone else's lock would be wrong.
+                        let reason = lost_reason(lease, current.as_ref());
+                        return match reason {
+                            // The record still is ours (an unconfirmed renewal landed):
+                            // release from its version instead.
+                            None => {
+                                let mut adopted = lease.clone();
+                                if let Some(Stored {
+                                    record: Ok(r),
+                                    version,
+                                }) = current
+                                {
+                                    adopted.record = r;
+                                    adopted.version = version;
+                                }
+                                Box::pin(self.release_recording(&adopted, completed)).await
+                            }
+                            Some(LostReason::ReleasedElsewhere) => {
+                                Err(LockError::NotHeld { url: self.url() })
+                            }
+                            Some(reason) => Err(LockError::Lost {
+                                url: self.url(),
+                                reason,
+                            }),
+                        };
+                    }
+                }
+            }
+            Err(e) => return Err(self.store_error(e)),
+        };
+        let mut st = self.state.lock().await;
+        // A key this contender finds absent next was freed by lockwarden (§6.4).
+        st.last_ours = Some(tombstone.clone());
+        if self.delete_on_release {
+            match self.store.delete(&version).await {
+                Ok(()) => st.last_seen = None,
+                Err(_) => st.last_seen = None, // the tombstone stays; still released
+            }
+        } else {
+            st.last_seen = Some(Stored {
+                record: Ok(tombstone),
+                version,
+            });
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -298,60 +376,34 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
         if lease.record.set.is_some() {
             return self.release_permit(lease).await;
         }
-        let tombstone = lease.record.released();
-        let outcome = self.store.replace(&lease.version, &tombstone).await;
-        let version = match outcome {
-            Ok(v) => v,
-            Err(StoreError::Indeterminate(_)) | Err(StoreError::Conflict { .. }) => {
-                match self.read().await? {
-                    Some(Stored {
-                        record: Ok(r),
-                        version,
-                    }) if r.is_write_of(&tombstone) => version,
-                    current => {
-                        // Our tombstone did not land and the record moved on: releasing
-                        // someone else's lock would be wrong.
-                        let reason = lost_reason(lease, current.as_ref());
-                        return match reason {
-                            // The record still is ours (an unconfirmed renewal landed):
-                            // release from its version instead.
-                            None => {
-                                let mut adopted = lease.clone();
-                                if let Some(Stored {
-                                    record: Ok(r),
-                                    version,
-                                }) = current
-                                {
-                                    adopted.record = r;
-                                    adopted.version = version;
-                                }
-                                Box::pin(self.release(&adopted)).await
-                            }
-                            Some(LostReason::ReleasedElsewhere) => {
-                                Err(LockError::NotHeld { url: self.url() })
-                            }
-                            Some(reason) => Err(LockError::Lost {
-                                url: self.url(),
-                                reason,
-                            }),
-                        };
-                    }
-                }
-            }
-            Err(e) => return Err(self.store_error(e)),
-        };
-        let mut st = self.state.lock().await;
-        // A key this contender finds absent next was freed by lockwarden (§6.4).
-        st.last_ours = Some(tombstone.clone());
+        self.release_recording(lease, None).await
+    }
+
+    async fn release_completed(
+        &self,
+        lease: &Lease,
+        done: CompletedRun,
+        keep: usize,
+    ) -> Result<(), LockError> {
+        self.keeps_runs()?;
+        if lease.record.set.is_some() {
+            return Err(LockError::Backend {
+                url: self.url(),
+                message: "a key with more than one permit or a queue keeps no memory of \
+                          completed runs"
+                    .into(),
+            });
+        }
+        self.release_recording(lease, Some((done, keep))).await
+    }
+
+    fn keeps_runs(&self) -> Result<(), LockError> {
         if self.delete_on_release {
-            match self.store.delete(&version).await {
-                Ok(()) => st.last_seen = None,
-                Err(_) => st.last_seen = None, // the tombstone stays; still released
-            }
-        } else {
-            st.last_seen = Some(Stored {
-                record: Ok(tombstone),
-                version,
+            return Err(LockError::Backend {
+                url: self.url(),
+                message: "this key is deleted on release (s3lockCompatible or \
+                          terraformCompatible), so it cannot keep a memory of completed runs"
+                    .into(),
             });
         }
         Ok(())
@@ -1572,5 +1624,88 @@ pub(super) mod tests {
         theirs.nonce = format!("{}x", super::super::record::ANOTHER_TOOL_NONCE_PREFIX);
         store.put_body(&theirs.to_json());
         acquired(&contender(&store), &yielding("c")).await;
+    }
+
+    // Once per run (docs/design.md §6.7): the memory of completed runs.
+
+    fn run(name: &str) -> crate::RunKey {
+        crate::RunKey::new(name).unwrap()
+    }
+
+    fn completed(lease: &Lease, name: &str) -> CompletedRun {
+        CompletedRun::now(&run(name), lease.fence(), lease.holder(), Some("east"))
+    }
+
+    /// A completion recorded with a release is in the memory of the next grant, and
+    /// stays through that holder's renewals and plain release, a takeover by expiry
+    /// and later grants; a plain release records nothing.
+    #[tokio::test]
+    async fn once_a_recorded_completion_is_seen_by_every_later_grant() {
+        let (store, a, lease) = held_by_a().await;
+        a.release_completed(&lease, completed(&lease, "r1"), 64)
+            .await
+            .unwrap();
+        let b = contender(&store);
+        let mut held = acquired(&b, &req("b")).await;
+        assert!(matches!(
+            held.record.runs.check(&run("r1")),
+            crate::RunCheck::Completed(r) if r.holder == "a" && r.fence == FenceToken(1)
+        ));
+        assert_eq!(held.record.runs.check(&run("r2")), crate::RunCheck::New);
+        b.renew(&mut held).await.unwrap();
+        assert_eq!(
+            store.record().runs.runs.len(),
+            1,
+            "a renewal keeps the memory"
+        );
+        // b's run failed: a plain release, nothing recorded.
+        b.release(&held).await.unwrap();
+        // c takes the key, stops renewing, and d takes it over by expiry.
+        let c = contender(&store);
+        let c_lease = acquired(&c, &req("c")).await;
+        assert_eq!(c_lease.record.runs.runs.len(), 1);
+        let d = contender(&store);
+        let since = Instant::now();
+        busy(&d, &req("d")).await;
+        let d_lease = take_over(&d, "d", since).await;
+        let runs: Vec<&str> = d_lease
+            .record
+            .runs
+            .runs
+            .iter()
+            .map(|r| r.run.as_str())
+            .collect();
+        assert_eq!(runs, ["r1"], "only the completed run, through a takeover");
+        d.release_completed(&d_lease, completed(&d_lease, "r2"), 64)
+            .await
+            .unwrap();
+        let runs: Vec<String> = store
+            .record()
+            .runs
+            .runs
+            .into_iter()
+            .map(|r| r.run)
+            .collect();
+        assert_eq!(runs, ["r1", "r2"]);
+    }
+
+    /// A key deleted on release cannot remember: a release that would record a run is
+    /// refused before anything is written, and the key stays held.
+    #[tokio::test]
+    async fn bad_input_once_on_a_key_deleted_on_release_is_refused() {
+        let store = MemoryStore::new("mem://runs");
+        let a = contender(&store).with_delete_on_release(true);
+        assert!(a.keeps_runs().is_err());
+        let lease = acquired(&a, &req("a")).await;
+        let refused = a
+            .release_completed(&lease, completed(&lease, "r1"), 64)
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("deleted on release"),
+            "{refused}"
+        );
+        assert_eq!(store.record().state, LockState::Held);
+        a.release(&lease).await.unwrap();
     }
 }

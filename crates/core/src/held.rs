@@ -14,6 +14,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use super::backend::{Lease, LockBackend};
 use super::error::{LockError, LostReason};
 use super::record::{FenceToken, Version};
+use super::runs::{CompletedRun, RunKey, RunMemory};
 
 /// When to renew.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,9 +82,11 @@ pub struct HeldLock {
     fence: FenceToken,
     nonce: String,
     holder: String,
+    /// The key's memory of completed runs as our grant found it (§6.7).
+    runs: RunMemory,
     state: watch::Receiver<HolderState>,
     deadline: watch::Receiver<Instant>,
-    release: Option<oneshot::Sender<oneshot::Sender<Result<(), LockError>>>>,
+    release: Option<oneshot::Sender<ReleaseOrder>>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -107,6 +110,7 @@ impl HeldLock {
         let fence = lease.fence();
         let nonce = lease.nonce().to_string();
         let holder = lease.holder().to_string();
+        let runs = lease.record.runs.clone();
         let task = HolderTask {
             backend: backend.clone(),
             // The holder's own lease, not the lock-delay its record also carries.
@@ -120,6 +124,7 @@ impl HeldLock {
             fence,
             nonce,
             holder,
+            runs,
             state,
             deadline,
             release: Some(release),
@@ -152,6 +157,12 @@ impl HeldLock {
 
     pub fn holder(&self) -> &str {
         &self.holder
+    }
+
+    /// The key's memory of completed runs in the record this grant replaced: every
+    /// completion recorded before the grant (docs/design.md §6.7).
+    pub fn runs(&self) -> &RunMemory {
+        &self.runs
     }
 
     /// The backend the lock is held on.
@@ -196,12 +207,36 @@ impl HeldLock {
     }
 
     /// Releases the lock and waits for the store to confirm.
-    pub async fn release(mut self) -> Result<(), LockError> {
+    pub async fn release(self) -> Result<(), LockError> {
+        self.release_recording(None).await
+    }
+
+    /// Releases the lock after `run` succeeded under it, recording the run in the
+    /// key's memory of completed runs (keeping the `keep` most recent) in the same
+    /// write (docs/design.md §6.7); waits for the store to confirm.
+    pub async fn release_completed(
+        self,
+        run: &RunKey,
+        cluster: Option<&str>,
+        keep: usize,
+    ) -> Result<(), LockError> {
+        let done = CompletedRun::now(run, self.fence, &self.holder, cluster);
+        self.release_recording(Some((done, keep))).await
+    }
+
+    async fn release_recording(
+        mut self,
+        completed: Option<(CompletedRun, usize)>,
+    ) -> Result<(), LockError> {
         let (done_tx, done_rx) = oneshot::channel();
         let Some(release) = self.release.take() else {
             return Ok(());
         };
-        if release.send(done_tx).is_err() {
+        let order = ReleaseOrder {
+            completed,
+            done: done_tx,
+        };
+        if release.send(order).is_err() {
             return Err(self.final_error());
         }
         let result = done_rx.await.unwrap_or_else(|_| Err(self.final_error()));
@@ -225,9 +260,19 @@ impl Drop for HeldLock {
         // Ask the task to release; it runs on without us.
         if let Some(release) = self.release.take() {
             let (done, _) = oneshot::channel();
-            let _ = release.send(done);
+            let _ = release.send(ReleaseOrder {
+                completed: None,
+                done,
+            });
         }
     }
+}
+
+/// What the holder task is asked to do when the lock is let go: record a completed
+/// run with the release (§6.7) or not, and where to send the outcome.
+struct ReleaseOrder {
+    completed: Option<(CompletedRun, usize)>,
+    done: oneshot::Sender<Result<(), LockError>>,
 }
 
 type Renewal = Pin<Box<dyn Future<Output = (Lease, Result<(), LockError>)> + Send>>;
@@ -256,11 +301,7 @@ impl HolderTask {
         })
     }
 
-    async fn run(
-        self,
-        mut lease: Lease,
-        mut release: oneshot::Receiver<oneshot::Sender<Result<(), LockError>>>,
-    ) {
+    async fn run(self, mut lease: Lease, mut release: oneshot::Receiver<ReleaseOrder>) {
         // A resumed lease (expired deadline) renews at once.
         let mut next = if lease.is_valid() {
             Instant::now() + self.policy.interval
@@ -273,13 +314,20 @@ impl HolderTask {
             let claimed = self.state.borrow().is_held();
             tokio::select! {
                 biased;
-                done = &mut release => {
+                order = &mut release => {
                     if let Some(renewal) = inflight.take() {
                         // Let a renewal in flight finish so the release is conditioned
                         // on the latest version.
                         lease = renewal.await.0;
                     }
-                    let result = self.backend.release(&lease).await;
+                    let (completed, done) = match order {
+                        Ok(order) => (order.completed, Ok(order.done)),
+                        Err(e) => (None, Err(e)),
+                    };
+                    let result = match completed {
+                        Some((run, keep)) => self.backend.release_completed(&lease, run, keep).await,
+                        None => self.backend.release(&lease).await,
+                    };
                     let final_state = match &result {
                         Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
                         _ => HolderState::Released,

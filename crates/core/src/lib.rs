@@ -15,6 +15,7 @@
 //!   granted in (priority, arrival) order, weights ([`Queueing`], [`QueueView`]).
 //! - [`error`]: [`LockError`], each naming the lock, and why a held lock was lost.
 //! - [`history`]: the key's last grants, kept in its record ([`Grant`]).
+//! - [`runs`]: once per run, the key's memory of completed runs ([`RunMemory`]).
 //! - [`acquire`](mod@acquire): waiting with a deadline; [`held`]: a lock renewed in the background.
 //! - [`sequencer`]: [`check_fence`], whether a fence is still a current holder's
 //!   (Chubby's `CheckSequencer`; advisory).
@@ -44,6 +45,7 @@ pub mod queue;
 pub mod record;
 #[cfg(test)]
 mod rolling_upgrade;
+pub mod runs;
 mod semaphore;
 pub mod sequencer;
 
@@ -60,5 +62,6 @@ pub use record::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, NO_LEASE, Stored,
     UnknownFields, Version, rfc3339,
 };
+pub use runs::{CompletedRun, RunCheck, RunKey, RunKeyError, RunMemory};
 pub use semaphore::{holder_summary, lost_write_races};
 pub use sequencer::{FenceCheck, check_fence};

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::history::{self, Grant};
 use super::permits::HolderSet;
+use super::runs::{CompletedRun, RunMemory};
 
 /// The fields of a stored record that this build does not know, by name, kept as read
 /// so that a rewrite carries them (docs/design.md §3 "Stored formats that can evolve":
@@ -114,6 +115,10 @@ pub struct LockRecord {
     /// The key's last grants, oldest first ([`super::history`]): informational, never
     /// read by a safety decision. Empty in a record written by a build without it.
     pub history: Vec<Grant>,
+    /// The key's memory of completed runs ([`super::runs`], docs/design.md §6.7):
+    /// carried by every write of the key, appended to by the release of a holder whose
+    /// run succeeded. Empty on keys never used with a run key.
+    pub runs: RunMemory,
     /// What a newer build wrote that this one does not know: written back with the
     /// record, through renewals, releases and the next acquisition.
     pub unknown: UnknownFields,
@@ -161,6 +166,7 @@ impl LockRecord {
             renewed_at: now,
             set: None,
             history: Vec::new(),
+            runs: RunMemory::default(),
             unknown: UnknownFields::new(),
         }
     }
@@ -185,6 +191,16 @@ impl LockRecord {
             // The releaser closes its own grant in the history.
             history: history::after_release(self, now),
             ..self.clone()
+        }
+    }
+
+    /// The tombstone of a release whose run succeeded: [`released`](Self::released)
+    /// with the run recorded in the key's memory, keeping the `keep` most recent
+    /// (docs/design.md §6.7).
+    pub fn released_completed(&self, done: CompletedRun, keep: usize) -> LockRecord {
+        LockRecord {
+            runs: self.runs.with_completion(done, keep),
+            ..self.released()
         }
     }
 
@@ -286,8 +302,23 @@ struct RecordDocument {
     /// the body (S3: the object's user metadata).
     #[serde(default, skip_serializing, deserialize_with = "lenient_history")]
     history: Vec<Grant>,
+    /// The key's memory of completed runs (docs/design.md §6.7): only on keys used
+    /// with a run key, which the previous release reads as foreign — so it sees such a
+    /// key as held and never takes it without force (rule 6). Read leniently: a
+    /// memory that does not parse is lost, never a reason to call the record foreign.
+    #[serde(
+        default,
+        skip_serializing_if = "RunMemory::is_empty",
+        deserialize_with = "lenient_runs"
+    )]
+    runs: RunMemory,
     #[serde(flatten)]
     unknown: UnknownFields,
+}
+
+fn lenient_runs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<RunMemory, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Ok(RunMemory::parse(&value))
 }
 
 fn lenient_history<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Grant>, D::Error> {
@@ -323,6 +354,7 @@ impl LockRecord {
             renewed_at_ms: to_unix_ms(self.renewed_at),
             holders: self.set.clone(),
             history: self.history.clone(),
+            runs: self.runs.clone(),
             unknown: self.unknown.clone(),
         };
         serde_json::to_vec(&doc).expect("record serialises")
@@ -362,6 +394,7 @@ impl LockRecord {
             renewed_at: from_unix_ms(doc.renewed_at_ms),
             set: doc.holders,
             history: doc.history,
+            runs: doc.runs,
             unknown: doc.unknown,
         })
     }

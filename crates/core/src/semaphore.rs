@@ -207,6 +207,7 @@ pub(super) fn record_of(set: HolderSet, unknown: &UnknownFields) -> LockRecord {
         // Not kept on keys with more than one permit (docs/backends.md "Holder
         // history"): the set's entries are its current grants.
         history: Vec::new(),
+        runs: Default::default(),
         unknown: unknown.clone(),
     }
 }
@@ -239,6 +240,7 @@ pub(super) fn entry_view(entry: &SetEntry, set: &HolderSet, unknown: &UnknownFie
         renewed_at: entry.renewed_at(),
         set: Some(set.clone()),
         history: Vec::new(),
+        runs: Default::default(),
         unknown: unknown.clone(),
     }
 }

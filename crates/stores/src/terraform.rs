@@ -164,6 +164,7 @@ impl LockInfo {
             renewed_at: self.created,
             set: None,
             history: Vec::new(),
+            runs: Default::default(),
             unknown: UnknownFields::new(),
         }
     }

@@ -41,8 +41,11 @@ const RENEWED: &str = "renewedAtMs";
 const HOLDERS: &str = "holders";
 /// The key's holder history (JSON text, `lockwarden_core::history`); absent when empty.
 const HISTORY: &str = "history";
+/// The key's memory of completed runs (JSON text, `lockwarden_core::runs`, docs/design.md
+/// §6.7); absent on keys never used with a run key.
+const RUNS: &str = "runs";
 /// Every attribute this build writes: a record's unknown fields never take these names.
-const OURS: [&str; 13] = [
+const OURS: [&str; 14] = [
     OWNER,
     LEASE,
     RVN,
@@ -55,6 +58,7 @@ const OURS: [&str; 13] = [
     RENEWED,
     HOLDERS,
     HISTORY,
+    RUNS,
     terraform::DYNAMODB_INFO_ATTRIBUTE,
 ];
 
@@ -425,6 +429,7 @@ fn attribute_names(layout: &TableLayout) -> HashMap<String, String> {
         ("#data".to_string(), DATA.to_string()),
         ("#holders".to_string(), HOLDERS.to_string()),
         ("#history".to_string(), HISTORY.to_string()),
+        ("#runs".to_string(), RUNS.to_string()),
     ])
 }
 
@@ -466,7 +471,7 @@ fn always_written_values(record: &LockRecord) -> HashMap<String, AttributeValue>
 /// value): set when there is a value, else removed from the item.
 fn optional_values(
     record: &LockRecord,
-) -> [(&'static str, &'static str, Option<AttributeValue>); 4] {
+) -> [(&'static str, &'static str, Option<AttributeValue>); 5] {
     [
         // dynamolock: a present isReleased means released (see the module docs).
         (
@@ -496,6 +501,11 @@ fn optional_values(
             ":history",
             (!record.history.is_empty())
                 .then(|| AttributeValue::S(history::to_text(&record.history))),
+        ),
+        (
+            "#runs",
+            ":runs",
+            (!record.runs.is_empty()).then(|| AttributeValue::S(record.runs.to_text())),
         ),
     ]
 }
@@ -559,6 +569,12 @@ pub fn parse_item(item: &HashMap<String, AttributeValue>) -> Result<LockRecord, 
         history: match item.get(HISTORY) {
             Some(AttributeValue::S(text)) => history::parse_text(text),
             _ => Vec::new(),
+        },
+        // The same for the memory of completed runs: a writer that drops it loses it,
+        // and no writer invents one.
+        runs: match item.get(RUNS) {
+            Some(AttributeValue::S(text)) => lockwarden_core::RunMemory::parse_text(text),
+            _ => Default::default(),
         },
         // Not read: no write of this build removes what it does not name.
         unknown: UnknownFields::new(),

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
+use lockwarden_core::RunMemory;
 use lockwarden_core::history::{self, Grant};
 use lockwarden_core::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, HolderSet, LockRecord, LockState,
@@ -26,15 +27,18 @@ const HOLDER: &str = "lockwarden.io/holder";
 const HOLDERS: &str = "lockwarden.io/holders";
 /// The key's holder history (JSON, `lockwarden_core::history`); absent when empty.
 const HISTORY: &str = "lockwarden.io/history";
+/// The key's memory of completed runs (JSON, `lockwarden_core::runs`, docs/design.md
+/// §6.7); absent on keys never used with a run key.
+const RUNS: &str = "lockwarden.io/runs";
 /// Every annotation this build writes.
-const OURS: [&str; 8] = [
-    NONCE, REVISION, LEASE_MS, STATE, DATA, HOLDER, HOLDERS, HISTORY,
+const OURS: [&str; 9] = [
+    NONCE, REVISION, LEASE_MS, STATE, DATA, HOLDER, HOLDERS, HISTORY, RUNS,
 ];
 /// The prefix of lockwarden's annotations: those this build does not know are a newer
 /// build's, read into [`LockRecord::unknown`].
 const PREFIX: &str = "lockwarden.io/";
 /// Annotations of ours that a record may leave out (then removed from the Lease).
-const OPTIONAL: [&str; 3] = [DATA, HOLDERS, HISTORY];
+const OPTIONAL: [&str; 4] = [DATA, HOLDERS, HISTORY, RUNS];
 
 /// One lock as a Lease in a namespace.
 pub struct LeaseStore {
@@ -93,6 +97,9 @@ impl LeaseStore {
         }
         if !record.history.is_empty() {
             annotations.insert(HISTORY.to_string(), history::to_text(&record.history));
+        }
+        if !record.runs.is_empty() {
+            annotations.insert(RUNS.to_string(), record.runs.to_text());
         }
         lease.metadata.labels.get_or_insert_default().insert(
             "app.kubernetes.io/managed-by".to_string(),
@@ -242,6 +249,7 @@ pub fn parse_lease(lease: &KubeLease) -> Result<LockRecord, ForeignRecord> {
             .map(|json| HolderSet::from_json(json))
             .transpose()?,
         history: spec.history,
+        runs: spec.runs,
         unknown: annotations
             .iter()
             .filter(|(name, _)| name.starts_with(PREFIX) && !OURS.contains(&name.as_str()))
@@ -258,6 +266,7 @@ struct SpecFields {
     acquired_at: SystemTime,
     renewed_at: SystemTime,
     history: Vec<Grant>,
+    runs: RunMemory,
 }
 
 impl SpecFields {
@@ -274,6 +283,12 @@ impl SpecFields {
             history: annotations
                 .get(HISTORY)
                 .map(|text| history::parse_text(text))
+                .unwrap_or_default(),
+            // The same for the memory of completed runs: lost by a writer that drops
+            // it, never invented.
+            runs: annotations
+                .get(RUNS)
+                .map(|text| RunMemory::parse_text(text))
                 .unwrap_or_default(),
         }
     }
@@ -297,6 +312,7 @@ impl SpecFields {
             renewed_at: self.renewed_at,
             set: None,
             history: self.history,
+            runs: self.runs,
             unknown: UnknownFields::new(),
         }
     }

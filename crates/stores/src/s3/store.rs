@@ -44,6 +44,7 @@ pub fn parse_body(bytes: &[u8], etag: &str) -> Result<LockRecord, ForeignRecord>
                 renewed_at: std::time::SystemTime::UNIX_EPOCH,
                 set: None,
                 history: Vec::new(),
+                runs: Default::default(),
                 unknown: UnknownFields::new(),
             }),
             None => Err(not_ours),

@@ -154,6 +154,7 @@ impl ZkLock {
                 renewed_at: wall_clock(stat.mtime),
                 set: None,
                 history: Vec::new(),
+                runs: Default::default(),
                 unknown: UnknownFields::new(),
             },
         }
