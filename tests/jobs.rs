@@ -845,6 +845,7 @@ async fn every_example_reaches_the_state_its_comment_promises() {
             "shared-exclusive.yaml" => check_shared_exclusive_example(&locks).await,
             "job-kubectl-wait.yaml" => check_kubectl_wait_example(&client, &ns, &locks).await,
             "pod-gated.yaml" => check_pod_gated_example(&client, &ns, &locks).await,
+            "cronjob-once.yaml" => check_cronjob_once_example(&client, &ns, &jobs).await,
             "job-two-locks.yaml" => {
                 let job = wait_unsuspended_with_fences(&jobs, "load-warehouse").await;
                 let mut expected = Vec::new();
@@ -865,6 +866,38 @@ async fn every_example_reaches_the_state_its_comment_promises() {
             other => panic!("examples/{other} has no check in tests/jobs.rs; add one"),
         }
     }
+}
+
+/// examples/cronjob-once.yaml: the CronJob's first Job is started with a fence, and
+/// once it completes the Lease remembers its run, by that fence. The CronJob is then
+/// deleted, so it creates no more Jobs in the examples' namespace.
+async fn check_cronjob_once_example(client: &Client, ns: &str, jobs: &Api<Job>) {
+    use k8s_openapi::api::batch::v1::CronJob;
+    use k8s_openapi::api::coordination::v1::Lease;
+    // The first scheduled minute may be almost a minute away.
+    let patience = TIMEOUT + Duration::from_secs(90);
+    let job = eventually("the CronJob's first Job started", patience, || async {
+        let list = jobs.list(&ListParams::default()).await.ok()?;
+        list.items.into_iter().find(|j| {
+            j.name_any().starts_with("nightly-export-") && !is_suspended(j) && j.fence().is_some()
+        })
+    })
+    .await;
+    let fence = job.fence().unwrap();
+    support::kube::finish_pods(client, ns, &job.name_any(), true).await;
+    let leases = Api::<Lease>::namespaced(client.clone(), ns);
+    let runs = eventually("the Lease to remember the run", TIMEOUT, || async {
+        let lease = leases.get("nightly-export").await.ok()?;
+        let runs = lease.annotations().get("lockwarden.io/runs")?.clone();
+        runs.contains(&format!("{ns}/nightly-export@")).then_some(runs)
+    })
+    .await;
+    let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
+    assert_eq!(runs["runs"][0]["fence"], fence, "{runs}");
+    Api::<CronJob>::namespaced(client.clone(), ns)
+        .delete("nightly-export", &DeleteParams::default())
+        .await
+        .expect("delete the CronJob");
 }
 
 /// Job `job` unsuspended, lock `lock` Acquired, and the Job's pod template carrying that

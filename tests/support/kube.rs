@@ -337,8 +337,9 @@ impl ControlPlane {
 /// collector cascades ownerReferences; namespaces can be deleted; every namespace gets
 /// its `default` ServiceAccount (and legacy token controller, which needs the signing
 /// key); ReplicaSets and Deployments run Pods for tests of workloads other than Jobs;
-/// admission policies get their type-checking status (the fencing policy's test reads it).
-const CONTROLLERS: &str = "job,garbagecollector,namespace,serviceaccount,serviceaccount-token,\
+/// admission policies get their type-checking status (the fencing policy's test reads it);
+/// CronJobs create their Jobs (once per run, tests/once.rs).
+const CONTROLLERS: &str = "job,cronjob,garbagecollector,namespace,serviceaccount,serviceaccount-token,\
                            replicaset,deployment,validatingadmissionpolicy-status-controller";
 
 /// What a cluster with a kubelet needs besides: every namespace's `kube-root-ca.crt`

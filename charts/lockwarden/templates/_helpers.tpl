@@ -71,6 +71,12 @@ Secrets are never here: they get Roles of their own, only where locks live.
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "update", "patch"]
+# Once per run (lockwarden.io/once): a Job whose run another cluster already completed
+# is deleted, not left suspended (a suspended Job stays in its CronJob's active list
+# and blocks a Forbid CronJob's next run).
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["delete"]
 # A Job suspended after losing its lock restarts with a new fence in its pod
 # template, which before Kubernetes 1.36 the API server allows only once
 # status.startTime is cleared (1.36's Job controller clears it itself).

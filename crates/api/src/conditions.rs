@@ -46,6 +46,13 @@ pub mod reason {
     pub const BACKEND_ERROR: &str = "BackendError";
     /// Any other failure.
     pub const FAILED: &str = "Failed";
+    /// Once per run (docs/design.md §6.7): granted, but the key remembers `spec.runKey`
+    /// as completed (or it is older than the memory reaches), so it was released at
+    /// once: the run must not start. Final for this generation.
+    pub const RUN_COMPLETED: &str = "RunCompleted";
+    /// `spec.runKey` on a store or key that keeps no memory of completed runs
+    /// (ZooKeeper; a key deleted on release).
+    pub const RUNS_NOT_KEPT: &str = "RunsNotKept";
 }
 
 /// A condition with `lastTransitionTime` = `now`. `status` is `True` / `False`.

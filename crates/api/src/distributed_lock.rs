@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use super::SpecError;
 use super::backend_spec::{BackendKind, BackendSpec, a_tools_lock_is_a_mutex_without_a_queue};
 use super::validation::*;
-use lockwarden_core::{Mode, Permits, Queueing};
+use lockwarden_core::runs::MAX_RUN_KEY_LEN;
+use lockwarden_core::{Mode, Permits, Queueing, RunKey, RunMemory};
 
 /// `spec.leaseDuration` when unset.
 pub const DEFAULT_LEASE_DURATION: &str = "30s";
@@ -59,7 +60,8 @@ pub const DEFAULT_RENEW_INTERVAL: &str = "10s";
     validation = needs_a_queue("priority"),
     validation = needs_a_queue("weight"),
     validation = weight_at_most_the_permits(),
-    validation = a_tools_lock_is_a_mutex_without_a_queue()
+    validation = a_tools_lock_is_a_mutex_without_a_queue(),
+    validation = a_run_has_one_holder_without_a_queue()
 )]
 pub struct DistributedLockSpec {
     /// Where the lock lives: exactly one of s3, dynamodb, zookeeper, kubernetes.
@@ -143,6 +145,24 @@ pub struct DistributedLockSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = Permits::MAX))]
     pub weight: Option<u32>,
+    /// Once per run (docs/design.md §6.7): the run this lock's holder runs, e.g.
+    /// `payments/nightly@2026-12-03T02:00:00Z` (the gating sets it on a workload's own
+    /// lock). When the key remembers the run as completed, the lock is released as
+    /// soon as it is granted (`status.phase: Released`, reason `RunCompleted`). One
+    /// permit, no queue; S3 (not s3lockCompatible), DynamoDB or a Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_RUN_KEY_LEN))]
+    pub run_key: Option<String>,
+    /// With `runKey`: how many completed runs the key remembers, most recent first
+    /// (older ones are counted as dropped). Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub runs_kept: Option<u32>,
+    /// With `runKey`: the run succeeded, so the release records it as completed in
+    /// the key's memory (the gating sets it when the workload holding the lock
+    /// succeeded, before letting the lock go).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub run_succeeded: bool,
 }
 
 impl Default for DistributedLockSpec {
@@ -162,6 +182,9 @@ impl Default for DistributedLockSpec {
             queue: false,
             priority: None,
             weight: None,
+            run_key: None,
+            runs_kept: None,
+            run_succeeded: false,
         }
     }
 }
@@ -467,6 +490,7 @@ impl DistributedLockSpec {
             source,
         })?;
         self.queueing()?;
+        self.run()?;
         if self.holder_identity.as_ref().is_some_and(|h| h.len() > 512) {
             return Err(SpecError::Invalid {
                 field: "spec.holderIdentity".into(),
@@ -485,6 +509,28 @@ impl DistributedLockSpec {
             });
         }
         Ok(())
+    }
+
+    /// `spec.runKey` and `spec.runsKept` (checked): the run and how many completed
+    /// runs the key keeps; `None` without a run key.
+    pub fn run(&self) -> Result<Option<(RunKey, usize)>, SpecError> {
+        let Some(key) = &self.run_key else {
+            return Ok(None);
+        };
+        let run = RunKey::new(key.clone()).map_err(|e| SpecError::Invalid {
+            field: "spec.runKey".into(),
+            message: e.to_string(),
+        })?;
+        if self.permits != 1 || self.queue {
+            return Err(SpecError::Invalid {
+                field: "spec.runKey".into(),
+                message: A_RUN_HAS_ONE_HOLDER.into(),
+            });
+        }
+        let keep = self
+            .runs_kept
+            .map_or(RunMemory::DEFAULT_KEEP, |n| n.clamp(1, 1024) as usize);
+        Ok(Some((run, keep)))
     }
 
     /// The CEL transition rules: the backend kind, the fields naming the lock, the

@@ -57,6 +57,8 @@ pub use stores::dynamodb::{DynamoDbBackend, SortKey};
 pub use stores::kubernetes::KubernetesBackend;
 pub use stores::s3::S3Backend;
 pub use stores::zookeeper::ZooKeeperBackend;
+/// Why a run key needs one permit and no queue (docs/design.md §6.7).
+pub use validation::A_RUN_HAS_ONE_HOLDER;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

@@ -71,6 +71,20 @@ pub(crate) fn needs_a_queue(field: &'static str) -> Rule {
     .field_path(format!(".{field}"))
 }
 
+/// Why a run key needs one permit and no queue (docs/design.md §6.7).
+pub const A_RUN_HAS_ONE_HOLDER: &str = "a run is completed by one holder, and the key's \
+     memory of completed runs lives in an exclusive key's record: permits 1, no queue";
+
+/// On the spec: `runKey` only with one permit and no queue.
+pub(crate) fn a_run_has_one_holder_without_a_queue() -> Rule {
+    Rule::new(
+        "!has(self.runKey) || ((!has(self.queue) || !self.queue) && \
+         (!has(self.permits) || self.permits == 1))",
+    )
+    .msg(A_RUN_HAS_ONE_HOLDER)
+    .field_path(".runKey")
+}
+
 /// Why a Terraform/OpenTofu state lock (`terraformCompatible`) takes no queue and one
 /// holder.
 pub(crate) const A_TOOLS_LOCK_IS_A_MUTEX: &str = "terraformCompatible: a Terraform/OpenTofu \

@@ -17,7 +17,7 @@ use super::status::Occupancy;
 use lockwarden_api::{BackendKind, DistributedLock};
 use lockwarden_core::history::{self, Grant};
 use lockwarden_core::{
-    HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy, Stored,
+    HeldBy, HeldLock, HolderState, Lease, LockBackend, LockError, RenewPolicy, RunKey, Stored,
 };
 
 /// What status reports about an acquisition, fixed when it was made.
@@ -146,9 +146,26 @@ impl HolderTask {
     /// stored, where the backend hands it over to the key's other contenders in this
     /// process ([`LockBackend::last_release`]).
     pub async fn release(self) -> Result<Option<Stored>, LockError> {
+        self.release_recording(None).await
+    }
+
+    /// Releases the lock; with `completed` (a run that succeeded under it, the
+    /// cluster it ran in and how many runs the key keeps), the release records the run
+    /// in the key's memory in the same write (docs/design.md §6.7).
+    pub async fn release_recording(
+        self,
+        completed: Option<(&RunKey, &str, usize)>,
+    ) -> Result<Option<Stored>, LockError> {
         self.monitor.abort();
         let backend = self.held.backend();
-        self.held.release().await?;
+        match completed {
+            Some((run, cluster, keep)) => {
+                self.held
+                    .release_completed(run, Some(cluster), keep)
+                    .await?
+            }
+            None => self.held.release().await?,
+        }
         Ok(backend.last_release().await)
     }
 }

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSpec};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use serde_json::json;
@@ -30,6 +30,7 @@ use serde_json::json;
 use super::config::ControllerConfig;
 use super::gating::kind;
 use super::gating::lockset::{self, RanWith, WorkloadLock};
+use super::gating::once::{OnceError, ScheduledRun};
 use super::gating::stop;
 use super::gating::{GatedWorkload, Kind, OnLockLost, Readiness, Stopped, Stopping, machine};
 use crate::telemetry::Telemetry;
@@ -40,6 +41,11 @@ pub use super::gating::{
     LOCKS_ANNOTATION, LOST_GRACE_ANNOTATION, ON_LOCK_LOST_ANNOTATION, PRIORITY_ANNOTATION,
     STATUS_ANNOTATION, TEMPLATE_ANNOTATION, TEMPLATES_ANNOTATION,
 };
+
+/// Job annotation, written by the CronJob controller (Kubernetes 1.32+) on every Job it
+/// creates: the scheduled time, in the CronJob's `spec.timeZone` (compared as an
+/// instant).
+pub const SCHEDULED_TIMESTAMP_ANNOTATION: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
 
 /// Job annotation, written by lockwarden: the fence a Job ran with when it was
 /// suspended after losing its lock; the Job waits for the lock again.
@@ -72,6 +78,45 @@ impl GatedWorkload for Job {
 
     fn running(&self) -> bool {
         running(self)
+    }
+
+    /// Created by a CronJob: its owner and `batch.kubernetes.io/cronjob-scheduled-timestamp`
+    /// (set on every Job a CronJob creates since Kubernetes 1.32).
+    fn scheduled_run(&self) -> Option<Result<ScheduledRun, OnceError>> {
+        let owner = self
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "CronJob" && o.controller == Some(true))?;
+        let scheduled = self.annotations().get(SCHEDULED_TIMESTAMP_ANNOTATION)?;
+        let namespace = self.namespace().unwrap_or_default();
+        let owner = ObjectReference {
+            api_version: Some(owner.api_version.clone()),
+            kind: Some(owner.kind.clone()),
+            name: Some(owner.name.clone()),
+            namespace: Some(namespace.clone()),
+            uid: Some(owner.uid.clone()),
+            ..Default::default()
+        };
+        Some(ScheduledRun::parse(&namespace, owner, scheduled))
+    }
+
+    /// Deleted (its Pods with it, in the background), conditioned on its uid: its
+    /// CronJob then records it as `MissingJob` and does not create it again, and a
+    /// `Forbid` CronJob's next run is not blocked by it.
+    async fn end_unrun(&self, api: &Api<Job>) -> Result<bool, kube::Error> {
+        let params = DeleteParams {
+            propagation_policy: Some(kube::api::PropagationPolicy::Background),
+            preconditions: Some(Preconditions {
+                uid: self.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match api.delete(&self.name_any(), &params).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(true),
+            Err(e) => Err(e),
+        }
     }
 
     fn held_back(&self) -> bool {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lockwarden_api::{BackendKind, DistributedLock, SecretRef, SelectedSpec, SpecError};
-use lockwarden_core::{Permits, Queueing};
+use lockwarden_core::{Permits, Queueing, RunKey};
 use lockwarden_stores::{ConnectOptions, Target};
 
 /// Where a lock lives and how to reach it (everything but the credentials themselves).
@@ -74,6 +74,8 @@ pub struct ValidatedSpec {
     pub lock_delay: Duration,
     /// `spec.queue`, `spec.priority`, `spec.weight` (checked); `None`: no queue.
     pub queue: Option<Queueing>,
+    /// `spec.runKey` and `spec.runsKept` (checked): once per run (§6.7).
+    pub run: Option<(RunKey, usize)>,
 }
 
 impl ValidatedSpec {
@@ -94,6 +96,7 @@ impl ValidatedSpec {
             permits: spec.permits(),
             lock_delay: spec.lock_delay()?.unwrap_or_default(),
             queue: spec.queueing()?,
+            run: spec.run()?,
         })
     }
 }

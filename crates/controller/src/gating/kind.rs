@@ -184,6 +184,26 @@ pub trait GatedWorkload:
     /// processes can run any more.
     fn finished(&self) -> Option<&str>;
 
+    /// Finished with success (`Complete`, `Succeeded`): the run it was is completed
+    /// (docs/design.md §6.7). A failed workload's run is not.
+    fn succeeded(&self) -> bool {
+        matches!(self.finished(), Some("Complete" | "Succeeded"))
+    }
+
+    /// The run its owner scheduled, for once per run (§6.7): a Job's CronJob and
+    /// scheduled time. `None` for kinds and workloads nobody scheduled.
+    fn scheduled_run(&self) -> Option<Result<super::once::ScheduledRun, super::once::OnceError>> {
+        None
+    }
+
+    /// Ends it without running it, because its run is already completed (§6.7): the
+    /// kind's way (a Job is deleted: a suspended Job stays in its CronJob's active
+    /// list and would block a `Forbid` CronJob). `Ok(false)`: the kind cannot, and it
+    /// stays held back.
+    async fn end_unrun(&self, _api: &Api<Self>) -> Result<bool, kube::Error> {
+        Ok(false)
+    }
+
     /// Started by lockwarden with fences and not stopped since.
     fn running(&self) -> bool;
 

@@ -124,8 +124,17 @@ async fn claimed_by_other(
     ))
 }
 
-/// What a workload's own lock takes besides its template's spec.
+/// How the workload that lets a lock go ended.
 #[derive(Clone, Copy, Debug)]
+pub struct Done {
+    /// It was started with the lock.
+    pub ran: bool,
+    /// It finished with success: a run key on its own lock is recorded as completed.
+    pub succeeded: bool,
+}
+
+/// What a workload's own lock takes besides its template's spec.
+#[derive(Clone, Debug)]
 pub struct OwnLockTerms {
     /// The delay its Pods need (§6.3), for a template without `lockDelay`.
     pub needed_delay: Duration,
@@ -133,6 +142,8 @@ pub struct OwnLockTerms {
     pub priority: Option<i32>,
     /// Its weight, for a queued template (`None`: the template's).
     pub weight: Option<u32>,
+    /// Its run key, for once per run (§6.7): `spec.runKey` of its own lock.
+    pub run_key: Option<String>,
 }
 
 /// The workload's own lock `name`, created from the template on first use; or why it
@@ -249,9 +260,21 @@ fn own_spec(
         needed_delay,
         priority,
         weight,
+        ref run_key,
     } = *terms;
     let kind = workload.kind.as_str();
     spec.release = false;
+    // Once per run (§6.7): the workload's run, never a template's (which would make
+    // every workload of the template the same run), and not yet succeeded.
+    if run_key.is_some() && (spec.queue || spec.permits != 1) {
+        return Err(Claim::Impossible(format!(
+            "it asks to run once per run key, and lock template {template} is queued or has \
+             more than one permit: {}",
+            lockwarden_api::A_RUN_HAS_ONE_HOLDER
+        )));
+    }
+    spec.run_key = run_key.clone();
+    spec.run_succeeded = false;
     // A template's force would make every workload take the key over from the previous.
     spec.force = false;
     spec.holder_identity = Some(workload.holder(cluster));
@@ -324,8 +347,9 @@ pub async fn let_go(
     workload: &Workload,
     gate: &Gate,
     name: &str,
-    ran: bool,
+    done: Done,
 ) -> Result<Option<String>, kube::Error> {
+    let Done { ran, succeeded } = done;
     match gate {
         Gate::Template(_) => {
             let Some(lock) = locks.get_opt(name).await? else {
@@ -337,6 +361,15 @@ pub async fn let_go(
                 .any(|o| o.uid == workload.uid)
             {
                 return Ok(None);
+            }
+            if succeeded && lock.spec.run_key.is_some() && !lock.spec.run_succeeded {
+                // Once per run (§6.7): the release its deletion makes records the run,
+                // as the lock's spec says from now on.
+                tracing::debug!(lock = name, run = ?lock.spec.run_key, "the run succeeded: its release records it");
+                let patch = json!({ "spec": { "runSucceeded": true } });
+                locks
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
             }
             let fence = lock.status.as_ref().and_then(|s| s.fence);
             let params = DeleteParams {

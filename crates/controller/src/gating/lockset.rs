@@ -307,6 +307,9 @@ pub enum Taking {
     Waiting(Waiting),
     /// Never possible for this workload: why.
     Impossible(String),
+    /// Its run is already completed (once per run, §6.7): its lock was granted and let
+    /// go at once; why.
+    RunDone(String),
 }
 
 /// How one workload takes its locks.
@@ -351,6 +354,9 @@ impl Taker<'_> {
                 }
                 Claim::Impossible(why) => return Ok(Taking::Impossible(why)),
             };
+            if let Some(why) = super::once::run_completed(&found) {
+                return Ok(Taking::RunDone(why));
+            }
             if let Some(&lost) = self.lost.get(&lock.name)
                 && decide::is_old_acquisition(&found, lost)
             {
@@ -364,7 +370,11 @@ impl Taker<'_> {
                     );
                     return Ok(step((EventType::Normal, "Waiting", message)));
                 };
-                locks::let_go(ended, self.api, self.workload, &lock.gate, &lock.name, true)
+                let done = locks::Done {
+                    ran: true,
+                    succeeded: false,
+                };
+                locks::let_go(ended, self.api, self.workload, &lock.gate, &lock.name, done)
                     .await
                     .map_err(LockRequestFailed::about(&lock.name))?;
                 let message = format!(
@@ -446,10 +456,12 @@ pub async fn let_go_all(
     workload: &Workload,
     locks: &[WorkloadLock],
     ran: bool,
+    succeeded: bool,
 ) -> Result<Vec<String>, LockRequestFailed> {
     let mut notes = Vec::new();
     for lock in locks {
-        if let Some(note) = locks::let_go(ended, api, workload, &lock.gate, &lock.name, ran)
+        let done = locks::Done { ran, succeeded };
+        if let Some(note) = locks::let_go(ended, api, workload, &lock.gate, &lock.name, done)
             .await
             .map_err(LockRequestFailed::about(&lock.name))?
         {

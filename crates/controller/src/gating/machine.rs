@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -41,6 +42,7 @@ use super::error::GatingError;
 use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
 use super::locks::OwnLockTerms;
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
+use super::once;
 use super::running::{Running, Step};
 use super::stop;
 use super::writes::{add_finalizer, has_finalizer, remove_finalizer, report, set_status};
@@ -400,9 +402,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             return Ok(LetGo::Running);
         };
         let locks = self.named(set);
-        let notes = lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, obj.running())
-            .await
-            .map_err(self.failed(GatingError::LetGo))?;
+        let (ran, succeeded) = (obj.running(), obj.succeeded());
+        let notes =
+            lockset::let_go_all(&ended, &self.locks, &self.workload, &locks, ran, succeeded)
+                .await
+                .map_err(self.failed(GatingError::LetGo))?;
         Ok(LetGo::Ended((!notes.is_empty()).then(|| notes.join("; "))))
     }
 
@@ -671,7 +675,25 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 .await?;
             return Ok(Action::await_change());
         }
-        let terms = match self.own_lock_terms().await? {
+        // Once per run (§6.7): which run it is, before any lock is taken for it.
+        let scheduled = self.obj.scheduled_run();
+        let run = match once::run_of(self.gate, scheduled, &settings.locks, W::KIND.name) {
+            Ok(run) => run,
+            Err(invalid) => {
+                self.wait(
+                    EventType::Warning,
+                    "InvalidLockAnnotation",
+                    invalid.to_string(),
+                )
+                .await?;
+                return Ok(Action::await_change());
+            }
+        };
+        let (run_key, run_owner) = match run {
+            Some((key, owner)) => (Some(key.to_string()), owner),
+            None => (None, None),
+        };
+        let terms = match self.own_lock_terms(run_key).await? {
             ControlFlow::Continue(terms) => terms,
             ControlFlow::Break(action) => return Ok(action),
         };
@@ -686,7 +708,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             }
         };
         let lost = self.obj.lost_fences(&ordered);
-        let ran = match self.take(&ordered, &lost, terms).await? {
+        let needed_delay = terms.needed_delay;
+        let ran = match self
+            .take(&ordered, &lost, terms, run_owner.as_ref())
+            .await?
+        {
             ControlFlow::Continue(ran) => ran,
             ControlFlow::Break(action) => return Ok(action),
         };
@@ -696,7 +722,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             .await
             .map_err(self.failed(GatingError::ReadyToStart))?;
         match readiness {
-            Readiness::Ready => self.start(&ordered, ran, terms.needed_delay).await,
+            Readiness::Ready => self.start(&ordered, ran, needed_delay).await,
             Readiness::Wait(message) => {
                 self.wait(EventType::Normal, "Waiting", message).await?;
                 Ok(Action::await_change())
@@ -708,7 +734,10 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     /// What its own locks take besides their template's spec: the lock-delay its Pods
     /// need (§6.3), its queue priority and weight (§6.4). Or, once the Warning says why
     /// it cannot start, the action to return.
-    async fn own_lock_terms(&self) -> Result<ControlFlow<Action, OwnLockTerms>, GatingError> {
+    async fn own_lock_terms(
+        &self,
+        run_key: Option<String>,
+    ) -> Result<ControlFlow<Action, OwnLockTerms>, GatingError> {
         let needed_delay =
             match stop::needed_lock_delay(self.obj.pod_spec(), &SafetyMargins::default()) {
                 Ok(needed) => needed,
@@ -742,6 +771,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             needed_delay,
             priority,
             weight,
+            run_key,
         }))
     }
 
@@ -753,6 +783,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         ordered: &[WorkloadLock],
         lost: &BTreeMap<String, i64>,
         terms: OwnLockTerms,
+        run_owner: Option<&ObjectReference>,
     ) -> Result<ControlFlow<Action, RanWith>, GatingError> {
         let ended = if lost.is_empty() {
             None
@@ -780,6 +811,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 self.wait(type_, reason, message).await?;
                 Ok(ControlFlow::Break(Action::requeue(WAITING_RESYNC)))
             }
+            Taking::RunDone(why) => self.end_unrun(why, run_owner).await,
             Taking::Impossible(why) => {
                 self.obj
                     .refuse(&self.api, &why)
@@ -794,6 +826,39 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 Ok(ControlFlow::Break(Action::await_change()))
             }
         }
+    }
+
+    /// Its run is already completed (once per run, §6.7): ended without running, the
+    /// kind's way, with an Event on it and on its owner (a CronJob) saying by whom.
+    async fn end_unrun(
+        &self,
+        why: String,
+        run_owner: Option<&ObjectReference>,
+    ) -> Result<ControlFlow<Action, RanWith>, GatingError> {
+        let kind = W::KIND.name;
+        let ended = self
+            .obj
+            .end_unrun(&self.api)
+            .await
+            .map_err(self.failed(GatingError::Refuse))?;
+        if !ended {
+            let message = format!("not started: {why}; a {kind} cannot be ended unrun");
+            self.wait(EventType::Warning, "RunCompleted", message)
+                .await?;
+            return Ok(ControlFlow::Break(Action::await_change()));
+        }
+        let message = format!("not run, {kind} deleted: {why}");
+        tracing::info!(kind, name = %self.obj.name_any(), %why, "run already completed; ended unrun");
+        self.event(self.obj, EventType::Normal, "RunCompleted", message.clone())
+            .await;
+        if let Some(owner) = run_owner {
+            let note = format!("{kind} {} not run: {why}", self.obj.name_any());
+            self.ctx
+                .events
+                .publish(owner, EventType::Normal, "RunCompleted", note)
+                .await;
+        }
+        Ok(ControlFlow::Break(Action::await_change()))
     }
 
     /// Another unfinished workload of this kind (from the cache) started with the named

@@ -28,6 +28,7 @@ pub mod kind;
 pub mod locks;
 pub mod lockset;
 pub mod machine;
+pub mod once;
 pub mod running;
 pub mod stop;
 pub mod writes;

@@ -15,7 +15,7 @@ use crate::waiters::WaitStart;
 use lockwarden_api::LockPhase;
 use lockwarden_api::conditions::reason;
 use lockwarden_core::{
-    AcquireRequest, Attempt, Lease, LockBackend, LockError, LockRecord, QueueView,
+    AcquireRequest, Attempt, Lease, LockBackend, LockError, LockRecord, QueueView, RunCheck, RunKey,
 };
 
 /// What an attempt that found the lock held reported.
@@ -37,6 +37,12 @@ impl Reconciling<'_> {
                     Ok(backend) => backend,
                     Err(e) => return self.backend_error(ReconcileError::Connect(e)).await,
                 };
+                // Before waiting for the key: one that cannot remember runs never will.
+                if self.spec.run.is_some()
+                    && let Err(e) = backend.keeps_runs()
+                {
+                    return self.fail(reason::RUNS_NOT_KEPT, e.to_string()).await;
+                }
                 let since = self.wait_start();
                 waiters.insert(&self.obj, &self.uid, self.key(), backend.clone(), since);
                 (backend, since)
@@ -118,6 +124,13 @@ impl Reconciling<'_> {
         since: WaitStart,
     ) -> Result<Action, ReconcileError> {
         self.ctx.waiters.stop_waiting(&self.obj);
+        if let Some((run, _)) = &self.spec.run {
+            tracing::debug!(lock = %self.obj, %run, runs = lease.record.runs.runs.len(), "granted for a run");
+            match lease.record.runs.check(run) {
+                RunCheck::New => {}
+                done => return self.run_already_done(&backend, &lease, run, done).await,
+            }
+        }
         self.ctx.telemetry.observe_acquire(since.elapsed());
         let task = self.start_holder(backend, lease);
         let acq = task.acquisition.clone();
@@ -145,6 +158,51 @@ impl Reconciling<'_> {
         }
         self.event(EventType::Normal, "Acquired", note).await;
         Ok(Action::requeue(HELD_RESYNC))
+    }
+
+    /// Granted for a run the key remembers as completed (or cannot vouch for: older than
+    /// its memory reaches): let go at once, never started (docs/design.md §6.7). The
+    /// status says so (`Released`, reason `RunCompleted`), which the gating reads to
+    /// end the workload without running it.
+    async fn run_already_done(
+        &self,
+        backend: &Arc<dyn LockBackend>,
+        lease: &Lease,
+        run: &RunKey,
+        done: RunCheck,
+    ) -> Result<Action, ReconcileError> {
+        let why = match done {
+            RunCheck::Completed(by) => by.describe(),
+            RunCheck::BeyondMemory {
+                oldest_kept,
+                dropped,
+            } => format!(
+                "run {run} is not older than the oldest run {} still remembers ({}), and it \
+                 has forgotten {dropped} earlier ones: it may have completed",
+                self.key(),
+                oldest_kept.run
+            ),
+            RunCheck::New => unreachable!("a new run is started"),
+        };
+        if let Err(e) = backend.release(lease).await {
+            // Not renewed from here on: it frees after its lease.
+            self.ctx.release_failed(&self.obj, self.key(), &e);
+        }
+        self.ctx
+            .hand_off(self.key(), &self.obj, backend.last_release().await)
+            .await;
+        let message = format!(
+            "{why}; released {} at once (fence {})",
+            self.key(),
+            lease.fence()
+        );
+        let released =
+            self.status()
+                .not_held(LockPhase::Released, reason::RUN_COMPLETED, message.clone());
+        self.write(released).await?;
+        self.event(EventType::Normal, reason::RUN_COMPLETED, message)
+            .await;
+        Ok(Action::await_change())
     }
 
     /// The attempt found the lock held: wait — on the store's watch where it has one,

@@ -55,6 +55,7 @@ use crate::config::FINALIZER;
 use crate::connect::ConnectFailure;
 use crate::gating::CLAIM_ANNOTATION;
 use crate::validated::{ValidatedSpec, lock_namespace};
+use lockwarden_api::conditions::{self, reason};
 use lockwarden_api::{DistributedLock, LockPhase};
 use lockwarden_core::{LockBackend, RenewPolicy};
 
@@ -164,6 +165,11 @@ async fn apply(
     let current = lock.status.clone().unwrap_or_default();
     let same_generation = current.observed_generation == lock.metadata.generation;
     if same_generation && matches!(current.phase, Some(LockPhase::Lost | LockPhase::Failed)) {
+        return Ok(Action::await_change());
+    }
+    // Its run is done elsewhere (§6.7): never acquired again for it.
+    let acquired = conditions::find_condition(&current.conditions, conditions::ACQUIRED);
+    if same_generation && acquired.is_some_and(|c| c.reason == reason::RUN_COMPLETED) {
         return Ok(Action::await_change());
     }
     match (current.phase, current.nonce) {

@@ -19,7 +19,7 @@ use crate::status::Desired;
 use crate::validated::{LockAddress, lock_namespace};
 use lockwarden_api::conditions::reason;
 use lockwarden_api::{DistributedLock, LockPhase, SpecError};
-use lockwarden_core::LockError;
+use lockwarden_core::{CompletedRun, LockError, RunKey};
 
 impl Reconciling<'_> {
     /// Phase: `spec.release` while held. Releases, then wakes the locks waiting on the
@@ -33,8 +33,14 @@ impl Reconciling<'_> {
             self.status()
                 .not_held(LockPhase::Releasing, reason::RELEASING, "releasing".into());
         self.write(releasing).await?;
+        let run = succeeded_run(self.lock);
+        let cluster = self.ctx.config.cluster_name.as_str();
+        let completed = run.as_ref().map(|(run, keep)| (run, cluster, *keep));
         let result = match self.ctx.holders.remove(&self.obj) {
-            Some(task) => self.ctx.timed(self.kind(), "release", task.release()).await,
+            Some(task) => {
+                let release = task.release_recording(completed);
+                self.ctx.timed(self.kind(), "release", release).await
+            }
             None => Ok(None),
         };
         self.hold_ended(acquisition);
@@ -43,9 +49,14 @@ impl Reconciling<'_> {
         if let Err(e) = &result {
             self.ctx.release_failed(&self.obj, held_key, e);
         }
-        let message = match &result {
-            Ok(_) => format!("released {} (fence {})", self.key(), acquisition.fence),
-            Err(e) => format!("released; the store said: {e}"),
+        let message = match (&result, &run) {
+            (Ok(_), Some((run, _))) => format!(
+                "released {} (fence {}), recording run {run} as completed",
+                self.key(),
+                acquisition.fence
+            ),
+            (Ok(_), None) => format!("released {} (fence {})", self.key(), acquisition.fence),
+            (Err(e), _) => format!("released; the store said: {e}"),
         };
         let released =
             self.status()
@@ -149,10 +160,28 @@ async fn release_by_nonce(
     };
     ctx.telemetry
         .observe_hold(namespace, address.kind.as_str(), lease.acquired_at());
-    if let Err(e) = backend.release(&lease).await {
+    let released = match succeeded_run(lock) {
+        Some((run, keep)) => {
+            let cluster = Some(ctx.config.cluster_name.as_str());
+            let done = CompletedRun::now(&run, lease.fence(), lease.holder(), cluster);
+            backend.release_completed(&lease, done, keep).await
+        }
+        None => backend.release(&lease).await,
+    };
+    if let Err(e) = released {
         ctx.release_failed(obj, key, &e);
     }
     ctx.hand_off(key, obj, backend.last_release().await).await;
+}
+
+/// The run to record with this lock's release (docs/design.md §6.7): its `spec.runKey`
+/// once `spec.runSucceeded` says the run succeeded under it; nothing otherwise (a
+/// failed, lost or abandoned run is not recorded, so the next holder runs it).
+fn succeeded_run(lock: &DistributedLock) -> Option<(RunKey, usize)> {
+    if !lock.spec.run_succeeded {
+        return None;
+    }
+    lock.spec.run().ok().flatten()
 }
 
 /// Releases a held lock whose object is being deleted, and wakes its waiters.
@@ -167,16 +196,25 @@ async fn release_before_deletion(
     let kind = task.backend.as_str();
     ctx.telemetry
         .observe_hold(lock_namespace(lock), kind, task.acquisition.acquired_at);
-    let result = ctx.timed(kind, "release", task.release()).await;
-    tracing::debug!(lock = %obj, %key, "released before deletion; waking waiters");
+    let run = succeeded_run(lock);
+    let completed = run
+        .as_ref()
+        .map(|(run, keep)| (run, ctx.config.cluster_name.as_str(), *keep));
+    let result = ctx
+        .timed(kind, "release", task.release_recording(completed))
+        .await;
+    tracing::debug!(lock = %obj, %key, run = ?run.as_ref().map(|(r, _)| r.to_string()), "released before deletion; waking waiters");
     let released = result.as_ref().ok().cloned().flatten();
     ctx.hand_off(&key, obj, released).await;
     if let Err(e) = &result {
         ctx.release_failed(obj, &key, e);
     }
-    let note = match result {
-        Ok(_) => format!("released {key} (fence {fence}) before deletion"),
-        Err(e) => format!("deleting; release of {key} reported: {e}"),
+    let note = match (result, &run) {
+        (Ok(_), Some((run, _))) => format!(
+            "released {key} (fence {fence}) before deletion, recording run {run} as completed"
+        ),
+        (Ok(_), None) => format!("released {key} (fence {fence}) before deletion"),
+        (Err(e), _) => format!("deleting; release of {key} reported: {e}"),
     };
     ctx.event(lock, EventType::Normal, "Released", note).await;
 }
