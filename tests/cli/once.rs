@@ -198,3 +198,49 @@ async fn bad_input_once_refusals_name_what_is_wrong() {
         "the key untouched"
     );
 }
+
+/// Memory bound, on the real stores through the engine: 200 runs completed through one
+/// key leave the last 64, the other 136 counted as dropped, within the byte bound; the
+/// next grant still finds the last run completed.
+async fn two_hundred_runs(key: support::keys::Key) {
+    use lockwarden::lock::{AcquireRequest, Attempt, CompletedRun, RunCheck, RunKey, RunMemory};
+    let lock = key.handle().await;
+    let run = |i: u64| {
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + i * 3600);
+        RunKey::scheduled(format!("ns/hourly@{}", lockwarden::lock::rfc3339(at)), at).unwrap()
+    };
+    let req = AcquireRequest::new("host-a", Duration::from_secs(30));
+    let take = || async {
+        match lock.try_acquire(&req).await.expect("acquire") {
+            Attempt::Acquired(lease) => lease,
+            Attempt::Busy { holder, .. } => panic!("held by {}", holder.holder),
+        }
+    };
+    for i in 0..200 {
+        let lease = take().await;
+        assert_eq!(lease.record.runs.check(&run(i)), RunCheck::New, "run {i}");
+        let done = CompletedRun::now(&run(i), lease.fence(), "host-a", Some("east"));
+        lock.release_completed(&lease, done, RunMemory::DEFAULT_KEEP)
+            .await
+            .expect("release recording the run");
+    }
+    let lease = take().await;
+    let memory = &lease.record.runs;
+    assert_eq!(memory.runs.len(), 64);
+    assert_eq!(memory.dropped, 136);
+    assert!(memory.to_text().len() <= RunMemory::MAX_BYTES);
+    assert!(matches!(memory.check(&run(199)), RunCheck::Completed(_)));
+    assert!(matches!(memory.check(&run(10)), RunCheck::BeyondMemory { dropped: 136, .. }));
+    lock.release(&lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_two_hundred_runs_keep_64_and_count_136_on_every_store_that_remembers() {
+    use support::keys::Key;
+    let (s3, dynamo, lease) = tokio::join!(Key::s3(), Key::dynamo(), Key::lease());
+    tokio::join!(
+        two_hundred_runs(s3),
+        two_hundred_runs(dynamo),
+        two_hundred_runs(lease)
+    );
+}

@@ -198,6 +198,9 @@ fn invalid_specs() -> Vec<Invalid> {
         invalid("terraformCompatible on a table not keyed LockID", spec(json!({ "dynamodb": { "table": "tflocks", "key": "b/s", "terraformCompatible": true } }), none.clone()), "spec.backend.dynamodb.partitionKeyName"),
         invalid("terraformCompatible with a queue", spec(json!({ "s3": { "bucket": "bucket", "key": "s.tflock", "terraformCompatible": true } }), json!({ "queue": true })), "terraformCompatible"),
         invalid("terraformCompatible with permits", spec(json!({ "dynamodb": { "table": "tflocks", "key": "b/s", "partitionKeyName": "LockID", "terraformCompatible": true } }), json!({ "permits": 2 })), "terraformCompatible"),
+        invalid("runKey with permits", spec(lease("l"), json!({ "runKey": "r", "permits": 3 })), "spec.runKey"),
+        invalid("runKey with a queue", spec(lease("l"), json!({ "runKey": "r", "queue": true })), "spec.runKey"),
+        invalid("runKey empty", spec(lease("l"), json!({ "runKey": "" })), "spec.runKey"),
         invalid("S3 credentials Secret name", spec(json!({ "s3": { "bucket": "bucket", "key": "k", "credentialsSecretRef": { "name": "Not A Name" } } }), none.clone()), "spec.backend.s3.credentialsSecretRef.name"),
         // DynamoDB.
         invalid("table too short", spec(dynamodb("ab", "k"), none.clone()), "spec.backend.dynamodb.table"),

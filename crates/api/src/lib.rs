@@ -73,7 +73,7 @@ pub const CRD_PATH: &str = "crds/distributedlocks.lockwarden.io.yaml";
 /// One more with every change of the generated schema (`tests/crd/` fails until it is
 /// bumped): the controller compares it with the installed CRD's, since Helm installs a
 /// CRD once and never upgrades it. Revision 1 is the CRD before the annotation existed.
-pub const CRD_REVISION: u32 = 7;
+pub const CRD_REVISION: u32 = 8;
 
 /// The annotation of the generated CRD that carries [`CRD_REVISION`].
 pub const CRD_REVISION_ANNOTATION: &str = "lockwarden.io/crd-revision";
