@@ -889,7 +889,8 @@ async fn check_cronjob_once_example(client: &Client, ns: &str, jobs: &Api<Job>) 
     let runs = eventually("the Lease to remember the run", TIMEOUT, || async {
         let lease = leases.get("nightly-export").await.ok()?;
         let runs = lease.annotations().get("lockwarden.io/runs")?.clone();
-        runs.contains(&format!("{ns}/nightly-export@")).then_some(runs)
+        runs.contains(&format!("{ns}/nightly-export@"))
+            .then_some(runs)
     })
     .await;
     let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();

@@ -99,6 +99,8 @@ fn cronjob(schedule: &str, suspend: bool) -> CronJob {
                     "suspend": true,
                     "backoffLimit": 0,
                     "template": { "spec": {
+                        // A short grace: the own lock's lock-delay (§6.3) follows it.
+                        "terminationGracePeriodSeconds": 1,
                         "restartPolicy": "Never",
                         "containers": [{ "name": "run", "image": "busybox", "command": ["true"] }],
                     }},
@@ -577,4 +579,114 @@ async fn bad_input_once_without_what_it_needs_is_refused_with_a_clear_status() {
         .await;
         assert!(message.contains(needle), "{name}: {message}");
     }
+}
+
+/// Take-up: cluster-a's Job holds the run when its controller is SIGKILLed; the Job
+/// then completes, but with its controller dead nothing records it (the completion
+/// and the release are one step of a controller that is gone). Cluster-b's Job for
+/// the same run is granted once the lease runs out, runs it — the repeat docs/design.md
+/// §6.7 allows — with a Warning Event saying so, and its completion is recorded once,
+/// with its own fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn once_a_run_whose_controller_died_is_taken_up_and_recorded_once_with_the_new_fence() {
+    let plane = ControlPlane::shared();
+    let admin = plane.client().await;
+    support::kube::install_lockwarden_crd(&admin).await;
+    let keys = plane.namespace(&admin, "once-keys").await;
+    let lease_on_keys = |_: &str| {
+        let mut lock = support::locks::lease_lock("x", "nightly");
+        if let Some(k) = lock.spec.backend.kubernetes.as_mut() {
+            k.namespace = Some(keys.clone());
+        }
+        lock.spec.backend
+    };
+    // Cluster a: its controller a process of its own, to be killed.
+    let ns_a = plane.namespace(&admin, "once-a").await;
+    let mut controller_a =
+        support::kube::ControllerProcess::start(plane.kubeconfig_path(), "cluster-a", &ns_a, &[]);
+    let a = Cluster {
+        name: "cluster-a",
+        client: admin.clone(),
+        ns: ns_a,
+    };
+    a.locks()
+        .create(&PostParams::default(), &template(lease_on_keys("")))
+        .await
+        .expect("create the template");
+    let b = cluster_on(plane, "cluster-b", &lease_on_keys).await;
+    let slot = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_263_200);
+    let mut jobs = Vec::new();
+    for c in [&a, &b] {
+        let cron = Api::<CronJob>::namespaced(c.client.clone(), &c.ns)
+            .create(&PostParams::default(), &cronjob("0 2 * * *", true))
+            .await
+            .expect("create the CronJob");
+        let mut job = scheduled_job(&cron, slot);
+        job.annotations_mut()
+            .insert(RUN_KEY_ANNOTATION.into(), lockwarden::lock::rfc3339(slot));
+        jobs.push(job);
+    }
+    let fence_of = |job: &Job| -> Option<i64> {
+        job.spec
+            .as_ref()?
+            .template
+            .metadata
+            .as_ref()?
+            .annotations
+            .as_ref()?
+            .get(FENCE_ANNOTATION)?
+            .parse()
+            .ok()
+    };
+    let started_job = |c: Cluster, name: String| async move {
+        support::eventually(&format!("{} started {name}", c.name), PATIENCE, || async {
+            c.jobs().get(&name).await.ok().filter(started)
+        })
+        .await
+    };
+    let job_a = a
+        .jobs()
+        .create(&PostParams::default(), &jobs[0])
+        .await
+        .unwrap();
+    let first = started_job(a.clone(), job_a.name_any()).await;
+    let job_b = b
+        .jobs()
+        .create(&PostParams::default(), &jobs[1])
+        .await
+        .unwrap();
+    // Cluster a's controller dies while its Job runs; the Job then completes.
+    controller_a.kill();
+    finish_pods(&a.client, &a.ns, &job_a.name_any(), true).await;
+    let second = started_job(b.clone(), job_b.name_any()).await;
+    let (f1, f2) = (fence_of(&first).unwrap(), fence_of(&second).unwrap());
+    assert!(f2 > f1, "the take-up has a higher fence: {f1} then {f2}");
+    let warnings = b.events("RunMayRepeat").await;
+    assert!(
+        warnings
+            .iter()
+            .any(|n| n.contains("let its lease run out") && n.contains("cluster-a")),
+        "the repeat is explained: {warnings:?}"
+    );
+    finish_pods(&b.client, &b.ns, &job_b.name_any(), true).await;
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin, &keys);
+    let runs = support::eventually("the run recorded", PATIENCE, || async {
+        let lease = leases.get("nightly").await.ok()?;
+        let text = lease.annotations().get("lockwarden.io/runs")?.clone();
+        serde_json::from_str::<serde_json::Value>(&text).ok()
+    })
+    .await;
+    let recorded: Vec<&serde_json::Value> = runs["runs"].as_array().unwrap().iter().collect();
+    assert_eq!(recorded.len(), 1, "recorded once: {runs}");
+    assert_eq!(
+        recorded[0]["fence"], f2,
+        "with the second run's fence: {runs}"
+    );
+    assert!(
+        recorded[0]["holder"]
+            .as_str()
+            .unwrap()
+            .starts_with("cluster-b/"),
+        "{runs}"
+    );
 }

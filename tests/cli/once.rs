@@ -230,7 +230,10 @@ async fn two_hundred_runs(key: support::keys::Key) {
     assert_eq!(memory.dropped, 136);
     assert!(memory.to_text().len() <= RunMemory::MAX_BYTES);
     assert!(matches!(memory.check(&run(199)), RunCheck::Completed(_)));
-    assert!(matches!(memory.check(&run(10)), RunCheck::BeyondMemory { dropped: 136, .. }));
+    assert!(matches!(
+        memory.check(&run(10)),
+        RunCheck::BeyondMemory { dropped: 136, .. }
+    ));
     lock.release(&lease).await.unwrap();
 }
 

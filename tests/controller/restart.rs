@@ -2,6 +2,7 @@
 //! server is reachable: held locks are resumed, never released or doubled.
 
 use super::*;
+use support::kube::ControllerProcess;
 
 /// Runs a controller on its own runtime, so that it can be killed the way a crash
 /// does: its tasks stop at once, nothing is released.
@@ -68,44 +69,18 @@ async fn restarted_controller_resumes_held_lock() {
     second.shutdown_background();
 }
 
-/// A `lockwarden controller` process, killed (SIGKILL) on drop.
-struct ControllerProcess(std::process::Child);
-
-impl ControllerProcess {
-    fn start(kubeconfig: &std::path::Path, namespace: &str) -> Self {
-        Self::start_with(kubeconfig, namespace, &[])
-    }
-
-    fn start_with(kubeconfig: &std::path::Path, namespace: &str, extra: &[&str]) -> Self {
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_lockwarden"))
-            .args([
-                "controller",
-                "--cluster-name",
-                CLUSTER,
-                "--watch-namespace",
-                namespace,
-            ])
-            // Each process its own free port: several run side by side here.
-            .args(["--metrics-address", "127.0.0.1:0"])
-            .args(extra)
-            .env("KUBECONFIG", kubeconfig)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start lockwarden controller");
-        ControllerProcess(child)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.0.kill(); // SIGKILL: nothing is released, nothing is flushed
-        let _ = self.0.wait();
-    }
+/// A controller process of cluster [`CLUSTER`] watching `namespace`, SIGKILLed on drop.
+fn start_controller(kubeconfig: &std::path::Path, namespace: &str) -> ControllerProcess {
+    start_controller_with(kubeconfig, namespace, &[])
 }
 
-impl Drop for ControllerProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// [`start_controller`] with more flags.
+fn start_controller_with(
+    kubeconfig: &std::path::Path,
+    namespace: &str,
+    extra: &[&str],
+) -> ControllerProcess {
+    ControllerProcess::start(kubeconfig, CLUSTER, namespace, extra)
 }
 
 /// SIGKILL the controller process while it holds a lock and start it again within the
@@ -115,7 +90,7 @@ impl Drop for ControllerProcess {
 async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     let plane = ControlPlane::shared();
     let (client, ns, locks) = crd_and_namespace("ctl-sigkill").await;
-    let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let mut controller = start_controller(plane.kubeconfig_path(), &ns);
     create(&locks, &lease_lock_timed("db", "db-lease", "15s", "3s")).await;
     let before = wait_acquired(&locks, "db", TIMEOUT).await.status.unwrap();
 
@@ -146,7 +121,7 @@ async fn sigkilled_controller_restarted_within_the_lease_keeps_the_lock() {
     // Read after the kill, so that only the new process can change it.
     let version_at_kill = lease_version(&leases, "db-lease").await;
     let restarted = Instant::now();
-    let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let _controller = start_controller(plane.kubeconfig_path(), &ns);
     let what = "the restarted controller to renew the Lease";
     renewed_and_resumed(&leases, &locks, &version_at_kill, what, &before).await;
     eprintln!(
@@ -171,7 +146,7 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
     let plane = ControlPlane::shared();
     let (client, ns, locks) = crd_and_namespace("ctl-ha").await;
     let replica = |identity: &str| {
-        ControllerProcess::start_with(
+        start_controller_with(
             plane.kubeconfig_path(),
             &ns,
             &[
@@ -360,7 +335,7 @@ async fn acquire_timeout_survives_a_controller_restart() {
     let _held = support::locks::hold_lease(&client, &ns, "busy", &req).await;
 
     let limit = Duration::from_secs(20);
-    let mut controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let mut controller = start_controller(plane.kubeconfig_path(), &ns);
     let mut impatient = lease_lock_timed("impatient", "busy", "30s", "10s");
     impatient.spec.acquire_timeout = Some(format!("{}s", limit.as_secs()));
     create(&locks, &impatient).await;
@@ -378,7 +353,7 @@ async fn acquire_timeout_survives_a_controller_restart() {
         tokio::time::sleep(left).await;
     }
     let restarted = Instant::now();
-    let _controller = ControllerProcess::start(plane.kubeconfig_path(), &ns);
+    let _controller = start_controller(plane.kubeconfig_path(), &ns);
     let failed = wait_phase(&locks, "impatient", LockPhase::Failed, TIMEOUT).await;
     let after_restart = restarted.elapsed();
     let cond = failed.acquired_condition().unwrap();

@@ -1062,3 +1062,46 @@ pub async fn wait_event(
     )
     .await
 }
+
+/// A `lockwarden controller` process of cluster `cluster` watching `namespace`, killed
+/// (SIGKILL) on drop: for tests that kill a controller as a machine loss would.
+pub struct ControllerProcess(std::process::Child);
+
+impl ControllerProcess {
+    pub fn start(
+        kubeconfig: &Path,
+        cluster: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> ControllerProcess {
+        let child = Command::new(env!("CARGO_BIN_EXE_lockwarden"))
+            .args([
+                "controller",
+                "--cluster-name",
+                cluster,
+                "--watch-namespace",
+                namespace,
+            ])
+            // Each process its own free port: several run side by side.
+            .args(["--metrics-address", "127.0.0.1:0"])
+            .args(extra)
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start lockwarden controller");
+        ControllerProcess(child)
+    }
+
+    /// SIGKILL: nothing is released, nothing is flushed.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -15,7 +15,8 @@ use crate::waiters::WaitStart;
 use lockwarden_api::LockPhase;
 use lockwarden_api::conditions::reason;
 use lockwarden_core::{
-    AcquireRequest, Attempt, Lease, LockBackend, LockError, LockRecord, QueueView, RunCheck, RunKey,
+    AcquireRequest, Attempt, Ending, Lease, LockBackend, LockError, LockRecord, QueueView,
+    RunCheck, RunKey,
 };
 
 /// What an attempt that found the lock held reported.
@@ -127,7 +128,7 @@ impl Reconciling<'_> {
         if let Some((run, _)) = &self.spec.run {
             tracing::debug!(lock = %self.obj, %run, runs = lease.record.runs.runs.len(), "granted for a run");
             match lease.record.runs.check(run) {
-                RunCheck::New => {}
+                RunCheck::New => self.warn_if_a_run_may_repeat(&lease, run).await,
                 done => return self.run_already_done(&backend, &lease, run, done).await,
             }
         }
@@ -158,6 +159,33 @@ impl Reconciling<'_> {
         }
         self.event(EventType::Normal, "Acquired", note).await;
         Ok(Action::requeue(HELD_RESYNC))
+    }
+
+    /// Granted for a new run, after the previous holder's lease ran out unreleased: if
+    /// that holder had completed this run, its completion was never recorded (its
+    /// release is the record), so this run may repeat it (docs/design.md §6.7, what
+    /// is promised). Said with an Event; the run goes ahead.
+    async fn warn_if_a_run_may_repeat(&self, lease: &Lease, run: &RunKey) {
+        let history = &lease.record.history;
+        let Some(previous) = history.len().checked_sub(2).map(|i| &history[i]) else {
+            return;
+        };
+        if previous.ended != Ending::Expired {
+            return;
+        }
+        let place = previous
+            .cluster
+            .as_deref()
+            .map(|c| format!(" in cluster {c}"))
+            .unwrap_or_default();
+        let message = format!(
+            "run {run} is not recorded as completed, but the previous holder {}{place} \
+             (fence {}) let its lease run out without releasing: had it completed this \
+             run, the completion was not recorded, and this run may repeat it",
+            previous.holder, previous.fence
+        );
+        self.event(EventType::Warning, "RunMayRepeat", message)
+            .await;
     }
 
     /// Granted for a run the key remembers as completed (or cannot vouch for: older than
