@@ -1789,3 +1789,87 @@ async fn s3lock_and_lockwarden_take_turns_on_a_compatible_key() {
     });
     tool_and_lockwarden_take_turns("s3lock", tool, &url, &aws_options(true), shared.window()).await;
 }
+
+// ---------------------------------------------------------------------------------
+// Once per run (docs/design.md §6.7): a key with a memory of completed runs, next to
+// each tool. The tools see it free or held exactly as without one, and a tool's write
+// keeps the memory or loses it — never invents a run.
+
+/// A grant and a release that records run `run` on the key; the fence it ran with.
+async fn record_run(backend: &dyn LockBackend, run: &str) -> u64 {
+    use lockwarden::lock::{CompletedRun, RunKey};
+    let lease = lockwarden_acquires(backend, Wait::For(TIMEOUT), "acquire to run").await;
+    let run = RunKey::new(run).unwrap();
+    let done = CompletedRun::now(&run, lease.fence(), "lockwarden", Some("east"));
+    backend
+        .release_completed(&lease, done, 64)
+        .await
+        .expect("a release recording the run");
+    lease.fence().0
+}
+
+/// The runs lockwarden's next grant finds remembered, with their fences.
+async fn remembered(backend: &dyn LockBackend) -> Vec<(String, u64)> {
+    let lease = lockwarden_acquires(backend, Wait::For(TIMEOUT), "acquire to look").await;
+    let runs = backend.completed_runs(&lease).await.expect("the memory");
+    backend.release(&lease).await.expect("release");
+    runs.runs.into_iter().map(|r| (r.run, r.fence.0)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_dynamolock_takes_a_key_with_a_memory_as_free_and_keeps_the_memory() {
+    let (table, key, url) = dynamo_key().await;
+    let backend = engine(&url, &aws_options(false)).await;
+    let fence = record_run(backend.as_ref(), "r1").await;
+    // dynamolock sees the released key free, takes it and lets go: it copies the
+    // attributes it does not know, so the memory stays, and nothing is added to it.
+    acquires(dynamolock(&table, &key, &unique("dynamolock-owner"), "0s")).await;
+    assert_eq!(
+        remembered(backend.as_ref()).await,
+        [("r1".to_string(), fence)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_client_go_leads_a_lease_with_a_memory_and_keeps_the_memory() {
+    let (ns, name, url, options) = lease_key("interop-once").await;
+    let backend = engine(&url, &options).await;
+    let fence = record_run(backend.as_ref(), "r1").await;
+    // client-go leads the released Lease and steps down: it carries annotations it does
+    // not know through its updates, so the memory stays.
+    let (mut elector, _) = holding(leader(&ns, &name, "go-leader-once", &[])).await;
+    elector.release().await;
+    assert_eq!(
+        remembered(backend.as_ref()).await,
+        [("r1".to_string(), fence)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_kafka_kit_locks_a_path_with_a_memory_and_leaves_the_memory() {
+    let path = format!("/{}", unique("interop-kk-once"));
+    let backend = zk_engine(&path);
+    let fence = record_run(backend.as_ref(), "r1").await;
+    // The memory lives beside the lock path, not among the entries kafka-kit reads:
+    // kafka-kit locks at once and unlocks; the memory stays.
+    let (mut holder, _) = kafkakit_until(&path, "0s", &[], "ACQUIRED").await;
+    holder.release().await;
+    assert_eq!(
+        remembered(backend.as_ref()).await,
+        [("r1".to_string(), fence)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_s3lock_sees_a_key_with_a_memory_as_it_sees_any_released_key() {
+    let (bucket, key, url) = s3_key().await;
+    let backend = engine(&url, &aws_options(false)).await;
+    let fence = record_run(backend.as_ref(), "r1").await;
+    // A released key stays an object (not --s3lock-compatible): s3lock reads any
+    // object as held, with a memory or without; it writes nothing.
+    refused(s3lock(&bucket, &key, "0s"), "the tombstone with a memory").await;
+    assert_eq!(
+        remembered(backend.as_ref()).await,
+        [("r1".to_string(), fence)]
+    );
+}

@@ -6,7 +6,8 @@
 //! - two clusters (two API servers), a real `*/1` CronJob in each on one S3 key: each
 //!   scheduled time runs once across both, the other cluster's Job is deleted with the
 //!   reason, and the next time fires after a skip (`Forbid` is not blocked);
-//! - per store (DynamoDB, a Lease shared by two controllers of one API server): Jobs
+//! - per store (DynamoDB, ZooKeeper, a Lease shared by two controllers of one API
+//!   server): Jobs
 //!   built as the CronJob controller builds them, no minute waits; a failed run is not
 //!   recorded and runs in the other cluster;
 //! - bad input: what once per run needs, refused with a clear status.
@@ -431,6 +432,15 @@ async fn once_on_dynamodb_each_scheduled_time_runs_once_and_a_failure_runs_again
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn once_on_zookeeper_each_scheduled_time_runs_once_and_a_failure_runs_again() {
+    let zookeeper = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
+        .await
+        .unwrap();
+    let path = format!("/{}", support::unique("once"));
+    each_time_once_on(|_, _| zookeeper_backend(&zookeeper.connect_string(), &path)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn once_on_a_lease_each_scheduled_time_runs_once_and_a_failure_runs_again() {
     each_time_once_on(|_, keys| {
         let mut lock = support::locks::lease_lock("x", "nightly");
@@ -443,8 +453,8 @@ async fn once_on_a_lease_each_scheduled_time_runs_once_and_a_failure_runs_again(
 }
 
 /// Bad input: `once` without a run key (a Job no CronJob made), with a run key that
-/// disagrees with its CronJob's time, on a named lock; a template on a store that
-/// keeps no memory (ZooKeeper) or a key deleted on release (s3lockCompatible). Each is
+/// disagrees with its CronJob's time, on a named lock; a template on a key deleted on
+/// release (s3lockCompatible). Each is
 /// refused with a status that names what is wrong, and nothing runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_input_once_without_what_it_needs_is_refused_with_a_clear_status() {
@@ -519,15 +529,7 @@ async fn bad_input_once_without_what_it_needs_is_refused_with_a_clear_status() {
         assert!(!started(&job), "{name} not started: {status}");
     }
 
-    // Templates on a key that cannot remember: the Job's own lock fails, naming why.
-    let zookeeper = tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared)
-        .await
-        .unwrap();
-    let mut zk = template(zookeeper_backend(
-        &zookeeper.connect_string(),
-        &format!("/{}", support::unique("once")),
-    ));
-    zk.metadata.name = Some("on-zookeeper".into());
+    // A template on a key that cannot remember: the Job's own lock fails, naming why.
     let mut compatible = template(
         s3_lock("x", &bucket, "compat", endpoint.clone(), "aws")
             .spec
@@ -537,10 +539,7 @@ async fn bad_input_once_without_what_it_needs_is_refused_with_a_clear_status() {
     if let Some(s3) = compatible.spec.backend.s3.as_mut() {
         s3.s3lock_compatible = Some(true);
     }
-    for (template, needle) in [
-        (zk, "keeps no memory of completed runs"),
-        (compatible, "deleted on release"),
-    ] {
+    for (template, needle) in [(compatible, "deleted on release")] {
         let name = template.name_any();
         c.locks()
             .create(&PostParams::default(), &template)

@@ -345,6 +345,7 @@ mod tests {
             exit::LOST,
             exit::STALE_FENCE,
             exit::UNCONFIRMED,
+            exit::ALREADY_COMPLETED,
             exit::CANNOT_EXECUTE,
             exit::NOT_FOUND,
         ];

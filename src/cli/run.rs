@@ -154,8 +154,9 @@ pub async fn run(args: RunArgs) -> Result<u8, CliError> {
     }
     let lease = acquire(&args, how, backend.as_ref()).await?;
     super::output::warn_if_taken_over(&url, &lease);
+    let runs = completed_runs(&args, backend.as_ref(), &lease).await?;
     let (held, grace) = hold(backend, lease, args.grace, &margins).await?;
-    let held = once_per_run(&args, held).await?;
+    let held = once_per_run(&args, held, runs).await?;
     tracing::info!(%url, fence = %held.fence(), holder = %held.holder(), ?grace, "lock held; starting the command");
     let mut running = start(&args, held, grace).await?;
     let outcome = running.until_ended().await;
@@ -213,12 +214,16 @@ struct RunToRecord {
 
 /// `--run-key`: the memory of the record our grant replaced says whether this run is
 /// done. A run done (or too old to tell) is not started: the lock goes back at once.
-async fn once_per_run(args: &RunArgs, held: HeldLock) -> Result<HeldLock, CliError> {
+async fn once_per_run(
+    args: &RunArgs,
+    held: HeldLock,
+    runs: RunMemory,
+) -> Result<HeldLock, CliError> {
     let Some(run) = &args.run_key else {
         return Ok(held);
     };
     let url = held.url().to_string();
-    let detail = match held.runs().check(run) {
+    let detail = match runs.check(run) {
         RunCheck::New => return Ok(held),
         RunCheck::Completed(done) => done.describe(),
         RunCheck::BeyondMemory {
@@ -232,6 +237,27 @@ async fn once_per_run(args: &RunArgs, held: HeldLock) -> Result<HeldLock, CliErr
     };
     release_or_log(held, None, "after finding the run completed").await;
     Err(CliError::AlreadyCompleted { url, detail })
+}
+
+/// With `--run-key`: the key's memory of completed runs as our grant finds it (an
+/// unreadable one gives the lock back: the run must not start unchecked).
+async fn completed_runs(
+    args: &RunArgs,
+    backend: &dyn LockBackend,
+    lease: &Lease,
+) -> Result<RunMemory, CliError> {
+    if args.run_key.is_none() {
+        return Ok(RunMemory::default());
+    }
+    match backend.completed_runs(lease).await {
+        Ok(runs) => Ok(runs),
+        Err(e) => {
+            if let Err(release) = backend.release(lease).await {
+                print_warning(&format!("releasing the lock failed: {release}"));
+            }
+            Err(CliError::Lock(e))
+        }
+    }
 }
 
 /// Starts COMMAND under the held lock; if it cannot start, the lock is given back.

@@ -669,8 +669,12 @@ pub async fn run(args: StatusArgs) -> Result<u8, CliError> {
         note,
         history,
         ..Status::new(backend.url(), stored)
+    };
+    // The memory of completed runs of a store that keeps it beside the record.
+    if let Some(runs) = backend.runs_beside_the_record().await? {
+        status.runs = CompletedRuns::of(&runs);
     }
-    .with_takeover(read_at, backend.margins().grace);
+    let mut status = status.with_takeover(read_at, backend.margins().grace);
     if let Some(permits) = asked.and_then(|asked| status.permits_note(asked)) {
         status.note = Some(match status.note.take() {
             Some(note) => format!("{note}; {permits}"),

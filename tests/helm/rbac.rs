@@ -56,7 +56,9 @@ fn needed_rows(scope: &Scope) -> Vec<Row> {
         subresource: Some("finalizers"),
         ..row("update", "distributedlocks.lockwarden.io", scope, true)
     });
-    for verb in ["get", "list", "watch", "update", "patch"] {
+    // Jobs are gated (read, unsuspended) and, once per run, deleted unrun when their
+    // run is already completed elsewhere (docs/guide/once.md).
+    for verb in ["get", "list", "watch", "update", "patch", "delete"] {
         rows.push(row(verb, "jobs.batch", scope, true));
     }
     rows.push(Row {
@@ -94,9 +96,8 @@ fn forbidden_rows(scope: &Scope) -> Vec<Row> {
         row("list", "configmaps", scope, false),
         row("create", "deployments.apps", scope, false),
         row("list", "deployments.apps", scope, false),
-        // Jobs are only read and unsuspended, never created or deleted.
+        // Jobs are never created (deleted only once per run, see above).
         row("create", "jobs.batch", scope, false),
-        row("delete", "jobs.batch", scope, false),
         row("create", "serviceaccounts", scope, false),
         row("create", "roles.rbac.authorization.k8s.io", scope, false),
         row(
@@ -351,6 +352,7 @@ async fn namespace_scoped_install_is_confined_to_its_namespace() {
             rows.push(row(verb, "leases.coordination.k8s.io", &scope, false));
         }
         rows.push(row("delete", "pods", &scope, false));
+        rows.push(row("delete", "jobs.batch", &scope, false));
         rows.push(Row {
             subresource: Some("status"),
             ..row("patch", "distributedlocks.lockwarden.io", &scope, false)

@@ -206,15 +206,28 @@ pub trait LockBackend: Send + Sync {
         self.keeps_runs()
     }
 
+    /// The key's memory of completed runs as the grant of `lease` finds it: every
+    /// completion recorded before the grant (docs/design.md §6.7). By default the
+    /// memory in the record the grant replaced (`lease.record.runs`), for stores whose
+    /// grant is a conditional write of the key's one record.
+    async fn completed_runs(&self, lease: &Lease) -> Result<super::runs::RunMemory, LockError> {
+        Ok(lease.record.runs.clone())
+    }
+
+    /// The memory of completed runs of a store that keeps it beside the key's record
+    /// (ZooKeeper), read now; `None` where it is part of the record ([`inspect`]
+    /// (Self::inspect) shows it in `record.runs`).
+    async fn runs_beside_the_record(&self) -> Result<Option<super::runs::RunMemory>, LockError> {
+        Ok(None)
+    }
+
     /// Whether this key can keep a memory of completed runs (docs/design.md §6.7):
     /// the refusal, naming why, when it cannot. A granted [`Lease`]'s `record.runs`
     /// is the memory of the record its grant replaced.
     fn keeps_runs(&self) -> Result<(), LockError> {
         Err(LockError::Backend {
             url: self.url().to_string(),
-            message: "this store keeps no memory of completed runs yet (a run key needs \
-                      S3, DynamoDB or a Kubernetes Lease)"
-                .into(),
+            message: "this store keeps no memory of completed runs".into(),
         })
     }
 

@@ -14,7 +14,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use super::backend::{Lease, LockBackend};
 use super::error::{LockError, LostReason};
 use super::record::{FenceToken, Version};
-use super::runs::{CompletedRun, RunKey, RunMemory};
+use super::runs::{CompletedRun, RunKey};
 
 /// When to renew.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,8 +82,6 @@ pub struct HeldLock {
     fence: FenceToken,
     nonce: String,
     holder: String,
-    /// The key's memory of completed runs as our grant found it (§6.7).
-    runs: RunMemory,
     state: watch::Receiver<HolderState>,
     deadline: watch::Receiver<Instant>,
     release: Option<oneshot::Sender<ReleaseOrder>>,
@@ -110,7 +108,6 @@ impl HeldLock {
         let fence = lease.fence();
         let nonce = lease.nonce().to_string();
         let holder = lease.holder().to_string();
-        let runs = lease.record.runs.clone();
         let task = HolderTask {
             backend: backend.clone(),
             // The holder's own lease, not the lock-delay its record also carries.
@@ -124,7 +121,6 @@ impl HeldLock {
             fence,
             nonce,
             holder,
-            runs,
             state,
             deadline,
             release: Some(release),
@@ -157,12 +153,6 @@ impl HeldLock {
 
     pub fn holder(&self) -> &str {
         &self.holder
-    }
-
-    /// The key's memory of completed runs in the record this grant replaced: every
-    /// completion recorded before the grant (docs/design.md §6.7).
-    pub fn runs(&self) -> &RunMemory {
-        &self.runs
     }
 
     /// The backend the lock is held on.

@@ -126,8 +126,17 @@ impl Reconciling<'_> {
     ) -> Result<Action, ReconcileError> {
         self.ctx.waiters.stop_waiting(&self.obj);
         if let Some((run, _)) = &self.spec.run {
-            tracing::debug!(lock = %self.obj, %run, runs = lease.record.runs.runs.len(), "granted for a run");
-            match lease.record.runs.check(run) {
+            let runs = match backend.completed_runs(&lease).await {
+                Ok(runs) => runs,
+                Err(e) => {
+                    // Unchecked, the run must not start: let go and try again.
+                    if let Err(release) = backend.release(&lease).await {
+                        self.ctx.release_failed(&self.obj, self.key(), &release);
+                    }
+                    return self.backend_error(ReconcileError::Store(e)).await;
+                }
+            };
+            match runs.check(run) {
                 RunCheck::New => self.warn_if_a_run_may_repeat(&lease, run).await,
                 done => return self.run_already_done(&backend, &lease, run, done).await,
             }

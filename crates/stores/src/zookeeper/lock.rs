@@ -21,6 +21,7 @@ use lockwarden_core::{
     LockRecord, LockState, LostReason, Mode, Queueing, SafetyMargins, Stored, UnknownFields,
     Version,
 };
+use lockwarden_core::{CompletedRun, RunMemory};
 
 /// One lock path in ZooKeeper, as seen by one contender: each `ZkLock` has at most one
 /// znode in the queue. Use one `ZkLock` per would-be holder.
@@ -625,6 +626,28 @@ impl LockBackend for ZkLock {
             }
             Err(e) => Err(self.error("checking our queue entry", e)),
         }
+    }
+
+    /// The memory of completed runs is a znode beside the lock path (`runs.rs`).
+    fn keeps_runs(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+
+    async fn completed_runs(&self, _granted: &Lease) -> Result<RunMemory, LockError> {
+        self.stored_runs().await
+    }
+
+    async fn runs_beside_the_record(&self) -> Result<Option<RunMemory>, LockError> {
+        self.stored_runs().await.map(Some)
+    }
+
+    async fn release_completed(
+        &self,
+        lease: &Lease,
+        done: CompletedRun,
+        keep: usize,
+    ) -> Result<(), LockError> {
+        self.release_recording(lease, done, keep).await
     }
 
     /// Deletes our znode, conditioned on its version. A lost reply is resolved by

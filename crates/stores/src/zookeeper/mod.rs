@@ -77,6 +77,8 @@ mod lock;
 #[cfg(feature = "zookeeper")]
 mod queue;
 #[cfg(feature = "zookeeper")]
+mod runs;
+#[cfg(feature = "zookeeper")]
 mod semaphore;
 #[cfg(feature = "zookeeper")]
 mod session;
