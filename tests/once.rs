@@ -25,6 +25,7 @@ use lockwarden::api::{BackendSpec, DistributedLock, LockPhase};
 use lockwarden::controller::gating::once::{ONCE_ANNOTATION, RUN_KEY_ANNOTATION};
 use lockwarden::controller::jobs::{
     FENCE_ANNOTATION, SCHEDULED_TIMESTAMP_ANNOTATION, STATUS_ANNOTATION, TEMPLATE_ANNOTATION,
+    template_annotation,
 };
 use serde_json::json;
 use support::kube::{ControlPlane, finish_pods};
@@ -147,11 +148,7 @@ fn scheduled_job(cron: &CronJob, scheduled: SystemTime) -> Job {
 
 /// Whether lockwarden started `job` (its pod template carries the fence).
 fn started(job: &Job) -> bool {
-    job.spec
-        .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
-        .and_then(|m| m.annotations.as_ref())
-        .is_some_and(|a| a.contains_key(FENCE_ANNOTATION))
+    template_annotation(job, FENCE_ANNOTATION).is_some()
 }
 
 fn scheduled_of(job: &Job) -> Option<String> {
@@ -240,14 +237,7 @@ async fn cluster_in(
     ns: Option<&str>,
     backend: impl Fn(&str) -> BackendSpec,
 ) -> Cluster {
-    // Test logs follow RUST_LOG, as for the other in-process controllers.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
-        )
-        .with_test_writer()
-        .try_init();
+    support::kube::test_logs();
     let client = plane.client().await;
     support::kube::install_lockwarden_crd(&client).await;
     let ns = match ns {
@@ -625,18 +615,8 @@ async fn once_a_run_whose_controller_died_is_taken_up_and_recorded_once_with_the
             .insert(RUN_KEY_ANNOTATION.into(), lockwarden::lock::rfc3339(slot));
         jobs.push(job);
     }
-    let fence_of = |job: &Job| -> Option<i64> {
-        job.spec
-            .as_ref()?
-            .template
-            .metadata
-            .as_ref()?
-            .annotations
-            .as_ref()?
-            .get(FENCE_ANNOTATION)?
-            .parse()
-            .ok()
-    };
+    let fence_of =
+        |job: &Job| -> Option<i64> { template_annotation(job, FENCE_ANNOTATION)?.parse().ok() };
     let started_job = |c: Cluster, name: String| async move {
         support::eventually(&format!("{} started {name}", c.name), PATIENCE, || async {
             c.jobs().get(&name).await.ok().filter(started)

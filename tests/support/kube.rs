@@ -850,6 +850,18 @@ pub async fn namespace_with_crd(prefix: &str) -> (Client, String) {
     (client, namespace)
 }
 
+/// The in-process controllers' logs in the test output, filtered by `RUST_LOG` (off
+/// without it); once per test binary.
+pub fn test_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// [`namespace_with_controller`], also returning the controller's metrics.
 pub async fn namespace_with_observed_controller(
     prefix: &str,
@@ -859,13 +871,7 @@ pub async fn namespace_with_observed_controller(
     String,
     std::sync::Arc<lockwarden::telemetry::Telemetry>,
 ) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
-        )
-        .with_test_writer()
-        .try_init();
+    test_logs();
     let (client, namespace) = namespace_with_crd(prefix).await;
     let config = lockwarden::controller::ControllerConfig {
         cluster_name: cluster.into(),

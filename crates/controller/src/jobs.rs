@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSpec};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::config::ControllerConfig;
@@ -104,19 +104,9 @@ impl GatedWorkload for Job {
     /// CronJob then records it as `MissingJob` and does not create it again, and a
     /// `Forbid` CronJob's next run is not blocked by it.
     async fn end_unrun(&self, api: &Api<Job>) -> Result<bool, kube::Error> {
-        let params = DeleteParams {
-            propagation_policy: Some(kube::api::PropagationPolicy::Background),
-            preconditions: Some(Preconditions {
-                uid: self.uid(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match api.delete(&self.name_any(), &params).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(true),
-            Err(e) => Err(e),
-        }
+        let background = Some(kube::api::PropagationPolicy::Background);
+        kind::delete_this(api, self, background).await?;
+        Ok(true)
     }
 
     fn held_back(&self) -> bool {
@@ -189,18 +179,7 @@ impl GatedWorkload for Job {
                 // Already on its way out, or ended.
                 continue;
             }
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: pod.uid(),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            match pods.delete(&pod.name_any(), &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(e) => return Err(e),
-            }
+            kind::delete_this(&pods, &pod, None).await?;
         }
         Ok(())
     }

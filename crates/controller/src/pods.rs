@@ -72,18 +72,8 @@ impl GatedWorkload for Pod {
     /// Deleted, conditioned on its uid: a gated Pod never ran a container, so nothing
     /// of it runs (docs/design.md §6.7).
     async fn end_unrun(&self, api: &Api<Pod>) -> Result<bool, kube::Error> {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: self.uid(),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match api.delete(&self.name_any(), &params).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(true),
-            Err(e) => Err(e),
-        }
+        super::gating::kind::delete_this(api, self, None).await?;
+        Ok(true)
     }
 
     fn running(&self) -> bool {

@@ -591,3 +591,26 @@ impl Kinds {
         futures::future::join_all(runs).await;
     }
 }
+
+/// Deletes `obj` through `api`, conditioned on its uid (never a newer object of the same
+/// name), with `propagation` (`None`: the server's default). Already gone, or replaced
+/// by a newer one (409), counts as deleted.
+pub async fn delete_this<K: GatedWorkload>(
+    api: &Api<K>,
+    obj: &K,
+    propagation: Option<kube::api::PropagationPolicy>,
+) -> Result<(), kube::Error> {
+    let params = kube::api::DeleteParams {
+        propagation_policy: propagation,
+        preconditions: Some(kube::api::Preconditions {
+            uid: obj.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&obj.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
