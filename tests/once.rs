@@ -10,6 +10,7 @@
 //!   server): Jobs
 //!   built as the CronJob controller builds them, no minute waits; a failed run is not
 //!   recorded and runs in the other cluster;
+//! - take-up: a controller SIGKILLed while its Job runs; a run lost to a store cut;
 //! - bad input: what once per run needs, refused with a clear status.
 
 mod support;
@@ -667,5 +668,93 @@ async fn once_a_run_whose_controller_died_is_taken_up_and_recorded_once_with_the
             .unwrap()
             .starts_with("cluster-b/"),
         "{runs}"
+    );
+}
+
+/// A run lost to a store cut is not recorded: cluster-a's store is cut off (a
+/// blackholing proxy) while its Job runs, so its lock is lost and its Job suspended;
+/// cluster-b's Job for the same run is granted after the lease, runs it and records
+/// it with its own fence. Once the cut heals, cluster-a's suspended Job is granted the
+/// key again, finds the run completed and is deleted unrun.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn once_a_run_lost_to_a_store_cut_is_not_recorded_and_runs_in_the_other_cluster() {
+    use support::proxy::{Mode, Proxy};
+    let moto = Moto::shared();
+    let bucket = moto.new_bucket("once-cut").await;
+    let proxy = Proxy::start(moto.port());
+    let through = |endpoint: String| {
+        let bucket = bucket.clone();
+        move |secret: &str| {
+            s3_lock("x", &bucket, "nightly/lock", endpoint.clone(), secret)
+                .spec
+                .backend
+        }
+    };
+    let a = cluster_on(
+        ControlPlane::shared(),
+        "cluster-a",
+        through(proxy.endpoint()),
+    )
+    .await;
+    let b = cluster_on(
+        ControlPlane::shared(),
+        "cluster-b",
+        through(moto.endpoint()),
+    )
+    .await;
+    let slot = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_263_200);
+    let mut jobs = Vec::new();
+    for c in [&a, &b] {
+        let cron = Api::<CronJob>::namespaced(c.client.clone(), &c.ns)
+            .create(&PostParams::default(), &cronjob("0 2 * * *", true))
+            .await
+            .expect("create the CronJob");
+        let mut job = scheduled_job(&cron, slot);
+        job.annotations_mut()
+            .insert(RUN_KEY_ANNOTATION.into(), lockwarden::lock::rfc3339(slot));
+        jobs.push(job);
+    }
+    let fence_of = |job: &Job| -> i64 {
+        template_annotation(job, FENCE_ANNOTATION)
+            .and_then(|f| f.parse().ok())
+            .expect("a fence")
+    };
+    let (job_a, job_b) = (jobs[0].name_any(), jobs[1].name_any());
+    // Cluster-a's Job first, running, then cluster-b's, waiting for the same run.
+    a.jobs().create(&PostParams::default(), &jobs[0]).await.unwrap();
+    let first = support::eventually("cluster-a runs", PATIENCE, || async {
+        a.jobs().get(&job_a).await.ok().filter(started)
+    })
+    .await;
+    b.jobs().create(&PostParams::default(), &jobs[1]).await.unwrap();
+    // The cut: cluster-a's renewals go nowhere; its Job is suspended before cluster-b
+    // may take the key (§6.3), and cluster-b's Job runs the same run.
+    proxy.set_mode(Mode::Blackhole);
+    let second = support::eventually("cluster-b runs the run", PATIENCE, || async {
+        b.jobs().get(&job_b).await.ok().filter(started)
+    })
+    .await;
+    let (f1, f2) = (fence_of(&first), fence_of(&second));
+    assert!(f2 > f1, "{f1} then {f2}");
+    let suspended = a.jobs().get(&job_a).await.unwrap();
+    assert_eq!(
+        suspended.spec.as_ref().and_then(|s| s.suspend),
+        Some(true),
+        "cluster-a's Job stopped when its lock was lost"
+    );
+    finish_pods(&b.client, &b.ns, &job_b, true).await;
+    // Healed: cluster-a's Job waits for the key again, is granted it, finds the run
+    // completed (by cluster-b, with fence f2) and is deleted unrun.
+    proxy.set_mode(Mode::Pass);
+    support::eventually("cluster-a's Job deleted unrun", PATIENCE, || async {
+        a.jobs().get_opt(&job_a).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let notes = a.events("RunCompleted").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("in cluster cluster-b") && n.contains(&format!("fence {f2}"))),
+        "{notes:?}"
     );
 }
