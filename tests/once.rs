@@ -721,12 +721,18 @@ async fn once_a_run_lost_to_a_store_cut_is_not_recorded_and_runs_in_the_other_cl
     };
     let (job_a, job_b) = (jobs[0].name_any(), jobs[1].name_any());
     // Cluster-a's Job first, running, then cluster-b's, waiting for the same run.
-    a.jobs().create(&PostParams::default(), &jobs[0]).await.unwrap();
+    a.jobs()
+        .create(&PostParams::default(), &jobs[0])
+        .await
+        .unwrap();
     let first = support::eventually("cluster-a runs", PATIENCE, || async {
         a.jobs().get(&job_a).await.ok().filter(started)
     })
     .await;
-    b.jobs().create(&PostParams::default(), &jobs[1]).await.unwrap();
+    b.jobs()
+        .create(&PostParams::default(), &jobs[1])
+        .await
+        .unwrap();
     // The cut: cluster-a's renewals go nowhere; its Job is suspended before cluster-b
     // may take the key (§6.3), and cluster-b's Job runs the same run.
     proxy.set_mode(Mode::Blackhole);

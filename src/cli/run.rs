@@ -111,7 +111,8 @@ pub struct RunArgs {
     /// Once per run: the name of this run (e.g. its scheduled time). If the key
     /// remembers it as completed — here or on another host — COMMAND is not started,
     /// the lock is released and run exits 7; when COMMAND exits 0 the release records
-    /// the run. S3 (not --s3lock-compatible), DynamoDB or a Lease; a mutex, no --queue
+    /// the run. Every store, but not a key deleted on release (--s3lock-compatible); a
+    /// mutex, no --queue
     #[arg(long, value_name = "KEY", value_parser = super::args::parse_run_key)]
     pub run_key: Option<RunKey>,
 

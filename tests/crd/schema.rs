@@ -54,7 +54,7 @@ const REVISION_DIGESTS: &[(u32, &str)] = &[
     (5, "f9b2932e907d13ca"),
     (6, "002c8afce5b85c53"),
     (7, "f42dcdd94c08c6da"),
-    (8, "43cd15dac6e1955f"),
+    (8, "3d1766923fcc4f91"),
 ];
 
 /// FNV-1a, 64 bits: stable across Rust releases (std's hashers promise no such thing).

@@ -149,7 +149,8 @@ pub struct DistributedLockSpec {
     /// `payments/nightly@2026-12-03T02:00:00Z` (the gating sets it on a workload's own
     /// lock). When the key remembers the run as completed, the lock is released as
     /// soon as it is granted (`status.phase: Released`, reason `RunCompleted`). One
-    /// permit, no queue; S3 (not s3lockCompatible), DynamoDB or a Lease.
+    /// permit, no queue; every store, but not a key deleted on release
+    /// (s3lockCompatible, terraformCompatible).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_RUN_KEY_LEN))]
     pub run_key: Option<String>,
