@@ -147,6 +147,24 @@ fn scheduled_job(cron: &CronJob, scheduled: SystemTime) -> Job {
     .expect("a Job")
 }
 
+/// In each cluster, a suspended CronJob and the Job it would create for `slot`, with the
+/// slot as its run key (so that clusters serving namespaces of other names share it);
+/// the Jobs are not created.
+async fn jobs_for_one_run(clusters: &[&Cluster], slot: SystemTime) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for c in clusters {
+        let cron = Api::<CronJob>::namespaced(c.client.clone(), &c.ns)
+            .create(&PostParams::default(), &cronjob("0 2 * * *", true))
+            .await
+            .expect("create the CronJob");
+        let mut job = scheduled_job(&cron, slot);
+        job.annotations_mut()
+            .insert(RUN_KEY_ANNOTATION.into(), lockwarden::lock::rfc3339(slot));
+        jobs.push(job);
+    }
+    jobs
+}
+
 /// Whether lockwarden started `job` (its pod template carries the fence).
 fn started(job: &Job) -> bool {
     template_annotation(job, FENCE_ANNOTATION).is_some()
@@ -605,17 +623,7 @@ async fn once_a_run_whose_controller_died_is_taken_up_and_recorded_once_with_the
         .expect("create the template");
     let b = cluster_on(plane, "cluster-b", &lease_on_keys).await;
     let slot = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_263_200);
-    let mut jobs = Vec::new();
-    for c in [&a, &b] {
-        let cron = Api::<CronJob>::namespaced(c.client.clone(), &c.ns)
-            .create(&PostParams::default(), &cronjob("0 2 * * *", true))
-            .await
-            .expect("create the CronJob");
-        let mut job = scheduled_job(&cron, slot);
-        job.annotations_mut()
-            .insert(RUN_KEY_ANNOTATION.into(), lockwarden::lock::rfc3339(slot));
-        jobs.push(job);
-    }
+    let jobs = jobs_for_one_run(&[&a, &b], slot).await;
     let fence_of =
         |job: &Job| -> Option<i64> { template_annotation(job, FENCE_ANNOTATION)?.parse().ok() };
     let started_job = |c: Cluster, name: String| async move {
@@ -703,17 +711,7 @@ async fn once_a_run_lost_to_a_store_cut_is_not_recorded_and_runs_in_the_other_cl
     )
     .await;
     let slot = SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_263_200);
-    let mut jobs = Vec::new();
-    for c in [&a, &b] {
-        let cron = Api::<CronJob>::namespaced(c.client.clone(), &c.ns)
-            .create(&PostParams::default(), &cronjob("0 2 * * *", true))
-            .await
-            .expect("create the CronJob");
-        let mut job = scheduled_job(&cron, slot);
-        job.annotations_mut()
-            .insert(RUN_KEY_ANNOTATION.into(), lockwarden::lock::rfc3339(slot));
-        jobs.push(job);
-    }
+    let jobs = jobs_for_one_run(&[&a, &b], slot).await;
     let fence_of = |job: &Job| -> i64 {
         template_annotation(job, FENCE_ANNOTATION)
             .and_then(|f| f.parse().ok())
