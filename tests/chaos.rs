@@ -230,6 +230,8 @@ struct Tally<'a> {
     acquisitions: usize,
     writes_accepted: usize,
     stale_status_writes_rejected: usize,
+    /// Holders' writes in flight when the lock changed hands, refused by the fence.
+    writes_refused_in_flight: usize,
     claims: usize,
     /// Observer reads.
     polls: usize,
@@ -269,6 +271,7 @@ impl Tally<'_> {
         self.acquisitions += r.acquisitions;
         self.writes_accepted += r.writes_accepted;
         self.stale_status_writes_rejected += r.writes_rejected_stale_status;
+        self.writes_refused_in_flight += r.writes_refused_in_flight;
         self.claims += r.claims;
         self.cli_claims += r.cli_claims;
         self.cli_schedules += usize::from(r.cli_claims > 0);
@@ -330,6 +333,7 @@ fn summarize(t: &Tally, done: u64, secrets: Option<usize>) -> String {
         "acquisitions": t.acquisitions,
         "register_writes_accepted": t.writes_accepted,
         "stale_status_writes_rejected": t.stale_status_writes_rejected,
+        "writes_refused_in_flight": t.writes_refused_in_flight,
         "claims": t.claims,
         "cli_claims": t.cli_claims,
         "schedules_where_a_cli_process_held_a_lock": t.cli_schedules,
@@ -531,6 +535,43 @@ fn checker_rule_g_on_synthetic_histories() {
     h.guard_deadline(&key, "cli-0-guard-k0-1", None);
     let v = rule_g(&h);
     assert!(v.len() == 1 && v[0].contains("logged no deadline"), "{v:?}");
+}
+
+/// Rule (a) on hand-made histories: a CLI write sent before a higher fence first
+/// wrote but read by the harness after it (a line that waited in the socket) is a
+/// write in flight, refused by the fence and counted; one sent after it is reported.
+#[test]
+fn checker_rule_a_tells_a_write_in_flight_from_a_write_after_the_takeover() {
+    use history::{History, Kind};
+    let key = "s3://b/a".to_string();
+    let rule_a = |h: &History| -> (Vec<String>, usize) {
+        let report = h.check(0.0, 1e6, &[], 1e6);
+        let a = report
+            .violations
+            .into_iter()
+            .filter(|v| v.contains("(a)"))
+            .collect();
+        (a, report.writes_refused_in_flight)
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let late_line = |sent_before_takeover: bool| {
+        let h = History::new(34, false);
+        let sent = h.now();
+        assert!(h.write(&key, "engine-0", Kind::Engine, 2));
+        let sent = if sent_before_takeover { sent } else { h.now() };
+        let accepted =
+            runtime.block_on(h.write_fenced_sent(&key, "cli-0-k0-1", Kind::Cli, 1, sent));
+        assert!(!accepted, "the register refuses fence 1 after fence 2");
+        rule_a(&h)
+    };
+    assert_eq!(late_line(true), (Vec::new(), 1));
+    let (v, in_flight) = late_line(false);
+    assert!(
+        v.len() == 1 && v[0].contains("while claiming the lock") && in_flight == 0,
+        "{v:?}"
+    );
 }
 
 #[test]

@@ -143,7 +143,8 @@ fn through(
 }
 
 /// The register's door for CLI commands: a loopback listener; each connection is one
-/// command's writes, `w KEY-INDEX WHO NONCE FENCE` per line. A line
+/// command's writes, `w KEY-INDEX WHO NONCE FENCE SENT` per line (SENT: the wall
+/// clock when it was written). A line
 /// `d KEY-INDEX WHO NONCE FENCE N` asks the harness's daemon to make N such writes on
 /// the command's behalf, every 100 ms, over a connection of its own.
 pub async fn serve_register(
@@ -187,6 +188,13 @@ async fn command_writes(
             continue;
         }
         let fields: Vec<&str> = line.split(' ').collect();
+        // A command's line ends with its send time (bash's $EPOCHREALTIME): on a
+        // loaded machine the harness may read it well after it was written, after
+        // `run` released and someone else took the key. The daemon's lines carry none.
+        let (fields, sent) = match fields[..] {
+            [.., realtime] if fields.len() == 6 => (&fields[..5], send_time(realtime, &history)),
+            _ => (&fields[..], None),
+        };
         let ["w", k, who, nonce, fence] = fields[..] else {
             history.violation(format!(
                 "seed {}: a CLI command wrote a malformed line {line:?}",
@@ -204,12 +212,14 @@ async fn command_writes(
             ));
             continue;
         };
-        let t = history.now();
+        let t = sent.unwrap_or_else(|| history.now());
         if claim.is_none() {
             // The command's environment is the acquisition's evidence (rule (b)).
             history.acquired(key, who, t, nonce, fence, "");
         }
-        history.write_fenced(key, who, Kind::Cli, fence).await;
+        history
+            .write_fenced_sent(key, who, Kind::Cli, fence, t)
+            .await;
         let c = claim.get_or_insert_with(|| Claim {
             key: key.clone(),
             who: who.to_string(),
@@ -223,6 +233,18 @@ async fn command_writes(
     if let Some(c) = claim {
         history.claim(c);
     }
+}
+
+/// When a line stamped `realtime` (seconds since the epoch) was sent, on `history`'s
+/// clock: now, less how long it waited to be read. Only the difference of two nearby
+/// wall-clock readings is used, so the clocks' origins do not matter.
+fn send_time(realtime: &str, history: &History) -> Option<f64> {
+    let sent = realtime.parse::<f64>().ok()?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    Some(history.now() - (now - sent).max(0.0))
 }
 
 /// The daemon a broken command hands its writes to: `K WHO NONCE FENCE N` makes N
@@ -256,7 +278,7 @@ sleep "$((CHAOS_WRITES / 10 + 1))""#;
 /// The command `run` starts: writes to the register every 100 ms, `CHAOS_WRITES` times.
 const COMMAND: &str = r#"exec 3<>"/dev/tcp/127.0.0.1/$CHAOS_REGISTER" || exit 70
 for ((i = 0; i < CHAOS_WRITES; i++)); do
-  echo "w $CHAOS_KEY $CHAOS_WHO $LOCKWARDEN_NONCE $LOCKWARDEN_FENCE" >&3 || exit 71
+  echo "w $CHAOS_KEY $CHAOS_WHO $LOCKWARDEN_NONCE $LOCKWARDEN_FENCE $EPOCHREALTIME" >&3 || exit 71
   sleep 0.1
 done"#;
 
