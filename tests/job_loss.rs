@@ -111,6 +111,15 @@ impl Side {
             TIMEOUT,
             || async {
                 let job = self.jobs.get(name).await.ok()?;
+                // A stopped Job must stay able to run again: lockwarden's delete of its
+                // Pods must not count as their failure (`jobs::untrack`).
+                let failed = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+                if let Some(c) = failed.and_then(|c| c.iter().find(|c| c.type_ == "Failed")) {
+                    panic!(
+                        "Job {name} failed for good ({:?}: {:?}) instead of waiting to run again",
+                        c.reason, c.message
+                    );
+                }
                 (!suspended(&job) && fence(&job)? > above).then_some(job)
             },
         )

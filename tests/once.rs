@@ -32,6 +32,7 @@ use serde_json::json;
 use support::kube::{ControlPlane, finish_pods};
 use support::locks::{aws_secret, dynamodb_backend, s3_lock, zookeeper_backend};
 use support::moto::Moto;
+use support::once::scheduled_job;
 
 /// Generous: two clusters' controllers and a CronJob controller on a loaded machine.
 const PATIENCE: Duration = Duration::from_secs(180);
@@ -87,64 +88,13 @@ fn template(backend: BackendSpec) -> DistributedLock {
 /// A CronJob `schedule`, `Forbid`, whose Jobs are gated on the `nightly` template once
 /// per run; `suspend` stops it from creating Jobs itself.
 fn cronjob(schedule: &str, suspend: bool) -> CronJob {
-    serde_json::from_value(json!({
-        "metadata": { "name": "nightly" },
-        "spec": {
-            "schedule": schedule,
-            "concurrencyPolicy": "Forbid",
-            "suspend": suspend,
-            "jobTemplate": {
-                "metadata": { "annotations": {
-                    TEMPLATE_ANNOTATION: "nightly",
-                    ONCE_ANNOTATION: "true",
-                }},
-                "spec": {
-                    "suspend": true,
-                    "backoffLimit": 0,
-                    "template": { "spec": {
-                        // A short grace: the own lock's lock-delay (§6.3) follows it.
-                        "terminationGracePeriodSeconds": 1,
-                        "restartPolicy": "Never",
-                        "containers": [{ "name": "run", "image": "busybox", "command": ["true"] }],
-                    }},
-                },
-            },
-        },
-    }))
-    .expect("a CronJob")
-}
-
-/// The Job the CronJob controller creates for `scheduled`: named
-/// `<cronjob>-<minutes since the epoch>`, owned by it, with the scheduled time.
-fn scheduled_job(cron: &CronJob, scheduled: SystemTime) -> Job {
-    let minutes = scheduled
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        / 60;
-    let template = cron.spec.job_template.clone();
-    let mut annotations = template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.annotations.clone())
-        .unwrap_or_default();
-    annotations.insert(
-        SCHEDULED_TIMESTAMP_ANNOTATION.into(),
-        lockwarden::lock::rfc3339(scheduled),
-    );
-    serde_json::from_value(json!({
-        "metadata": {
-            "name": format!("{}-{minutes}", cron.name_any()),
-            "annotations": annotations,
-            "ownerReferences": [{
-                "apiVersion": "batch/v1", "kind": "CronJob", "name": cron.name_any(),
-                "uid": cron.uid().expect("a created CronJob"),
-                "controller": true, "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": template.spec,
-    }))
-    .expect("a Job")
+    let pod = json!({
+        // A short grace: the own lock's lock-delay (§6.3) follows it.
+        "terminationGracePeriodSeconds": 1,
+        "restartPolicy": "Never",
+        "containers": [{ "name": "run", "image": "busybox", "command": ["true"] }],
+    });
+    support::once::cronjob("nightly", schedule, suspend, "nightly", pod)
 }
 
 /// In each cluster, a suspended CronJob and the Job it would create for `slot`, with the

@@ -24,6 +24,7 @@
 
 mod failover;
 mod guard;
+mod once;
 mod stop;
 #[path = "../support/mod.rs"]
 mod support;
@@ -61,6 +62,8 @@ const FAILOVER_NAMESPACE: &str = "node-failover";
 /// theirs is still there when the failover test counts and watches every lock of its
 /// namespace.
 const STOP_NAMESPACE: &str = "node-stop";
+/// once.rs's S3 locks' namespace, for the same reason.
+const ONCE_NAMESPACE: &str = "node-once";
 
 /// The chart's test-only values for a one-node cluster with no Pod network.
 fn release_values(node: &Node, metrics_port: u16) -> Value {
@@ -78,7 +81,7 @@ fn release_values(node: &Node, metrics_port: u16) -> Value {
         "terminationGracePeriodSeconds": support::timescale::RELEASE_GRACE_SECONDS,
         "metrics": { "port": metrics_port },
         "probes": { "host": "127.0.0.1" },
-        "rbac": { "secretNamespaces": [FAILOVER_NAMESPACE, STOP_NAMESPACE] },
+        "rbac": { "secretNamespaces": [FAILOVER_NAMESPACE, STOP_NAMESPACE, ONCE_NAMESPACE] },
         "extraEnv": [
             { "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" },
             { "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() },
@@ -129,7 +132,7 @@ fn install_release() {
     )
     .expect("write the release's values");
     // rbac.secretNamespaces: a Role in each, so the namespaces first.
-    for namespace in [FAILOVER_NAMESPACE, STOP_NAMESPACE] {
+    for namespace in [FAILOVER_NAMESPACE, STOP_NAMESPACE, ONCE_NAMESPACE] {
         let out = Command::new(tool("KUBECTL"))
             .arg("--kubeconfig")
             .arg(node.plane().kubeconfig_path())

@@ -42,7 +42,7 @@ use crate::support::unique;
 
 /// The Secret with moto's credentials in the namespace the release may read Secrets
 /// of (created once).
-async fn ensure_aws_secret(client: &Client, ns: &str) {
+pub(super) async fn ensure_aws_secret(client: &Client, ns: &str) {
     let secret: Secret = serde_json::from_value(json!({
         "metadata": { "name": "aws" },
         "stringData": {

@@ -29,6 +29,7 @@ pub mod kueue;
 pub mod locks;
 pub mod moto;
 pub mod node;
+pub mod once;
 pub mod overlap;
 pub mod postgres;
 pub mod proxy;

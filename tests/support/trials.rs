@@ -56,6 +56,17 @@ impl Register {
         (port, register)
     }
 
+    /// `writer`'s lines, in their order of arrival.
+    pub fn lines_of(&self, writer: &str) -> Vec<String> {
+        self.writes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, line)| line.split(' ').next() == Some(writer))
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+
     /// Arrival times of `writer`'s lines.
     pub fn of(&self, writer: &str) -> Vec<f64> {
         self.writes

@@ -230,7 +230,10 @@ impl FakeApi {
                 let has_finalizers = object["metadata"]["finalizers"]
                     .as_array()
                     .is_some_and(|f| !f.is_empty());
-                if has_finalizers {
+                // A Pod bound to a node is deleted gracefully: it stays until its
+                // kubelet confirms its containers have stopped.
+                let graceful = object["kind"] == "Pod" && !object["spec"]["nodeName"].is_null();
+                if has_finalizers || graceful {
                     object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
                     state.objects.insert(object_path, object.clone());
                 } else {

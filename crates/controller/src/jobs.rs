@@ -171,7 +171,8 @@ impl GatedWorkload for Job {
     }
 
     /// Deletes each of its Pods not already being deleted, with the Pod's own grace
-    /// period, conditioned on its uid.
+    /// period, conditioned on its uid — untracked first, as the Job controller does
+    /// when it deletes the Pods of a Job it suspends ([`untrack`]).
     async fn delete_pods(&self, client: &kube::Client) -> Result<(), kube::Error> {
         let pods = Api::<Pod>::namespaced(client.clone(), &self.namespace().unwrap_or_default());
         for pod in job_pods(self, client).await? {
@@ -179,7 +180,9 @@ impl GatedWorkload for Job {
                 // Already on its way out, or ended.
                 continue;
             }
-            kind::delete_this(&pods, &pod, None).await?;
+            if untrack(&pods, &pod).await? {
+                kind::delete_this(&pods, &pod, None).await?;
+            }
         }
         Ok(())
     }
@@ -320,6 +323,45 @@ pub fn pods_gone(job: &Job) -> bool {
         return true;
     };
     status.active.unwrap_or(0) == 0 && status.terminating.unwrap_or(0) == 0
+}
+
+/// The Job controller's finalizer on every Pod of a Job, kept until it has counted
+/// the Pod as succeeded or failed.
+pub const JOB_TRACKING_FINALIZER: &str = "batch.kubernetes.io/job-tracking";
+
+/// Takes the Job controller's tracking finalizer off `pod` before lockwarden deletes it,
+/// as the Job controller does before deleting the Pods of a Job it suspends: it counts a
+/// Pod deleted with the finalizer on, not yet succeeded, as *failed*, and with
+/// `backoffLimit: 0` one stopped Pod would fail the Job for good (its lock then deleted,
+/// never taken again) instead of leaving it suspended to run again. The patch is
+/// conditioned on the Pod's resourceVersion, so a Pod that succeeded meanwhile keeps its
+/// finalizer and is counted. Whether to go on and delete it: not when it changed or is
+/// gone (the Job controller deletes the Pods of a suspended Job itself).
+async fn untrack(pods: &Api<Pod>, pod: &Pod) -> Result<bool, kube::Error> {
+    let finalizers = pod.finalizers();
+    if !finalizers.iter().any(|f| f == JOB_TRACKING_FINALIZER) {
+        return Ok(true);
+    }
+    let kept: Vec<&String> = finalizers
+        .iter()
+        .filter(|f| *f != JOB_TRACKING_FINALIZER)
+        .collect();
+    let patch = json!({ "metadata": {
+        "resourceVersion": pod.resource_version(),
+        "finalizers": kept,
+    }});
+    match pods
+        .patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The Pods of a Job, by the label the Job controller puts on them.

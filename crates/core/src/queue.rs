@@ -91,6 +91,13 @@ fn waiter_lease(req: &AcquireRequest) -> Duration {
     WAITER_LEASE.min(req.lease)
 }
 
+/// Whether our entry's refresh is overdue: two thirds of its waiter lease have passed
+/// since the last write of it landed (it is due at one third).
+fn refresh_overdue(st: &SetContender, req: &AcquireRequest) -> bool {
+    st.waiting_written
+        .is_some_and(|t| t.elapsed() >= waiter_lease(req) * 2 / 3)
+}
+
 /// Whether `set` has room now for an entry in `mode` taking `weight` permits.
 fn fits(set: &HolderSet, mode: Mode, weight: u32) -> bool {
     match mode {
@@ -370,8 +377,11 @@ impl<S: RecordStore> CasLock<S> {
             Err(StoreError::Conflict { .. }) => {
                 lost_a_race();
                 let refreshing = st.waiting.as_ref().is_some_and(|w| w.nonce == entry.nonce);
-                if !refreshing {
+                if !refreshing || refresh_overdue(st, req) {
                     // A registration: read again at once (arrival order is at stake).
+                    // So does a refresh that two thirds of the waiter lease found
+                    // failing: on a slow store, n waiters refreshing one record lose
+                    // most races, and one crowded out to its lease's end is dropped.
                     return Ok(None);
                 }
                 // A refresh is not urgent (due at a third of the waiter lease, needed
@@ -524,7 +534,7 @@ mod tests {
     use super::*;
     use crate::backend::LockBackend;
     use crate::cas::tests::{LEASE, MARGINS, TAKEOVER_AFTER, acquired};
-    use crate::memory::MemoryStore;
+    use crate::memory::{Fault, MemoryStore};
     use crate::record::LockState;
 
     fn contender(store: &MemoryStore) -> CasLock<MemoryStore> {
@@ -648,6 +658,49 @@ mod tests {
         assert_eq!(waits(&stalled, &queued("stalled", 0)).await, Some(0));
         let set = stored_set(&store);
         assert!(set.queue.unwrap().waiters[0].ticket > ticket + 1);
+    }
+
+    /// A waiter's refresh that loses a race tries again at a later look while it is
+    /// merely due, and at once (read again, write again) once it is overdue: n waiters
+    /// refreshing one record on a slow store must not crowd one out until it is dropped.
+    #[tokio::test]
+    async fn a_refresh_losing_a_race_tries_again_at_once_only_when_overdue() {
+        let store = MemoryStore::new("mem://locks/queue-crowded-refresh");
+        let (la, w) = (contender(&store), contender(&store));
+        let long = AcquireRequest {
+            lease: Duration::from_secs(600),
+            ..queued("a", 0)
+        };
+        let _a = acquired(&la, &long).await;
+        let req = AcquireRequest {
+            lease: Duration::from_millis(900),
+            ..queued("w", 0)
+        };
+        assert_eq!(waits(&w, &req).await, Some(0));
+        let renewals = |store: &MemoryStore| stored_set(store).queue.unwrap().waiters[0].clone();
+        let registered = renewals(&store);
+        // Due (a third of 900 ms), not overdue: the lost race waits for a later look.
+        sleep(Duration::from_millis(350)).await;
+        store.next_write(Fault::Conflict);
+        let (_, writes) = store.requests();
+        assert_eq!(waits(&w, &req).await, Some(0));
+        assert_eq!(store.requests().1, writes + 1, "one write, lost");
+        assert_eq!(renewals(&store), registered, "not refreshed yet");
+        // Overdue (two thirds): read again and write again within the same attempt.
+        sleep(Duration::from_millis(300)).await;
+        store.next_write(Fault::Conflict);
+        let (_, writes) = store.requests();
+        assert_eq!(waits(&w, &req).await, Some(0));
+        assert_eq!(
+            store.requests().1,
+            writes + 2,
+            "the lost write, then the refresh"
+        );
+        assert_ne!(
+            renewals(&store),
+            registered,
+            "refreshed in the same attempt"
+        );
     }
 
     #[tokio::test]

@@ -431,18 +431,46 @@ mod release_waits_for_the_pods {
         let job = step(api, ctx).await;
         let requests = api.take_requests();
         let suspend = requests.iter().position(|r| r == &format!("PATCH {JOB}"));
+        let untrack = requests.iter().position(|r| r == &format!("PATCH {POD}"));
         let delete = requests.iter().position(|r| r == &format!("DELETE {POD}"));
         assert!(
-            suspend.is_some() && delete.is_some() && suspend < delete,
-            "the suspend patch, then the Pod's delete: {requests:?}"
+            suspend.is_some() && untrack.is_some() && delete.is_some(),
+            "the suspend patch, the Pod untracked, then deleted: {requests:?}"
+        );
+        assert!(
+            suspend < untrack && untrack < delete,
+            "the suspend patch, the Pod untracked, then deleted: {requests:?}"
         );
         assert!(job.spec.as_ref().unwrap().suspend == Some(true));
         let pod = api.get(POD).unwrap();
         assert!(!pod["metadata"]["deletionTimestamp"].is_null(), "{pod}");
+        assert_eq!(
+            pod["metadata"]["finalizers"],
+            json!([]),
+            "the Job controller must not count the stopped Pod as failed: {pod}"
+        );
         assert!(!released(api), "released while the Pod may run");
         // The Job controller's view: the Pod terminating.
         api.merge(JOB, json!({ "status": { "active": 0, "terminating": 1 } }));
         job
+    }
+
+    /// A Pod that changed since it was read (it may have succeeded) keeps the Job
+    /// controller's finalizer, to be counted, and is not deleted by lockwarden.
+    #[tokio::test]
+    async fn stop_a_pod_that_changed_since_it_was_read_keeps_the_job_controllers_finalizer() {
+        let (api, _ctx) = scene("suspend");
+        let read: Pod = api.object(POD);
+        api.merge(POD, json!({ "status": { "phase": "Succeeded" } }));
+        let pods = Api::<Pod>::namespaced(api.client(), "ns");
+        assert!(!untrack(&pods, &read).await.expect("a conflict is no error"));
+        let pod = api.get(POD).unwrap();
+        assert_eq!(
+            pod["metadata"]["finalizers"],
+            json!([JOB_TRACKING_FINALIZER]),
+            "{pod}"
+        );
+        assert!(pod["metadata"]["deletionTimestamp"].is_null(), "{pod}");
     }
 
     #[tokio::test]
