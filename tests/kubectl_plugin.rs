@@ -308,10 +308,22 @@ async fn why_gives_the_queue_position_on_zookeeper() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_history_agree_with_the_lock_after_hand_offs() {
     let (client, ns, dir, locks, _) = setup::<Job>("plugin-history").await;
-    // Two hand-offs outside this cluster, then the DistributedLock takes the key.
+    // Two hand-offs outside this cluster, then the DistributedLock takes the key. The
+    // second holder ran a scheduled run to completion (once per run, §6.7).
+    let run = lockwarden::lock::RunKey::new("ops/nightly@2026-12-03T02:00:00Z").unwrap();
     for holder in ["ops/first", "ops/second"] {
         let (outsider, lease) = take_outside(&client, &ns, "handed", holder).await;
-        outsider.release(&lease).await.unwrap();
+        if holder == "ops/second" {
+            let done = lockwarden::lock::CompletedRun::now(
+                &run,
+                lease.fence(),
+                holder,
+                Some("other-cluster"),
+            );
+            outsider.release_completed(&lease, done, 64).await.unwrap();
+        } else {
+            outsider.release(&lease).await.unwrap();
+        }
     }
     let (outsider, lease) = take_outside(&client, &ns, "handed", "ops/third").await;
     create(&locks, &lease_lock("handed", "handed")).await;
@@ -359,6 +371,18 @@ async fn status_and_history_agree_with_the_lock_after_hand_offs() {
             .collect()
     };
     assert_eq!(grants(&stored["history"]), grants(&mirrored));
+    // …with the key's memory of completed runs, which status.history does not carry.
+    let completed = &stored["runs"]["completed"];
+    assert_eq!(completed[0]["run"], run.as_str(), "{stored:#}");
+    assert_eq!(completed[0]["fence"], fences[1], "{stored:#}");
+    assert_eq!(completed[0]["cluster"], "other-cluster", "{stored:#}");
+    assert!(history.get("runs").is_none(), "{history:#}");
+    let stored_table = plugin(&dir, &["history", "handed", "--store", "-n", &ns]).await;
+    assert!(
+        stored_table.contains("completed runs: 1, oldest first")
+            && stored_table.contains(run.as_str()),
+        "{stored_table}"
+    );
     let table = plugin(&dir, &["history", "handed", "-n", &ns]).await;
     let rows: Vec<Vec<&str>> = table
         .lines()

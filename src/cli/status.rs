@@ -7,9 +7,9 @@ use serde::Serialize;
 
 use super::output::columns;
 use super::{BackendArgs, CliError, PermitArgs, exit};
-use lockwarden_core::RunMemory;
 use lockwarden_core::history::{self, Grant};
 use lockwarden_core::{HolderSet, LockRecord, LockState, Permits, QueueView, Stored};
+use lockwarden_core::{LockBackend, LockError, RunMemory};
 use lockwarden_stores::Target;
 use lockwarden_stores::zookeeper::FOREIGN_QUEUE_ENTRY;
 
@@ -135,7 +135,8 @@ pub struct CompletedRunEntry {
 }
 
 impl CompletedRuns {
-    fn of(memory: &RunMemory) -> Option<CompletedRuns> {
+    /// What a key's memory shows: `None` for a key that remembers no run.
+    pub(crate) fn of(memory: &RunMemory) -> Option<CompletedRuns> {
         (!memory.is_empty()).then(|| CompletedRuns {
             completed: memory
                 .runs
@@ -150,6 +151,47 @@ impl CompletedRuns {
                 .collect(),
             dropped: memory.dropped,
         })
+    }
+
+    /// "completed runs: N" and a row per run, the most recent last.
+    pub(crate) fn table(&self) -> String {
+        let mut rows = vec![
+            ["RUN", "FENCE", "HOLDER", "CLUSTER", "FINISHED"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for r in &self.completed {
+            rows.push(vec![
+                r.run.clone(),
+                r.fence.to_string(),
+                r.holder.clone(),
+                r.cluster.clone().unwrap_or_else(|| "-".into()),
+                r.finished_at.clone(),
+            ]);
+        }
+        let dropped = match self.dropped {
+            0 => String::new(),
+            n => format!(" ({n} older dropped)"),
+        };
+        format!(
+            "completed runs: {}{dropped}, oldest first\n{}",
+            self.completed.len(),
+            columns(&rows)
+        )
+    }
+
+    /// The key's memory as its store keeps it now: beside the record (ZooKeeper) or in
+    /// it (the others).
+    pub(crate) async fn read(
+        backend: &dyn LockBackend,
+    ) -> Result<Option<CompletedRuns>, LockError> {
+        if let Some(runs) = backend.runs_beside_the_record().await? {
+            return Ok(CompletedRuns::of(&runs));
+        }
+        let stored = lockwarden_core::when_reachable(|| backend.inspect()).await?;
+        Ok(stored
+            .and_then(|s| s.record.ok())
+            .and_then(|r| CompletedRuns::of(&r.runs)))
     }
 }
 
@@ -504,32 +546,10 @@ impl Status {
     /// A key that remembers completed runs: "completed runs: N" and a row per run,
     /// the most recent last. Empty for a key without any.
     fn runs_table(&self) -> String {
-        let Some(runs) = &self.runs else {
-            return String::new();
-        };
-        let mut rows = vec![
-            ["RUN", "FENCE", "HOLDER", "CLUSTER", "FINISHED"]
-                .map(String::from)
-                .to_vec(),
-        ];
-        for r in &runs.completed {
-            rows.push(vec![
-                r.run.clone(),
-                r.fence.to_string(),
-                r.holder.clone(),
-                r.cluster.clone().unwrap_or_else(|| "-".into()),
-                r.finished_at.clone(),
-            ]);
-        }
-        let dropped = match runs.dropped {
-            0 => String::new(),
-            n => format!(" ({n} older dropped)"),
-        };
-        format!(
-            "completed runs: {}{dropped}, oldest first\n{}",
-            runs.completed.len(),
-            columns(&rows)
-        )
+        self.runs
+            .as_ref()
+            .map(CompletedRuns::table)
+            .unwrap_or_default()
     }
 
     /// A queued key: "queue: N waiting" and a row per waiter in grant order. Empty

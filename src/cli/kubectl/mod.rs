@@ -129,7 +129,8 @@ pub enum PluginCommand {
         resource: Vec<String>,
 
         /// Read the key's history from its store (the newest) instead of the lock's
-        /// status.history (as last mirrored); needs the store's credentials here, as
+        /// status.history (as last mirrored), with the key's completed runs (once per
+        /// run) if it remembers any; needs the store's credentials here, as
         /// `lockwarden status --history` does (AWS_* for S3 and DynamoDB, KUBECONFIG
         /// for Lease keys, the ensemble's address for ZooKeeper, whose key keeps only
         /// its current holder)

@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::{Cluster, Output, api_error, render};
 use crate::cli::CliError;
 use crate::cli::output::columns;
+use crate::cli::status::CompletedRuns;
 use lockwarden_api::conditions::{self, ACQUIRED};
 use lockwarden_api::{DistributedLock, HistoryEntry, LockPhase};
 use lockwarden_controller::gating::CLAIM_ANNOTATION;
@@ -262,15 +263,20 @@ pub(super) async fn get_lock(cluster: &Cluster, name: &str) -> Result<Distribute
         })
 }
 
-/// The key's history as its store keeps it now: the same read as `lockwarden status
-/// --history`, with the same credentials (this process's environment).
-async fn store_history(key: &str) -> Result<Vec<HistoryEntry>, CliError> {
+/// The key's history and its memory of completed runs as its store keeps them now: the
+/// same reads as `lockwarden status --history`, with the same credentials (this
+/// process's environment).
+async fn store_history(key: &str) -> Result<(Vec<HistoryEntry>, Option<CompletedRuns>), CliError> {
     let target = lockwarden_stores::Target::parse(key)?;
     let backend = target
         .connect(&crate::cli::BackendArgs::default().options(None))
         .await?;
     let grants = lockwarden_core::when_reachable(|| backend.history()).await?;
-    Ok(lockwarden_controller::status::history_entries(&grants))
+    let runs = CompletedRuns::read(backend.as_ref()).await?;
+    Ok((
+        lockwarden_controller::status::history_entries(&grants),
+        runs,
+    ))
 }
 
 /// What a lock's status says, without the cluster's other locks or Events.
@@ -565,6 +571,10 @@ pub struct HistoryView {
     pub source: String,
     /// Oldest first.
     pub history: Vec<HistoryEntry>,
+    /// With `--store`: the key's memory of completed runs (docs/design.md §6.7), when
+    /// it remembers any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<CompletedRuns>,
 }
 
 /// Where `history` reads the grants, in words.
@@ -582,7 +592,7 @@ pub async fn history(
 ) -> Result<String, CliError> {
     let lock = get_lock(cluster, name).await?;
     let status = lock.status.clone().unwrap_or_default();
-    let history = if from_store {
+    let (history, runs) = if from_store {
         let key = status.key.clone().ok_or_else(|| {
             CliError::Usage(format!(
                 "DistributedLock {name} names no key in its status yet (the controller has \
@@ -591,7 +601,7 @@ pub async fn history(
         })?;
         store_history(&key).await?
     } else {
-        status.history.clone().unwrap_or_default()
+        (status.history.clone().unwrap_or_default(), None)
     };
     let view = HistoryView {
         namespace: cluster.namespace.clone(),
@@ -599,6 +609,7 @@ pub async fn history(
         key: status.key.clone(),
         source: if from_store { FROM_STORE } else { FROM_STATUS }.into(),
         history,
+        runs,
     };
     if let Some(o) = output {
         return Ok(render(&view, o));
@@ -613,8 +624,10 @@ pub async fn history(
              copy: --store, or lockwarden status --history {key})\n"
         )
     });
+    let runs = view.runs.as_ref().map(CompletedRuns::table);
     if view.history.is_empty() {
         out.push_str("No grants recorded yet.\n");
+        out.push_str(&runs.unwrap_or_default());
         return Ok(out);
     }
     let mut rows = vec![
@@ -635,5 +648,6 @@ pub async fn history(
         ]);
     }
     out.push_str(&columns(&rows));
+    out.push_str(&runs.unwrap_or_default());
     Ok(out)
 }
