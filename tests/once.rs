@@ -56,6 +56,12 @@ impl Cluster {
 
     /// The `reason` Events of this cluster's namespace: their notes.
     async fn events(&self, reason: &str) -> Vec<String> {
+        self.events_about(reason, None).await
+    }
+
+    /// The `reason` Events of this cluster's namespace about an object of `kind` (any
+    /// when `None`): their notes.
+    async fn events_about(&self, reason: &str, kind: Option<&str>) -> Vec<String> {
         Api::<Event>::namespaced(self.client.clone(), &self.ns)
             .list(&ListParams::default())
             .await
@@ -63,6 +69,9 @@ impl Cluster {
             .unwrap_or_default()
             .into_iter()
             .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| {
+                kind.is_none_or(|k| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some(k))
+            })
             .filter_map(|e| e.note)
             .collect()
     }
@@ -305,6 +314,23 @@ async fn once_a_cronjob_in_two_clusters_runs_each_scheduled_time_once() {
             .any(|n| n.contains("already completed in cluster cluster-") && n.contains("fence")),
         "an Event names who completed the run: {notes:?}"
     );
+    // Each time's skip is on the skipping cluster's CronJob, with its own note: two
+    // skips of one CronJob are two Events, not one whose note is the first's.
+    let on_cronjobs = [
+        a.events_about("RunCompleted", Some("CronJob")).await,
+        b.events_about("RunCompleted", Some("CronJob")).await,
+    ]
+    .concat();
+    for time in runs.runs_per_slot().keys().take(2) {
+        // The run key names the instant in UTC, whatever the CronJob's time zone.
+        let instant = time
+            .parse::<jiff::Timestamp>()
+            .map_or_else(|_| time.clone(), |t| t.to_string());
+        assert!(
+            on_cronjobs.iter().any(|n| n.contains(&instant)),
+            "no CronJob Event for the skip of {time}: {on_cronjobs:?}"
+        );
+    }
 }
 
 /// Two clusters sharing one key through one API server (two controllers), Jobs built

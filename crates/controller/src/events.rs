@@ -31,12 +31,29 @@ impl Events {
         reason: &str,
         note: String,
     ) {
+        self.publish_related(regarding, None, type_, reason, note)
+            .await
+    }
+
+    /// [`Events::publish`], naming `related` too. The recorder folds an Event into an
+    /// earlier one of the same type, reason, regarding and related object (a series:
+    /// its count grows, its note stays the first one's): Events about one object that
+    /// each concern another (a CronJob's, one per Job) name that other one, so that
+    /// each keeps its own note.
+    pub async fn publish_related(
+        &self,
+        regarding: &ObjectReference,
+        related: Option<&ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_string(),
             note: Some(note),
             action: reason.to_string(),
-            secondary: None,
+            secondary: related.cloned(),
         };
         if let Err(e) = self.recorder.publish(&event, regarding).await {
             tracing::debug!(error = %e, "cannot publish event");

@@ -853,9 +853,11 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             .await;
         if let Some(owner) = run_owner {
             let note = format!("{kind} {} not run: {why}", self.obj.name_any());
+            // Named as related: each skipped Job's Event keeps its own note.
+            let job = self.obj.object_ref(&());
             self.ctx
                 .events
-                .publish(owner, EventType::Normal, "RunCompleted", note)
+                .publish_related(owner, Some(&job), EventType::Normal, "RunCompleted", note)
                 .await;
         }
         Ok(ControlFlow::Break(Action::await_change()))
