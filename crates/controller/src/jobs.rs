@@ -25,6 +25,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSpec};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
 use serde_json::json;
 
 use super::config::ControllerConfig;
@@ -168,6 +169,43 @@ impl GatedWorkload for Job {
             .await?
             .iter()
             .all(stop::pod_processes_ended))
+    }
+
+    /// Not suspended, and every Pod of it, none being deleted, reports every container
+    /// exited 0 ([`stop::pod_ended_in_success`]) and they are at least its
+    /// `completions`: the Job controller then creates no
+    /// more (it counts them active until they are `Succeeded`, and needs none once
+    /// that many have succeeded) and marks it `Complete`. Only for a Job whose Pods end
+    /// when their containers exit, and counted completions (an `Indexed` Job would
+    /// need each index's Pod: it waits for `Complete`).
+    async fn ended_in_success(&self, client: &kube::Client) -> Result<bool, kube::Error> {
+        let Some(spec) = self.spec.as_ref() else {
+            return Ok(false);
+        };
+        let ends = spec
+            .template
+            .spec
+            .as_ref()
+            .is_some_and(stop::ends_when_its_containers_exit);
+        // Suspended (by its owner), its Pods are deleted and not counted, even those
+        // that exit 0: it is not done, and runs again when resumed.
+        let suspended = spec.suspend == Some(true);
+        if !ends || suspended || spec.completion_mode.as_deref() == Some("Indexed") {
+            return Ok(false);
+        }
+        let completions = usize::try_from(spec.completions.unwrap_or(1).max(1)).unwrap_or(1);
+        let pods = job_pods(self, client).await?;
+        // A Pod being deleted may not be counted as it ended: leave it to `Complete`.
+        let counted = |p: &Pod| p.metadata.deletion_timestamp.is_none();
+        Ok(pods.len() >= completions
+            && pods
+                .iter()
+                .all(|p| counted(p) && stop::pod_ended_in_success(p)))
+    }
+
+    /// The Pods the Job controller labels with their Job's uid; each wakes its Job.
+    fn pods_watch() -> Option<watcher::Config> {
+        Some(watcher::Config::default().labels(CONTROLLER_UID_LABEL))
     }
 
     /// Deletes each of its Pods not already being deleted, with the Pod's own grace
@@ -364,12 +402,15 @@ async fn untrack(pods: &Api<Pod>, pod: &Pod) -> Result<bool, kube::Error> {
     }
 }
 
+/// The label the Job controller puts on each Pod of a Job: the Job's uid.
+const CONTROLLER_UID_LABEL: &str = "batch.kubernetes.io/controller-uid";
+
 /// The Pods of a Job, by the label the Job controller puts on them.
 async fn job_pods(job: &Job, client: &kube::Client) -> Result<Vec<Pod>, kube::Error> {
     let (Some(ns), Some(uid)) = (job.namespace(), job.uid()) else {
         return Ok(Vec::new());
     };
-    let selector = format!("batch.kubernetes.io/controller-uid={uid}");
+    let selector = format!("{CONTROLLER_UID_LABEL}={uid}");
     Ok(Api::<Pod>::namespaced(client.clone(), &ns)
         .list(&ListParams::default().labels(&selector))
         .await?

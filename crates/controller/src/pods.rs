@@ -88,6 +88,12 @@ impl GatedWorkload for Pod {
         lockset::fences_of(self.annotations(), locks)
     }
 
+    /// Every container of it reported exited 0 while its phase is not yet `Succeeded`
+    /// (the kubelet reports that a relist later).
+    async fn ended_in_success(&self, _client: &kube::Client) -> Result<bool, kube::Error> {
+        Ok(stop::pod_ended_in_success(self))
+    }
+
     /// Terminal, or never bound to a node (it ran nothing): the kubelet (since
     /// Kubernetes 1.27) reports a terminal phase of a deleted Pod once its containers
     /// have stopped, so until then they may run their grace period.

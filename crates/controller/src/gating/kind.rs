@@ -245,6 +245,23 @@ pub trait GatedWorkload:
     /// the API server reports (the object, and its Pods where the kind has several).
     async fn processes_ended(&self, client: &kube::Client) -> Result<bool, kube::Error>;
 
+    /// Whether every process of it is proven ended *and* it succeeded, by its kubelet's
+    /// report of each container's exit, before its kind says it finished (a Job's
+    /// `Complete` follows its Pods' `Succeeded`, which follows their containers' exits
+    /// by a relist): its locks may then be let go at once, the run it was recorded as
+    /// completed (docs/design.md §6.3, "Early hand-off"). `false` when that is not
+    /// proven: it finishes as usual.
+    async fn ended_in_success(&self, _client: &kube::Client) -> Result<bool, kube::Error> {
+        Ok(false)
+    }
+
+    /// For a kind whose Pods are objects of their own (a Job's): the watch over Pods that
+    /// wakes their owner's reconcile for [`GatedWorkload::ended_in_success`]. Each
+    /// Pod maps to its controller, when that is of this kind.
+    fn pods_watch() -> Option<watcher::Config> {
+        None
+    }
+
     /// Deletes its processes' Pods with their own grace period (never 0) when stopping
     /// it or once it is deleted, so their grace starts without waiting for another
     /// controller (a Job's Pods; a Pod's stop already deletes it).

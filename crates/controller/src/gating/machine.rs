@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -230,11 +230,18 @@ pub async fn run<W: GatedWorkload>(
     let controller = Controller::new(workloads, W::watch_config());
     let store = controller.store();
     let mapper_kinds = kinds.clone();
+    let pods: Api<Pod> = match &config.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let ctx = Arc::new(Gating::new(client, config, store.clone(), telemetry, kinds));
+    let mut controller = controller.watches(locks, watcher::Config::default(), move |lock| {
+        super::workloads_of_lock(W::KIND, &mapper_kinds, &lock, &store.state())
+    });
+    if let Some(pods_watch) = W::pods_watch() {
+        controller = controller.watches(pods, pods_watch, owner_of::<W>);
+    }
     controller
-        .watches(locks, watcher::Config::default(), move |lock| {
-            super::workloads_of_lock(W::KIND, &mapper_kinds, &lock, &store.state())
-        })
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             match result {
@@ -243,6 +250,16 @@ pub async fn run<W: GatedWorkload>(
             }
         })
         .await;
+}
+
+/// The workload of kind `W` that controls `pod`, if one does (a Job's Pod: its Job).
+fn owner_of<W: GatedWorkload>(pod: Pod) -> Option<ObjectRef<W>> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == W::KIND.name)?;
+    let namespace = pod.namespace()?;
+    Some(ObjectRef::new(&owner.name).within(&namespace))
 }
 
 /// The workloads of kind `W` a lock change concerns (see [`super::workloads_of_lock`]).
@@ -394,6 +411,50 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             .then_some(Ended(())))
     }
 
+    /// The kind's proof, from its kubelet's report, that every process of `obj` has
+    /// ended and it succeeded, before the kind says it finished (§6.3, "Early hand-off").
+    async fn observe_ended_in_success(&self, obj: &W) -> Result<Option<Ended>, GatingError> {
+        Ok(obj
+            .ended_in_success(&self.ctx.client)
+            .await
+            .map_err(self.failed(GatingError::ProcessesEnded))?
+            .then_some(Ended(())))
+    }
+
+    /// Its processes ended in success before its kind says it finished: every lock is
+    /// let go now, a run it was recorded as completed, as when it finishes; the
+    /// finalizer goes, which later reconciles, until it finishes, read as "let go".
+    async fn let_go_in_success(
+        self,
+        ended: &Ended,
+        settings: &Settings,
+    ) -> Result<Action, GatingError> {
+        self.forget_not_held();
+        let locks = self.named(&settings.locks);
+        let notes = lockset::let_go_all(ended, &self.locks, &self.workload, &locks, true, true)
+            .await
+            .map_err(self.failed(GatingError::LetGo))?;
+        let kind = W::KIND.name;
+        let how = "its processes ended in success (every container exited 0, as its kubelet \
+                   reports)";
+        let message = match notes.is_empty() {
+            true => format!("{kind}: {how}; {} was already let go", describe(&locks)),
+            false => format!("{}: {kind}: {how}", notes.join("; ")),
+        };
+        self.remove_finalizer(self.obj).await?;
+        let patched = set_status(&self.api, self.obj, &message)
+            .await
+            .map_err(self.failed(GatingError::Report))?;
+        self.event(
+            patched.as_ref().unwrap_or(self.obj),
+            EventType::Normal,
+            "Released",
+            message,
+        )
+        .await;
+        Ok(Action::await_change())
+    }
+
     /// The one rule every release path goes through (docs/design.md §6.3): lets every
     /// lock of `obj` go (a named lock it ran with even when its claim was removed by
     /// hand) only once its processes are observed ended; until then nothing is written.
@@ -542,8 +603,18 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         Ok(Action::await_change())
     }
 
-    /// Started by us: watch the locks, and act on `on-lock-lost` once one is not held.
+    /// Started by us: watch the locks, and act on `on-lock-lost` once one is not held —
+    /// unless its processes are proven ended in success before its kind says it
+    /// finished, which lets its locks go at once (§6.3, "Early hand-off").
     async fn on_running(self, settings: &Settings) -> Result<Action, GatingError> {
+        if !has_finalizer(self.obj) {
+            // Its locks were let go when its processes ended in success (below; or the
+            // finalizer was removed by hand): nothing of it is left to guard.
+            return Ok(Action::await_change());
+        }
+        if let Some(ended) = self.observe_ended_in_success(self.obj).await? {
+            return self.let_go_in_success(&ended, settings).await;
+        }
         let locks = self.named(&settings.locks);
         let fences = self.obj.fences(&locks);
         let running = Running {

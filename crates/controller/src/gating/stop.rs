@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
 
 use super::lockset::RanWith;
 use lockwarden_api::distributed_lock::MAX_LOCK_DELAY;
@@ -102,6 +102,61 @@ pub fn pod_processes_ended(pod: &Pod) -> bool {
     terminal || (!bound && unschedulable)
 }
 
+/// Whether a Pod of `spec` has ended for good once every container of it has exited:
+/// no container can be restarted (`restartPolicy: Never`, no container-level restart
+/// policy or rules; sidecars, restartable init containers, are stopped by the kubelet
+/// as the Pod ends) and each container has a PID namespace of its own (no
+/// `shareProcessNamespace`, no `hostPID`), so a container's exit ends every process of
+/// it (docs/design.md §6.3, "Early hand-off").
+pub fn ends_when_its_containers_exit(spec: &PodSpec) -> bool {
+    let no_rules = |c: &Container| c.restart_policy_rules.as_ref().is_none_or(Vec::is_empty);
+    spec.restart_policy.as_deref() == Some("Never")
+        && spec.share_process_namespace != Some(true)
+        && spec.host_pid != Some(true)
+        && spec
+            .containers
+            .iter()
+            .all(|c| c.restart_policy.is_none() && no_rules(c))
+        && spec.init_containers.iter().flatten().all(no_rules)
+}
+
+/// Whether the kubelet reports every container of `pod` — init, sidecar, regular and
+/// ephemeral — exited with code 0, in a Pod that [ends when its containers
+/// exit](ends_when_its_containers_exit): every process of it has ended, and it
+/// succeeded. A container's exit is reported once its runtime has reaped the
+/// container's first process, and the kernel reaps that one only after every other
+/// process of its PID namespace has exited. The kubelet reports the exits a relist
+/// before it reports the Pod `Succeeded` (docs/design.md §6.3, "Early hand-off").
+pub fn pod_ended_in_success(pod: &Pod) -> bool {
+    let (Some(spec), Some(status)) = (&pod.spec, &pod.status) else {
+        return false;
+    };
+    let all_exited_zero = |statuses: &Option<Vec<ContainerStatus>>, declared: usize| {
+        let statuses = statuses.as_deref().unwrap_or_default();
+        statuses.len() == declared && statuses.iter().all(exited_zero)
+    };
+    ends_when_its_containers_exit(spec)
+        && status.phase.as_deref() != Some("Failed")
+        && all_exited_zero(&status.container_statuses, spec.containers.len())
+        && all_exited_zero(
+            &status.init_container_statuses,
+            spec.init_containers.as_ref().map_or(0, Vec::len),
+        )
+        && all_exited_zero(
+            &status.ephemeral_container_statuses,
+            spec.ephemeral_containers.as_ref().map_or(0, Vec::len),
+        )
+}
+
+/// The container's last state the kubelet reports: terminated, with exit code 0.
+fn exited_zero(status: &ContainerStatus) -> bool {
+    status
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .is_some_and(|t| t.exit_code == 0)
+}
+
 /// One warning per lock the workload runs with whose `lockDelay` is shorter than
 /// `needed`, on a store that can carry one: the workload runs anyway.
 pub fn too_short(ran: &RanWith, needed: Duration) -> Vec<String> {
@@ -141,6 +196,57 @@ mod tests {
 
     fn spec(value: serde_json::Value) -> PodSpec {
         serde_json::from_value(value).unwrap()
+    }
+
+    /// A Pod of `spec` whose kubelet reports `statuses` (`containerStatuses`, …).
+    fn pod(spec: serde_json::Value, statuses: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({ "spec": spec, "status": statuses })).unwrap()
+    }
+
+    fn exited(name: &str, code: i32) -> serde_json::Value {
+        json!({ "name": name, "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": { "terminated": { "exitCode": code } } })
+    }
+
+    #[test]
+    fn early_hand_off_a_pod_ended_in_success_only_when_every_container_exited_zero_for_good() {
+        let never = json!({ "restartPolicy": "Never", "containers": [{ "name": "c" }] });
+        let ok = json!({ "phase": "Running", "containerStatuses": [exited("c", 0)] });
+        assert!(pod_ended_in_success(&pod(never.clone(), ok.clone())));
+        // A container still running, or one that failed.
+        let running = json!({ "containerStatuses": [{ "name": "c", "image": "i",
+            "imageID": "", "ready": true, "restartCount": 0, "state": { "running": {} } }] });
+        assert!(!pod_ended_in_success(&pod(never.clone(), running)));
+        let failed = json!({ "containerStatuses": [exited("c", 1)] });
+        assert!(!pod_ended_in_success(&pod(never.clone(), failed)));
+        // Not every declared container reported yet.
+        let two = json!({ "restartPolicy": "Never",
+                          "containers": [{ "name": "c" }, { "name": "d" }] });
+        assert!(!pod_ended_in_success(&pod(two, ok.clone())));
+        // An init container (a sidecar too) and an ephemeral container count.
+        let with_init = json!({ "restartPolicy": "Never", "containers": [{ "name": "c" }],
+            "initContainers": [{ "name": "side", "restartPolicy": "Always" }] });
+        let init_killed = json!({ "containerStatuses": [exited("c", 0)],
+            "initContainerStatuses": [exited("side", 143)] });
+        assert!(!pod_ended_in_success(&pod(with_init.clone(), init_killed)));
+        let init_ok = json!({ "containerStatuses": [exited("c", 0)],
+            "initContainerStatuses": [exited("side", 0)] });
+        assert!(pod_ended_in_success(&pod(with_init, init_ok)));
+        let debugged = json!({ "restartPolicy": "Never", "containers": [{ "name": "c" }],
+            "ephemeralContainers": [{ "name": "debug" }] });
+        assert!(!pod_ended_in_success(&pod(debugged, ok.clone())));
+        // Containers that may restart, or processes that may outlive their container.
+        for spec in [
+            json!({ "restartPolicy": "OnFailure", "containers": [{ "name": "c" }] }),
+            json!({ "restartPolicy": "Never", "containers": [{ "name": "c", "restartPolicy": "Always" }] }),
+            json!({ "restartPolicy": "Never", "shareProcessNamespace": true, "containers": [{ "name": "c" }] }),
+            json!({ "restartPolicy": "Never", "hostPID": true, "containers": [{ "name": "c" }] }),
+        ] {
+            assert!(
+                !pod_ended_in_success(&pod(spec.clone(), ok.clone())),
+                "{spec}"
+            );
+        }
     }
 
     fn needed(value: serde_json::Value) -> Result<Duration, DelayTooLong> {

@@ -455,6 +455,70 @@ mod release_waits_for_the_pods {
         job
     }
 
+    /// The kubelet reports the Pod's one container exited with `code`; its phase is
+    /// not terminal yet (that comes a relist later), nor is the Job finished.
+    fn container_exits(api: &FakeApi, code: i32) {
+        api.merge(
+            POD,
+            json!({ "spec": { "restartPolicy": "Never" }, "status": { "containerStatuses": [{
+                "name": "c", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                "state": { "terminated": { "exitCode": code } } }] } }),
+        );
+    }
+
+    /// Early hand-off (§6.3): every container of every Pod exited 0 lets the lock go
+    /// before the Job is `Complete`, once; `Complete` later changes nothing.
+    #[tokio::test]
+    async fn early_hand_off_the_lock_goes_when_the_kubelet_reports_every_container_exited_zero() {
+        let (api, ctx) = scene("suspend");
+        step(&api, &ctx).await;
+        assert!(!released(&api), "held while the container runs");
+        container_exits(&api, 0);
+        let job = step(&api, &ctx).await;
+        assert!(released(&api), "let go before the Job is Complete");
+        assert!(!job.finalizers().iter().any(|f| f == FINALIZER));
+        let status = &job.annotations()[STATUS_ANNOTATION];
+        assert!(status.contains("ended in success"), "{status}");
+        api.merge(
+            JOB,
+            json!({ "status": { "active": 0, "succeeded": 1,
+                "conditions": [{ "type": "Complete", "status": "True" }] } }),
+        );
+        api.take_requests();
+        step(&api, &ctx).await;
+        let writes: Vec<String> = api
+            .take_requests()
+            .into_iter()
+            .filter(|r| !r.starts_with("GET"))
+            .collect();
+        assert!(writes.is_empty(), "nothing more once Complete: {writes:?}");
+    }
+
+    /// No early hand-off for a container that failed, a Pod whose containers may
+    /// restart or share a PID namespace, or a Job its owner suspended: it waits for the
+    /// Job's end as before.
+    #[tokio::test]
+    async fn early_hand_off_not_for_a_failed_container_nor_one_that_may_restart_or_share_pids() {
+        for (code, pod_spec, job_patch) in [
+            (1, json!({}), json!({})),
+            (0, json!({ "restartPolicy": "OnFailure" }), json!({})),
+            (0, json!({ "shareProcessNamespace": true }), json!({})),
+            // Suspended by its owner: its Pods are deleted, not counted.
+            (0, json!({}), json!({ "spec": { "suspend": true } })),
+        ] {
+            let (api, ctx) = scene("suspend");
+            container_exits(&api, code);
+            api.merge(POD, json!({ "spec": pod_spec }));
+            api.merge(JOB, job_patch.clone());
+            let job = step(&api, &ctx).await;
+            assert!(
+                !released(&api),
+                "exit {code}, {pod_spec}, {job_patch}: let go early"
+            );
+            assert!(job.finalizers().iter().any(|f| f == FINALIZER));
+        }
+    }
+
     /// A Pod that changed since it was read (it may have succeeded) keeps the Job
     /// controller's finalizer, to be counted, and is not deleted by lockwarden.
     #[tokio::test]
