@@ -194,7 +194,16 @@ impl<W: GatedWorkload> Gating<W> {
     /// For the unit tests: the default config, an empty cache, telemetry of its own,
     /// and `W` the only kind registered.
     pub fn alone(client: kube::Client) -> Arc<Self> {
-        let (cache, _writer) = kube::runtime::reflector::store();
+        Self::with_cached(client, Vec::new())
+    }
+
+    /// [`Gating::alone`] with `cached` in its cache of the kind, as the watch would
+    /// have them.
+    pub fn with_cached(client: kube::Client, cached: Vec<W>) -> Arc<Self> {
+        let (cache, mut writer) = kube::runtime::reflector::store();
+        for obj in cached {
+            writer.apply_watcher_event(&watcher::Event::Apply(obj));
+        }
         let kinds = Kinds::default().with::<W>();
         let config = ControllerConfig::default();
         Arc::new(Gating::new(
@@ -935,9 +944,12 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
     }
 
     /// Another unfinished workload of this kind (from the cache) started with the named
-    /// lock `name`: a claim removed by hand must not let this one start next to it.
+    /// lock `name`: a claim removed by hand must not let this one start next to it. One
+    /// whose locks were let go as its processes ended in success has no finalizer left
+    /// (`let_go_in_success`): its kind may not say it finished yet, but nothing of it
+    /// runs, and the next one must not wait for that.
     fn in_use_by(&self, name: &str) -> Option<String> {
-        let started = |w: &W| w.running() && w.finished().is_none();
+        let started = |w: &W| w.running() && w.finished().is_none() && has_finalizer(w);
         super::in_use_by(W::KIND, &self.ctx.cache.state(), self.obj, name, started)
     }
 

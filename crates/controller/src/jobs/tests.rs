@@ -494,6 +494,48 @@ mod release_waits_for_the_pods {
         assert!(writes.is_empty(), "nothing more once Complete: {writes:?}");
     }
 
+    /// After the early hand-off the next Job on the named lock starts at once, though
+    /// the first one is not `Complete` yet: nothing of it runs, so it does not hold the
+    /// lock "in use" (before, the next Job waited for the 60 s resync).
+    #[tokio::test]
+    async fn early_hand_off_the_next_job_on_the_named_lock_starts_before_the_first_is_complete() {
+        let (api, ctx) = scene("suspend");
+        container_exits(&api, 0);
+        step(&api, &ctx).await;
+        assert!(released(&api), "let go early");
+        // The lock controller releases it: free for the next claim.
+        lock_status(&api, "Released", false, 5);
+        let first: Job = api.object(JOB);
+        assert!(
+            first.status.as_ref().unwrap().conditions.is_none(),
+            "not Complete yet"
+        );
+        let next_path = "/apis/batch/v1/namespaces/ns/jobs/k";
+        api.put(
+            next_path,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "k", "namespace": "ns", "uid": "k-uid",
+                              "finalizers": [FINALIZER],
+                              "annotations": { LOCK_ANNOTATION: "db" } },
+                "spec": { "suspend": true, "template": {
+                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never" },
+                } },
+            }),
+        );
+        // The next Job's reconcile sees the first in its cache, as the watch has it.
+        let ctx = Gating::<Job>::with_cached(api.client(), vec![first]);
+        let next: Job = api.object(next_path);
+        reconcile(Arc::new(next), ctx.clone())
+            .await
+            .expect("reconcile");
+        let lock = api.get(LOCK).unwrap();
+        assert_eq!(
+            lock["metadata"]["annotations"][CLAIM_ANNOTATION], "k/k-uid",
+            "the next Job claims the lock at once: {lock}"
+        );
+    }
+
     /// No early hand-off for a container that failed, a Pod whose containers may
     /// restart or share a PID namespace, or a Job its owner suspended: it waits for the
     /// Job's end as before.
