@@ -364,7 +364,7 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let mut floor = Vec::new();
     let mut handoff = Vec::new();
     // Per hand-off, the time between consecutive `points` (below).
-    let mut raw: [Vec<f64>; 9] = Default::default();
+    let mut raw: [Vec<f64>; 8] = Default::default();
     for i in 0..n {
         if let Some(versions) = &mut versions {
             versions.run(Build::for_handoff(i), node, &ns).await;
@@ -411,11 +411,10 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
                 .find(|(at, _, fence, acquired)| *at >= r && *acquired && *fence > current_fence)
                 .map(|e| e.0)
         });
+        // The path of the hand-off: the lock goes when the kubelet reports the exit
+        // (docs/design.md §6.3, "Early hand-off"); the Job's own end comes later.
         let points = [
             Some(last.at),
-            seen.at(&current, Step::PodSucceeded),
-            seen.at(&current, Step::SuccessCriteriaMet),
-            seen.at(&current, Step::Complete),
             released,
             acquired,
             seen.at(&next, Step::Started),
@@ -423,13 +422,21 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
             seen.at(&next, Step::PodScheduled),
             Some(first.at),
         ];
-        drop(seen);
-        for (k, stage) in raw.iter_mut().enumerate() {
-            stage.push(match (points[k], points[k + 1]) {
-                (Some(a), Some(b)) => ms_between(a, b),
-                _ => f64::NAN,
-            });
+        let between = |a: Option<Micros>, b: Option<Micros>| match (a, b) {
+            (Some(a), Some(b)) => ms_between(a, b),
+            _ => f64::NAN,
+        };
+        for (k, stage) in raw.iter_mut().take(points.len() - 1).enumerate() {
+            stage.push(between(points[k], points[k + 1]));
         }
+        // Off the path, for comparison: when the kubelet reports the Pod Succeeded
+        // and the Job controller the Job Complete, which the hand-off waited for before.
+        raw[6].push(between(
+            Some(last.at),
+            seen.at(&current, Step::PodSucceeded),
+        ));
+        raw[7].push(between(Some(last.at), seen.at(&current, Step::Complete)));
+        drop(seen);
         eprintln!(
             "[bench] node hand-off {}/{n}: {:.0} ms (fence {:?} → {:?}); floor Job {:.0} ms",
             i + 1,
@@ -439,8 +446,8 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
             floor[i]
         );
         if let Some(versions) = &mut versions {
-            // lockwarden's own part: Job k Complete → Job k+1 started (stages 3..6).
-            let own: f64 = (3..6).map(|k| raw[k][i]).sum();
+            // lockwarden's own part: lock Released → Job k+1 started (stages 1..3).
+            let own: f64 = (1..3).map(|k| raw[k][i]).sum();
             versions.record(i, handoff[i], own);
         }
         current = next;
@@ -464,35 +471,34 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
         &floor,
     );
     let names = [
-        "Job k's container's last line → its Pod Succeeded (kubelet)",
-        "→ Job k SuccessCriteriaMet (Job controller)",
-        "→ Job k Complete (Job controller)",
-        "→ lock Released (lockwarden lets go)",
+        "Job k's container's last line → lock Released (the kubelet reports the exit; lockwarden lets go)",
         "→ lock Acquired for Job k+1 (lockwarden: claim, acquire)",
         "→ Job k+1 started (lockwarden: fence + unsuspend)",
         "→ Job k+1's Pod created (Job controller)",
         "→ Pod bound to the node (kube-scheduler)",
         "→ Job k+1's container's first line (kubelet, containerd)",
+        "(off the path) Job k's container's last line → its Pod Succeeded (kubelet)",
+        "(off the path) Job k's container's last line → Job k Complete (Job controller)",
     ];
     let stages: Vec<NodeRow> = names
         .iter()
         .zip(&raw)
         .map(|(what, v)| summary(what, v))
         .collect();
-    // Job k Complete → Job k+1 started: lockwarden's part of the hand-off; and Job k+1
-    // started → its first line: the path an ungated Job's start takes.
+    // lock Released → Job k+1 started: lockwarden's part of the hand-off after it let
+    // go; and Job k+1 started → its first line: the path an ungated Job's start takes.
     let sum = |stages: std::ops::Range<usize>| -> Vec<f64> {
         (0..raw[0].len())
             .map(|i| stages.clone().map(|k| raw[k][i]).sum())
             .collect()
     };
     let lockwarden = summary(
-        "of which Job k Complete → Job k+1 started (lockwarden)",
-        &sum(3..6),
+        "of which lock Released → Job k+1 started (lockwarden)",
+        &sum(1..3),
     );
     let start = summary(
         "of which Job k+1 started → its container's first line (an ungated Job's path)",
-        &sum(6..9),
+        &sum(3..6),
     );
     let ratio = handoff.p50 / floor.p50;
     eprintln!(
@@ -518,7 +524,7 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     note(
         &report,
         format!(
-            "node: Job-to-Job hand-off p50 {} ms (n={}) against an ungated Job's start p50 {} ms (n={}): {}×; lockwarden's own stages (Complete → next Job started) p50 {} ms",
+            "node: Job-to-Job hand-off p50 {} ms (n={}) against an ungated Job's start p50 {} ms (n={}): {}×; lockwarden's own stages (lock released → next Job started) p50 {} ms",
             fmt(handoff.p50),
             handoff.n,
             fmt(floor.p50),

@@ -89,7 +89,7 @@ pub(crate) struct NodeRow {
 #[derive(Clone, Debug)]
 pub(crate) struct NodePart {
     pub(crate) handoff: NodeRow,
-    /// The hand-off's part from the first Job's `Complete` to the second one started.
+    /// The hand-off's part from the lock released to the second Job started.
     pub(crate) lockwarden: NodeRow,
     /// The hand-off's part from the second Job started to its container's first line.
     pub(crate) start: NodeRow,
