@@ -567,11 +567,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     );
     let config_path = dir.join("containerd.toml");
     std::fs::write(&config_path, toml).expect("write containerd.toml");
+    // A socket file left by an earlier node (its containerd gone) would pass for this
+    // one's: a kubelet started on it found nobody listening and exited (a cold CI run's
+    // demo_node). Remove it, and wait until the socket takes a connection.
+    for stale in [socket.clone(), socket.with_extension("sock.ttrpc")] {
+        let _ = std::fs::remove_file(stale);
+    }
     let mut cmd = Command::new(tool("CONTAINERD"));
     cmd.arg("--config").arg(&config_path);
     let mut containerd = ServerProcess::start("containerd", cmd, dir);
     super::wait_until(&mut containerd, STARTUP_TIMEOUT, "its socket", || {
-        socket.exists()
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
     });
     containerd
 }
