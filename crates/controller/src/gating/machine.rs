@@ -450,18 +450,7 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             true => format!("{kind}: {how}; {} was already let go", describe(&locks)),
             false => format!("{}: {kind}: {how}", notes.join("; ")),
         };
-        self.remove_finalizer(self.obj).await?;
-        let patched = set_status(&self.api, self.obj, &message)
-            .await
-            .map_err(self.failed(GatingError::Report))?;
-        self.event(
-            patched.as_ref().unwrap_or(self.obj),
-            EventType::Normal,
-            "Released",
-            message,
-        )
-        .await;
-        Ok(Action::await_change())
+        self.let_go_done(message).await
     }
 
     /// The one rule every release path goes through (docs/design.md §6.3): lets every
@@ -537,8 +526,14 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
                 return Ok(Action::requeue(PROCESSES_RECHECK));
             }
         };
-        // The finalizer goes first: its patch is conditioned on the resourceVersion
-        // this reconcile read, which the status write would change.
+        self.let_go_done(message).await
+    }
+
+    /// Its locks let go: the finalizer goes, then `lockwarden.io/status` and a
+    /// `Released` Event say `message`. The finalizer goes first: its patch is
+    /// conditioned on the resourceVersion this reconcile read, which the status write
+    /// would change.
+    async fn let_go_done(self, message: String) -> Result<Action, GatingError> {
         self.remove_finalizer(self.obj).await?;
         let patched = set_status(&self.api, self.obj, &message)
             .await
