@@ -850,13 +850,14 @@ pub async fn namespace_with_crd(prefix: &str) -> (Client, String) {
     (client, namespace)
 }
 
-/// The in-process controllers' logs in the test output, filtered by `RUST_LOG` (off
-/// without it); once per test binary.
+/// The in-process controllers' logs in the test output, filtered by `RUST_LOG` (without
+/// it, lockwarden's warnings: libtest shows them only for a test that failed, where
+/// they are often the reason); once per test binary.
 pub fn test_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("lockwarden=warn")),
         )
         .with_test_writer()
         .try_init();

@@ -79,8 +79,12 @@ pub enum WeightError {
 
 /// How long a waiter's entry lives without a refresh (rule 1 per entry), at most: a
 /// dead waiter stops blocking the queue this long (plus the grace) after its last
-/// refresh. A request with a shorter lease uses its lease.
-pub const WAITER_LEASE: Duration = Duration::from_secs(10);
+/// refresh. A request with a shorter lease uses its lease. It is the default lease: a
+/// waiter survives the stall a holder of the default lease survives (a controller's
+/// reconciles slowed by an overloaded API server, a slow store); at 10 s the suite's 22
+/// waiters of two controllers on one key were dropped on a loaded machine and lost
+/// their place to a grant made while they were out (docs/design.md §6.4, Q4).
+pub const WAITER_LEASE: Duration = Duration::from_secs(30);
 
 /// How often the head of the queue looks at the key while it waits: the hand-off slack
 /// between a release and the head's grant, besides one read and one write.
@@ -458,7 +462,17 @@ fn our_registration(st: &mut SetContender, queue: &Queue) -> Option<SetEntry> {
         .and_then(|w| queue.waiters.iter().find(|e| e.nonce == w.nonce))
         .cloned();
     if ours.is_none() {
-        st.waiting = None;
+        if let (Some(lost), Some(written)) = (st.waiting.take(), st.waiting_written) {
+            // Others saw it unrefreshed for its waiter lease: this process stalled (or
+            // the registration's write never landed). Worth seeing: it can cost the
+            // waiter its place to a grant made while it was out.
+            tracing::warn!(
+                holder = %lost.holder,
+                ticket = st.ticket,
+                since_last_refresh = ?written.elapsed(),
+                "queue registration dropped by others; registering again with its ticket"
+            );
+        }
     }
     ours
 }
