@@ -461,18 +461,18 @@ fn our_registration(st: &mut SetContender, queue: &Queue) -> Option<SetEntry> {
         .as_ref()
         .and_then(|w| queue.waiters.iter().find(|e| e.nonce == w.nonce))
         .cloned();
-    if ours.is_none() {
-        if let (Some(lost), Some(written)) = (st.waiting.take(), st.waiting_written) {
-            // Others saw it unrefreshed for its waiter lease: this process stalled (or
-            // the registration's write never landed). Worth seeing: it can cost the
-            // waiter its place to a grant made while it was out.
-            tracing::warn!(
-                holder = %lost.holder,
-                ticket = st.ticket,
-                since_last_refresh = ?written.elapsed(),
-                "queue registration dropped by others; registering again with its ticket"
-            );
-        }
+    if ours.is_none()
+        && let (Some(lost), Some(written)) = (st.waiting.take(), st.waiting_written)
+    {
+        // Others saw it unrefreshed for its waiter lease: this process stalled (or
+        // the registration's write never landed). Worth seeing: it can cost the
+        // waiter its place to a grant made while it was out.
+        tracing::warn!(
+            holder = %lost.holder,
+            ticket = st.ticket,
+            since_last_refresh = ?written.elapsed(),
+            "queue registration dropped by others; registering again with its ticket"
+        );
     }
     ours
 }
