@@ -66,7 +66,6 @@ impl HoldChecker {
 }
 
 const CONTENDERS: usize = 16;
-const ACQUISITIONS_EACH: usize = 100;
 
 async fn mutual_exclusion_under_contention(key: Key) {
     let checker = Arc::new(HoldChecker::default());
@@ -76,6 +75,7 @@ async fn mutual_exclusion_under_contention(key: Key) {
     // per release; the others poll on their own at random times and race it.
     let released = Arc::new(tokio::sync::Notify::new());
     let started = Instant::now();
+    let each = support::timescale::contention_holds();
     let mut tasks = Vec::new();
     for c in 0..CONTENDERS {
         let (key, checker, released) = (key.clone(), checker.clone(), released.clone());
@@ -83,7 +83,7 @@ async fn mutual_exclusion_under_contention(key: Key) {
             let lock = key.handle().await;
             let req = request(&format!("contender-{c}"), Duration::from_secs(60));
             let mut done = 0;
-            while done < ACQUISITIONS_EACH {
+            while done < each {
                 match lock.try_acquire(&req).await {
                     Ok(Attempt::Acquired(lease)) => {
                         checker.enter(&lease);
@@ -112,7 +112,7 @@ async fn mutual_exclusion_under_contention(key: Key) {
         t.await.expect("contender panicked");
     }
     let holds = checker.holds.load(Ordering::SeqCst);
-    assert_eq!(holds as usize, CONTENDERS * ACQUISITIONS_EACH);
+    assert_eq!(holds as usize, CONTENDERS * each);
     eprintln!(
         "{holds} acquisitions by {CONTENDERS} contenders in {:?}",
         started.elapsed()

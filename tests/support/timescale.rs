@@ -170,6 +170,22 @@ pub fn long_run() -> Option<usize> {
 }
 
 // ---------------------------------------------------------------------------------
+// Contention (tests/engine.rs, docs/design.md rules 1–5).
+
+/// How many holds each of tests/engine.rs's 16 contenders makes on one key, in the
+/// suite: 25 (400 per store). Mutual exclusion is checked on every hold (the checker's
+/// enter/exit), so a violation shows in any hold, the first as the last; more holds
+/// only repeat the races. The full scale, 100 each (1,600 per store, most of the
+/// engine binary's CPU and its test servers' in the suite), runs in `scripts/chaos
+/// --contention 100` (`LOCKWARDEN_CONTENTION_HOLDS`).
+pub fn contention_holds() -> usize {
+    std::env::var("LOCKWARDEN_CONTENTION_HOLDS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(25, |n| n.max(1))
+}
+
+// ---------------------------------------------------------------------------------
 // Loss (tests/job_loss.rs, docs/design.md §6.1, rules 1 and 2).
 
 /// The loss trials' S3 lease and renew interval. Rule 2: the holder stops claiming at
