@@ -205,6 +205,9 @@ async fn standby_replica_takes_over_and_resumes_held_locks() {
 /// that nothing is released; tests/helm and tests/telemetry run controllers this way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiting() {
+    // Seen once in a cold run: still leading after 60 s. The lease manager's warnings
+    // (a renewal or read that failed) show in a failed run's output.
+    crate::support::kube::test_logs();
     let (client, ns, _) = crd_and_namespace("ctl-lost-lead").await;
     let election = controller::LeaderElectionArgs {
         leader_elect: true,
@@ -259,7 +262,10 @@ async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiti
             }
         })
     };
-    let ended = tokio::time::timeout(TIMEOUT, controller)
+    // Three times the usual deadline: the loss is noticed at the lease manager's next
+    // renewal (every 2 s here), but on a cold run's loaded machine it once took longer
+    // than 60 s; what is tested is that it returns, not how soon.
+    let ended = tokio::time::timeout(TIMEOUT * 3, controller)
         .await
         .expect("the controller kept running after losing its Lease")
         .expect("the controller task panicked");

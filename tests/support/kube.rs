@@ -856,8 +856,9 @@ pub async fn namespace_with_crd(prefix: &str) -> (Client, String) {
 pub fn test_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("lockwarden=warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("lockwarden=warn,kube_lease_manager=warn")
+            }),
         )
         .with_test_writer()
         .try_init();
