@@ -588,6 +588,27 @@ mod tests {
         store.record().set.expect("a holder set")
     }
 
+    /// Q4: a waiter's entry lives as long as a default holder's lease (30 s), or its
+    /// own lease when that is shorter — not 10 s, which let a loaded controller's
+    /// waiters be dropped and passed.
+    #[tokio::test]
+    async fn rule1_per_entry_a_waiters_lease_is_the_default_lease_or_its_own_if_shorter() {
+        let store = MemoryStore::new("mem://locks/queue-waiter-lease");
+        let (la, lb, lc) = (contender(&store), contender(&store), contender(&store));
+        let _a = acquired(&la, &queued("a", 0)).await;
+        let mut long = queued("long", 0);
+        long.lease = Duration::from_secs(120);
+        let mut short = queued("short", 0);
+        short.lease = Duration::from_secs(4);
+        waits(&lb, &long).await.expect("registered");
+        waits(&lc, &short).await.expect("registered");
+        let waiters = stored_set(&store).queue.unwrap().waiters;
+        let lease_of = |h: &str| waiters.iter().find(|w| w.holder == h).unwrap().lease();
+        assert_eq!(WAITER_LEASE, Duration::from_secs(30));
+        assert_eq!(lease_of("long"), WAITER_LEASE);
+        assert_eq!(lease_of("short"), Duration::from_secs(4));
+    }
+
     #[tokio::test]
     async fn order_grants_follow_tickets_not_the_order_of_attempts() {
         let store = MemoryStore::new("mem://locks/queue-order");
