@@ -76,9 +76,12 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
         Command::Delete(args) => cli::put::delete(args).await?,
         Command::CheckFence(args) => cli::check_fence::run(args).await?,
         Command::Controller { config, election } => {
-            let client = kube::Client::try_default().await.context(
+            let kube_config = kube::Config::infer().await.context(
                 "cannot reach the Kubernetes API (KUBECONFIG, ~/.kube/config or in-cluster)",
             )?;
+            let client =
+                lockwarden::controller::bounded_client(kube_config, config.api_requests_in_flight)
+                    .context("cannot build the Kubernetes client")?;
             lockwarden::controller::run_elected(client, config, election).await?;
             cli::exit::OK
         }

@@ -142,6 +142,23 @@ pub(crate) fn render_goals(r: &Report) -> String {
             s.missed == 0.0,
             String::new(),
         );
+        // Issue 45: what a renewal costs beyond its request.
+        let cpu_limit = match (s.kind.as_str(), s.status_writes_per_renewal.is_some()) {
+            ("s3" | "dynamodb", false) => Some(15.0),
+            ("kubernetes", true) => Some(20.0),
+            _ => None,
+        };
+        if let Some(limit) = cpu_limit {
+            row(
+                format!(
+                    "{} {} locks ({}): CPU per 1,000 renewals/s ≤ {limit} % of a core",
+                    s.kind, s.locks, s.path
+                ),
+                format!("{} %", fmt(s.cpu_per_1k_renewals_per_s)),
+                s.cpu_per_1k_renewals_per_s <= limit,
+                String::new(),
+            );
+        }
         if let Some(w) = s.status_writes_per_renewal {
             row(
                 format!(

@@ -28,6 +28,42 @@ pub(crate) fn proc_sockets(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
+/// Open TCP sockets of process `pid` connected to `port` on the other side (its
+/// connections to one server): the process's socket inodes matched against the
+/// kernel's TCP tables.
+pub(crate) fn proc_sockets_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter_map(|target| {
+                    let target = target.to_string_lossy().into_owned();
+                    Some(
+                        target
+                            .strip_prefix("socket:[")?
+                            .strip_suffix(']')?
+                            .to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let remote = format!(":{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).ok())
+        .map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    f.len() > 9 && f[2].ends_with(&remote) && inodes.contains(f[9])
+                })
+                .count()
+        })
+        .sum()
+}
+
 pub(crate) fn proc_status_kb(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -63,13 +99,30 @@ pub(crate) fn scale_child(args: &[String]) {
     let rss_start = proc_status_kb(pid, "VmRSS:");
     let out = rt.block_on(async move {
         let attempts = AttemptCounter::default();
+        // The AWS clients are lockwarden's own (`client_config`, as the controller and
+        // the CLI build them), with a counter of request attempts added.
+        let aws = lockwarden::backend::AwsOptions {
+            endpoint: Some(endpoint.clone()),
+            region: Some(support::moto::REGION.to_string()),
+            credentials: Some(lockwarden::backend::Credentials {
+                access_key_id: support::moto::ACCESS_KEY_ID.to_string(),
+                secret_access_key: support::moto::SECRET_ACCESS_KEY.to_string(),
+                session_token: None,
+            }),
+            request_timeout: None,
+        };
         let s3 = if kind == "s3" {
-            let sdk = support::moto::sdk_config_for(&endpoint).await;
+            let config = lockwarden::backend::s3::client_config(&aws, &Default::default()).await;
             Some(aws_sdk_s3::Client::from_conf(
-                aws_sdk_s3::config::Builder::from(&sdk)
-                    .force_path_style(true)
-                    .interceptor(attempts.clone())
-                    .build(),
+                config.interceptor(attempts.clone()).build(),
+            ))
+        } else {
+            None
+        };
+        let ddb = if kind == "dynamodb" {
+            let config = lockwarden::backend::dynamodb::client_config(&aws).await;
+            Some(aws_sdk_dynamodb::Client::from_conf(
+                config.interceptor(attempts.clone()).build(),
             ))
         } else {
             None
@@ -86,15 +139,21 @@ pub(crate) fn scale_child(args: &[String]) {
         let sem = Arc::new(tokio::sync::Semaphore::new(64));
         let mut tasks = Vec::with_capacity(n);
         for i in 0..n {
-            let backend: Arc<dyn LockBackend> = match &s3 {
-                Some(c) => Arc::new(CasLock::new(S3Store::new(
+            let backend: Arc<dyn LockBackend> = match (&s3, &ddb) {
+                (Some(c), _) => Arc::new(CasLock::new(S3Store::new(
                     c.clone(),
                     bucket.clone(),
                     format!("{prefix}/{i}"),
                 ))),
+                // For DynamoDB, the BUCKET argument is the table.
+                (_, Some(c)) => Arc::new(CasLock::new(DynamoStore::new(
+                    c.clone(),
+                    TableLayout::new(bucket.clone()),
+                    format!("{prefix}/{i}"),
+                ))),
                 // The ZooKeeper lease is the session timeout: 30 s, so that a 10 s
                 // renew interval is below half of it (as for the other stores).
-                None => Arc::new(
+                _ => Arc::new(
                     zk_sessions
                         .lock(&endpoint, &format!("/{prefix}/{i}"))
                         .unwrap(),
@@ -136,7 +195,7 @@ pub(crate) fn scale_child(args: &[String]) {
             .parse::<u16>()
             .unwrap_or(0);
         let count = |attempts: &AttemptCounter| -> f64 {
-            if kind == "s3" {
+            if kind == "s3" || kind == "dynamodb" {
                 attempts.0.load(Ordering::Relaxed) as f64
             } else {
                 zk_mntr_packets(zk_port)
@@ -232,10 +291,19 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
     } else {
         &[100, 1000, 3000, 10_000]
     };
-    let mut plans: Vec<(&str, usize, f64, String)> = Vec::new();
+    // (store, locks, renew interval s, endpoint, bucket or table)
+    let mut plans: Vec<(&str, usize, f64, String, String)> = Vec::new();
     for &n in sizes {
-        plans.push(("zookeeper", n, 10.0, env.zk.connect_string()));
+        plans.push(("zookeeper", n, 10.0, env.zk.connect_string(), String::new()));
     }
+    // DynamoDB at 1,000 locks: the renewal's cost per request, next to S3's.
+    plans.push((
+        "dynamodb",
+        1000,
+        10.0,
+        env.dynamodb_server.endpoint(),
+        env.table.clone(),
+    ));
     for &n in sizes {
         // Renewals must stay under about half the server's measured capacity, and
         // acquiring all (2 requests each) must fit the time budget.
@@ -251,16 +319,26 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
             );
             continue;
         }
-        plans.push(("s3", n, interval, env.s3_server.endpoint()));
+        plans.push((
+            "s3",
+            n,
+            interval,
+            env.s3_server.endpoint(),
+            env.bucket.clone(),
+        ));
     }
     // LOCKWARDEN_BENCH_SCALE=s3:200 runs only that (debugging aid).
     if let Ok(only) = std::env::var("LOCKWARDEN_BENCH_SCALE") {
         let (k, n) = only.split_once(':').unwrap_or((only.as_str(), "1000"));
         let n: usize = n.parse().unwrap_or(1000);
-        let endpoint = if k == "s3" {
-            env.s3_server.endpoint()
-        } else {
-            env.zk.connect_string()
+        let (kind, endpoint, bucket) = match k {
+            "s3" => ("s3", env.s3_server.endpoint(), env.bucket.clone()),
+            "dynamodb" => (
+                "dynamodb",
+                env.dynamodb_server.endpoint(),
+                env.table.clone(),
+            ),
+            _ => ("zookeeper", env.zk.connect_string(), String::new()),
         };
         let interval = if k == "s3" {
             (n as f64 / (0.5 * capacity)).max(10.0).ceil()
@@ -273,12 +351,7 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
             .ok()
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(interval);
-        plans = vec![(
-            if k == "s3" { "s3" } else { "zookeeper" },
-            n,
-            interval,
-            endpoint,
-        )];
+        plans = vec![(kind, n, interval, endpoint, bucket)];
         // operator / operator-zookeeper / operator-s3: through the controller process.
         if let Some(store) = k
             .starts_with("operator")
@@ -302,10 +375,10 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
             }
         }
     }
-    for (kind, n, interval, endpoint) in plans {
+    for (kind, n, interval, endpoint, bucket) in plans {
         // Hold for at least 1.2 renewal intervals so every lock renews at least once.
         let window = hold.max(interval * 1.2);
-        let (ep, bucket) = (endpoint.clone(), env.bucket.clone());
+        let ep = endpoint.clone();
         let result = tokio::task::spawn_blocking(move || {
             run_scale_child(kind, n, interval, window, &ep, &bucket)
         })
@@ -445,6 +518,30 @@ pub(crate) async fn scale_operator(
     }
     let mut child = KillOnDrop(controller.spawn().expect("start lockwarden controller"));
     let pid = child.0.id();
+    // The most sockets the controller had open at once (sampled every 0.5 s): what an
+    // overloaded store draws (issue 45's bound of requests in flight).
+    // Of them, those to the store (S3 and DynamoDB: the bounded clients).
+    let store_port = match store {
+        ScaleStore::S3 => env
+            .s3_server
+            .endpoint()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok()),
+        _ => None,
+    };
+    let peak_sockets = Arc::new(AtomicU64::new(0));
+    let peak_store_sockets = Arc::new(AtomicU64::new(0));
+    let (peak, peak_store) = (peak_sockets.clone(), peak_store_sockets.clone());
+    let socket_sampler = tokio::spawn(async move {
+        loop {
+            peak.fetch_max(proc_sockets(pid) as u64, Ordering::Relaxed);
+            if let Some(port) = store_port {
+                peak_store.fetch_max(proc_sockets_to(pid, port) as u64, Ordering::Relaxed);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
     let api = locks_api(&client, &ns);
     // Count Acquired objects with a watch of this namespace.
     let acquired = Arc::new(AtomicU64::new(0));
@@ -501,10 +598,13 @@ pub(crate) async fn scale_operator(
     while (acquired.load(Ordering::Relaxed) as usize) < n {
         if Instant::now() > deadline {
             return Err(format!(
-                "only {} of {n} acquired after 600 s; {} open sockets in the controller, {:.0} MB RSS",
+                "only {} of {n} acquired after 600 s; {} open sockets in the controller ({} at most, {} to the store), {:.0} MB RSS ({:.0} MB at most)",
                 acquired.load(Ordering::Relaxed),
                 proc_sockets(pid),
-                proc_status_kb(pid, "VmRSS:") / 1024.0
+                peak_sockets.load(Ordering::Relaxed),
+                peak_store_sockets.load(Ordering::Relaxed),
+                proc_status_kb(pid, "VmRSS:") / 1024.0,
+                proc_status_kb(pid, "VmHWM:") / 1024.0
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -530,6 +630,15 @@ pub(crate) async fn scale_operator(
     let metrics = reqwest_metrics(metrics_port).await;
     child.kill();
     watch_task.abort();
+    socket_sampler.abort();
+    let peak_sockets = peak_sockets.load(Ordering::Relaxed);
+    let peak_store_sockets = match store_port {
+        Some(_) => format!(
+            " ({} to the store)",
+            peak_store_sockets.load(Ordering::Relaxed)
+        ),
+        None => String::new(),
+    };
     let expected = n as f64 * window / interval;
     let counter = |text: &str, name: &str| {
         text.lines()
@@ -554,6 +663,21 @@ pub(crate) async fn scale_operator(
     let status_writes =
         api_sum(&m1, "distributedlocks", true) - api_sum(&m0, "distributedlocks", true);
     let failures = counter(&metrics, "lockwarden_renew_failures_total").unwrap_or(f64::NAN);
+    let backend = format!("{{backend=\"{}\"}}", store.name());
+    let waits = counter(
+        &metrics,
+        &format!("lockwarden_store_request_waits_total{backend}"),
+    );
+    let wait_s = counter(
+        &metrics,
+        &format!("lockwarden_store_request_wait_seconds_total{backend}"),
+    );
+    let bound = match (waits, wait_s) {
+        (Some(waits), Some(wait_s)) => format!(
+            "; {waits:.0} requests waited for the bound of requests in flight, {wait_s:.1} s in all"
+        ),
+        _ => String::new(),
+    };
     let renewals_per_s = renewals / window;
     Ok(ScaleRow {
         kind: store.name().into(),
@@ -574,7 +698,7 @@ pub(crate) async fn scale_operator(
             f64::NAN
         }),
         note: format!(
-            "acquire-all includes creating the objects ({n} creates, 8 in flight); CPU {:.1} % of a core over the window; {:.2} API-server requests per renewal; {sockets} open sockets in the controller once all were acquired{}",
+            "acquire-all includes creating the objects ({n} creates, 8 in flight); CPU {:.1} % of a core over the window; {:.2} API-server requests per renewal; {sockets} open sockets in the controller once all were acquired, {peak_sockets} at most{peak_store_sockets}{bound}{}",
             100.0 * (cpu1 - cpu0) / window,
             api_requests / renewals,
             if store == ScaleStore::Lease {

@@ -70,7 +70,7 @@ fn helm_lint_passes_for_default_and_every_ci_values_file() {
 /// naming the value.
 #[test]
 fn inconsistent_values_are_refused_with_a_message_naming_them() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["replicaCount=2", "leaderElection.enabled=false"],
             "leaderElection.enabled",
@@ -89,6 +89,7 @@ fn inconsistent_values_are_refused_with_a_message_naming_them() {
             "kueue.admissionCheck needs the cluster-wide mode",
         ),
         (&["replicas=3"], "replicas"),
+        (&["requestsInFlight.store=0"], "requestsInFlight/store"),
     ];
     for (sets, named) in cases {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -117,6 +118,8 @@ fn default_render_is_leader_elected_restricted_and_least_privilege() {
         "--metrics-address=0.0.0.0:8080",
         "--log-format=json",
         "--cluster-name=local",
+        "--store-requests-in-flight=64",
+        "--api-requests-in-flight=64",
     ] {
         assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
     }
@@ -198,6 +201,7 @@ fn non_default_values_render_what_they_say() {
     let deployment = one(&objs, "Deployment");
     assert!(args(deployment).contains(&"--watch-namespace=team-locks".to_string()));
     assert!(args(deployment).contains(&"--cluster-name=prod-eu-1".to_string()));
+    assert!(args(deployment).contains(&"--store-requests-in-flight=256".to_string()));
     assert!(of_kind(&objs, "ClusterRole").is_empty(), "{objs:#?}");
     assert!(of_kind(&objs, "ClusterRoleBinding").is_empty());
     let role_namespaces: BTreeSet<&str> = of_kind(&objs, "Role")

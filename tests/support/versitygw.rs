@@ -34,7 +34,11 @@ impl Launch for VersityGwCommand {
         let root = dir.join("root");
         std::fs::create_dir_all(&root).expect("create versitygw root directory");
         let mut cmd = Command::new(tool("VERSITYGW"));
-        cmd.args(["--access", ACCESS_KEY_ID, "--secret", SECRET_ACCESS_KEY])
+        // Keep-alive on, as on S3 itself: without it versitygw closes the connection after
+        // every response, and each request (each renewal) paid a TCP handshake — a third
+        // of a renewal's CPU in the scale benchmark was the connect and the close.
+        cmd.arg("--keep-alive")
+            .args(["--access", ACCESS_KEY_ID, "--secret", SECRET_ACCESS_KEY])
             .args(["--region", REGION, "--port", &format!("127.0.0.1:{port}")])
             .arg("posix")
             .arg(&root);

@@ -7,6 +7,9 @@ pub const FIELD_MANAGER: &str = "lockwarden";
 /// Finalizer that releases the lock before the object goes away.
 pub const FINALIZER: &str = "lockwarden.io/release";
 
+// `.map` on the `--…-requests-in-flight` parsers.
+use clap::builder::TypedValueParser as _;
+
 /// How the controller runs. Also a set of command-line options (`--cluster-name`,
 /// `--watch-namespace`, `--event-reporter`) for `#[command(flatten)]`.
 #[derive(Clone, Debug, clap::Args)]
@@ -38,6 +41,28 @@ pub struct ControllerConfig {
     /// lockwarden.io/lock: Kueue admits their Workloads once their locks are held
     #[arg(long, env = "LOCKWARDEN_KUEUE_ADMISSION_CHECK")]
     pub kueue_admission_check: bool,
+    /// Requests one S3 or DynamoDB client (one endpoint, region and credentials) keeps
+    /// in flight at most; beyond it requests wait in the controller instead of opening
+    /// more connections to a store that is already slow
+    #[arg(
+        long,
+        env = "LOCKWARDEN_STORE_REQUESTS_IN_FLIGHT",
+        value_name = "N",
+        default_value_t = lockwarden_stores::DEFAULT_REQUESTS_IN_FLIGHT,
+        value_parser = clap::value_parser!(u16).range(1..).map(usize::from)
+    )]
+    pub store_requests_in_flight: usize,
+    /// Requests the controller keeps in flight to the Kubernetes API server at most,
+    /// watches aside; beyond it requests wait in the controller instead of opening more
+    /// connections to a busy API server
+    #[arg(
+        long,
+        env = "LOCKWARDEN_API_REQUESTS_IN_FLIGHT",
+        value_name = "N",
+        default_value_t = crate::api_client::DEFAULT_API_REQUESTS_IN_FLIGHT,
+        value_parser = clap::value_parser!(u16).range(1..).map(usize::from)
+    )]
+    pub api_requests_in_flight: usize,
 }
 
 impl Default for ControllerConfig {
@@ -49,6 +74,8 @@ impl Default for ControllerConfig {
             metrics_address: None,
             kueue_manages_jobs_without_queue_name: false,
             kueue_admission_check: false,
+            store_requests_in_flight: lockwarden_stores::DEFAULT_REQUESTS_IN_FLIGHT,
+            api_requests_in_flight: crate::api_client::DEFAULT_API_REQUESTS_IN_FLIGHT,
         }
     }
 }

@@ -37,6 +37,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod admission;
+pub mod api_client;
 mod config;
 pub mod connect;
 pub mod crd_check;
@@ -71,6 +72,7 @@ use kube::runtime::{WatchStreamExt, applier, watcher};
 use crate::telemetry::Telemetry;
 use lockwarden_api::DistributedLock;
 
+pub use api_client::{DEFAULT_API_REQUESTS_IN_FLIGHT, bounded_client};
 pub use config::{ControllerConfig, FIELD_MANAGER, FINALIZER};
 pub use kinds::gated_kinds;
 pub use leader::{LeaderElectionArgs, OnLostLeadership, run_elected, run_elected_with};
@@ -95,6 +97,7 @@ pub enum ControllerError {
 
 /// Runs the controller until its watch stream ends (it does not on its own).
 pub async fn run(client: kube::Client, config: ControllerConfig) -> Result<(), ControllerError> {
+    lockwarden_stores::set_requests_in_flight(config.store_requests_in_flight);
     let telemetry = serve_telemetry(&config).await?;
     run_with(client, config, telemetry).await
 }

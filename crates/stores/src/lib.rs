@@ -44,9 +44,11 @@ pub use kubernetes::{LeaseStore, fenced::FencedKubernetesObject};
 pub use pollers::{PollingTool, SharedWith};
 #[cfg(feature = "cli")]
 pub use registry::StoreFlags;
+#[cfg(feature = "aws")]
+pub use registry::requests_in_flight_stats;
 pub use registry::{
-    BackendKind, ConnectOptions, FencedTarget, NotAStateLock, POLLING_TOOLS, Target, connect,
-    connect_fenced, release_recorded,
+    BackendKind, ConnectOptions, DEFAULT_REQUESTS_IN_FLIGHT, FencedTarget, NotAStateLock,
+    POLLING_TOOLS, Target, connect, connect_fenced, release_recorded, set_requests_in_flight,
 };
 pub use s3::S3Options;
 #[cfg(feature = "s3")]

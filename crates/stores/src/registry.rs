@@ -433,6 +433,37 @@ macro_rules! built {
     }};
 }
 
+/// The default of [`set_requests_in_flight`]: far above what a healthy store needs
+/// (10,000 S3 locks renewed every 10 s keep a handful of requests in flight at a few
+/// milliseconds each), far below the thousands of sockets an overloaded store drew
+/// without a bound.
+pub const DEFAULT_REQUESTS_IN_FLIGHT: usize = 64;
+
+/// Bounds the requests one store client keeps in flight, for the clients built from now
+/// on (the controller's `--store-requests-in-flight`). S3 and DynamoDB clients wait
+/// beyond it (`aws/in_flight.rs`); a ZooKeeper session is one connection whatever is in
+/// flight, and Lease requests go through the Kubernetes client, so neither needs it.
+pub fn set_requests_in_flight(limit: usize) {
+    #[cfg(feature = "aws")]
+    aws::set_requests_in_flight(limit);
+    #[cfg(not(feature = "aws"))]
+    let _ = limit;
+}
+
+/// The request counters of each kind of store that bounds its requests in flight
+/// ([`set_requests_in_flight`]), for the controller's metrics.
+#[cfg(feature = "aws")]
+pub fn requests_in_flight_stats() -> Vec<(BackendKind, &'static aws::InFlightStats)> {
+    [
+        #[cfg(feature = "s3")]
+        (BackendKind::S3, &s3::IN_FLIGHT),
+        #[cfg(feature = "dynamodb")]
+        (BackendKind::DynamoDb, &dynamodb::IN_FLIGHT),
+    ]
+    .into_iter()
+    .collect()
+}
+
 /// Builds the backend for the lock `target` names. Network access happens only where
 /// a store needs it to start (creating a DynamoDB table when asked, reading a
 /// kubeconfig's exec credentials); the lock itself is not touched.

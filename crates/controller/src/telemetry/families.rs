@@ -22,6 +22,11 @@ pub(super) struct BackendLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct StoreLabels {
+    pub backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ReasonLabels {
     pub reason: String,
 }
@@ -308,6 +313,46 @@ impl OnCall {
                 registry,
                 "lockwarden_lock_losses",
                 "Held locks lost, by namespace, backend and reason",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// The store clients' bounded requests in flight (`--store-requests-in-flight`), read
+/// from the stores' own counters whenever `/metrics` is encoded.
+pub(super) struct StoreRequests {
+    pub in_flight: Family<StoreLabels, Gauge>,
+    pub waiting: Family<StoreLabels, Gauge>,
+    pub waits: Family<StoreLabels, Counter>,
+    pub wait_seconds: Family<StoreLabels, Counter<f64, AtomicU64>>,
+}
+
+impl StoreRequests {
+    pub fn register(registry: &mut Registry) -> StoreRequests {
+        StoreRequests {
+            in_flight: registered(
+                registry,
+                "lockwarden_store_requests_in_flight",
+                "Requests to the store on the wire now, by backend (S3 and DynamoDB: at most --store-requests-in-flight per client)",
+                Family::default(),
+            ),
+            waiting: registered(
+                registry,
+                "lockwarden_store_requests_waiting",
+                "Requests waiting in the controller for the bound of requests in flight, by backend",
+                Family::default(),
+            ),
+            waits: registered(
+                registry,
+                "lockwarden_store_request_waits",
+                "Requests that waited for the bound of requests in flight, by backend",
+                Family::default(),
+            ),
+            wait_seconds: registered(
+                registry,
+                "lockwarden_store_request_wait_seconds",
+                "Time requests spent waiting for the bound of requests in flight, by backend",
                 Family::default(),
             ),
         }

@@ -51,6 +51,11 @@
 //! - `lockwarden_lock_losses_total{namespace,backend,reason}`: held locks lost, by
 //!   [`LossReason`];
 //! - `lockwarden_leader`: 1 on the replica that runs the controller, 0 on a standby.
+//! - `lockwarden_store_requests_in_flight{backend}`, `…_waiting{backend}` (gauges) and
+//!   `lockwarden_store_request_waits_total{backend}`,
+//!   `lockwarden_store_request_wait_seconds_total{backend}`: the S3 and DynamoDB
+//!   clients' requests on the wire, and those waiting for `--store-requests-in-flight`
+//!   (`lockwarden_stores::set_requests_in_flight`).
 //!
 //! Every series of a (namespace, backend) pair is created, at zero, the first time a
 //! lock of that pair has its status written, so that `rate()`/`increase()` and alerts
@@ -74,7 +79,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use families::{ErrorCounters, LockLabels, LockMetrics, OnCall, StopCounters};
+use families::{ErrorCounters, LockLabels, LockMetrics, OnCall, StopCounters, StoreRequests};
 use lockwarden_api::LockPhase;
 use on_call::Tracked;
 
@@ -86,6 +91,7 @@ pub struct Telemetry {
     errors: ErrorCounters,
     on_call: OnCall,
     leader: Gauge,
+    store_requests: StoreRequests,
     /// Object (uid) → the phase counted for it in `locks`.
     phases: Mutex<HashMap<String, LockPhase>>,
     /// Object (uid) → what the live gauges are computed from.
@@ -113,6 +119,7 @@ impl Telemetry {
         let errors = ErrorCounters::register(&mut registry);
         let on_call = OnCall::register(&mut registry);
         let leader = families::register_leader(&mut registry);
+        let store_requests = StoreRequests::register(&mut registry);
         Telemetry {
             registry,
             lock,
@@ -120,6 +127,7 @@ impl Telemetry {
             errors,
             on_call,
             leader,
+            store_requests,
             phases: Mutex::default(),
             tracked: Mutex::default(),
             pairs: Mutex::default(),
@@ -144,6 +152,7 @@ impl Telemetry {
     /// The metrics in OpenMetrics text format.
     pub fn encode(&self) -> String {
         self.refresh_live_gauges();
+        self.refresh_store_requests();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String");

@@ -94,3 +94,29 @@ impl Telemetry {
         self.errors.release_errors.inc();
     }
 }
+
+impl Telemetry {
+    /// Copies the stores' request counters (`lockwarden_stores::requests_in_flight_stats`)
+    /// into their metrics; the counters only grow, so each is raised by what it gained.
+    pub(super) fn refresh_store_requests(&self) {
+        let metrics = &self.store_requests;
+        for (kind, stats) in lockwarden_stores::requests_in_flight_stats() {
+            let labels = super::families::StoreLabels {
+                backend: kind.as_str().to_string(),
+            };
+            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            metrics
+                .in_flight
+                .get_or_create(&labels)
+                .set(gauge(stats.in_flight()));
+            metrics
+                .waiting
+                .get_or_create(&labels)
+                .set(gauge(stats.waiting()));
+            let waits = metrics.waits.get_or_create(&labels);
+            waits.inc_by(stats.waited().saturating_sub(waits.get()));
+            let seconds = metrics.wait_seconds.get_or_create(&labels);
+            seconds.inc_by((stats.wait_time().as_secs_f64() - seconds.get()).max(0.0));
+        }
+    }
+}

@@ -163,3 +163,28 @@ fn reconcile_errors_count_by_category_and_release_errors_in_total() {
         "{metrics}"
     );
 }
+
+#[test]
+fn store_requests_in_flight_are_listed_per_bounded_backend_from_the_start() {
+    // Created at each scrape from the stores' own counters, so that an alert on
+    // `lockwarden_store_requests_waiting` sees a value before the first wait.
+    let metrics = Telemetry::new().encode();
+    for backend in ["s3", "dynamodb"] {
+        for family in [
+            "lockwarden_store_requests_in_flight",
+            "lockwarden_store_requests_waiting",
+            "lockwarden_store_request_waits_total",
+            "lockwarden_store_request_wait_seconds_total",
+        ] {
+            let series = format!("{family}{{backend=\"{backend}\"}} ");
+            assert!(
+                metrics.lines().any(|l| l.starts_with(&series)),
+                "no {series}in:\n{metrics}"
+            );
+        }
+    }
+    assert!(
+        !metrics.contains("lockwarden_store_requests_in_flight{backend=\"zookeeper\"}"),
+        "ZooKeeper has no bound: a session is one connection"
+    );
+}

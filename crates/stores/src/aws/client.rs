@@ -9,12 +9,14 @@ use std::time::Duration;
 use aws_config::BehaviorVersion;
 use aws_config::Region;
 use aws_config::timeout::TimeoutConfig;
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_runtime_api::http::Response;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
 use lockwarden_core::fenced::FencedError;
 
+use super::in_flight::{BoundedHttpClient, InFlightStats, requests_in_flight};
 use super::{AwsOptions, Credentials};
 
 /// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
@@ -67,17 +69,42 @@ pub(crate) fn service_endpoint(sdk: &aws_config::SdkConfig, variable: &str) -> O
         .or_else(|| sdk.endpoint_url().map(str::to_string))
 }
 
-/// For a service reached over plain HTTP (a local or on-premises server), an HTTP client
-/// without TLS. The SDK's default client reads and parses the system's root certificates
-/// when it starts, which was the largest part of a short `lockwarden lock`'s CPU time
-/// (issue 18), for an endpoint that never uses them. Only the service client gets it:
+/// The HTTP client of a service's SDK client: at most [`requests_in_flight`] requests
+/// on the wire at once (`in_flight.rs`), counted in `stats`.
+///
+/// Beneath the bound, for a service reached over plain HTTP (a local or on-premises
+/// server), a client without TLS: the SDK's default client reads and parses the
+/// system's root certificates when it starts, which was the largest part of a short
+/// `lockwarden lock`'s CPU time (issue 18), for an endpoint that never uses them.
+/// Otherwise the SDK's default HTTPS client (rustls with aws-lc, the proxy from the
+/// environment), built as the SDK builds it. Only the service client gets this one:
 /// credential providers (SSO, STS, IMDS) keep the default client.
-pub(crate) fn plain_http_client(
+pub(crate) fn http_client(
     endpoint: Option<&str>,
-) -> Option<aws_smithy_runtime_api::client::http::SharedHttpClient> {
-    endpoint
-        .filter(|e| e.starts_with("http://"))
-        .map(|_| aws_smithy_http_client::Builder::new().build_http())
+    stats: &'static InFlightStats,
+) -> SharedHttpClient {
+    let inner = if endpoint.is_some_and(|e| e.starts_with("http://")) {
+        aws_smithy_http_client::Builder::new().build_http()
+    } else {
+        default_https_client()
+    };
+    SharedHttpClient::new(BoundedHttpClient::new(inner, requests_in_flight(), stats))
+}
+
+/// The client the SDK uses when none is configured (aws-smithy-runtime's
+/// `default_https_client` for the latest behavior version).
+fn default_https_client() -> SharedHttpClient {
+    use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+    aws_smithy_http_client::Builder::new().build_with_connector_fn(|settings, components| {
+        let mut builder = aws_smithy_http_client::ConnectorBuilder::default()
+            .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc));
+        builder.set_connector_settings(settings.cloned());
+        if let Some(components) = components {
+            builder.set_sleep_impl(components.sleep_impl());
+        }
+        builder.set_proxy_config(Some(aws_smithy_http_client::proxy::ProxyConfig::from_env()));
+        builder.build()
+    })
 }
 
 /// The SDK's static credentials provider for `credentials`.

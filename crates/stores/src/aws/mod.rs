@@ -12,6 +12,8 @@
 mod client;
 #[cfg(feature = "cli")]
 mod flags;
+#[cfg(feature = "aws")]
+mod in_flight;
 
 use std::fmt;
 use std::time::Duration;
@@ -20,11 +22,13 @@ use std::time::Duration;
 pub use client::missing_root_certificates;
 #[cfg(feature = "aws")]
 pub(crate) use client::{
-    ClientCache, MAX_CACHED_CLIENTS, describe, fenced_error, plain_http_client, sdk_config,
+    ClientCache, MAX_CACHED_CLIENTS, describe, fenced_error, http_client, sdk_config,
     service_endpoint, status_and_code,
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;
+#[cfg(feature = "aws")]
+pub use in_flight::{InFlightStats, requests_in_flight, set_requests_in_flight};
 
 /// How to reach AWS, beyond what the lock URL says. Everything is optional: the
 /// defaults come from the SDK's chain (see the module documentation).

@@ -9,7 +9,8 @@ use super::{
     DEFAULT_PARTITION_KEY, DynamoDbKey, DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout,
 };
 use crate::aws::{
-    AwsOptions, ClientCache, MAX_CACHED_CLIENTS, plain_http_client, sdk_config, service_endpoint,
+    AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, http_client, sdk_config,
+    service_endpoint,
 };
 use crate::store::ConnectError;
 
@@ -67,16 +68,23 @@ pub async fn connect_fenced(
 static CLIENTS: ClientCache<AwsOptions, aws_sdk_dynamodb::Client> =
     ClientCache::new(MAX_CACHED_CLIENTS);
 
+/// The requests in flight of the process's DynamoDB clients (`crate::aws::in_flight`).
+pub static IN_FLIGHT: InFlightStats = InFlightStats::new();
+
 async fn client(aws: &AwsOptions) -> aws_sdk_dynamodb::Client {
     CLIENTS
         .get_or_build(aws.clone(), || async {
-            let sdk = sdk_config(aws).await;
-            let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
-            let mut config = aws_sdk_dynamodb::config::Builder::from(&sdk);
-            if let Some(client) = plain_http_client(endpoint.as_deref()) {
-                config = config.http_client(client);
-            }
-            aws_sdk_dynamodb::Client::from_conf(config.build())
+            aws_sdk_dynamodb::Client::from_conf(client_config(aws).await.build())
         })
         .await
+}
+
+/// The configuration of the DynamoDB client for `aws`: the SDK's, with lockwarden's
+/// HTTP client (bounded requests in flight; plain HTTP for an `http://` endpoint). Public so that the benchmarks measure the client
+/// lockwarden uses.
+pub async fn client_config(aws: &AwsOptions) -> aws_sdk_dynamodb::config::Builder {
+    let sdk = sdk_config(aws).await;
+    let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
+    let config = aws_sdk_dynamodb::config::Builder::from(&sdk);
+    config.http_client(http_client(endpoint.as_deref(), &IN_FLIGHT))
 }

@@ -7,7 +7,8 @@ use lockwarden_core::{CasLock, LockBackend};
 
 use super::{FencedS3Object, S3Key, S3Options, S3Store};
 use crate::aws::{
-    AwsOptions, ClientCache, MAX_CACHED_CLIENTS, plain_http_client, sdk_config, service_endpoint,
+    AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, http_client, sdk_config,
+    service_endpoint,
 };
 use crate::store::ConnectError;
 
@@ -47,18 +48,26 @@ pub async fn connect_fenced(
 static CLIENTS: ClientCache<(AwsOptions, Option<bool>), aws_sdk_s3::Client> =
     ClientCache::new(MAX_CACHED_CLIENTS);
 
+/// The requests in flight of the process's S3 clients (`crate::aws::in_flight`).
+pub static IN_FLIGHT: InFlightStats = InFlightStats::new();
+
 async fn client(aws: &AwsOptions, s3: &S3Options) -> aws_sdk_s3::Client {
     let key = (aws.clone(), s3.force_path_style);
     CLIENTS
         .get_or_build(key, || async {
-            let sdk = sdk_config(aws).await;
-            let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
-            let path_style = s3.force_path_style.unwrap_or(endpoint.is_some());
-            let mut config = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(path_style);
-            if let Some(client) = plain_http_client(endpoint.as_deref()) {
-                config = config.http_client(client);
-            }
-            aws_sdk_s3::Client::from_conf(config.build())
+            aws_sdk_s3::Client::from_conf(client_config(aws, s3).await.build())
         })
         .await
+}
+
+/// The configuration of the S3 client for `aws` and `s3`: the SDK's, with path-style
+/// addressing for a configured endpoint and lockwarden's HTTP client (bounded requests
+/// in flight; plain HTTP for an `http://` endpoint).
+/// Public so that the benchmarks measure the client lockwarden uses.
+pub async fn client_config(aws: &AwsOptions, s3: &S3Options) -> aws_sdk_s3::config::Builder {
+    let sdk = sdk_config(aws).await;
+    let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
+    let path_style = s3.force_path_style.unwrap_or(endpoint.is_some());
+    let config = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(path_style);
+    config.http_client(http_client(endpoint.as_deref(), &IN_FLIGHT))
 }

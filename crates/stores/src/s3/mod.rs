@@ -34,7 +34,7 @@ pub mod key;
 mod store;
 
 #[cfg(feature = "s3")]
-pub use connect::{connect, connect_fenced};
+pub use connect::{IN_FLIGHT, client_config, connect, connect_fenced};
 #[cfg(feature = "s3")]
 pub use fenced::{DELETED_METADATA, FENCE_METADATA, FencedS3Object, LOCK_METADATA};
 #[cfg(feature = "cli")]
