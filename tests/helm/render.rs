@@ -118,11 +118,15 @@ fn default_render_is_leader_elected_restricted_and_least_privilege() {
         "--metrics-address=0.0.0.0:8080",
         "--log-format=json",
         "--cluster-name=local",
-        "--store-requests-in-flight=64",
-        "--api-requests-in-flight=64",
     ] {
         assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
     }
+    // Unset bounds leave the binary's defaults, so that an older image (the upgrade
+    // tests' previous release) is not handed flags it does not know.
+    assert!(
+        !args.iter().any(|a| a.contains("-requests-in-flight")),
+        "{args:?}"
+    );
     assert!(
         !args.iter().any(|a| a.starts_with("--watch-namespace")),
         "{args:?}"

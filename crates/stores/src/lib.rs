@@ -34,7 +34,7 @@ pub mod store;
 pub mod terraform;
 pub mod zookeeper;
 
-pub use aws::{AwsOptions, Credentials};
+pub use aws::{AwsOptions, Credentials, DEFAULT_REQUESTS_IN_FLIGHT};
 pub use dynamodb::DynamoDbOptions;
 #[cfg(feature = "dynamodb")]
 pub use dynamodb::{DynamoStore, FencedDynamoItem, TableLayout};
@@ -47,8 +47,8 @@ pub use registry::StoreFlags;
 #[cfg(feature = "aws")]
 pub use registry::requests_in_flight_stats;
 pub use registry::{
-    BackendKind, ConnectOptions, DEFAULT_REQUESTS_IN_FLIGHT, FencedTarget, NotAStateLock,
-    POLLING_TOOLS, Target, connect, connect_fenced, release_recorded, set_requests_in_flight,
+    BackendKind, ConnectOptions, FencedTarget, NotAStateLock, POLLING_TOOLS, Target, connect,
+    connect_fenced, release_recorded, set_requests_in_flight,
 };
 pub use s3::S3Options;
 #[cfg(feature = "s3")]

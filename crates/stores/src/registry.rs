@@ -433,13 +433,8 @@ macro_rules! built {
     }};
 }
 
-/// The default of [`set_requests_in_flight`]: far above what a healthy store needs
-/// (10,000 S3 locks renewed every 10 s keep a handful of requests in flight at a few
-/// milliseconds each), far below the thousands of sockets an overloaded store drew
-/// without a bound.
-pub const DEFAULT_REQUESTS_IN_FLIGHT: usize = 64;
-
-/// Bounds the requests one store client keeps in flight, for the clients built from now
+/// Bounds the requests one store client keeps in flight (default
+/// [`aws::DEFAULT_REQUESTS_IN_FLIGHT`]), for the clients built from now
 /// on (the controller's `--store-requests-in-flight`). S3 and DynamoDB clients wait
 /// beyond it (`aws/in_flight.rs`); a ZooKeeper session is one connection whatever is in
 /// flight, and Lease requests go through the Kubernetes client, so neither needs it.

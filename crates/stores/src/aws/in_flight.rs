@@ -28,7 +28,7 @@ use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use tokio::sync::Semaphore;
 
-use crate::registry::DEFAULT_REQUESTS_IN_FLIGHT;
+use super::DEFAULT_REQUESTS_IN_FLIGHT;
 
 static REQUESTS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(DEFAULT_REQUESTS_IN_FLIGHT);
 

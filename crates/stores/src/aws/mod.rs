@@ -30,6 +30,13 @@ pub use flags::AwsFlags;
 #[cfg(feature = "aws")]
 pub use in_flight::{InFlightStats, requests_in_flight, set_requests_in_flight};
 
+/// The default bound of requests one S3 or DynamoDB client keeps in flight
+/// (`registry::set_requests_in_flight`, `in_flight.rs`): far above what a healthy store
+/// needs (10,000 S3 locks renewed every 10 s keep a handful of requests in flight at a
+/// few milliseconds each), far below the thousands of sockets an overloaded store drew
+/// without a bound.
+pub const DEFAULT_REQUESTS_IN_FLIGHT: usize = 64;
+
 /// How to reach AWS, beyond what the lock URL says. Everything is optional: the
 /// defaults come from the SDK's chain (see the module documentation).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
