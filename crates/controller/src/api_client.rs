@@ -33,6 +33,8 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 pub const DEFAULT_API_REQUESTS_IN_FLIGHT: usize = 64;
 
 /// Requests a [`Buffer`] in front of the inner service may queue (kube's own figure).
+/// kube's service is a `BoxService`, which cannot be cloned; the buffer makes it so, so
+/// that a request takes its permit first and only then waits for the service's readiness.
 const BUFFERED: usize = 1024;
 
 /// The controller's client for `config`: kube's default stack with

@@ -97,7 +97,6 @@ pub enum ControllerError {
 
 /// Runs the controller until its watch stream ends (it does not on its own).
 pub async fn run(client: kube::Client, config: ControllerConfig) -> Result<(), ControllerError> {
-    lockwarden_stores::set_requests_in_flight(config.store_requests_in_flight);
     let telemetry = serve_telemetry(&config).await?;
     run_with(client, config, telemetry).await
 }
@@ -143,6 +142,9 @@ pub async fn run_with(
     config: ControllerConfig,
     telemetry: Arc<Telemetry>,
 ) -> Result<(), ControllerError> {
+    // Here, the one path every entry takes (`run`, and `run_elected` once leading), so
+    // that the flag holds with and without leader election.
+    lockwarden_stores::set_requests_in_flight(config.store_requests_in_flight);
     let api: Api<DistributedLock> = match &config.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),

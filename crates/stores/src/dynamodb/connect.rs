@@ -80,11 +80,11 @@ async fn client(aws: &AwsOptions) -> aws_sdk_dynamodb::Client {
 }
 
 /// The configuration of the DynamoDB client for `aws`: the SDK's, with lockwarden's
-/// HTTP client (bounded requests in flight; plain HTTP for an `http://` endpoint). Public so that the benchmarks measure the client
-/// lockwarden uses.
+/// HTTP client (bounded requests in flight; plain HTTP for an `http://` endpoint).
+/// Public so that the benchmarks measure the client lockwarden uses.
 pub async fn client_config(aws: &AwsOptions) -> aws_sdk_dynamodb::config::Builder {
     let sdk = sdk_config(aws).await;
     let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
-    let config = aws_sdk_dynamodb::config::Builder::from(&sdk);
-    config.http_client(http_client(endpoint.as_deref(), &IN_FLIGHT))
+    aws_sdk_dynamodb::config::Builder::from(&sdk)
+        .http_client(http_client(endpoint.as_deref(), &IN_FLIGHT))
 }
