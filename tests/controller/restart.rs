@@ -208,7 +208,7 @@ async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiti
     // Seen once in a cold run: still leading after 60 s. The lease manager's warnings
     // (a renewal or read that failed) show in a failed run's output.
     crate::support::kube::test_logs();
-    let (client, ns, _) = crd_and_namespace("ctl-lost-lead").await;
+    let (client, ns, locks) = crd_and_namespace("ctl-lost-lead").await;
     let election = controller::LeaderElectionArgs {
         leader_elect: true,
         leader_election_namespace: ns.clone(),
@@ -233,6 +233,17 @@ async fn an_in_process_controller_that_loses_leadership_returns_instead_of_exiti
         (holder == "in-process").then_some(())
     })
     .await;
+    // The Lease naming it is not yet proof that it leads: the lease manager writes the
+    // holder, then reads the Lease back, and only then counts itself the leader. A
+    // taker's patch in between (seen in CI) leaves it a standby that never led, so it
+    // waits forever instead of losing. A lock it acquires is proof: only the leader
+    // reconciles.
+    create(
+        &locks,
+        &lease_lock_timed("probe", "probe-lease", "10s", "2s"),
+    )
+    .await;
+    wait_acquired(&locks, "probe", TIMEOUT).await;
     // Another replica takes the Lease (as after a partition longer than the claim), and
     // renews it as a replica does: kube-lease-manager renews its own claim with an
     // unconditional patch of renewTime and leaseDurationSeconds, so a renewal of the
