@@ -29,7 +29,7 @@ use super::{CliError, sys};
 use lockwarden_core::{FenceToken, LockBackend};
 use lockwarden_stores::ConnectOptions;
 use pid1::Signals;
-use reads::{Readers, read_once};
+use reads::{Readers, first_read};
 
 pub use args::{GuardArgs, GuardArgsError, Guarded, several};
 pub use deadline::{GuardDeadline, Read, Seen, Step, longest_guard_grace, poll_interval};
@@ -89,12 +89,7 @@ async fn first_reads(
 ) -> Result<Vec<(Read, Duration)>, CliError> {
     let mut firsts = Vec::with_capacity(locks.len());
     for ((lock, backend), url) in locks.iter().zip(backends).zip(urls) {
-        let first = read_once(
-            backend.as_ref(),
-            &lock.nonce,
-            lockwarden_core::CONNECT_TIMEOUT,
-        )
-        .await;
+        let first = first_read(backend.as_ref(), &lock.nonce, url).await;
         let lease = ours_at_start(&first, url, lock.fence)?;
         firsts.push((first, lease));
     }

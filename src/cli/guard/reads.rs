@@ -37,6 +37,31 @@ pub(super) async fn read_once(backend: &dyn LockBackend, nonce: &str, timeout: D
     }
 }
 
+/// How often the first read of a lock is tried when it gets no answer, a second apart.
+/// Before COMMAND starts a read that fails only delays it, and a guard starting beside a
+/// busy node's other containers may wait seconds for its first connection (a TLS
+/// handshake, a token to present): seen on a loaded 2-core node, a first read that
+/// went unanswered for 5 s kept a Job from ever running.
+const FIRST_READ_ATTEMPTS: u32 = 4;
+
+/// The first read of the lock at `url`: [`read_once`] with the connect timeout, tried
+/// again while it gets no answer, up to [`FIRST_READ_ATTEMPTS`] times. An answer that the
+/// lock is not ours is final at once.
+pub(super) async fn first_read(backend: &dyn LockBackend, nonce: &str, url: &str) -> Read {
+    let mut attempt = 1;
+    loop {
+        let read = read_once(backend, nonce, lockwarden_core::CONNECT_TIMEOUT).await;
+        match &read.seen {
+            Seen::NoAnswer(cause) if attempt < FIRST_READ_ATTEMPTS => {
+                tracing::warn!(%url, %cause, attempt, "the lock could not be read yet; trying again");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            _ => return read,
+        }
+    }
+}
+
 /// A read of lock `index` every `poll` from `start`, each given up after `poll`, so one
 /// read at most is in flight and a hung one costs one poll.
 async fn read_every(
@@ -90,5 +115,41 @@ impl Readers {
         self.tasks.push(AbortOnDrop(tokio::spawn(read_every(
             index, backend, nonce, poll, start, reads,
         ))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockwarden_core::memory::{Fault, MemoryStore};
+    use lockwarden_core::{AcquireRequest, Attempt, CasLock};
+
+    #[tokio::test]
+    async fn a_first_read_that_gets_no_answer_is_tried_again_and_an_answer_ends_it() {
+        let store = MemoryStore::new("mem://guard");
+        let lock = CasLock::new(store.clone());
+        let req = AcquireRequest::new("holder", Duration::from_secs(30));
+        let Ok(Attempt::Acquired(lease)) = lock.try_acquire(&req).await else {
+            panic!("acquire");
+        };
+        tokio::time::pause();
+        store.next_read(Fault::Unavailable);
+        let (reads_before, _) = store.requests();
+        let read = first_read(&lock, lease.nonce(), "mem://guard").await;
+        assert!(matches!(read.seen, Seen::Ours { .. }), "{:?}", read.seen);
+        let tried = store.requests().0 - reads_before;
+        assert_eq!(tried, 2, "one read unanswered, then one answered");
+        // An answer that it is not ours is final.
+        let read = first_read(&lock, "another-acquisition", "mem://guard").await;
+        assert!(matches!(read.seen, Seen::NotOurs(_)), "{:?}", read.seen);
+        // Never an answer: given up after FIRST_READ_ATTEMPTS tries.
+        for _ in 0..FIRST_READ_ATTEMPTS + 1 {
+            store.next_read(Fault::Unavailable);
+        }
+        let (reads_before, _) = store.requests();
+        let read = first_read(&lock, lease.nonce(), "mem://guard").await;
+        assert!(matches!(read.seen, Seen::NoAnswer(_)), "{:?}", read.seen);
+        let tried = store.requests().0 - reads_before;
+        assert_eq!(tried, FIRST_READ_ATTEMPTS as usize);
     }
 }
