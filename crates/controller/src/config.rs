@@ -41,6 +41,12 @@ pub struct ControllerConfig {
     /// lockwarden.io/lock: Kueue admits their Workloads once their locks are held
     #[arg(long, env = "LOCKWARDEN_KUEUE_ADMISSION_CHECK")]
     pub kueue_admission_check: bool,
+    /// Take a guard's report on its own Pod (annotation guard-ended.lockwarden.io/<container>)
+    /// as its container's successful exit, and hand the lock on before the kubelet
+    /// reports it; only where an admission policy lets a Pod alone write its report, as
+    /// the chart's does
+    #[arg(long, env = "LOCKWARDEN_TRUST_GUARD_REPORTS")]
+    pub trust_guard_reports: bool,
     /// Requests one S3 or DynamoDB client (one endpoint, region and credentials) keeps
     /// in flight at most; beyond it requests wait in the controller instead of opening
     /// more connections to a store that is already slow
@@ -74,6 +80,7 @@ impl Default for ControllerConfig {
             metrics_address: None,
             kueue_manages_jobs_without_queue_name: false,
             kueue_admission_check: false,
+            trust_guard_reports: false,
             store_requests_in_flight: lockwarden_stores::DEFAULT_REQUESTS_IN_FLIGHT,
             api_requests_in_flight: crate::api_client::DEFAULT_API_REQUESTS_IN_FLIGHT,
         }

@@ -178,7 +178,11 @@ impl GatedWorkload for Job {
     /// that many have succeeded) and marks it `Complete`. Only for a Job whose Pods end
     /// when their containers exit, and counted completions (an `Indexed` Job would
     /// need each index's Pod: it waits for `Complete`).
-    async fn ended_in_success(&self, client: &kube::Client) -> Result<bool, kube::Error> {
+    async fn ended_in_success(
+        &self,
+        client: &kube::Client,
+        reports: stop::ExitReports,
+    ) -> Result<bool, kube::Error> {
         let Some(spec) = self.spec.as_ref() else {
             return Ok(false);
         };
@@ -200,7 +204,7 @@ impl GatedWorkload for Job {
         Ok(pods.len() >= completions
             && pods
                 .iter()
-                .all(|p| counted(p) && stop::pod_ended_in_success(p)))
+                .all(|p| counted(p) && stop::pod_ended_in_success(p, reports)))
     }
 
     /// The Pods the Job controller labels with their Job's uid; each wakes its Job.

@@ -90,8 +90,12 @@ impl GatedWorkload for Pod {
 
     /// Every container of it reported exited 0 while its phase is not yet `Succeeded`
     /// (the kubelet reports that a relist later).
-    async fn ended_in_success(&self, _client: &kube::Client) -> Result<bool, kube::Error> {
-        Ok(stop::pod_ended_in_success(self))
+    async fn ended_in_success(
+        &self,
+        _client: &kube::Client,
+        reports: stop::ExitReports,
+    ) -> Result<bool, kube::Error> {
+        Ok(stop::pod_ended_in_success(self, reports))
     }
 
     /// Terminal, or never bound to a node (it ran nothing): the kubelet (since

@@ -11,12 +11,14 @@
 //! prove, the pure part ([`GuardDeadline`], and the earliest deadline of every lock);
 //! `reads.rs` the reads themselves; `pid1.rs` the signals and orphans of an
 //! entrypoint; `watch.rs` COMMAND's process tree and its stop, the process side shared
-//! with `run` (`cli/stop.rs`). This file: the guard's phases, in order.
+//! with `run` (`cli/stop.rs`); `report.rs` the report on its own Pod that COMMAND
+//! ended in success. This file: the guard's phases, in order.
 
 pub(super) mod args;
 mod deadline;
 mod pid1;
 mod reads;
+mod report;
 mod watch;
 
 use std::sync::Arc;

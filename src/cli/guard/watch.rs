@@ -11,6 +11,7 @@ use tokio::time::{Instant, sleep_until};
 use super::args::{GuardArgs, Guarded};
 use super::deadline::{Read, Seen, Step, Watch, Watched};
 use super::pid1::Signals;
+use super::report;
 use crate::cli::output::display_command;
 use crate::cli::stop::{KILL_MARGIN, StopTimes, exit_code, stop_leftovers, terminate};
 use crate::cli::{CliError, print_warning, sys};
@@ -87,7 +88,18 @@ impl Watch {
                 if let Some(done) = stop_leftovers(&shown, deadline, grace).await {
                     print_warning(&done);
                 }
-                Ok(exit_code(status))
+                let code = exit_code(status);
+                // Whatever signal comes meanwhile, the guard exits with COMMAND's code:
+                // after a report, only a 0 keeps the Pod from counting as failed.
+                if code == 0
+                    && let Some(pod) = report::OwnPod::from_env(|name| std::env::var(name).ok())
+                    && let Err(why) = report::ended_in_success(&pod).await
+                {
+                    print_warning(&format!(
+                        "{shown:?} succeeded, but its Pod was not told at once ({why});                          the lock is handed on when the kubelet reports the exit"
+                    ));
+                }
+                Ok(code)
             }
             Err((stop, times)) => {
                 let action = terminate(&mut child, &shown, deadline, times).await;

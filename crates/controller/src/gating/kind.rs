@@ -250,8 +250,13 @@ pub trait GatedWorkload:
     /// `Complete` follows its Pods' `Succeeded`, which follows their containers' exits
     /// by a relist): its locks may then be let go at once, the run it was recorded as
     /// completed (docs/design.md §6.3, "Early hand-off"). `false` when that is not
-    /// proven: it finishes as usual.
-    async fn ended_in_success(&self, _client: &kube::Client) -> Result<bool, kube::Error> {
+    /// proven: it finishes as usual. `reports`: whether a guard's report on its Pod
+    /// stands for its container's exit (§6.3, "Early hand-off: the guard's report").
+    async fn ended_in_success(
+        &self,
+        _client: &kube::Client,
+        _reports: super::stop::ExitReports,
+    ) -> Result<bool, kube::Error> {
         Ok(false)
     }
 

@@ -197,6 +197,14 @@ impl<W: GatedWorkload> Gating<W> {
         Self::with_cached(client, Vec::new())
     }
 
+    /// [`Gating::alone`] with `config`.
+    pub fn configured(client: kube::Client, config: ControllerConfig) -> Arc<Self> {
+        let kinds = Kinds::default().with::<W>();
+        let cache = kube::runtime::reflector::store().0;
+        let telemetry = Arc::new(Telemetry::new());
+        Arc::new(Gating::new(client, config, cache, telemetry, kinds))
+    }
+
     /// [`Gating::alone`] with `cached` in its cache of the kind, as the watch would
     /// have them.
     pub fn with_cached(client: kube::Client, cached: Vec<W>) -> Arc<Self> {
@@ -420,11 +428,17 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             .then_some(Ended(())))
     }
 
-    /// The kind's proof, from its kubelet's report, that every process of `obj` has
-    /// ended and it succeeded, before the kind says it finished (§6.3, "Early hand-off").
+    /// The kind's proof, from its kubelet's report (or its guards' where trusted), that
+    /// every process of `obj` has ended and it succeeded, before the kind says it
+    /// finished (§6.3, "Early hand-off").
     async fn observe_ended_in_success(&self, obj: &W) -> Result<Option<Ended>, GatingError> {
+        let reports = if self.ctx.config.trust_guard_reports {
+            stop::ExitReports::KubeletAndGuard
+        } else {
+            stop::ExitReports::Kubelet
+        };
         Ok(obj
-            .ended_in_success(&self.ctx.client)
+            .ended_in_success(&self.ctx.client, reports)
             .await
             .map_err(self.failed(GatingError::ProcessesEnded))?
             .then_some(Ended(())))

@@ -66,6 +66,13 @@ pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
 /// the controller does not start a workload whose containers lack it
 /// ([`decide::guard_missing`]).
 pub const GUARD_ANNOTATION: &str = "lockwarden.io/guard";
+/// Pod annotation prefix, the container's name after it: written by that container's
+/// guard on its own Pod, once COMMAND exited 0 and no other process of the container
+/// is left (docs/design.md §6.3, "Early hand-off: the guard's report"). Trusted only
+/// with `--trust-guard-reports`, where the chart's policy confines who writes it.
+pub const GUARD_REPORT_PREFIX: &str = "guard-ended.lockwarden.io/";
+/// The value of the guard's report: the only one it writes.
+pub const GUARD_REPORT_SUCCEEDED: &str = "succeeded";
 /// Annotation: how long a lock past its holder deadline may stay so before the
 /// workload is stopped (a duration, less than [`decide::max_lost_grace`]; zero by
 /// default).

@@ -10,6 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
 
 use super::lockset::RanWith;
+use super::{GUARD_REPORT_PREFIX, GUARD_REPORT_SUCCEEDED};
 use lockwarden_api::distributed_lock::MAX_LOCK_DELAY;
 use lockwarden_core::SafetyMargins;
 
@@ -120,14 +121,31 @@ pub fn ends_when_its_containers_exit(spec: &PodSpec) -> bool {
         && spec.init_containers.iter().flatten().all(no_rules)
 }
 
-/// Whether the kubelet reports every container of `pod` — init, sidecar, regular and
-/// ephemeral — exited with code 0, in a Pod that [ends when its containers
+/// Whose word that a container's processes ended in success the early hand-off takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExitReports {
+    /// The kubelet's `terminated` with code 0 only.
+    #[default]
+    Kubelet,
+    /// That, or for a container running the guard, the guard's report on the Pod
+    /// ([`GUARD_REPORT_PREFIX`]): `--trust-guard-reports`, where the chart's admission
+    /// policy lets only the Pod itself write it (docs/design.md §6.3, "Early hand-off:
+    /// the guard's report").
+    KubeletAndGuard,
+}
+
+/// Whether every container of `pod` — init, sidecar, regular and ephemeral — is
+/// reported exited with code 0, in a Pod that [ends when its containers
 /// exit](ends_when_its_containers_exit): every process of it has ended, and it
 /// succeeded. A container's exit is reported once its runtime has reaped the
 /// container's first process, and the kernel reaps that one only after every other
 /// process of its PID namespace has exited. The kubelet reports the exits a relist
-/// before it reports the Pod `Succeeded` (docs/design.md §6.3, "Early hand-off").
-pub fn pod_ended_in_success(pod: &Pod) -> bool {
+/// before it reports the Pod `Succeeded` (docs/design.md §6.3, "Early hand-off"). With
+/// [`ExitReports::KubeletAndGuard`] a regular container that runs the guard may be
+/// reported by its guard instead, which writes its report once it is the last process
+/// of the container and COMMAND exited 0; init, sidecar and ephemeral containers run no
+/// guard and always need the kubelet's word.
+pub fn pod_ended_in_success(pod: &Pod, reports: ExitReports) -> bool {
     let (Some(spec), Some(status)) = (&pod.spec, &pod.status) else {
         return false;
     };
@@ -135,9 +153,28 @@ pub fn pod_ended_in_success(pod: &Pod) -> bool {
         let statuses = statuses.as_deref().unwrap_or_default();
         statuses.len() == declared && statuses.iter().all(exited_zero)
     };
+    let reported = pod.metadata.annotations.as_ref();
+    let statuses = status.container_statuses.as_deref().unwrap_or_default();
+    let container_ended = |c: &Container| {
+        let kubelet = statuses.iter().find(|s| s.name == c.name);
+        if kubelet.is_some_and(exited_zero) {
+            return true;
+        }
+        // The guard reports before its own exit: a container the kubelet already
+        // reports ended otherwise (killed after the report) did not succeed.
+        let ended_otherwise = kubelet
+            .and_then(|s| s.state.as_ref())
+            .is_some_and(|s| s.terminated.is_some());
+        reports == ExitReports::KubeletAndGuard
+            && !ended_otherwise
+            && super::decide::runs_guard(c)
+            && reported
+                .and_then(|a| a.get(&format!("{GUARD_REPORT_PREFIX}{}", c.name)))
+                .is_some_and(|v| v == GUARD_REPORT_SUCCEEDED)
+    };
     ends_when_its_containers_exit(spec)
         && status.phase.as_deref() != Some("Failed")
-        && all_exited_zero(&status.container_statuses, spec.containers.len())
+        && spec.containers.iter().all(container_ended)
         && all_exited_zero(
             &status.init_container_statuses,
             spec.init_containers.as_ref().map_or(0, Vec::len),
@@ -212,29 +249,50 @@ mod tests {
     fn early_hand_off_a_pod_ended_in_success_only_when_every_container_exited_zero_for_good() {
         let never = json!({ "restartPolicy": "Never", "containers": [{ "name": "c" }] });
         let ok = json!({ "phase": "Running", "containerStatuses": [exited("c", 0)] });
-        assert!(pod_ended_in_success(&pod(never.clone(), ok.clone())));
+        assert!(pod_ended_in_success(
+            &pod(never.clone(), ok.clone()),
+            ExitReports::Kubelet
+        ));
         // A container still running, or one that failed.
         let running = json!({ "containerStatuses": [{ "name": "c", "image": "i",
             "imageID": "", "ready": true, "restartCount": 0, "state": { "running": {} } }] });
-        assert!(!pod_ended_in_success(&pod(never.clone(), running)));
+        assert!(!pod_ended_in_success(
+            &pod(never.clone(), running),
+            ExitReports::Kubelet
+        ));
         let failed = json!({ "containerStatuses": [exited("c", 1)] });
-        assert!(!pod_ended_in_success(&pod(never.clone(), failed)));
+        assert!(!pod_ended_in_success(
+            &pod(never.clone(), failed),
+            ExitReports::Kubelet
+        ));
         // Not every declared container reported yet.
         let two = json!({ "restartPolicy": "Never",
                           "containers": [{ "name": "c" }, { "name": "d" }] });
-        assert!(!pod_ended_in_success(&pod(two, ok.clone())));
+        assert!(!pod_ended_in_success(
+            &pod(two, ok.clone()),
+            ExitReports::Kubelet
+        ));
         // An init container (a sidecar too) and an ephemeral container count.
         let with_init = json!({ "restartPolicy": "Never", "containers": [{ "name": "c" }],
             "initContainers": [{ "name": "side", "restartPolicy": "Always" }] });
         let init_killed = json!({ "containerStatuses": [exited("c", 0)],
             "initContainerStatuses": [exited("side", 143)] });
-        assert!(!pod_ended_in_success(&pod(with_init.clone(), init_killed)));
+        assert!(!pod_ended_in_success(
+            &pod(with_init.clone(), init_killed),
+            ExitReports::Kubelet
+        ));
         let init_ok = json!({ "containerStatuses": [exited("c", 0)],
             "initContainerStatuses": [exited("side", 0)] });
-        assert!(pod_ended_in_success(&pod(with_init, init_ok)));
+        assert!(pod_ended_in_success(
+            &pod(with_init, init_ok),
+            ExitReports::Kubelet
+        ));
         let debugged = json!({ "restartPolicy": "Never", "containers": [{ "name": "c" }],
             "ephemeralContainers": [{ "name": "debug" }] });
-        assert!(!pod_ended_in_success(&pod(debugged, ok.clone())));
+        assert!(!pod_ended_in_success(
+            &pod(debugged, ok.clone()),
+            ExitReports::Kubelet
+        ));
         // Containers that may restart, or processes that may outlive their container.
         for spec in [
             json!({ "restartPolicy": "OnFailure", "containers": [{ "name": "c" }] }),
@@ -243,10 +301,83 @@ mod tests {
             json!({ "restartPolicy": "Never", "hostPID": true, "containers": [{ "name": "c" }] }),
         ] {
             assert!(
-                !pod_ended_in_success(&pod(spec.clone(), ok.clone())),
+                !pod_ended_in_success(&pod(spec.clone(), ok.clone()), ExitReports::Kubelet),
                 "{spec}"
             );
         }
+    }
+
+    /// A Pod of `spec` whose kubelet reports `statuses`, annotated `annotations`.
+    fn annotated_pod(
+        spec: serde_json::Value,
+        statuses: serde_json::Value,
+        annotations: serde_json::Value,
+    ) -> Pod {
+        serde_json::from_value(json!({ "metadata": { "annotations": annotations },
+                                       "spec": spec, "status": statuses }))
+        .unwrap()
+    }
+
+    fn running(name: &str) -> serde_json::Value {
+        json!({ "name": name, "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "state": { "running": {} } })
+    }
+
+    #[test]
+    fn early_hand_off_on_the_guards_report_stands_for_its_guarded_container_when_trusted() {
+        let guarded = |name: &str| {
+            json!({ "name": name,
+            "command": ["/lockwarden-guard/lockwarden", "guard", "--", "sh", "-c", "work"] })
+        };
+        let one = json!({ "restartPolicy": "Never", "containers": [guarded("c")] });
+        let still_running = json!({ "phase": "Running", "containerStatuses": [running("c")] });
+        let report = json!({ "guard-ended.lockwarden.io/c": "succeeded" });
+        let reported = annotated_pod(one.clone(), still_running.clone(), report.clone());
+        let trusted = ExitReports::KubeletAndGuard;
+        assert!(pod_ended_in_success(&reported, trusted));
+        // Untrusted (no policy confines who writes it): only the kubelet's word counts.
+        assert!(!pod_ended_in_success(&reported, ExitReports::Kubelet));
+        // No report, another value, another container's report.
+        for annotations in [
+            json!({}),
+            json!({ "guard-ended.lockwarden.io/c": "failed" }),
+            json!({ "guard-ended.lockwarden.io/d": "succeeded" }),
+        ] {
+            let pod = annotated_pod(one.clone(), still_running.clone(), annotations.clone());
+            assert!(!pod_ended_in_success(&pod, trusted), "{annotations}");
+        }
+        // A container that does not run the guard: nobody there could know.
+        let unguarded = json!({ "restartPolicy": "Never",
+            "containers": [{ "name": "c", "command": ["sh", "-c", "work"] }] });
+        let pod = annotated_pod(unguarded, still_running.clone(), report.clone());
+        assert!(!pod_ended_in_success(&pod, trusted));
+        // Killed after its report (its grace ran out, the OOM killer): it failed.
+        let killed = json!({ "containerStatuses": [exited("c", 137)] });
+        let pod = annotated_pod(one.clone(), killed, report.clone());
+        assert!(!pod_ended_in_success(&pod, trusted));
+        // Every container needs its word: the other one's report, or its exit.
+        let two = json!({ "restartPolicy": "Never", "containers": [guarded("c"), guarded("d")] });
+        let both_running = json!({ "containerStatuses": [running("c"), running("d")] });
+        let pod = annotated_pod(two.clone(), both_running, report.clone());
+        assert!(!pod_ended_in_success(&pod, trusted));
+        let d_exited = json!({ "containerStatuses": [running("c"), exited("d", 0)] });
+        let pod = annotated_pod(two, d_exited, report.clone());
+        assert!(pod_ended_in_success(&pod, trusted));
+        // A sidecar still runs while the main container's guard reports: the kubelet's
+        // word for it is needed. And the Pod-level conditions stay.
+        let with_sidecar = json!({ "restartPolicy": "Never", "containers": [guarded("c")],
+            "initContainers": [{ "name": "side", "restartPolicy": "Always" }] });
+        let sidecar_running = json!({ "containerStatuses": [running("c")],
+            "initContainerStatuses": [running("side")] });
+        let pod = annotated_pod(with_sidecar, sidecar_running, report.clone());
+        assert!(!pod_ended_in_success(&pod, trusted));
+        let shared = json!({ "restartPolicy": "Never", "shareProcessNamespace": true,
+            "containers": [guarded("c")] });
+        let pod = annotated_pod(shared, still_running, report.clone());
+        assert!(!pod_ended_in_success(&pod, trusted));
+        let failed = json!({ "phase": "Failed", "containerStatuses": [running("c")] });
+        let pod = annotated_pod(one, failed, report);
+        assert!(!pod_ended_in_success(&pod, trusted));
     }
 
     fn needed(value: serde_json::Value) -> Result<Duration, DelayTooLong> {

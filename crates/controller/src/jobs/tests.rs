@@ -494,6 +494,41 @@ mod release_waits_for_the_pods {
         assert!(writes.is_empty(), "nothing more once Complete: {writes:?}");
     }
 
+    /// Early hand-off on the guard's report (§6.3): a guarded container's report on its
+    /// Pod lets the lock go while the kubelet still reports it running, where the
+    /// controller trusts the reports; without that trust it waits for the kubelet.
+    #[tokio::test]
+    async fn early_hand_off_on_the_guards_report_when_trusted_and_only_then() {
+        for trusted in [false, true] {
+            let (api, ctx) = scene("suspend");
+            let ctx = if trusted {
+                let config = ControllerConfig {
+                    trust_guard_reports: true,
+                    ..ControllerConfig::default()
+                };
+                Gating::<Job>::configured(api.client(), config)
+            } else {
+                ctx
+            };
+            let guarded = json!({ "restartPolicy": "Never", "containers": [{ "name": "c",
+                "command": ["/lockwarden-guard/lockwarden", "guard", "--", "work"] }] });
+            api.merge(POD, json!({ "spec": guarded }));
+            api.merge(JOB, json!({ "spec": { "template": { "spec": guarded } } }));
+            step(&api, &ctx).await;
+            assert!(!released(&api), "held while the container runs");
+            api.merge(
+                POD,
+                json!({ "metadata": { "annotations": { "guard-ended.lockwarden.io/c": "succeeded" } } }),
+            );
+            let job = step(&api, &ctx).await;
+            assert_eq!(released(&api), trusted, "trusted: {trusted}");
+            if trusted {
+                let status = &job.annotations()[STATUS_ANNOTATION];
+                assert!(status.contains("ended in success"), "{status}");
+            }
+        }
+    }
+
     /// After the early hand-off the next Job on the named lock starts at once, though
     /// the first one is not `Complete` yet: nothing of it runs, so it does not hold the
     /// lock "in use" (before, the next Job waited for the 60 s resync).
