@@ -97,7 +97,7 @@ async fn write(
 }
 
 /// The API server's refusal message; panics if the write was admitted.
-fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
+pub(super) fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) -> String {
     match result {
         Err(kube::Error::Api(status)) if status.code == 403 || status.code == 422 => status.message,
         other => panic!("{what}: expected the policy to refuse it, got {other:?}"),

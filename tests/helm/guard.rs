@@ -3,22 +3,29 @@
 //! API server — a Job and a Pod annotated `lockwarden.io/guard: "true"` come back with
 //! the guard exactly as designed, one without the annotation or already guarded is left
 //! alone, a container without `command` is refused — and each result judged by the
-//! controller's own checks (`decide::guard_missing`, `admission::guard_misuse`).
+//! controller's own checks (`decide::guard_missing`, `admission::guard_misuse`). Then
+//! the guard's report on its own Pod (templates/guard-report.yaml): written with a
+//! token bound to that Pod, and by nothing else.
 
+use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Patch, PatchParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use lockwarden::controller::admission::guard_misuse;
 use lockwarden::controller::gating::GatedWorkload;
 use lockwarden::controller::gating::decide::guard_missing;
 
 use super::admission::{admitted, create, refused};
-use super::fencing::unlabelled;
+use super::fencing::{refusal, unlabelled};
 use super::*;
 
 /// The plain manifest users `kubectl apply` without the chart.
 const MANIFEST: &str = "manifests/guard-injection.yaml";
 /// Where the guard is mounted by default (`guard.injection.dir`).
 const DIR: &str = "/lockwarden-guard";
+/// The report's ClusterRole and policy in the manifest (release `lockwarden`).
+const REPORT: &str = "lockwarden-guard-report";
 
 fn guard_objects(rendered: &str) -> Vec<Value> {
     objects(rendered)
@@ -40,16 +47,21 @@ fn guard_injection_manifest_is_the_chart_rendered_with_its_defaults() {
     assert_eq!(
         kinds,
         [
+            "ClusterRole",
             "MutatingAdmissionPolicy",
             "MutatingAdmissionPolicy",
             "MutatingAdmissionPolicyBinding",
             "MutatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
             "ValidatingAdmissionPolicyBinding",
         ],
-        "pods and jobs, on by default where served"
+        "pods and jobs, and the guard's report (Pods, Jobs' templates), on by default where served"
     );
     let manifest = std::fs::read_to_string(repo_root().join(MANIFEST)).expect(MANIFEST);
     assert_eq!(
@@ -57,10 +69,39 @@ fn guard_injection_manifest_is_the_chart_rendered_with_its_defaults() {
         objects(&manifest),
         "{MANIFEST} differs from the chart's render: regenerate it from templates/guard-injection.yaml"
     );
+    // The injection at creation; the report on a Pod's updates (its status too), its
+    // creation and its binding, and on every write of a Job (its pod template).
+    let report_jobs = format!("{REPORT}-jobs");
     for obj in &objs {
-        let ops = &obj["spec"]["matchConstraints"]["resourceRules"];
-        if !ops.is_null() {
-            assert_eq!(ops[0]["operations"], json!(["CREATE"]), "{obj}");
+        let rules = &obj["spec"]["matchConstraints"]["resourceRules"];
+        if rules.is_null() {
+            continue;
+        }
+        let ops: Vec<(&Value, &Value)> = rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (&r["resources"], &r["operations"]))
+            .collect();
+        let name = &obj["metadata"]["name"];
+        if name == REPORT {
+            assert_eq!(
+                ops,
+                [
+                    (&json!(["pods", "pods/status"]), &json!(["UPDATE"])),
+                    (&json!(["pods", "pods/binding"]), &json!(["CREATE"])),
+                ],
+                "{obj}"
+            );
+        } else if *name == *report_jobs {
+            assert_eq!(
+                ops,
+                [(&json!(["jobs"]), &json!(["CREATE", "UPDATE"]))],
+                "{obj}"
+            );
+        } else {
+            assert_eq!(ops.len(), 1, "{obj}");
+            assert_eq!(ops[0].1, &json!(["CREATE"]), "{obj}");
         }
     }
     // The init container's image is the chart's unless guard.image says otherwise.
@@ -112,7 +153,7 @@ fn guard_injection_manifest_is_the_chart_rendered_with_its_defaults() {
         "--api-versions",
         "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
     ]);
-    assert_eq!(guard_objects(&text(&out.stdout)).len(), 8, "served");
+    assert_eq!(guard_objects(&text(&out.stdout)).len(), 13, "served");
 }
 
 fn annotated(guard: bool) -> Value {
@@ -192,32 +233,40 @@ fn assert_guarded(spec: &Value) {
             json!([{ "name": "lockwarden-guard", "mountPath": DIR, "readOnly": true }]),
             "{c}"
         );
+        // (name, the downward API's field or `value=` the literal value)
         let mut env: Vec<(String, String)> = c["env"]
             .as_array()
             .unwrap_or_else(|| panic!("env of {c}"))
             .iter()
             .map(|e| {
-                (
-                    e["name"].as_str().unwrap().to_string(),
-                    e["valueFrom"]["fieldRef"]["fieldPath"]
+                let from = match e["value"].as_str() {
+                    Some(value) => format!("value={value}"),
+                    None => e["valueFrom"]["fieldRef"]["fieldPath"]
                         .as_str()
-                        .unwrap()
+                        .unwrap_or_else(|| panic!("{e}"))
                         .to_string(),
-                )
+                };
+                (e["name"].as_str().unwrap().to_string(), from)
             })
             .collect();
         env.sort();
         let field = |a: &str| format!("metadata.annotations['lockwarden.io/{a}']");
+        let own_name = format!("value={}", c["name"].as_str().unwrap());
         assert_eq!(
             env,
             [
-                ("LOCKWARDEN_FENCE".to_string(), field("fence")),
-                ("LOCKWARDEN_FENCES".to_string(), field("fences")),
-                ("LOCKWARDEN_NONCE".to_string(), field("nonce")),
-                ("LOCKWARDEN_NONCES".to_string(), field("nonces")),
-                ("LOCKWARDEN_URL".to_string(), field("url")),
-                ("LOCKWARDEN_URLS".to_string(), field("urls")),
-            ],
+                ("LOCKWARDEN_CONTAINER_NAME", own_name),
+                ("LOCKWARDEN_FENCE", field("fence")),
+                ("LOCKWARDEN_FENCES", field("fences")),
+                ("LOCKWARDEN_NONCE", field("nonce")),
+                ("LOCKWARDEN_NONCES", field("nonces")),
+                ("LOCKWARDEN_POD_NAME", "metadata.name".to_string()),
+                ("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace".to_string()),
+                ("LOCKWARDEN_POD_UID", "metadata.uid".to_string()),
+                ("LOCKWARDEN_URL", field("url")),
+                ("LOCKWARDEN_URLS", field("urls")),
+            ]
+            .map(|(name, from)| (name.to_string(), from)),
             "{c}"
         );
     }
@@ -340,4 +389,551 @@ async fn guard_injection_adds_the_guard_to_annotated_jobs_and_pods_at_creation()
         ),
     )
     .await;
+}
+
+// ---------------------------------------------------------------------------
+// The guard's report
+
+/// The guide page whose RoleBinding the report's test applies (its `<!-- runs:
+/// tests/helm/guard.rs -->` block; tests/cli/docs_markdown.rs checks this file names it).
+const GUIDE: &str = "docs/guide/guard.md";
+/// The report of container `main`.
+const MAIN: &str = "guard-ended.lockwarden.io/main";
+
+/// docs/guide/guard.md's RoleBinding ("The guard's report") of the ClusterRole `role`
+/// to ServiceAccount `sa`, in `ns`.
+fn guide_role_binding(role: &str, ns: &str, sa: &str) -> Value {
+    let page = std::fs::read_to_string(repo_root().join(GUIDE)).expect(GUIDE);
+    let block = page
+        .split_once("<!-- runs: tests/helm/guard.rs -->\n```yaml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(block, _)| block)
+        .expect("docs/guide/guard.md has the RoleBinding block");
+    let mut binding: Value = serde_yaml_ng::from_str(block).expect("the guide's RoleBinding");
+    assert_eq!(binding["kind"], "RoleBinding", "{binding}");
+    assert_eq!(
+        binding["roleRef"]["name"], REPORT,
+        "the default release's role"
+    );
+    binding["metadata"]["namespace"] = json!(ns);
+    binding["roleRef"]["name"] = json!(role);
+    binding["subjects"][0]["name"] = json!(sa);
+    binding["subjects"][0]["namespace"] = json!(ns);
+    binding
+}
+
+/// Creates a Pod `name` running as `sa` (never scheduled: there is no node) and
+/// returns its uid.
+async fn bare_pod(pods: &Api<Pod>, name: &str, sa: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "serviceAccountName": sa,
+            "restartPolicy": "Never",
+            "containers": [
+                { "name": "main", "image": "debian:bookworm-slim", "command": ["true"] },
+            ],
+        },
+    }))
+    .unwrap();
+    let created = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("create Pod {name}: {e}"));
+    created.uid().expect("a created Pod has a uid")
+}
+
+/// A token of ServiceAccount `sa`, bound to the Pod (name, uid) if given — what the
+/// kubelet mounts into a Pod — or to nothing.
+async fn token(accounts: &Api<ServiceAccount>, sa: &str, pod: Option<(&str, &str)>) -> String {
+    let bound = pod
+        .map(|(name, uid)| json!({ "apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid }));
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": { "audiences": [], "boundObjectRef": bound },
+    }))
+    .unwrap();
+    accounts
+        .create_token_request(sa, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("a token for {sa} bound to {pod:?}: {e}"))
+        .status
+        .expect("a TokenRequest's status")
+        .token
+        .expect("the token")
+}
+
+/// A client of the test API server (its address and CA from the admin kubeconfig) that
+/// authenticates with `token` alone.
+async fn client_with_token(token: &str) -> Client {
+    let path = ControlPlane::shared().kubeconfig_path();
+    let kubeconfig = Kubeconfig::read_from(path).expect("the admin kubeconfig");
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("the admin kubeconfig");
+    // Replaces the admin's client certificate: the token is the only credential.
+    config.auth_info = serde_json::from_value(json!({ "token": token })).unwrap();
+    Client::try_from(config).expect("a client with a bearer token")
+}
+
+/// The report of container `main` set to `value` (`None`: removed), with the Pod's
+/// uid as the guard sends it.
+fn report(uid: &str, value: Option<&str>) -> Value {
+    json!({ "metadata": { "uid": uid, "annotations": { MAIN: value } } })
+}
+
+async fn merge(api: &Api<Pod>, name: &str, patch: &Value) -> Result<Pod, kube::Error> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// `merge` through pods/status, as the kubelet and the controllers write.
+async fn merge_status(api: &Api<Pod>, name: &str, patch: &Value) -> Result<Pod, kube::Error> {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+}
+
+/// Asserts the policy refused `result` (`what`) with a message containing `message`.
+fn refused_with<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str, message: &str) {
+    let got = refusal(result, what);
+    assert!(got.contains(message), "{what}: {got}\nexpected: {message}");
+}
+
+/// A suspended Job `name` whose pod template carries `annotations`.
+fn job_with_template_annotations(name: &str, annotations: Value) -> Job {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "suspend": true,
+            "template": {
+                "metadata": { "annotations": annotations },
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        { "name": "main", "image": "debian:bookworm-slim", "command": ["true"] },
+                    ],
+                },
+            },
+        },
+    }))
+    .unwrap()
+}
+
+/// The guard's report (templates/guard-report.yaml) on the real API server: a
+/// ServiceAccount bound to the chart's role as docs/guide/guard.md says, and a token of
+/// it bound to Pod A, as the kubelet mounts one (its pod-uid claim checked first). A's
+/// token adds `guard-ended.lockwarden.io/main` to A; it may not change or remove it
+/// afterwards, touch anything else of A, or write on Pod B, nor may a token of the
+/// ServiceAccount bound to no Pod; nobody else writes a report, the admin included, not
+/// through pods/status either (which keeps metadata changes). No report comes with a
+/// Pod's creation, its binding to a node, or a Job's pod template (created or updated).
+/// RBAC alone allows every one of these writes, so each refusal is the policy's, with
+/// its message. Ordinary updates are untouched: the admin's, those of a Pod whose
+/// ServiceAccount holds cluster-admin's wildcard (which grants the role's marker too),
+/// status updates (the admin's, and a holder of the role's with a right to pods/status
+/// of its own: the role's confinement is for its `patch` on Pods), a binding without a
+/// report, and a Job's template annotations as the lockwarden controller writes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation() {
+    let (admin, namespaces) = setup(&["guard-report"]).await;
+    let ns = &namespaces[0];
+    let release = unique("grr");
+    let name = format!("{release}-lockwarden-guard-report");
+    // The report's objects only (the injection is not needed for a report).
+    let jobs_policy = format!("{name}-jobs");
+    let objs: Vec<Value> = guard_objects(&render(&release, ns, None, &[]))
+        .into_iter()
+        .filter(|o| {
+            o["metadata"]["name"] == name.as_str() || o["metadata"]["name"] == jobs_policy.as_str()
+        })
+        .collect();
+    let mut kinds: Vec<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "ClusterRole",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
+        ]
+    );
+    let stream: Vec<String> = objs.iter().map(|o| o.to_string()).collect();
+    apply(&stream.join("\n---\n"), "the guard's report").await;
+    type_checked_without_warnings(&admin, &name, TIMEOUT).await;
+    type_checked_without_warnings(&admin, &jobs_policy, TIMEOUT).await;
+
+    // The workloads' ServiceAccount, bound to the role as the guide says; Pods A and B
+    // run as it, C as a ServiceAccount that may do anything in the namespace.
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    for sa in ["guarded", "operator"] {
+        let account = serde_json::from_value(json!({ "metadata": { "name": sa } })).unwrap();
+        accounts
+            .create(&PostParams::default(), &account)
+            .await
+            .unwrap_or_else(|e| panic!("ServiceAccount {sa}: {e}"));
+    }
+    let binding = guide_role_binding(&name, ns, "guarded");
+    apply(&binding.to_string(), "the guide's RoleBinding").await;
+    let operator = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": "operator", "namespace": ns },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "cluster-admin" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "operator", "namespace": ns }],
+    });
+    apply(&operator.to_string(), "cluster-admin in the namespace").await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+    let a = bare_pod(&pods, "a", "guarded").await;
+    let b = bare_pod(&pods, "b", "guarded").await;
+    let c = bare_pod(&pods, "c", "operator").await;
+
+    // RBAC alone lets the ServiceAccount patch every Pod of the namespace (and the admin
+    // anything): each refusal below is the policy's.
+    let sa = format!("system:serviceaccount:{ns}:guarded");
+    let out = kubectl(
+        &[
+            "auth",
+            "can-i",
+            "patch",
+            "pods",
+            "--namespace",
+            ns.as_str(),
+            "--as",
+            sa.as_str(),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(text(&out.stdout).trim(), "yes", "{}", text(&out.stderr));
+
+    // A's token carries A's uid, as the API server hands it to admission.
+    let as_a = client_with_token(&token(&accounts, "guarded", Some(("a", &a))).await).await;
+    let review = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+    }))
+    .unwrap();
+    let me: SelfSubjectReview = Api::all(as_a.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("A's SelfSubjectReview");
+    let me = me.status.and_then(|s| s.user_info).expect("user info");
+    assert_eq!(me.username.as_deref(), Some(sa.as_str()));
+    assert_eq!(
+        me.extra
+            .unwrap_or_default()
+            .get("authentication.kubernetes.io/pod-uid"),
+        Some(&vec![a.clone()]),
+        "the pod-uid claim of a token bound to A"
+    );
+    let a_pods: Api<Pod> = Api::namespaced(as_a, ns);
+    let unbound = client_with_token(&token(&accounts, "guarded", None).await).await;
+    let unbound_pods: Api<Pod> = Api::namespaced(unbound, ns);
+    let as_c = client_with_token(&token(&accounts, "operator", Some(("c", &c))).await).await;
+    let c_pods: Api<Pod> = Api::namespaced(as_c, ns);
+
+    // In force once the admin's dry run of a report on B is refused.
+    eventually("the report policy in force", TIMEOUT, || async {
+        let dry_run = PatchParams::default().dry_run();
+        let patch = report(&b, Some("succeeded"));
+        pods.patch("b", &dry_run, &Patch::Merge(&patch))
+            .await
+            .err()
+            .map(|_| ())
+    })
+    .await;
+
+    let own_only = "may only be written by that Pod's own guard (a ServiceAccount token bound \
+                    to the Pod), and never changed or removed";
+    let confined = format!(
+        "{sa} holds the guard's report role (lockwarden.io guardreports: report), which lets \
+         it change nothing but guard-ended.lockwarden.io/* on its own Pod"
+    );
+    // A's guard writes its report on A.
+    let written = merge(&a_pods, "a", &report(&a, Some("succeeded")))
+        .await
+        .expect("A's own report on A");
+    assert_eq!(
+        written.annotations().get(MAIN).map(String::as_str),
+        Some("succeeded")
+    );
+
+    // Once written, a report stays: A's token may neither change nor remove it, nor may
+    // the admin.
+    let already = format!("Pod a {own_only}: {MAIN} already written");
+    for value in [Some("failed"), None] {
+        let patch = report(&a, value);
+        let what = format!("A's token setting its report to {value:?}");
+        refused_with(merge(&a_pods, "a", &patch).await, &what, &already);
+    }
+    refused_with(
+        merge(&pods, "a", &report(&a, None)).await,
+        "the admin removing A's report",
+        &format!("Pod a {own_only}: admin is not that Pod, and its request changes {MAIN}"),
+    );
+
+    // A's token changes nothing else of A, even beside a report.
+    for (patch, changes) in [
+        (json!({ "metadata": { "labels": { "x": "y" } } }), "labels"),
+        (
+            json!({ "metadata": { "annotations": { "example.com/note": "x" } } }),
+            "annotation example.com/note",
+        ),
+        (
+            json!({ "metadata": { "uid": a, "labels": { "x": "y" },
+                    "annotations": { "guard-ended.lockwarden.io/other": "succeeded" } } }),
+            "labels",
+        ),
+        (json!({ "spec": { "activeDeadlineSeconds": 60 } }), "spec"),
+    ] {
+        let what = format!("A's token writing {patch} on A");
+        let message = format!("{confined}: this request also changes {changes} of Pod a");
+        refused_with(merge(&a_pods, "a", &patch).await, &what, &message);
+    }
+
+    // Nothing on another Pod: not B's report, not B's labels.
+    refused_with(
+        merge(&a_pods, "b", &report(&b, Some("succeeded"))).await,
+        "A's token writing B's report",
+        &format!("Pod b {own_only}: {sa} is not that Pod, and its request changes {MAIN}"),
+    );
+    refused_with(
+        merge(
+            &a_pods,
+            "b",
+            &json!({ "metadata": { "labels": { "x": "y" } } }),
+        )
+        .await,
+        "A's token labelling B",
+        &format!("{confined}: Pod b is not the Pod its token is bound to"),
+    );
+    // Nobody else writes a report either: the admin on B.
+    refused_with(
+        merge(&pods, "b", &report(&b, Some("succeeded"))).await,
+        "the admin writing B's report",
+        &format!("Pod b {own_only}: admin is not that Pod, and its request changes {MAIN}"),
+    );
+    // A token of the ServiceAccount bound to no Pod holds the role too, and may do
+    // nothing with it.
+    refused_with(
+        merge(
+            &unbound_pods,
+            "a",
+            &json!({ "metadata": { "labels": { "x": "y" } } }),
+        )
+        .await,
+        "an unbound token labelling A",
+        &format!("{confined}: its token is bound to no Pod"),
+    );
+
+    // Everything else is untouched: the admin, and a Pod whose ServiceAccount holds
+    // cluster-admin's wildcard (which grants the marker too), update Pods as before.
+    merge(
+        &pods,
+        "b",
+        &json!({ "metadata": { "labels": { "x": "admin" } } }),
+    )
+    .await
+    .expect("the admin labels B");
+    merge(
+        &c_pods,
+        "b",
+        &json!({ "metadata": { "labels": { "x": "c" } } }),
+    )
+    .await
+    .expect("cluster-admin's Pod C labels B");
+    let a_now = pods.get("a").await.expect("A");
+    assert_eq!(
+        a_now.annotations().get(MAIN).map(String::as_str),
+        Some("succeeded")
+    );
+    assert!(a_now.labels().get("x").is_none(), "{:?}", a_now.labels());
+
+    // pods/status keeps metadata changes (its strategy resets the spec, ownerReferences
+    // and the deletion timestamp only), so a report could come in that way: the same
+    // rule holds there. The admin neither writes B's report nor removes A's through it.
+    refused_with(
+        merge_status(&pods, "b", &report(&b, Some("succeeded"))).await,
+        "the admin writing B's report through pods/status",
+        &format!("Pod b {own_only}: admin is not that Pod, and its request changes {MAIN}"),
+    );
+    refused_with(
+        merge_status(&pods, "a", &report(&a, None)).await,
+        "the admin removing A's report through pods/status",
+        &format!("Pod a {own_only}: admin is not that Pod, and its request changes {MAIN}"),
+    );
+    // Status updates as the kubelet and the controllers make them pass: the admin's
+    // condition on B...
+    let condition =
+        |kind: &str| json!({ "status": { "conditions": [{ "type": kind, "status": "True" }] } });
+    let has_condition = |pod: &Pod, kind: &str| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == kind))
+    };
+    let checked = merge_status(&pods, "b", &condition("example.com/Checked"))
+        .await
+        .expect("the admin's condition on B's status");
+    assert!(
+        has_condition(&checked, "example.com/Checked"),
+        "{checked:?}"
+    );
+    // ...and, on another Pod, a holder of the role that may write pods/status of its own
+    // (the role grants none): its confinement is for the role's `patch` on Pods, and
+    // status updates ask the authorizer nothing. A report it still may not write there.
+    let status_writer = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": { "name": "status-writer", "namespace": ns },
+        "rules": [{ "apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"] }],
+    });
+    apply(&status_writer.to_string(), "a Role writing pods/status").await;
+    let status_binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": "status-writer", "namespace": ns },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                     "name": "status-writer" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "guarded", "namespace": ns }],
+    });
+    apply(
+        &status_binding.to_string(),
+        "pods/status for the guarded ServiceAccount",
+    )
+    .await;
+    eventually("RBAC to grant pods/status", TIMEOUT, || async {
+        let out = kubectl(
+            &[
+                "auth",
+                "can-i",
+                "patch",
+                "pods",
+                "--subresource",
+                "status",
+                "--namespace",
+                ns.as_str(),
+                "--as",
+                sa.as_str(),
+            ],
+            None,
+        )
+        .await;
+        (text(&out.stdout).trim() == "yes").then_some(())
+    })
+    .await;
+    let checked = merge_status(&a_pods, "b", &condition("example.com/Seen"))
+        .await
+        .expect("A's token, with pods/status of its own, sets a condition on B");
+    assert!(has_condition(&checked, "example.com/Seen"), "{checked:?}");
+    refused_with(
+        merge_status(&a_pods, "b", &report(&b, Some("succeeded"))).await,
+        "A's token writing B's report through pods/status",
+        &format!("Pod b {own_only}: {sa} is not that Pod, and its request changes {MAIN}"),
+    );
+
+    // No report at creation: no guard can have written it yet. Not on a Pod...
+    let created_with = "guard-ended.lockwarden.io/* is the guard's report that its \
+                        container's command ended in success, written by that Pod's own guard \
+                        once it has run; none can exist before";
+    let d: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "d", "annotations": { MAIN: "succeeded" } },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                { "name": "main", "image": "debian:bookworm-slim", "command": ["true"] },
+            ],
+        },
+    }))
+    .unwrap();
+    refused_with(
+        pods.create(&PostParams::default(), &d).await,
+        "the admin creating a Pod with a report",
+        &format!("Pod d would be created with {MAIN}: {created_with}"),
+    );
+    // ...nor in the Binding that puts a Pod on a node (the API server copies its
+    // annotations onto the Pod); one without a report binds as the scheduler's does.
+    bare_pod(&pods, "e", "guarded").await;
+    let binding = |annotations: Value| {
+        json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": { "name": "e", "annotations": annotations },
+            "target": { "apiVersion": "v1", "kind": "Node", "name": "node-1" },
+        })
+    };
+    let bind = |body: Value| {
+        let pods = pods.clone();
+        async move {
+            pods.create_subresource::<_, Value>("binding", "e", &PostParams::default(), &body)
+                .await
+        }
+    };
+    refused_with(
+        bind(binding(json!({ MAIN: "succeeded" }))).await,
+        "the admin binding Pod E with a report",
+        &format!("Pod e would be bound to a node with {MAIN}: {created_with}"),
+    );
+    bind(binding(json!({ "example.com/note": "x" })))
+        .await
+        .expect("a binding without a report");
+    let e = pods.get("e").await.expect("E");
+    assert_eq!(
+        e.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("node-1")
+    );
+    assert!(e.annotations().get(MAIN).is_none(), "{:?}", e.annotations());
+
+    // ...nor in a Job's pod template, where it would give every Pod of the Job a report
+    // no guard wrote: not at creation, not by an update. The lockwarden controller's own
+    // template annotations pass.
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), ns);
+    let report_in_template = json!({ MAIN: "succeeded" });
+    eventually("the Job template policy in force", TIMEOUT, || async {
+        let probe = job_with_template_annotations("probe", report_in_template.clone());
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        jobs.create(&dry_run, &probe).await.err().map(|_| ())
+    })
+    .await;
+    let in_template = |job: &str| {
+        format!(
+            "Job {job}: spec.template.metadata.annotations may not carry {MAIN}: \
+             guard-ended.lockwarden.io/* is the guard's report"
+        )
+    };
+    refused_with(
+        jobs.create(
+            &PostParams::default(),
+            &job_with_template_annotations("j", report_in_template.clone()),
+        )
+        .await,
+        "the admin creating a Job with a report in its template",
+        &in_template("j"),
+    );
+    jobs.create(
+        &PostParams::default(),
+        &job_with_template_annotations("k", json!({ "lockwarden.io/fence": "1" })),
+    )
+    .await
+    .expect("a Job whose template carries the controller's fence");
+    let template = |annotations: Value| json!({ "spec": { "template": { "metadata": { "annotations": annotations } } } });
+    jobs.patch(
+        "k",
+        &PatchParams::default(),
+        &Patch::Merge(&template(json!({ "lockwarden.io/fence": "2" }))),
+    )
+    .await
+    .expect("the fence in the template updated, as the controller does");
+    refused_with(
+        jobs.patch(
+            "k",
+            &PatchParams::default(),
+            &Patch::Merge(&template(report_in_template.clone())),
+        )
+        .await,
+        "the admin adding a report to a Job's template",
+        &in_template("k"),
+    );
 }

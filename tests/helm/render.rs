@@ -317,3 +317,160 @@ fn non_default_values_render_what_they_say() {
         "arn:aws:iam::123456789012:role/lockwarden"
     );
 }
+
+/// The guard's report (templates/guard-report.yaml) comes with the guard injection, and
+/// only with it: the ClusterRole users bind to their workloads' ServiceAccounts
+/// (`patch` on Pods, and the `report` marker the policy asks the authorizer about), the
+/// policy confining it on every Pod update (pods/status too) and refusing it at a Pod's
+/// creation and binding, the policy refusing it in a Job's pod template, both bound
+/// everywhere, and the controller told to trust reports — by an environment variable,
+/// which an older image (the upgrade tests run the previous release's) ignores where it
+/// would refuse an unknown flag.
+#[test]
+fn guard_report_renders_with_the_guard_injection_only() {
+    const NAME: &str = "lw-lockwarden-guard-report";
+    const JOBS: &str = "lw-lockwarden-guard-report-jobs";
+    let report = |objs: &[Value]| -> Vec<String> {
+        let mut kinds: Vec<String> = objs
+            .iter()
+            .filter(|o| o["metadata"]["name"] == NAME || o["metadata"]["name"] == JOBS)
+            .map(|o| {
+                let (kind, name) = (&o["kind"], &o["metadata"]["name"]);
+                format!("{} {}", kind.as_str().unwrap(), name.as_str().unwrap())
+            })
+            .collect();
+        kinds.sort();
+        kinds
+    };
+    let trust = |objs: &[Value]| -> Vec<Value> {
+        container(one(objs, "Deployment"))["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "LOCKWARDEN_TRUST_GUARD_REPORTS")
+            .cloned()
+            .collect()
+    };
+    let named = |objs: &[Value], kind: &str, name: &str| -> Value {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+
+    // Default, and with the injection limited to some namespaces: the report is
+    // confined everywhere, since the controller trusts it on any workload's Pod.
+    for sets in [
+        &[][..],
+        &["guard.injection.namespaceSelector.matchLabels.team=a"][..],
+    ] {
+        let objs = objects(&render_lw(sets));
+        assert_eq!(
+            report(&objs),
+            [
+                format!("ClusterRole {NAME}"),
+                format!("ValidatingAdmissionPolicy {NAME}"),
+                format!("ValidatingAdmissionPolicy {JOBS}"),
+                format!("ValidatingAdmissionPolicyBinding {NAME}"),
+                format!("ValidatingAdmissionPolicyBinding {JOBS}"),
+            ],
+            "{sets:?}"
+        );
+        let role = named(&objs, "ClusterRole", NAME);
+        assert_eq!(
+            role["rules"],
+            json!([
+                { "apiGroups": [""], "resources": ["pods"], "verbs": ["patch"] },
+                { "apiGroups": ["lockwarden.io"], "resources": ["guardreports"],
+                  "verbs": ["report"] },
+            ])
+        );
+        assert_eq!(
+            role["metadata"]["labels"]["app.kubernetes.io/instance"],
+            "lw"
+        );
+        let policy = named(&objs, "ValidatingAdmissionPolicy", NAME);
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+        assert_eq!(
+            policy["spec"]["matchConstraints"]["resourceRules"],
+            json!([
+                { "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "pods/status"],
+                  "operations": ["UPDATE"] },
+                { "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "pods/binding"],
+                  "operations": ["CREATE"] },
+            ]),
+            "Pods and their status (which keeps metadata changes) updated, Pods created or bound"
+        );
+        let cel = policy["spec"].to_string();
+        assert!(
+            cel.contains("authorizer.group('lockwarden.io').resource('guardreports')"),
+            "{cel}"
+        );
+        assert!(
+            cel.contains("authentication.kubernetes.io/pod-uid"),
+            "{cel}"
+        );
+        let jobs = named(&objs, "ValidatingAdmissionPolicy", JOBS);
+        assert_eq!(jobs["spec"]["failurePolicy"], "Fail");
+        assert_eq!(
+            jobs["spec"]["matchConstraints"]["resourceRules"],
+            json!([{ "apiGroups": ["batch"], "apiVersions": ["v1"], "resources": ["jobs"],
+                     "operations": ["CREATE", "UPDATE"] }]),
+            "Jobs written, for their pod template"
+        );
+        for name in [NAME, JOBS] {
+            let binding = named(&objs, "ValidatingAdmissionPolicyBinding", name);
+            assert_eq!(binding["spec"]["policyName"], name);
+            assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+            assert!(binding["spec"]["matchResources"].is_null(), "{binding}");
+        }
+        assert_eq!(
+            trust(&objs),
+            [json!({ "name": "LOCKWARDEN_TRUST_GUARD_REPORTS", "value": "true" })]
+        );
+        assert!(
+            !args(one(&objs, "Deployment"))
+                .iter()
+                .any(|a| a.contains("trust-guard-reports")),
+            "the variable, not the flag"
+        );
+    }
+
+    // Without the injection, or without its API (before 1.36), or in namespace-scoped
+    // mode, or turned off: neither the policy nor the trust.
+    let chart = chart_dir();
+    let before_1_36 = helm(&[
+        "template",
+        "lw",
+        chart.to_str().unwrap(),
+        "--kube-version",
+        "v1.35.0",
+    ]);
+    assert!(
+        before_1_36.status.success(),
+        "{}",
+        text(&before_1_36.stderr)
+    );
+    for (what, rendered) in [
+        (
+            "guard.injection.enabled=false",
+            render_lw(&["guard.injection.enabled=false"]),
+        ),
+        (
+            "guard.reports.enabled=false",
+            render_lw(&["guard.reports.enabled=false"]),
+        ),
+        (
+            "namespace-scoped",
+            render_namespace_scoped("lw", "lockwarden-system", "apps"),
+        ),
+        ("Kubernetes 1.35", text(&before_1_36.stdout)),
+    ] {
+        let objs = objects(&rendered);
+        assert!(report(&objs).is_empty(), "{what}: {:?}", report(&objs));
+        assert!(trust(&objs).is_empty(), "{what}");
+    }
+    // Turned off alone, the injection stays.
+    let objs = objects(&render_lw(&["guard.reports.enabled=false"]));
+    assert_eq!(of_kind(&objs, "MutatingAdmissionPolicy").len(), 2);
+}

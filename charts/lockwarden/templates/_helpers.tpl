@@ -267,3 +267,16 @@ guard (controller/gating/decide.rs `runs_guard` says the same).
 {{- define "lockwarden.runsGuard" -}}
 [c.?command.orValue([]) + c.?args.orValue([])].exists(argv, size(argv) >= 2 && (argv[0] == 'lockwarden' || argv[0].endsWith('/lockwarden')) && argv[1] == 'guard')
 {{- end -}}
+
+{{/*
+Guard reports (templates/guard-report.yaml): whether the chart installs the policy that
+confines `guard-ended.lockwarden.io/*` reports, and so tells the controller to trust
+them ("true" or ""). Wherever the guard is injected (the report needs the Pod's name,
+uid and container name the injection passes); never without the policy, since without
+it any token that may patch Pods could forge one.
+*/}}
+{{- define "lockwarden.guardReports" -}}
+{{- if and .Values.guard.reports.enabled .Values.guard.injection.enabled (not .Values.watchNamespace) (include "lockwarden.mutatingPolicyServed" .) -}}
+true
+{{- end -}}
+{{- end -}}
