@@ -799,3 +799,116 @@ async fn stop_before_next_deleting_the_lock_of_a_running_guarded_job_releases_it
     let _ = contender_backend.release(&contender_lease).await;
     super::delete_namespace(&client, &ns).await;
 }
+
+/// Early hand-off on the guard's report (docs/design.md §6.3): a guarded Job whose
+/// COMMAND exits 0 has its lock let go on its guard's report on the Pod, while the
+/// kubelet is cut from the API server and so cannot report the exit. The release's
+/// controller trusts the reports (the chart sets `LOCKWARDEN_TRUST_GUARD_REPORTS` where
+/// it installs the report policy), and the Job's ServiceAccount is bound to the chart's
+/// `lockwarden-guard-report` role, as docs/guide/guard.md tells users to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_job_hands_off_on_its_guards_report_before_the_kubelet_reports_the_exit() {
+    // The kubelet cut stops every Pod on the node from reporting: alone with it.
+    let _kubelet = super::exclusive(&KUBELET).await;
+    let _controller = super::CONTROLLER.read().await;
+    let (node, client) = controller_ready().await;
+    let ns = node.namespace(&client, "node-guard-report").await;
+    allow_reading_leases(&client, &ns).await;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "guard-report" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "lockwarden-guard-report" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("bind the guard-report role");
+
+    let key = unique("guard-report");
+    let (port, register) = Register::serve().await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let mut template = lease_lock_timed("report-tpl", &key, WORKLOAD_LEASE, WORKLOAD_RENEW);
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    // COMMAND writes once, then ends with 0 a few seconds later: time enough to cut the
+    // kubelet after its write, before its exit. The nc it leaves is stopped by the guard.
+    let mut spec = guarded_pod_spec(node, port, Scale::Suite);
+    spec["containers"][0]["command"] = json!([
+        "/guard/lockwarden",
+        "guard",
+        "--",
+        "sh",
+        "-c",
+        format!("echo 'job 1' | nc 127.0.0.1 {port} & sleep 4; exit 0"),
+    ]);
+    let field = |variable: &str, path: &str| json!({ "name": variable, "valueFrom": { "fieldRef": { "fieldPath": path } } });
+    let env = spec["containers"][0]["env"].as_array_mut().unwrap();
+    env.push(field("LOCKWARDEN_POD_NAME", "metadata.name"));
+    env.push(field("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace"));
+    env.push(field("LOCKWARDEN_POD_UID", "metadata.uid"));
+    env.push(json!({ "name": "LOCKWARDEN_CONTAINER_NAME", "value": CONTAINER }));
+    let name = "reported";
+    Workload::Job
+        .create(&client, &ns, name, ("report-tpl", None), spec)
+        .await;
+    eventually("COMMAND's write under the guard", TIMEOUT, || async {
+        (!register.of("job").is_empty()).then_some(())
+    })
+    .await;
+
+    // From here on the kubelet cannot tell the API server that the container exited.
+    node.kubelet_api().set_mode(Mode::Blackhole);
+    let undo = Undo {
+        _stopped: None,
+        cut: vec![node.kubelet_api()],
+    };
+    let cut_at = monotonic_now();
+    let jobs = Api::<Job>::namespaced(client.clone(), &ns);
+    let status = eventually("the lock let go on the guard's report", TIMEOUT, || async {
+        let job = jobs.get(name).await.ok()?;
+        let status = job.annotations().get("lockwarden.io/status")?.clone();
+        status.contains("ended in success").then_some(status)
+    })
+    .await;
+    let let_go_after = monotonic_now() - cut_at;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pod = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the Job's Pod");
+    drop(undo);
+    let report = format!("guard-ended.lockwarden.io/{CONTAINER}");
+    assert_eq!(
+        pod.annotations().get(&report).map(String::as_str),
+        Some("succeeded"),
+        "the guard's report on its Pod: {:?}",
+        pod.annotations()
+    );
+    let terminated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()));
+    assert!(
+        !terminated,
+        "the kubelet, cut off, cannot have reported the exit: {:?}",
+        pod.status
+    );
+    println!(
+        "guard's report: the lock was let go {let_go_after:.3} s after the kubelet was cut \
+         (COMMAND exits 4 s after its write), the kubelet still reporting the container \
+         running; the Job's status: {status}"
+    );
+    super::delete_namespace(&client, &ns).await;
+}
