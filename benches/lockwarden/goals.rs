@@ -13,6 +13,38 @@ const THROUGHPUT_SHARE: f64 = 0.9;
 /// ZooKeeper), and the allowance on top of two floors for S3 and DynamoDB.
 const HANDOFF_MS: f64 = 15.0;
 
+/// Same-cluster hand-off p50 within this factor of the sum of its steps (issue 45).
+const HANDOFF_STEPS_FACTOR: f64 = 1.3;
+
+/// The same-cluster hand-off's steps, each measured alone in this run, in the order of
+/// its critical path: the holder's `DELETE` seen by a watch (the controller's), the
+/// release written to the store, the waiter's acquisition written (woken in-process,
+/// conditioned on the handed tombstone; on ZooKeeper woken by its watch), and the
+/// waiter's status write seen by a watch (the observer's). The finalizer's patch runs
+/// beside the waiter's steps, off the path. Their sum, and what each is.
+fn handoff_steps(r: &Report, kind: Kind) -> Option<(f64, String)> {
+    let delete = *r.delete_seen.get(&kind)?;
+    let status = r.status_write_seen?;
+    let (store, which) = match r.store_write_p50.get(&kind) {
+        Some(w) => (*w, "lockwarden's record written through the store layer"),
+        None => (
+            r.floors.get(&kind)?.p50,
+            "the store's raw conditional write",
+        ),
+    };
+    let sum = delete + 2.0 * store + status;
+    Some((
+        sum,
+        format!(
+            "`DELETE` seen by a watch {} + 2 × {which} {} + the status write seen by a watch {} = {} ms",
+            fmt(delete),
+            fmt(store),
+            fmt(status),
+            fmt(sum)
+        ),
+    ))
+}
+
 /// The goals table, as Markdown.
 pub(crate) fn render_goals(r: &Report) -> String {
     let mut md = String::from(
@@ -114,6 +146,21 @@ pub(crate) fn render_goals(r: &Report) -> String {
             format!("{} ms (n={})", fmt(x.p50), x.n),
             ok,
             why,
+        );
+    }
+    for x in r.rows.iter().filter(|x| x.what.starts_with("same-cluster")) {
+        let Some((sum, steps)) = handoff_steps(r, x.kind) else {
+            continue;
+        };
+        let ratio = x.p50 / sum;
+        row(
+            format!(
+                "{} same-cluster hand-off p50 ≤ {HANDOFF_STEPS_FACTOR} × the sum of its steps",
+                x.kind.name()
+            ),
+            format!("{} ms = {}× ({steps})", fmt(x.p50), fmt(ratio)),
+            ratio <= HANDOFF_STEPS_FACTOR,
+            String::new(),
         );
     }
     for (kind, p50, max, bound, n) in &r.takeover {

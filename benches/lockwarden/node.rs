@@ -17,6 +17,15 @@
 //!
 //! The lockwarden controller runs in this process (`controller::run_with`) against the
 //! node's control plane; the Pods have no host network and talk to nothing.
+//!
+//! `LOCKWARDEN_BENCH_NODE_GUARD=1`: the chain's Jobs run their script under `lockwarden
+//! guard` (the guard from lockwarden's image, host network to read the Lease from the
+//! API server on loopback, the Pod's ServiceAccount allowed to read it and to write the
+//! guard's report), and the controller trusts the guards' reports, so the lock goes on
+//! the guard's report of the exit (docs/design.md §6.3, "Early hand-off: the guard's
+//! report"). The chart's admission policy that confines who writes a report is not
+//! installed here (this control plane has no release). The floor stays the ungated,
+//! unguarded Job.
 
 use super::*;
 use k8s_openapi::api::batch::v1::Job;
@@ -138,6 +147,81 @@ echo "$EPOCHREALTIME {name} $LOCKWARDEN_FENCE last" >> /register/lines"#
     serde_json::from_value(job).expect("a Job")
 }
 
+/// [`gated_job`] under the guard: `lockwarden guard -- sh -c SCRIPT` from an init
+/// container's copy of the binary in lockwarden's image, the lock's URL, nonce and fence
+/// and the Pod's own name, namespace, uid and container name in its environment (what
+/// the chart's injection policy adds), host network to reach the API server.
+fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path) -> Job {
+    let mut job = serde_json::to_value(gated_job(name, lock, &node.images().workload, register))
+        .expect("a Job as JSON");
+    let spec = &mut job["spec"]["template"]["spec"];
+    spec["hostNetwork"] = json!(true);
+    spec["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": "guard", "emptyDir": {} }));
+    spec["initContainers"] = json!([{
+        "name": "install-guard", "image": node.images().lockwarden, "imagePullPolicy": "Never",
+        "command": ["/usr/local/bin/lockwarden", "install", "/guard"],
+        "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
+    }]);
+    let container = &mut spec["containers"][0];
+    let command = container["command"].as_array().unwrap().clone();
+    container["command"] = json!(["/guard/lockwarden", "guard", "--"]);
+    container["command"].as_array_mut().unwrap().extend(command);
+    container["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "name": "guard", "mountPath": "/guard" }));
+    let field = |variable: &str, path: &str| json!({ "name": variable, "valueFrom": { "fieldRef": { "fieldPath": path } } });
+    let env = container["env"].as_array_mut().unwrap();
+    env.extend([
+        field(
+            "LOCKWARDEN_URL",
+            "metadata.annotations['lockwarden.io/url']",
+        ),
+        field(
+            "LOCKWARDEN_NONCE",
+            "metadata.annotations['lockwarden.io/nonce']",
+        ),
+        field("LOCKWARDEN_POD_NAME", "metadata.name"),
+        field("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace"),
+        field("LOCKWARDEN_POD_UID", "metadata.uid"),
+        json!({ "name": "LOCKWARDEN_CONTAINER_NAME", "value": "work" }),
+        json!({ "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" }),
+        json!({ "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() }),
+    ]);
+    serde_json::from_value(job).expect("a Job")
+}
+
+/// What the guards of `ns` need of the API server: to read the lock's Lease, and to
+/// write their report on their own Pod.
+async fn allow_the_guards(client: &Client, ns: &str) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role = serde_json::from_value(json!({
+        "metadata": { "name": "guard" },
+        "rules": [
+            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"] },
+            { "apiGroups": [""], "resources": ["pods"], "verbs": ["patch"] },
+        ],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create the guards' Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "guard" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "guard" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the guards' RoleBinding");
+}
+
 /// A step of a Job (or of its Pod) a watch saw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Step {
@@ -151,6 +235,8 @@ enum Step {
     PodScheduled,
     /// Its Pod's phase is `Succeeded` (the kubelet's status).
     PodSucceeded,
+    /// Its Pod carries its guard's report (`guard-ended.lockwarden.io/work`).
+    GuardReported,
     /// `SuccessCriteriaMet=True` (the Job controller's interim condition).
     SuccessCriteriaMet,
     /// `Complete=True`.
@@ -221,6 +307,11 @@ impl Timeline {
                 (
                     Step::PodSucceeded,
                     status.and_then(|s| s.phase.as_deref()) == Some("Succeeded"),
+                ),
+                (
+                    Step::GuardReported,
+                    pod.annotations()
+                        .contains_key("guard-ended.lockwarden.io/work"),
                 ),
             ]
             .into_iter()
@@ -302,6 +393,14 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let ns = node.namespace(&client, "bench-node").await;
     let register = node.host_dir("bench-register");
     let image = node.images().workload.clone();
+    let guarded = std::env::var_os("LOCKWARDEN_BENCH_NODE_GUARD").is_some();
+    if guarded {
+        allow_the_guards(&client, &ns).await;
+    }
+    let chained = |name: &str, lock: &str| match guarded {
+        true => guarded_job(name, lock, node, &register),
+        false => gated_job(name, lock, &image, &register),
+    };
     // Two builds side by side (LOCKWARDEN_BENCH_NODE_BEFORE): each hand-off under one
     // build's `lockwarden controller` process, alternating; otherwise the controller of
     // this build, in this process.
@@ -313,7 +412,7 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     });
     let controller = match &mut versions {
         Some(versions) => {
-            versions.run(Build::After, node, &ns).await;
+            versions.run(Build::After, node, &ns, guarded).await;
             None
         }
         None => Some(tokio::spawn(controller::run_with(
@@ -321,6 +420,7 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
             ControllerConfig {
                 cluster_name: "bench-node".into(),
                 namespace: Some(ns.clone()),
+                trust_guard_reports: guarded,
                 ..Default::default()
             },
             Arc::new(lockwarden::telemetry::Telemetry::new()),
@@ -329,11 +429,15 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let timeline = Timeline::start(&client, &ns);
     let jobs = Api::<Job>::namespaced(client.clone(), &ns);
     let lock = "handoff";
+    // A guard starts its command only once it has seen the lock renewed (rule 9), a
+    // renewal and a poll (a twentieth of the lease) after its first read at most: the
+    // guarded chain's lock renews every second on a 4 s lease (polls every 200 ms).
+    let handoff_lock = match guarded {
+        true => support::locks::lease_lock_timed(lock, "bench-handoff", "4s", "1s"),
+        false => support::locks::lease_lock(lock, "bench-handoff"),
+    };
     Api::<DistributedLock>::namespaced(client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &support::locks::lease_lock(lock, "bench-handoff"),
-        )
+        .create(&PostParams::default(), &handoff_lock)
         .await
         .expect("create the lock");
 
@@ -347,12 +451,9 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     wait_line(&register, "warm", "first").await;
     timeline.step("warm", Step::Complete).await;
     let mut current = "job-0".to_string();
-    jobs.create(
-        &PostParams::default(),
-        &gated_job(&current, lock, &image, &register),
-    )
-    .await
-    .unwrap();
+    jobs.create(&PostParams::default(), &chained(&current, lock))
+        .await
+        .unwrap();
     let mut current_fence = wait_line(&register, &current, "first").await.fence;
 
     // Two builds: 30 pairs, each build once per pair, the order alternating pair by pair.
@@ -364,10 +465,12 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let mut floor = Vec::new();
     let mut handoff = Vec::new();
     // Per hand-off, the time between consecutive `points` (below).
-    let mut raw: [Vec<f64>; 8] = Default::default();
+    let mut raw: [Vec<f64>; 9] = Default::default();
     for i in 0..n {
         if let Some(versions) = &mut versions {
-            versions.run(Build::for_handoff(i), node, &ns).await;
+            versions
+                .run(Build::for_handoff(i), node, &ns, guarded)
+                .await;
         }
         // The floor: a plain Job from its create request to its first line.
         let plain = format!("plain-{i}");
@@ -384,12 +487,9 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
 
         // The hand-off: the next Job waits on the lock, then the current one finishes.
         let next = format!("job-{}", i + 1);
-        jobs.create(
-            &PostParams::default(),
-            &gated_job(&next, lock, &image, &register),
-        )
-        .await
-        .unwrap();
+        jobs.create(&PostParams::default(), &chained(&next, lock))
+            .await
+            .unwrap();
         timeline.step(&next, Step::Waiting).await;
         // Let the waiter settle, as a long wait would.
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -436,6 +536,10 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
             seen.at(&current, Step::PodSucceeded),
         ));
         raw[7].push(between(Some(last.at), seen.at(&current, Step::Complete)));
+        raw[8].push(between(
+            Some(last.at),
+            seen.at(&current, Step::GuardReported),
+        ));
         drop(seen);
         eprintln!(
             "[bench] node hand-off {}/{n}: {:.0} ms (fence {:?} → {:?}); floor Job {:.0} ms",
@@ -455,6 +559,12 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     }
     std::fs::write(register.join(format!("go-{current}")), "").unwrap();
     timeline.step(&current, Step::Complete).await;
+    let handoff_what = match guarded {
+        true => {
+            "hand-off, guarded Jobs: Job k's container's last line → Job k+1's container's first line"
+        }
+        false => "hand-off: Job k's container's last line → Job k+1's container's first line",
+    };
     if let Some(controller) = controller {
         controller.abort();
     }
@@ -462,28 +572,41 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
         note(&report, versions.finish());
     }
 
-    let handoff = summary(
-        "hand-off: Job k's container's last line → Job k+1's container's first line",
-        &handoff,
-    );
+    let handoff = summary(handoff_what, &handoff);
     let floor = summary(
         "floor: ungated Job created → its container's first line",
         &floor,
     );
+    let reported_by = match guarded {
+        true => "the guard reports the exit",
+        false => "the kubelet reports the exit",
+    };
+    let released = format!(
+        "Job k's container's last line → lock Released ({reported_by}; lockwarden lets go)"
+    );
+    let started = match guarded {
+        true => {
+            "→ Job k+1's container's first line (kubelet, containerd; the guard's install and its wait for a renewal)"
+        }
+        false => "→ Job k+1's container's first line (kubelet, containerd)",
+    };
     let names = [
-        "Job k's container's last line → lock Released (the kubelet reports the exit; lockwarden lets go)",
+        released.as_str(),
         "→ lock Acquired for Job k+1 (lockwarden: claim, acquire)",
         "→ Job k+1 started (lockwarden: fence + unsuspend)",
         "→ Job k+1's Pod created (Job controller)",
         "→ Pod bound to the node (kube-scheduler)",
-        "→ Job k+1's container's first line (kubelet, containerd)",
+        started,
         "(off the path) Job k's container's last line → its Pod Succeeded (kubelet)",
         "(off the path) Job k's container's last line → Job k Complete (Job controller)",
+        "(off the path) Job k's container's last line → its guard's report on the Pod",
     ];
+    // Only the chain's own stages: no guard, no report.
     let stages: Vec<NodeRow> = names
         .iter()
         .zip(&raw)
         .map(|(what, v)| summary(what, v))
+        .filter(|row| row.n > 0)
         .collect();
     // lock Released → Job k+1 started: lockwarden's part of the hand-off after it let
     // go; and Job k+1 started → its first line: the path an ungated Job's start takes.
@@ -599,7 +722,7 @@ impl Versions {
     }
 
     /// Makes `build`'s controller the one running, watching `ns` on the node.
-    async fn run(&mut self, build: Build, node: &Node, ns: &str) {
+    async fn run(&mut self, build: Build, node: &Node, ns: &str, trust_guard_reports: bool) {
         if matches!(&self.running, Some((b, _)) if *b == build) {
             return;
         }
@@ -625,6 +748,11 @@ impl Versions {
             .arg("--metrics-address")
             .arg(format!("127.0.0.1:{port}"))
             .env("KUBECONFIG", node.plane().kubeconfig_path())
+            // An older build ignores it (and lets go on the kubelet's report).
+            .env(
+                "LOCKWARDEN_TRUST_GUARD_REPORTS",
+                trust_guard_reports.to_string(),
+            )
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()

@@ -12,6 +12,10 @@ pub(crate) struct Seen {
     pub(crate) acquired: HashMap<String, Instant>,
     pub(crate) waiting: HashMap<String, Instant>,
     pub(crate) deleted: HashMap<String, Instant>,
+    /// When its deletion timestamp was first seen.
+    pub(crate) deleting: HashMap<String, Instant>,
+    /// When each `status.fence` of an object was first seen.
+    pub(crate) fences: HashMap<(String, i64), Instant>,
 }
 
 pub(crate) struct Watch {
@@ -37,6 +41,12 @@ impl Watch {
                     watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
                         let id = format!("{}/{}", l.namespace().unwrap_or_default(), l.name_any());
                         let status = l.status.as_ref();
+                        if l.metadata.deletion_timestamp.is_some() {
+                            seen.deleting.entry(id.clone()).or_insert(now);
+                        }
+                        if let Some(fence) = status.and_then(|st| st.fence) {
+                            seen.fences.entry((id.clone(), fence)).or_insert(now);
+                        }
                         if status.is_some_and(|st| conditions::is_true(&st.conditions, ACQUIRED)) {
                             seen.acquired.entry(id).or_insert(now);
                         } else if status.and_then(|st| st.phase) == Some(LockPhase::Waiting) {
@@ -229,7 +239,7 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         .unwrap();
         watch.acquired(&format!("{ns}/{name}")).await;
     }
-    status_write_cost(&env, &api, &report).await;
+    status_write_cost(&env, &api, &watch, &report).await;
     for kind in KINDS {
         let mut created = Vec::new();
         for _ in 0..n_create {
@@ -253,6 +263,7 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
 
         let mut handoffs = Vec::new();
         let mut stages: Vec<(f64, f64)> = Vec::new();
+        let mut delete_seen = Vec::new();
         for _ in 0..n_handoff {
             let key = support::unique("h");
             let (h, w) = (support::unique("holder"), support::unique("waiter"));
@@ -276,8 +287,14 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             api.delete(&h, &DeleteParams::default()).await.unwrap();
             let acquired = watch.acquired(&format!("{ns}/{w}")).await;
             let gone = watch.deleted(&format!("{ns}/{h}")).await;
+            let deleting = watch
+                .wait(&format!("{ns}/{h} deleting"), |s| {
+                    s.deleting.get(&format!("{ns}/{h}")).copied()
+                })
+                .await;
             handoffs.push(ms(acquired - t));
             stages.push((ms(gone.saturating_duration_since(t)), ms(acquired - t)));
+            delete_seen.push(ms(deleting.saturating_duration_since(t)));
             api.delete(&w, &DeleteParams::default()).await.unwrap();
             watch.deleted(&format!("{ns}/{w}")).await;
         }
@@ -295,6 +312,11 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             .unwrap()
             .handoff_stages
             .insert(kind, (pct(&gone, 0.5), pct(&handoffs, 0.5)));
+        report
+            .lock()
+            .unwrap()
+            .delete_seen
+            .insert(kind, pct(&delete_seen, 0.5));
         note(
             &report,
             format!(
@@ -381,7 +403,12 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
 /// The status write on every hand-off's path, two ways: server-side apply (what the
 /// controller sends) and a JSON merge patch of the same status, interleaved on one
 /// object of a namespace no controller watches.
-async fn status_write_cost(env: &Arc<Env>, api: &Api<DistributedLock>, report: &Shared) {
+async fn status_write_cost(
+    env: &Arc<Env>,
+    api: &Api<DistributedLock>,
+    watch: &Watch,
+    report: &Shared,
+) {
     use kube::api::{Patch, PatchParams};
     // The status of a held lock, as the controller wrote it (any warm lock will do).
     let Some(status) = api
@@ -409,7 +436,8 @@ async fn status_write_cost(env: &Arc<Env>, api: &Api<DistributedLock>, report: &
         },
     );
     objects.create(&PostParams::default(), &lock).await.unwrap();
-    let (mut apply, mut merge) = (Vec::new(), Vec::new());
+    let (mut apply, mut merge, mut seen) = (Vec::new(), Vec::new(), Vec::new());
+    let id = format!("{other}/{name}");
     for i in 0..50 {
         let mut s = status.clone();
         s.fence = Some(1000 + i);
@@ -428,6 +456,14 @@ async fn status_write_cost(env: &Arc<Env>, api: &Api<DistributedLock>, report: &
             .await
             .unwrap();
         apply.push(ms(t.elapsed()));
+        // The same write as a watcher of it sees it: the hand-off's last step.
+        let fence = 1000 + i;
+        let at = watch
+            .wait(&format!("{id} fence {fence}"), |s| {
+                s.fences.get(&(id.clone(), fence)).copied()
+            })
+            .await;
+        seen.push(ms(at.saturating_duration_since(t)));
         s.fence = Some(5000 + i);
         let body = serde_json::json!({ "status": s });
         let t = Instant::now();
@@ -438,12 +474,14 @@ async fn status_write_cost(env: &Arc<Env>, api: &Api<DistributedLock>, report: &
         merge.push(ms(t.elapsed()));
     }
     report.lock().unwrap().status_write = Some((pct(&apply, 0.5), pct(&merge, 0.5)));
+    report.lock().unwrap().status_write_seen = Some(pct(&seen, 0.5));
     note(
         report,
         format!(
-            "status write on the hand-off path (API server, one DistributedLock, n=50 each, interleaved): server-side apply p50 {:.2} ms p99 {:.2} ms; JSON merge patch of the same status p50 {:.2} ms p99 {:.2} ms",
+            "status write on the hand-off path (API server, one DistributedLock, n=50 each, interleaved): server-side apply p50 {:.2} ms p99 {:.2} ms (seen by a watch p50 {:.2} ms after its send); JSON merge patch of the same status p50 {:.2} ms p99 {:.2} ms",
             pct(&apply, 0.5),
             pct(&apply, 0.99),
+            pct(&seen, 0.5),
             pct(&merge, 0.5),
             pct(&merge, 0.99)
         ),

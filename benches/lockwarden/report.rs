@@ -112,6 +112,12 @@ pub(crate) struct Report {
     /// p50 ms of the status write on the hand-off path: server-side apply (what the
     /// controller sends) and a JSON merge patch of the same status.
     pub(crate) status_write: Option<(f64, f64)>,
+    /// p50 ms from the holder's `DELETE` request to a watch seeing its deletion
+    /// timestamp: the hand-off's first step.
+    pub(crate) delete_seen: BTreeMap<Kind, f64>,
+    /// p50 ms from the waiter's status write (server-side apply) to a watch seeing it:
+    /// the hand-off's last step.
+    pub(crate) status_write_seen: Option<f64>,
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) cli: Vec<CliRow>,
