@@ -197,29 +197,11 @@ fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path) -> Job {
 /// What the guards of `ns` need of the API server: to read the lock's Lease, and to
 /// write their report on their own Pod.
 async fn allow_the_guards(client: &Client, ns: &str) {
-    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-    let role: Role = serde_json::from_value(json!({
-        "metadata": { "name": "guard" },
-        "rules": [
-            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"] },
-            { "apiGroups": [""], "resources": ["pods"], "verbs": ["patch"] },
-        ],
-    }))
-    .unwrap();
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create the guards' Role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": "guard" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "guard" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create the guards' RoleBinding");
+    let rules = json!([
+        { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"] },
+        { "apiGroups": [""], "resources": ["pods"], "verbs": ["patch"] },
+    ]);
+    support::kube::grant_default_service_account(client, ns, "guard", rules).await;
 }
 
 /// A step of a Job (or of its Pod) a watch saw.

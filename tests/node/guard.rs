@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
@@ -48,6 +48,7 @@ use super::{
     CONTROLLER, KUBELET, RELEASE_NAMESPACE, TIMEOUT, controller_pid, controller_ready,
     wait_controller_ready,
 };
+use crate::support::kube::grant_default_service_account;
 use crate::support::locks::lease_lock_timed;
 use crate::support::node::Node;
 use crate::support::proxy::{Mode, Proxy};
@@ -88,25 +89,8 @@ impl Drop for Stopped {
 /// `get` on Leases for the namespace's default service account: the guard reads the
 /// Lease itself.
 async fn allow_reading_leases(client: &Client, ns: &str) {
-    let role: Role = serde_json::from_value(json!({
-        "metadata": { "name": "guard" },
-        "rules": [{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"] }],
-    }))
-    .unwrap();
-    Api::<Role>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create the guard's Role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": "guard" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "guard" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create the guard's RoleBinding");
+    let rules = json!([{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get"] }]);
+    grant_default_service_account(client, ns, "guard", rules).await;
 }
 
 /// The guarded Pod spec of examples/guarded-job.yaml: an init container copies the

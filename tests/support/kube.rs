@@ -840,6 +840,31 @@ pub async fn namespace_with_controller_as(
     (admin, ns)
 }
 
+/// A Role `name` of `rules` in `ns`, bound to the namespace's `default` ServiceAccount
+/// (what its Pods run as unless they name another): what a guard there needs of the
+/// API server, say.
+pub async fn grant_default_service_account(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    rules: serde_json::Value,
+) {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "rules": rules,
+    }))
+    .expect("a Role");
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
+    }))
+    .expect("a RoleBinding");
+    create(&Api::namespaced(client.clone(), ns), &role).await;
+    create(&Api::namespaced(client.clone(), ns), &binding).await;
+}
+
 /// A client of the shared control plane, the lockwarden CRD installed, and a fresh
 /// namespace (no controller: for tests that run their own).
 pub async fn namespace_with_crd(prefix: &str) -> (Client, String) {
