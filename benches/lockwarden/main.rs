@@ -142,6 +142,14 @@ fn main() {
         scale_child(&args[i + 1..]);
         return;
     }
+    // RUST_LOG: the in-process controllers' logs (say `lockwarden=debug`), to stderr
+    // with microsecond timestamps, for tracing where a measured path spends its time.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let mut opts = Opts {
         quick: false,
         only: None,
