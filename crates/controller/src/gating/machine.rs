@@ -199,28 +199,23 @@ impl<W: GatedWorkload> Gating<W> {
 
     /// [`Gating::alone`] with `config`.
     pub fn configured(client: kube::Client, config: ControllerConfig) -> Arc<Self> {
-        let kinds = Kinds::default().with::<W>();
-        let cache = kube::runtime::reflector::store().0;
-        let telemetry = Arc::new(Telemetry::new());
-        Arc::new(Gating::new(client, config, cache, telemetry, kinds))
+        Self::built(client, config, Vec::new())
     }
 
     /// [`Gating::alone`] with `cached` in its cache of the kind, as the watch would
     /// have them.
     pub fn with_cached(client: kube::Client, cached: Vec<W>) -> Arc<Self> {
+        Self::built(client, ControllerConfig::default(), cached)
+    }
+
+    fn built(client: kube::Client, config: ControllerConfig, cached: Vec<W>) -> Arc<Self> {
         let (cache, mut writer) = kube::runtime::reflector::store();
         for obj in cached {
             writer.apply_watcher_event(&watcher::Event::Apply(obj));
         }
         let kinds = Kinds::default().with::<W>();
-        let config = ControllerConfig::default();
-        Arc::new(Gating::new(
-            client,
-            config,
-            cache,
-            Arc::new(Telemetry::new()),
-            kinds,
-        ))
+        let telemetry = Arc::new(Telemetry::new());
+        Arc::new(Gating::new(client, config, cache, telemetry, kinds))
     }
 }
 
@@ -458,8 +453,14 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
             .await
             .map_err(self.failed(GatingError::LetGo))?;
         let kind = W::KIND.name;
-        let how = "its processes ended in success (every container exited 0, as its kubelet \
-                   reports)";
+        let how = match self.ctx.config.trust_guard_reports {
+            true => {
+                "its processes ended in success (every container exited 0, as its kubelet or its guard reports)"
+            }
+            false => {
+                "its processes ended in success (every container exited 0, as its kubelet reports)"
+            }
+        };
         let message = match notes.is_empty() {
             true => format!("{kind}: {how}; {} was already let go", describe(&locks)),
             false => format!("{}: {kind}: {how}", notes.join("; ")),
