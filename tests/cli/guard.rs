@@ -6,7 +6,7 @@
 
 use super::run::{
     Register, Writers, assert_deadline_within_validity, assert_none_after, logged_deadline,
-    monotonic_now, spawn_writing, without_colours,
+    monotonic_now, spawn_writing, wait_for_closed, without_colours,
 };
 use super::*;
 use support::proxy::{Mode, Proxy};
@@ -214,9 +214,7 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pi
         .unwrap_or_else(|| panic!("the guard logged no deadline: {out:#?}"));
     assert_deadline_within_validity(deadline, cut_at, LEASE);
     let n = writers.names().len();
-    register
-        .wait_for_closed(n, "every guarded writer to be gone")
-        .await;
+    wait_for_closed(&register, n, "every guarded writer to be gone").await;
     let mut limit = deadline;
     if let Some(contender) = contender {
         let out = finish(contender, String::new()).await;
@@ -240,7 +238,9 @@ async fn guarded_writes_end_in_time(store: Store, cut: Cut, writers: Writers, pi
         .filter(|(_, line)| !line.starts_with("contender"))
         .collect();
     let last = guarded.iter().map(|(t, _)| *t).fold(f64::MIN, f64::max);
-    let after = format!("guarded writes after {limit} (deadline {deadline})");
+    // The guard's log says when it signalled what, should a write come late.
+    let after =
+        format!("guarded writes after {limit} (deadline {deadline}); the guard's log:\n{logged}");
     assert_none_after(&guarded, limit, &after);
     println!(
         "{url} ({cut:?} cut): {} guarded writes, the last {:.0} ms before the guard's deadline, \

@@ -1,9 +1,6 @@
 //! `run`: the command runs only while the lock is held, is terminated when the lock is
 //! stolen, and gets SIGTERM passed on.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-
 use super::*;
 use support::proxy::{Mode, Proxy};
 
@@ -129,77 +126,31 @@ async fn run_of_a_held_lock_exits_3_without_running_the_command() {
     assert_eq!(lw.status(&url).await["state"], "released");
 }
 
-// Seconds of CLOCK_MONOTONIC, the clock `run` logs its holder deadline on (the same
-// clock the node trials' register stamps with).
-pub(super) use support::trials::monotonic_now;
+// Seconds of CLOCK_MONOTONIC, the clock `run` logs its holder deadline on and the
+// register stamps with.
+pub(super) use support::register::monotonic_now;
 
-/// What the guarded resource saw: one line per write, `WRITER N`, stamped on arrival
-/// on CLOCK_MONOTONIC (an arrival is after its write, so "arrived before the deadline"
-/// proves "written before it"), and how many writers' connections have closed.
-#[derive(Default)]
-pub(super) struct Register {
-    writes: std::sync::Mutex<Vec<(f64, String)>>,
-    closed: AtomicUsize,
+/// What the guarded resource saw (support::register: each line stamped with its
+/// kernel arrival on CLOCK_MONOTONIC).
+pub(super) use support::register::Register;
+
+/// Waits until each of `writers` has written once to `register`.
+pub(super) async fn wait_for_writes(register: &Register, writers: &Writers, what: &str) {
+    eventually(what, || async {
+        let seen = register.writers();
+        writers
+            .names()
+            .iter()
+            .all(|name| seen.contains(*name))
+            .then_some(())
+    })
+    .await;
 }
 
-impl Register {
-    /// Serves on a loopback port until the test ends.
-    pub(super) async fn serve() -> (u16, Arc<Register>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let register = Arc::new(Register::default());
-        tokio::spawn(register.clone().accept(listener));
-        (port, register)
-    }
-
-    /// Takes each writer's connection, until the test ends.
-    async fn accept(self: Arc<Self>, listener: tokio::net::TcpListener) {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(self.clone().record(stream));
-        }
-    }
-
-    /// One writer's connection: each line stamped on arrival, then that it closed.
-    async fn record(self: Arc<Self>, stream: tokio::net::TcpStream) {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let t = monotonic_now();
-            self.writes.lock().unwrap().push((t, line));
-        }
-        self.closed.fetch_add(1, SeqCst);
-    }
-
-    /// Waits until each of `writers` has written once.
-    pub(super) async fn wait_for_writes(&self, writers: &Writers, what: &str) {
-        eventually(what, || async {
-            let seen = self.writers();
-            writers
-                .names()
-                .iter()
-                .all(|name| seen.contains(*name))
-                .then_some(())
-        })
-        .await;
-    }
-
-    /// Waits until `n` writers' connections have closed: none of them runs any more.
-    pub(super) async fn wait_for_closed(&self, n: usize, what: &str) {
-        eventually(what, || async {
-            (self.closed.load(SeqCst) >= n).then_some(())
-        })
-        .await;
-    }
-
-    pub(super) fn writes(&self) -> Vec<(f64, String)> {
-        self.writes.lock().unwrap().clone()
-    }
-
-    pub(super) fn writers(&self) -> std::collections::BTreeSet<String> {
-        self.writes()
-            .iter()
-            .filter_map(|(_, line)| line.split(' ').next().map(str::to_string))
-            .collect()
-    }
+/// Waits until `n` writers' connections to `register` have closed: none of them runs
+/// any more.
+pub(super) async fn wait_for_closed(register: &Register, n: usize, what: &str) {
+    eventually(what, || async { (register.closed() >= n).then_some(()) }).await;
 }
 
 /// A writer, `bash -c "$WRITER" _ NAME`: ignores SIGTERM, connects to the register
@@ -268,7 +219,7 @@ pub(super) async fn spawn_writing(
         .spawn()
         .unwrap_or_else(|e| panic!("spawn lockwarden {what}: {e}"));
     let waiting = format!("every writer under {what} to write");
-    register.wait_for_writes(writers, &waiting).await;
+    wait_for_writes(register, writers, &waiting).await;
     child
 }
 
@@ -339,7 +290,7 @@ async fn writes_end_by_the_holder_deadline(
     assert_deadline_within_validity(deadline, cut, lease);
     // Every writer's connection closes: none is left running.
     let n = writers.names().len();
-    register.wait_for_closed(n, "every writer to be gone").await;
+    wait_for_closed(&register, n, "every writer to be gone").await;
     let writes = register.writes();
     let (last, line) = writes
         .iter()
@@ -416,9 +367,7 @@ async fn rule7_run_stops_what_its_command_left_running_before_releasing() {
         stderr.contains("exited and left") && stderr.contains("SIGKILL"),
         "{stderr}"
     );
-    register
-        .wait_for_closed(1, "the writer's connection to close")
-        .await;
+    wait_for_closed(&register, 1, "the writer's connection to close").await;
     let writes = register.writes();
     assert!(!writes.is_empty(), "the left-behind writer never wrote");
     assert!(

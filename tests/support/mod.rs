@@ -33,6 +33,7 @@ pub mod once;
 pub mod overlap;
 pub mod postgres;
 pub mod proxy;
+pub mod register;
 pub mod stores;
 pub mod timescale;
 pub mod tofu;

@@ -8,76 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockwarden::lock::{AcquireRequest, Attempt, Lease, LockBackend, LockState};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::task::JoinHandle;
 
 use super::timescale::{self, CONTENDER_POLL, LAST_WRITE_IN_FLIGHT, SAMPLE_EVERY, Scale};
 
-/// CLOCK_MONOTONIC in seconds: the register's clock.
-pub fn monotonic_now() -> f64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime(2) writes one timespec into the one we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
-}
-
-/// The guarded resource: one line per write (`WRITER N`), stamped on arrival on
-/// CLOCK_MONOTONIC (an arrival is after its write, so an arrival order is a bound on
-/// the write order the other way round only for the later write: a margin is the
-/// contender's first *arrival* minus the workload's last *arrival*, and the workload's
-/// write happened before its arrival).
-#[derive(Default)]
-pub struct Register {
-    writes: Mutex<Vec<(f64, String)>>,
-}
-
-impl Register {
-    /// A register on a free loopback port: the port and the register.
-    pub async fn serve() -> (u16, Arc<Register>) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let register = Arc::new(Register::default());
-        let serving = register.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let register = serving.clone();
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stream).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        let t = monotonic_now();
-                        register.writes.lock().unwrap().push((t, line));
-                    }
-                });
-            }
-        });
-        (port, register)
-    }
-
-    /// `writer`'s lines, in their order of arrival.
-    pub fn lines_of(&self, writer: &str) -> Vec<String> {
-        self.writes
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, line)| line.split(' ').next() == Some(writer))
-            .map(|(_, line)| line.clone())
-            .collect()
-    }
-
-    /// Arrival times of `writer`'s lines.
-    pub fn of(&self, writer: &str) -> Vec<f64> {
-        self.writes
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, line)| line.split(' ').next() == Some(writer))
-            .map(|(t, _)| *t)
-            .collect()
-    }
-}
+pub use super::register::{Register, monotonic_now};
 
 /// A backend on `s3://bucket/key` straight to the shared moto, never through a proxy:
 /// the contender's, and the record sampler's.
