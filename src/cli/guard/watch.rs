@@ -96,7 +96,8 @@ impl Watch {
                     && let Err(why) = report::ended_in_success(&pod).await
                 {
                     print_warning(&format!(
-                        "{shown:?} succeeded, but its Pod was not told at once ({why});                          the lock is handed on when the kubelet reports the exit"
+                        "{shown:?} succeeded, but its Pod was not told at once ({why}); \
+                         the lock is handed on when the kubelet reports the exit"
                     ));
                 }
                 Ok(code)
