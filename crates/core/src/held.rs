@@ -84,6 +84,11 @@ pub struct HeldLock {
     holder: String,
     state: watch::Receiver<HolderState>,
     deadline: watch::Receiver<Instant>,
+    /// The revision of our last confirmed write (our own entry's, on a key with several
+    /// permits): what a reader of the record sees until the next one.
+    revision: watch::Receiver<String>,
+    /// A renewal asked for ahead of schedule, by the revision the asker saw.
+    renew_request: watch::Sender<String>,
     release: Option<oneshot::Sender<ReleaseOrder>>,
     task: Option<JoinHandle<()>>,
 }
@@ -104,6 +109,8 @@ impl HeldLock {
         };
         let (state_tx, state) = watch::channel(initial);
         let (deadline_tx, deadline) = watch::channel(lease.deadline.instant());
+        let (revision_tx, revision) = watch::channel(lease.record.revision.clone());
+        let (renew_request, requests) = watch::channel(String::new());
         let (release, release_rx) = oneshot::channel();
         let fence = lease.fence();
         let nonce = lease.nonce().to_string();
@@ -114,8 +121,9 @@ impl HeldLock {
             policy: policy.within(lease.holder_lease()),
             state: state_tx,
             deadline: deadline_tx,
+            revision: revision_tx,
         };
-        let task = tokio::spawn(task.run(lease, release_rx));
+        let task = tokio::spawn(task.run(lease, release_rx, requests));
         HeldLock {
             backend,
             fence,
@@ -123,6 +131,8 @@ impl HeldLock {
             holder,
             state,
             deadline,
+            revision,
+            renew_request,
             release: Some(release),
             task: Some(task),
         }
@@ -183,6 +193,26 @@ impl HeldLock {
     /// (rule 7).
     pub fn deadline(&self) -> watch::Receiver<Instant> {
         self.deadline.clone()
+    }
+
+    /// The revision of our last confirmed write: our own entry's on a key with several
+    /// permits. A reader that saw it has seen no renewal since.
+    pub fn revision(&self) -> String {
+        self.revision.borrow().clone()
+    }
+
+    /// Whether our last confirmed write is the one at `revision`.
+    pub fn is_at(&self, revision: &str) -> bool {
+        *self.revision.borrow() == revision
+    }
+
+    /// Renews at once, ahead of the schedule, if our last confirmed write is still the
+    /// one at `revision` and no renewal is under way (docs/design.md §6.3, "A renewal on
+    /// the guard's request"): a reader that saw `revision` waits to see it change. Any
+    /// later request for the same revision finds it changed and does nothing, so one
+    /// revision asks for one renewal at most. The schedule runs on from that renewal.
+    pub fn renew_if_at(&self, revision: &str) {
+        self.renew_request.send_replace(revision.to_string());
     }
 
     /// Resolves when the lock is lost (or can no longer be claimed: `Expiring`).
@@ -273,6 +303,7 @@ struct HolderTask {
     policy: RenewPolicy,
     state: watch::Sender<HolderState>,
     deadline: watch::Sender<Instant>,
+    revision: watch::Sender<String>,
 }
 
 impl HolderTask {
@@ -291,7 +322,12 @@ impl HolderTask {
         })
     }
 
-    async fn run(self, mut lease: Lease, mut release: oneshot::Receiver<ReleaseOrder>) {
+    async fn run(
+        self,
+        mut lease: Lease,
+        mut release: oneshot::Receiver<ReleaseOrder>,
+        mut requests: watch::Receiver<String>,
+    ) {
         // A resumed lease (expired deadline) renews at once.
         let mut next = if lease.is_valid() {
             Instant::now() + self.policy.interval
@@ -342,6 +378,7 @@ impl HolderTask {
                         Ok(()) => {
                             next = Instant::now() + self.policy.interval;
                             self.deadline.send_replace(lease.deadline.instant());
+                            self.revision.send_replace(lease.record.revision.clone());
                             self.state.send_replace(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
                         }
                         Err(LockError::Lost { reason, .. }) => {
@@ -368,6 +405,13 @@ impl HolderTask {
                 }
                 _ = sleep_until(next), if inflight.is_none() => {
                     inflight = Some(self.renewal(lease.clone()));
+                }
+                // A request that came while a renewal was in flight is looked at once it
+                // has answered: by then the revision asked about is no longer ours.
+                Ok(()) = requests.changed(), if inflight.is_none() => {
+                    if *requests.borrow_and_update() == lease.record.revision {
+                        inflight = Some(self.renewal(lease.clone()));
+                    }
                 }
             }
         }
@@ -467,6 +511,48 @@ mod tests {
             assert!(Instant::now() < give_up, "not released after drop");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// docs/design.md §6.3, "A renewal on the guard's request". On paused time, which
+    /// jumps to the next timer when every task waits: a renewal on the schedule shows as
+    /// a whole interval gone, one on request as none.
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_asked_for_by_the_revision_seen_comes_at_once_and_only_for_that_revision() {
+        const LONG: Duration = Duration::from_secs(60);
+        let store = MemoryStore::new("mem://held/asked");
+        let lock = CasLock::new(store.clone()).with_margins(margins());
+        let lease = match lock.try_acquire(&AcquireRequest::new("a", LONG)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let policy = RenewPolicy::for_lease(LONG);
+        let held = HeldLock::hold(Arc::new(lock), lease, policy.clone());
+        let mut revisions = held.revision.clone();
+        let acquired = held.revision();
+        assert_eq!(store.record().revision, acquired, "what a reader sees");
+
+        let asked = Instant::now();
+        held.renew_if_at(&acquired);
+        revisions.wait_for(|r| *r != acquired).await.unwrap();
+        assert!(
+            asked.elapsed() < policy.interval / 2,
+            "renewed {:?} after the request: on the schedule, not on request",
+            asked.elapsed()
+        );
+        let renewed = held.revision();
+        assert_eq!(store.record().revision, renewed);
+        assert!(held.is_held());
+
+        // The revision asked about is no longer ours: no renewal until the schedule's.
+        let since = Instant::now();
+        held.renew_if_at(&acquired);
+        held.renew_if_at("a revision never ours");
+        revisions.wait_for(|r| *r != renewed).await.unwrap();
+        assert!(
+            since.elapsed() >= policy.interval - Duration::from_millis(10),
+            "a stale request renewed after {:?}",
+            since.elapsed()
+        );
     }
 
     #[test]
