@@ -99,7 +99,9 @@ Secrets are never here: they get Roles of their own, only where locks live.
 # (lockwarden.io/on-lock-lost: delete), and look a claimant Pod up by name. Job
 # gating: list a Job's Pods by its controller-uid label (no lock is released while one
 # still runs) and delete them with their own grace period when the Job's lock is lost
-# or the Job is deleted (docs/design.md §6.3). Never create, update or exec.
+# or the Job is deleted (docs/design.md §6.3). Where guard reports are trusted, watch
+# the metadata of every Pod for a guard's request for a renewal
+# (guard-waiting.lockwarden.io/*, §6.3). Never create, update or exec.
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]

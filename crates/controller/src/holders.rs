@@ -197,4 +197,80 @@ impl Holders {
     pub fn remove(&self, obj: &ObjectRef<DistributedLock>) -> Option<HolderTask> {
         self.tasks.lock().expect("holders").remove(obj)
     }
+
+    /// Renews at once every held lock whose last confirmed write is at one of
+    /// `revisions`, a guard's request (docs/design.md §6.3, "A renewal on the guard's
+    /// request"); the locks asked, by object. Revisions are random per write, so a
+    /// request names the locks its guard read and no other.
+    pub fn renew_where_seen(&self, revisions: &[&str]) -> Vec<ObjectRef<DistributedLock>> {
+        let tasks = self.tasks.lock().expect("holders");
+        let mut asked = Vec::new();
+        for (obj, task) in tasks.iter() {
+            if let Some(revision) = revisions.iter().find(|r| task.held.is_at(r)) {
+                task.held.renew_if_at(revision);
+                asked.push(obj.clone());
+            }
+        }
+        asked
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockwarden_core::memory::MemoryStore;
+    use lockwarden_core::{AcquireRequest, Attempt, CasLock};
+    use std::time::Duration;
+
+    const LEASE: Duration = Duration::from_secs(60);
+
+    async fn hold(holders: &Holders, name: &str) -> MemoryStore {
+        let store = MemoryStore::new(format!("mem://holders/{name}"));
+        let lock = CasLock::new(store.clone());
+        let lease = match lock.try_acquire(&AcquireRequest::new(name, LEASE)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let obj = ObjectRef::new(name).within("ns");
+        let owner = Owner {
+            obj: obj.clone(),
+            uid: name.into(),
+            key: name.into(),
+            backend: BackendKind::S3,
+            wake: tokio::sync::mpsc::unbounded_channel().0,
+            renewals: Counter::default(),
+            renew_failures: Counter::default(),
+        };
+        let task = HolderTask::start(Arc::new(lock), lease, RenewPolicy::for_lease(LEASE), owner);
+        holders.insert(obj, task);
+        store
+    }
+
+    /// docs/design.md §6.3, "A renewal on the guard's request": the renewal comes long
+    /// before the schedule's (a third of the 60 s lease), and only for the lock the
+    /// request names by its revision.
+    #[tokio::test]
+    async fn a_guards_request_renews_at_once_only_the_lock_held_at_a_revision_it_names() {
+        let holders = Holders::default();
+        let (asked, other) = (hold(&holders, "asked").await, hold(&holders, "other").await);
+        let (seen, untouched) = (asked.record().revision, other.record().revision);
+
+        let renewed = holders.renew_where_seen(&[&seen, "a revision nobody holds"]);
+        assert_eq!(renewed, [ObjectRef::new("asked").within("ns")]);
+        let patience = Duration::from_secs(10);
+        tokio::time::timeout(patience, async {
+            while asked.record().revision == seen {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("renewed on request, not on the schedule 20 s away");
+        assert_eq!(
+            other.record().revision,
+            untouched,
+            "the other lock is left alone"
+        );
+        // The request's revision is no longer held: asking again renews nothing.
+        assert!(holders.renew_where_seen(&[&seen]).is_empty());
+    }
 }

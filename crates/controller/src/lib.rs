@@ -11,6 +11,8 @@
 //! - [`holders`]: one [`holders::HolderTask`] per held lock, wrapping
 //!   [`lockwarden_core::HeldLock`]; it reports state *transitions* (not renewals) on a
 //!   channel that triggers a reconcile of its object.
+//! - [`guard_requests`]: with `--trust-guard-reports`, a watch of the Pods' metadata
+//!   that renews a held lock at once when a guard waits for a renewal of it.
 //! - [`status`]: status built from what is known and written with server-side apply
 //!   (field manager `lockwarden`) only when it differs from the stored one.
 //!
@@ -45,6 +47,7 @@ mod events;
 #[cfg(test)]
 mod fake_api;
 pub mod gating;
+pub mod guard_requests;
 pub mod holders;
 pub mod jobs;
 mod kinds;
@@ -176,6 +179,7 @@ pub async fn run_with(
     let queue = futures::stream::select(from_watch, from_wakes);
 
     let kueue_checks = ctx.config.kueue_admission_check.then(|| ctx.client.clone());
+    let requests = ctx.clone();
     let kinds = gated_kinds();
     let gating = kinds.run_all(
         ctx.client.clone(),
@@ -206,7 +210,14 @@ pub async fn run_with(
             kueue::check::run(client).await;
         }
     };
-    futures::future::join3(locks, gating, checks).await;
+    // The guards' requests for a renewal, where their writes are confined (§6.3).
+    let guard_requests = async {
+        if requests.config.trust_guard_reports {
+            let namespace = requests.config.namespace.as_deref();
+            guard_requests::run(requests.client.clone(), namespace, &requests.holders).await;
+        }
+    };
+    futures::future::join4(locks, gating, checks, guard_requests).await;
     Ok(())
 }
 

@@ -73,6 +73,12 @@ pub const GUARD_ANNOTATION: &str = "lockwarden.io/guard";
 pub const GUARD_REPORT_PREFIX: &str = "guard-ended.lockwarden.io/";
 /// The value of the guard's report: the only one it writes.
 pub const GUARD_REPORT_SUCCEEDED: &str = "succeeded";
+/// Pod annotation prefix, the container's name after it: that container's guard waits
+/// for a renewal before it starts COMMAND, and asks for one. The value: the revisions
+/// its first reads showed, comma-separated; the controller renews at once each lock it
+/// holds at one of them (`crate::guard_requests`, docs/design.md §6.3, "A renewal on
+/// the guard's request"). Looked at only with `--trust-guard-reports`.
+pub const GUARD_WAITING_PREFIX: &str = "guard-waiting.lockwarden.io/";
 /// Annotation: how long a lock past its holder deadline may stay so before the
 /// workload is stopped (a duration, less than [`decide::max_lost_grace`]; zero by
 /// default).

@@ -23,7 +23,9 @@ pub struct Context {
     pub client: kube::Client,
     pub config: ControllerConfig,
     pub(super) events: Events,
-    pub(super) holders: Holders,
+    /// Every held lock's task; the guards' requests for a renewal reach them here too
+    /// (`crate::guard_requests`).
+    pub(crate) holders: Holders,
     /// Locks waiting for their key, each with the backend it keeps between attempts.
     pub(super) waiters: WaiterIndex<Arc<dyn LockBackend>>,
     pub(super) wake: UnboundedSender<ObjectRef<DistributedLock>>,
