@@ -399,6 +399,8 @@ async fn guard_injection_adds_the_guard_to_annotated_jobs_and_pods_at_creation()
 const GUIDE: &str = "docs/guide/guard.md";
 /// The report of container `main`.
 const MAIN: &str = "guard-ended.lockwarden.io/main";
+/// The request for a renewal of container `main`'s guard, before its command starts.
+const WAITING: &str = "guard-waiting.lockwarden.io/main";
 
 /// docs/guide/guard.md's RoleBinding ("The guard's report") of the ClusterRole `role`
 /// to ServiceAccount `sa`, in `ns`.
@@ -483,6 +485,12 @@ fn report(uid: &str, value: Option<&str>) -> Value {
     json!({ "metadata": { "uid": uid, "annotations": { MAIN: value } } })
 }
 
+/// The request for a renewal of container `main` set to `value` (`None`: removed), with
+/// the Pod's uid, as the report.
+fn waiting(uid: &str, value: Option<&str>) -> Value {
+    json!({ "metadata": { "uid": uid, "annotations": { WAITING: value } } })
+}
+
 async fn merge(api: &Api<Pod>, name: &str, patch: &Value) -> Result<Pod, kube::Error> {
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
@@ -523,19 +531,24 @@ fn job_with_template_annotations(name: &str, annotations: Value) -> Job {
 /// The guard's report (templates/guard-report.yaml) on the real API server: a
 /// ServiceAccount bound to the chart's role as docs/guide/guard.md says, and a token of
 /// it bound to Pod A, as the kubelet mounts one (its pod-uid claim checked first). A's
-/// token adds `guard-ended.lockwarden.io/main` to A; it may not change or remove it
-/// afterwards, touch anything else of A, or write on Pod B, nor may a token of the
+/// token adds, changes and removes its request for a renewal
+/// (`guard-waiting.lockwarden.io/main`) on A, alone or beside a report, and adds
+/// `guard-ended.lockwarden.io/main` to A; it may not change or remove the report
+/// afterwards, touch anything else of A (beside a report or a request for a renewal), or
+/// write on Pod B, a request for a renewal included, nor may a token of the
 /// ServiceAccount bound to no Pod; nobody else writes a report, the admin included, not
 /// through pods/status either (which keeps metadata changes). No report comes with a
 /// Pod's creation, its binding to a node, or a Job's pod template (created or updated).
 /// RBAC alone allows every one of these writes, so each refusal is the policy's, with
-/// its message. Ordinary updates are untouched: the admin's, those of a Pod whose
-/// ServiceAccount holds cluster-admin's wildcard (which grants the role's marker too),
-/// status updates (the admin's, and a holder of the role's with a right to pods/status
-/// of its own: the role's confinement is for its `patch` on Pods), a binding without a
-/// report, and a Job's template annotations as the lockwarden controller writes them.
+/// its message. Ordinary updates are untouched: the admin's (a request for a renewal
+/// included: a forged one costs only a renewal), those of a Pod whose ServiceAccount
+/// holds cluster-admin's wildcard (which grants the role's marker too), status updates
+/// (the admin's, and a holder of the role's with a right to pods/status of its own: the
+/// role's confinement is for its `patch` on Pods), a Pod created and a binding with a
+/// request for a renewal but no report, and a Job's template annotations as the
+/// lockwarden controller writes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation() {
+async fn guard_report_is_written_only_by_the_pod_itself_and_only_its_annotations() {
     let (admin, namespaces) = setup(&["guard-report"]).await;
     let ns = &namespaces[0];
     let release = unique("grr");
@@ -649,8 +662,54 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
                     to the Pod), and never changed or removed";
     let confined = format!(
         "{sa} holds the guard's report role (lockwarden.io guardreports: report), which lets \
-         it change nothing but guard-ended.lockwarden.io/* on its own Pod"
+         it change nothing but guard-ended.lockwarden.io/* and guard-waiting.lockwarden.io/* on \
+         its own Pod"
     );
+    // Before its command starts, A's guard asks for a renewal on A, asks again with other
+    // revisions, and takes the request back: a request is not a report, the role's
+    // holder may write it as it likes on its own Pod.
+    let a_annotation = |key: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let a = pods.get("a").await.expect("A");
+            a.annotations().get(key).cloned()
+        }
+    };
+    for (value, what) in [
+        (Some("rev-1"), "adding"),
+        (Some("rev-2"), "changing"),
+        (None, "removing"),
+    ] {
+        merge(&a_pods, "a", &waiting(&a, value))
+            .await
+            .unwrap_or_else(|e| panic!("A's token {what} its request for a renewal on A: {e}"));
+        assert_eq!(
+            a_annotation(WAITING).await.as_deref(),
+            value,
+            "A after {what} its request for a renewal"
+        );
+    }
+    // Beside a report too (container `side`'s, its request and its report in one patch).
+    let side = [
+        ("guard-waiting.lockwarden.io/side", "rev-1"),
+        ("guard-ended.lockwarden.io/side", "succeeded"),
+    ];
+    let annotations: serde_json::Map<String, Value> = side
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let both = json!({ "metadata": { "uid": a, "annotations": annotations } });
+    merge(&a_pods, "a", &both)
+        .await
+        .expect("A's token writing a request for a renewal beside a report on A");
+    for (key, value) in side {
+        assert_eq!(
+            a_annotation(key).await.as_deref(),
+            Some(value),
+            "{key} on A"
+        );
+    }
+
     // A's guard writes its report on A.
     let written = merge(&a_pods, "a", &report(&a, Some("succeeded")))
         .await
@@ -674,7 +733,8 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
         &format!("Pod a {own_only}: admin is not that Pod, and its request changes {MAIN}"),
     );
 
-    // A's token changes nothing else of A, even beside a report.
+    // A's token changes nothing else of A, even beside a report or a request for a
+    // renewal.
     for (patch, changes) in [
         (json!({ "metadata": { "labels": { "x": "y" } } }), "labels"),
         (
@@ -686,6 +746,11 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
                     "annotations": { "guard-ended.lockwarden.io/other": "succeeded" } } }),
             "labels",
         ),
+        (
+            json!({ "metadata": { "uid": a, "labels": { "x": "y" },
+                    "annotations": { WAITING: "rev-3" } } }),
+            "labels",
+        ),
         (json!({ "spec": { "activeDeadlineSeconds": 60 } }), "spec"),
     ] {
         let what = format!("A's token writing {patch} on A");
@@ -693,7 +758,8 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
         refused_with(merge(&a_pods, "a", &patch).await, &what, &message);
     }
 
-    // Nothing on another Pod: not B's report, not B's labels.
+    // Nothing on another Pod: not B's report, not B's labels, not a request for a
+    // renewal on B.
     refused_with(
         merge(&a_pods, "b", &report(&b, Some("succeeded"))).await,
         "A's token writing B's report",
@@ -707,6 +773,11 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
         )
         .await,
         "A's token labelling B",
+        &format!("{confined}: Pod b is not the Pod its token is bound to"),
+    );
+    refused_with(
+        merge(&a_pods, "b", &waiting(&b, Some("rev-1"))).await,
+        "A's token asking for a renewal on B",
         &format!("{confined}: Pod b is not the Pod its token is bound to"),
     );
     // Nobody else writes a report either: the admin on B.
@@ -744,6 +815,14 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
     )
     .await
     .expect("cluster-admin's Pod C labels B");
+    // A request for a renewal is nobody's to guard: the admin writes one on B.
+    let b_now = merge(&pods, "b", &waiting(&b, Some("rev-1")))
+        .await
+        .expect("the admin asks for a renewal on B");
+    assert_eq!(
+        b_now.annotations().get(WAITING).map(String::as_str),
+        Some("rev-1")
+    );
     let a_now = pods.get("a").await.expect("A");
     assert_eq!(
         a_now.annotations().get(MAIN).map(String::as_str),
@@ -851,8 +930,22 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
         "the admin creating a Pod with a report",
         &format!("Pod d would be created with {MAIN}: {created_with}"),
     );
+    // (A request for a renewal, which nothing guards, may come with a Pod; with a
+    // binding too, below.)
+    let mut asking = d.clone();
+    asking.metadata.name = Some("asking".into());
+    asking.metadata.annotations = Some([(WAITING.to_string(), "rev-1".to_string())].into());
+    let asking = pods
+        .create(&PostParams::default(), &asking)
+        .await
+        .expect("the admin creating a Pod with a request for a renewal");
+    assert_eq!(
+        asking.annotations().get(WAITING).map(String::as_str),
+        Some("rev-1")
+    );
     // ...nor in the Binding that puts a Pod on a node (the API server copies its
-    // annotations onto the Pod); one without a report binds as the scheduler's does.
+    // annotations onto the Pod); one without a report (a request for a renewal is none)
+    // binds as the scheduler's does.
     bare_pod(&pods, "e", "guarded").await;
     let binding = |annotations: Value| {
         json!({
@@ -873,15 +966,21 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_that_annotation
         "the admin binding Pod E with a report",
         &format!("Pod e would be bound to a node with {MAIN}: {created_with}"),
     );
-    bind(binding(json!({ "example.com/note": "x" })))
-        .await
-        .expect("a binding without a report");
+    bind(binding(
+        json!({ "example.com/note": "x", WAITING: "rev-1" }),
+    ))
+    .await
+    .expect("a binding without a report (with a request for a renewal)");
     let e = pods.get("e").await.expect("E");
     assert_eq!(
         e.spec.as_ref().and_then(|s| s.node_name.as_deref()),
         Some("node-1")
     );
     assert!(e.annotations().get(MAIN).is_none(), "{:?}", e.annotations());
+    assert_eq!(
+        e.annotations().get(WAITING).map(String::as_str),
+        Some("rev-1")
+    );
 
     // ...nor in a Job's pod template, where it would give every Pod of the Job a report
     // no guard wrote: not at creation, not by an update. The lockwarden controller's own
