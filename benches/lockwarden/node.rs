@@ -23,9 +23,11 @@
 //! API server on loopback, the Pod's ServiceAccount allowed to read it and to write the
 //! guard's report), and the controller trusts the guards' reports, so the lock goes on
 //! the guard's report of the exit (docs/design.md §6.3, "Early hand-off: the guard's
-//! report"). The chart's admission policy that confines who writes a report is not
-//! installed here (this control plane has no release). The floor stays the ungated,
-//! unguarded Job.
+//! report"), and each guard starts its script on the renewal it asks for ("A renewal on
+//! the guard's request"). The chart's admission policy that confines who writes a
+//! report is not installed here (this control plane has no release). The floor stays
+//! the ungated, unguarded Job. `LOCKWARDEN_BENCH_NODE_GUARD=in-image`: the same, with
+//! the guard in the workload's image (no init container; [`GuardFrom::Image`]).
 
 use super::*;
 use k8s_openapi::api::batch::v1::Job;
@@ -147,24 +149,55 @@ echo "$EPOCHREALTIME {name} $LOCKWARDEN_FENCE last" >> /register/lines"#
     serde_json::from_value(job).expect("a Job")
 }
 
-/// [`gated_job`] under the guard: `lockwarden guard -- sh -c SCRIPT` from an init
-/// container's copy of the binary in lockwarden's image, the lock's URL, nonce and fence
-/// and the Pod's own name, namespace, uid and container name in its environment (what
-/// the chart's injection policy adds), host network to reach the API server.
-fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path) -> Job {
+/// Where a guarded Job's guard comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GuardFrom {
+    /// An init container copies it from lockwarden's image (`lockwarden install`), as
+    /// the chart's injection does (`LOCKWARDEN_BENCH_NODE_GUARD=1`).
+    InitContainer,
+    /// The workload's image has it (`LOCKWARDEN_BENCH_NODE_GUARD=in-image`): the static
+    /// binary mounted as a file stands for an image built `FROM` it, so the Pod starts
+    /// one container, not two.
+    Image,
+}
+
+impl GuardFrom {
+    /// `LOCKWARDEN_BENCH_NODE_GUARD`: unset (no guard), `1`, or `in-image`.
+    fn from_env() -> Option<GuardFrom> {
+        match std::env::var("LOCKWARDEN_BENCH_NODE_GUARD").ok()?.as_str() {
+            "in-image" => Some(GuardFrom::Image),
+            _ => Some(GuardFrom::InitContainer),
+        }
+    }
+}
+
+/// [`gated_job`] under the guard: `lockwarden guard -- sh -c SCRIPT` from `from`, the
+/// lock's URL, nonce and fence and the Pod's own name, namespace, uid and container name
+/// in its environment (what the chart's injection policy adds), host network to reach
+/// the API server.
+fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path, from: GuardFrom) -> Job {
     let mut job = serde_json::to_value(gated_job(name, lock, &node.images().workload, register))
         .expect("a Job as JSON");
     let spec = &mut job["spec"]["template"]["spec"];
     spec["hostNetwork"] = json!(true);
-    spec["volumes"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({ "name": "guard", "emptyDir": {} }));
-    spec["initContainers"] = json!([{
-        "name": "install-guard", "image": node.images().lockwarden, "imagePullPolicy": "Never",
-        "command": ["/usr/local/bin/lockwarden", "install", "/guard"],
-        "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
-    }]);
+    let volume = match from {
+        GuardFrom::InitContainer => {
+            spec["initContainers"] = json!([{
+                "name": "install-guard", "image": node.images().lockwarden, "imagePullPolicy": "Never",
+                "command": ["/usr/local/bin/lockwarden", "install", "/guard"],
+                "volumeMounts": [{ "name": "guard", "mountPath": "/guard" }],
+            }]);
+            json!({ "name": "guard", "emptyDir": {} })
+        }
+        GuardFrom::Image => {
+            let binary = node
+                .static_binary()
+                .parent()
+                .expect("the binary's directory");
+            json!({ "name": "guard", "hostPath": { "path": binary, "type": "Directory" } })
+        }
+    };
+    spec["volumes"].as_array_mut().unwrap().push(volume);
     let container = &mut spec["containers"][0];
     let command = container["command"].as_array().unwrap().clone();
     container["command"] = json!(["/guard/lockwarden", "guard", "--"]);
@@ -375,13 +408,14 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let ns = node.namespace(&client, "bench-node").await;
     let register = node.host_dir("bench-register");
     let image = node.images().workload.clone();
-    let guarded = std::env::var_os("LOCKWARDEN_BENCH_NODE_GUARD").is_some();
+    let guard_from = GuardFrom::from_env();
+    let guarded = guard_from.is_some();
     if guarded {
         allow_the_guards(&client, &ns).await;
     }
-    let chained = |name: &str, lock: &str| match guarded {
-        true => guarded_job(name, lock, node, &register),
-        false => gated_job(name, lock, &image, &register),
+    let chained = |name: &str, lock: &str| match guard_from {
+        Some(from) => guarded_job(name, lock, node, &register, from),
+        None => gated_job(name, lock, &image, &register),
     };
     // Two builds side by side (LOCKWARDEN_BENCH_NODE_BEFORE): each hand-off under one
     // build's `lockwarden controller` process, alternating; otherwise the controller of

@@ -798,17 +798,7 @@ async fn a_guarded_job_hands_off_on_its_guards_report_before_the_kubelet_reports
     let (node, client) = controller_ready().await;
     let ns = node.namespace(&client, "node-guard-report").await;
     allow_reading_leases(&client, &ns).await;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": "guard-report" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "lockwarden-guard-report" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
-    }))
-    .unwrap();
-    Api::<RoleBinding>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("bind the guard-report role");
+    bind_the_guard_report_role(&client, &ns).await;
 
     let key = unique("guard-report");
     let (port, register) = Register::serve().await;
@@ -830,12 +820,7 @@ async fn a_guarded_job_hands_off_on_its_guards_report_before_the_kubelet_reports
         "-c",
         format!("echo 'job 1' | nc 127.0.0.1 {port} & sleep 4; exit 0"),
     ]);
-    let field = |variable: &str, path: &str| json!({ "name": variable, "valueFrom": { "fieldRef": { "fieldPath": path } } });
-    let env = spec["containers"][0]["env"].as_array_mut().unwrap();
-    env.push(field("LOCKWARDEN_POD_NAME", "metadata.name"));
-    env.push(field("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace"));
-    env.push(field("LOCKWARDEN_POD_UID", "metadata.uid"));
-    env.push(json!({ "name": "LOCKWARDEN_CONTAINER_NAME", "value": CONTAINER }));
+    with_pod_identity(&mut spec);
     let name = "reported";
     Workload::Job
         .create(&client, &ns, name, ("report-tpl", None), spec)
@@ -893,6 +878,103 @@ async fn a_guarded_job_hands_off_on_its_guards_report_before_the_kubelet_reports
         "guard's report: the lock was let go {let_go_after:.3} s after the kubelet was cut \
          (COMMAND exits 4 s after its write), the kubelet still reporting the container \
          running; the Job's status: {status}"
+    );
+    super::delete_namespace(&client, &ns).await;
+}
+
+/// The namespace's default ServiceAccount bound to the chart's `lockwarden-guard-report`
+/// role, as docs/guide/guard.md tells users to: its guards may write their request and
+/// their report on their own Pod.
+async fn bind_the_guard_report_role(client: &Client, ns: &str) {
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "guard-report" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "lockwarden-guard-report" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": ns }],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("bind the guard-report role");
+}
+
+/// The guard's Pod and container from the downward API, as the chart's injection
+/// passes them: what it writes its request and its report with.
+fn with_pod_identity(spec: &mut serde_json::Value) {
+    let field = |variable: &str, path: &str| json!({ "name": variable, "valueFrom": { "fieldRef": { "fieldPath": path } } });
+    let env = spec["containers"][0]["env"].as_array_mut().unwrap();
+    env.push(field("LOCKWARDEN_POD_NAME", "metadata.name"));
+    env.push(field("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace"));
+    env.push(field("LOCKWARDEN_POD_UID", "metadata.uid"));
+    env.push(json!({ "name": "LOCKWARDEN_CONTAINER_NAME", "value": CONTAINER }));
+}
+
+/// A renewal on the guard's request (docs/design.md §6.3): the lock renews every 40 s,
+/// so a guard waiting for the schedule would start COMMAND at least 40 s after the Job
+/// was created (the lock is taken after that). It starts well before: on the renewal it
+/// asked for with its annotation, which the release's controller (trusting guard
+/// reports) answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_command_starts_on_the_renewal_its_guard_asked_for() {
+    const RENEW: Duration = Duration::from_secs(40);
+    let _controller = super::CONTROLLER.read().await;
+    let (node, client) = controller_ready().await;
+    let ns = node.namespace(&client, "node-guard-asks").await;
+    allow_reading_leases(&client, &ns).await;
+    bind_the_guard_report_role(&client, &ns).await;
+    let key = unique("guard-asks");
+    let (port, register) = Register::serve().await;
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    let mut template = lease_lock_timed("asks-tpl", &key, "120s", "40s");
+    template.spec.release = true;
+    locks
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+    let mut spec = guarded_pod_spec(node, port, Scale::Suite);
+    spec["containers"][0]["command"] = json!([
+        "/guard/lockwarden",
+        "guard",
+        "--",
+        "sh",
+        "-c",
+        format!("echo 'job 1' | nc 127.0.0.1 {port}; exit 0"),
+    ]);
+    with_pod_identity(&mut spec);
+    let name = "asks";
+    let created = monotonic_now();
+    Workload::Job
+        .create(&client, &ns, name, ("asks-tpl", None), spec)
+        .await;
+    eventually("COMMAND's write under the guard", TIMEOUT, || async {
+        register.of("job").first().copied()
+    })
+    .await;
+    let started = register.of("job")[0] - created;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    let pod = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the Job's Pod");
+    let request = format!("guard-waiting.lockwarden.io/{CONTAINER}");
+    assert!(
+        pod.annotations().contains_key(&request),
+        "the guard's request on its Pod: {:?}",
+        pod.annotations()
+    );
+    assert!(
+        started < RENEW.as_secs_f64(),
+        "COMMAND started {started:.1} s after the Job was created: on the scheduled \
+         renewal, not the one its guard asked for"
+    );
+    println!(
+        "guard's request: COMMAND's first write {started:.3} s after the Job was created \
+         (the scheduled renewal: {RENEW:?} after the lock was taken)"
     );
     super::delete_namespace(&client, &ns).await;
 }

@@ -125,6 +125,8 @@ pub struct Node {
     plane: ControlPlane,
     dir: PathBuf,
     images: Images,
+    /// lockwarden as one static binary, the one in [`Images::lockwarden`].
+    static_binary: PathBuf,
     /// The kubelet's way to the API server (its kubeconfig names this proxy).
     kubelet_api: Proxy,
     processes: Mutex<NodeProcesses>,
@@ -176,6 +178,13 @@ impl Node {
 
     pub fn images(&self) -> &Images {
         &self.images
+    }
+
+    /// lockwarden as one static binary, the one lockwarden's image has: mounted into a
+    /// container (a hostPath of type File), it stands for a workload image built with
+    /// the guard in it, which needs no init container to install it.
+    pub fn static_binary(&self) -> &Path {
+        &self.static_binary
     }
 
     /// This node's directory (logs, the kubelet's and containerd's state).
@@ -250,6 +259,7 @@ impl Node {
             plane,
             dir,
             images,
+            static_binary: binary,
             kubelet_api,
             processes: Mutex::new(NodeProcesses {
                 kubelet: Some(kubelet),

@@ -11,8 +11,9 @@
 //! prove, the pure part ([`GuardDeadline`], and the earliest deadline of every lock);
 //! `reads.rs` the reads themselves; `pid1.rs` the signals and orphans of an
 //! entrypoint; `watch.rs` COMMAND's process tree and its stop, the process side shared
-//! with `run` (`cli/stop.rs`); `report.rs` the report on its own Pod that COMMAND
-//! ended in success. This file: the guard's phases, in order.
+//! with `run` (`cli/stop.rs`); `report.rs` what it writes on its own Pod: its request
+//! for a renewal, and its report that COMMAND ended in success. This file: the guard's
+//! phases, in order.
 
 pub(super) mod args;
 mod deadline;
@@ -50,8 +51,16 @@ pub async fn run(args: GuardArgs) -> Result<u8, CliError> {
 
     let firsts = first_reads(&locks, &backends, &urls).await?;
     let grace = one_grace(args.grace, &firsts, &backends)?;
+    let revisions = revisions_read(&firsts);
     // The readers run until the guard returns.
-    let (mut watch, _readers) = start_watching(&locks, backends, urls, firsts, grace);
+    let (mut watch, mut readers) = start_watching(&locks, backends, urls, firsts, grace);
+    if let Some(pod) = report::OwnPod::from_env(|name| std::env::var(name).ok()) {
+        readers.alongside(tokio::spawn(ask_for_renewal(
+            pod,
+            revisions,
+            readers.hurry(),
+        )));
+    }
     let deadline = match watch.first_renewal(&mut signals).await? {
         Started::Deadline(deadline) => deadline,
         Started::Signalled(code) => return Ok(code),
@@ -96,6 +105,41 @@ async fn first_reads(
         firsts.push((first, lease));
     }
     Ok(firsts)
+}
+
+/// The revision each first read showed, in the order of the locks.
+fn revisions_read(firsts: &[(Read, Duration)]) -> Vec<String> {
+    firsts
+        .iter()
+        .filter_map(|(read, _)| match &read.seen {
+            Seen::Ours { revision, .. } => Some(revision.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How long the guard reads every [`reads::HURRIED_POLL`] once its request is on its
+/// Pod: the renewal takes the controller's watch and one store write, milliseconds; one
+/// not seen by then comes on the schedule, at the usual polls.
+const HURRY_FOR: Duration = Duration::from_secs(1);
+
+/// Asks for a renewal on the guard's own Pod (`report::ask_for_renewal`), beside the
+/// reads, and once asked has them `hurry`. Not asked (no role to write it, say), the
+/// guard waits for the scheduled renewal, as without the request.
+async fn ask_for_renewal(
+    pod: report::OwnPod,
+    revisions: Vec<String>,
+    hurry: impl Fn(Duration) + Send + 'static,
+) {
+    match report::ask_for_renewal(&pod, &revisions).await {
+        Ok(()) => {
+            tracing::info!(?revisions, "asked for a renewal");
+            hurry(HURRY_FOR);
+        }
+        Err(why) => {
+            tracing::info!(%why, "could not ask for a renewal; waiting for the scheduled one")
+        }
+    }
 }
 
 /// One grace for COMMAND: what the lock leaving the least allows.

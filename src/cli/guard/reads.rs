@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, sleep_until};
 
 use super::deadline::{Read, Seen};
@@ -62,8 +62,13 @@ pub(super) async fn first_read(backend: &dyn LockBackend, nonce: &str, url: &str
     }
 }
 
-/// A read of lock `index` every `poll` from `start`, each given up after `poll`, so one
-/// read at most is in flight and a hung one costs one poll.
+/// How often a lock is read while the guard hurries ([`Readers::hurry`]): a renewal it
+/// asked for is due within milliseconds.
+pub(super) const HURRIED_POLL: Duration = Duration::from_millis(25);
+
+/// A read of lock `index` every `poll` from `start` (every [`HURRIED_POLL`] while
+/// `hurry` names an instant to come), each given up after `poll`, so one read at most
+/// is in flight and a hung one costs one poll.
 async fn read_every(
     index: usize,
     backend: Arc<dyn LockBackend>,
@@ -71,11 +76,22 @@ async fn read_every(
     poll: Duration,
     start: Instant,
     reads: mpsc::Sender<(usize, Read)>,
+    mut hurry: watch::Receiver<Option<Instant>>,
 ) {
     let mut next = start;
     loop {
-        sleep_until(next).await;
-        next = Instant::now() + poll;
+        tokio::select! {
+            () = sleep_until(next) => {}
+            // Told to hurry: the next read goes now.
+            Ok(()) = hurry.changed() => {
+                hurry.borrow_and_update();
+                next = Instant::now();
+                continue;
+            }
+        }
+        let now = Instant::now();
+        let hurried = hurry.borrow().is_some_and(|until| now < until);
+        next = now + if hurried { HURRIED_POLL } else { poll };
         let read = read_once(backend.as_ref(), &nonce, poll).await;
         if reads.send((index, read)).await.is_err() {
             return;
@@ -88,6 +104,7 @@ async fn read_every(
 pub(super) struct Readers {
     tasks: Vec<AbortOnDrop>,
     sender: mpsc::Sender<(usize, Read)>,
+    hurry: Arc<watch::Sender<Option<Instant>>>,
 }
 
 impl Readers {
@@ -98,6 +115,7 @@ impl Readers {
         let readers = Readers {
             tasks: Vec::with_capacity(locks),
             sender,
+            hurry: Arc::new(watch::channel(None).0),
         };
         (readers, reads)
     }
@@ -112,9 +130,24 @@ impl Readers {
         start: Instant,
     ) {
         let reads = self.sender.clone();
+        let hurry = self.hurry.subscribe();
         self.tasks.push(AbortOnDrop(tokio::spawn(read_every(
-            index, backend, nonce, poll, start, reads,
+            index, backend, nonce, poll, start, reads, hurry,
         ))));
+    }
+
+    /// Has every lock read at once and then every [`HURRIED_POLL`] until `for_`
+    /// has passed (a renewal was asked for); the handle to do so from another task.
+    pub(super) fn hurry(&self) -> impl Fn(Duration) + Send + 'static {
+        let hurry = self.hurry.clone();
+        move |for_| {
+            hurry.send_replace(Some(Instant::now() + for_));
+        }
+    }
+
+    /// Keeps `task` running until the readers end (with the guard).
+    pub(super) fn alongside(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.push(AbortOnDrop(task));
     }
 }
 

@@ -1,21 +1,34 @@
-//! The guard's report that its container's processes ended in success (docs/design.md
-//! §6.3, "Early hand-off: the guard's report"). The kubelet reports a container's exit
+//! What the guard writes on its own Pod, with the Pod's ServiceAccount token: its
+//! request for a renewal before COMMAND starts (docs/design.md §6.3, "A renewal on the
+//! guard's request"), and its report that its container's processes ended in success
+//! (§6.3, "Early hand-off: the guard's report").
+//!
+//! The request: rule 9 starts COMMAND only once a read has shown the lock renewed after
+//! the first, up to a renewal interval later on the holder's schedule. The guard
+//! annotates its Pod with the revisions its first reads showed
+//! (`guard-waiting.lockwarden.io/<container>`); the controller, which watches the Pods'
+//! metadata, renews each lock still at one of them at once.
+//!
+//! The report: the kubelet reports a container's exit
 //! at its next relist, up to a second later; the guard, PID 1 of the container's own
 //! PID namespace, knows at once. Once COMMAND exited 0 and nothing but the guard is
 //! left in the namespace, it annotates its own Pod
 //! (`guard-ended.lockwarden.io/<container>: succeeded`) with the Pod's ServiceAccount
 //! token, and the controller, which watches the Pod, lets the lock go.
 //!
-//! The report is an optimisation, never a condition: when it cannot be written (no
-//! token, no RoleBinding, the API server unreachable) the guard says why and exits
-//! with COMMAND's code as before, and the hand-off waits for the kubelet's report.
+//! Both are optimisations, never conditions: when one cannot be written (no token, no
+//! RoleBinding, the API server unreachable) the guard says why and goes on as before:
+//! it waits for the scheduled renewal, or exits with COMMAND's code and the hand-off
+//! waits for the kubelet's report.
 
 use std::path::Path;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
-use lockwarden_controller::gating::{GUARD_REPORT_PREFIX, GUARD_REPORT_SUCCEEDED};
+use lockwarden_controller::gating::{
+    GUARD_REPORT_PREFIX, GUARD_REPORT_SUCCEEDED, GUARD_WAITING_PREFIX,
+};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::cli::{sys, tree};
@@ -53,16 +66,37 @@ impl OwnPod {
     /// The merge patch of the report: conditioned on the Pod's uid (a Pod of the same
     /// name made since is not this one), adding only the container's annotation.
     fn patch(&self) -> serde_json::Value {
+        self.annotation(GUARD_REPORT_PREFIX, GUARD_REPORT_SUCCEEDED)
+    }
+
+    /// The merge patch of the request for a renewal of the locks at `revisions`, as the
+    /// report's: the container's own annotation, on this Pod only.
+    fn request(&self, revisions: &[String]) -> serde_json::Value {
+        self.annotation(GUARD_WAITING_PREFIX, &revisions.join(","))
+    }
+
+    fn annotation(&self, prefix: &str, value: &str) -> serde_json::Value {
         serde_json::json!({ "metadata": {
             "uid": self.uid,
-            "annotations": {
-                format!("{GUARD_REPORT_PREFIX}{}", self.container): GUARD_REPORT_SUCCEEDED,
-            },
+            "annotations": { format!("{prefix}{}", self.container): value },
         }})
+    }
+
+    /// Writes `patch` on the Pod with the Pod's ServiceAccount token, within [`WRITE`].
+    async fn annotate(&self, patch: serde_json::Value) -> Result<(), ReportError> {
+        let config = kube::Config::incluster().map_err(ReportError::Credentials)?;
+        let client = kube::Client::try_from(config).map_err(ReportError::Client)?;
+        let pods = Api::<Pod>::namespaced(client, &self.namespace);
+        let (params, patch) = (PatchParams::default(), Patch::Merge(patch));
+        match timeout(WRITE, pods.patch(&self.name, &params, &patch)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(ReportError::Write(e)),
+            Err(_) => Err(ReportError::Timeout),
+        }
     }
 }
 
-/// Why no report was written.
+/// Why no request or report was written.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ReportError {
     #[error(
@@ -75,7 +109,7 @@ pub(super) enum ReportError {
     Credentials(#[source] kube::config::InClusterError),
     #[error("the Kubernetes client could not be built: {0}")]
     Client(#[source] kube::Error),
-    #[error("the API server refused or failed the report: {0}")]
+    #[error("the API server refused or failed the write: {0}")]
     Write(#[source] kube::Error),
     #[error("the API server did not answer within {WRITE:?}")]
     Timeout,
@@ -88,15 +122,12 @@ pub(super) async fn ended_in_success(pod: &OwnPod) -> Result<(), ReportError> {
         return Err(ReportError::NotPidOne);
     }
     alone_in_the_namespace(Path::new("/proc")).await?;
-    let config = kube::Config::incluster().map_err(ReportError::Credentials)?;
-    let client = kube::Client::try_from(config).map_err(ReportError::Client)?;
-    let pods = Api::<Pod>::namespaced(client, &pod.namespace);
-    let (params, patch) = (PatchParams::default(), Patch::Merge(pod.patch()));
-    match timeout(WRITE, pods.patch(&pod.name, &params, &patch)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(ReportError::Write(e)),
-        Err(_) => Err(ReportError::Timeout),
-    }
+    pod.annotate(pod.patch()).await
+}
+
+/// Asks the controller for a renewal of the locks whose records showed `revisions`.
+pub(super) async fn ask_for_renewal(pod: &OwnPod, revisions: &[String]) -> Result<(), ReportError> {
+    pod.annotate(pod.request(revisions)).await
 }
 
 /// As PID 1: SIGKILL to every other process of the namespace (a `kubectl exec` is not
@@ -160,6 +191,19 @@ mod tests {
             serde_json::json!({ "metadata": {
                 "uid": "0b6f1c1e-5d2a-4c55-9b0e-3a1d2c4e5f60",
                 "annotations": { "guard-ended.lockwarden.io/main": "succeeded" },
+            }})
+        );
+    }
+
+    #[test]
+    fn the_request_names_the_container_and_the_revisions_read_on_this_pod_only() {
+        let pod = OwnPod::from_env(env(&ALL)).expect("all four set");
+        let revisions = ["r1".to_string(), "r2".to_string()];
+        assert_eq!(
+            pod.request(&revisions),
+            serde_json::json!({ "metadata": {
+                "uid": "0b6f1c1e-5d2a-4c55-9b0e-3a1d2c4e5f60",
+                "annotations": { "guard-waiting.lockwarden.io/main": "r1,r2" },
             }})
         );
     }
