@@ -802,25 +802,12 @@ async fn a_guarded_job_hands_off_on_its_guards_report_before_the_kubelet_reports
 
     let key = unique("guard-report");
     let (port, register) = Register::serve().await;
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
-    let mut template = lease_lock_timed("report-tpl", &key, WORKLOAD_LEASE, WORKLOAD_RENEW);
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("create the template");
+    let template = lease_lock_timed("report-tpl", &key, WORKLOAD_LEASE, WORKLOAD_RENEW);
+    create_template(&client, &ns, template).await;
     // COMMAND writes once, then ends with 0 a few seconds later: time enough to cut the
     // kubelet after its write, before its exit. The nc it leaves is stopped by the guard.
-    let mut spec = guarded_pod_spec(node, port, Scale::Suite);
-    spec["containers"][0]["command"] = json!([
-        "/guard/lockwarden",
-        "guard",
-        "--",
-        "sh",
-        "-c",
-        format!("echo 'job 1' | nc 127.0.0.1 {port} & sleep 4; exit 0"),
-    ]);
-    with_pod_identity(&mut spec);
+    let script = format!("echo 'job 1' | nc 127.0.0.1 {port} & sleep 4; exit 0");
+    let spec = guard_writing_on_its_pod(node, port, &script);
     let name = "reported";
     Workload::Job
         .create(&client, &ns, name, ("report-tpl", None), spec)
@@ -845,15 +832,7 @@ async fn a_guarded_job_hands_off_on_its_guards_report_before_the_kubelet_reports
     })
     .await;
     let let_go_after = monotonic_now() - cut_at;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pod = pods
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .next()
-        .expect("the Job's Pod");
+    let pod = the_only_pod(&client, &ns).await;
     drop(undo);
     let report = format!("guard-ended.lockwarden.io/{CONTAINER}");
     assert_eq!(
@@ -899,15 +878,41 @@ async fn bind_the_guard_report_role(client: &Client, ns: &str) {
         .expect("bind the guard-report role");
 }
 
-/// The guard's Pod and container from the downward API, as the chart's injection
-/// passes them: what it writes its request and its report with.
-fn with_pod_identity(spec: &mut serde_json::Value) {
+/// `template` (a template lock: `spec.release`) created in `ns`.
+async fn create_template(client: &Client, ns: &str, mut template: DistributedLock) {
+    template.spec.release = true;
+    Api::<DistributedLock>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create the template");
+}
+
+/// The Pod of a test's namespace that has only one.
+async fn the_only_pod(client: &Client, ns: &str) -> Pod {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .next()
+        .expect("the Job's Pod")
+}
+
+/// [`guarded_pod_spec`] running `sh -c SCRIPT` under a guard that knows its Pod and
+/// container from the downward API, as the chart's injection passes them: it writes its
+/// request for a renewal and its report there.
+fn guard_writing_on_its_pod(node: &Node, register_port: u16, script: &str) -> serde_json::Value {
+    let mut spec = guarded_pod_spec(node, register_port, Scale::Suite);
+    spec["containers"][0]["command"] =
+        json!(["/guard/lockwarden", "guard", "--", "sh", "-c", script]);
     let field = |variable: &str, path: &str| json!({ "name": variable, "valueFrom": { "fieldRef": { "fieldPath": path } } });
     let env = spec["containers"][0]["env"].as_array_mut().unwrap();
     env.push(field("LOCKWARDEN_POD_NAME", "metadata.name"));
     env.push(field("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace"));
     env.push(field("LOCKWARDEN_POD_UID", "metadata.uid"));
     env.push(json!({ "name": "LOCKWARDEN_CONTAINER_NAME", "value": CONTAINER }));
+    spec
 }
 
 /// A renewal on the guard's request (docs/design.md §6.3): the lock renews every 40 s,
@@ -925,23 +930,14 @@ async fn a_guarded_command_starts_on_the_renewal_its_guard_asked_for() {
     bind_the_guard_report_role(&client, &ns).await;
     let key = unique("guard-asks");
     let (port, register) = Register::serve().await;
-    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
-    let mut template = lease_lock_timed("asks-tpl", &key, "120s", "40s");
-    template.spec.release = true;
-    locks
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("create the template");
-    let mut spec = guarded_pod_spec(node, port, Scale::Suite);
-    spec["containers"][0]["command"] = json!([
-        "/guard/lockwarden",
-        "guard",
-        "--",
-        "sh",
-        "-c",
-        format!("echo 'job 1' | nc 127.0.0.1 {port}; exit 0"),
-    ]);
-    with_pod_identity(&mut spec);
+    create_template(
+        &client,
+        &ns,
+        lease_lock_timed("asks-tpl", &key, "120s", "40s"),
+    )
+    .await;
+    let script = format!("echo 'job 1' | nc 127.0.0.1 {port}; exit 0");
+    let spec = guard_writing_on_its_pod(node, port, &script);
     let name = "asks";
     let created = monotonic_now();
     Workload::Job
@@ -952,15 +948,7 @@ async fn a_guarded_command_starts_on_the_renewal_its_guard_asked_for() {
     })
     .await;
     let started = register.of("job")[0] - created;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    let pod = pods
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .next()
-        .expect("the Job's Pod");
+    let pod = the_only_pod(&client, &ns).await;
     let request = format!("guard-waiting.lockwarden.io/{CONTAINER}");
     assert!(
         pod.annotations().contains_key(&request),
