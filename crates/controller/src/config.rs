@@ -43,8 +43,9 @@ pub struct ControllerConfig {
     pub kueue_admission_check: bool,
     /// Take a guard's report on its own Pod (annotation guard-ended.lockwarden.io/<container>)
     /// as its container's successful exit, and hand the lock on before the kubelet
-    /// reports it; only where an admission policy lets a Pod alone write its report, as
-    /// the chart's does
+    /// reports it; and renew at once a lock a guard waits to see renewed
+    /// (guard-waiting.lockwarden.io/<container>, watching the Pods' metadata). Only where
+    /// an admission policy lets a Pod alone write its report, as the chart's does
     #[arg(long, env = "LOCKWARDEN_TRUST_GUARD_REPORTS")]
     pub trust_guard_reports: bool,
     /// Requests one S3 or DynamoDB client (one endpoint, region and credentials) keeps
