@@ -157,6 +157,45 @@ mod tests {
     use lockwarden_core::memory::{Fault, MemoryStore};
     use lockwarden_core::{AcquireRequest, Attempt, CasLock};
 
+    /// Told to hurry, a reader reads at once and then every HURRIED_POLL until the
+    /// instant it was given, then at its poll again. On paused time: every read is
+    /// stamped with the instant it was sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_hurried_reader_reads_at_once_and_every_hurried_poll_until_told() {
+        let store = MemoryStore::new("mem://guard/hurried");
+        let lock = CasLock::new(store.clone());
+        let req = AcquireRequest::new("holder", Duration::from_secs(30));
+        let Ok(Attempt::Acquired(lease)) = lock.try_acquire(&req).await else {
+            panic!("acquire");
+        };
+        let poll = Duration::from_secs(1);
+        let (mut readers, mut reads) = Readers::new(1);
+        let start = Instant::now();
+        readers.start(
+            0,
+            Arc::new(lock),
+            lease.nonce().to_string(),
+            poll,
+            start + poll,
+        );
+        let hurry = readers.hurry();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        hurry(Duration::from_millis(200));
+        let mut sent = Vec::new();
+        while sent.len() < 12 {
+            let (_, read) = reads.recv().await.expect("a read");
+            sent.push((read.sent - start).as_millis());
+        }
+        // At once (300 ms), every 25 ms while hurried (the last scheduled from 475 ms, before
+        // 500 ms), then a poll apart.
+        assert_eq!(
+            sent,
+            [
+                300, 325, 350, 375, 400, 425, 450, 475, 500, 1500, 2500, 3500
+            ]
+        );
+    }
+
     #[tokio::test]
     async fn a_first_read_that_gets_no_answer_is_tried_again_and_an_answer_ends_it() {
         let store = MemoryStore::new("mem://guard");
