@@ -526,7 +526,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let policy = RenewPolicy::for_lease(LONG);
-        let held = HeldLock::hold(Arc::new(lock), lease, policy.clone());
+        let held = HeldLock::hold(Arc::new(lock), lease, policy);
         let mut revisions = held.revision.clone();
         let acquired = held.revision();
         assert_eq!(store.record().revision, acquired, "what a reader sees");
