@@ -759,45 +759,49 @@ async fn guard_report_is_written_only_by_the_pod_itself_and_only_its_annotations
     }
 
     // Nothing on another Pod: not B's report, not B's labels, not a request for a
-    // renewal on B.
-    refused_with(
-        merge(&a_pods, "b", &report(&b, Some("succeeded"))).await,
-        "A's token writing B's report",
-        &format!("Pod b {own_only}: {sa} is not that Pod, and its request changes {MAIN}"),
-    );
-    refused_with(
-        merge(
+    // renewal on B. Nobody else writes a report either: the admin on B. A token of the
+    // ServiceAccount bound to no Pod holds the role too, and may do nothing with it.
+    let label = json!({ "metadata": { "labels": { "x": "y" } } });
+    let not_bound_to_b = format!("{confined}: Pod b is not the Pod its token is bound to");
+    for (api, pod, patch, what, message) in [
+        (
             &a_pods,
             "b",
-            &json!({ "metadata": { "labels": { "x": "y" } } }),
-        )
-        .await,
-        "A's token labelling B",
-        &format!("{confined}: Pod b is not the Pod its token is bound to"),
-    );
-    refused_with(
-        merge(&a_pods, "b", &waiting(&b, Some("rev-1"))).await,
-        "A's token asking for a renewal on B",
-        &format!("{confined}: Pod b is not the Pod its token is bound to"),
-    );
-    // Nobody else writes a report either: the admin on B.
-    refused_with(
-        merge(&pods, "b", &report(&b, Some("succeeded"))).await,
-        "the admin writing B's report",
-        &format!("Pod b {own_only}: admin is not that Pod, and its request changes {MAIN}"),
-    );
-    // A token of the ServiceAccount bound to no Pod holds the role too, and may do
-    // nothing with it.
-    refused_with(
-        merge(
+            report(&b, Some("succeeded")),
+            "A's token writing B's report",
+            format!("Pod b {own_only}: {sa} is not that Pod, and its request changes {MAIN}"),
+        ),
+        (
+            &a_pods,
+            "b",
+            label.clone(),
+            "A's token labelling B",
+            not_bound_to_b.clone(),
+        ),
+        (
+            &a_pods,
+            "b",
+            waiting(&b, Some("rev-1")),
+            "A's token asking for a renewal on B",
+            not_bound_to_b,
+        ),
+        (
+            &pods,
+            "b",
+            report(&b, Some("succeeded")),
+            "the admin writing B's report",
+            format!("Pod b {own_only}: admin is not that Pod, and its request changes {MAIN}"),
+        ),
+        (
             &unbound_pods,
             "a",
-            &json!({ "metadata": { "labels": { "x": "y" } } }),
-        )
-        .await,
-        "an unbound token labelling A",
-        &format!("{confined}: its token is bound to no Pod"),
-    );
+            label,
+            "an unbound token labelling A",
+            format!("{confined}: its token is bound to no Pod"),
+        ),
+    ] {
+        refused_with(merge(api, pod, &patch).await, what, &message);
+    }
 
     // Everything else is untouched: the admin, and a Pod whose ServiceAccount holds
     // cluster-admin's wildcard (which grants the marker too), update Pods as before.
