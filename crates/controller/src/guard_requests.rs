@@ -11,6 +11,8 @@
 //! request costs a renewal at most. Run with `--trust-guard-reports`, where the chart's
 //! policy lets a guard's role write on its own Pod and nowhere else.
 
+use std::collections::HashSet;
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -29,21 +31,46 @@ pub async fn run(client: kube::Client, namespace: Option<&str>, holders: &Holder
         Some(ns) => Api::namespaced(client, ns),
         None => Api::all(client),
     };
-    watcher(pods, watcher::Config::default())
-        .default_backoff()
-        .touched_objects()
-        .for_each(|pod| async move {
-            match pod {
-                Ok(pod) => forward(&pod, holders),
-                Err(error) => tracing::debug!(%error, "watching Pods for guards' requests"),
-            }
-        })
-        .await;
+    let mut events = std::pin::pin!(
+        watcher(pods, watcher::Config::default())
+            .default_backoff()
+            .touched_objects()
+    );
+    let mut passed = Passed::default();
+    while let Some(pod) = events.next().await {
+        match pod {
+            Ok(pod) => forward(&pod, &mut passed, holders),
+            Err(error) => tracing::debug!(%error, "watching Pods for guards' requests"),
+        }
+    }
 }
 
-/// Passes `pod`'s requests, if it carries any, to `holders`.
-fn forward(pod: &PartialObjectMeta<Pod>, holders: &Holders) {
-    let revisions = requested_revisions(pod);
+/// The revisions already passed to the holders. A request stays on its Pod, and every
+/// later event of the Pod (each status update) carries it again: passed once, it is not
+/// looked up among every held lock again.
+#[derive(Default)]
+struct Passed(HashSet<String>);
+
+impl Passed {
+    /// At most this many remembered; past it the memory starts afresh, which costs only
+    /// a lookup that finds no lock at an old revision.
+    const BOUND: usize = 4096;
+
+    /// Those of `revisions` not passed before, remembered from now on.
+    fn new_of<'a>(&mut self, revisions: Vec<&'a str>) -> Vec<&'a str> {
+        if self.0.len() >= Self::BOUND {
+            self.0.clear();
+        }
+        revisions
+            .into_iter()
+            .filter(|r| self.0.insert((*r).to_string()))
+            .collect()
+    }
+}
+
+/// Passes `pod`'s requests not passed before, if it carries any, to `holders`.
+fn forward(pod: &PartialObjectMeta<Pod>, passed: &mut Passed, holders: &Holders) {
+    let revisions = passed.new_of(requested_revisions(pod));
     if revisions.is_empty() {
         return;
     }
@@ -105,5 +132,16 @@ mod tests {
         revisions.sort_unstable();
         assert_eq!(revisions, ["r1", "r2", "r3"]);
         assert!(requested_revisions(&pod(&[("lockwarden.io/fence", "3")])).is_empty());
+    }
+
+    #[test]
+    fn a_request_is_passed_to_the_holders_once_whatever_events_carry_it_again() {
+        let mut passed = Passed::default();
+        assert_eq!(passed.new_of(vec!["r1", "r2"]), ["r1", "r2"]);
+        assert!(
+            passed.new_of(vec!["r1", "r2"]).is_empty(),
+            "a status update"
+        );
+        assert_eq!(passed.new_of(vec!["r2", "r3"]), ["r3"], "a new request");
     }
 }
