@@ -192,8 +192,15 @@ fn two_containers() -> Value {
     ])
 }
 
+/// `object` (a [`pod`] or [`job`]) with `lockwarden.io/guard-path: path`: the guard is
+/// already in its image.
+fn with_guard_path(mut object: Value, path: &str) -> Value {
+    object["metadata"]["annotations"]["lockwarden.io/guard-path"] = json!(path);
+    object
+}
+
 /// Asserts the pod spec `spec` carries the guard exactly as designed around
-/// `two_containers()`.
+/// `two_containers()`, copied in by the init container.
 fn assert_guarded(spec: &Value) {
     let what = spec.to_string();
     assert_eq!(
@@ -214,7 +221,23 @@ fn assert_guarded(spec: &Value) {
         json!([{ "name": "lockwarden-guard", "mountPath": DIR }])
     );
     assert_eq!(init[0]["securityContext"]["runAsNonRoot"], true);
-    let guard = format!("{DIR}/lockwarden");
+    let mounts = json!([{ "name": "lockwarden-guard", "mountPath": DIR, "readOnly": true }]);
+    assert_wrapped(spec, &format!("{DIR}/lockwarden"), &mounts);
+}
+
+/// Asserts the pod spec `spec` carries the guard exactly as designed around
+/// `two_containers()`, from `path` in the workload's image: no volume, no init
+/// container, no mount.
+fn assert_guarded_from_image(spec: &Value, path: &str) {
+    let what = spec.to_string();
+    assert!(spec["volumes"].is_null(), "{what}");
+    assert!(spec["initContainers"].is_null(), "{what}");
+    assert_wrapped(spec, path, &Value::Null);
+}
+
+/// Asserts `two_containers()` in `spec` run under `guard` with the guard's
+/// environment, and have `mounts` as their volume mounts.
+fn assert_wrapped(spec: &Value, guard: &str, mounts: &Value) {
     let containers = spec["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 2);
     assert_eq!(
@@ -228,11 +251,7 @@ fn assert_guarded(spec: &Value) {
     );
     assert!(containers[1]["args"].is_null());
     for c in containers {
-        assert_eq!(
-            c["volumeMounts"],
-            json!([{ "name": "lockwarden-guard", "mountPath": DIR, "readOnly": true }]),
-            "{c}"
-        );
+        assert_eq!(&c["volumeMounts"], mounts, "{c}");
         // (name, the downward API's field or `value=` the literal value)
         let mut env: Vec<(String, String)> = c["env"]
             .as_array()
@@ -322,6 +341,53 @@ async fn guard_injection_adds_the_guard_to_annotated_jobs_and_pods_at_creation()
     assert_guarded(&guarded_job["spec"]["template"]["spec"]);
     let typed: Job = serde_json::from_value(guarded_job).unwrap();
     assert_eq!(guard_missing(typed.annotations(), typed.pod_spec()), None);
+
+    // The guard already in the image (lockwarden.io/guard-path): the commands wrapped
+    // with it, the same environment, and no volume, init container or mount; the
+    // controller would start them.
+    let in_image = "/usr/local/bin/lockwarden";
+    let from_image = admitted(
+        ns,
+        &with_guard_path(pod("from-image", true, two_containers()), in_image),
+    )
+    .await;
+    assert_guarded_from_image(&from_image["spec"], in_image);
+    let typed: Pod = serde_json::from_value(from_image).unwrap();
+    assert_eq!(guard_missing(typed.annotations(), typed.pod_spec()), None);
+    let from_image = admitted(
+        ns,
+        &with_guard_path(job("from-image", true, two_containers()), in_image),
+    )
+    .await;
+    assert_guarded_from_image(&from_image["spec"]["template"]["spec"], in_image);
+    let typed: Job = serde_json::from_value(from_image).unwrap();
+    assert_eq!(guard_missing(typed.annotations(), typed.pod_spec()), None);
+    // A path the controller would not know for the guard, or one without the guard
+    // asked for: refused, naming it; the Rust specification agrees.
+    let unusable = [
+        (
+            with_guard_path(pod("relative", true, two_containers()), "lockwarden"),
+            "lockwarden.io/guard-path \"lockwarden\" is not an absolute path ending in /lockwarden",
+        ),
+        (
+            with_guard_path(job("renamed", true, two_containers()), "/usr/bin/guard"),
+            "spec.template: lockwarden.io/guard-path \"/usr/bin/guard\" is not an absolute path",
+        ),
+        (
+            with_guard_path(pod("unasked", false, two_containers()), in_image),
+            "lockwarden.io/guard-path is set but lockwarden.io/guard is not \"true\"",
+        ),
+    ];
+    for (object, message) in unusable {
+        refused(ns, &object, message).await;
+        let rust = match object["kind"].as_str() {
+            Some("Job") => guard_misuse(&serde_json::from_value::<Job>(object).unwrap()),
+            _ => guard_misuse(&serde_json::from_value::<Pod>(object).unwrap()),
+        };
+        let rust = rust.unwrap_err().to_string();
+        let message = message.trim_start_matches("spec.template: ");
+        assert!(rust.starts_with(message), "{rust}");
+    }
 
     // Not annotated: untouched.
     for (object, spec_at) in [

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::gating::decide::AnnotationError;
-use super::gating::{GUARD_ANNOTATION, GatedWorkload, decide};
+use super::gating::{GUARD_ANNOTATION, GUARD_PATH_ANNOTATION, GatedWorkload, decide};
 use super::jobs::JOB;
 use super::pods::{GATED_LABEL, POD, SCHEDULING_GATE};
 
@@ -49,6 +49,20 @@ pub enum Misuse {
         .containers.join(", ")
     )]
     NoCommand { containers: Vec<String> },
+    /// `lockwarden.io/guard-path` that is not an absolute path ending in `/lockwarden`:
+    /// the controller would not know the wrapped commands for the guard.
+    #[error(
+        "{GUARD_PATH_ANNOTATION} \"{path}\" is not an absolute path ending in /lockwarden: \
+         name the lockwarden binary in the workload image, such as /usr/local/bin/lockwarden"
+    )]
+    GuardPath { path: String },
+    /// `lockwarden.io/guard-path` without `lockwarden.io/guard: "true"`: nothing would
+    /// run the guard, though its path says the owner meant it to.
+    #[error(
+        "{GUARD_PATH_ANNOTATION} is set but {GUARD_ANNOTATION} is not \"true\": add \
+         {GUARD_ANNOTATION}: \"true\" to run the workload under the guard, or remove guard-path"
+    )]
+    GuardPathWithoutGuard,
 }
 
 /// Why a Job created like this is misuse, if it is: annotations the controller
@@ -83,20 +97,33 @@ pub fn pod_misuse(pod: &Pod) -> Result<(), Misuse> {
     }
 }
 
-/// Why a workload of any gated kind, annotated `lockwarden.io/guard: "true"` and created
-/// like this, is misuse, if it is: a container without `command`, which the chart's
-/// guard injection (charts/lockwarden/templates/guard-injection.yaml, the same rule in
-/// CEL) cannot wrap, since admission does not know its image's ENTRYPOINT. The
-/// controller refuses it too ([`decide::guard_missing`]: it does not run the guard).
+/// Why a workload of any gated kind, created like this with the guard's annotations,
+/// is misuse, if it is (charts/lockwarden/templates/guard-injection.yaml, the same rules
+/// in CEL and in this order): annotated `lockwarden.io/guard: "true"` with a container
+/// without `command`, which the injection cannot wrap, since admission does not know its
+/// image's ENTRYPOINT (the controller refuses it too, [`decide::guard_missing`]: it does
+/// not run the guard); a `lockwarden.io/guard-path` the controller would not know for
+/// the guard; or one without `lockwarden.io/guard: "true"`.
 pub fn guard_misuse<W: GatedWorkload>(workload: &W) -> Result<(), Misuse> {
-    if workload
-        .annotations()
-        .get(GUARD_ANNOTATION)
-        .map(String::as_str)
-        != Some("true")
-    {
-        return Ok(());
+    let annotations = workload.annotations();
+    let asked = annotations.get(GUARD_ANNOTATION).map(String::as_str) == Some("true");
+    let path = annotations
+        .get(GUARD_PATH_ANNOTATION)
+        .filter(|p| !p.is_empty());
+    if asked {
+        no_command(workload)?;
     }
+    match path {
+        Some(path) if !(path.starts_with('/') && path.ends_with("/lockwarden")) => {
+            Err(Misuse::GuardPath { path: path.clone() })
+        }
+        Some(_) if !asked => Err(Misuse::GuardPathWithoutGuard),
+        _ => Ok(()),
+    }
+}
+
+/// [`Misuse::NoCommand`], naming the containers without a command.
+fn no_command<W: GatedWorkload>(workload: &W) -> Result<(), Misuse> {
     let containers: Vec<String> = workload
         .pod_spec()
         .map(|s| s.containers.as_slice())

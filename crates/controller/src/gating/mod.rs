@@ -66,6 +66,12 @@ pub const ON_LOCK_LOST_ANNOTATION: &str = "lockwarden.io/on-lock-lost";
 /// the controller does not start a workload whose containers lack it
 /// ([`decide::guard_missing`]).
 pub const GUARD_ANNOTATION: &str = "lockwarden.io/guard";
+/// Annotation, beside [`GUARD_ANNOTATION`]: the guard is already in the workload's image
+/// at this absolute path, which ends in `/lockwarden` so that the controller knows it
+/// (`decide::runs_guard`). The chart's admission policy then wraps each command with it
+/// and adds no init container: the kubelet starts the Pod's container without waiting
+/// for an init container's exit at its next relist (docs/design.md §6.3).
+pub const GUARD_PATH_ANNOTATION: &str = "lockwarden.io/guard-path";
 /// Pod annotation prefix, the container's name after it: written by that container's
 /// guard on its own Pod, once COMMAND exited 0 and no other process of the container
 /// is left (docs/design.md §6.3, "Early hand-off: the guard's report"). Trusted only
