@@ -28,6 +28,10 @@
 //! report is not installed here (this control plane has no release). The floor stays
 //! the ungated, unguarded Job. `LOCKWARDEN_BENCH_NODE_GUARD=in-image`: the same, with
 //! the guard in the workload's image (no init container; [`GuardFrom::Image`]).
+//! `LOCKWARDEN_BENCH_NODE_GUARD=chart`: the same shape made by the chart's injection
+//! (`manifests/guard-injection.yaml` applied to the node's API server; the Jobs
+//! annotated `lockwarden.io/guard: "true"` and `lockwarden.io/guard-path`, their commands
+//! as written; [`GuardFrom::Chart`]).
 
 use super::*;
 use k8s_openapi::api::batch::v1::Job;
@@ -159,13 +163,18 @@ enum GuardFrom {
     /// binary mounted as a file stands for an image built `FROM` it, so the Pod starts
     /// one container, not two.
     Image,
+    /// As [`GuardFrom::Image`], but the chart's injection wraps the commands and adds the
+    /// environment (`LOCKWARDEN_BENCH_NODE_GUARD=chart`): the Jobs are written as a user
+    /// writes them, with `lockwarden.io/guard-path` naming the guard in the image.
+    Chart,
 }
 
 impl GuardFrom {
-    /// `LOCKWARDEN_BENCH_NODE_GUARD`: unset (no guard), `1`, or `in-image`.
+    /// `LOCKWARDEN_BENCH_NODE_GUARD`: unset (no guard), `1`, `in-image` or `chart`.
     fn from_env() -> Option<GuardFrom> {
         match std::env::var("LOCKWARDEN_BENCH_NODE_GUARD").ok()?.as_str() {
             "in-image" => Some(GuardFrom::Image),
+            "chart" => Some(GuardFrom::Chart),
             _ => Some(GuardFrom::InitContainer),
         }
     }
@@ -189,7 +198,7 @@ fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path, from: Guard
             }]);
             json!({ "name": "guard", "emptyDir": {} })
         }
-        GuardFrom::Image => {
+        GuardFrom::Image | GuardFrom::Chart => {
             let binary = node
                 .static_binary()
                 .parent()
@@ -199,13 +208,28 @@ fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path, from: Guard
     };
     spec["volumes"].as_array_mut().unwrap().push(volume);
     let container = &mut spec["containers"][0];
-    let command = container["command"].as_array().unwrap().clone();
-    container["command"] = json!(["/guard/lockwarden", "guard", "--"]);
-    container["command"].as_array_mut().unwrap().extend(command);
     container["volumeMounts"]
         .as_array_mut()
         .unwrap()
         .push(json!({ "name": "guard", "mountPath": "/guard" }));
+    let service = [
+        json!({ "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" }),
+        json!({ "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() }),
+    ];
+    let env = container["env"].as_array_mut().unwrap();
+    env.extend(service);
+    if from == GuardFrom::Chart {
+        let annotations = job["metadata"]["annotations"].as_object_mut().unwrap();
+        annotations.insert("lockwarden.io/guard".into(), json!("true"));
+        annotations.insert(
+            "lockwarden.io/guard-path".into(),
+            json!("/guard/lockwarden"),
+        );
+        return serde_json::from_value(job).expect("a Job");
+    }
+    let command = container["command"].as_array().unwrap().clone();
+    container["command"] = json!(["/guard/lockwarden", "guard", "--"]);
+    container["command"].as_array_mut().unwrap().extend(command);
     let field = |variable: &str, path: &str| json!({ "name": variable, "valueFrom": { "fieldRef": { "fieldPath": path } } });
     let env = container["env"].as_array_mut().unwrap();
     env.extend([
@@ -221,10 +245,51 @@ fn guarded_job(name: &str, lock: &str, node: &Node, register: &Path, from: Guard
         field("LOCKWARDEN_POD_NAMESPACE", "metadata.namespace"),
         field("LOCKWARDEN_POD_UID", "metadata.uid"),
         json!({ "name": "LOCKWARDEN_CONTAINER_NAME", "value": "work" }),
-        json!({ "name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1" }),
-        json!({ "name": "KUBERNETES_SERVICE_PORT", "value": node.plane().port().to_string() }),
     ]);
     serde_json::from_value(job).expect("a Job")
+}
+
+/// The chart's guard injection (`manifests/guard-injection.yaml`, the chart rendered
+/// with its defaults) on the node's API server, once a dry run of a Job asking for the
+/// guard in its image comes back wrapped.
+async fn install_guard_injection(node: &Node, client: &Client, ns: &str) {
+    let manifest = support::repo_root().join("manifests/guard-injection.yaml");
+    let manifest = std::fs::read_to_string(&manifest).expect("manifests/guard-injection.yaml");
+    let out =
+        support::kubectl::kubectl_on(node.plane(), &["apply", "-f", "-"], Some(&manifest)).await;
+    assert!(
+        out.status.success(),
+        "kubectl apply manifests/guard-injection.yaml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let probe = guarded_job(
+        "probe",
+        "probe",
+        node,
+        &node.host_dir("bench-register"),
+        GuardFrom::Chart,
+    );
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let wrapped = jobs.create(&dry_run, &probe).await.ok().and_then(|job| {
+            let spec = job.spec?.template.spec?;
+            let command = spec.containers.first()?.command.clone()?;
+            Some(command.first().map(String::as_str) == Some("/guard/lockwarden"))
+        });
+        if wrapped == Some(true) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guard injection not in force after {TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// What the guards of `ns` need of the API server: to read the lock's Lease, and to
@@ -412,6 +477,9 @@ pub(crate) async fn part_node(opts: Opts, report: Shared) {
     let guarded = guard_from.is_some();
     if guarded {
         allow_the_guards(&client, &ns).await;
+    }
+    if guard_from == Some(GuardFrom::Chart) {
+        install_guard_injection(node, &client, &ns).await;
     }
     let chained = |name: &str, lock: &str| match guard_from {
         Some(from) => guarded_job(name, lock, node, &register, from),
