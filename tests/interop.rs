@@ -1460,6 +1460,16 @@ async fn holder_and_queued_waiter(
     (holder, waiter)
 }
 
+/// Releases the queued holder `held` of `url`. Should it fail, the panic shows the
+/// record as the store now has it: its holder, state, queue and history say who wrote
+/// last (a run once failed here with `NotHeld` and nothing else to go on).
+async fn release_the_queued_holder(held: HeldLock, url: &str, options: &ConnectOptions) {
+    if let Err(e) = held.release().await {
+        let record = engine(url, options).await.inspect().await;
+        panic!("release of the queued holder: {e}; the record now: {record:#?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamolock_waits_while_lockwarden_waiters_queue_and_acquires_once_the_queue_drains() {
     let (table, key, url) = dynamo_key().await;
@@ -1467,7 +1477,7 @@ async fn dynamolock_waits_while_lockwarden_waiters_queue_and_acquires_once_the_q
     // Past its own lease: the holder's renewals and the waiter's refreshes keep
     // writing new versions.
     times_out(dynamolock(&table, &key, "d1", "10s"), "lockwarden holds").await;
-    holder.release().await.expect("release");
+    release_the_queued_holder(holder, &url, &aws_options(false)).await;
     let next = waiter.await.expect("the waiter's task");
     let dynamolock_now = |owner: &str| dynamolock(&table, &key, owner, "0s");
     refused_until_released(
@@ -1483,7 +1493,7 @@ async fn s3lock_waits_while_lockwarden_waiters_queue() {
     let (bucket, key, url) = s3_key().await;
     let (holder, waiter) = holder_and_queued_waiter(&url, &aws_options(false)).await;
     times_out(s3lock(&bucket, &key, "3s"), "lockwarden holds").await;
-    holder.release().await.expect("release");
+    release_the_queued_holder(holder, &url, &aws_options(false)).await;
     let next = waiter.await.expect("the waiter's task");
     assert_ne!(s3lock(&bucket, &key, "0s").exit_code().await, 0);
     next.release().await.expect("release");
@@ -1497,7 +1507,7 @@ async fn client_go_waits_while_lockwarden_waiters_queue_and_leads_once_the_queue
     let refused = leader(&ns, &name, "go-refused", &["--wait", "10s"]);
     times_out(refused, "lockwarden holds").await;
     let waiting = leader(&ns, &name, "go-waiting", &[]);
-    holder.release().await.expect("release");
+    release_the_queued_holder(holder, &url, &options).await;
     let next = waiter.await.expect("the waiter's task");
     assert!(next.is_held(), "{:?}", next.state());
     gets_it_after(waiting, next, "client-go led beside the head").await;

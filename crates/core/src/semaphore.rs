@@ -801,15 +801,31 @@ impl<S: RecordStore> CasLock<S> {
     }
 
     /// Removes our entry, retrying when another holder wrote the set first.
+    ///
+    /// Rule 4 for a release: a removal leaves nothing of ours to recognize it by, so a
+    /// set found without our entry after we wrote is the release done, not "not held",
+    /// when our removal may be what removed it: its reply was lost, or our lease is
+    /// still valid — then no contender may have expired the entry yet (rule 1), and a
+    /// conflict was our own attempt retried by the store's client after it landed
+    /// unseen (or a deliberate removal: a forced takeover, a release by our nonce).
+    /// Either way what a release promises holds: no entry of ours on the key.
     pub(super) async fn release_permit(&self, lease: &Lease) -> Result<(), LockError> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
         let mut unknown = lease.record.unknown.clone();
         let give_up = Instant::now() + RELEASE_PATIENCE;
         let mut losses = 0;
+        let mut reply_lost = false;
+        let gone = |reply_lost: bool| {
+            if reply_lost || lease.is_valid() {
+                Ok(())
+            } else {
+                Err(LockError::NotHeld { url: self.url() })
+            }
+        };
         while Instant::now() < give_up {
             if base.entry(&lease.record.nonce).is_none() {
-                return Err(LockError::NotHeld { url: self.url() });
+                return gone(reply_lost);
             }
             let mut set = base.clone();
             set.holders.retain(|h| h.nonce != lease.record.nonce);
@@ -838,7 +854,7 @@ impl<S: RecordStore> CasLock<S> {
                     return Ok(());
                 }
                 Err(StoreError::Conflict { .. }) => lost_a_race(),
-                Err(StoreError::Indeterminate(_)) => {}
+                Err(StoreError::Indeterminate(_)) => reply_lost = true,
                 Err(e) => return Err(self.store_error(e)),
             }
             // Another write (or ours, unseen) came first: look again.
@@ -846,7 +862,8 @@ impl<S: RecordStore> CasLock<S> {
             back_off(losses).await;
             let (s, v, u) = match self.read_set().await {
                 Ok(found) => found,
-                Err(LockError::Lost { .. }) => return Err(LockError::NotHeld { url: self.url() }),
+                // No set any more (released, deleted, or taken whole): none of ours either.
+                Err(LockError::Lost { .. }) => return gone(reply_lost),
                 Err(e) => return Err(e),
             };
             base = s;
@@ -1084,6 +1101,45 @@ mod tests {
         assert_eq!(store.stored().unwrap().version, a.version);
     }
 
+    /// A removal that landed but whose reply was lost (or whose retried attempt met
+    /// its own first one as a conflict) leaves no entry of ours: released, not "not
+    /// held" (an interop run under load once failed on exactly that).
+    #[tokio::test]
+    async fn rule4_a_release_whose_reply_was_lost_after_it_landed_is_done() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let (la, lb) = (contender(&store), contender(&store));
+        let a = acquired(&la, &shared("a")).await;
+        let _b = acquired(&lb, &shared("b")).await;
+        store.next_write(Fault::IndeterminateApplied);
+        la.release(&a).await.expect("released: the removal landed");
+        assert_eq!(holders(&store), ["b"]);
+        // A conflict, then no entry of ours: to the engine the same as the store's client
+        // retrying a removal whose first attempt landed unseen. Released too.
+        let a = acquired(&la, &shared("a")).await;
+        let mut removed = store.record();
+        if let Some(set) = removed.set.as_mut() {
+            set.holders.retain(|h| h.nonce != a.record.nonce);
+        }
+        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(removed.clone()))));
+        la.release(&a)
+            .await
+            .expect("released: no entry of ours is left");
+        assert_eq!(holders(&store), ["b"]);
+        // The same once the lease has lapsed: a contender may have expired the entry,
+        // so the release says it was not held.
+        let mut lapsed = acquired(&la, &shared("a")).await;
+        lapsed.deadline = HolderDeadline::expired();
+        let mut removed = store.record();
+        if let Some(set) = removed.set.as_mut() {
+            set.holders.retain(|h| h.nonce != lapsed.record.nonce);
+        }
+        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(removed))));
+        assert!(matches!(
+            la.release(&lapsed).await,
+            Err(LockError::NotHeld { .. })
+        ));
+    }
+
     #[tokio::test]
     async fn rule4_a_lost_acquisition_reply_is_resolved_by_the_nonce_in_the_set() {
         let store = MemoryStore::new("mem://locks/sem");
@@ -1287,9 +1343,8 @@ mod tests {
         contender(&store).release(&resumed).await.unwrap();
         assert!(store.record().set.unwrap().holders.is_empty());
         assert_eq!(store.record().state, LockState::Released);
-        assert!(matches!(
-            contender(&store).release(&resumed).await,
-            Err(LockError::NotHeld { .. })
-        ));
+        // Released again while the lease is still valid: nothing of ours is left, as
+        // promised (rule 4 for a release: `release_permit`).
+        contender(&store).release(&resumed).await.unwrap();
     }
 }
