@@ -1101,6 +1101,16 @@ mod tests {
         assert_eq!(store.stored().unwrap().version, a.version);
     }
 
+    /// A write of the set as it is without `lease`'s entry, landing just before the next
+    /// write: a removal of that entry the holder did not see.
+    fn removed_first(store: &MemoryStore, lease: &Lease) -> Fault {
+        let mut removed = store.record();
+        if let Some(set) = removed.set.as_mut() {
+            set.holders.retain(|h| h.nonce != lease.record.nonce);
+        }
+        Fault::ConcurrentWrite(Box::new(Ok(removed)))
+    }
+
     /// A removal that landed but whose reply was lost (or whose retried attempt met
     /// its own first one as a conflict) leaves no entry of ours: released, not "not
     /// held" (an interop run under load once failed on exactly that).
@@ -1116,11 +1126,7 @@ mod tests {
         // A conflict, then no entry of ours: to the engine the same as the store's client
         // retrying a removal whose first attempt landed unseen. Released too.
         let a = acquired(&la, &shared("a")).await;
-        let mut removed = store.record();
-        if let Some(set) = removed.set.as_mut() {
-            set.holders.retain(|h| h.nonce != a.record.nonce);
-        }
-        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(removed.clone()))));
+        store.next_write(removed_first(&store, &a));
         la.release(&a)
             .await
             .expect("released: no entry of ours is left");
@@ -1129,11 +1135,7 @@ mod tests {
         // so the release says it was not held.
         let mut lapsed = acquired(&la, &shared("a")).await;
         lapsed.deadline = HolderDeadline::expired();
-        let mut removed = store.record();
-        if let Some(set) = removed.set.as_mut() {
-            set.holders.retain(|h| h.nonce != lapsed.record.nonce);
-        }
-        store.next_write(Fault::ConcurrentWrite(Box::new(Ok(removed))));
+        store.next_write(removed_first(&store, &lapsed));
         assert!(matches!(
             la.release(&lapsed).await,
             Err(LockError::NotHeld { .. })
