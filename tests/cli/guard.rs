@@ -11,8 +11,12 @@ use super::run::{
 use super::*;
 use support::proxy::{Mode, Proxy};
 
-/// The keeper's lease: long enough that a 300 ms grace fits the guard's bound (436 ms).
-const LEASE: Duration = Duration::from_secs(4);
+/// The keeper's lease: long enough that a 300 ms grace fits the guard's bound, and that
+/// the keeper rides out the shared moto's stalls on a loaded machine. At 4 s a keeper
+/// once lost its lock to them and released it before the guard's first read ("not held
+/// with this nonce (released)"): its renewals come every third of the lease, and a
+/// stall of under 3 s between two of them passed its holder deadline.
+const LEASE: Duration = Duration::from_secs(8);
 
 /// A holder that renews: `run` through `proxy`, whose command records the nonce and
 /// fence the guard needs (what the controller puts in the Pod's annotations).
@@ -28,7 +32,8 @@ async fn keeper_writing(
     file: &str,
 ) -> (Child, String, String) {
     let script = format!("echo \"$LOCKWARDEN_NONCE $LOCKWARDEN_FENCE\" > {file}; exec sleep 600");
-    let mut args = vec!["run", url, "--lease", "4s", "--holder", "keeper"];
+    let lease = format!("{}s", LEASE.as_secs());
+    let mut args = vec!["run", url, "--lease", &lease, "--holder", "keeper"];
     args.extend(path.flags());
     args.extend(["--", "sh", "-c", &script]);
     let holder = path
@@ -320,10 +325,10 @@ async fn the_guard_runs_its_command_after_a_renewal_and_exits_with_its_status() 
         started.elapsed()
     );
     let touch = ["--", "touch", "ran.txt"];
-    let too_long = ["--grace", "1s", "--", "touch", "ran.txt"];
+    let too_long = ["--grace", "3s", "--", "touch", "ran.txt"];
     let out = lw.run(&guard_args(&url, &nonce, &fence, &too_long)).await;
     out.code(2)
-        .one_line_error(&["--grace 1s", "4s lease", "at most 436ms"]);
+        .one_line_error(&["--grace 3s", "8s lease", "at most 1s 623ms"]);
     let other: u64 = fence.parse::<u64>().unwrap() + 1;
     let out = lw
         .run(&guard_args(&url, &nonce, &other.to_string(), &touch))
