@@ -14,9 +14,10 @@ use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_runtime_api::http::Response;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 
+use lockwarden_core::StoreError;
 use lockwarden_core::fenced::FencedError;
 
-use super::in_flight::{BoundedHttpClient, InFlightStats, requests_in_flight};
+use super::in_flight::{InFlightStats, RequestGate, requests_in_flight};
 use super::{AwsOptions, Credentials};
 
 /// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
@@ -69,26 +70,30 @@ pub(crate) fn service_endpoint(sdk: &aws_config::SdkConfig, variable: &str) -> O
         .or_else(|| sdk.endpoint_url().map(str::to_string))
 }
 
-/// The HTTP client of a service's SDK client: at most [`requests_in_flight`] requests
-/// on the wire at once (`in_flight.rs`), counted in `stats`.
-///
-/// Beneath the bound, for a service reached over plain HTTP (a local or on-premises
-/// server), a client without TLS: the SDK's default client reads and parses the
-/// system's root certificates when it starts, which was the largest part of a short
-/// `lockwarden lock`'s CPU time (issue 18), for an endpoint that never uses them.
-/// Otherwise the SDK's default HTTPS client (rustls with aws-lc, the proxy from the
-/// environment), built as the SDK builds it. Only the service client gets this one:
-/// credential providers (SSO, STS, IMDS) keep the default client.
-pub(crate) fn http_client(
-    endpoint: Option<&str>,
-    stats: &'static InFlightStats,
-) -> SharedHttpClient {
-    let inner = if endpoint.is_some_and(|e| e.starts_with("http://")) {
+/// The HTTP client of a service's SDK client: for a service reached over plain HTTP
+/// (a local or on-premises server), a client without TLS: the SDK's default client
+/// reads and parses the system's root certificates when it starts, which was the
+/// largest part of a short `lockwarden lock`'s CPU time (issue 18), for an endpoint that
+/// never uses them. Otherwise the SDK's default HTTPS client (rustls with aws-lc, the
+/// proxy from the environment), built as the SDK builds it. Only the service client gets
+/// this one: credential providers (SSO, STS, IMDS) keep the default client.
+pub(crate) fn http_client(endpoint: Option<&str>) -> SharedHttpClient {
+    if endpoint.is_some_and(|e| e.starts_with("http://")) {
         aws_smithy_http_client::Builder::new().build_http()
     } else {
         default_https_client()
-    };
-    SharedHttpClient::new(BoundedHttpClient::new(inner, requests_in_flight(), stats))
+    }
+}
+
+/// The gate of the requests of one service client built now for `options`: the bound
+/// of requests in flight set for new clients ([`requests_in_flight`]), a wait no longer
+/// than one attempt may take, counted in `stats`.
+pub(crate) fn request_gate(options: &AwsOptions, stats: &'static InFlightStats) -> RequestGate {
+    RequestGate::bounded(
+        requests_in_flight(),
+        options.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
+        stats,
+    )
 }
 
 /// The client the SDK uses when none is configured (aws-smithy-runtime's
@@ -224,6 +229,33 @@ where
         detail: describe(&err),
         source: Some(Box::new(err)),
     }
+}
+
+/// The reply to the request `build` makes once `gate` lets it go, for a lock record's
+/// request (`op` on `url`); one that never went is [`StoreError::Unavailable`].
+pub(crate) async fn store_send<F: Future>(
+    gate: &RequestGate,
+    op: &str,
+    url: &str,
+    build: impl FnOnce() -> F,
+) -> Result<F::Output, StoreError> {
+    gate.run(build)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("{op} to {url}: {e}")))
+}
+
+/// The reply to the request `build` makes once `gate` lets it go, for a fenced
+/// object's request (`op`); one that never went is a store failure.
+pub(crate) async fn fenced_send<F: Future>(
+    gate: &RequestGate,
+    op: &str,
+    build: impl FnOnce() -> F,
+) -> Result<F::Output, FencedError> {
+    gate.run(build).await.map_err(|e| FencedError::Store {
+        op: op.to_string(),
+        detail: e.to_string(),
+        source: Some(Box::new(e)),
+    })
 }
 
 /// The HTTP status and the service's error code, when there was a response.

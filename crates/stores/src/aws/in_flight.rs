@@ -4,28 +4,31 @@
 //! for as long as it is in flight, and the pool opens a new one when none is idle. A
 //! store that slows down therefore drew one socket per request waiting on it: 3,400–3,800
 //! of them at 10,000 S3 locks, the footprint growing exactly when the store struggles.
-//! [`BoundedHttpClient`] wraps the client's HTTP client so that at most
-//! [`requests_in_flight`] requests of one client are on the wire; the others wait here,
-//! in order, and the waiting is counted ([`InFlightStats`], the controller's
-//! `lockwarden_store_requests_waiting` and `lockwarden_store_request_wait_seconds_total`).
+//! A [`RequestGate`] lets at most [`requests_in_flight`] operations of one client
+//! through at once; the others wait here, in order, and the waiting is counted
+//! ([`InFlightStats`], the controller's `lockwarden_store_requests_waiting` and
+//! `lockwarden_store_request_wait_seconds_total`). An operation sends one attempt at a
+//! time (the SDK retries after the previous attempt ended), so the sockets in use stay
+//! within the bound plus the connections still closing.
+//!
+//! The gate is *before* the SDK's call, not in its HTTP client: a request waiting inside
+//! the SDK has already built its orchestrator state (configuration layers, interceptor
+//! context, the signed request), about 10 KB, and 10,000 locks behind an overloaded
+//! store kept that much each while they waited. Here an operation waits as the closure
+//! that builds it; its SDK future is built (and boxed) only once it may go.
 //!
 //! Why waiting is safe: the engine takes a write's send time *before* it calls the store
 //! (`CasLock`: `let sent = Instant::now()`), and the holder deadline counts from that
 //! instant (docs/design.md, rule 2). A renewal that waits here therefore spends its own
 //! deadline while it waits, and the holder still gives up before any contender can take
-//! over; the bound can make a renewal late, never unsafe. The SDK's attempt timeout
-//! covers the wait too, so a request never waits longer than one attempt may take.
+//! over; the bound can make a renewal late, never unsafe. The wait is itself limited to
+//! the client's attempt timeout: past it the operation fails as never sent.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use aws_smithy_runtime_api::client::http::{
-    HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient,
-    SharedHttpConnector,
-};
-use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
-use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use tokio::sync::Semaphore;
 
 use super::DEFAULT_REQUESTS_IN_FLIGHT;
@@ -83,90 +86,94 @@ impl InFlightStats {
     }
 }
 
-/// The requests in flight of one client: its permits, and the service's counters.
+/// An operation that waited its whole limit for the bound and was never sent.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "not sent: waited {waited:?} for one of the {limit} requests in flight to the store \
+     (the store is slower than the locks on it need; see --store-requests-in-flight)"
+)]
+pub struct NotAdmitted {
+    pub waited: Duration,
+    pub limit: usize,
+}
+
+/// The requests in flight of one client: at most a fixed number of its operations at
+/// once; see the module documentation. Cloned with the client it bounds.
+#[derive(Debug, Clone)]
+pub struct RequestGate {
+    bound: Option<Arc<Bound>>,
+}
+
 #[derive(Debug)]
 struct Bound {
     permits: Semaphore,
+    limit: usize,
+    /// The longest an operation waits for a permit: the client's attempt timeout.
+    wait_limit: Duration,
     stats: &'static InFlightStats,
 }
 
-/// An HTTP client that lets at most a fixed number of requests through at once; see the
-/// module documentation.
-#[derive(Debug, Clone)]
-pub(crate) struct BoundedHttpClient {
-    inner: SharedHttpClient,
-    bound: Arc<Bound>,
-}
-
-impl BoundedHttpClient {
-    /// `inner`, with at most `limit` requests in flight, counted in `stats`.
-    pub(crate) fn new(
-        inner: SharedHttpClient,
-        limit: usize,
-        stats: &'static InFlightStats,
-    ) -> BoundedHttpClient {
-        BoundedHttpClient {
-            inner,
-            bound: Arc::new(Bound {
-                permits: Semaphore::new(limit.max(1)),
+impl RequestGate {
+    /// At most `limit` operations at once (0 is taken as 1), each waiting at most
+    /// `wait_limit`, counted in `stats`.
+    pub fn bounded(limit: usize, wait_limit: Duration, stats: &'static InFlightStats) -> Self {
+        let limit = limit.max(1);
+        RequestGate {
+            bound: Some(Arc::new(Bound {
+                permits: Semaphore::new(limit),
+                limit,
+                wait_limit,
                 stats,
-            }),
+            })),
         }
     }
-}
 
-impl HttpClient for BoundedHttpClient {
-    fn http_connector(
-        &self,
-        settings: &HttpConnectorSettings,
-        components: &RuntimeComponents,
-    ) -> SharedHttpConnector {
-        SharedHttpConnector::new(BoundedConnector {
-            inner: self.inner.http_connector(settings, components),
-            bound: self.bound.clone(),
-        })
+    /// No bound: for an SDK client the caller built and bounds itself (tests,
+    /// benchmarks of the bare store).
+    pub fn unbounded() -> Self {
+        RequestGate { bound: None }
     }
-}
 
-#[derive(Debug)]
-struct BoundedConnector {
-    inner: SharedHttpConnector,
-    bound: Arc<Bound>,
-}
-
-impl HttpConnector for BoundedConnector {
-    fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
-        let inner = self.inner.clone();
-        let bound = self.bound.clone();
-        HttpConnectorFuture::new(async move {
-            let stats = bound.stats;
-            let permit = match bound.permits.try_acquire() {
-                Ok(permit) => permit,
-                Err(_) => {
-                    let began = Instant::now();
-                    stats.waiting.fetch_add(1, Ordering::Relaxed);
-                    // Leaves the count even when the attempt's timeout drops this future.
-                    let _waiting = Decrement(&stats.waiting);
-                    let permit = bound
-                        .permits
-                        .acquire()
-                        .await
-                        .expect("the semaphore is never closed");
-                    stats.waited.fetch_add(1, Ordering::Relaxed);
-                    let waited = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    stats.wait_nanos.fetch_add(waited, Ordering::Relaxed);
-                    permit
+    /// Runs the operation `build` makes once fewer than the bound are in flight. The
+    /// operation's future is built only then, and boxed, so a waiting one holds only
+    /// `build`'s captures.
+    pub async fn run<F, T>(&self, build: impl FnOnce() -> F) -> Result<T, NotAdmitted>
+    where
+        F: Future<Output = T>,
+    {
+        let Some(bound) = &self.bound else {
+            return Ok(Box::pin(build()).await);
+        };
+        let stats = bound.stats;
+        let permit = match bound.permits.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
+                let began = Instant::now();
+                stats.waiting.fetch_add(1, Ordering::Relaxed);
+                // Leaves the count even when the caller drops this future.
+                let waiting = Decrement(&stats.waiting);
+                let permit = tokio::time::timeout(bound.wait_limit, bound.permits.acquire()).await;
+                drop(waiting);
+                let waited = began.elapsed();
+                stats.waited.fetch_add(1, Ordering::Relaxed);
+                let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+                stats.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+                match permit {
+                    Ok(permit) => permit.expect("the semaphore is never closed"),
+                    Err(_) => {
+                        return Err(NotAdmitted {
+                            waited,
+                            limit: bound.limit,
+                        });
+                    }
                 }
-            };
-            stats.in_flight.fetch_add(1, Ordering::Relaxed);
-            let _in_flight = Decrement(&stats.in_flight);
-            // The permit goes with the response's head. A small body follows at once on
-            // the same connection, so the sockets in use stay within the bound plus the
-            // responses whose bodies are still being read.
-            let response = inner.call(request).await;
-            drop(permit);
-            response
-        })
+            }
+        };
+        stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = Decrement(&stats.in_flight);
+        let output = Box::pin(build()).await;
+        drop(permit);
+        Ok(output)
     }
 }
 
@@ -212,36 +219,33 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn requests_beyond_the_bound_wait_without_opening_connections() {
-        let (endpoint, accepted) = silent_store();
+    /// The process's S3 store for `key` on the silent store at `endpoint`, its client
+    /// built with a bound of `limit` requests in flight.
+    async fn store_with_bound(endpoint: &str, limit: usize, key: &str) -> crate::s3::S3Store {
         let aws = AwsOptions {
-            endpoint: Some(endpoint),
+            endpoint: Some(endpoint.to_string()),
             region: Some("us-east-1".into()),
             credentials: Some(Credentials::new("key", "secret", None)),
             request_timeout: Some(Duration::from_secs(300)),
         };
         // Process-wide: read when a client is built, so only this test's client has it.
-        set_requests_in_flight(3);
-        let config = crate::s3::client_config(&aws, &Default::default()).await;
+        set_requests_in_flight(limit);
+        let (client, gate) = crate::s3::process_client(&aws, &Default::default()).await;
         set_requests_in_flight(DEFAULT_REQUESTS_IN_FLIGHT);
-        let client = aws_sdk_s3::Client::from_conf(config.build());
+        crate::s3::S3Store::new(client, "b", key).with_request_gate(gate)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_beyond_the_bound_wait_without_opening_connections() {
+        use lockwarden_core::RecordStore;
+        let (endpoint, accepted) = silent_store();
         let stats = &crate::s3::IN_FLIGHT;
         let (in_flight_before, waiting_before) = (stats.in_flight(), stats.waiting());
-
-        let requests: Vec<_> = (0..10)
-            .map(|i| {
-                let client = client.clone();
-                tokio::spawn(async move {
-                    client
-                        .get_object()
-                        .bucket("b")
-                        .key(format!("k{i}"))
-                        .send()
-                        .await
-                })
-            })
-            .collect();
+        let mut requests = Vec::new();
+        for i in 0..10 {
+            let store = store_with_bound(&endpoint, 3, &format!("k{i}")).await;
+            requests.push(tokio::spawn(async move { store.read().await }));
+        }
         eventually("3 requests on the wire and 7 waiting", || {
             stats.in_flight() - in_flight_before == 3 && stats.waiting() - waiting_before == 7
         })
@@ -257,7 +261,7 @@ mod tests {
             "the waiting requests opened no connection"
         );
 
-        // A cancelled request (an attempt's timeout, a dropped renewal) leaves both counts.
+        // A cancelled request (a dropped renewal) leaves both counts.
         for request in &requests {
             request.abort();
         }
@@ -265,5 +269,37 @@ mod tests {
             stats.in_flight() == in_flight_before && stats.waiting() == waiting_before
         })
         .await;
+    }
+
+    #[tokio::test]
+    async fn a_request_that_waits_past_its_limit_fails_as_never_sent() {
+        static STATS: InFlightStats = InFlightStats::new();
+        let gate = RequestGate::bounded(1, Duration::from_millis(200), &STATS);
+        let (release, held) = tokio::sync::oneshot::channel::<()>();
+        let first = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.run(|| held).await })
+        };
+        eventually("the first request in flight", || STATS.in_flight() == 1).await;
+        let built = std::sync::atomic::AtomicBool::new(false);
+        let second = gate
+            .run(|| {
+                built.store(true, Ordering::SeqCst);
+                async {}
+            })
+            .await;
+        let refused = second.expect_err("no permit came within its limit");
+        assert_eq!(refused.limit, 1);
+        assert!(refused.waited >= Duration::from_millis(200), "{refused:?}");
+        assert!(
+            refused.to_string().contains("not sent")
+                && refused.to_string().contains("--store-requests-in-flight"),
+            "{refused}"
+        );
+        assert!(!built.load(Ordering::SeqCst), "the request was never built");
+        assert_eq!((STATS.waiting(), STATS.waited()), (0, 1));
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap().unwrap();
+        assert_eq!(STATS.in_flight(), 0);
     }
 }

@@ -22,13 +22,15 @@ use std::time::Duration;
 pub use client::missing_root_certificates;
 #[cfg(feature = "aws")]
 pub(crate) use client::{
-    ClientCache, MAX_CACHED_CLIENTS, describe, fenced_error, http_client, sdk_config,
-    service_endpoint, status_and_code,
+    ClientCache, MAX_CACHED_CLIENTS, describe, fenced_error, fenced_send, http_client,
+    request_gate, sdk_config, service_endpoint, status_and_code, store_send,
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;
 #[cfg(feature = "aws")]
-pub use in_flight::{InFlightStats, requests_in_flight, set_requests_in_flight};
+pub use in_flight::{
+    InFlightStats, NotAdmitted, RequestGate, requests_in_flight, set_requests_in_flight,
+};
 
 /// The default bound of requests one S3 or DynamoDB client keeps in flight
 /// (`registry::set_requests_in_flight`, `in_flight.rs`): far above what a healthy store

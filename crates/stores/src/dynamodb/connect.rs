@@ -9,8 +9,8 @@ use super::{
     DEFAULT_PARTITION_KEY, DynamoDbKey, DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout,
 };
 use crate::aws::{
-    AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, http_client, sdk_config,
-    service_endpoint,
+    AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, RequestGate, http_client,
+    request_gate, sdk_config, service_endpoint,
 };
 use crate::store::ConnectError;
 
@@ -21,7 +21,7 @@ pub async fn connect(
     aws: &AwsOptions,
     options: &DynamoDbOptions,
 ) -> Result<Arc<dyn LockBackend>, ConnectError> {
-    let client = client(aws).await;
+    let (client, gate) = client(aws).await;
     let layout = TableLayout {
         table: key.table.clone(),
         partition_key: options
@@ -31,6 +31,7 @@ pub async fn connect(
         sort_key: options.sort_key.clone(),
     };
     let store = DynamoStore::new(client, layout, key.key.clone())
+        .with_request_gate(gate)
         .terraform_compatible(options.terraform_compatible);
     if options.create_table {
         store
@@ -55,36 +56,46 @@ pub async fn connect_fenced(
     aws: &AwsOptions,
     options: &DynamoDbOptions,
 ) -> Box<dyn FencedObject> {
-    let client = client(aws).await;
-    Box::new(FencedDynamoItem::new(
-        client,
-        key.table.clone(),
-        key.key.clone(),
-        options.sort_key.clone(),
-    ))
+    let (client, gate) = client(aws).await;
+    Box::new(
+        FencedDynamoItem::new(
+            client,
+            key.table.clone(),
+            key.key.clone(),
+            options.sort_key.clone(),
+        )
+        .with_request_gate(gate),
+    )
 }
 
 /// The process's DynamoDB clients, one per endpoint, region, credentials and timeout.
-static CLIENTS: ClientCache<AwsOptions, aws_sdk_dynamodb::Client> =
+static CLIENTS: ClientCache<AwsOptions, (aws_sdk_dynamodb::Client, RequestGate)> =
     ClientCache::new(MAX_CACHED_CLIENTS);
 
 /// The requests in flight of the process's DynamoDB clients (`crate::aws::in_flight`).
 pub static IN_FLIGHT: InFlightStats = InFlightStats::new();
 
-async fn client(aws: &AwsOptions) -> aws_sdk_dynamodb::Client {
+async fn client(aws: &AwsOptions) -> (aws_sdk_dynamodb::Client, RequestGate) {
     CLIENTS
         .get_or_build(aws.clone(), || async {
-            aws_sdk_dynamodb::Client::from_conf(client_config(aws).await.build())
+            let client = aws_sdk_dynamodb::Client::from_conf(client_config(aws).await.build());
+            (client, request_gate(aws, &IN_FLIGHT))
         })
         .await
 }
 
+/// A gate for the requests of a DynamoDB client built from [`client_config`] for `aws`:
+/// the one the process's clients get (public so that the benchmarks bound theirs alike).
+pub fn client_request_gate(aws: &AwsOptions) -> RequestGate {
+    request_gate(aws, &IN_FLIGHT)
+}
+
 /// The configuration of the DynamoDB client for `aws`: the SDK's, with lockwarden's
-/// HTTP client (bounded requests in flight; plain HTTP for an `http://` endpoint).
+/// HTTP client (plain HTTP for an `http://` endpoint). Its requests in flight are
+/// bounded by the stores, through [`client_request_gate`].
 /// Public so that the benchmarks measure the client lockwarden uses.
 pub async fn client_config(aws: &AwsOptions) -> aws_sdk_dynamodb::config::Builder {
     let sdk = sdk_config(aws).await;
     let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
-    aws_sdk_dynamodb::config::Builder::from(&sdk)
-        .http_client(http_client(endpoint.as_deref(), &IN_FLIGHT))
+    aws_sdk_dynamodb::config::Builder::from(&sdk).http_client(http_client(endpoint.as_deref()))
 }

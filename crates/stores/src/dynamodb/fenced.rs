@@ -36,7 +36,7 @@ use serde_json::{Map, Value};
 use tokio::sync::OnceCell;
 
 use super::store::{LEASE, OWNER, RVN};
-use crate::aws::fenced_error;
+use crate::aws::{RequestGate, fenced_error, fenced_send};
 use lockwarden_core::FenceToken;
 use lockwarden_core::fenced::{
     Content, Fence, FencedError, FencedObject, FencedRead, MAX_ATTEMPTS, Written, check,
@@ -65,6 +65,8 @@ pub struct FencedDynamoItem {
     sort_key: Option<(String, String)>,
     url: String,
     key: OnceCell<HashMap<String, AttributeValue>>,
+    /// The client's bound of requests in flight (`aws::RequestGate`).
+    requests: RequestGate,
 }
 
 impl FencedDynamoItem {
@@ -83,7 +85,14 @@ impl FencedDynamoItem {
             sort_key,
             url,
             key: OnceCell::new(),
+            requests: RequestGate::unbounded(),
         }
+    }
+
+    /// Sends every request through `gate` (see `DynamoStore::with_request_gate`).
+    pub fn with_request_gate(mut self, gate: RequestGate) -> Self {
+        self.requests = gate;
+        self
     }
 
     /// The item's key, from the table's key schema (read once).
@@ -92,12 +101,9 @@ impl FencedDynamoItem {
     }
 
     async fn describe_key(&self) -> Result<HashMap<String, AttributeValue>, FencedError> {
-        let out = self
-            .client
-            .describe_table()
-            .table_name(&self.table)
-            .send()
-            .await
+        let request = self.client.describe_table().table_name(&self.table);
+        let out = fenced_send(&self.requests, "DescribeTable", || request.send())
+            .await?
             .map_err(|e| fenced_error(e, "DescribeTable"))?;
         let table = out
             .table()
@@ -168,14 +174,14 @@ impl FencedDynamoItem {
     /// The item as stored, read consistently.
     async fn read(&self) -> Result<Option<HashMap<String, AttributeValue>>, FencedError> {
         let key = self.item_key().await?.clone();
-        let out = self
+        let request = self
             .client
             .get_item()
             .table_name(&self.table)
             .set_key(Some(key))
-            .consistent_read(true)
-            .send()
-            .await
+            .consistent_read(true);
+        let out = fenced_send(&self.requests, "GetItem", || request.send())
+            .await?
             .map_err(|e| fenced_error(e, "GetItem"))?;
         Ok(out.item)
     }
@@ -201,7 +207,7 @@ impl FencedDynamoItem {
         E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
     {
         for _ in 0..MAX_ATTEMPTS {
-            let Err(e) = write().await else {
+            let Err(e) = fenced_send(&self.requests, op, &write).await? else {
                 return Ok(());
             };
             match *e {

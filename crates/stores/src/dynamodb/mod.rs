@@ -46,7 +46,7 @@ pub mod key;
 mod store;
 
 #[cfg(feature = "dynamodb")]
-pub use connect::{IN_FLIGHT, client_config, connect, connect_fenced};
+pub use connect::{IN_FLIGHT, client_config, client_request_gate, connect, connect_fenced};
 #[cfg(feature = "dynamodb")]
 pub use fenced::{DELETED_ATTRIBUTE, FENCE_ATTRIBUTE, FencedDynamoItem, LOCK_ATTRIBUTE};
 #[cfg(feature = "cli")]

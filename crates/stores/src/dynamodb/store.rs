@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
 };
 
-use crate::aws::{describe, status_and_code};
+use crate::aws::{RequestGate, describe, status_and_code, store_send};
 use crate::terraform::{self, LockInfo};
 use lockwarden_core::duration::{format_duration, parse_duration};
 use lockwarden_core::history;
@@ -91,6 +91,8 @@ pub struct DynamoStore {
     /// (`terraformCompatible`): with an `Info` they parse. Without it an item of such a
     /// table is read, never written.
     terraform_compatible: bool,
+    /// The client's bound of requests in flight (`aws::RequestGate`).
+    requests: RequestGate,
 }
 
 impl DynamoStore {
@@ -103,7 +105,24 @@ impl DynamoStore {
             key,
             url,
             terraform_compatible: false,
+            requests: RequestGate::unbounded(),
         }
+    }
+
+    /// Sends the lock's requests through `gate`: the bound of requests in flight of the
+    /// client's (`connect` passes the one of the process's client; without it, none).
+    pub fn with_request_gate(mut self, gate: RequestGate) -> Self {
+        self.requests = gate;
+        self
+    }
+
+    /// The reply to the request `build` makes, once the client's gate lets it go.
+    async fn send<F: Future>(
+        &self,
+        op: &str,
+        build: impl FnOnce() -> F,
+    ) -> Result<F::Output, StoreError> {
+        store_send(&self.requests, op, &self.url, build).await
     }
 
     /// Holds the item as Terraform and OpenTofu hold their state lock (the table must
@@ -255,7 +274,7 @@ impl DynamoStore {
         if !condition.contains("#pk") {
             names.remove("#pk");
         }
-        let out = self
+        let request = self
             .client
             .update_item()
             .table_name(&self.layout.table)
@@ -264,10 +283,8 @@ impl DynamoStore {
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .send()
-            .await;
-        match out {
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        match self.send("UpdateItem", || request.send()).await? {
             Ok(_) => Ok(Version(record.revision.clone())),
             Err(e) => Err(self.classify_write(e)),
         }
@@ -741,14 +758,15 @@ impl RecordStore for DynamoStore {
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
-        let out = self
+        let request = self
             .client
             .get_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.item_key()))
-            .consistent_read(true)
-            .send()
-            .await
+            .consistent_read(true);
+        let out = self
+            .send("GetItem", || request.send())
+            .await?
             .map_err(|e| classify(e, &self.url).for_read())?;
         Ok(out.item().map(|item| self.parse(item)))
     }
@@ -777,15 +795,16 @@ impl RecordStore for DynamoStore {
     }
 
     async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
-        self.client
+        let request = self
+            .client
             .delete_item()
             .table_name(&self.layout.table)
             .set_key(Some(self.item_key()))
             .condition_expression("#rvn = :expected")
             .expression_attribute_names("#rvn", RVN)
-            .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()))
-            .send()
-            .await
+            .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()));
+        self.send("DeleteItem", || request.send())
+            .await?
             .map(|_| ())
             .map_err(|e| self.classify_write(e))
     }

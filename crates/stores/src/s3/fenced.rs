@@ -25,7 +25,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use std::collections::HashMap;
 
 use super::store::parse_body;
-use crate::aws::{fenced_error, status_and_code};
+use crate::aws::{RequestGate, fenced_error, fenced_send, status_and_code};
 use lockwarden_core::FenceToken;
 use lockwarden_core::fenced::{
     Content, Fence, FencedError, FencedObject, FencedRead, MAX_ATTEMPTS, Written, check,
@@ -48,6 +48,8 @@ pub struct FencedS3Object {
     bucket: String,
     key: String,
     url: String,
+    /// The client's bound of requests in flight (`aws::RequestGate`).
+    requests: RequestGate,
 }
 
 /// What a HEAD found.
@@ -66,19 +68,27 @@ impl FencedS3Object {
             bucket,
             key,
             url,
+            requests: RequestGate::unbounded(),
         }
+    }
+
+    /// Sends every request through `gate` (see `S3Store::with_request_gate`).
+    pub fn with_request_gate(mut self, gate: RequestGate) -> Self {
+        self.requests = gate;
+        self
     }
 
     /// The object's ETag and fence, `None` if there is no object. An object without
     /// our metadata is checked not to be a lock record.
     async fn head(&self) -> Result<Option<Head>, FencedError> {
-        let sent = self
-            .client
-            .head_object()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .send()
-            .await;
+        let head = || {
+            self.client
+                .head_object()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .send()
+        };
+        let sent = fenced_send(&self.requests, "HEAD", head).await?;
         let Some(out) = unless_absent(sent, "HEAD")? else {
             return Ok(None);
         };
@@ -97,14 +107,15 @@ impl FencedS3Object {
     /// Reads the object at `etag` and refuses it if it is a lock record. A newer
     /// version (412) is not ours to judge here: the conditional write will fail on it.
     async fn refuse_lock_record(&self, etag: &str) -> Result<(), FencedError> {
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .if_match(etag)
-            .send()
-            .await;
+        let get = || {
+            self.client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .if_match(etag)
+                .send()
+        };
+        let out = fenced_send(&self.requests, "GET", get).await?;
         let out = match out {
             Ok(out) => out,
             Err(SdkError::ServiceError(e)) if matches!(e.raw().status().as_u16(), 404 | 412) => {
@@ -162,7 +173,8 @@ impl FencedS3Object {
                 Some(_) => "PUT If-Match",
                 None => "PUT If-None-Match: *",
             };
-            match self.conditional_put(expected, fence, body, deleted).await {
+            let put = || self.conditional_put(expected, fence, body, deleted);
+            match fenced_send(&self.requests, op, put).await? {
                 Ok(etag) => {
                     return Ok(Written {
                         version: Some(etag).filter(|e| !e.is_empty()),
@@ -204,13 +216,14 @@ impl FencedObject for FencedS3Object {
     }
 
     async fn get(&self) -> Result<Option<FencedRead>, FencedError> {
-        let sent = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .send()
-            .await;
+        let get = || {
+            self.client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .send()
+        };
+        let sent = fenced_send(&self.requests, "GET", get).await?;
         let Some(out) = unless_absent(sent, "GET")? else {
             return Ok(None);
         };

@@ -6,7 +6,7 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
-use crate::aws::{describe, status_and_code};
+use crate::aws::{RequestGate, describe, status_and_code, store_send};
 use crate::terraform::{self, StateLock};
 use lockwarden_core::history;
 use lockwarden_core::{
@@ -80,6 +80,8 @@ pub struct S3Store {
     /// Hold the key as those tools do (`terraformCompatible`): write the record inside
     /// a `LockInfo` they parse. Without it a state lock's key is read, never written.
     terraform_compatible: bool,
+    /// The client's bound of requests in flight (`aws::RequestGate`).
+    requests: RequestGate,
 }
 
 impl S3Store {
@@ -94,7 +96,24 @@ impl S3Store {
             url,
             state_path,
             terraform_compatible: false,
+            requests: RequestGate::unbounded(),
         }
+    }
+
+    /// Sends every request through `gate`: the bound of requests in flight of the
+    /// client's (`connect` passes the one of the process's client; without it, none).
+    pub fn with_request_gate(mut self, gate: RequestGate) -> Self {
+        self.requests = gate;
+        self
+    }
+
+    /// The reply to the request `build` makes, once the client's gate lets it go.
+    async fn send<F: Future>(
+        &self,
+        op: &str,
+        build: impl FnOnce() -> F,
+    ) -> Result<F::Output, StoreError> {
+        store_send(&self.requests, op, &self.url, build).await
     }
 
     /// Holds the key as Terraform and OpenTofu hold their state lock (the key must be
@@ -162,13 +181,14 @@ impl RecordStore for S3Store {
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
-        let out = self
-            .client
-            .get_object()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .send()
-            .await;
+        let get = || {
+            self.client
+                .get_object()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .send()
+        };
+        let out = self.send("GET", get).await?;
         let out = match out {
             Ok(out) => out,
             Err(err) => {
@@ -214,13 +234,16 @@ impl RecordStore for S3Store {
     }
 
     async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
-        self.client
-            .delete_object()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .if_match(&expected.0)
-            .send()
-            .await
+        let delete = || {
+            self.client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .if_match(&expected.0)
+                .send()
+        };
+        self.send("DELETE If-Match", delete)
+            .await?
             .map(|_| ())
             .map_err(|e| classify(e, "DELETE If-Match", &self.url))
     }
@@ -269,7 +292,7 @@ impl S3Store {
             None => (req.if_none_match("*"), "PUT If-None-Match"),
             Some(v) => (req.if_match(&v.0), "PUT If-Match"),
         };
-        match req.send().await {
+        match self.send(op, || req.send()).await? {
             Ok(out) => match out.e_tag() {
                 Some(etag) => Ok(Version(etag.to_string())),
                 // Without an ETag the next conditional write is impossible; the engine
