@@ -21,6 +21,44 @@ pub(crate) struct Env {
     pub(crate) ns: String,
 }
 
+/// With LOCKWARDEN_BENCH_S3_CPU=FRACTION (say `0.3`): the S3 server gets at most that
+/// share of one core (a cgroup v1 CPU quota), so a scale run can put the controller in
+/// front of a store that cannot keep up, the same way every run (issue 45's "at
+/// capacity and overloaded"). The scale part measures the server's capacity after this.
+fn limit_s3_server_cpu(server: &dyn AwsServer) {
+    let Some(fraction) = std::env::var("LOCKWARDEN_BENCH_S3_CPU")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    else {
+        return;
+    };
+    let Some(pid) = server.pid() else {
+        panic!("LOCKWARDEN_BENCH_S3_CPU: the S3 server's process id is unknown");
+    };
+    let group = std::path::Path::new("/sys/fs/cgroup/cpu/lockwarden-bench-s3");
+    let period_us = 100_000.0;
+    let result = std::fs::create_dir_all(group)
+        .and_then(|()| std::fs::write(group.join("cpu.cfs_period_us"), "100000"))
+        .and_then(|()| {
+            std::fs::write(
+                group.join("cpu.cfs_quota_us"),
+                format!("{:.0}", fraction * period_us),
+            )
+        })
+        .and_then(|()| std::fs::write(group.join("cgroup.procs"), pid.to_string()));
+    match result {
+        Ok(()) => eprintln!(
+            "[bench] {} (pid {pid}) limited to {:.0} % of a core",
+            server.name(),
+            fraction * 100.0
+        ),
+        Err(e) => panic!(
+            "LOCKWARDEN_BENCH_S3_CPU: cannot put the S3 server in {}: {e}",
+            group.display()
+        ),
+    }
+}
+
 impl Env {
     pub(crate) async fn start() -> Env {
         let (s3_server, dynamodb_server, zk, plane) = tokio::task::spawn_blocking(|| {
@@ -47,6 +85,7 @@ impl Env {
                 .build(),
         );
         let bucket = new_bucket_at(&s3_server.endpoint(), "bench").await;
+        limit_s3_server_cpu(s3_server);
         let table = new_table_at(&dynamodb_server.endpoint(), "bench", "key").await;
         Env {
             s3_server,

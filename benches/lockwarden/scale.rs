@@ -127,6 +127,9 @@ pub(crate) fn scale_child(args: &[String]) {
         } else {
             None
         };
+        // The stores' bound of requests in flight, as the controller's clients have it.
+        let s3_gate = lockwarden::backend::s3::client_request_gate(&aws);
+        let ddb_gate = lockwarden::backend::dynamodb::client_request_gate(&aws);
         let lease_len = interval * 3;
         let zk_sessions = Arc::new(ZkSessions::with_session_timeout(lease_len));
         let policy = RenewPolicy {
@@ -140,17 +143,19 @@ pub(crate) fn scale_child(args: &[String]) {
         let mut tasks = Vec::with_capacity(n);
         for i in 0..n {
             let backend: Arc<dyn LockBackend> = match (&s3, &ddb) {
-                (Some(c), _) => Arc::new(CasLock::new(S3Store::new(
-                    c.clone(),
-                    bucket.clone(),
-                    format!("{prefix}/{i}"),
-                ))),
+                (Some(c), _) => Arc::new(CasLock::new(
+                    S3Store::new(c.clone(), bucket.clone(), format!("{prefix}/{i}"))
+                        .with_request_gate(s3_gate.clone()),
+                )),
                 // For DynamoDB, the BUCKET argument is the table.
-                (_, Some(c)) => Arc::new(CasLock::new(DynamoStore::new(
-                    c.clone(),
-                    TableLayout::new(bucket.clone()),
-                    format!("{prefix}/{i}"),
-                ))),
+                (_, Some(c)) => Arc::new(CasLock::new(
+                    DynamoStore::new(
+                        c.clone(),
+                        TableLayout::new(bucket.clone()),
+                        format!("{prefix}/{i}"),
+                    )
+                    .with_request_gate(ddb_gate.clone()),
+                )),
                 // The ZooKeeper lease is the session timeout: 30 s, so that a 10 s
                 // renew interval is below half of it (as for the other stores).
                 _ => Arc::new(
@@ -532,9 +537,17 @@ pub(crate) async fn scale_operator(
     };
     let peak_sockets = Arc::new(AtomicU64::new(0));
     let peak_store_sockets = Arc::new(AtomicU64::new(0));
-    let (peak, peak_store) = (peak_sockets.clone(), peak_store_sockets.clone());
+    // The highest RSS sampled (kB): taken and reset once all are acquired, so the
+    // acquisition's peak and the steady state's are told apart.
+    let peak_rss = Arc::new(AtomicU64::new(0));
+    let (peak, peak_store, rss) = (
+        peak_sockets.clone(),
+        peak_store_sockets.clone(),
+        peak_rss.clone(),
+    );
     let socket_sampler = tokio::spawn(async move {
         loop {
+            rss.fetch_max(proc_status_kb(pid, "VmRSS:") as u64, Ordering::Relaxed);
             peak.fetch_max(proc_sockets(pid) as u64, Ordering::Relaxed);
             if let Some(port) = store_port {
                 peak_store.fetch_max(proc_sockets_to(pid, port) as u64, Ordering::Relaxed);
@@ -611,6 +624,7 @@ pub(crate) async fn scale_operator(
     }
     let acquire_all = began.elapsed().as_secs_f64();
     let rss_held = proc_status_kb(pid, "VmRSS:");
+    let peak_rss_acquiring = peak_rss.swap(0, Ordering::Relaxed) as f64 / 1024.0;
     let sockets = proc_sockets(pid);
     // Let the acquisition burst settle before measuring the steady state.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -627,6 +641,7 @@ pub(crate) async fn scale_operator(
     let cpu1 = proc_cpu_seconds(pid);
     let m1 = apiserver_counts(&client).await;
     let hwm = proc_status_kb(pid, "VmHWM:");
+    let peak_rss_renewing = peak_rss.load(Ordering::Relaxed) as f64 / 1024.0;
     let metrics = reqwest_metrics(metrics_port).await;
     child.kill();
     watch_task.abort();
@@ -698,7 +713,7 @@ pub(crate) async fn scale_operator(
             f64::NAN
         }),
         note: format!(
-            "acquire-all includes creating the objects ({n} creates, 8 in flight); CPU {:.1} % of a core over the window; {:.2} API-server requests per renewal; {sockets} open sockets in the controller once all were acquired, {peak_sockets} at most{peak_store_sockets}{bound}{}",
+            "acquire-all includes creating the objects ({n} creates, 8 in flight); CPU {:.1} % of a core over the window; {:.2} API-server requests per renewal; {sockets} open sockets in the controller once all were acquired, {peak_sockets} at most{peak_store_sockets}{bound}; RSS at most {peak_rss_acquiring:.0} MB while acquiring, {peak_rss_renewing:.0} MB while renewing (sampled every 0.5 s){}",
             100.0 * (cpu1 - cpu0) / window,
             api_requests / renewals,
             if store == ScaleStore::Lease {
