@@ -33,8 +33,6 @@ pub mod key;
 #[cfg(feature = "s3")]
 mod store;
 
-#[cfg(all(test, feature = "s3"))]
-pub(crate) use connect::client as process_client;
 #[cfg(feature = "s3")]
 pub use connect::{IN_FLIGHT, client_config, client_request_gate, connect, connect_fenced};
 #[cfg(feature = "s3")]
