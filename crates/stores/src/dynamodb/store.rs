@@ -116,15 +116,6 @@ impl DynamoStore {
         self
     }
 
-    /// The reply to the request `build` makes, once the client's gate lets it go.
-    async fn send<F: Future>(
-        &self,
-        op: &str,
-        build: impl FnOnce() -> F,
-    ) -> Result<F::Output, StoreError> {
-        store_send(&self.requests, op, &self.url, build).await
-    }
-
     /// Holds the item as Terraform and OpenTofu hold their state lock (the table must
     /// be their lock table: partition key `LockID`, the key `<bucket>/<state key>`);
     /// the caller deletes it on release, as they need.
@@ -284,7 +275,7 @@ impl DynamoStore {
             .set_expression_attribute_names(Some(names))
             .set_expression_attribute_values(Some(values))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        match self.send("UpdateItem", || request.send()).await? {
+        match store_send(&self.requests, "UpdateItem", &self.url, || request.send()).await? {
             Ok(_) => Ok(Version(record.revision.clone())),
             Err(e) => Err(self.classify_write(e)),
         }
@@ -764,8 +755,7 @@ impl RecordStore for DynamoStore {
             .table_name(&self.layout.table)
             .set_key(Some(self.item_key()))
             .consistent_read(true);
-        let out = self
-            .send("GetItem", || request.send())
+        let out = store_send(&self.requests, "GetItem", &self.url, || request.send())
             .await?
             .map_err(|e| classify(e, &self.url).for_read())?;
         Ok(out.item().map(|item| self.parse(item)))
@@ -803,7 +793,7 @@ impl RecordStore for DynamoStore {
             .condition_expression("#rvn = :expected")
             .expression_attribute_names("#rvn", RVN)
             .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()));
-        self.send("DeleteItem", || request.send())
+        store_send(&self.requests, "DeleteItem", &self.url, || request.send())
             .await?
             .map(|_| ())
             .map_err(|e| self.classify_write(e))

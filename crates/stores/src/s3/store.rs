@@ -107,15 +107,6 @@ impl S3Store {
         self
     }
 
-    /// The reply to the request `build` makes, once the client's gate lets it go.
-    async fn send<F: Future>(
-        &self,
-        op: &str,
-        build: impl FnOnce() -> F,
-    ) -> Result<F::Output, StoreError> {
-        store_send(&self.requests, op, &self.url, build).await
-    }
-
     /// Holds the key as Terraform and OpenTofu hold their state lock (the key must be
     /// one: `<state key>.tflock`); the caller deletes it on release, as they need.
     pub fn terraform_compatible(mut self, on: bool) -> Self {
@@ -188,7 +179,7 @@ impl RecordStore for S3Store {
                 .key(&self.key)
                 .send()
         };
-        let out = self.send("GET", get).await?;
+        let out = store_send(&self.requests, "GET", &self.url, get).await?;
         let out = match out {
             Ok(out) => out,
             Err(err) => {
@@ -242,7 +233,7 @@ impl RecordStore for S3Store {
                 .if_match(&expected.0)
                 .send()
         };
-        self.send("DELETE If-Match", delete)
+        store_send(&self.requests, "DELETE If-Match", &self.url, delete)
             .await?
             .map(|_| ())
             .map_err(|e| classify(e, "DELETE If-Match", &self.url))
@@ -292,7 +283,7 @@ impl S3Store {
             None => (req.if_none_match("*"), "PUT If-None-Match"),
             Some(v) => (req.if_match(&v.0), "PUT If-Match"),
         };
-        match self.send(op, || req.send()).await? {
+        match store_send(&self.requests, op, &self.url, || req.send()).await? {
             Ok(out) => match out.e_tag() {
                 Some(etag) => Ok(Version(etag.to_string())),
                 // Without an ETag the next conditional write is impossible; the engine
