@@ -81,14 +81,9 @@ impl FencedS3Object {
     /// The object's ETag and fence, `None` if there is no object. An object without
     /// our metadata is checked not to be a lock record.
     async fn head(&self) -> Result<Option<Head>, FencedError> {
-        let head = || {
-            self.client
-                .head_object()
-                .bucket(&self.bucket)
-                .key(&self.key)
-                .send()
-        };
-        let sent = fenced_send(&self.requests, "HEAD", head).await?;
+        let request = self.client.head_object().bucket(&self.bucket);
+        let request = request.key(&self.key);
+        let sent = fenced_send(&self.requests, "HEAD", || request.send()).await?;
         let Some(out) = unless_absent(sent, "HEAD")? else {
             return Ok(None);
         };
@@ -216,14 +211,9 @@ impl FencedObject for FencedS3Object {
     }
 
     async fn get(&self) -> Result<Option<FencedRead>, FencedError> {
-        let get = || {
-            self.client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(&self.key)
-                .send()
-        };
-        let sent = fenced_send(&self.requests, "GET", get).await?;
+        let request = self.client.get_object().bucket(&self.bucket);
+        let request = request.key(&self.key);
+        let sent = fenced_send(&self.requests, "GET", || request.send()).await?;
         let Some(out) = unless_absent(sent, "GET")? else {
             return Ok(None);
         };

@@ -172,14 +172,9 @@ impl RecordStore for S3Store {
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
-        let get = || {
-            self.client
-                .get_object()
-                .bucket(&self.bucket)
-                .key(&self.key)
-                .send()
-        };
-        let out = store_send(&self.requests, "GET", &self.url, get).await?;
+        let request = self.client.get_object().bucket(&self.bucket);
+        let request = request.key(&self.key);
+        let out = store_send(&self.requests, "GET", &self.url, || request.send()).await?;
         let out = match out {
             Ok(out) => out,
             Err(err) => {
