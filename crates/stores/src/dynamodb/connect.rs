@@ -79,7 +79,7 @@ async fn client(aws: &AwsOptions) -> (aws_sdk_dynamodb::Client, RequestGate) {
     CLIENTS
         .get_or_build(aws.clone(), || async {
             let client = aws_sdk_dynamodb::Client::from_conf(client_config(aws).await.build());
-            (client, request_gate(aws, &IN_FLIGHT))
+            (client, client_request_gate(aws))
         })
         .await
 }

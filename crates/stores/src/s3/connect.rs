@@ -55,7 +55,7 @@ pub(crate) async fn client(aws: &AwsOptions, s3: &S3Options) -> (aws_sdk_s3::Cli
     CLIENTS
         .get_or_build(key, || async {
             let client = aws_sdk_s3::Client::from_conf(client_config(aws, s3).await.build());
-            (client, request_gate(aws, &IN_FLIGHT))
+            (client, client_request_gate(aws))
         })
         .await
 }
