@@ -1,7 +1,7 @@
 //! The ZooKeeper backend against a real ZooKeeper: the queue recipe (mutual exclusion,
-//! FIFO, handoff by watch), session liveness (renewal, expiry, jeopardy), foreign queue
-//! members, lost replies and resume; and keys with more than one holder (semaphores,
-//! shared/exclusive).
+//! FIFO, handoff by watch), session liveness (renewal, expiry, a disconnect ends the
+//! claim), foreign queue members, lost replies and resume; and keys with more than one
+//! holder (semaphores, shared/exclusive).
 
 mod support;
 
@@ -462,6 +462,84 @@ async fn session_expiry_makes_the_holder_report_lost_and_the_next_acquires() {
     assert_eq!(again.0.holder, "contender");
     assert_eq!(again.1, Some(0));
     holder.abandon().await;
+    contender.release(&next).await.unwrap();
+}
+
+/// Rule 2 on ZooKeeper (docs/design.md §3, ZooKeeper): once the holder's session is
+/// disconnected the holder stops claiming at once, while the server still counts the
+/// session alive and keeps its entry — seconds before the deadline of its last renewal,
+/// which is all a holder without a lock-delay has to stop its work in. A reconnect
+/// within the session timeout gives the claim back with the same entry and fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rule2_a_disconnected_zookeeper_session_ends_the_claim_at_once() {
+    // The controller's default session; the client declares it disconnected after 2/5
+    // of it without a reply (4 s), the server expires it after all of it.
+    const SESSION: Duration = Duration::from_secs(10);
+    let path = lock_path("disconnect");
+    let (proxy, holder) = behind_a_proxy(&path, SESSION);
+    let contender = on_own_session(&path);
+    let lease = acquire(&*holder, &request("holder"), Wait::No)
+        .await
+        .expect("holder acquires");
+    let (fence, session) = (lease.fence(), lease.record.lease);
+    // Renewing every third of the session, as the controller does by default: the
+    // disconnect usually comes between two renewals.
+    let held = HeldLock::hold(holder.clone(), lease, RenewPolicy::for_lease(session));
+    let mut states = held.watch();
+
+    proxy.set_mode(Mode::Blackhole);
+    let cut = Instant::now();
+    let deadline_at_cut = *held.deadline().borrow();
+    let expiring = tokio::time::timeout(
+        PROMPTLY,
+        states.wait_for(|s| matches!(s, HolderState::Expiring { .. })),
+    )
+    .await
+    .expect("the holder stops claiming")
+    .expect("holder state channel")
+    .clone();
+    let stopped = Instant::now();
+    let HolderState::Expiring { last_error, .. } = &expiring else {
+        unreachable!()
+    };
+    eprintln!(
+        "stopped claiming {:?} after the cut, {:?} before the deadline of the last renewal \
+         ({last_error})",
+        stopped - cut,
+        deadline_at_cut.saturating_duration_since(stopped)
+    );
+    assert!(
+        last_error.contains("not claimed until it reconnects"),
+        "stopped for the session's disconnect, not its deadline: {last_error}"
+    );
+    // Renewals every 3.3 s, the disconnect declared at most 4.5 s after the cut: the
+    // deadline of the last renewal is at least 6.2 s after the cut.
+    assert!(
+        stopped + Duration::from_secs(1) < deadline_at_cut,
+        "stopped only {:?} before the deadline",
+        deadline_at_cut.saturating_duration_since(stopped)
+    );
+    // The server still counts the session alive: nobody else can have the lock yet.
+    let (by, position) = expect_busy(&contender, "contender").await;
+    assert_eq!((by.holder.as_str(), by.fence), ("holder", fence));
+    assert_eq!(position, Some(0));
+
+    // Healed within the session timeout: the same entry is claimed again.
+    proxy.set_mode(Mode::Pass);
+    let again = tokio::time::timeout(PROMPTLY, states.wait_for(HolderState::is_held))
+        .await
+        .expect("held again after the reconnect")
+        .expect("holder state channel")
+        .clone();
+    assert!(
+        matches!(again, HolderState::Held { fence: f, .. } if f == fence),
+        "{again:?}"
+    );
+    held.release().await.expect("release");
+    let next = acquire(&contender, &request("contender"), Wait::For(PROMPTLY))
+        .await
+        .unwrap();
+    assert!(next.fence() > fence);
     contender.release(&next).await.unwrap();
 }
 

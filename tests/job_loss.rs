@@ -21,10 +21,11 @@
 //! the trials' 1 s, `timescale::LOSS_GRACE_SECONDS`: the Pods are never bound here, so
 //! the grace acts through `D` alone): at least ~0.5 s + `D`, plus the contender's poll
 //! delay, for the chain lock status → Job watch → suspend patch → Job controller. ZooKeeper
-//! (no lock-delay there):
-//! the holder stops at `sent + 10 s × 0.98 − 0.25 s`, the server expires the session
-//! no sooner than 10 s after it last heard from the client (pings continue after
-//! `sent`): at least ~0.45 s. `LOCKWARDEN_LOSS_TRIALS` trials per store (default 2),
+//! (no lock-delay there): the holder stops claiming when its client declares the 10 s
+//! session disconnected, 4–4.5 s after the last reply it had (docs/design.md §3,
+//! ZooKeeper), and the server expires the session no sooner than 10 s after it last
+//! heard from the client: about 5.5 s (it would be only the 0.45 s of `10 s × 0.02 +
+//! 0.25 s` if the holder ran out its deadline). `LOCKWARDEN_LOSS_TRIALS` trials per store (default 2),
 //! S3's side by side, ZooKeeper's one at a time and alone ([`ALONE`]). Run with
 //! `--test-threads=4`.
 

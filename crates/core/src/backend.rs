@@ -248,6 +248,15 @@ pub trait LockBackend: Send + Sync {
         tokio::time::sleep(timeout).await
     }
 
+    /// Resolves when the store's connection puts the holder's claim in jeopardy before a
+    /// renewal has failed (a ZooKeeper session disconnected, docs/design.md §3), so the
+    /// holder task renews at once and [`renew`](Self::renew) can end the claim then,
+    /// instead of at the next scheduled renewal. Default: never (a store whose claim
+    /// lives only in the records a renewal writes learns everything from the renewal).
+    async fn in_jeopardy(&self) {
+        std::future::pending::<()>().await
+    }
+
     /// Whether [`changed`](Self::changed) wakes on the store's own notification (a
     /// watch) after a [`try_acquire`](Self::try_acquire) found the lock held, so a
     /// waiter need not poll. `false`: it only sleeps.

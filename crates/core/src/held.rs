@@ -322,6 +322,34 @@ impl HolderTask {
         })
     }
 
+    /// Lets the lock go as `order` asks (`None`: the [`HeldLock`] was dropped) and
+    /// publishes the final state.
+    async fn release(&self, lease: &Lease, order: Option<ReleaseOrder>) {
+        let (completed, done) = match order {
+            Some(order) => (order.completed, Some(order.done)),
+            None => (None, None),
+        };
+        let result = match completed {
+            Some((run, keep)) => self.backend.release_completed(lease, run, keep).await,
+            None => self.backend.release(lease).await,
+        };
+        let final_state = match &result {
+            Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
+            _ => HolderState::Released,
+        };
+        self.state.send_replace(final_state);
+        let unheard = match done {
+            Some(done) => done.send(result).err(),
+            None => Some(result),
+        };
+        // Nobody waits for the answer (the HeldLock was dropped): a failed release must
+        // still be seen. The key is then free only after its lease, by rule 1 on the
+        // contender's clock.
+        if let Some(Err(error)) = unheard {
+            tracing::warn!(url = self.backend.url(), %error, "releasing a dropped lock failed; it frees after its lease");
+        }
+    }
+
     async fn run(
         self,
         mut lease: Lease,
@@ -336,6 +364,9 @@ impl HolderTask {
         };
         let mut inflight: Option<Renewal> = None;
         let mut last_error = String::new();
+        // Kept across turns of the loop (a backend's wait may hold a subscription);
+        // made anew once it has resolved.
+        let mut jeopardy = self.backend.in_jeopardy();
         loop {
             let claimed = self.state.borrow().is_held();
             tokio::select! {
@@ -346,29 +377,7 @@ impl HolderTask {
                         // on the latest version.
                         lease = renewal.await.0;
                     }
-                    let (completed, done) = match order {
-                        Ok(order) => (order.completed, Ok(order.done)),
-                        Err(e) => (None, Err(e)),
-                    };
-                    let result = match completed {
-                        Some((run, keep)) => self.backend.release_completed(&lease, run, keep).await,
-                        None => self.backend.release(&lease).await,
-                    };
-                    let final_state = match &result {
-                        Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
-                        _ => HolderState::Released,
-                    };
-                    self.state.send_replace(final_state);
-                    let unheard = match done {
-                        Ok(done) => done.send(result).err(),
-                        Err(_) => Some(result),
-                    };
-                    // Nobody waits for the answer (the HeldLock was dropped): a failed
-                    // release must still be seen. The key is then free only after its
-                    // lease, by rule 1 on the contender's clock.
-                    if let Some(Err(error)) = unheard {
-                        tracing::warn!(url = self.backend.url(), %error, "releasing a dropped lock failed; it frees after its lease");
-                    }
+                    self.release(&lease, order.ok()).await;
                     return;
                 }
                 (renewed, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
@@ -404,6 +413,12 @@ impl HolderTask {
                     });
                 }
                 _ = sleep_until(next), if inflight.is_none() => {
+                    inflight = Some(self.renewal(lease.clone()));
+                }
+                // The store's connection says the claim may already be gone: renew now,
+                // and let the renewal say whether it still stands.
+                _ = &mut jeopardy, if claimed && inflight.is_none() => {
+                    jeopardy = self.backend.in_jeopardy();
                     inflight = Some(self.renewal(lease.clone()));
                 }
                 // A request that came while a renewal was in flight is looked at once it
@@ -553,6 +568,76 @@ mod tests {
             "a stale request renewed after {:?}",
             since.elapsed()
         );
+    }
+
+    /// A lock on the in-memory store whose connection can be declared in jeopardy, as a
+    /// ZooKeeper session's disconnect is; counts the renewals asked of it.
+    struct Jeopardised {
+        lock: CasLock<MemoryStore>,
+        jeopardy: tokio::sync::Notify,
+        renewals: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl LockBackend for Jeopardised {
+        fn url(&self) -> &str {
+            LockBackend::url(&self.lock)
+        }
+        async fn try_acquire(&self, req: &crate::AcquireRequest) -> Result<Attempt, LockError> {
+            self.lock.try_acquire(req).await
+        }
+        async fn renew(&self, lease: &mut Lease) -> Result<(), LockError> {
+            self.renewals
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.lock.renew(lease).await
+        }
+        async fn release(&self, lease: &Lease) -> Result<(), LockError> {
+            self.lock.release(lease).await
+        }
+        async fn inspect(&self) -> Result<Option<crate::Stored>, LockError> {
+            self.lock.inspect().await
+        }
+        async fn resume(&self, holder: &str, nonce: &str) -> Result<Lease, LockError> {
+            self.lock.resume(holder, nonce).await
+        }
+        async fn in_jeopardy(&self) {
+            self.jeopardy.notified().await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_in_jeopardy_is_renewed_at_once_not_at_the_next_interval() {
+        let store = MemoryStore::new("mem://held/jeopardy");
+        let backend = Arc::new(Jeopardised {
+            lock: CasLock::new(store.clone()).with_margins(margins()),
+            jeopardy: tokio::sync::Notify::new(),
+            renewals: Default::default(),
+        });
+        let lease_time = Duration::from_secs(3600);
+        let lease = match backend
+            .try_acquire(&AcquireRequest::new("a", lease_time))
+            .await
+        {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        // No scheduled renewal within the test.
+        let held = HeldLock::hold(backend.clone(), lease, RenewPolicy::for_lease(lease_time));
+        let renewals = || backend.renewals.load(std::sync::atomic::Ordering::SeqCst);
+        let mut revision = held.revision.clone();
+        for round in 1..=2 {
+            assert_eq!(renewals(), round - 1);
+            backend.jeopardy.notify_one();
+            // The renewal's verdict stands: it got through, so the lock stays held, and
+            // the next jeopardy is waited for afresh.
+            timeout(PATIENCE, revision.changed())
+                .await
+                .expect("renewed at once")
+                .unwrap();
+            assert_eq!(renewals(), round);
+            assert!(held.is_held());
+        }
+        held.release().await.unwrap();
     }
 
     #[test]

@@ -112,6 +112,24 @@ impl ZkLock {
 
     /// Bounds one request: the client queues requests while it reconnects, and an
     /// attempt must not hang past the session's own lifetime.
+    /// A disconnected session is jeopardy: the server may still count it alive, or
+    /// may expire it and delete our entry at `last contact + timeout`, which wakes
+    /// every waiter at once (no lock-delay on ZooKeeper). So the holder stops claiming
+    /// now rather than at its deadline (docs/design.md §3, ZooKeeper); a renewal after
+    /// the reconnect restores the deadline from its own send.
+    fn end_claim_while_disconnected(
+        &self,
+        lease: &mut Lease,
+        generation: &Generation,
+    ) -> LockError {
+        lease.deadline = HolderDeadline::expired();
+        self.unavailable(format!(
+            "ZooKeeper session {:#x} is {}; the lock is not claimed until it reconnects",
+            generation.id,
+            generation.state()
+        ))
+    }
+
     pub(super) async fn bounded<T>(
         generation: &Generation,
         request: impl Future<Output = Result<T, ZkError>>,
@@ -593,14 +611,7 @@ impl LockBackend for ZkLock {
             return Err(self.lost(LostReason::SessionExpired));
         }
         if !generation.is_connected() {
-            // Jeopardy: the server may still count the session alive, or may expire it
-            // at `last contact + timeout`; the holder's deadline already stops short
-            // of that.
-            return Err(self.unavailable(format!(
-                "ZooKeeper session {:#x} is {}; lock in jeopardy until it reconnects",
-                generation.id,
-                generation.state()
-            )));
+            return Err(self.end_claim_while_disconnected(lease, &generation));
         }
         let path = self.node(&entry.name);
         let sent = Instant::now();
@@ -624,7 +635,28 @@ impl LockBackend for ZkLock {
                 st.entry = None;
                 Err(self.lost(LostReason::SessionExpired))
             }
+            // The connection was lost under the request.
+            Err(_) if !generation.is_connected() => {
+                Err(self.end_claim_while_disconnected(lease, &generation))
+            }
             Err(e) => Err(self.error("checking our queue entry", e)),
+        }
+    }
+
+    /// Wakes the holder task as soon as the session of our entry leaves
+    /// `SyncConnected`, so its renewal ends the claim then (docs/design.md §3,
+    /// ZooKeeper).
+    async fn in_jeopardy(&self) {
+        let generation = self
+            .state
+            .lock()
+            .await
+            .entry
+            .as_ref()
+            .map(|e| e.generation.clone());
+        match generation {
+            Some(generation) => generation.disconnected().await,
+            None => std::future::pending().await,
         }
     }
 

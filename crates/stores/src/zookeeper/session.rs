@@ -189,6 +189,15 @@ impl Generation {
         self.state() == SessionState::SyncConnected
     }
 
+    /// Resolves once the session is not (or no longer) `SyncConnected`.
+    pub(super) async fn disconnected(&self) {
+        let mut states = self.client.state_watcher();
+        let mut state = states.state();
+        while state == SessionState::SyncConnected {
+            state = states.changed().await;
+        }
+    }
+
     pub(super) fn fence_of(stat: &Stat) -> FenceToken {
         FenceToken(u64::try_from(stat.czxid).unwrap_or(0))
     }
