@@ -187,6 +187,12 @@ impl Drop for Decrement<'_> {
     }
 }
 
+/// The most a store request's future may take while it waits for the gate, in bytes:
+/// the closure that would build the request and the gate's own state, not the SDK's
+/// input (each store's `a_request_waiting_for_the_gate_holds_no_sdk_input`).
+#[cfg(test)]
+pub(crate) const WAITING_REQUEST_MAX: usize = 1536;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,8 @@ pub(crate) use client::{
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;
+#[cfg(all(test, feature = "aws"))]
+pub(crate) use in_flight::WAITING_REQUEST_MAX;
 #[cfg(feature = "aws")]
 pub use in_flight::{
     InFlightStats, NotAdmitted, RequestGate, requests_in_flight, set_requests_in_flight,

@@ -265,17 +265,24 @@ impl DynamoStore {
         if !condition.contains("#pk") {
             names.remove("#pk");
         }
-        let request = self
-            .client
-            .update_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.item_key()))
-            .update_expression(expression)
-            .condition_expression(condition)
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        match store_send(&self.requests, "UpdateItem", &self.url, || request.send()).await? {
+        // Built once admitted: a request waiting for the gate is then this closure and
+        // its expression, not the SDK's input (docs/design.md §3, "Requests in flight
+        // are bounded").
+        let update = || {
+            self.client
+                .update_item()
+                .table_name(&self.layout.table)
+                .set_key(Some(self.item_key()))
+                .update_expression(expression)
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_values(Some(values))
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+        };
+        match store_send(&self.requests, "UpdateItem", &self.url, update).await? {
             Ok(_) => Ok(Version(record.revision.clone())),
             Err(e) => Err(self.classify_write(e)),
         }
@@ -749,13 +756,15 @@ impl RecordStore for DynamoStore {
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
-        let request = self
-            .client
-            .get_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.item_key()))
-            .consistent_read(true);
-        let out = store_send(&self.requests, "GetItem", &self.url, || request.send())
+        let get = || {
+            self.client
+                .get_item()
+                .table_name(&self.layout.table)
+                .set_key(Some(self.item_key()))
+                .consistent_read(true)
+                .send()
+        };
+        let out = store_send(&self.requests, "GetItem", &self.url, get)
             .await?
             .map_err(|e| classify(e, &self.url).for_read())?;
         Ok(out.item().map(|item| self.parse(item)))
@@ -785,15 +794,17 @@ impl RecordStore for DynamoStore {
     }
 
     async fn delete(&self, expected: &Version) -> Result<(), StoreError> {
-        let request = self
-            .client
-            .delete_item()
-            .table_name(&self.layout.table)
-            .set_key(Some(self.item_key()))
-            .condition_expression("#rvn = :expected")
-            .expression_attribute_names("#rvn", RVN)
-            .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()));
-        store_send(&self.requests, "DeleteItem", &self.url, || request.send())
+        let delete = || {
+            self.client
+                .delete_item()
+                .table_name(&self.layout.table)
+                .set_key(Some(self.item_key()))
+                .condition_expression("#rvn = :expected")
+                .expression_attribute_names("#rvn", RVN)
+                .expression_attribute_values(":expected", AttributeValue::S(expected.0.clone()))
+                .send()
+        };
+        store_send(&self.requests, "DeleteItem", &self.url, delete)
             .await?
             .map(|_| ())
             .map_err(|e| self.classify_write(e))

@@ -172,31 +172,36 @@ impl RecordStore for S3Store {
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
-        let request = self.client.get_object().bucket(&self.bucket);
-        let request = request.key(&self.key);
-        let out = store_send(&self.requests, "GET", &self.url, || request.send()).await?;
-        let out = match out {
-            Ok(out) => out,
-            Err(err) => {
-                if let SdkError::ServiceError(e) = &err
-                    && (e.err().is_no_such_key() || e.raw().status().as_u16() == 404)
+        // Built once admitted, and the body read under the same permit: a read waiting
+        // for the gate is then this closure, not the SDK's input and output
+        // (docs/design.md §3, "Requests in flight are bounded"), and its connection
+        // counts until the body is in.
+        let get = || async {
+            let request = self.client.get_object().bucket(&self.bucket);
+            let out = match request.key(&self.key).send().await {
+                Ok(out) => out,
+                Err(SdkError::ServiceError(e))
+                    if e.err().is_no_such_key() || e.raw().status().as_u16() == 404 =>
                 {
                     return Ok(None);
                 }
-                return Err(classify(err, "GET", &self.url).for_read());
-            }
+                Err(err) => return Err(classify(err, "GET", &self.url).for_read()),
+            };
+            let version = Version(out.e_tag().unwrap_or_default().to_string());
+            let history = out
+                .metadata()
+                .and_then(|m| m.get(HISTORY_METADATA))
+                .map(|text| history::parse_text(text));
+            let bytes = out.body.collect().await.map_err(|e| {
+                StoreError::Unavailable(format!("GET {}: reading body: {e}", self.url))
+            })?;
+            Ok(Some((version, history, bytes.into_bytes())))
         };
-        let version = Version(out.e_tag().unwrap_or_default().to_string());
-        let history = out
-            .metadata()
-            .and_then(|m| m.get(HISTORY_METADATA))
-            .map(|text| history::parse_text(text));
-        let bytes = out
-            .body
-            .collect()
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("GET {}: reading body: {e}", self.url)))?
-            .into_bytes();
+        let Some((version, history, bytes)) =
+            store_send(&self.requests, "GET", &self.url, get).await??
+        else {
+            return Ok(None);
+        };
         let mut record = match &self.state_path {
             Some(path) => parse_state_lock_body(&bytes, &version.0, path),
             None => parse_body(&bytes, &version.0),
@@ -264,21 +269,32 @@ impl S3Store {
         record: &LockRecord,
         expected: Option<&Version>,
     ) -> Result<Version, StoreError> {
-        let mut req = self
-            .client
-            .put_object()
-            .bucket(&self.bucket)
-            .key(&self.key)
-            .content_type("application/json")
-            .body(ByteStream::from(self.body(record)?));
-        if let Some(text) = history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX) {
-            req = req.metadata(HISTORY_METADATA, text);
-        }
-        let (req, op) = match expected {
-            None => (req.if_none_match("*"), "PUT If-None-Match"),
-            Some(v) => (req.if_match(&v.0), "PUT If-Match"),
+        let body = self.body(record)?;
+        let history = history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX);
+        let op = match expected {
+            None => "PUT If-None-Match",
+            Some(_) => "PUT If-Match",
         };
-        match store_send(&self.requests, op, &self.url, || req.send()).await? {
+        // Built once admitted, as in `read`: the SDK's input for a PUT is several
+        // kilobytes, the body and its history a few hundred bytes.
+        let put = || {
+            let mut req = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&self.key)
+                .content_type("application/json")
+                .body(ByteStream::from(body));
+            if let Some(text) = history {
+                req = req.metadata(HISTORY_METADATA, text);
+            }
+            match expected {
+                None => req.if_none_match("*"),
+                Some(v) => req.if_match(&v.0),
+            }
+            .send()
+        };
+        match store_send(&self.requests, op, &self.url, put).await? {
             Ok(out) => match out.e_tag() {
                 Some(etag) => Ok(Version(etag.to_string())),
                 // Without an ETag the next conditional write is impossible; the engine
