@@ -360,6 +360,48 @@ fn behind_a_proxy(path: &str, session: Duration) -> (Proxy, Arc<ZkLock>) {
     (proxy, Arc::new(lock))
 }
 
+/// Releases `held` (of fence `fence`): `contender` acquires next, with a higher fence.
+async fn released_to_the_next(held: HeldLock, contender: &ZkLock, fence: FenceToken) {
+    held.release().await.expect("release");
+    let next = acquire(contender, &request("contender"), Wait::For(PROMPTLY))
+        .await
+        .unwrap();
+    assert!(next.fence() > fence);
+    contender.release(&next).await.unwrap();
+}
+
+/// A lock held through a fault proxy (to be partitioned away), and a contender for it
+/// that connects directly.
+struct HeldBehindAProxy {
+    proxy: Proxy,
+    holder: Arc<ZkLock>,
+    /// Renewed every third of the granted lease.
+    held: HeldLock,
+    contender: ZkLock,
+    /// The lease granted: the session's negotiated timeout.
+    session: Duration,
+}
+
+/// A fresh lock path for `test`, acquired by `holder` on a session of `session` behind a
+/// proxy, and held.
+async fn held_behind_a_proxy(test: &str, session: Duration) -> HeldBehindAProxy {
+    let path = lock_path(test);
+    let (proxy, holder) = behind_a_proxy(&path, session);
+    let contender = on_own_session(&path);
+    let lease = acquire(&*holder, &request("holder"), Wait::No)
+        .await
+        .expect("holder acquires");
+    let session = lease.record.lease;
+    let held = HeldLock::hold(holder.clone(), lease, RenewPolicy::for_lease(session));
+    HeldBehindAProxy {
+        proxy,
+        holder,
+        held,
+        contender,
+        session,
+    }
+}
+
 /// Partitions the holder of `held` away (`proxy`) and waits until `lock` gets `req`
 /// (`why`). Rule 2: by the time anyone else holds the lock, the holder has stopped
 /// claiming it.
@@ -404,22 +446,15 @@ async fn expect_lost_with_its_session(held: &HeldLock) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_expiry_makes_the_holder_report_lost_and_the_next_acquires() {
     const SESSION: Duration = Duration::from_secs(2);
-    let path = lock_path("expiry");
-    // The holder reaches ZooKeeper through a proxy that will partition it away; the
-    // contender connects directly.
-    let (proxy, holder) = behind_a_proxy(&path, SESSION);
-    let contender = on_own_session(&path);
-
-    let lease = acquire(&*holder, &request("holder"), Wait::No)
-        .await
-        .expect("holder acquires");
-    assert_eq!(
-        lease.record.lease, SESSION,
-        "the lease is the session timeout"
-    );
-    let held_fence = lease.fence();
-    let policy = RenewPolicy::for_lease(lease.record.lease);
-    let held = HeldLock::hold(holder.clone(), lease, policy);
+    let HeldBehindAProxy {
+        proxy,
+        holder,
+        held,
+        contender,
+        session,
+    } = held_behind_a_proxy("expiry", SESSION).await;
+    assert_eq!(session, SESSION, "the lease is the session timeout");
+    let held_fence = held.fence();
     let (_, position) = expect_busy(&contender, "contender").await;
     assert_eq!(position, Some(0));
 
@@ -475,16 +510,11 @@ async fn rule2_a_disconnected_zookeeper_session_ends_the_claim_at_once() {
     // The controller's default session; the client declares it disconnected after 2/5
     // of it without a reply (4 s), the server expires it after all of it.
     const SESSION: Duration = Duration::from_secs(10);
-    let path = lock_path("disconnect");
-    let (proxy, holder) = behind_a_proxy(&path, SESSION);
-    let contender = on_own_session(&path);
-    let lease = acquire(&*holder, &request("holder"), Wait::No)
-        .await
-        .expect("holder acquires");
-    let (fence, session) = (lease.fence(), lease.record.lease);
     // Renewing every third of the session, as the controller does by default: the
     // disconnect usually comes between two renewals.
-    let held = HeldLock::hold(holder.clone(), lease, RenewPolicy::for_lease(session));
+    let setup = held_behind_a_proxy("disconnect", SESSION).await;
+    let (proxy, held, contender) = (setup.proxy, setup.held, setup.contender);
+    let fence = held.fence();
     let mut states = held.watch();
 
     proxy.set_mode(Mode::Blackhole);
@@ -535,12 +565,7 @@ async fn rule2_a_disconnected_zookeeper_session_ends_the_claim_at_once() {
         matches!(again, HolderState::Held { fence: f, .. } if f == fence),
         "{again:?}"
     );
-    held.release().await.expect("release");
-    let next = acquire(&contender, &request("contender"), Wait::For(PROMPTLY))
-        .await
-        .unwrap();
-    assert!(next.fence() > fence);
-    contender.release(&next).await.unwrap();
+    released_to_the_next(held, &contender, fence).await;
 }
 
 /// The session is 4 s, not the 2 s of the cut-off tests: what is tested is that nothing
@@ -600,12 +625,7 @@ async fn renewal_keeps_the_lock_past_many_lease_durations() {
         "still held, same znode, after {LEASES} session timeouts"
     );
 
-    held.release().await.expect("release");
-    let next = acquire(&contender, &request("contender"), Wait::For(PROMPTLY))
-        .await
-        .unwrap();
-    assert!(next.fence() > fence);
-    contender.release(&next).await.unwrap();
+    released_to_the_next(held, &contender, fence).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

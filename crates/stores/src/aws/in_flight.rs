@@ -191,7 +191,35 @@ impl Drop for Decrement<'_> {
 /// the closure that would build the request and the gate's own state, not the SDK's
 /// input (each store's `a_request_waiting_for_the_gate_holds_no_sdk_input`).
 #[cfg(test)]
-pub(crate) const WAITING_REQUEST_MAX: usize = 1536;
+const WAITING_REQUEST_MAX: usize = 1536;
+
+/// Checks that each of `store`'s requests (`kind`: its name in the message) is at most
+/// [`WAITING_REQUEST_MAX`] bytes while it waits: its future is not polled here, so its
+/// size is what a waiting request keeps.
+#[cfg(test)]
+pub(crate) fn assert_waiting_requests_are_small(
+    store: &dyn lockwarden_core::RecordStore,
+    kind: &str,
+) {
+    use lockwarden_core::{FenceToken, LockRecord, Version};
+    let record = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(30), None);
+    let version = Version("r1".into());
+    let sizes = [
+        ("read", std::mem::size_of_val(&*store.read())),
+        ("create", std::mem::size_of_val(&*store.create(&record))),
+        (
+            "replace",
+            std::mem::size_of_val(&*store.replace(&version, &record)),
+        ),
+        ("delete", std::mem::size_of_val(&*store.delete(&version))),
+    ];
+    for (op, size) in sizes {
+        assert!(
+            size <= WAITING_REQUEST_MAX,
+            "a waiting {kind} {op} is {size} bytes"
+        );
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,7 @@ pub(crate) use client::{
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;
 #[cfg(all(test, feature = "aws"))]
-pub(crate) use in_flight::WAITING_REQUEST_MAX;
+pub(crate) use in_flight::assert_waiting_requests_are_small;
 #[cfg(feature = "aws")]
 pub use in_flight::{
     InFlightStats, NotAdmitted, RequestGate, requests_in_flight, set_requests_in_flight,

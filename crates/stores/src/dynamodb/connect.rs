@@ -105,7 +105,6 @@ mod tests {
     use super::*;
     use crate::aws::Credentials;
     use crate::dynamodb::{DynamoStore, TableLayout};
-    use lockwarden_core::{FenceToken, LockRecord, RecordStore, Version};
     use std::time::Duration;
 
     /// As S3's (`s3::connect::tests`): a waiting request holds no SDK input. Building
@@ -121,22 +120,6 @@ mod tests {
         };
         let (client, gate) = client(&aws).await;
         let store = DynamoStore::new(client, TableLayout::new("t"), "k").with_request_gate(gate);
-        let record = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(30), None);
-        let version = Version("r1".into());
-        let sizes = [
-            ("read", std::mem::size_of_val(&*store.read())),
-            ("create", std::mem::size_of_val(&*store.create(&record))),
-            (
-                "replace",
-                std::mem::size_of_val(&*store.replace(&version, &record)),
-            ),
-            ("delete", std::mem::size_of_val(&*store.delete(&version))),
-        ];
-        for (op, size) in sizes {
-            assert!(
-                size <= crate::aws::WAITING_REQUEST_MAX,
-                "a waiting DynamoDB {op} is {size} bytes"
-            );
-        }
+        crate::aws::assert_waiting_requests_are_small(&store, "DynamoDB");
     }
 }

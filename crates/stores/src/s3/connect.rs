@@ -168,24 +168,7 @@ mod tests {
     /// before the gate made a waiting PUT 5.6 KB and a GET 3.4 KB.
     #[tokio::test]
     async fn a_request_waiting_for_the_gate_holds_no_sdk_input() {
-        use lockwarden_core::{FenceToken, LockRecord, RecordStore, Version};
         let store = store_with_bound("http://127.0.0.1:1", 1, "k").await;
-        let record = LockRecord::new_acquisition("a", FenceToken(1), Duration::from_secs(30), None);
-        let version = Version("\"etag\"".into());
-        let sizes = [
-            ("read", std::mem::size_of_val(&*store.read())),
-            ("create", std::mem::size_of_val(&*store.create(&record))),
-            (
-                "replace",
-                std::mem::size_of_val(&*store.replace(&version, &record)),
-            ),
-            ("delete", std::mem::size_of_val(&*store.delete(&version))),
-        ];
-        for (op, size) in sizes {
-            assert!(
-                size <= crate::aws::WAITING_REQUEST_MAX,
-                "a waiting S3 {op} is {size} bytes"
-            );
-        }
+        crate::aws::assert_waiting_requests_are_small(&store, "S3");
     }
 }
