@@ -193,6 +193,18 @@ impl Drop for Decrement<'_> {
 #[cfg(test)]
 const WAITING_REQUEST_MAX: usize = 1536;
 
+/// Options for a client of an endpoint nothing answers on (127.0.0.1:1), for tests that
+/// never send.
+#[cfg(test)]
+pub(crate) fn unreachable_endpoint() -> super::AwsOptions {
+    super::AwsOptions {
+        endpoint: Some("http://127.0.0.1:1".into()),
+        region: Some("us-east-1".into()),
+        credentials: Some(super::Credentials::new("key", "secret", None)),
+        request_timeout: None,
+    }
+}
+
 /// Checks that each of `store`'s requests (`kind`: its name in the message) is at most
 /// [`WAITING_REQUEST_MAX`] bytes while it waits: its future is not polled here, so its
 /// size is what a waiting request keeps.

@@ -27,12 +27,12 @@ pub(crate) use client::{
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;
-#[cfg(all(test, feature = "aws"))]
-pub(crate) use in_flight::assert_waiting_requests_are_small;
 #[cfg(feature = "aws")]
 pub use in_flight::{
     InFlightStats, NotAdmitted, RequestGate, requests_in_flight, set_requests_in_flight,
 };
+#[cfg(all(test, feature = "aws"))]
+pub(crate) use in_flight::{assert_waiting_requests_are_small, unreachable_endpoint};
 
 /// The default bound of requests one S3 or DynamoDB client keeps in flight
 /// (`registry::set_requests_in_flight`, `in_flight.rs`): far above what a healthy store

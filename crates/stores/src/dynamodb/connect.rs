@@ -103,22 +103,14 @@ pub async fn client_config(aws: &AwsOptions) -> aws_sdk_dynamodb::config::Builde
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::Credentials;
     use crate::dynamodb::{DynamoStore, TableLayout};
-    use std::time::Duration;
 
     /// As S3's (`s3::connect::tests`): a waiting request holds no SDK input. Building
     /// the request before the gate made a waiting UpdateItem 3.4 KB, a GetItem 2.5 KB
     /// and a DeleteItem 3.0 KB.
     #[tokio::test]
     async fn a_request_waiting_for_the_gate_holds_no_sdk_input() {
-        let aws = AwsOptions {
-            endpoint: Some("http://127.0.0.1:1".into()),
-            region: Some("us-east-1".into()),
-            credentials: Some(Credentials::new("key", "secret", None)),
-            request_timeout: Some(Duration::from_secs(300)),
-        };
-        let (client, gate) = client(&aws).await;
+        let (client, gate) = client(&crate::aws::unreachable_endpoint()).await;
         let store = DynamoStore::new(client, TableLayout::new("t"), "k").with_request_gate(gate);
         crate::aws::assert_waiting_requests_are_small(&store, "DynamoDB");
     }

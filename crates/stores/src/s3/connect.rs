@@ -169,17 +169,10 @@ mod tests {
     /// before the gate made a waiting PUT 5.6 KB and a GET 3.4 KB.
     #[tokio::test]
     async fn a_request_waiting_for_the_gate_holds_no_sdk_input() {
-        // Built here, not through `store_with_bound`: that sets the process-wide bound,
-        // which the socket test above relies on while it builds its client.
-        let aws = AwsOptions {
-            endpoint: Some("http://127.0.0.1:1".into()),
-            region: Some("us-east-1".into()),
-            credentials: Some(Credentials::new("key", "secret", None)),
-            request_timeout: None,
-        };
-        let config = client_config(&aws, &Default::default()).await.build();
-        let store = S3Store::new(aws_sdk_s3::Client::from_conf(config), "b", "k")
-            .with_request_gate(client_request_gate(&aws));
+        // Not through `store_with_bound`: that sets the process-wide bound, which the
+        // socket test above relies on while it builds its client.
+        let (client, gate) = client(&crate::aws::unreachable_endpoint(), &Default::default()).await;
+        let store = S3Store::new(client, "b", "k").with_request_gate(gate);
         crate::aws::assert_waiting_requests_are_small(&store, "S3");
     }
 }
