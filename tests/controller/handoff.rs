@@ -126,6 +126,26 @@ fn zk_reads(top: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// [`zk_reads`] once it has stayed the same for a second.
+async fn settled_reads(top: &str) -> u64 {
+    let settle = Duration::from_secs(1);
+    let deadline = Instant::now() + TIMEOUT;
+    let (mut last, mut since) = (zk_reads(top), Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let reads = zk_reads(top);
+        if reads != last {
+            (last, since) = (reads, Instant::now());
+        } else if since.elapsed() >= settle {
+            return reads;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "reads under /{top} never paused for {settle:?}: the waiters poll"
+        );
+    }
+}
+
 async fn patch_release(locks: &Api<DistributedLock>, name: &str) {
     patch_spec(locks, name, json!({"release": true})).await;
 }
@@ -187,9 +207,13 @@ async fn zookeeper_waiters_wake_on_the_watch_without_polling() {
     there.create(&create, &make("third")).await.unwrap();
     wait_queued(&there, "third", 2).await;
 
+    // Each waiter reads once more after it shows its place: its own status write
+    // wakes a reconcile that looks at the queue again and then sets its watch. Under
+    // load those reads can come after the test sees the status, so the window starts
+    // once the reads have settled (1 s without one).
+    let before = settled_reads(&top).await;
     // A polling waiter looks at least every 2 s (its longest poll), each look a read
     // of the queue; three times that without a read shows that no waiter polls.
-    let before = zk_reads(&top);
     let quiet_until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < quiet_until {
         let reads = zk_reads(&top);
