@@ -5,7 +5,9 @@
 //! store that slows down therefore drew one socket per request waiting on it: 3,400–3,800
 //! of them at 10,000 S3 locks, the footprint growing exactly when the store struggles.
 //! A [`RequestGate`] lets at most [`requests_in_flight`] operations of one client
-//! through at once; the others wait here, in order, and the waiting is counted
+//! through at once; the others wait here — a holder's renewals and releases first, then
+//! everything else, each in arrival order ([`Permits`](super::permits)) — and the
+//! waiting is counted
 //! ([`InFlightStats`], the controller's `lockwarden_store_requests_waiting` and
 //! `lockwarden_store_request_wait_seconds_total`). An operation sends one attempt at a
 //! time (the SDK retries after the previous attempt ended), so the sockets in use stay
@@ -29,9 +31,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use lockwarden_core::RequestPriority;
 
 use super::DEFAULT_REQUESTS_IN_FLIGHT;
+use super::permits::{Admission, Permits};
 
 static REQUESTS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(DEFAULT_REQUESTS_IN_FLIGHT);
 
@@ -106,7 +109,7 @@ pub struct RequestGate {
 
 #[derive(Debug)]
 struct Bound {
-    permits: Semaphore,
+    permits: Arc<Permits>,
     limit: usize,
     /// The longest an operation waits for a permit: the client's attempt timeout.
     wait_limit: Duration,
@@ -120,7 +123,7 @@ impl RequestGate {
         let limit = limit.max(1);
         RequestGate {
             bound: Some(Arc::new(Bound {
-                permits: Semaphore::new(limit),
+                permits: Permits::new(limit),
                 limit,
                 wait_limit,
                 stats,
@@ -145,21 +148,21 @@ impl RequestGate {
             return Ok(Box::pin(build()).await);
         };
         let stats = bound.stats;
-        let permit = match bound.permits.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => {
+        let permit = match bound.permits.admit(RequestPriority::current()) {
+            Admission::Now(permit) => permit,
+            Admission::Queued(handed) => {
                 let began = Instant::now();
                 stats.waiting.fetch_add(1, Ordering::Relaxed);
                 // Leaves the count even when the caller drops this future.
                 let waiting = Decrement(&stats.waiting);
-                let permit = tokio::time::timeout(bound.wait_limit, bound.permits.acquire()).await;
+                let permit = tokio::time::timeout(bound.wait_limit, handed).await;
                 drop(waiting);
                 let waited = began.elapsed();
                 stats.waited.fetch_add(1, Ordering::Relaxed);
                 let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
                 stats.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
                 match permit {
-                    Ok(permit) => permit.expect("the semaphore is never closed"),
+                    Ok(permit) => permit.expect("the gate outlives its waiters"),
                     Err(_) => {
                         return Err(NotAdmitted {
                             waited,
@@ -237,6 +240,48 @@ pub(crate) fn assert_waiting_requests_are_small(
 mod tests {
     use super::*;
 
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    /// The priority reaches the gate from the task that runs the request: a holder's
+    /// request that came last is sent before a contender's that waited longer.
+    #[tokio::test]
+    async fn a_holders_request_overtakes_contenders_waiting_at_the_gate() {
+        static STATS: InFlightStats = InFlightStats::new();
+        let gate = RequestGate::bounded(1, Duration::from_secs(60), &STATS);
+        let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (release, held) = tokio::sync::oneshot::channel::<()>();
+        let first = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.run(|| held).await })
+        };
+        until("the first request in flight", || STATS.in_flight() == 1).await;
+        let request = |who: &'static str, priority: RequestPriority| {
+            let (gate, sent) = (gate.clone(), sent.clone());
+            tokio::spawn(priority.scope(async move {
+                gate.run(|| async move { sent.lock().unwrap().push(who) })
+                    .await
+                    .unwrap()
+            }))
+        };
+        let contender = request("contender", RequestPriority::Contender);
+        until("the contender waiting", || STATS.waiting() == 1).await;
+        let holder = request("holder", RequestPriority::Holder);
+        until("both waiting", || STATS.waiting() == 2).await;
+        release.send(()).unwrap();
+        first.await.unwrap().unwrap().unwrap();
+        holder.await.unwrap();
+        contender.await.unwrap();
+        assert_eq!(*sent.lock().unwrap(), ["holder", "contender"]);
+    }
+
     #[tokio::test]
     async fn a_request_that_waits_past_its_limit_fails_as_never_sent() {
         static STATS: InFlightStats = InFlightStats::new();
@@ -246,13 +291,7 @@ mod tests {
             let gate = gate.clone();
             tokio::spawn(async move { gate.run(|| held).await })
         };
-        tokio::time::timeout(Duration::from_secs(60), async {
-            while STATS.in_flight() != 1 {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .expect("the first request in flight");
+        until("the first request in flight", || STATS.in_flight() == 1).await;
         let built = std::sync::atomic::AtomicBool::new(false);
         let second = gate
             .run(|| {

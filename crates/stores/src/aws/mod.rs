@@ -14,6 +14,8 @@ mod client;
 mod flags;
 #[cfg(feature = "aws")]
 mod in_flight;
+#[cfg(feature = "aws")]
+mod permits;
 
 use std::fmt;
 use std::time::Duration;
