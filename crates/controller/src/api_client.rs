@@ -7,7 +7,8 @@
 //! held 4,500 connections to it, each one more request for the API server to serve
 //! while it was already the bottleneck. [`BoundedApiRequests`] lets at most
 //! `--api-requests-in-flight` requests through at a time; the rest wait in the
-//! controller, in order.
+//! controller, a holder's Lease renewals and releases first, then the rest, each in
+//! arrival order ([`RequestSlots`]; docs/design.md §3, "Holders go first at the bound").
 //!
 //! Watches are not counted: each stays open for as long as the controller runs, so
 //! counting them would take permits for good (and a bound below the number of watches
@@ -23,7 +24,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use http::Request;
 use kube::client::Body;
-use tokio::sync::Semaphore;
+use lockwarden_core::{RequestPriority, RequestSlots};
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
@@ -63,7 +64,7 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         BoundedApiRequests {
             inner: Buffer::new(inner, BUFFERED),
-            permits: Arc::new(Semaphore::new(self.limit.max(1))),
+            slots: RequestSlots::new(self.limit),
         }
     }
 }
@@ -72,7 +73,7 @@ where
 #[derive(Clone, Debug)]
 pub struct BoundedApiRequests<S> {
     inner: S,
-    permits: Arc<Semaphore>,
+    slots: Arc<RequestSlots>,
 }
 
 /// Whether `request` opens a watch (`?watch=true`, `?watch=1`): a request that does
@@ -102,13 +103,15 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
-        let permits = (!is_watch(&request)).then(|| self.permits.clone());
+        let slots = (!is_watch(&request)).then(|| self.slots.clone());
+        // Read here, in the caller's task: kube calls the service from it.
+        let priority = RequestPriority::current();
         Box::pin(async move {
-            let _permit = match permits {
-                Some(permits) => Some(permits.acquire_owned().await.map_err(Box::new)?),
+            let _slot = match slots {
+                Some(slots) => Some(slots.acquire(priority).await),
                 None => None,
             };
-            // The permit goes with the response's head: the body follows on the same
+            // The slot goes with the response's head: the body follows on the same
             // connection, so connections stay within the bound plus the bodies being read.
             inner.oneshot(request).await
         })
@@ -135,6 +138,53 @@ mod tests {
         assert!(!is_watch(&request("/api/v1/pods?limit=500")));
         assert!(!is_watch(&request("/api/v1/namespaces/a/pods/watch-me")));
         assert!(!is_watch(&request("/api/v1/pods?watchful=true")));
+    }
+
+    /// docs/design.md §3, "Holders go first at the bound": a Lease renewal (made as a
+    /// holder) that came last is sent before a status write that waited longer.
+    #[tokio::test]
+    async fn a_holders_request_overtakes_others_waiting_at_the_bound() {
+        let sent = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let first_done = Arc::new(tokio::sync::Notify::new());
+        let service = {
+            let (sent, first_done) = (sent.clone(), first_done.clone());
+            BoundedApiRequestsLayer { limit: 1 }.layer(tower::service_fn(
+                move |request: Request<Body>| {
+                    let (sent, first_done) = (sent.clone(), first_done.clone());
+                    async move {
+                        let path = request.uri().path().to_string();
+                        sent.lock().unwrap().push(path.clone());
+                        if path == "/first" {
+                            first_done.notified().await;
+                        }
+                        Ok::<_, BoxError>(())
+                    }
+                },
+            ))
+        };
+        let call = |path: &str, priority: RequestPriority| {
+            let call = priority.scope(service.clone().oneshot(request(path)));
+            tokio::spawn(call)
+        };
+        let sent_now = || sent.lock().unwrap().clone();
+        let first = call("/first", RequestPriority::Contender);
+        while sent_now().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let status = call("/status", RequestPriority::Contender);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let renewal = call("/lease", RequestPriority::Holder);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(sent_now(), ["/first"], "the others wait for the bound");
+        first_done.notify_one();
+        for call in [first, renewal, status] {
+            tokio::time::timeout(Duration::from_secs(30), call)
+                .await
+                .expect("answered")
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(sent_now(), ["/first", "/lease", "/status"]);
     }
 
     #[tokio::test]

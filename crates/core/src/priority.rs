@@ -1,14 +1,19 @@
-//! Whose store request this is: a holder's (renewing or releasing a lock it holds) or a
-//! contender's (everything else). A store that makes requests wait for a bound lets a
-//! holder's go first (docs/design.md §3, "Holders go first at the bound"): a late
-//! renewal costs a held lock, a late acquisition only its wait.
+//! Whose request to a store this is: a holder's (renewing or releasing a lock it holds)
+//! or a contender's (everything else); and [`RequestSlots`], the bound of requests in
+//! flight that lets a holder's go first (docs/design.md §3, "Holders go first at the
+//! bound"): a late renewal costs a held lock, a late acquisition only its wait. The AWS
+//! stores bound their requests with it, and the controller its Kubernetes client's.
 //!
 //! The priority is carried by the task, not by the [`RecordStore`](crate::RecordStore)
 //! calls: the holder task sets it around its renewal and release, and every store call
 //! made inside them — by [`CasLock`](crate::CasLock), a permit's protocol, a store's own
 //! retries — inherits it without each layer passing it on.
 
+use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
 
 tokio::task_local! {
     static CURRENT: RequestPriority;
@@ -38,6 +43,114 @@ impl RequestPriority {
     }
 }
 
+/// A bound of requests in flight whose waiters are served by [`RequestPriority`]: every
+/// holder's request before any contender's, each class in arrival order (tokio's
+/// `Semaphore` serves one queue in arrival order only).
+///
+/// A slot freed while requests wait goes straight to the next waiter, so a waiter exists
+/// only while no slot is free. A waiter that gives up (its caller dropped it, or its
+/// wait timed out) leaves its place in the queue behind; the next slot freed skips it,
+/// and a slot handed to it just as it gave up is freed again when the hand-off is
+/// dropped.
+#[derive(Debug)]
+pub struct RequestSlots {
+    state: Mutex<SlotsState>,
+}
+
+#[derive(Debug)]
+struct SlotsState {
+    free: usize,
+    holders: VecDeque<oneshot::Sender<RequestSlot>>,
+    contenders: VecDeque<oneshot::Sender<RequestSlot>>,
+}
+
+/// One request's right to be in flight; freed (to the next waiter) when dropped.
+#[derive(Debug)]
+pub struct RequestSlot {
+    /// `None` once taken back without freeing (a hand-off nobody took).
+    slots: Option<Arc<RequestSlots>>,
+}
+
+/// How a request gets its slot: at once, or when one is handed to it.
+#[derive(Debug)]
+pub enum Admission {
+    Now(RequestSlot),
+    /// Resolves with the slot when it is this request's turn.
+    Queued(oneshot::Receiver<RequestSlot>),
+}
+
+impl RequestSlots {
+    /// `count` slots (0 is taken as 1).
+    pub fn new(count: usize) -> Arc<RequestSlots> {
+        Arc::new(RequestSlots {
+            state: Mutex::new(SlotsState {
+                free: count.max(1),
+                holders: VecDeque::new(),
+                contenders: VecDeque::new(),
+            }),
+        })
+    }
+
+    /// A slot now if one is free, else a place in `priority`'s queue.
+    pub fn admit(self: &Arc<Self>, priority: RequestPriority) -> Admission {
+        let mut state = self.state.lock().expect("request slots");
+        if state.free > 0 {
+            state.free -= 1;
+            return Admission::Now(self.slot());
+        }
+        let (hand_off, handed) = oneshot::channel();
+        match priority {
+            RequestPriority::Holder => state.holders.push_back(hand_off),
+            RequestPriority::Contender => state.contenders.push_back(hand_off),
+        }
+        Admission::Queued(handed)
+    }
+
+    /// Waits for a slot as `priority`.
+    pub async fn acquire(self: &Arc<Self>, priority: RequestPriority) -> RequestSlot {
+        match self.admit(priority) {
+            Admission::Now(slot) => slot,
+            Admission::Queued(handed) => handed.await.expect("the slots outlive their waiters"),
+        }
+    }
+
+    fn slot(self: &Arc<Self>) -> RequestSlot {
+        RequestSlot {
+            slots: Some(self.clone()),
+        }
+    }
+
+    /// Gives a freed slot to the first waiter still waiting, holders first, or keeps it
+    /// free.
+    fn free_one(self: &Arc<Self>) {
+        let mut state = self.state.lock().expect("request slots");
+        loop {
+            let Some(next) = state
+                .holders
+                .pop_front()
+                .or_else(|| state.contenders.pop_front())
+            else {
+                state.free += 1;
+                return;
+            };
+            match next.send(self.slot()) {
+                Ok(()) => return,
+                // That waiter gave up: taken back without freeing it (this loop still
+                // holds the lock), the slot goes to the next one.
+                Err(mut unsent) => unsent.slots = None,
+            }
+        }
+    }
+}
+
+impl Drop for RequestSlot {
+    fn drop(&mut self) {
+        if let Some(slots) = self.slots.take() {
+            slots.free_one();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +166,86 @@ mod tests {
             .await;
         assert_eq!(inside, RequestPriority::Holder);
         assert_eq!(RequestPriority::current(), RequestPriority::Contender);
+    }
+
+    fn now(admission: Admission) -> RequestSlot {
+        match admission {
+            Admission::Now(permit) => permit,
+            Admission::Queued(_) => panic!("queued with a slot free"),
+        }
+    }
+
+    fn queued(admission: Admission) -> oneshot::Receiver<RequestSlot> {
+        match admission {
+            Admission::Queued(received) => received,
+            Admission::Now(_) => panic!("a slot while none was free"),
+        }
+    }
+
+    fn free(slots: &RequestSlots) -> usize {
+        slots.state.lock().unwrap().free
+    }
+
+    /// docs/design.md §3, "Holders go first at the bound".
+    #[test]
+    fn holders_go_first_at_the_bound() {
+        let slots = RequestSlots::new(1);
+        let in_flight = now(slots.admit(RequestPriority::Contender));
+        let mut first_contender = queued(slots.admit(RequestPriority::Contender));
+        let mut second_contender = queued(slots.admit(RequestPriority::Contender));
+        let mut first_holder = queued(slots.admit(RequestPriority::Holder));
+        let mut second_holder = queued(slots.admit(RequestPriority::Holder));
+
+        drop(in_flight);
+        let holder = first_holder.try_recv().expect("the first holder goes next");
+        assert!(second_holder.try_recv().is_err());
+        assert!(first_contender.try_recv().is_err(), "a holder waits");
+        drop(holder);
+        let holder = second_holder.try_recv().expect("then the second");
+        assert!(first_contender.try_recv().is_err(), "a holder waits");
+        drop(holder);
+        let contender = first_contender.try_recv().expect("then the contenders");
+        assert!(second_contender.try_recv().is_err());
+        drop(contender);
+        drop(second_contender.try_recv().expect("in their order"));
+        assert_eq!(free(&slots), 1, "the slot is free again");
+    }
+
+    #[test]
+    fn a_contender_waiting_for_the_bound_is_served_once_no_holder_waits() {
+        let slots = RequestSlots::new(2);
+        let (a, b) = (
+            now(slots.admit(RequestPriority::Holder)),
+            now(slots.admit(RequestPriority::Contender)),
+        );
+        let mut contender = queued(slots.admit(RequestPriority::Contender));
+        let mut holder = queued(slots.admit(RequestPriority::Holder));
+        drop(a);
+        let holder = holder.try_recv().expect("the holder first");
+        drop(b);
+        let contender = contender
+            .try_recv()
+            .expect("the contender with no holder waiting");
+        drop((holder, contender));
+        assert_eq!(free(&slots), 2);
+    }
+
+    #[test]
+    fn a_waiter_that_gave_up_does_not_keep_a_permit() {
+        let slots = RequestSlots::new(1);
+        let in_flight = now(slots.admit(RequestPriority::Contender));
+        let gave_up = queued(slots.admit(RequestPriority::Holder));
+        let mut waiting = queued(slots.admit(RequestPriority::Contender));
+        drop(gave_up);
+        drop(in_flight);
+        let permit = waiting.try_recv().expect("skips the one that gave up");
+        // Handed to a waiter that then gives up without taking it: freed again.
+        let late = queued(slots.admit(RequestPriority::Holder));
+        drop(permit);
+        assert_eq!(free(&slots), 0, "handed to the late waiter");
+        drop(late);
+        assert_eq!(free(&slots), 1, "freed when the hand-off was dropped");
+        drop(now(slots.admit(RequestPriority::Contender)));
+        assert_eq!(free(&slots), 1);
     }
 }

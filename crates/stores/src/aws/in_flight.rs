@@ -6,7 +6,7 @@
 //! of them at 10,000 S3 locks, the footprint growing exactly when the store struggles.
 //! A [`RequestGate`] lets at most [`requests_in_flight`] operations of one client
 //! through at once; the others wait here — a holder's renewals and releases first, then
-//! everything else, each in arrival order ([`Permits`](super::permits)) — and the
+//! everything else, each in arrival order ([`RequestSlots`]) — and the
 //! waiting is counted
 //! ([`InFlightStats`], the controller's `lockwarden_store_requests_waiting` and
 //! `lockwarden_store_request_wait_seconds_total`). An operation sends one attempt at a
@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockwarden_core::RequestPriority;
+use lockwarden_core::priority::{Admission, RequestSlots};
 
 use super::DEFAULT_REQUESTS_IN_FLIGHT;
-use super::permits::{Admission, Permits};
 
 static REQUESTS_IN_FLIGHT: AtomicUsize = AtomicUsize::new(DEFAULT_REQUESTS_IN_FLIGHT);
 
@@ -109,7 +109,7 @@ pub struct RequestGate {
 
 #[derive(Debug)]
 struct Bound {
-    permits: Arc<Permits>,
+    slots: Arc<RequestSlots>,
     limit: usize,
     /// The longest an operation waits for a permit: the client's attempt timeout.
     wait_limit: Duration,
@@ -123,7 +123,7 @@ impl RequestGate {
         let limit = limit.max(1);
         RequestGate {
             bound: Some(Arc::new(Bound {
-                permits: Permits::new(limit),
+                slots: RequestSlots::new(limit),
                 limit,
                 wait_limit,
                 stats,
@@ -148,7 +148,7 @@ impl RequestGate {
             return Ok(Box::pin(build()).await);
         };
         let stats = bound.stats;
-        let permit = match bound.permits.admit(RequestPriority::current()) {
+        let permit = match bound.slots.admit(RequestPriority::current()) {
             Admission::Now(permit) => permit,
             Admission::Queued(handed) => {
                 let began = Instant::now();
@@ -162,7 +162,7 @@ impl RequestGate {
                 let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
                 stats.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
                 match permit {
-                    Ok(permit) => permit.expect("the gate outlives its waiters"),
+                    Ok(slot) => slot.expect("the gate outlives its waiters"),
                     Err(_) => {
                         return Err(NotAdmitted {
                             waited,

@@ -14,8 +14,6 @@ mod client;
 mod flags;
 #[cfg(feature = "aws")]
 mod in_flight;
-#[cfg(feature = "aws")]
-mod permits;
 
 use std::fmt;
 use std::time::Duration;
