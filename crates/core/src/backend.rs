@@ -75,8 +75,9 @@ pub struct Lease {
     /// Rule 2: until when we may claim the lock.
     pub deadline: HolderDeadline,
     /// A write whose outcome was unknown (rule 4): if the backend later shows this
-    /// revision, it landed.
-    pub unconfirmed: Option<(LockRecord, tokio::time::Instant)>,
+    /// revision, it landed. Boxed: rare, and a whole record, it would otherwise double
+    /// the size of every lease a holder task keeps.
+    pub unconfirmed: Option<Box<(LockRecord, tokio::time::Instant)>>,
     /// Whether this acquisition overwrote a live lock: someone else's (force), or this
     /// holder's own from an earlier run (reclaim).
     pub forced_from: Option<super::error::HeldBy>,
@@ -349,5 +350,23 @@ impl StoreError {
                 StoreError::Unavailable("the read was refused as a conflict".into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every held lock keeps a lease in its holder task, and another in the renewal in
+    /// flight: 10,000 of each behind a slow store (docs/benchmarks.md, "Where the
+    /// overloaded controller's memory goes"). The rare unknown-outcome write is boxed.
+    #[test]
+    fn a_lease_keeps_its_rare_unconfirmed_write_out_of_line() {
+        let lease = std::mem::size_of::<Lease>();
+        let record = std::mem::size_of::<LockRecord>();
+        assert!(
+            lease < 2 * record,
+            "a lease is {lease} bytes, its record {record}: the unconfirmed write is inline"
+        );
     }
 }

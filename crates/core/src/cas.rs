@@ -720,14 +720,14 @@ impl<S: RecordStore> CasLock<S> {
             )),
             Reconciled::NotApplied => {
                 // It may still land: remember it, so the next renewal recognises it.
-                lease.unconfirmed = Some((next, sent));
+                lease.unconfirmed = Some(Box::new((next, sent)));
                 Err(self.unavailable("renewal outcome unknown"))
             }
             Reconciled::Adopted(record, version) => {
                 let record = *record;
                 // Only a write we sent earlier could carry our nonce; if it is the one
                 // we remembered, its send time extends the deadline.
-                match lease.unconfirmed.take() {
+                match lease.unconfirmed.take().map(|pending| *pending) {
                     Some((pending, pending_sent)) if record.is_write_of(&pending) => {
                         lease.confirm(record, version, pending_sent, &self.margins)
                     }

@@ -716,7 +716,7 @@ impl<S: RecordStore> CasLock<S> {
             // An earlier renewal of ours whose reply was lost landed: its send time
             // counts for the deadline only if it is the one we remembered.
             if entry.revision != ours {
-                match lease.unconfirmed.take() {
+                match lease.unconfirmed.take().map(|pending| *pending) {
                     Some((pending, sent)) if pending.revision == entry.revision => {
                         let holder_lease = entry.lease().saturating_sub(lease.lock_delay);
                         lease.deadline =
@@ -740,7 +740,8 @@ impl<S: RecordStore> CasLock<S> {
                 }
                 Err(StoreError::Conflict { .. }) => lost_a_race(),
                 Err(StoreError::Indeterminate(cause)) => {
-                    lease.unconfirmed = Some((entry_view(&renewed, &set, &unknown), sent));
+                    lease.unconfirmed =
+                        Some(Box::new((entry_view(&renewed, &set, &unknown), sent)));
                     let (s, v, u) = self.read_set().await?;
                     if s.entry(&renewed.nonce)
                         .is_some_and(|e| e.revision == renewed.revision)
