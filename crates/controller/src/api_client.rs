@@ -7,8 +7,9 @@
 //! held 4,500 connections to it, each one more request for the API server to serve
 //! while it was already the bottleneck. [`BoundedApiRequests`] lets at most
 //! `--api-requests-in-flight` requests through at a time; the rest wait in the
-//! controller, a holder's Lease renewals and releases first, then the rest, each in
-//! arrival order ([`RequestSlots`]; docs/design.md §3, "Holders go first at the bound").
+//! controller, a holder's Lease renewals and releases first, then the rest, each kind
+//! in arrival order ([`RequestSlots`]; docs/design.md §3, "Holders go first at the
+//! bound").
 //!
 //! Watches are not counted: each stays open for as long as the controller runs, so
 //! counting them would take permits for good (and a bound below the number of watches
@@ -24,6 +25,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use http::Request;
 use kube::client::Body;
+use lockwarden_core::priority::WaitOrder;
 use lockwarden_core::{RequestPriority, RequestSlots};
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service, ServiceExt};
@@ -64,7 +66,8 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         BoundedApiRequests {
             inner: Buffer::new(inner, BUFFERED),
-            slots: RequestSlots::new(self.limit),
+            // Oldest first: a wait here has no limit of its own.
+            slots: RequestSlots::new(self.limit, WaitOrder::OldestFirst),
         }
     }
 }

@@ -44,8 +44,8 @@ impl RequestPriority {
 }
 
 /// A bound of requests in flight whose waiters are served by [`RequestPriority`]: every
-/// holder's request before any contender's, each class in arrival order (tokio's
-/// `Semaphore` serves one queue in arrival order only).
+/// holder's request before any contender's, and within a class in the [`WaitOrder`]
+/// given (tokio's `Semaphore` serves one queue, oldest first).
 ///
 /// A slot freed while requests wait goes straight to the next waiter, so a waiter exists
 /// only while no slot is free. A waiter that gives up (its caller dropped it, or its
@@ -54,7 +54,23 @@ impl RequestPriority {
 /// dropped.
 #[derive(Debug)]
 pub struct RequestSlots {
+    order: WaitOrder,
     state: Mutex<SlotsState>,
+}
+
+/// Which waiter of a class a freed slot goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOrder {
+    /// Arrival order: for waits with no limit, where any other order could starve one.
+    OldestFirst,
+    /// For waits that each end at a deadline (a store request's attempt timeout, a
+    /// renewal's request timeout). Behind a store that cannot keep up, oldest first
+    /// serves only requests that have already waited nearly all of it, and an
+    /// acquisition's second request (its create after its read) goes to the back and
+    /// times out, so almost none completes. Newest first serves requests that can still
+    /// finish and lets the oldest time out (*not sent*) and be tried again. With a short
+    /// queue the order makes no difference.
+    NewestFirst,
 }
 
 #[derive(Debug)]
@@ -80,9 +96,10 @@ pub enum Admission {
 }
 
 impl RequestSlots {
-    /// `count` slots (0 is taken as 1).
-    pub fn new(count: usize) -> Arc<RequestSlots> {
+    /// `count` slots (0 is taken as 1), each class's waiters served in `order`.
+    pub fn new(count: usize, order: WaitOrder) -> Arc<RequestSlots> {
         Arc::new(RequestSlots {
+            order,
             state: Mutex::new(SlotsState {
                 free: count.max(1),
                 holders: VecDeque::new(),
@@ -114,21 +131,28 @@ impl RequestSlots {
         }
     }
 
+    fn next_of<T>(&self, waiters: &mut VecDeque<T>) -> Option<T> {
+        match self.order {
+            WaitOrder::OldestFirst => waiters.pop_front(),
+            WaitOrder::NewestFirst => waiters.pop_back(),
+        }
+    }
+
     fn slot(self: &Arc<Self>) -> RequestSlot {
         RequestSlot {
             slots: Some(self.clone()),
         }
     }
 
-    /// Gives a freed slot to the first waiter still waiting, holders first, or keeps it
+    /// Gives a freed slot to the next waiter still waiting, holders first, or keeps it
     /// free.
     fn free_one(self: &Arc<Self>) {
         let mut state = self.state.lock().expect("request slots");
+        let state = &mut *state;
         loop {
-            let Some(next) = state
-                .holders
-                .pop_front()
-                .or_else(|| state.contenders.pop_front())
+            let Some(next) = self
+                .next_of(&mut state.holders)
+                .or_else(|| self.next_of(&mut state.contenders))
             else {
                 state.free += 1;
                 return;
@@ -186,34 +210,54 @@ mod tests {
         slots.state.lock().unwrap().free
     }
 
-    /// docs/design.md §3, "Holders go first at the bound".
+    /// docs/design.md §3, "Holders go first at the bound": every holder's request
+    /// before any contender's, in either order within a class.
     #[test]
     fn holders_go_first_at_the_bound() {
-        let slots = RequestSlots::new(1);
-        let in_flight = now(slots.admit(RequestPriority::Contender));
-        let mut first_contender = queued(slots.admit(RequestPriority::Contender));
-        let mut second_contender = queued(slots.admit(RequestPriority::Contender));
-        let mut first_holder = queued(slots.admit(RequestPriority::Holder));
-        let mut second_holder = queued(slots.admit(RequestPriority::Holder));
-
-        drop(in_flight);
-        let holder = first_holder.try_recv().expect("the first holder goes next");
-        assert!(second_holder.try_recv().is_err());
-        assert!(first_contender.try_recv().is_err(), "a holder waits");
-        drop(holder);
-        let holder = second_holder.try_recv().expect("then the second");
-        assert!(first_contender.try_recv().is_err(), "a holder waits");
-        drop(holder);
-        let contender = first_contender.try_recv().expect("then the contenders");
-        assert!(second_contender.try_recv().is_err());
-        drop(contender);
-        drop(second_contender.try_recv().expect("in their order"));
-        assert_eq!(free(&slots), 1, "the slot is free again");
+        for (order, first, second) in [
+            (WaitOrder::OldestFirst, 0, 1),
+            (WaitOrder::NewestFirst, 1, 0),
+        ] {
+            let slots = RequestSlots::new(1, order);
+            let in_flight = now(slots.admit(RequestPriority::Contender));
+            let mut contenders = [
+                queued(slots.admit(RequestPriority::Contender)),
+                queued(slots.admit(RequestPriority::Contender)),
+            ];
+            let mut holders = [
+                queued(slots.admit(RequestPriority::Holder)),
+                queued(slots.admit(RequestPriority::Holder)),
+            ];
+            let mut served = Vec::new();
+            drop(in_flight);
+            for _ in 0..4 {
+                let waiting = holders.iter_mut().map(|h| ("holder", h));
+                let waiting = waiting.chain(contenders.iter_mut().map(|c| ("contender", c)));
+                let mut now_served = waiting
+                    .enumerate()
+                    .filter_map(|(i, (who, w))| w.try_recv().ok().map(|slot| (i % 2, who, slot)));
+                let (i, who, slot) = now_served.next().expect("one waiter served");
+                assert!(now_served.next().is_none(), "one slot, one waiter served");
+                served.push((who, i));
+                drop(slot);
+            }
+            assert_eq!(
+                served,
+                [
+                    ("holder", first),
+                    ("holder", second),
+                    ("contender", first),
+                    ("contender", second)
+                ],
+                "{order:?}"
+            );
+            assert_eq!(free(&slots), 1, "the slot is free again");
+        }
     }
 
     #[test]
     fn a_contender_waiting_for_the_bound_is_served_once_no_holder_waits() {
-        let slots = RequestSlots::new(2);
+        let slots = RequestSlots::new(2, WaitOrder::NewestFirst);
         let (a, b) = (
             now(slots.admit(RequestPriority::Holder)),
             now(slots.admit(RequestPriority::Contender)),
@@ -232,7 +276,7 @@ mod tests {
 
     #[test]
     fn a_waiter_that_gave_up_does_not_keep_a_permit() {
-        let slots = RequestSlots::new(1);
+        let slots = RequestSlots::new(1, WaitOrder::NewestFirst);
         let in_flight = now(slots.admit(RequestPriority::Contender));
         let gave_up = queued(slots.admit(RequestPriority::Holder));
         let mut waiting = queued(slots.admit(RequestPriority::Contender));

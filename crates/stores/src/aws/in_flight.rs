@@ -6,7 +6,7 @@
 //! of them at 10,000 S3 locks, the footprint growing exactly when the store struggles.
 //! A [`RequestGate`] lets at most [`requests_in_flight`] operations of one client
 //! through at once; the others wait here — a holder's renewals and releases first, then
-//! everything else, each in arrival order ([`RequestSlots`]) — and the
+//! everything else, each newest first ([`RequestSlots`]) — and the
 //! waiting is counted
 //! ([`InFlightStats`], the controller's `lockwarden_store_requests_waiting` and
 //! `lockwarden_store_request_wait_seconds_total`). An operation sends one attempt at a
@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockwarden_core::RequestPriority;
-use lockwarden_core::priority::{Admission, RequestSlots};
+use lockwarden_core::priority::{Admission, RequestSlots, WaitOrder};
 
 use super::DEFAULT_REQUESTS_IN_FLIGHT;
 
@@ -123,7 +123,7 @@ impl RequestGate {
         let limit = limit.max(1);
         RequestGate {
             bound: Some(Arc::new(Bound {
-                slots: RequestSlots::new(limit),
+                slots: RequestSlots::new(limit, WaitOrder::NewestFirst),
                 limit,
                 wait_limit,
                 stats,
