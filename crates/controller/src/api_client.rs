@@ -7,9 +7,7 @@
 //! held 4,500 connections to it, each one more request for the API server to serve
 //! while it was already the bottleneck. [`BoundedApiRequests`] lets at most
 //! `--api-requests-in-flight` requests through at a time; the rest wait in the
-//! controller, a holder's Lease renewals and releases first, then the rest, each kind
-//! in arrival order ([`RequestSlots`]; docs/design.md §3, "Holders go first at the
-//! bound").
+//! controller, in order.
 //!
 //! Watches are not counted: each stays open for as long as the controller runs, so
 //! counting them would take permits for good (and a bound below the number of watches
@@ -25,8 +23,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use http::Request;
 use kube::client::Body;
-use lockwarden_core::priority::WaitOrder;
-use lockwarden_core::{RequestPriority, RequestSlots};
+use tokio::sync::Semaphore;
 use tower::buffer::Buffer;
 use tower::{BoxError, Layer, Service, ServiceExt};
 
@@ -66,8 +63,7 @@ where
     fn layer(&self, inner: S) -> Self::Service {
         BoundedApiRequests {
             inner: Buffer::new(inner, BUFFERED),
-            // Oldest first: a wait here has no limit of its own.
-            slots: RequestSlots::new(self.limit, WaitOrder::OldestFirst),
+            permits: Arc::new(Semaphore::new(self.limit.max(1))),
         }
     }
 }
@@ -76,7 +72,7 @@ where
 #[derive(Clone, Debug)]
 pub struct BoundedApiRequests<S> {
     inner: S,
-    slots: Arc<RequestSlots>,
+    permits: Arc<Semaphore>,
 }
 
 /// Whether `request` opens a watch (`?watch=true`, `?watch=1`): a request that does
@@ -106,15 +102,13 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
-        let slots = (!is_watch(&request)).then(|| self.slots.clone());
-        // Read here, in the caller's task: kube calls the service from it.
-        let priority = RequestPriority::current();
+        let permits = (!is_watch(&request)).then(|| self.permits.clone());
         Box::pin(async move {
-            let _slot = match slots {
-                Some(slots) => Some(slots.acquire(priority).await),
+            let _permit = match permits {
+                Some(permits) => Some(permits.acquire_owned().await.map_err(Box::new)?),
                 None => None,
             };
-            // The slot goes with the response's head: the body follows on the same
+            // The permit goes with the response's head: the body follows on the same
             // connection, so connections stay within the bound plus the bodies being read.
             inner.oneshot(request).await
         })
@@ -141,53 +135,6 @@ mod tests {
         assert!(!is_watch(&request("/api/v1/pods?limit=500")));
         assert!(!is_watch(&request("/api/v1/namespaces/a/pods/watch-me")));
         assert!(!is_watch(&request("/api/v1/pods?watchful=true")));
-    }
-
-    /// docs/design.md §3, "Holders go first at the bound": a Lease renewal (made as a
-    /// holder) that came last is sent before a status write that waited longer.
-    #[tokio::test]
-    async fn a_holders_request_overtakes_others_waiting_at_the_bound() {
-        let sent = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let first_done = Arc::new(tokio::sync::Notify::new());
-        let service = {
-            let (sent, first_done) = (sent.clone(), first_done.clone());
-            BoundedApiRequestsLayer { limit: 1 }.layer(tower::service_fn(
-                move |request: Request<Body>| {
-                    let (sent, first_done) = (sent.clone(), first_done.clone());
-                    async move {
-                        let path = request.uri().path().to_string();
-                        sent.lock().unwrap().push(path.clone());
-                        if path == "/first" {
-                            first_done.notified().await;
-                        }
-                        Ok::<_, BoxError>(())
-                    }
-                },
-            ))
-        };
-        let call = |path: &str, priority: RequestPriority| {
-            let call = priority.scope(service.clone().oneshot(request(path)));
-            tokio::spawn(call)
-        };
-        let sent_now = || sent.lock().unwrap().clone();
-        let first = call("/first", RequestPriority::Contender);
-        while sent_now().is_empty() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let status = call("/status", RequestPriority::Contender);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let renewal = call("/lease", RequestPriority::Holder);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(sent_now(), ["/first"], "the others wait for the bound");
-        first_done.notify_one();
-        for call in [first, renewal, status] {
-            tokio::time::timeout(Duration::from_secs(30), call)
-                .await
-                .expect("answered")
-                .unwrap()
-                .unwrap();
-        }
-        assert_eq!(sent_now(), ["/first", "/lease", "/status"]);
     }
 
     #[tokio::test]

@@ -50,8 +50,7 @@ pub struct ControllerConfig {
     pub trust_guard_reports: bool,
     /// Requests one S3 or DynamoDB client (one endpoint, region and credentials) keeps
     /// in flight at most; beyond it requests wait in the controller instead of opening
-    /// more connections to a store that is already slow, held locks' renewals and
-    /// releases first
+    /// more connections to a store that is already slow
     #[arg(
         long,
         env = "LOCKWARDEN_STORE_REQUESTS_IN_FLIGHT",
@@ -62,7 +61,7 @@ pub struct ControllerConfig {
     pub store_requests_in_flight: usize,
     /// Requests the controller keeps in flight to the Kubernetes API server at most,
     /// watches aside; beyond it requests wait in the controller instead of opening more
-    /// connections to a busy API server, held Leases' renewals and releases first
+    /// connections to a busy API server
     #[arg(
         long,
         env = "LOCKWARDEN_API_REQUESTS_IN_FLIGHT",

@@ -13,7 +13,6 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use super::backend::{Lease, LockBackend};
 use super::error::{LockError, LostReason};
-use super::priority::RequestPriority;
 use super::record::{FenceToken, Version};
 use super::runs::{CompletedRun, RunKey};
 
@@ -311,7 +310,7 @@ impl HolderTask {
     fn renewal(&self, mut lease: Lease) -> Renewal {
         let backend = self.backend.clone();
         let limit = self.policy.request_timeout;
-        Box::pin(RequestPriority::Holder.scope(async move {
+        Box::pin(async move {
             let result = match timeout(limit, backend.renew(&mut lease)).await {
                 Ok(r) => r,
                 Err(_) => Err(LockError::Unavailable {
@@ -320,7 +319,7 @@ impl HolderTask {
                 }),
             };
             (lease, result)
-        }))
+        })
     }
 
     /// Lets the lock go as `order` asks (`None`: the [`HeldLock`] was dropped) and
@@ -330,14 +329,10 @@ impl HolderTask {
             Some(order) => (order.completed, Some(order.done)),
             None => (None, None),
         };
-        let result = RequestPriority::Holder
-            .scope(async {
-                match completed {
-                    Some((run, keep)) => self.backend.release_completed(lease, run, keep).await,
-                    None => self.backend.release(lease).await,
-                }
-            })
-            .await;
+        let result = match completed {
+            Some((run, keep)) => self.backend.release_completed(lease, run, keep).await,
+            None => self.backend.release(lease).await,
+        };
         let final_state = match &result {
             Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
             _ => HolderState::Released,
@@ -576,29 +571,11 @@ mod tests {
     }
 
     /// A lock on the in-memory store whose connection can be declared in jeopardy, as a
-    /// ZooKeeper session's disconnect is; counts the renewals asked of it and records
-    /// the priority each renewal and release was asked with.
+    /// ZooKeeper session's disconnect is; counts the renewals asked of it.
     struct Jeopardised {
         lock: CasLock<MemoryStore>,
         jeopardy: tokio::sync::Notify,
         renewals: std::sync::atomic::AtomicUsize,
-        priorities: std::sync::Mutex<Vec<(&'static str, RequestPriority)>>,
-    }
-
-    impl Jeopardised {
-        fn new(url: &str) -> Arc<Self> {
-            Arc::new(Jeopardised {
-                lock: CasLock::new(MemoryStore::new(url)).with_margins(margins()),
-                jeopardy: tokio::sync::Notify::new(),
-                renewals: Default::default(),
-                priorities: Default::default(),
-            })
-        }
-
-        fn asked(&self, what: &'static str) {
-            let priority = RequestPriority::current();
-            self.priorities.lock().unwrap().push((what, priority));
-        }
     }
 
     #[async_trait::async_trait]
@@ -612,11 +589,9 @@ mod tests {
         async fn renew(&self, lease: &mut Lease) -> Result<(), LockError> {
             self.renewals
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            self.asked("renew");
             self.lock.renew(lease).await
         }
         async fn release(&self, lease: &Lease) -> Result<(), LockError> {
-            self.asked("release");
             self.lock.release(lease).await
         }
         async fn inspect(&self) -> Result<Option<crate::Stored>, LockError> {
@@ -632,7 +607,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_in_jeopardy_is_renewed_at_once_not_at_the_next_interval() {
-        let backend = Jeopardised::new("mem://held/jeopardy");
+        let store = MemoryStore::new("mem://held/jeopardy");
+        let backend = Arc::new(Jeopardised {
+            lock: CasLock::new(store.clone()).with_margins(margins()),
+            jeopardy: tokio::sync::Notify::new(),
+            renewals: Default::default(),
+        });
         let lease_time = Duration::from_secs(3600);
         let lease = match backend
             .try_acquire(&AcquireRequest::new("a", lease_time))
@@ -658,37 +638,6 @@ mod tests {
             assert!(held.is_held());
         }
         held.release().await.unwrap();
-    }
-
-    /// docs/design.md §3, "Holders go first at the bound": the holder task's requests
-    /// are a holder's; what the task's owner does beside them is not.
-    #[tokio::test]
-    async fn the_holder_tasks_renewals_and_release_go_as_a_holders() {
-        let backend = Jeopardised::new("mem://held/priority");
-        let lease_time = Duration::from_secs(3600);
-        let lease = match backend
-            .try_acquire(&AcquireRequest::new("a", lease_time))
-            .await
-        {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{other:?}"),
-        };
-        let held = HeldLock::hold(backend.clone(), lease, RenewPolicy::for_lease(lease_time));
-        let mut revision = held.revision.clone();
-        backend.jeopardy.notify_one();
-        timeout(PATIENCE, revision.changed())
-            .await
-            .expect("renewed")
-            .unwrap();
-        held.release().await.unwrap();
-        assert_eq!(
-            *backend.priorities.lock().unwrap(),
-            [
-                ("renew", RequestPriority::Holder),
-                ("release", RequestPriority::Holder)
-            ]
-        );
-        assert_eq!(RequestPriority::current(), RequestPriority::Contender);
     }
 
     #[test]

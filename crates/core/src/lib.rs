@@ -17,8 +17,6 @@
 //! - [`history`]: the key's last grants, kept in its record ([`Grant`]).
 //! - [`runs`]: once per run, the key's memory of completed runs ([`RunMemory`]).
 //! - [`acquire`](mod@acquire): waiting with a deadline; [`held`]: a lock renewed in the background.
-//! - [`priority`]: [`RequestPriority`] and [`RequestSlots`]: at a bound of requests in
-//!   flight, a holder's before a contender's.
 //! - [`sequencer`]: [`check_fence`], whether a fence is still a current holder's
 //!   (Chubby's `CheckSequencer`; advisory).
 //! - [`fenced`]: fenced writes to the objects the work lands in (rule 10), any store.
@@ -43,7 +41,6 @@ pub mod history;
 pub mod memory;
 pub mod names;
 pub mod permits;
-pub mod priority;
 pub mod queue;
 pub mod record;
 #[cfg(test)]
@@ -60,7 +57,6 @@ pub use error::{HeldBy, LockError, LostReason};
 pub use held::{HeldLock, HolderState, RenewPolicy};
 pub use history::{Ending, Grant, HISTORY_LEN};
 pub use permits::{HolderSet, Mode, Permits, PermitsError, Queue, SetEntry};
-pub use priority::{RequestPriority, RequestSlots};
 pub use queue::{QueueView, Queueing, WeightError};
 pub use record::{
     ANOTHER_TOOL_NONCE_PREFIX, FenceToken, ForeignRecord, LockRecord, LockState, NO_LEASE, Stored,

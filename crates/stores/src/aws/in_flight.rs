@@ -5,9 +5,7 @@
 //! store that slows down therefore drew one socket per request waiting on it: 3,400–3,800
 //! of them at 10,000 S3 locks, the footprint growing exactly when the store struggles.
 //! A [`RequestGate`] lets at most [`requests_in_flight`] operations of one client
-//! through at once; the others wait here — a holder's renewals and releases first, then
-//! everything else, each newest first ([`RequestSlots`]) — and the
-//! waiting is counted
+//! through at once; the others wait here, in order, and the waiting is counted
 //! ([`InFlightStats`], the controller's `lockwarden_store_requests_waiting` and
 //! `lockwarden_store_request_wait_seconds_total`). An operation sends one attempt at a
 //! time (the SDK retries after the previous attempt ended), so the sockets in use stay
@@ -31,8 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lockwarden_core::RequestPriority;
-use lockwarden_core::priority::{Admission, RequestSlots, WaitOrder};
+use tokio::sync::Semaphore;
 
 use super::DEFAULT_REQUESTS_IN_FLIGHT;
 
@@ -109,7 +106,7 @@ pub struct RequestGate {
 
 #[derive(Debug)]
 struct Bound {
-    slots: Arc<RequestSlots>,
+    permits: Semaphore,
     limit: usize,
     /// The longest an operation waits for a permit: the client's attempt timeout.
     wait_limit: Duration,
@@ -123,7 +120,7 @@ impl RequestGate {
         let limit = limit.max(1);
         RequestGate {
             bound: Some(Arc::new(Bound {
-                slots: RequestSlots::new(limit, WaitOrder::NewestFirst),
+                permits: Semaphore::new(limit),
                 limit,
                 wait_limit,
                 stats,
@@ -148,21 +145,21 @@ impl RequestGate {
             return Ok(Box::pin(build()).await);
         };
         let stats = bound.stats;
-        let permit = match bound.slots.admit(RequestPriority::current()) {
-            Admission::Now(permit) => permit,
-            Admission::Queued(handed) => {
+        let permit = match bound.permits.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => {
                 let began = Instant::now();
                 stats.waiting.fetch_add(1, Ordering::Relaxed);
                 // Leaves the count even when the caller drops this future.
                 let waiting = Decrement(&stats.waiting);
-                let permit = tokio::time::timeout(bound.wait_limit, handed).await;
+                let permit = tokio::time::timeout(bound.wait_limit, bound.permits.acquire()).await;
                 drop(waiting);
                 let waited = began.elapsed();
                 stats.waited.fetch_add(1, Ordering::Relaxed);
                 let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
                 stats.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
                 match permit {
-                    Ok(slot) => slot.expect("the gate outlives its waiters"),
+                    Ok(permit) => permit.expect("the semaphore is never closed"),
                     Err(_) => {
                         return Err(NotAdmitted {
                             waited,
@@ -240,48 +237,6 @@ pub(crate) fn assert_waiting_requests_are_small(
 mod tests {
     use super::*;
 
-    async fn until(what: &str, done: impl Fn() -> bool) {
-        tokio::time::timeout(Duration::from_secs(60), async {
-            while !done() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("{what}"));
-    }
-
-    /// The priority reaches the gate from the task that runs the request: a holder's
-    /// request that came last is sent before a contender's that waited longer.
-    #[tokio::test]
-    async fn a_holders_request_overtakes_contenders_waiting_at_the_gate() {
-        static STATS: InFlightStats = InFlightStats::new();
-        let gate = RequestGate::bounded(1, Duration::from_secs(60), &STATS);
-        let sent = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (release, held) = tokio::sync::oneshot::channel::<()>();
-        let first = {
-            let gate = gate.clone();
-            tokio::spawn(async move { gate.run(|| held).await })
-        };
-        until("the first request in flight", || STATS.in_flight() == 1).await;
-        let request = |who: &'static str, priority: RequestPriority| {
-            let (gate, sent) = (gate.clone(), sent.clone());
-            tokio::spawn(priority.scope(async move {
-                gate.run(|| async move { sent.lock().unwrap().push(who) })
-                    .await
-                    .unwrap()
-            }))
-        };
-        let contender = request("contender", RequestPriority::Contender);
-        until("the contender waiting", || STATS.waiting() == 1).await;
-        let holder = request("holder", RequestPriority::Holder);
-        until("both waiting", || STATS.waiting() == 2).await;
-        release.send(()).unwrap();
-        first.await.unwrap().unwrap().unwrap();
-        holder.await.unwrap();
-        contender.await.unwrap();
-        assert_eq!(*sent.lock().unwrap(), ["holder", "contender"]);
-    }
-
     #[tokio::test]
     async fn a_request_that_waits_past_its_limit_fails_as_never_sent() {
         static STATS: InFlightStats = InFlightStats::new();
@@ -291,7 +246,13 @@ mod tests {
             let gate = gate.clone();
             tokio::spawn(async move { gate.run(|| held).await })
         };
-        until("the first request in flight", || STATS.in_flight() == 1).await;
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while STATS.in_flight() != 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the first request in flight");
         let built = std::sync::atomic::AtomicBool::new(false);
         let second = gate
             .run(|| {
