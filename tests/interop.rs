@@ -734,8 +734,8 @@ async fn dynamolock_cannot_acquire_while_lockwarden_holds_and_can_after_release(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamolock_sees_a_semaphore_key_as_held_until_its_last_holder_lets_go() {
     let (table, key, url) = dynamo_key().await;
-    // 10 s, not 6: two holders' renewals of one record race each other, and under a
-    // loaded suite a 6 s lease once ran out between a conflict and its retry.
+    // 10 s, not 6: the two holders' renewals race on one record, and in a loaded suite
+    // a 6 s lease once ran out while dynamolock waited (the cause was not traced).
     let [first, second] =
         hold_two_permits(&url, &aws_options(false), Duration::from_secs(10)).await;
     refused(dynamolock(&table, &key, "d1", "0s"), "two permits are held").await;
