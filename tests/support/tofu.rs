@@ -16,6 +16,9 @@ use super::tool;
 /// Where the state is kept, under the bucket: the S3 lock is this key plus `.tflock`.
 pub const STATE_KEY: &str = "env/prod/terraform.tfstate";
 
+/// An apply's debug log, in its working directory.
+const DEBUG_LOG: &str = "tofu-debug.log";
+
 /// Which of the tools' state locks a working directory takes.
 #[derive(Clone, Debug)]
 pub enum StateLock {
@@ -163,10 +166,14 @@ resource "terraform_data" "work" {{
     }
 
     /// Starts `tofu apply` whose provisioner runs `command` (in this directory), waiting
-    /// for the state lock at most `lock_timeout`.
+    /// for the state lock at most `lock_timeout`. Its debug log (every AWS request it
+    /// sends, with the SDK's attempt number) is [`Tofu::debug_log`], this apply's only.
     pub fn spawn_apply(&self, command: &str, lock_timeout: &str) -> Child {
         let var = format!("command={command}");
         let timeout = format!("-lock-timeout={lock_timeout}");
+        let log = self.path(DEBUG_LOG);
+        // tofu appends to TF_LOG_PATH: start each apply's log empty.
+        std::fs::write(&log, "").expect("empty tofu's debug log");
         self.command(&[
             "apply",
             "-input=false",
@@ -175,8 +182,26 @@ resource "terraform_data" "work" {{
             "-var",
             &var,
         ])
+        .env("TF_LOG", "debug")
+        .env("TF_LOG_PATH", &log)
         .spawn()
         .expect("spawn tofu apply")
+    }
+
+    /// The debug log of the last [`Tofu::spawn_apply`].
+    pub fn debug_log(&self) -> String {
+        std::fs::read_to_string(self.path(DEBUG_LOG)).unwrap_or_default()
+    }
+
+    /// The lines of the last apply's debug log that record a request of `operation`
+    /// (e.g. `DynamoDB/DeleteItem`) or its reply.
+    pub fn requests_of(&self, operation: &str) -> Vec<String> {
+        let method = format!("rpc.method={operation} ");
+        self.debug_log()
+            .lines()
+            .filter(|l| l.contains(&method))
+            .map(str::to_string)
+            .collect()
     }
 
     /// A file in the working directory.
