@@ -731,7 +731,7 @@ impl<S: RecordStore> CasLock<S> {
                 *h = renewed.clone();
             }
             let record = record_of(set.clone(), &unknown);
-            let sent = crate::admission::send_time();
+            let sent = Instant::now();
             match self.store.replace(&version, &record).await {
                 Ok(v) => {
                     let view = entry_view(&renewed, &set, &unknown);

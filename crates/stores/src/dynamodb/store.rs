@@ -13,7 +13,7 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
 };
 
-use crate::aws::{RequestGate, describe, status_and_code, store_admit, store_send};
+use crate::aws::{RequestGate, describe, status_and_code, store_send};
 use crate::terraform::{self, LockInfo};
 use lockwarden_core::duration::{format_duration, parse_duration};
 use lockwarden_core::history;
@@ -753,10 +753,6 @@ fn kind(v: &AttributeValue) -> &'static str {
 impl RecordStore for DynamoStore {
     fn url(&self) -> &str {
         &self.url
-    }
-
-    async fn admit(&self) -> Result<Option<lockwarden_core::Admission>, StoreError> {
-        store_admit(&self.requests, &self.url).await
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
