@@ -161,6 +161,10 @@ async fn bad_arguments_and_lock_files_are_refused_without_a_write() {
         (vec!["lock", g, "--endpoint", "http://"], 2, vec!["http(s)://HOST[:PORT]"]),
         (vec!["lock", g, "--log-format", "xml"], 2, vec!["'xml'"]),
         (vec!["lock", g, "-o", "/nonexistent-dir/x.lock"], 1, vec!["/nonexistent-dir"]),
+        // the controller's bounds: at least one of each
+        (vec!["controller", "--reconciles-in-flight", "0"], 2, vec!["--reconciles-in-flight", "'0'"]),
+        (vec!["controller", "--store-requests-in-flight", "0"], 2, vec!["--store-requests-in-flight", "'0'"]),
+        (vec!["controller", "--api-requests-in-flight", "70000"], 2, vec!["--api-requests-in-flight", "'70000'"]),
         // --reclaim compares holder names: the default (user@host:pid) differs per run
         (vec!["lock", g, "--reclaim"], 2, vec!["--reclaim", "--holder"]),
         (vec!["run", g, "--reclaim", "--", "true"], 2, vec!["--reclaim", "--holder"]),

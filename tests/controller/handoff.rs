@@ -104,6 +104,39 @@ async fn locks_on_one_lease_hand_off_on_delete() {
     .await;
 }
 
+/// `--reconciles-in-flight 1` (docs/design.md §3, "Requests in flight are bounded"): a
+/// controller with one reconcile slot still hands a lock from holder to waiter, and
+/// serves a lock on another key meanwhile — no reconcile keeps the slot while it waits
+/// for a holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_reconcile_slot_still_hands_every_lock_on() {
+    let plane = ControlPlane::shared();
+    let client = plane.client().await;
+    install_crd(&client).await;
+    let ns = plane.namespace(&client, "ctl-one-slot").await;
+    let config = ControllerConfig {
+        cluster_name: CLUSTER.into(),
+        namespace: Some(ns.clone()),
+        reconciles_in_flight: 1,
+        ..Default::default()
+    };
+    tokio::spawn(controller::run(client.clone(), config));
+    let locks = Api::<DistributedLock>::namespaced(client.clone(), &ns);
+    hand_off_on_delete(&locks, "Lease, one reconcile slot", |name| {
+        lease_lock_timed(name, "one-slot", "30s", "10s")
+    })
+    .await;
+    support::kube::create(
+        &locks,
+        &lease_lock_timed("elsewhere", "another-key", "30s", "10s"),
+    )
+    .await;
+    eventually("the lock on another key acquired", TIMEOUT, || async {
+        acquired(&locks.get("elsewhere").await.ok()?).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_one_znode_hand_off_on_delete() {
     let (_client, _ns, locks) = setup("ctl-zk-handoff").await;

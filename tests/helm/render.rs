@@ -70,7 +70,7 @@ fn helm_lint_passes_for_default_and_every_ci_values_file() {
 /// naming the value.
 #[test]
 fn inconsistent_values_are_refused_with_a_message_naming_them() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 8] = [
         (
             &["replicaCount=2", "leaderElection.enabled=false"],
             "leaderElection.enabled",
@@ -90,6 +90,10 @@ fn inconsistent_values_are_refused_with_a_message_naming_them() {
         ),
         (&["replicas=3"], "replicas"),
         (&["requestsInFlight.store=0"], "requestsInFlight/store"),
+        (
+            &["requestsInFlight.reconciles=0"],
+            "requestsInFlight/reconciles",
+        ),
     ];
     for (sets, named) in cases {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
@@ -206,6 +210,7 @@ fn non_default_values_render_what_they_say() {
     assert!(args(deployment).contains(&"--watch-namespace=team-locks".to_string()));
     assert!(args(deployment).contains(&"--cluster-name=prod-eu-1".to_string()));
     assert!(args(deployment).contains(&"--store-requests-in-flight=256".to_string()));
+    assert!(args(deployment).contains(&"--reconciles-in-flight=1024".to_string()));
     assert!(of_kind(&objs, "ClusterRole").is_empty(), "{objs:#?}");
     assert!(of_kind(&objs, "ClusterRoleBinding").is_empty());
     let role_namespaces: BTreeSet<&str> = of_kind(&objs, "Role")

@@ -70,7 +70,24 @@ pub struct ControllerConfig {
         value_parser = clap::value_parser!(u16).range(1..).map(usize::from)
     )]
     pub api_requests_in_flight: usize,
+    /// DistributedLock reconciles the controller runs at once at most; beyond it a lock
+    /// waits in the controller's queue as its name alone, instead of as a reconcile
+    /// waiting for a slow store or API server
+    #[arg(
+        long,
+        env = "LOCKWARDEN_RECONCILES_IN_FLIGHT",
+        value_name = "N",
+        default_value_t = DEFAULT_RECONCILES_IN_FLIGHT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub reconciles_in_flight: u16,
 }
+
+/// The default of `--reconciles-in-flight`: four times the default bounds of requests
+/// in flight to a store and to the API server, so that a lock's reconcile rarely waits
+/// for a slot while those bounds have room (docs/design.md §3, "Requests in flight are
+/// bounded").
+pub const DEFAULT_RECONCILES_IN_FLIGHT: u16 = 256;
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -84,6 +101,7 @@ impl Default for ControllerConfig {
             trust_guard_reports: false,
             store_requests_in_flight: lockwarden_stores::DEFAULT_REQUESTS_IN_FLIGHT,
             api_requests_in_flight: crate::api_client::DEFAULT_API_REQUESTS_IN_FLIGHT,
+            reconciles_in_flight: DEFAULT_RECONCILES_IN_FLIGHT,
         }
     }
 }

@@ -178,6 +178,10 @@ pub async fn run_with(
     });
     let queue = futures::stream::select(from_watch, from_wakes);
 
+    // Reconciles beyond the bound wait in the applier's queue as object references: a
+    // reconcile in flight is a future of several KB, and behind a slow store every lock
+    // would keep one (docs/design.md §3, "Requests in flight are bounded").
+    let runtime_config = RuntimeConfig::default().concurrency(ctx.config.reconciles_in_flight);
     let kueue_checks = ctx.config.kueue_admission_check.then(|| ctx.client.clone());
     let requests = ctx.clone();
     let kinds = gated_kinds();
@@ -192,7 +196,7 @@ pub async fn run_with(
         ctx,
         reader,
         queue,
-        RuntimeConfig::default(),
+        runtime_config,
     )
     .for_each(|result| async move {
         match result {
