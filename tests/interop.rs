@@ -1805,8 +1805,19 @@ async fn s3lock_and_lockwarden_take_turns_on_a_compatible_key() {
             ],
         )
     });
-    tool_and_lockwarden_take_turns("s3lock", tool, &url, &aws_options(true), shared.window()).await;
+    // The window plus an allowance for a poll that comes late: each s3lock section is a
+    // new Go process polling every second, and with the whole suite beside it on two
+    // cores its poll can come more than the window's quarter-period margin late, which
+    // hands the freed key back to lockwarden for a whole round (a suite run: s3lock waited
+    // 8.35 s against lockwarden's 3.68 s, as long as without the yield, 8.30 s). What
+    // is tested is that a window the tool's poll falls in gives the tool its turn; the
+    // default's figure is measured on a quiet machine (docs/design.md §6.4).
+    let window = shared.window() + S3LOCK_LATE_POLL;
+    tool_and_lockwarden_take_turns("s3lock", tool, &url, &aws_options(true), window).await;
 }
+
+/// How late an s3lock poll may come on the loaded test host, beyond the window.
+const S3LOCK_LATE_POLL: Duration = Duration::from_secs(1);
 
 // ---------------------------------------------------------------------------------
 // Once per run (docs/design.md §6.7): a key with a memory of completed runs, next to
