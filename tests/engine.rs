@@ -678,3 +678,101 @@ async fn dynamodb_custom_partition_key_sort_key_and_table_creation() {
     );
     lock.release(&lease).await.unwrap();
 }
+
+/// lockwarden's S3 PUTs are signed by lockwarden, not by the SDK (`s3/put.rs`): on
+/// versitygw, which verifies every SigV4 signature (moto accepts any), each write of
+/// a lock's life is accepted for keys whose names need encoding, answers its
+/// conditions as S3 does, carries the history in user metadata, and goes out as one
+/// signed request each; a wrong secret is refused, so the accepted signatures were
+/// checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_puts_signed_without_the_sdk_are_accepted_and_conditional() {
+    use lockwarden::backend::s3::signed_puts;
+    use lockwarden::lock::{FenceToken, LockRecord, LockState, RecordStore, StoreError};
+    use support::moto::{aws_options_for, s3_client_for};
+    use support::versitygw::VersityGw;
+
+    let endpoint = VersityGw::shared().endpoint();
+    let bucket = new_bucket_at(&endpoint, "signed").await;
+    let client = s3_client_for(&endpoint).await;
+    let puts = signed_puts(&aws_options_for(&endpoint), &Default::default())
+        .await
+        .expect("static credentials sign");
+    for key in [
+        "plain",
+        "with space/and+plus=equals&amp;",
+        "ünïcödé/κλειδί",
+        "percent%2Fencoded",
+        "tilde~star*(paren)!'",
+        "deeper/a/b/c.lock",
+    ] {
+        let store = S3Store::new(client.clone(), &bucket, key).with_signed_puts(puts.clone());
+        let sent = puts.attempts();
+        let mut held =
+            LockRecord::new_acquisition("me", FenceToken(1), Duration::from_secs(30), None);
+        held.history = vec![lockwarden::lock::history::Grant::new(
+            "me",
+            None,
+            FenceToken(1),
+            std::time::SystemTime::now(),
+        )];
+        let v1 = store
+            .create(&held)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: create: {e}"));
+        assert!(
+            matches!(store.create(&held).await, Err(StoreError::Conflict { .. })),
+            "{key}: If-None-Match: * on an existing object is a conflict"
+        );
+        let renewed = held.renewed();
+        let v2 = store
+            .replace(&v1, &renewed)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: renew: {e}"));
+        assert_ne!(v1, v2, "{key}: a renewal has a new ETag");
+        assert!(
+            matches!(
+                store.replace(&v1, &renewed).await,
+                Err(StoreError::Conflict { .. })
+            ),
+            "{key}: If-Match on a stale ETag is a conflict"
+        );
+        let released = renewed.released();
+        let v3 = store
+            .replace(&v2, &released)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: release: {e}"));
+        assert_eq!(
+            puts.attempts() - sent,
+            5,
+            "{key}: every PUT went out signed by lockwarden, once"
+        );
+        let stored = store.read().await.unwrap().expect("the object is there");
+        assert_eq!(stored.version, v3, "{key}");
+        let record = stored.record.expect("lockwarden's record");
+        assert_eq!(record.state, LockState::Released, "{key}");
+        assert_eq!(
+            record.revision, released.revision,
+            "{key}: the body is the last PUT's"
+        );
+        assert_eq!(
+            record.history.len(),
+            1,
+            "{key}: the history travels in the user metadata"
+        );
+    }
+
+    let mut wrong = aws_options_for(&endpoint);
+    wrong.credentials = Some(lockwarden::backend::Credentials::new(
+        support::moto::ACCESS_KEY_ID,
+        "not-the-secret",
+        None,
+    ));
+    let forged = signed_puts(&wrong, &Default::default()).await.unwrap();
+    let store = S3Store::new(client.clone(), &bucket, "forged").with_signed_puts(forged);
+    let held = LockRecord::new_acquisition("me", FenceToken(1), Duration::from_secs(30), None);
+    match store.create(&held).await {
+        Err(StoreError::Rejected(why)) => assert!(why.contains("HTTP 403"), "{why}"),
+        other => panic!("a PUT signed with the wrong secret was not refused: {other:?}"),
+    }
+}

@@ -14,6 +14,9 @@ pub(crate) struct Env {
     pub(crate) plane: &'static ControlPlane,
     pub(crate) client: Client,
     pub(crate) s3: aws_sdk_s3::Client,
+    /// The S3 stores' PUTs, as lockwarden sends them (`s3::SignedPuts`), counting
+    /// their attempts as `aws_attempts` counts the SDK's.
+    pub(crate) s3_puts: Option<Arc<lockwarden::backend::s3::SignedPuts>>,
     pub(crate) ddb: aws_sdk_dynamodb::Client,
     pub(crate) aws_attempts: AttemptCounter,
     pub(crate) bucket: String,
@@ -78,6 +81,20 @@ impl Env {
                 .interceptor(aws_attempts.clone())
                 .build(),
         );
+        let s3_puts = lockwarden::backend::s3::signed_puts(
+            &lockwarden::backend::AwsOptions {
+                endpoint: Some(s3_server.endpoint()),
+                region: Some(support::moto::REGION.to_string()),
+                credentials: Some(lockwarden::backend::Credentials {
+                    access_key_id: support::moto::ACCESS_KEY_ID.to_string(),
+                    secret_access_key: support::moto::SECRET_ACCESS_KEY.to_string(),
+                    session_token: None,
+                }),
+                request_timeout: None,
+            },
+            &Default::default(),
+        )
+        .await;
         let sdk = support::moto::sdk_config_for(&dynamodb_server.endpoint()).await;
         let ddb = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(&sdk)
@@ -94,6 +111,7 @@ impl Env {
             plane,
             client,
             s3,
+            s3_puts,
             ddb,
             aws_attempts,
             bucket,
@@ -104,11 +122,7 @@ impl Env {
 
     pub(crate) fn engine(&self, kind: Kind, key: &str) -> Arc<dyn LockBackend> {
         match kind {
-            Kind::S3 => Arc::new(CasLock::new(S3Store::new(
-                self.s3.clone(),
-                self.bucket.clone(),
-                format!("locks/{key}"),
-            ))),
+            Kind::S3 => Arc::new(CasLock::new(self.s3_store(key))),
             Kind::DynamoDb => Arc::new(CasLock::new(DynamoStore::new(
                 self.ddb.clone(),
                 TableLayout::new(self.table.clone()),
@@ -131,11 +145,7 @@ impl Env {
     /// stores with one record per key; `None` for ZooKeeper.
     pub(crate) fn store(&self, kind: Kind, key: &str) -> Option<Box<dyn RecordStore>> {
         match kind {
-            Kind::S3 => Some(Box::new(S3Store::new(
-                self.s3.clone(),
-                self.bucket.clone(),
-                format!("locks/{key}"),
-            ))),
+            Kind::S3 => Some(Box::new(self.s3_store(key))),
             Kind::DynamoDb => Some(Box::new(DynamoStore::new(
                 self.ddb.clone(),
                 TableLayout::new(self.table.clone()),
@@ -150,10 +160,22 @@ impl Env {
         }
     }
 
+    /// The S3 store of `key`, with lockwarden's PUTs.
+    fn s3_store(&self, key: &str) -> S3Store {
+        let store = S3Store::new(self.s3.clone(), self.bucket.clone(), format!("locks/{key}"));
+        match &self.s3_puts {
+            Some(puts) => store.with_signed_puts(puts.clone()),
+            None => store,
+        }
+    }
+
     /// Cumulative count of requests that reached the backend's server (for deltas).
     pub(crate) async fn round_trips(&self, kind: Kind) -> f64 {
         match kind {
-            Kind::S3 | Kind::DynamoDb => self.aws_attempts.0.load(Ordering::Relaxed) as f64,
+            Kind::S3 | Kind::DynamoDb => {
+                let puts = self.s3_puts.as_ref().map_or(0, |p| p.attempts());
+                (self.aws_attempts.0.load(Ordering::Relaxed) + puts) as f64
+            }
             Kind::Lease => api_sum(&apiserver_counts(&self.client).await, "leases", false),
             Kind::ZooKeeper => {
                 // Each `mntr` exchange is itself counted as a packet by the server.

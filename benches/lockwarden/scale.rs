@@ -119,6 +119,11 @@ pub(crate) fn scale_child(args: &[String]) {
         } else {
             None
         };
+        // Its PUTs (every renewal) are lockwarden's own too, which count their attempts.
+        let s3_puts = match kind {
+            "s3" => lockwarden::backend::s3::signed_puts(&aws, &Default::default()).await,
+            _ => None,
+        };
         let ddb = if kind == "dynamodb" {
             let config = lockwarden::backend::dynamodb::client_config(&aws).await;
             Some(aws_sdk_dynamodb::Client::from_conf(
@@ -143,10 +148,15 @@ pub(crate) fn scale_child(args: &[String]) {
         let mut tasks = Vec::with_capacity(n);
         for i in 0..n {
             let backend: Arc<dyn LockBackend> = match (&s3, &ddb) {
-                (Some(c), _) => Arc::new(CasLock::new(
-                    S3Store::new(c.clone(), bucket.clone(), format!("{prefix}/{i}"))
-                        .with_request_gate(s3_gate.clone()),
-                )),
+                (Some(c), _) => {
+                    let mut store =
+                        S3Store::new(c.clone(), bucket.clone(), format!("{prefix}/{i}"))
+                            .with_request_gate(s3_gate.clone());
+                    if let Some(puts) = &s3_puts {
+                        store = store.with_signed_puts(puts.clone());
+                    }
+                    Arc::new(CasLock::new(store))
+                }
                 // For DynamoDB, the BUCKET argument is the table.
                 (_, Some(c)) => Arc::new(CasLock::new(
                     DynamoStore::new(
@@ -201,7 +211,8 @@ pub(crate) fn scale_child(args: &[String]) {
             .unwrap_or(0);
         let count = |attempts: &AttemptCounter| -> f64 {
             if kind == "s3" || kind == "dynamodb" {
-                attempts.0.load(Ordering::Relaxed) as f64
+                let puts = s3_puts.as_ref().map_or(0, |p| p.attempts());
+                (attempts.0.load(Ordering::Relaxed) + puts) as f64
             } else {
                 zk_mntr_packets(zk_port)
             }

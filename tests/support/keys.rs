@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use lockwarden::backend::{DynamoStore, LeaseStore, S3Store, TableLayout, ZkSessions};
+use lockwarden::backend::s3::S3Key;
+use lockwarden::backend::{DynamoStore, LeaseStore, TableLayout, ZkSessions};
 use lockwarden::lock::{CasLock, LockBackend, RecordStore};
 
 use super::kube::{ControlPlane, client_from_kubeconfig};
-use super::moto::{dynamodb_client_for, new_bucket_at, new_table_at, s3_client_for};
+use super::moto::{aws_options_for, dynamodb_client_for, new_bucket_at, new_table_at};
 use super::stores::{AwsServer, Choice, dynamodb_shared, s3_shared};
 use super::zookeeper::ZooKeeper;
 
@@ -130,11 +131,22 @@ impl Key {
             Arc::new(CasLock::new(store))
         }
         match self {
+            // The product's S3 lock (`backend::s3::connect`): its client, its signed
+            // PUTs.
             Key::S3 {
                 endpoint,
                 bucket,
                 key,
-            } => cas(S3Store::new(s3_client_for(endpoint).await, bucket, key)),
+            } => lockwarden::backend::s3::connect(
+                &S3Key {
+                    bucket: bucket.clone(),
+                    key: key.clone(),
+                },
+                &aws_options_for(endpoint),
+                &Default::default(),
+            )
+            .await
+            .expect("an S3 lock connects"),
             Key::Dynamo {
                 endpoint,
                 table,

@@ -330,6 +330,21 @@ pub fn put_item<const N: usize>(
         .fold(put, |put, (name, value)| put.item(name, value))
 }
 
+/// How lockwarden reaches the test server at `endpoint` (`backend::AwsOptions`): the
+/// test credentials and region, as `sdk_config_for` has them.
+pub fn aws_options_for(endpoint: &str) -> lockwarden::backend::AwsOptions {
+    lockwarden::backend::AwsOptions {
+        endpoint: Some(endpoint.to_string()),
+        region: Some(REGION.to_string()),
+        credentials: Some(lockwarden::backend::Credentials::new(
+            ACCESS_KEY_ID,
+            SECRET_ACCESS_KEY,
+            None,
+        )),
+        request_timeout: None,
+    }
+}
+
 pub async fn s3_client_for(endpoint: &str) -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(s3_config_for(endpoint).await.build())
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use aws_config::BehaviorVersion;
 use aws_config::Region;
 use aws_config::timeout::TimeoutConfig;
-use aws_smithy_runtime_api::client::http::SharedHttpClient;
+use aws_smithy_runtime_api::client::http::{
+    HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
+};
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_runtime_api::http::Response;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
@@ -23,7 +25,7 @@ use super::{AwsOptions, Credentials};
 /// Connect and per-attempt timeouts: a dead endpoint fails an attempt instead of
 /// hanging it; the SDK's standard retries (3 attempts) still apply.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The SDK configuration `options` describe.
 pub(crate) async fn sdk_config(options: &AwsOptions) -> aws_config::SdkConfig {
@@ -70,19 +72,45 @@ pub(crate) fn service_endpoint(sdk: &aws_config::SdkConfig, variable: &str) -> O
         .or_else(|| sdk.endpoint_url().map(str::to_string))
 }
 
-/// The HTTP client of a service's SDK client: for a service reached over plain HTTP
-/// (a local or on-premises server), a client without TLS: the SDK's default client
-/// reads and parses the system's root certificates when it starts, which was the
-/// largest part of a short `lockwarden lock`'s CPU time (issue 18), for an endpoint that
-/// never uses them. Otherwise the SDK's default HTTPS client (rustls with aws-lc, the
-/// proxy from the environment), built as the SDK builds it. Only the service client gets
-/// this one: credential providers (SSO, STS, IMDS) keep the default client.
-pub(crate) fn http_client(endpoint: Option<&str>) -> SharedHttpClient {
+/// The connection pool of a service's client: for a service reached over plain HTTP
+/// (a local or on-premises server), one without TLS: the SDK's default client reads
+/// and parses the system's root certificates when it starts, which was the largest
+/// part of a short `lockwarden lock`'s CPU time (issue 18), for an endpoint that never
+/// uses them. Otherwise the SDK's default HTTPS connector (rustls with aws-lc, the
+/// proxy from the environment), built as the SDK builds it. Only the service client
+/// gets this one: credential providers (SSO, STS, IMDS) keep the default client.
+///
+/// One pool serves the SDK client ([`http_client`]) and the store's own signed PUTs
+/// (`s3::put`), so that the sockets of both stay within one bound of requests in
+/// flight plus the pool's idle connections.
+pub(crate) fn http_connector(endpoint: Option<&str>) -> SharedHttpConnector {
+    use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+    let builder = aws_smithy_http_client::ConnectorBuilder::default()
+        .connector_settings(
+            HttpConnectorSettings::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .build(),
+        )
+        .sleep_impl(aws_smithy_async::rt::sleep::TokioSleep::new())
+        .proxy_config(aws_smithy_http_client::proxy::ProxyConfig::from_env());
     if endpoint.is_some_and(|e| e.starts_with("http://")) {
-        aws_smithy_http_client::Builder::new().build_http()
+        SharedHttpConnector::new(builder.build_http())
     } else {
-        default_https_client()
+        SharedHttpConnector::new(
+            builder
+                .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc))
+                .build(),
+        )
     }
+}
+
+/// The HTTP client of a service's SDK client: every request on `connector`. The SDK's
+/// per-request connector settings are the ones `connector` was built with (the
+/// connect timeout; the attempt timeout is the SDK's own).
+pub(crate) fn http_client(connector: SharedHttpConnector) -> SharedHttpClient {
+    aws_smithy_runtime_api::client::http::http_client_fn(move |_settings, _components| {
+        connector.clone()
+    })
 }
 
 /// The gate of the requests of one service client built now for `options`: the bound
@@ -94,22 +122,6 @@ pub(crate) fn request_gate(options: &AwsOptions, stats: &'static InFlightStats) 
         options.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT),
         stats,
     )
-}
-
-/// The client the SDK uses when none is configured (aws-smithy-runtime's
-/// `default_https_client` for the latest behavior version).
-fn default_https_client() -> SharedHttpClient {
-    use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
-    aws_smithy_http_client::Builder::new().build_with_connector_fn(|settings, components| {
-        let mut builder = aws_smithy_http_client::ConnectorBuilder::default()
-            .tls_provider(tls::Provider::Rustls(CryptoMode::AwsLc));
-        builder.set_connector_settings(settings.cloned());
-        if let Some(components) = components {
-            builder.set_sleep_impl(components.sleep_impl());
-        }
-        builder.set_proxy_config(Some(aws_smithy_http_client::proxy::ProxyConfig::from_env()));
-        builder.build()
-    })
 }
 
 /// The SDK's static credentials provider for `credentials`.

@@ -22,8 +22,9 @@ use std::time::Duration;
 pub use client::missing_root_certificates;
 #[cfg(feature = "aws")]
 pub(crate) use client::{
-    ClientCache, MAX_CACHED_CLIENTS, describe, fenced_error, fenced_send, http_client,
-    request_gate, sdk_config, service_endpoint, status_and_code, store_send,
+    ClientCache, DEFAULT_REQUEST_TIMEOUT, MAX_CACHED_CLIENTS, describe, fenced_error, fenced_send,
+    http_client, http_connector, request_gate, sdk_config, service_endpoint, status_and_code,
+    store_send,
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;

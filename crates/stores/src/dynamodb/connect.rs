@@ -10,7 +10,7 @@ use super::{
 };
 use crate::aws::{
     AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, RequestGate, http_client,
-    request_gate, sdk_config, service_endpoint,
+    http_connector, request_gate, sdk_config, service_endpoint,
 };
 use crate::store::ConnectError;
 
@@ -97,7 +97,8 @@ pub fn client_request_gate(aws: &AwsOptions) -> RequestGate {
 pub async fn client_config(aws: &AwsOptions) -> aws_sdk_dynamodb::config::Builder {
     let sdk = sdk_config(aws).await;
     let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
-    aws_sdk_dynamodb::config::Builder::from(&sdk).http_client(http_client(endpoint.as_deref()))
+    aws_sdk_dynamodb::config::Builder::from(&sdk)
+        .http_client(http_client(http_connector(endpoint.as_deref())))
 }
 
 #[cfg(test)]

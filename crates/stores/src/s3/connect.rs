@@ -5,10 +5,12 @@ use std::sync::Arc;
 use lockwarden_core::fenced::FencedObject;
 use lockwarden_core::{CasLock, LockBackend};
 
-use super::{FencedS3Object, S3Key, S3Options, S3Store};
+use aws_smithy_runtime_api::client::http::SharedHttpConnector;
+
+use super::{FencedS3Object, S3Key, S3Options, S3Store, SignedPuts};
 use crate::aws::{
-    AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, RequestGate, http_client,
-    request_gate, sdk_config, service_endpoint,
+    AwsOptions, ClientCache, DEFAULT_REQUEST_TIMEOUT, InFlightStats, MAX_CACHED_CLIENTS,
+    RequestGate, http_client, http_connector, request_gate, sdk_config, service_endpoint,
 };
 use crate::store::ConnectError;
 
@@ -18,10 +20,13 @@ pub async fn connect(
     aws: &AwsOptions,
     s3: &S3Options,
 ) -> Result<Arc<dyn LockBackend>, ConnectError> {
-    let (client, gate) = client(aws, s3).await;
-    let store = S3Store::new(client, key.bucket.clone(), key.key.clone())
-        .with_request_gate(gate)
+    let client = client(aws, s3).await;
+    let mut store = S3Store::new(client.sdk, key.bucket.clone(), key.key.clone())
+        .with_request_gate(client.gate)
         .terraform_compatible(s3.terraform_compatible);
+    if let Some(puts) = client.puts {
+        store = store.with_signed_puts(puts);
+    }
     // Both tools lock with a create that any object refuses: the object goes on release.
     let delete_on_release = s3.s3lock_compatible || s3.terraform_compatible;
     Ok(Arc::new(
@@ -36,28 +41,67 @@ pub async fn connect_fenced(
     aws: &AwsOptions,
     s3: &S3Options,
 ) -> Box<dyn FencedObject> {
-    let (client, gate) = client(aws, s3).await;
+    let client = client(aws, s3).await;
     Box::new(
-        FencedS3Object::new(client, key.bucket.clone(), key.key.clone()).with_request_gate(gate),
+        FencedS3Object::new(client.sdk, key.bucket.clone(), key.key.clone())
+            .with_request_gate(client.gate),
     )
 }
 
 /// The process's S3 clients, one per endpoint, region, credentials, timeout and
 /// addressing style, each with the gate of its requests in flight.
-static CLIENTS: ClientCache<(AwsOptions, Option<bool>), (aws_sdk_s3::Client, RequestGate)> =
+static CLIENTS: ClientCache<(AwsOptions, Option<bool>), S3Client> =
     ClientCache::new(MAX_CACHED_CLIENTS);
 
 /// The requests in flight of the process's S3 clients (`crate::aws::in_flight`).
 pub static IN_FLIGHT: InFlightStats = InFlightStats::new();
 
-pub(crate) async fn client(aws: &AwsOptions, s3: &S3Options) -> (aws_sdk_s3::Client, RequestGate) {
+/// One way of reaching S3: the SDK's client, lockwarden's own PUTs beside it on the
+/// same connection pool, and the bound both share.
+#[derive(Clone)]
+pub(crate) struct S3Client {
+    pub sdk: aws_sdk_s3::Client,
+    pub puts: Option<Arc<SignedPuts>>,
+    pub gate: RequestGate,
+}
+
+pub(crate) async fn client(aws: &AwsOptions, s3: &S3Options) -> S3Client {
     let key = (aws.clone(), s3.force_path_style);
     CLIENTS
         .get_or_build(key, || async {
-            let client = aws_sdk_s3::Client::from_conf(client_config(aws, s3).await.build());
-            (client, client_request_gate(aws))
+            let sdk = sdk_config(aws).await;
+            let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
+            let connector = http_connector(endpoint.as_deref());
+            let config = client_config_on(&sdk, s3, endpoint.as_deref(), connector.clone());
+            S3Client {
+                sdk: aws_sdk_s3::Client::from_conf(config.build()),
+                puts: puts_on(aws, &sdk, s3, endpoint, connector).map(Arc::new),
+                gate: client_request_gate(aws),
+            }
         })
         .await
+}
+
+/// The PUTs of [`client`]'s stores for `aws` and `s3`, on a connection pool of their
+/// own: public so that the benchmarks measure the PUTs lockwarden sends. `None` with
+/// no credentials to sign with.
+pub async fn signed_puts(aws: &AwsOptions, s3: &S3Options) -> Option<Arc<SignedPuts>> {
+    let sdk = sdk_config(aws).await;
+    let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
+    let connector = http_connector(endpoint.as_deref());
+    puts_on(aws, &sdk, s3, endpoint, connector).map(Arc::new)
+}
+
+fn puts_on(
+    aws: &AwsOptions,
+    sdk: &aws_config::SdkConfig,
+    s3: &S3Options,
+    endpoint: Option<String>,
+    connector: SharedHttpConnector,
+) -> Option<SignedPuts> {
+    let path_style = s3.force_path_style.unwrap_or(endpoint.is_some());
+    let attempt_timeout = aws.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
+    SignedPuts::new(sdk, endpoint, path_style, attempt_timeout, connector)
 }
 
 /// A gate for the requests of an S3 client built from [`client_config`] for `aws`: the
@@ -74,9 +118,20 @@ pub fn client_request_gate(aws: &AwsOptions) -> RequestGate {
 pub async fn client_config(aws: &AwsOptions, s3: &S3Options) -> aws_sdk_s3::config::Builder {
     let sdk = sdk_config(aws).await;
     let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_S3");
+    let connector = http_connector(endpoint.as_deref());
+    client_config_on(&sdk, s3, endpoint.as_deref(), connector)
+}
+
+fn client_config_on(
+    sdk: &aws_config::SdkConfig,
+    s3: &S3Options,
+    endpoint: Option<&str>,
+    connector: SharedHttpConnector,
+) -> aws_sdk_s3::config::Builder {
     let path_style = s3.force_path_style.unwrap_or(endpoint.is_some());
-    let config = aws_sdk_s3::config::Builder::from(&sdk).force_path_style(path_style);
-    config.http_client(http_client(endpoint.as_deref()))
+    aws_sdk_s3::config::Builder::from(sdk)
+        .force_path_style(path_style)
+        .http_client(http_client(connector))
 }
 
 #[cfg(test)]
@@ -122,9 +177,9 @@ mod tests {
         };
         // Process-wide: read when a client is built, so only this test's client has it.
         set_requests_in_flight(limit);
-        let (client, gate) = client(&aws, &Default::default()).await;
+        let client = client(&aws, &Default::default()).await;
         set_requests_in_flight(DEFAULT_REQUESTS_IN_FLIGHT);
-        S3Store::new(client, "b", key).with_request_gate(gate)
+        S3Store::new(client.sdk, "b", key).with_request_gate(client.gate)
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,8 +226,8 @@ mod tests {
     async fn a_request_waiting_for_the_gate_holds_no_sdk_input() {
         // Not through `store_with_bound`: that sets the process-wide bound, which the
         // socket test above relies on while it builds its client.
-        let (client, gate) = client(&crate::aws::unreachable_endpoint(), &Default::default()).await;
-        let store = S3Store::new(client, "b", "k").with_request_gate(gate);
+        let client = client(&crate::aws::unreachable_endpoint(), &Default::default()).await;
+        let store = S3Store::new(client.sdk, "b", "k").with_request_gate(client.gate);
         crate::aws::assert_waiting_requests_are_small(&store, "S3");
     }
 }

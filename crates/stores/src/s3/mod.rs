@@ -16,8 +16,9 @@
 
 //!
 //! Modules: `key` (the URL `s3://BUCKET/KEY` and S3's name rules), `store`
-//! ([`S3Store`]), `fenced` (`FencedS3Object`, an object written only with fences),
-//! `connect` (the process's clients); the last three with the `s3` feature, the
+//! ([`S3Store`]), `put` (its PUTs, signed without the SDK's orchestrator), `fenced`
+//! (`FencedS3Object`, an object written only with fences), `connect` (the process's
+//! clients); the last four with the `s3` feature, the
 //! command line's `flags` with `cli`. Its part of a DistributedLock's spec is
 //! lockwarden-api's.
 //!
@@ -31,15 +32,21 @@ mod fenced;
 mod flags;
 pub mod key;
 #[cfg(feature = "s3")]
+mod put;
+#[cfg(feature = "s3")]
 mod store;
 
 #[cfg(feature = "s3")]
-pub use connect::{IN_FLIGHT, client_config, client_request_gate, connect, connect_fenced};
+pub use connect::{
+    IN_FLIGHT, client_config, client_request_gate, connect, connect_fenced, signed_puts,
+};
 #[cfg(feature = "s3")]
 pub use fenced::{DELETED_METADATA, FENCE_METADATA, FencedS3Object, LOCK_METADATA};
 #[cfg(feature = "cli")]
 pub use flags::S3Flags;
 pub use key::{BUCKET_MAX_LEN, BUCKET_MIN_LEN, KEY_MAX_BYTES, S3Key, bucket_name, object_key};
+#[cfg(feature = "s3")]
+pub use put::{PutTarget, SignedPuts};
 #[cfg(feature = "s3")]
 pub use store::{S3LOCK_LEASE, S3Store, parse_body, parse_state_lock_body};
 

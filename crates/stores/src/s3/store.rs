@@ -1,11 +1,14 @@
 //! The S3 [`RecordStore`]: one lock key, one object (see the module above).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
+use super::put::{Put, PutError, PutReply, PutTarget, SignedPuts};
 use crate::aws::{RequestGate, describe, status_and_code, store_send};
 use crate::terraform::{self, StateLock};
 use lockwarden_core::history;
@@ -82,6 +85,10 @@ pub struct S3Store {
     terraform_compatible: bool,
     /// The client's bound of requests in flight (`aws::RequestGate`).
     requests: RequestGate,
+    /// The client's PUTs without the SDK's orchestrator (`put.rs`), when given; the
+    /// key's target in them is resolved on the first write.
+    puts: Option<Arc<SignedPuts>>,
+    put_target: tokio::sync::OnceCell<Option<PutTarget>>,
 }
 
 impl S3Store {
@@ -97,7 +104,17 @@ impl S3Store {
             state_path,
             terraform_compatible: false,
             requests: RequestGate::unbounded(),
+            puts: None,
+            put_target: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Sends the record's PUTs as `puts` signs them, not through the SDK's
+    /// orchestrator (`put.rs`; `connect` passes the process client's). A key whose
+    /// endpoint needs more than SigV4 still goes through the SDK.
+    pub fn with_signed_puts(mut self, puts: Arc<SignedPuts>) -> Self {
+        self.puts = Some(puts);
+        self
     }
 
     /// Sends every request through `gate`: the bound of requests in flight of the
@@ -130,28 +147,70 @@ where
 {
     let (status, code) = status_and_code(&err);
     let detail = describe(&err);
-    match (status, code.as_deref()) {
-        (Some(412), _) => StoreError::Conflict { current: None },
-        // If-Match on an object that no longer exists.
-        (Some(404), Some("NoSuchKey")) | (Some(404), None) => {
-            StoreError::Conflict { current: None }
-        }
-        (Some(404), Some(_)) | (Some(403), _) | (Some(400), _) | (Some(301), _) => {
-            StoreError::Rejected(format!("{op} refused: {detail}"))
-        }
-        // S3's "a conflicting conditional operation is in progress": may have applied.
-        (Some(409), _) => StoreError::Indeterminate(format!("{op}: {detail}")),
-        // Success with a reply we cannot read: the write applied, or may have.
-        (Some(s), _) if (200..300).contains(&s) => {
-            StoreError::Indeterminate(format!("{op}: {detail}"))
-        }
-        (Some(s), _) if s >= 500 => StoreError::Indeterminate(format!("{op}: {detail}")),
-        (Some(_), _) => StoreError::Rejected(format!("{op} refused: {detail}")),
+    match status {
+        Some(status) => classify_reply(status, code.as_deref(), &detail, op),
         // No response: the request may or may not have been processed.
-        (None, _) => match &err {
+        None => match &err {
             SdkError::ConstructionFailure(_) => StoreError::Rejected(format!("{op}: {detail}")),
             _ => StoreError::Indeterminate(format!("{op} to {url}: {detail}")),
         },
+    }
+}
+
+/// What a write's reply with HTTP `status` and S3 error `code` means; `detail` says
+/// what failed, for the message.
+fn classify_reply(status: u16, code: Option<&str>, detail: &str, op: &str) -> StoreError {
+    match (status, code) {
+        (412, _) => StoreError::Conflict { current: None },
+        // If-Match on an object that no longer exists.
+        (404, Some("NoSuchKey")) | (404, None) => StoreError::Conflict { current: None },
+        (404, Some(_)) | (403, _) | (400, _) | (301, _) => {
+            StoreError::Rejected(format!("{op} refused: {detail}"))
+        }
+        // S3's "a conflicting conditional operation is in progress": may have applied.
+        (409, _) => StoreError::Indeterminate(format!("{op}: {detail}")),
+        // Success with a reply we cannot read: the write applied, or may have.
+        (s, _) if (200..300).contains(&s) => StoreError::Indeterminate(format!("{op}: {detail}")),
+        (s, _) if s >= 500 => StoreError::Indeterminate(format!("{op}: {detail}")),
+        _ => StoreError::Rejected(format!("{op} refused: {detail}")),
+    }
+}
+
+/// What a signed PUT's outcome (`put.rs`) means for the write.
+fn classify_signed_put(
+    outcome: Result<PutReply, PutError>,
+    op: &str,
+    url: &str,
+) -> Result<Version, StoreError> {
+    match outcome {
+        Ok(PutReply {
+            status,
+            etag: Some(etag),
+            ..
+        }) if (200..300).contains(&status) => Ok(Version(etag)),
+        Ok(PutReply {
+            status,
+            code,
+            message,
+            ..
+        }) => {
+            let detail = match (&code, &message) {
+                (Some(code), Some(message)) => format!("HTTP {status} {code}: {message}"),
+                (Some(code), None) => format!("HTTP {status} {code}"),
+                (None, _) if (200..300).contains(&status) => {
+                    format!("HTTP {status} without an ETag")
+                }
+                (None, _) => format!("HTTP {status}"),
+            };
+            Err(classify_reply(status, code.as_deref(), &detail, op))
+        }
+        // Nothing left the process: not applied.
+        Err(PutError::NotSent(why)) => {
+            Err(StoreError::Unavailable(format!("{op} to {url}: {why}")))
+        }
+        Err(PutError::NoReply(why)) => {
+            Err(StoreError::Indeterminate(format!("{op} to {url}: {why}")))
+        }
     }
 }
 
@@ -241,6 +300,15 @@ impl RecordStore for S3Store {
 }
 
 impl S3Store {
+    /// Where this key's signed PUTs go, when it has them (resolved on the first write).
+    async fn signed_put_target(&self) -> Option<&PutTarget> {
+        let puts = self.puts.as_ref()?;
+        self.put_target
+            .get_or_init(|| puts.target(&self.bucket, &self.key))
+            .await
+            .as_ref()
+    }
+
     /// What a write of `record` puts in the object: the record, or on a state lock's
     /// key (with `terraformCompatible`) its `LockInfo` carrying the record. A state
     /// lock's key is never written otherwise: a plain record there would keep the
@@ -275,6 +343,22 @@ impl S3Store {
             None => "PUT If-None-Match",
             Some(_) => "PUT If-Match",
         };
+        if let Some(target) = self.signed_put_target().await {
+            let puts = self.puts.as_deref().expect("a target comes with its PUTs");
+            let put = || {
+                puts.send(
+                    target,
+                    Put {
+                        body: body.into(),
+                        content_type: "application/json",
+                        if_match: expected.map(|v| v.0.as_str()),
+                        metadata: history.map(|text| (HISTORY_METADATA, text)),
+                    },
+                )
+            };
+            let outcome = store_send(&self.requests, op, &self.url, put).await?;
+            return classify_signed_put(outcome, op, &self.url);
+        }
         // Built once admitted, as in `read`: the SDK's input for a PUT is several
         // kilobytes, the body and its history a few hundred bytes.
         let put = || {
