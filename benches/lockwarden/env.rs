@@ -17,6 +17,8 @@ pub(crate) struct Env {
     /// The S3 stores' PUTs, as lockwarden sends them (`s3::SignedPuts`), counting
     /// their attempts as `aws_attempts` counts the SDK's.
     pub(crate) s3_puts: Option<Arc<lockwarden::backend::s3::SignedPuts>>,
+    /// The DynamoDB stores' writes, as lockwarden sends them, counted alike.
+    pub(crate) ddb_updates: Option<Arc<lockwarden::backend::dynamodb::SignedUpdates>>,
     pub(crate) ddb: aws_sdk_dynamodb::Client,
     pub(crate) aws_attempts: AttemptCounter,
     pub(crate) bucket: String,
@@ -95,6 +97,10 @@ impl Env {
             &Default::default(),
         )
         .await;
+        let ddb_updates = lockwarden::backend::dynamodb::signed_updates(
+            &support::moto::aws_options_for(&dynamodb_server.endpoint()),
+        )
+        .await;
         let sdk = support::moto::sdk_config_for(&dynamodb_server.endpoint()).await;
         let ddb = aws_sdk_dynamodb::Client::from_conf(
             aws_sdk_dynamodb::config::Builder::from(&sdk)
@@ -112,6 +118,7 @@ impl Env {
             client,
             s3,
             s3_puts,
+            ddb_updates,
             ddb,
             aws_attempts,
             bucket,
@@ -123,11 +130,7 @@ impl Env {
     pub(crate) fn engine(&self, kind: Kind, key: &str) -> Arc<dyn LockBackend> {
         match kind {
             Kind::S3 => Arc::new(CasLock::new(self.s3_store(key))),
-            Kind::DynamoDb => Arc::new(CasLock::new(DynamoStore::new(
-                self.ddb.clone(),
-                TableLayout::new(self.table.clone()),
-                key.to_string(),
-            ))),
+            Kind::DynamoDb => Arc::new(CasLock::new(self.dynamo_store(key))),
             Kind::Lease => Arc::new(CasLock::new(LeaseStore::new(
                 self.client.clone(),
                 &self.ns,
@@ -146,11 +149,7 @@ impl Env {
     pub(crate) fn store(&self, kind: Kind, key: &str) -> Option<Box<dyn RecordStore>> {
         match kind {
             Kind::S3 => Some(Box::new(self.s3_store(key))),
-            Kind::DynamoDb => Some(Box::new(DynamoStore::new(
-                self.ddb.clone(),
-                TableLayout::new(self.table.clone()),
-                key.to_string(),
-            ))),
+            Kind::DynamoDb => Some(Box::new(self.dynamo_store(key))),
             Kind::Lease => Some(Box::new(LeaseStore::new(
                 self.client.clone(),
                 &self.ns,
@@ -169,12 +168,22 @@ impl Env {
         }
     }
 
+    /// The DynamoDB store of `key`, with lockwarden's writes.
+    fn dynamo_store(&self, key: &str) -> DynamoStore {
+        let store = DynamoStore::new(self.ddb.clone(), TableLayout::new(self.table.clone()), key);
+        match &self.ddb_updates {
+            Some(updates) => store.with_signed_updates(updates.clone()),
+            None => store,
+        }
+    }
+
     /// Cumulative count of requests that reached the backend's server (for deltas).
     pub(crate) async fn round_trips(&self, kind: Kind) -> f64 {
         match kind {
             Kind::S3 | Kind::DynamoDb => {
                 let puts = self.s3_puts.as_ref().map_or(0, |p| p.attempts());
-                (self.aws_attempts.0.load(Ordering::Relaxed) + puts) as f64
+                let updates = self.ddb_updates.as_ref().map_or(0, |u| u.attempts());
+                (self.aws_attempts.0.load(Ordering::Relaxed) + puts + updates) as f64
             }
             Kind::Lease => api_sum(&apiserver_counts(&self.client).await, "leases", false),
             Kind::ZooKeeper => {

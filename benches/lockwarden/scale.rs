@@ -119,9 +119,14 @@ pub(crate) fn scale_child(args: &[String]) {
         } else {
             None
         };
-        // Its PUTs (every renewal) are lockwarden's own too, which count their attempts.
+        // Their writes (every renewal) are lockwarden's own too, which count their
+        // attempts.
         let s3_puts = match kind {
             "s3" => lockwarden::backend::s3::signed_puts(&aws, &Default::default()).await,
+            _ => None,
+        };
+        let ddb_updates = match kind {
+            "dynamodb" => lockwarden::backend::dynamodb::signed_updates(&aws).await,
             _ => None,
         };
         let ddb = if kind == "dynamodb" {
@@ -158,14 +163,18 @@ pub(crate) fn scale_child(args: &[String]) {
                     Arc::new(CasLock::new(store))
                 }
                 // For DynamoDB, the BUCKET argument is the table.
-                (_, Some(c)) => Arc::new(CasLock::new(
-                    DynamoStore::new(
+                (_, Some(c)) => {
+                    let mut store = DynamoStore::new(
                         c.clone(),
                         TableLayout::new(bucket.clone()),
                         format!("{prefix}/{i}"),
                     )
-                    .with_request_gate(ddb_gate.clone()),
-                )),
+                    .with_request_gate(ddb_gate.clone());
+                    if let Some(updates) = &ddb_updates {
+                        store = store.with_signed_updates(updates.clone());
+                    }
+                    Arc::new(CasLock::new(store))
+                }
                 // The ZooKeeper lease is the session timeout: 30 s, so that a 10 s
                 // renew interval is below half of it (as for the other stores).
                 _ => Arc::new(
@@ -212,7 +221,8 @@ pub(crate) fn scale_child(args: &[String]) {
         let count = |attempts: &AttemptCounter| -> f64 {
             if kind == "s3" || kind == "dynamodb" {
                 let puts = s3_puts.as_ref().map_or(0, |p| p.attempts());
-                (attempts.0.load(Ordering::Relaxed) + puts) as f64
+                let updates = ddb_updates.as_ref().map_or(0, |u| u.attempts());
+                (attempts.0.load(Ordering::Relaxed) + puts + updates) as f64
             } else {
                 zk_mntr_packets(zk_port)
             }

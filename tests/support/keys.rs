@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
+use lockwarden::backend::dynamodb::DynamoDbKey;
 use lockwarden::backend::s3::S3Key;
-use lockwarden::backend::{DynamoStore, LeaseStore, TableLayout, ZkSessions};
+use lockwarden::backend::{LeaseStore, ZkSessions};
 use lockwarden::lock::{CasLock, LockBackend, RecordStore};
 
 use super::kube::{ControlPlane, client_from_kubeconfig};
-use super::moto::{aws_options_for, dynamodb_client_for, new_bucket_at, new_table_at};
+use super::moto::{aws_options_for, new_bucket_at, new_table_at};
 use super::stores::{AwsServer, Choice, dynamodb_shared, s3_shared};
 use super::zookeeper::ZooKeeper;
 
@@ -147,15 +148,21 @@ impl Key {
             )
             .await
             .expect("an S3 lock connects"),
+            // The product's DynamoDB lock, as S3's above.
             Key::Dynamo {
                 endpoint,
                 table,
                 key,
-            } => cas(DynamoStore::new(
-                dynamodb_client_for(endpoint).await,
-                TableLayout::new(table),
-                key,
-            )),
+            } => lockwarden::backend::dynamodb::connect(
+                &DynamoDbKey {
+                    table: table.clone(),
+                    key: key.clone(),
+                },
+                &aws_options_for(endpoint),
+                &Default::default(),
+            )
+            .await
+            .expect("a DynamoDB lock connects"),
             Key::Lease {
                 kubeconfig,
                 namespace,

@@ -5,8 +5,9 @@
 //! Clients come from the AWS SDK default chain (`AWS_ENDPOINT_URL`, `AWS_REGION`,
 //! `AWS_PROFILE`, environment credentials, `~/.aws`, SSO, IRSA / Pod Identity, IMDS),
 //! overridden by [`AwsOptions`]. The options are plain data (lockwarden-api fills them
-//! from a spec without any SDK); the clients (`client.rs`) come with the `s3` or
-//! `dynamodb` feature, the command line's flags (`flags.rs`) with `cli`.
+//! from a spec without any SDK); the clients (`client.rs`), their bound of requests in
+//! flight (`in_flight.rs`) and the writes they sign themselves (`signed.rs`) come with
+//! the `s3` or `dynamodb` feature, the command line's flags (`flags.rs`) with `cli`.
 
 #[cfg(feature = "aws")]
 mod client;
@@ -14,6 +15,8 @@ mod client;
 mod flags;
 #[cfg(feature = "aws")]
 mod in_flight;
+#[cfg(feature = "aws")]
+mod signed;
 
 use std::fmt;
 use std::time::Duration;
@@ -34,6 +37,14 @@ pub use in_flight::{
 };
 #[cfg(all(test, feature = "aws"))]
 pub(crate) use in_flight::{assert_waiting_requests_are_small, unreachable_endpoint};
+#[cfg(feature = "aws")]
+pub use signed::SignedRequests;
+#[cfg(all(test, feature = "aws"))]
+pub(crate) use signed::testing;
+#[cfg(feature = "aws")]
+pub(crate) use signed::{
+    RETRIED_ERROR_CODES, Reply, SendError, Signing, USER_AGENT, retried_status,
+};
 
 /// The default bound of requests one S3 or DynamoDB client keeps in flight
 /// (`registry::set_requests_in_flight`, `in_flight.rs`): far above what a healthy store

@@ -5,12 +5,15 @@ use std::sync::Arc;
 use lockwarden_core::fenced::FencedObject;
 use lockwarden_core::{CasLock, LockBackend};
 
+use aws_smithy_runtime_api::client::http::SharedHttpConnector;
+
 use super::{
-    DEFAULT_PARTITION_KEY, DynamoDbKey, DynamoDbOptions, DynamoStore, FencedDynamoItem, TableLayout,
+    DEFAULT_PARTITION_KEY, DynamoDbKey, DynamoDbOptions, DynamoStore, FencedDynamoItem,
+    SignedUpdates, TableLayout,
 };
 use crate::aws::{
-    AwsOptions, ClientCache, InFlightStats, MAX_CACHED_CLIENTS, RequestGate, http_client,
-    http_connector, request_gate, sdk_config, service_endpoint,
+    AwsOptions, ClientCache, DEFAULT_REQUEST_TIMEOUT, InFlightStats, MAX_CACHED_CLIENTS,
+    RequestGate, http_client, http_connector, request_gate, sdk_config, service_endpoint,
 };
 use crate::store::ConnectError;
 
@@ -21,7 +24,7 @@ pub async fn connect(
     aws: &AwsOptions,
     options: &DynamoDbOptions,
 ) -> Result<Arc<dyn LockBackend>, ConnectError> {
-    let (client, gate) = client(aws).await;
+    let client = client(aws).await;
     let layout = TableLayout {
         table: key.table.clone(),
         partition_key: options
@@ -30,9 +33,12 @@ pub async fn connect(
             .unwrap_or_else(|| DEFAULT_PARTITION_KEY.to_string()),
         sort_key: options.sort_key.clone(),
     };
-    let store = DynamoStore::new(client, layout, key.key.clone())
-        .with_request_gate(gate)
+    let mut store = DynamoStore::new(client.sdk, layout, key.key.clone())
+        .with_request_gate(client.gate)
         .terraform_compatible(options.terraform_compatible);
+    if let Some(updates) = client.updates {
+        store = store.with_signed_updates(updates);
+    }
     if options.create_table {
         store
             .ensure_table()
@@ -56,32 +62,68 @@ pub async fn connect_fenced(
     aws: &AwsOptions,
     options: &DynamoDbOptions,
 ) -> Box<dyn FencedObject> {
-    let (client, gate) = client(aws).await;
+    let client = client(aws).await;
     Box::new(
         FencedDynamoItem::new(
-            client,
+            client.sdk,
             key.table.clone(),
             key.key.clone(),
             options.sort_key.clone(),
         )
-        .with_request_gate(gate),
+        .with_request_gate(client.gate),
     )
 }
 
 /// The process's DynamoDB clients, one per endpoint, region, credentials and timeout.
-static CLIENTS: ClientCache<AwsOptions, (aws_sdk_dynamodb::Client, RequestGate)> =
-    ClientCache::new(MAX_CACHED_CLIENTS);
+static CLIENTS: ClientCache<AwsOptions, DynamoClient> = ClientCache::new(MAX_CACHED_CLIENTS);
 
 /// The requests in flight of the process's DynamoDB clients (`crate::aws::in_flight`).
 pub static IN_FLIGHT: InFlightStats = InFlightStats::new();
 
-async fn client(aws: &AwsOptions) -> (aws_sdk_dynamodb::Client, RequestGate) {
+/// One way of reaching DynamoDB: the SDK's client, lockwarden's own writes beside it on
+/// the same connection pool, and the bound both share.
+#[derive(Clone)]
+struct DynamoClient {
+    sdk: aws_sdk_dynamodb::Client,
+    updates: Option<Arc<SignedUpdates>>,
+    gate: RequestGate,
+}
+
+async fn client(aws: &AwsOptions) -> DynamoClient {
     CLIENTS
         .get_or_build(aws.clone(), || async {
-            let client = aws_sdk_dynamodb::Client::from_conf(client_config(aws).await.build());
-            (client, client_request_gate(aws))
+            let sdk = sdk_config(aws).await;
+            let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
+            let connector = http_connector(endpoint.as_deref());
+            let config = aws_sdk_dynamodb::config::Builder::from(&sdk)
+                .http_client(http_client(connector.clone()));
+            DynamoClient {
+                sdk: aws_sdk_dynamodb::Client::from_conf(config.build()),
+                updates: updates_on(aws, &sdk, endpoint, connector).map(Arc::new),
+                gate: client_request_gate(aws),
+            }
         })
         .await
+}
+
+/// The writes of [`client`]'s stores for `aws`, on a connection pool of their own:
+/// public so that the benchmarks measure the writes lockwarden sends. `None` with no
+/// credentials to sign with.
+pub async fn signed_updates(aws: &AwsOptions) -> Option<Arc<SignedUpdates>> {
+    let sdk = sdk_config(aws).await;
+    let endpoint = service_endpoint(&sdk, "AWS_ENDPOINT_URL_DYNAMODB");
+    let connector = http_connector(endpoint.as_deref());
+    updates_on(aws, &sdk, endpoint, connector).map(Arc::new)
+}
+
+fn updates_on(
+    aws: &AwsOptions,
+    sdk: &aws_config::SdkConfig,
+    endpoint: Option<String>,
+    connector: SharedHttpConnector,
+) -> Option<SignedUpdates> {
+    let attempt_timeout = aws.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
+    SignedUpdates::new(sdk, endpoint, attempt_timeout, connector)
 }
 
 /// A gate for the requests of a DynamoDB client built from [`client_config`] for `aws`:
@@ -111,8 +153,9 @@ mod tests {
     /// and a DeleteItem 3.0 KB.
     #[tokio::test]
     async fn a_request_waiting_for_the_gate_holds_no_sdk_input() {
-        let (client, gate) = client(&crate::aws::unreachable_endpoint()).await;
-        let store = DynamoStore::new(client, TableLayout::new("t"), "k").with_request_gate(gate);
+        let client = client(&crate::aws::unreachable_endpoint()).await;
+        let store =
+            DynamoStore::new(client.sdk, TableLayout::new("t"), "k").with_request_gate(client.gate);
         crate::aws::assert_waiting_requests_are_small(&store, "DynamoDB");
     }
 }

@@ -28,8 +28,9 @@
 
 //!
 //! Modules: `key` (the URL `dynamodb://TABLE/KEY` and DynamoDB's name rules), `store`
-//! (`DynamoStore`), `fenced` (`FencedDynamoItem`, an item written only with fences),
-//! `connect` (the process's clients); the last three with the `dynamodb` feature, the
+//! (`DynamoStore`), `update` (its writes, signed without the SDK's orchestrator),
+//! `fenced` (`FencedDynamoItem`, an item written only with fences), `connect` (the
+//! process's clients); the last four with the `dynamodb` feature, the
 //! command line's `flags` with `cli`. Its part of a DistributedLock's spec is
 //! lockwarden-api's.
 //!
@@ -44,9 +45,13 @@ mod flags;
 pub mod key;
 #[cfg(feature = "dynamodb")]
 mod store;
+#[cfg(feature = "dynamodb")]
+mod update;
 
 #[cfg(feature = "dynamodb")]
-pub use connect::{IN_FLIGHT, client_config, client_request_gate, connect, connect_fenced};
+pub use connect::{
+    IN_FLIGHT, client_config, client_request_gate, connect, connect_fenced, signed_updates,
+};
 #[cfg(feature = "dynamodb")]
 pub use fenced::{DELETED_ATTRIBUTE, FENCE_ATTRIBUTE, FencedDynamoItem, LOCK_ATTRIBUTE};
 #[cfg(feature = "cli")]
@@ -57,6 +62,8 @@ pub use key::{
 };
 #[cfg(feature = "dynamodb")]
 pub use store::{DynamoStore, TableLayout, parse_item};
+#[cfg(feature = "dynamodb")]
+pub use update::SignedUpdates;
 
 /// The partition key attribute name lock items use unless configured otherwise (as
 /// dynamolock).

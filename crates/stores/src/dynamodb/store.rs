@@ -1,6 +1,7 @@
 //! The DynamoDB [`RecordStore`]: one lock key, one item (see the module above).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -13,7 +14,8 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
 };
 
-use crate::aws::{RequestGate, describe, status_and_code, store_send};
+use super::update::{SignedUpdates, Update, UpdateReply};
+use crate::aws::{RequestGate, SendError, describe, status_and_code, store_send};
 use crate::terraform::{self, LockInfo};
 use lockwarden_core::duration::{format_duration, parse_duration};
 use lockwarden_core::history;
@@ -93,6 +95,8 @@ pub struct DynamoStore {
     terraform_compatible: bool,
     /// The client's bound of requests in flight (`aws::RequestGate`).
     requests: RequestGate,
+    /// The client's writes without the SDK's orchestrator (`update.rs`), when given.
+    updates: Option<Arc<SignedUpdates>>,
 }
 
 impl DynamoStore {
@@ -106,7 +110,15 @@ impl DynamoStore {
             url,
             terraform_compatible: false,
             requests: RequestGate::unbounded(),
+            updates: None,
         }
+    }
+
+    /// Sends the item's `UpdateItem`s as `updates` signs them, not through the SDK's
+    /// orchestrator (`update.rs`; `connect` passes the process client's).
+    pub fn with_signed_updates(mut self, updates: Arc<SignedUpdates>) -> Self {
+        self.updates = Some(updates);
+        self
     }
 
     /// Sends the lock's requests through `gate`: the bound of requests in flight of the
@@ -265,6 +277,25 @@ impl DynamoStore {
         if !condition.contains("#pk") {
             names.remove("#pk");
         }
+        if let Some(updates) = &self.updates
+            && let Some(target) = updates.target().await
+        {
+            let update = || {
+                updates.send(
+                    target,
+                    Update {
+                        table: &self.layout.table,
+                        key: self.item_key(),
+                        expression,
+                        condition,
+                        names,
+                        values,
+                    },
+                )
+            };
+            let outcome = store_send(&self.requests, "UpdateItem", &self.url, update).await?;
+            return self.classify_signed_update(outcome, record);
+        }
         // Built once admitted: a request waiting for the gate is then this closure and
         // its expression, not the SDK's input (docs/design.md §3, "Requests in flight
         // are bounded").
@@ -286,6 +317,44 @@ impl DynamoStore {
             Ok(_) => Ok(Version(record.revision.clone())),
             Err(e) => Err(self.classify_write(e)),
         }
+    }
+
+    /// What a signed write's outcome (`update.rs`) means.
+    fn classify_signed_update(
+        &self,
+        outcome: Result<UpdateReply, SendError>,
+        record: &LockRecord,
+    ) -> Result<Version, StoreError> {
+        let reply = match outcome {
+            Ok(reply) if (200..300).contains(&reply.status) => {
+                return Ok(Version(record.revision.clone()));
+            }
+            Ok(reply) => reply,
+            // Nothing left the process: not applied.
+            Err(SendError::NotSent(why)) => {
+                return Err(StoreError::Unavailable(format!(
+                    "UpdateItem to {}: {why}",
+                    self.url
+                )));
+            }
+            Err(SendError::NoReply(why)) => {
+                return Err(StoreError::Indeterminate(format!(
+                    "UpdateItem to {}: {why}",
+                    self.url
+                )));
+            }
+        };
+        if reply.code.as_deref() == Some("ConditionalCheckFailedException") {
+            return Err(StoreError::Conflict {
+                current: reply.item.as_ref().map(|item| Box::new(self.parse(item))),
+            });
+        }
+        let detail = match (&reply.code, &reply.message) {
+            (Some(code), Some(message)) => format!("HTTP {} {code}: {message}", reply.status),
+            (Some(code), None) => format!("HTTP {} {code}", reply.status),
+            (None, _) => format!("HTTP {}", reply.status),
+        };
+        Err(classify_reply(reply.status, reply.code.as_deref(), detail))
     }
 
     fn classify_write<E>(&self, err: SdkError<E, HttpResponse>) -> StoreError
@@ -333,7 +402,20 @@ where
 {
     let (status, code) = status_and_code(&err);
     let detail = describe(&err);
-    match (status, code.as_deref()) {
+    match status {
+        Some(status) => classify_reply(status, code.as_deref(), detail),
+        // A code without a reply cannot be; no reply: the request may have applied.
+        None => match &err {
+            SdkError::ConstructionFailure(_) => StoreError::Rejected(detail),
+            _ => StoreError::Indeterminate(format!("{url}: {detail}")),
+        },
+    }
+}
+
+/// What a reply with HTTP `status` and DynamoDB error `code` means; `detail` says what
+/// failed, for the message.
+fn classify_reply(status: u16, code: Option<&str>, detail: String) -> StoreError {
+    match (status, code) {
         // Throttling and transaction conflicts are definite refusals: retry later.
         (
             _,
@@ -348,12 +430,8 @@ where
             StoreError::Rejected(format!("table not found: {detail}"))
         }
         // 5xx, or success with a reply we cannot read: the write may have applied.
-        (Some(s), _) if s >= 500 || (200..300).contains(&s) => StoreError::Indeterminate(detail),
-        (Some(_), _) => StoreError::Rejected(detail),
-        (None, _) => match &err {
-            SdkError::ConstructionFailure(_) => StoreError::Rejected(detail),
-            _ => StoreError::Indeterminate(format!("{url}: {detail}")),
-        },
+        (s, _) if s >= 500 || (200..300).contains(&s) => StoreError::Indeterminate(detail),
+        _ => StoreError::Rejected(detail),
     }
 }
 

@@ -8,8 +8,8 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
-use super::put::{Put, PutError, PutReply, PutTarget, SignedPuts};
-use crate::aws::{RequestGate, describe, status_and_code, store_send};
+use super::put::{Put, PutReply, PutTarget, SignedPuts};
+use crate::aws::{RequestGate, SendError, describe, status_and_code, store_send};
 use crate::terraform::{self, StateLock};
 use lockwarden_core::history;
 use lockwarden_core::{
@@ -178,7 +178,7 @@ fn classify_reply(status: u16, code: Option<&str>, detail: &str, op: &str) -> St
 
 /// What a signed PUT's outcome (`put.rs`) means for the write.
 fn classify_signed_put(
-    outcome: Result<PutReply, PutError>,
+    outcome: Result<PutReply, SendError>,
     op: &str,
     url: &str,
 ) -> Result<Version, StoreError> {
@@ -205,10 +205,10 @@ fn classify_signed_put(
             Err(classify_reply(status, code.as_deref(), &detail, op))
         }
         // Nothing left the process: not applied.
-        Err(PutError::NotSent(why)) => {
+        Err(SendError::NotSent(why)) => {
             Err(StoreError::Unavailable(format!("{op} to {url}: {why}")))
         }
-        Err(PutError::NoReply(why)) => {
+        Err(SendError::NoReply(why)) => {
             Err(StoreError::Indeterminate(format!("{op} to {url}: {why}")))
         }
     }

@@ -1,0 +1,442 @@
+//! A store's writes, signed and sent without the SDK's orchestrator (issue 45).
+//!
+//! Renewals are most of what a controller holding many locks does, and each is one
+//! small conditional write. Through the SDK an S3 renewal cost about 0.4 ms of CPU,
+//! half of it in the orchestrator (configuration layers, interceptors, endpoint
+//! resolution and retry machinery, run again for every request) and most of the rest
+//! in the allocations they make (docs/benchmarks.md, "Renewal CPU"). The request itself
+//! is small: a method, a URL, a few headers and a body, signed.
+//!
+//! [`SignedRequests`] sends such a request with the SDK's own parts, each fixed once
+//! per client rather than per request:
+//! - the signature from `aws-sigv4`, with the settings the service's SDK client uses
+//!   ([`Signing`]);
+//! - the credentials from the SDK configuration's provider, cached until shortly
+//!   before they expire ([`CredentialCache`]);
+//! - the connection pool the SDK client uses ([`super::http_connector`]);
+//! - the SDK configuration's retries: the same attempts and backoff, after a lost reply
+//!   or a reply the service's caller calls transient, each attempt within the client's
+//!   attempt timeout.
+//!
+//! Each store builds its request and reads its reply (`s3/put.rs`, `dynamodb/update.rs`);
+//! where its URL comes from is the SDK's endpoint rules, resolved once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use aws_config::SdkConfig;
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_smithy_runtime_api::client::http::{HttpConnector, SharedHttpConnector};
+use aws_smithy_runtime_api::client::identity::Identity;
+use aws_smithy_runtime_api::client::result::ConnectorError;
+use aws_smithy_runtime_api::http::Headers;
+use aws_smithy_types::body::SdkBody;
+use aws_smithy_types::byte_stream::ByteStream;
+use aws_smithy_types::retry::RetryConfig;
+use bytes::Bytes;
+
+/// When cached credentials are replaced: this long before they expire, or (for
+/// credentials without an expiry, which a provider may still rotate) this long after
+/// they were fetched, as the SDK's identity cache does.
+const CREDENTIALS_REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(5 * 60);
+const CREDENTIALS_WITHOUT_EXPIRY_KEPT: Duration = Duration::from_secs(15 * 60);
+
+/// The throttling and transient error codes the SDK's standard retry strategy retries
+/// on (aws-runtime's classifiers), beside 5xx replies and lost replies.
+pub(crate) const RETRIED_ERROR_CODES: [&str; 16] = [
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "LimitExceededException",
+    "RequestThrottled",
+    "SlowDown",
+    "PriorRequestNotComplete",
+    "EC2ThrottledException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+];
+
+/// The `User-Agent` of lockwarden's own requests (not signed, as the SDK's is not).
+pub(crate) const USER_AGENT: &str = concat!("lockwarden/", env!("CARGO_PKG_VERSION"));
+
+/// The signed requests of one service client: what every request shares.
+pub struct SignedRequests {
+    connector: SharedHttpConnector,
+    credentials: CredentialCache,
+    /// The configured region (the endpoint rules' input; a target's signing region
+    /// comes from them).
+    pub(crate) region: Option<String>,
+    pub(crate) use_fips: bool,
+    pub(crate) use_dual_stack: bool,
+    retry: RetryConfig,
+    attempt_timeout: Duration,
+    /// Requests sent, every attempt counted (the benchmarks' round trips).
+    attempts: AtomicU64,
+}
+
+/// How one target's requests are signed: the SigV4 scope and the service's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Signing {
+    pub region: String,
+    pub name: String,
+    pub settings: SigningSettings,
+}
+
+/// A reply that came.
+pub(crate) struct Reply {
+    pub status: u16,
+    pub headers: Headers,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// Why a request has no reply.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    /// Never sent: it could not be built or signed, or there were no credentials.
+    #[error("{0}")]
+    NotSent(String),
+    /// Sent, or perhaps sent, and no reply came (connection lost, timeout).
+    #[error("{0}")]
+    NoReply(String),
+}
+
+impl SignedRequests {
+    /// The signed requests of the client configured by `sdk`, each attempt within
+    /// `attempt_timeout`, on `connector`. `None` without a credentials provider
+    /// (anonymous access has nothing to sign with: the SDK sends those requests).
+    pub(crate) fn new(
+        sdk: &SdkConfig,
+        attempt_timeout: Duration,
+        connector: SharedHttpConnector,
+    ) -> Option<SignedRequests> {
+        Some(SignedRequests {
+            connector,
+            credentials: CredentialCache::new(sdk.credentials_provider()?),
+            region: sdk.region().map(|r| r.to_string()),
+            use_fips: sdk.use_fips().unwrap_or(false),
+            use_dual_stack: sdk.use_dual_stack().unwrap_or(false),
+            retry: sdk
+                .retry_config()
+                .cloned()
+                .unwrap_or_else(RetryConfig::standard),
+            attempt_timeout,
+            attempts: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests sent so far, every attempt counted.
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Sends `request` signed as `signing` says, retried as the SDK retries: after a
+    /// lost reply, or a reply `transient` calls so. The last attempt's outcome.
+    pub(crate) async fn send(
+        &self,
+        request: &http::Request<Bytes>,
+        signing: &Signing,
+        transient: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, SendError> {
+        let mut attempt = 1;
+        loop {
+            let identity = self.credentials.identity().await?;
+            let signed = sign_request(request, signing, &identity, SystemTime::now())?;
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            let outcome = tokio::time::timeout(self.attempt_timeout, self.exchange(signed))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SendError::NoReply(format!(
+                        "no reply within the attempt timeout ({:?})",
+                        self.attempt_timeout
+                    )))
+                });
+            let retried = match &outcome {
+                Ok(reply) => transient(reply),
+                Err(SendError::NoReply(_)) => true,
+                Err(SendError::NotSent(_)) => false,
+            };
+            if !retried || attempt >= self.retry.max_attempts() {
+                return outcome;
+            }
+            tokio::time::sleep(backoff(&self.retry, attempt)).await;
+            attempt += 1;
+        }
+    }
+
+    async fn exchange(&self, request: http::Request<SdkBody>) -> Result<Reply, SendError> {
+        let request = aws_smithy_runtime_api::http::Request::try_from(request)
+            .map_err(|e| SendError::NotSent(format!("building the request: {e}")))?;
+        let response = self
+            .connector
+            .call(request)
+            .await
+            .map_err(|e| SendError::NoReply(describe_connector_error(&e)))?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = ByteStream::new(response.into_body())
+            .collect()
+            .await
+            .map_err(|e| SendError::NoReply(format!("reading the reply's body: {e}")))?
+            .into_bytes();
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// A status that the SDK's standard retry strategy retries on.
+pub(crate) fn retried_status(status: u16) -> bool {
+    matches!(status, 500 | 502 | 503 | 504)
+}
+
+/// `request` with SigV4 headers for `identity` at `time`.
+pub(crate) fn sign_request(
+    request: &http::Request<Bytes>,
+    signing: &Signing,
+    identity: &Identity,
+    time: SystemTime,
+) -> Result<http::Request<SdkBody>, SendError> {
+    let not_sent = |what: &str, e: &dyn std::fmt::Display| {
+        SendError::NotSent(format!("building the request: {what}: {e}"))
+    };
+    let params = aws_sigv4::sign::v4::SigningParams::builder()
+        .identity(identity)
+        .region(&signing.region)
+        .name(&signing.name)
+        .time(time)
+        .settings(signing.settings.clone())
+        .build()
+        .map_err(|e| not_sent("signing parameters", &e))?
+        .into();
+    let headers = request
+        .headers()
+        .iter()
+        .map(|(name, value)| Ok((name.as_str(), value.to_str()?)))
+        .collect::<Result<Vec<_>, http::header::ToStrError>>()
+        .map_err(|e| not_sent("a header is not text", &e))?;
+    let uri = request.uri().to_string();
+    let signable = SignableRequest::new(
+        request.method().as_str(),
+        uri.as_str(),
+        headers.into_iter(),
+        SignableBody::Bytes(request.body()),
+    )
+    .map_err(|e| not_sent("signing", &e))?;
+    let (instructions, _signature) = sign(signable, &params)
+        .map_err(|e| not_sent("signing", &e))?
+        .into_parts();
+    let mut signed = http::Request::builder()
+        .method(request.method().clone())
+        .uri(request.uri().clone())
+        .body(SdkBody::from(request.body().clone()))
+        .map_err(|e| not_sent("the request", &e))?;
+    *signed.headers_mut() = request.headers().clone();
+    instructions.apply_to_request_http1x(&mut signed);
+    Ok(signed)
+}
+
+/// The SDK's standard backoff before retry `attempt + 1`: a random part of the initial
+/// backoff doubled per attempt, at most the maximum.
+fn backoff(retry: &RetryConfig, attempt: u32) -> Duration {
+    let doubled = retry
+        .initial_backoff()
+        .saturating_mul(2u32.saturating_pow(attempt - 1));
+    doubled
+        .min(retry.max_backoff())
+        .mul_f64(rand::random::<f64>())
+}
+
+/// A connector's failure with its causes, as `describe` gives an SDK one.
+fn describe_connector_error(err: &ConnectorError) -> String {
+    let mut parts = vec![err.to_string()];
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    parts.dedup();
+    parts.join(": ")
+}
+
+/// The credentials of one client, fetched from its provider when missing or about to
+/// expire. The SDK keeps them in its identity cache, which only its orchestrator can
+/// use; without a cache, a provider such as IMDS or STS would be asked on every write.
+struct CredentialCache {
+    provider: SharedCredentialsProvider,
+    cached: std::sync::Mutex<Option<(Identity, Instant)>>,
+    /// One refresh at a time: the others wait for it instead of asking too.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl CredentialCache {
+    fn new(provider: SharedCredentialsProvider) -> Self {
+        CredentialCache {
+            provider,
+            cached: std::sync::Mutex::new(None),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fresh(&self) -> Option<Identity> {
+        let cached = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        cached
+            .as_ref()
+            .filter(|(_, refresh_at)| Instant::now() < *refresh_at)
+            .map(|(identity, _)| identity.clone())
+    }
+
+    async fn identity(&self) -> Result<Identity, SendError> {
+        if let Some(identity) = self.fresh() {
+            return Ok(identity);
+        }
+        let _refreshing = self.refreshing.lock().await;
+        if let Some(identity) = self.fresh() {
+            return Ok(identity);
+        }
+        let credentials = self
+            .provider
+            .provide_credentials()
+            .await
+            .map_err(|e| SendError::NotSent(format!("no credentials: {e}")))?;
+        let refresh_at = refresh_at(credentials.expiry(), SystemTime::now(), Instant::now());
+        let identity = Identity::from(credentials);
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((identity.clone(), refresh_at));
+        Ok(identity)
+    }
+}
+
+/// When credentials fetched at `now` (`now_instant` on the monotonic clock) and
+/// expiring at `expiry` are replaced: [`CREDENTIALS_REFRESH_BEFORE_EXPIRY`] before they
+/// expire, or halfway for credentials that expire sooner than twice that.
+fn refresh_at(expiry: Option<SystemTime>, now: SystemTime, now_instant: Instant) -> Instant {
+    let Some(expiry) = expiry else {
+        return now_instant + CREDENTIALS_WITHOUT_EXPIRY_KEPT;
+    };
+    let left = expiry.duration_since(now).unwrap_or_default();
+    now_instant + left.saturating_sub(CREDENTIALS_REFRESH_BEFORE_EXPIRY.min(left / 2))
+}
+
+/// What the tests of each store's signed writes compare with: the request the SDK's
+/// client signs for the same operation.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::{Arc, Mutex};
+
+    use aws_smithy_runtime_api::box_error::BoxError;
+    use aws_smithy_runtime_api::client::interceptors::Intercept;
+    use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
+    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+    use aws_smithy_types::config_bag::ConfigBag;
+
+    use super::*;
+
+    /// The signed request an SDK client was about to send; it is not sent.
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct CaptureSigned(pub Arc<Mutex<Option<http::Request<Bytes>>>>);
+
+    impl Intercept for CaptureSigned {
+        fn name(&self) -> &'static str {
+            "CaptureSigned"
+        }
+
+        fn read_before_transmit(
+            &self,
+            context: &BeforeTransmitInterceptorContextRef<'_>,
+            _components: &RuntimeComponents,
+            _cfg: &mut ConfigBag,
+        ) -> Result<(), BoxError> {
+            let request = context.request();
+            let mut builder = http::Request::builder()
+                .method(request.method())
+                .uri(request.uri());
+            for (name, value) in request.headers() {
+                builder = builder.header(name, value);
+            }
+            let body = Bytes::copy_from_slice(request.body().bytes().unwrap_or_default());
+            *self.0.lock().unwrap() = Some(builder.body(body)?);
+            Err("captured, not sent".into())
+        }
+    }
+
+    /// The SDK's signed request `captured`, signed again by [`sign_request`] with
+    /// `signing` at the same `time`: its signature headers and its signature.
+    pub(crate) fn signed_again(
+        captured: &http::Request<Bytes>,
+        signing: &Signing,
+        credentials: aws_credential_types::Credentials,
+        time: SystemTime,
+    ) -> http::Request<SdkBody> {
+        let mut unsigned = http::Request::builder()
+            .method(captured.method())
+            .uri(captured.uri())
+            .body(captured.body().clone())
+            .unwrap();
+        *unsigned.headers_mut() = captured.headers().clone();
+        // What the signer adds, and the SDK's own headers it leaves out of the
+        // signature (lockwarden's writes do not send them).
+        for header in [
+            "authorization",
+            "x-amz-date",
+            "x-amz-security-token",
+            "amz-sdk-invocation-id",
+            "amz-sdk-request",
+        ] {
+            unsigned.headers_mut().remove(header);
+        }
+        sign_request(&unsigned, signing, &Identity::from(credentials), time).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_refreshed_before_they_expire() {
+        let (now, at) = (SystemTime::now(), Instant::now());
+        let hour = Duration::from_secs(3600);
+        assert_eq!(
+            refresh_at(Some(now + hour), now, at),
+            at + hour - CREDENTIALS_REFRESH_BEFORE_EXPIRY
+        );
+        let short = Duration::from_secs(60);
+        assert_eq!(refresh_at(Some(now + short), now, at), at + short / 2);
+        assert_eq!(
+            refresh_at(Some(now - short), now, at),
+            at,
+            "expired: refresh now"
+        );
+        assert_eq!(
+            refresh_at(None, now, at),
+            at + CREDENTIALS_WITHOUT_EXPIRY_KEPT
+        );
+    }
+
+    #[test]
+    fn the_backoff_doubles_within_the_maximum() {
+        let retry = RetryConfig::standard()
+            .with_initial_backoff(Duration::from_millis(100))
+            .with_max_backoff(Duration::from_millis(300));
+        for _ in 0..100 {
+            assert!(backoff(&retry, 1) <= Duration::from_millis(100));
+            assert!(backoff(&retry, 2) <= Duration::from_millis(200));
+            assert!(backoff(&retry, 5) <= Duration::from_millis(300));
+        }
+    }
+}
