@@ -84,16 +84,7 @@ impl Env {
                 .build(),
         );
         let s3_puts = lockwarden::backend::s3::signed_puts(
-            &lockwarden::backend::AwsOptions {
-                endpoint: Some(s3_server.endpoint()),
-                region: Some(support::moto::REGION.to_string()),
-                credentials: Some(lockwarden::backend::Credentials {
-                    access_key_id: support::moto::ACCESS_KEY_ID.to_string(),
-                    secret_access_key: support::moto::SECRET_ACCESS_KEY.to_string(),
-                    session_token: None,
-                }),
-                request_timeout: None,
-            },
+            &support::moto::aws_options_for(&s3_server.endpoint()),
             &Default::default(),
         )
         .await;

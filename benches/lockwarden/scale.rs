@@ -101,16 +101,7 @@ pub(crate) fn scale_child(args: &[String]) {
         let attempts = AttemptCounter::default();
         // The AWS clients are lockwarden's own (`client_config`, as the controller and
         // the CLI build them), with a counter of request attempts added.
-        let aws = lockwarden::backend::AwsOptions {
-            endpoint: Some(endpoint.clone()),
-            region: Some(support::moto::REGION.to_string()),
-            credentials: Some(lockwarden::backend::Credentials {
-                access_key_id: support::moto::ACCESS_KEY_ID.to_string(),
-                secret_access_key: support::moto::SECRET_ACCESS_KEY.to_string(),
-                session_token: None,
-            }),
-            request_timeout: None,
-        };
+        let aws = support::moto::aws_options_for(&endpoint);
         let s3 = if kind == "s3" {
             let config = lockwarden::backend::s3::client_config(&aws, &Default::default()).await;
             Some(aws_sdk_s3::Client::from_conf(

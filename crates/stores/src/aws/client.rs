@@ -221,8 +221,13 @@ where
     E: std::error::Error + 'static,
     R: std::fmt::Debug,
 {
+    error_chain(err)
+}
+
+/// `err` and its causes, each once, joined.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
     let mut parts = vec![err.to_string()];
-    let mut source = std::error::Error::source(err);
+    let mut source = err.source();
     while let Some(s) = source {
         parts.push(s.to_string());
         source = s.source();

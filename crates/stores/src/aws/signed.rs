@@ -29,12 +29,13 @@ use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvid
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_smithy_runtime_api::client::http::{HttpConnector, SharedHttpConnector};
 use aws_smithy_runtime_api::client::identity::Identity;
-use aws_smithy_runtime_api::client::result::ConnectorError;
 use aws_smithy_runtime_api::http::Headers;
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::byte_stream::ByteStream;
 use aws_smithy_types::retry::RetryConfig;
 use bytes::Bytes;
+
+use super::client::error_chain;
 
 /// When cached credentials are replaced: this long before they expire, or (for
 /// credentials without an expiry, which a provider may still rotate) this long after
@@ -44,7 +45,7 @@ const CREDENTIALS_WITHOUT_EXPIRY_KEPT: Duration = Duration::from_secs(15 * 60);
 
 /// The throttling and transient error codes the SDK's standard retry strategy retries
 /// on (aws-runtime's classifiers), beside 5xx replies and lost replies.
-pub(crate) const RETRIED_ERROR_CODES: [&str; 16] = [
+const RETRIED_ERROR_CODES: [&str; 16] = [
     "Throttling",
     "ThrottlingException",
     "ThrottledException",
@@ -142,14 +143,52 @@ impl SignedRequests {
         self.attempts.load(Ordering::Relaxed)
     }
 
+    /// How requests to `endpoint` (resolved by the service's endpoint rules) are
+    /// signed, with the service's `settings` and its default signing `name`; `None`
+    /// when the rules ask for more than SigV4 with no extra headers (the SDK then
+    /// sends those requests), or no region is known.
+    pub(crate) fn signing_for(
+        &self,
+        endpoint: &aws_smithy_types::endpoint::Endpoint,
+        name: &str,
+        settings: SigningSettings,
+    ) -> Option<Signing> {
+        if endpoint.headers().next().is_some() {
+            return None;
+        }
+        let scheme = match endpoint.properties().get("authSchemes") {
+            None => None,
+            Some(schemes) => Some(schemes.as_array()?.first()?.as_object()?),
+        };
+        let text = |key: &str| {
+            scheme
+                .and_then(|s| s.get(key))
+                .and_then(|v| v.as_string())
+                .map(str::to_string)
+        };
+        if text("name").is_some_and(|scheme| scheme != "sigv4") {
+            return None;
+        }
+        Some(Signing {
+            region: text("signingRegion").or_else(|| self.region.clone())?,
+            name: text("signingName").unwrap_or_else(|| name.to_string()),
+            settings,
+        })
+    }
+
     /// Sends `request` signed as `signing` says, retried as the SDK retries: after a
-    /// lost reply, or a reply `transient` calls so. The last attempt's outcome.
+    /// lost reply, a 5xx, or an error whose code (`error_code` reads the service's)
+    /// is a throttling or transient one. The last attempt's outcome.
     pub(crate) async fn send(
         &self,
         request: &http::Request<Bytes>,
         signing: &Signing,
-        transient: impl Fn(&Reply) -> bool,
+        error_code: impl Fn(&Reply) -> Option<String>,
     ) -> Result<Reply, SendError> {
+        let transient = |reply: &Reply| {
+            matches!(reply.status, 500 | 502 | 503 | 504)
+                || error_code(reply).is_some_and(|c| RETRIED_ERROR_CODES.contains(&c.as_str()))
+        };
         let mut attempt = 1;
         loop {
             let identity = self.credentials.identity().await?;
@@ -183,7 +222,7 @@ impl SignedRequests {
             .connector
             .call(request)
             .await
-            .map_err(|e| SendError::NoReply(describe_connector_error(&e)))?;
+            .map_err(|e| SendError::NoReply(error_chain(&e)))?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let body = ByteStream::new(response.into_body())
@@ -197,11 +236,6 @@ impl SignedRequests {
             body,
         })
     }
-}
-
-/// A status that the SDK's standard retry strategy retries on.
-pub(crate) fn retried_status(status: u16) -> bool {
-    matches!(status, 500 | 502 | 503 | 504)
 }
 
 /// `request` with SigV4 headers for `identity` at `time`.
@@ -259,18 +293,6 @@ fn backoff(retry: &RetryConfig, attempt: u32) -> Duration {
     doubled
         .min(retry.max_backoff())
         .mul_f64(rand::random::<f64>())
-}
-
-/// A connector's failure with its causes, as `describe` gives an SDK one.
-fn describe_connector_error(err: &ConnectorError) -> String {
-    let mut parts = vec![err.to_string()];
-    let mut source = std::error::Error::source(err);
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
-    parts.dedup();
-    parts.join(": ")
 }
 
 /// The credentials of one client, fetched from its provider when missing or about to
@@ -346,9 +368,22 @@ pub(crate) mod testing {
 
     use super::*;
 
+    /// The fixed time both signatures of a test are made at.
+    pub(crate) fn signed_at() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+    }
+
     /// The signed request an SDK client was about to send; it is not sent.
     #[derive(Debug, Clone, Default)]
-    pub(crate) struct CaptureSigned(pub Arc<Mutex<Option<http::Request<Bytes>>>>);
+    pub(crate) struct CaptureSigned(Arc<Mutex<Option<http::Request<Bytes>>>>);
+
+    impl CaptureSigned {
+        /// The request captured.
+        pub(crate) fn take(&self) -> http::Request<Bytes> {
+            let captured = self.0.lock().unwrap().take();
+            captured.expect("the SDK signed a request")
+        }
+    }
 
     impl Intercept for CaptureSigned {
         fn name(&self) -> &'static str {
@@ -375,12 +410,11 @@ pub(crate) mod testing {
     }
 
     /// The SDK's signed request `captured`, signed again by [`sign_request`] with
-    /// `signing` at the same `time`: its signature headers and its signature.
+    /// `signing` at [`signed_at`]: its signature headers and its signature.
     pub(crate) fn signed_again(
         captured: &http::Request<Bytes>,
         signing: &Signing,
         credentials: aws_credential_types::Credentials,
-        time: SystemTime,
     ) -> http::Request<SdkBody> {
         let mut unsigned = http::Request::builder()
             .method(captured.method())
@@ -399,7 +433,13 @@ pub(crate) mod testing {
         ] {
             unsigned.headers_mut().remove(header);
         }
-        sign_request(&unsigned, signing, &Identity::from(credentials), time).unwrap()
+        sign_request(
+            &unsigned,
+            signing,
+            &Identity::from(credentials),
+            signed_at(),
+        )
+        .unwrap()
     }
 }
 

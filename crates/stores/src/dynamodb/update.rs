@@ -20,9 +20,7 @@ use aws_smithy_runtime_api::client::http::SharedHttpConnector;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::aws::{
-    RETRIED_ERROR_CODES, Reply, SendError, SignedRequests, Signing, USER_AGENT, retried_status,
-};
+use crate::aws::{Reply, SendError, SignedRequests, Signing, USER_AGENT};
 
 /// The `UpdateItem`s of the DynamoDB stores on one client.
 pub struct SignedUpdates {
@@ -100,29 +98,12 @@ impl SignedUpdates {
             .resolve_endpoint(&params)
             .await
             .ok()?;
-        if endpoint.headers().next().is_some() {
-            return None;
-        }
-        let scheme = match endpoint.properties().get("authSchemes") {
-            None => None,
-            Some(schemes) => Some(schemes.as_array()?.first()?.as_object()?),
-        };
-        let text = |name: &str| {
-            scheme
-                .and_then(|s| s.get(name))
-                .and_then(|v| v.as_string())
-                .map(str::to_string)
-        };
-        if text("name").is_some_and(|name| name != "sigv4") {
-            return None;
-        }
+        let signing =
+            self.requests
+                .signing_for(&endpoint, "dynamodb", SigningSettings::default())?;
         Some(UpdateTarget {
             url: endpoint.url().to_string(),
-            signing: Signing {
-                region: text("signingRegion").or_else(|| self.requests.region.clone())?,
-                name: text("signingName").unwrap_or_else(|| "dynamodb".to_string()),
-                settings: SigningSettings::default(),
-            },
+            signing,
         })
     }
 
@@ -135,10 +116,7 @@ impl SignedUpdates {
         let request = request(target, &update)?;
         let reply = self
             .requests
-            .send(&request, &target.signing, |reply| {
-                retried_status(reply.status)
-                    || error_code(reply).is_some_and(|c| RETRIED_ERROR_CODES.contains(&c.as_str()))
-            })
+            .send(&request, &target.signing, error_code)
             .await?;
         Ok(update_reply(reply))
     }
@@ -291,9 +269,8 @@ fn value_from_json(value: &Value) -> Option<AttributeValue> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::testing::{CaptureSigned, signed_again};
+    use crate::aws::testing::{CaptureSigned, signed_again, signed_at};
     use crate::aws::{AwsOptions, Credentials};
-    use std::time::SystemTime;
 
     /// The signature is the SDK's: the SDK's client signs an UpdateItem at a fixed
     /// time, and the request it built, signed again with the client's target, carries
@@ -301,7 +278,6 @@ mod tests {
     /// DynamoDB signatures, so this is the check.)
     #[tokio::test]
     async fn an_update_is_signed_as_the_sdk_signs_it() {
-        let time = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let aws = AwsOptions {
             endpoint: None,
             region: Some("ap-southeast-2".into()),
@@ -311,7 +287,7 @@ mod tests {
         let capture = CaptureSigned::default();
         let config = crate::dynamodb::client_config(&aws)
             .await
-            .time_source(aws_smithy_async::time::StaticTimeSource::new(time))
+            .time_source(aws_smithy_async::time::StaticTimeSource::new(signed_at()))
             .interceptor(capture.clone())
             .build();
         let _ = aws_sdk_dynamodb::Client::from_conf(config)
@@ -325,12 +301,7 @@ mod tests {
             .expression_attribute_values(":x", AttributeValue::S("you".into()))
             .send()
             .await;
-        let captured = capture
-            .0
-            .lock()
-            .unwrap()
-            .take()
-            .expect("the SDK signed an UpdateItem");
+        let captured = capture.take();
 
         let updates = crate::dynamodb::signed_updates(&aws).await.unwrap();
         let target = updates.target().await.expect("plain SigV4");
@@ -342,7 +313,6 @@ mod tests {
             &captured,
             &target.signing,
             aws_credential_types::Credentials::new("AKID", "secret", None, None, "t"),
-            time,
         );
         for header in ["authorization", "x-amz-date"] {
             assert_eq!(

@@ -11,8 +11,6 @@
 //! SDK's user-agent and invocation headers, stalled-stream protection.
 
 use std::time::Duration;
-#[cfg(test)]
-use std::time::SystemTime;
 
 use aws_config::SdkConfig;
 use aws_sdk_s3::config::endpoint::{DefaultResolver, Params, ResolveEndpoint};
@@ -22,9 +20,7 @@ use aws_sigv4::http_request::{
 use aws_smithy_runtime_api::client::http::SharedHttpConnector;
 use bytes::Bytes;
 
-use crate::aws::{
-    RETRIED_ERROR_CODES, Reply, SendError, SignedRequests, Signing, USER_AGENT, retried_status,
-};
+use crate::aws::{Reply, SendError, SignedRequests, Signing, USER_AGENT};
 
 /// The PUTs of the S3 stores on one client.
 pub struct SignedPuts {
@@ -100,26 +96,11 @@ impl SignedPuts {
             .build()
             .ok()?;
         let endpoint = self.resolver.resolve_endpoint(&params).await.ok()?;
-        if endpoint.headers().next().is_some() {
-            return None;
-        }
-        let scheme = match endpoint.properties().get("authSchemes") {
-            None => None,
-            Some(schemes) => Some(schemes.as_array()?.first()?.as_object()?),
-        };
-        let text = |name: &str| {
-            scheme
-                .and_then(|s| s.get(name))
-                .and_then(|v| v.as_string())
-                .map(str::to_string)
-        };
-        if text("name").is_some_and(|name| name != "sigv4") {
-            return None;
-        }
         let mut settings = SigningSettings::default();
         settings.percent_encoding_mode = PercentEncodingMode::Single;
         settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
         settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let signing = self.requests.signing_for(&endpoint, "s3", settings)?;
         let base = endpoint.url().trim_end_matches('/');
         let path = aws_smithy_http::label::fmt_string(
             key,
@@ -127,11 +108,7 @@ impl SignedPuts {
         );
         Some(PutTarget {
             url: format!("{base}/{path}"),
-            signing: Signing {
-                region: text("signingRegion").or_else(|| self.requests.region.clone())?,
-                name: text("signingName").unwrap_or_else(|| "s3".to_string()),
-                settings,
-            },
+            signing,
         })
     }
 
@@ -146,10 +123,7 @@ impl SignedPuts {
         let reply = self
             .requests
             .send(&request, &target.signing, |reply| {
-                retried_status(reply.status) || {
-                    let (code, _) = error_code_and_message(&reply.body);
-                    code.is_some_and(|c| RETRIED_ERROR_CODES.contains(&c.as_str()))
-                }
+                error_code_and_message(&reply.body).0
             })
             .await?;
         Ok(put_reply(reply))
@@ -220,7 +194,7 @@ fn error_code_and_message(body: &[u8]) -> (Option<String>, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::testing::{CaptureSigned, signed_again};
+    use crate::aws::testing::{CaptureSigned, signed_again, signed_at};
     use crate::aws::{AwsOptions, Credentials};
 
     /// The signature is the SDK's: the SDK's client signs a PutObject of a key that
@@ -229,7 +203,6 @@ mod tests {
     /// signatures end to end (`tests/engine.rs`).
     #[tokio::test]
     async fn a_put_is_signed_as_the_sdk_signs_it() {
-        let time = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let aws = AwsOptions {
             endpoint: Some("http://127.0.0.1:9".into()),
             region: Some("eu-west-1".into()),
@@ -239,7 +212,7 @@ mod tests {
         let capture = CaptureSigned::default();
         let config = crate::s3::client_config(&aws, &Default::default())
             .await
-            .time_source(aws_smithy_async::time::StaticTimeSource::new(time))
+            .time_source(aws_smithy_async::time::StaticTimeSource::new(signed_at()))
             .interceptor(capture.clone())
             .build();
         let key = "dir/ünï code+plus=eq&(x)*~";
@@ -251,12 +224,7 @@ mod tests {
             .body(aws_sdk_s3::primitives::ByteStream::from_static(b"{}"))
             .send()
             .await;
-        let captured = capture
-            .0
-            .lock()
-            .unwrap()
-            .take()
-            .expect("the SDK signed a PUT");
+        let captured = capture.take();
 
         let puts = crate::s3::signed_puts(&aws, &Default::default())
             .await
@@ -278,7 +246,6 @@ mod tests {
                 None,
                 "t",
             ),
-            time,
         );
         for header in [
             "authorization",
