@@ -42,7 +42,7 @@ pub use signed::SignedRequests;
 #[cfg(all(test, feature = "aws"))]
 pub(crate) use signed::testing;
 #[cfg(feature = "aws")]
-pub(crate) use signed::{Reply, SendError, Signing, USER_AGENT};
+pub(crate) use signed::{Reply, SendError, Signing, USER_AGENT, reply_detail};
 
 /// The default bound of requests one S3 or DynamoDB client keeps in flight
 /// (`registry::set_requests_in_flight`, `in_flight.rs`): far above what a healthy store

@@ -34,6 +34,7 @@ use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::byte_stream::ByteStream;
 use aws_smithy_types::retry::RetryConfig;
 use bytes::Bytes;
+use lockwarden_core::StoreError;
 
 use super::client::error_chain;
 
@@ -114,6 +115,27 @@ pub(crate) enum SendError {
     NoReply(String),
 }
 
+impl SendError {
+    /// What a write (`op` to `url`) without a reply means for the store: never sent is
+    /// *unavailable* (certainly not applied), a lost reply *indeterminate* (rule 4).
+    pub(crate) fn into_store_error(self, op: &str, url: &str) -> StoreError {
+        match self {
+            SendError::NotSent(why) => StoreError::Unavailable(format!("{op} to {url}: {why}")),
+            SendError::NoReply(why) => StoreError::Indeterminate(format!("{op} to {url}: {why}")),
+        }
+    }
+}
+
+/// A failed reply's text for an error message: its status, the service's error code
+/// and message when it gave them.
+pub(crate) fn reply_detail(status: u16, code: Option<&str>, message: Option<&str>) -> String {
+    match (code, message) {
+        (Some(code), Some(message)) => format!("HTTP {status} {code}: {message}"),
+        (Some(code), None) => format!("HTTP {status} {code}"),
+        (None, _) => format!("HTTP {status}"),
+    }
+}
+
 impl SignedRequests {
     /// The signed requests of the client configured by `sdk`, each attempt within
     /// `attempt_timeout`, on `connector`. `None` without a credentials provider
@@ -185,9 +207,11 @@ impl SignedRequests {
         signing: &Signing,
         error_code: impl Fn(&Reply) -> Option<String>,
     ) -> Result<Reply, SendError> {
+        // A success is never retried, and its body never read for a code.
         let transient = |reply: &Reply| {
-            matches!(reply.status, 500 | 502 | 503 | 504)
-                || error_code(reply).is_some_and(|c| RETRIED_ERROR_CODES.contains(&c.as_str()))
+            !reply.is_success()
+                && (matches!(reply.status, 500 | 502 | 503 | 504)
+                    || error_code(reply).is_some_and(|c| RETRIED_ERROR_CODES.contains(&c.as_str())))
         };
         let mut attempt = 1;
         loop {
@@ -218,13 +242,13 @@ impl SignedRequests {
     async fn exchange(&self, request: http::Request<SdkBody>) -> Result<Reply, SendError> {
         let request = aws_smithy_runtime_api::http::Request::try_from(request)
             .map_err(|e| SendError::NotSent(format!("building the request: {e}")))?;
-        let response = self
+        let mut response = self
             .connector
             .call(request)
             .await
             .map_err(|e| SendError::NoReply(error_chain(&e)))?;
         let status = response.status().as_u16();
-        let headers = response.headers().clone();
+        let headers = std::mem::take(response.headers_mut());
         let body = ByteStream::new(response.into_body())
             .collect()
             .await

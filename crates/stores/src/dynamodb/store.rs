@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::update::{SignedUpdates, Update, UpdateReply};
-use crate::aws::{RequestGate, SendError, describe, status_and_code, store_send};
+use crate::aws::{RequestGate, SendError, describe, reply_detail, status_and_code, store_send};
 use crate::terraform::{self, LockInfo};
 use lockwarden_core::duration::{format_duration, parse_duration};
 use lockwarden_core::history;
@@ -325,35 +325,20 @@ impl DynamoStore {
         outcome: Result<UpdateReply, SendError>,
         record: &LockRecord,
     ) -> Result<Version, StoreError> {
-        let reply = match outcome {
-            Ok(reply) if (200..300).contains(&reply.status) => {
-                return Ok(Version(record.revision.clone()));
-            }
-            Ok(reply) => reply,
-            // Nothing left the process: not applied.
-            Err(SendError::NotSent(why)) => {
-                return Err(StoreError::Unavailable(format!(
-                    "UpdateItem to {}: {why}",
-                    self.url
-                )));
-            }
-            Err(SendError::NoReply(why)) => {
-                return Err(StoreError::Indeterminate(format!(
-                    "UpdateItem to {}: {why}",
-                    self.url
-                )));
-            }
-        };
+        let reply = outcome.map_err(|e| e.into_store_error("UpdateItem", &self.url))?;
+        if (200..300).contains(&reply.status) {
+            return Ok(Version(record.revision.clone()));
+        }
         if reply.code.as_deref() == Some("ConditionalCheckFailedException") {
             return Err(StoreError::Conflict {
                 current: reply.item.as_ref().map(|item| Box::new(self.parse(item))),
             });
         }
-        let detail = match (&reply.code, &reply.message) {
-            (Some(code), Some(message)) => format!("HTTP {} {code}: {message}", reply.status),
-            (Some(code), None) => format!("HTTP {} {code}", reply.status),
-            (None, _) => format!("HTTP {}", reply.status),
-        };
+        let detail = reply_detail(
+            reply.status,
+            reply.code.as_deref(),
+            reply.message.as_deref(),
+        );
         Err(classify_reply(reply.status, reply.code.as_deref(), detail))
     }
 

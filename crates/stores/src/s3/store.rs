@@ -9,7 +9,7 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use super::put::{Put, PutReply, PutTarget, SignedPuts};
-use crate::aws::{RequestGate, SendError, describe, status_and_code, store_send};
+use crate::aws::{RequestGate, SendError, describe, reply_detail, status_and_code, store_send};
 use crate::terraform::{self, StateLock};
 use lockwarden_core::history;
 use lockwarden_core::{
@@ -182,34 +182,28 @@ fn classify_signed_put(
     op: &str,
     url: &str,
 ) -> Result<Version, StoreError> {
-    match outcome {
-        Ok(PutReply {
-            status,
-            etag: Some(etag),
-            ..
-        }) if (200..300).contains(&status) => Ok(Version(etag)),
-        Ok(PutReply {
-            status,
-            code,
-            message,
-            ..
-        }) => {
-            let detail = match (&code, &message) {
-                (Some(code), Some(message)) => format!("HTTP {status} {code}: {message}"),
-                (Some(code), None) => format!("HTTP {status} {code}"),
-                (None, _) if (200..300).contains(&status) => {
-                    format!("HTTP {status} without an ETag")
+    let reply = outcome.map_err(|e| e.into_store_error(op, url))?;
+    match reply.etag {
+        Some(etag) if (200..300).contains(&reply.status) => Ok(Version(etag)),
+        // Without an ETag the next conditional write is impossible; the engine
+        // re-reads to learn it (a 2xx is indeterminate in the table).
+        _ => {
+            let detail = match reply.code {
+                None if (200..300).contains(&reply.status) => {
+                    format!("HTTP {} without an ETag", reply.status)
                 }
-                (None, _) => format!("HTTP {status}"),
+                _ => reply_detail(
+                    reply.status,
+                    reply.code.as_deref(),
+                    reply.message.as_deref(),
+                ),
             };
-            Err(classify_reply(status, code.as_deref(), &detail, op))
-        }
-        // Nothing left the process: not applied.
-        Err(SendError::NotSent(why)) => {
-            Err(StoreError::Unavailable(format!("{op} to {url}: {why}")))
-        }
-        Err(SendError::NoReply(why)) => {
-            Err(StoreError::Indeterminate(format!("{op} to {url}: {why}")))
+            Err(classify_reply(
+                reply.status,
+                reply.code.as_deref(),
+                &detail,
+                op,
+            ))
         }
     }
 }
@@ -300,13 +294,16 @@ impl RecordStore for S3Store {
 }
 
 impl S3Store {
-    /// Where this key's signed PUTs go, when it has them (resolved on the first write).
-    async fn signed_put_target(&self) -> Option<&PutTarget> {
-        let puts = self.puts.as_ref()?;
-        self.put_target
+    /// This key's signed PUTs and where they go, when it has them (the target is
+    /// resolved on the first write).
+    async fn signed_puts(&self) -> Option<(&SignedPuts, &PutTarget)> {
+        let puts = self.puts.as_deref()?;
+        let target = self
+            .put_target
             .get_or_init(|| puts.target(&self.bucket, &self.key))
             .await
-            .as_ref()
+            .as_ref()?;
+        Some((puts, target))
     }
 
     /// What a write of `record` puts in the object: the record, or on a state lock's
@@ -343,8 +340,7 @@ impl S3Store {
             None => "PUT If-None-Match",
             Some(_) => "PUT If-Match",
         };
-        if let Some(target) = self.signed_put_target().await {
-            let puts = self.puts.as_deref().expect("a target comes with its PUTs");
+        if let Some((puts, target)) = self.signed_puts().await {
             let put = || {
                 puts.send(
                     target,
