@@ -74,8 +74,8 @@ pub(crate) fn proc_status_kb(pid: u32, field: &str) -> f64 {
 }
 
 /// `--scale-child KIND N INTERVAL_S HOLD_S ENDPOINT BUCKET`: holds N locks in this
-/// process the way the controller's holder tasks do (a HeldLock per lock plus a monitor
-/// of its state), then reports one JSON line.
+/// process the way the controller's holder tasks do (a HeldLock per lock with an
+/// observer of its state), then reports one JSON line.
 pub(crate) fn scale_child(args: &[String]) {
     let kind = args[0].as_str();
     let n: usize = args[1].parse().unwrap();
@@ -181,20 +181,17 @@ pub(crate) fn scale_child(args: &[String]) {
                 let req = AcquireRequest::new(format!("bench/scale/{i}"), lease_len);
                 let lease = acquire_now(backend.as_ref(), &req.holder).await;
                 drop(permit);
-                let held = HeldLock::hold(backend, lease, policy);
-                let mut rx = held.watch();
-                // As controller::holders does: watch for transitions away from Held.
-                tokio::spawn(async move {
-                    let mut was_held = true;
-                    while rx.changed().await.is_ok() {
-                        let held_now = matches!(*rx.borrow_and_update(), HolderState::Held { .. });
-                        if was_held && !held_now {
-                            missed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        was_held = held_now;
+                // As controller::holders does: an observer in the holder task counts
+                // transitions away from Held.
+                let mut was_held = true;
+                let observer = Box::new(move |state: &HolderState| {
+                    let held_now = matches!(state, HolderState::Held { .. });
+                    if was_held && !held_now {
+                        missed.fetch_add(1, Ordering::Relaxed);
                     }
+                    was_held = held_now;
                 });
-                held
+                HeldLock::hold_observed(backend, lease, policy, observer)
             }));
         }
         let mut held = Vec::with_capacity(n);
@@ -407,7 +404,7 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
                 let renewals_per_s = f("renewals") / f("window_s");
                 let row = ScaleRow {
                     kind: kind.into(),
-                    path: "engine (HeldLock + monitor per lock, one process)".into(),
+                    path: "engine (HeldLock + observer per lock, one process)".into(),
                     locks: n,
                     interval_s: interval,
                     hold_s: f("window_s"),

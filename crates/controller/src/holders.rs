@@ -1,17 +1,17 @@
 //! One holder task per held lock. The engine's [`HeldLock`] renews on its own timer;
-//! a small monitor forwards *transitions* of its state (Held → Expiring → Held, Lost,
-//! Released) to the controller's wake channel. A renewal changes only the version in
+//! an observer in that task counts renewals and forwards *transitions* of its state
+//! (Held → Expiring → Held, Lost, Released) to the controller's wake channel. A renewal changes only the version in
 //! `HolderState::Held`, which is not a transition, so renewals cause no reconcile and no
 //! API-server write.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use kube::runtime::reflector::ObjectRef;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc::UnboundedSender;
-use tokio::task::JoinHandle;
 
 use super::status::Occupancy;
 use lockwarden_api::{BackendKind, DistributedLock};
@@ -37,7 +37,7 @@ pub struct Acquisition {
     pub history: Vec<Grant>,
 }
 
-/// A held lock and the monitor that reports its transitions.
+/// A held lock, whose holder task reports its transitions.
 pub struct HolderTask {
     pub uid: String,
     pub key: String,
@@ -45,7 +45,9 @@ pub struct HolderTask {
     pub backend: BackendKind,
     pub acquisition: Acquisition,
     held: HeldLock,
-    monitor: JoinHandle<()>,
+    /// Set once the reconcile releases the lock: its outcome is no transition to
+    /// report.
+    releasing: Arc<AtomicBool>,
 }
 
 fn kind(state: &HolderState) -> u8 {
@@ -95,35 +97,41 @@ impl HolderTask {
             occupancy: Occupancy::of(&lease.record),
             history: history::of_record(&lease.record),
         };
-        let held = HeldLock::hold(backend, lease, policy);
-        let mut rx = held.watch();
-        let monitor = tokio::spawn(async move {
-            let mut last = kind(&rx.borrow_and_update());
-            while rx.changed().await.is_ok() {
-                let now = kind(&rx.borrow_and_update());
-                // Every accepted renewal publishes `Held` again (with its new version).
-                if now == 0 {
-                    renewals.inc();
+        // Counted and forwarded in the holder task itself: a task of its own would
+        // be woken by every renewal, on the renewal's path.
+        let releasing = Arc::new(AtomicBool::new(false));
+        let ours = releasing.clone();
+        let mut last_seen = None;
+        let observer = Box::new(move |state: &HolderState| {
+            let now = kind(state);
+            let Some(last) = last_seen.replace(now) else {
+                return; // the first state: what the acquisition reported
+            };
+            // Our own release is no transition to report (the reconcile asked for it).
+            if ours.load(Ordering::Relaxed) {
+                return;
+            }
+            // Every accepted renewal publishes `Held` again (with its new version).
+            if now == 0 {
+                renewals.inc();
+            }
+            if now != last {
+                // Held → Expiring or Lost: renewals failed (or were refused).
+                if last == 0 && (now == 1 || now == 2) {
+                    renew_failures.inc();
                 }
-                if now != last {
-                    // Held → Expiring or Lost: renewals failed (or were refused).
-                    if last == 0 && (now == 1 || now == 2) {
-                        renew_failures.inc();
-                    }
-                    last = now;
-                    if wake.send(obj.clone()).is_err() {
-                        return;
-                    }
-                }
+                // The receiver gone: the controller is shutting down.
+                let _ = wake.send(obj.clone());
             }
         });
+        let held = HeldLock::hold_observed(backend, lease, policy, observer);
         HolderTask {
             uid,
             key,
             backend: held_in,
             acquisition,
             held,
-            monitor,
+            releasing,
         }
     }
 
@@ -156,7 +164,7 @@ impl HolderTask {
         self,
         completed: Option<(&RunKey, &str, usize)>,
     ) -> Result<Option<Stored>, LockError> {
-        self.monitor.abort();
+        self.releasing.store(true, Ordering::Relaxed);
         let backend = self.held.backend();
         match completed {
             Some((run, cluster, keep)) => {
@@ -272,5 +280,62 @@ mod tests {
         );
         // The request's revision is no longer held: asking again renews nothing.
         assert!(holders.renew_where_seen(&[&seen]).is_empty());
+    }
+
+    /// The holder task's observer counts every accepted renewal, wakes the controller
+    /// on a transition (Held → Expiring → Held) and on nothing else, and not for the
+    /// release the reconcile itself asked for.
+    #[tokio::test]
+    async fn renewals_are_counted_and_only_transitions_wake_the_controller() {
+        // Renewed every 0.5 s: a loaded machine's stall of a second does not expire it.
+        const SHORT: Duration = Duration::from_millis(1500);
+        let patience = Duration::from_secs(20);
+        let store = MemoryStore::new("mem://holders/observed");
+        let lock = CasLock::new(store.clone());
+        let lease = match lock.try_acquire(&AcquireRequest::new("a", SHORT)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let obj = ObjectRef::new("observed").within("ns");
+        let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        let (renewals, renew_failures) = (Counter::default(), Counter::default());
+        let owner = Owner {
+            obj: obj.clone(),
+            uid: "observed".into(),
+            key: "observed".into(),
+            backend: BackendKind::S3,
+            wake,
+            renewals: renewals.clone(),
+            renew_failures: renew_failures.clone(),
+        };
+        let task = HolderTask::start(Arc::new(lock), lease, RenewPolicy::for_lease(SHORT), owner);
+        // Renewals on the schedule: counted, and no wake-up.
+        let give_up = std::time::Instant::now() + patience;
+        while renewals.get() < 2 {
+            assert!(std::time::Instant::now() < give_up, "two renewals");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(woken.try_recv().is_err(), "a renewal woke the controller");
+
+        // The store unreachable past the deadline: one wake-up, one failure counted.
+        store.set_unreachable(true);
+        let first = tokio::time::timeout(patience, woken.recv()).await;
+        assert_eq!(first.expect("woken").as_ref(), Some(&obj));
+        assert!(matches!(task.state(), HolderState::Expiring { .. }));
+        assert_eq!(renew_failures.get(), 1);
+        // Back: one more wake-up (Expiring → Held), and renewals counted again.
+        store.set_unreachable(false);
+        let again = tokio::time::timeout(patience, woken.recv()).await;
+        assert_eq!(again.expect("woken").as_ref(), Some(&obj));
+        assert!(task.state().is_held());
+
+        // Our own release: no wake-up.
+        task.release().await.expect("release");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            woken.try_recv().is_err(),
+            "our own release woke the controller"
+        );
+        assert_eq!(renew_failures.get(), 1);
     }
 }

@@ -76,6 +76,11 @@ impl HolderState {
     }
 }
 
+/// Told of every state the holder task publishes, in that task and before its
+/// watchers: for what must not cost a task and a wake-up per renewal, such as a metric
+/// counted per renewal. It runs on the renewal's path, so it must not block.
+pub type StateObserver = Box<dyn FnMut(&HolderState) + Send + 'static>;
+
 /// A held lock. Dropping it releases the lock in the background.
 pub struct HeldLock {
     backend: Arc<dyn LockBackend>,
@@ -96,6 +101,27 @@ pub struct HeldLock {
 impl HeldLock {
     /// Starts the holder task for a lease just acquired (or resumed).
     pub fn hold(backend: Arc<dyn LockBackend>, lease: Lease, policy: RenewPolicy) -> HeldLock {
+        HeldLock::start(backend, lease, policy, None)
+    }
+
+    /// As [`HeldLock::hold`], with `observer` told of the first state and of every
+    /// state the holder task publishes after it (every accepted renewal publishes
+    /// `Held` again).
+    pub fn hold_observed(
+        backend: Arc<dyn LockBackend>,
+        lease: Lease,
+        policy: RenewPolicy,
+        observer: StateObserver,
+    ) -> HeldLock {
+        HeldLock::start(backend, lease, policy, Some(observer))
+    }
+
+    fn start(
+        backend: Arc<dyn LockBackend>,
+        lease: Lease,
+        policy: RenewPolicy,
+        mut observer: Option<StateObserver>,
+    ) -> HeldLock {
         let initial = if lease.is_valid() {
             HolderState::Held {
                 fence: lease.fence(),
@@ -107,6 +133,9 @@ impl HeldLock {
                 last_error: "not renewed yet".into(),
             }
         };
+        if let Some(observer) = &mut observer {
+            observer(&initial);
+        }
         let (state_tx, state) = watch::channel(initial);
         let (deadline_tx, deadline) = watch::channel(lease.deadline.instant());
         let (revision_tx, revision) = watch::channel(lease.record.revision.clone());
@@ -122,6 +151,7 @@ impl HeldLock {
             state: state_tx,
             deadline: deadline_tx,
             revision: revision_tx,
+            observer,
         };
         let task = tokio::spawn(task.run(lease, release_rx, requests));
         HeldLock {
@@ -304,9 +334,18 @@ struct HolderTask {
     state: watch::Sender<HolderState>,
     deadline: watch::Sender<Instant>,
     revision: watch::Sender<String>,
+    observer: Option<StateObserver>,
 }
 
 impl HolderTask {
+    /// Tells the observer, then every watcher, of the holder's state.
+    fn publish(&mut self, state: HolderState) {
+        if let Some(observer) = &mut self.observer {
+            observer(&state);
+        }
+        self.state.send_replace(state);
+    }
+
     fn renewal(&self, mut lease: Lease) -> Renewal {
         let backend = self.backend.clone();
         let limit = self.policy.request_timeout;
@@ -324,7 +363,7 @@ impl HolderTask {
 
     /// Lets the lock go as `order` asks (`None`: the [`HeldLock`] was dropped) and
     /// publishes the final state.
-    async fn release(&self, lease: &Lease, order: Option<ReleaseOrder>) {
+    async fn release(&mut self, lease: &Lease, order: Option<ReleaseOrder>) {
         let (completed, done) = match order {
             Some(order) => (order.completed, Some(order.done)),
             None => (None, None),
@@ -337,7 +376,7 @@ impl HolderTask {
             Err(LockError::Lost { reason, .. }) => HolderState::Lost(reason.clone()),
             _ => HolderState::Released,
         };
-        self.state.send_replace(final_state);
+        self.publish(final_state);
         let unheard = match done {
             Some(done) => done.send(result).err(),
             None => Some(result),
@@ -351,7 +390,7 @@ impl HolderTask {
     }
 
     async fn run(
-        self,
+        mut self,
         mut lease: Lease,
         mut release: oneshot::Receiver<ReleaseOrder>,
         mut requests: watch::Receiver<String>,
@@ -366,7 +405,9 @@ impl HolderTask {
         let mut last_error = String::new();
         // Kept across turns of the loop (a backend's wait may hold a subscription);
         // made anew once it has resolved.
-        let mut jeopardy = self.backend.in_jeopardy();
+        // On a handle of its own, so that it does not hold `self` borrowed.
+        let backend = self.backend.clone();
+        let mut jeopardy = backend.in_jeopardy();
         loop {
             let claimed = self.state.borrow().is_held();
             tokio::select! {
@@ -388,11 +429,11 @@ impl HolderTask {
                             next = Instant::now() + self.policy.interval;
                             self.deadline.send_replace(lease.deadline.instant());
                             self.revision.send_replace(lease.record.revision.clone());
-                            self.state.send_replace(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
+                            self.publish(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
                         }
                         Err(LockError::Lost { reason, .. }) => {
                             tracing::warn!(url = self.backend.url(), %reason, "lock lost");
-                            self.state.send_replace(HolderState::Lost(reason));
+                            self.publish(HolderState::Lost(reason));
                             return;
                         }
                         Err(e) => {
@@ -400,14 +441,14 @@ impl HolderTask {
                             last_error = e.to_string();
                             next = Instant::now() + self.policy.retry;
                             if !lease.is_valid() {
-                                self.state.send_replace(HolderState::Expiring { fence: lease.fence(), last_error: last_error.clone() });
+                                self.publish(HolderState::Expiring { fence: lease.fence(), last_error: last_error.clone() });
                             }
                         }
                     }
                 }
                 // Rule 2: stop claiming at the deadline, even while a renewal hangs.
                 _ = sleep_until(lease.deadline.instant()), if claimed => {
-                    self.state.send_replace(HolderState::Expiring {
+                    self.publish(HolderState::Expiring {
                         fence: lease.fence(),
                         last_error: if last_error.is_empty() { "renewal not confirmed in time".into() } else { last_error.clone() },
                     });
@@ -418,7 +459,7 @@ impl HolderTask {
                 // The store's connection says the claim may already be gone: renew now,
                 // and let the renewal say whether it still stands.
                 _ = &mut jeopardy, if claimed && inflight.is_none() => {
-                    jeopardy = self.backend.in_jeopardy();
+                    jeopardy = backend.in_jeopardy();
                     inflight = Some(self.renewal(lease.clone()));
                 }
                 // A request that came while a renewal was in flight is looked at once it
@@ -514,6 +555,47 @@ mod tests {
         }
         assert!(matches!(held.release().await, Err(LockError::Lost { .. })));
         assert_eq!(store.record().holder, "b", "the new holder is left alone");
+    }
+
+    #[tokio::test]
+    async fn an_observer_is_told_the_first_state_every_renewal_and_the_release_in_order() {
+        let store = MemoryStore::new("mem://held/observed");
+        let lock = CasLock::new(store.clone()).with_margins(margins());
+        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let observer = {
+            let told = told.clone();
+            Box::new(move |s: &HolderState| told.lock().unwrap().push(s.clone()))
+        };
+        let held = HeldLock::hold_observed(
+            Arc::new(lock),
+            lease,
+            RenewPolicy::for_lease(LEASE),
+            observer,
+        );
+        let give_up = Instant::now() + PATIENCE;
+        while told.lock().unwrap().len() < 3 {
+            assert!(Instant::now() < give_up, "two renewals told");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.release().await.unwrap();
+        let told = told.lock().unwrap().clone();
+        let versions: Vec<_> = told
+            .iter()
+            .filter_map(|s| match s {
+                HolderState::Held { version, .. } => Some(version.clone()),
+                _ => None,
+            })
+            .collect();
+        assert!(versions.len() >= 3, "{told:?}");
+        assert!(
+            versions.windows(2).all(|w| w[0] != w[1]),
+            "each renewal told once, with its new version: {told:?}"
+        );
+        assert_eq!(told.last(), Some(&HolderState::Released));
     }
 
     #[tokio::test]

@@ -54,7 +54,7 @@ pub use backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, Stor
 pub use cas::CasLock;
 pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};
 pub use error::{HeldBy, LockError, LostReason};
-pub use held::{HeldLock, HolderState, RenewPolicy};
+pub use held::{HeldLock, HolderState, RenewPolicy, StateObserver};
 pub use history::{Ending, Grant, HISTORY_LEN};
 pub use permits::{HolderSet, Mode, Permits, PermitsError, Queue, SetEntry};
 pub use queue::{QueueView, Queueing, WeightError};
