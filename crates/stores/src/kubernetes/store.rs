@@ -40,9 +40,23 @@ const PREFIX: &str = "lockwarden.io/";
 /// Annotations of ours that a record may leave out (then removed from the Lease).
 const OPTIONAL: [&str; 4] = [DATA, HOLDERS, HISTORY, RUNS];
 
+/// What a written Lease's reply is read for.
+#[derive(serde::Deserialize)]
+struct Written {
+    metadata: WrittenMetadata,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenMetadata {
+    resource_version: String,
+}
+
 /// One lock as a Lease in a namespace.
 pub struct LeaseStore {
     api: Api<KubeLease>,
+    /// The client of `api`, for the update whose reply is read for its version only.
+    client: Client,
     name: String,
     url: String,
     /// The Lease as this store last read or wrote it: the base of the next update.
@@ -52,7 +66,8 @@ pub struct LeaseStore {
 impl LeaseStore {
     pub fn new(client: Client, namespace: &str, name: &str) -> Self {
         LeaseStore {
-            api: Api::namespaced(client, namespace),
+            api: Api::namespaced(client.clone(), namespace),
+            client,
             name: name.to_string(),
             url: format!("k8s://{namespace}/{name}"),
             last: std::sync::Mutex::new(None),
@@ -117,6 +132,20 @@ impl LeaseStore {
         spec.acquire_time = Some(micro_time(record.acquired_at));
         spec.renew_time = Some(micro_time(record.renewed_at));
         lease
+    }
+
+    /// `PUT`s `lease` (whose `resourceVersion` is the condition) and returns the new
+    /// version. Of the reply only the version is read: the Lease it echoes is mostly
+    /// managed fields, whose parse cost more than the rest of a renewal's own work.
+    async fn put(&self, lease: &KubeLease) -> Result<String, kube::Error> {
+        let body = serde_json::to_vec(lease).map_err(kube::Error::SerdeError)?;
+        let mut request = kube::core::Request::new(self.api.resource_url())
+            .replace(&self.name, &PostParams::default(), body)
+            .map_err(kube::Error::BuildRequest)?;
+        // As `Api::replace` marks it, for the client's tracing and metrics layers.
+        request.extensions_mut().insert("replace");
+        let written: Written = self.client.request(request).await?;
+        Ok(written.metadata.resource_version)
     }
 
     /// Remembers the Lease as read or written: the base of the next update. Without
@@ -387,15 +416,14 @@ impl RecordStore for LeaseStore {
         Self::check_fence(record)?;
         // PUT with metadata.resourceVersion: the API server's compare-and-swap, of the
         // Lease as read with lockwarden's fields rewritten (see the module docs).
-        let lease = self.to_lease(record, Some(self.base_at(expected).await?));
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(l) => {
-                self.remember(&l);
-                Ok(Version(l.metadata.resource_version.unwrap_or_default()))
+        let mut lease = self.to_lease(record, Some(self.base_at(expected).await?));
+        match self.put(&lease).await {
+            Ok(version) => {
+                // The Lease as written is the next update's base: the server changed
+                // only its version and its managed fields, which are not sent back.
+                lease.metadata.resource_version = Some(version.clone());
+                *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
+                Ok(Version(version))
             }
             Err(e) => Err(self.classify(e, "UPDATE")),
         }
