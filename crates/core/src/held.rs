@@ -28,7 +28,29 @@ pub struct RenewPolicy {
     pub request_timeout: Duration,
 }
 
+/// The widest step of the grid renewals are brought forward onto (docs/design.md §3,
+/// "Renewals share a grid").
+const RENEWAL_GRID: Duration = Duration::from_millis(100);
+
 impl RenewPolicy {
+    /// When to renew a lease confirmed at `now`: one interval later, brought forward
+    /// onto the process's renewal grid, whose step is a twentieth of the interval at
+    /// most ([`RENEWAL_GRID`] at most). Locks held by one process then come due
+    /// together, and the process wakes once per step rather than once per lock; a
+    /// renewal made earlier never shortens the lease it keeps.
+    pub fn next_renewal(&self, now: Instant) -> Instant {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let due = now + self.interval;
+        let step = (self.interval / 20).min(RENEWAL_GRID);
+        if step.is_zero() {
+            return due;
+        }
+        let epoch = Instant::from_std(*EPOCH.get_or_init(std::time::Instant::now));
+        let since = due.saturating_duration_since(epoch);
+        let off_grid = Duration::from_nanos((since.as_nanos() % step.as_nanos()) as u64);
+        due - off_grid
+    }
+
     /// Renew every `lease / 3`, retry quickly, never let one request eat the lease.
     pub fn for_lease(lease: Duration) -> Self {
         RenewPolicy {
@@ -397,7 +419,7 @@ impl HolderTask {
     ) {
         // A resumed lease (expired deadline) renews at once.
         let mut next = if lease.is_valid() {
-            Instant::now() + self.policy.interval
+            self.policy.next_renewal(Instant::now())
         } else {
             Instant::now()
         };
@@ -426,7 +448,7 @@ impl HolderTask {
                     lease = renewed;
                     match result {
                         Ok(()) => {
-                            next = Instant::now() + self.policy.interval;
+                            next = self.policy.next_renewal(Instant::now());
                             self.deadline.send_replace(lease.deadline.instant());
                             self.revision.send_replace(lease.record.revision.clone());
                             self.publish(HolderState::Held { fence: lease.fence(), version: lease.version.clone() });
@@ -557,6 +579,29 @@ mod tests {
         assert_eq!(store.record().holder, "b", "the new holder is left alone");
     }
 
+    #[test]
+    fn renewals_come_due_on_a_shared_grid_never_later_than_one_interval() {
+        let policy = RenewPolicy::for_lease(Duration::from_secs(30));
+        let start = Instant::now();
+        let mut due = std::collections::BTreeSet::new();
+        // Renewals confirmed 1 ms apart over a second: ten grid points, not a thousand.
+        for ms in 0..1000 {
+            let now = start + Duration::from_millis(ms);
+            let next = policy.next_renewal(now);
+            assert!(next <= now + policy.interval, "later than its interval");
+            assert!(
+                next > now + policy.interval - RENEWAL_GRID,
+                "brought forward by more than the grid's step"
+            );
+            due.insert(next);
+        }
+        assert!(due.len() <= 11, "{} distinct times", due.len());
+        // A short interval gets a finer grid: a twentieth of it.
+        let short = RenewPolicy::for_lease(Duration::from_millis(600));
+        let now = Instant::now();
+        assert!(short.next_renewal(now) > now + short.interval - short.interval / 20);
+    }
+
     #[tokio::test]
     async fn an_observer_is_told_the_first_state_every_renewal_and_the_release_in_order() {
         let store = MemoryStore::new("mem://held/observed");
@@ -646,7 +691,7 @@ mod tests {
         held.renew_if_at("a revision never ours");
         revisions.wait_for(|r| *r != renewed).await.unwrap();
         assert!(
-            since.elapsed() >= policy.interval - Duration::from_millis(10),
+            since.elapsed() >= policy.interval - RENEWAL_GRID,
             "a stale request renewed after {:?}",
             since.elapsed()
         );
