@@ -163,7 +163,9 @@ impl LeaseStore {
     async fn base_at(&self, expected: &Version) -> Result<KubeLease, StoreError> {
         let at_expected =
             |l: &KubeLease| l.metadata.resource_version.as_deref() == Some(expected.0.as_str());
-        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // Taken, not cloned (a renewal's hot path): a write that succeeds puts the
+        // Lease it wrote back; after a failed one the next update reads it again.
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(lease) = last.filter(at_expected) {
             return Ok(lease);
         }
