@@ -6,8 +6,9 @@
 //! `AWS_PROFILE`, environment credentials, `~/.aws`, SSO, IRSA / Pod Identity, IMDS),
 //! overridden by [`AwsOptions`]. The options are plain data (lockwarden-api fills them
 //! from a spec without any SDK); the clients (`client.rs`), their bound of requests in
-//! flight (`in_flight.rs`) and the writes they sign themselves (`signed.rs`) come with
-//! the `s3` or `dynamodb` feature, the command line's flags (`flags.rs`) with `cli`.
+//! flight (`in_flight.rs`) and the writes they sign themselves (`signed.rs`, their
+//! signatures `sigv4.rs`) come with the `s3` or `dynamodb` feature, the command
+//! line's flags (`flags.rs`) with `cli`.
 
 #[cfg(feature = "aws")]
 mod client;
@@ -17,6 +18,8 @@ mod flags;
 mod in_flight;
 #[cfg(feature = "aws")]
 mod signed;
+#[cfg(feature = "aws")]
+mod sigv4;
 
 use std::fmt;
 use std::time::Duration;
@@ -43,6 +46,8 @@ pub use signed::SignedRequests;
 pub(crate) use signed::testing;
 #[cfg(feature = "aws")]
 pub(crate) use signed::{Reply, SendError, Signing, USER_AGENT, reply_detail};
+#[cfg(all(test, feature = "aws"))]
+pub(crate) use sigv4::testing::assert_signed_as_aws_sigv4_signs;
 
 /// The default bound of requests one S3 or DynamoDB client keeps in flight
 /// (`registry::set_requests_in_flight`, `in_flight.rs`): far above what a healthy store

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use aws_config::SdkConfig;
+use aws_credential_types::Credentials;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
 use aws_smithy_runtime_api::client::http::{HttpConnector, SharedHttpConnector};
@@ -37,6 +38,7 @@ use bytes::Bytes;
 use lockwarden_core::StoreError;
 
 use super::client::error_chain;
+use super::sigv4::{SigningKeys, sign_headers};
 
 /// When cached credentials are replaced: this long before they expire, or (for
 /// credentials without an expiry, which a provider may still rotate) this long after
@@ -79,6 +81,8 @@ pub struct SignedRequests {
     pub(crate) use_dual_stack: bool,
     retry: RetryConfig,
     attempt_timeout: Duration,
+    /// The signing key of the day and the date of the second (`sigv4.rs`).
+    keys: SigningKeys,
     /// Requests sent, every attempt counted (the benchmarks' round trips).
     attempts: AtomicU64,
 }
@@ -156,6 +160,7 @@ impl SignedRequests {
                 .cloned()
                 .unwrap_or_else(RetryConfig::standard),
             attempt_timeout,
+            keys: SigningKeys::default(),
             attempts: AtomicU64::new(0),
         })
     }
@@ -216,7 +221,7 @@ impl SignedRequests {
         let mut attempt = 1;
         loop {
             let identity = self.credentials.identity().await?;
-            let signed = sign_request(request, signing, &identity, SystemTime::now())?;
+            let signed = sign_request(request, signing, &identity, SystemTime::now(), &self.keys)?;
             self.attempts.fetch_add(1, Ordering::Relaxed);
             let outcome = tokio::time::timeout(self.attempt_timeout, self.exchange(signed))
                 .await
@@ -262,16 +267,36 @@ impl SignedRequests {
     }
 }
 
-/// `request` with SigV4 headers for `identity` at `time`.
+/// `request` with SigV4 headers for `identity` at `time`: from `sigv4.rs` with the day's
+/// key in `keys`, or from `aws_sigv4::sign` for a request that signer does not take.
 pub(crate) fn sign_request(
     request: &http::Request<Bytes>,
     signing: &Signing,
     identity: &Identity,
     time: SystemTime,
+    keys: &SigningKeys,
 ) -> Result<http::Request<SdkBody>, SendError> {
     let not_sent = |what: &str, e: &dyn std::fmt::Display| {
         SendError::NotSent(format!("building the request: {what}: {e}"))
     };
+    let mut signed = http::Request::builder()
+        .method(request.method().clone())
+        .uri(request.uri().clone())
+        .body(SdkBody::from(request.body().clone()))
+        .map_err(|e| not_sent("the request", &e))?;
+    *signed.headers_mut() = request.headers().clone();
+    if let Some(credentials) = identity.data::<Credentials>()
+        && let Some(headers) = sign_headers(request, signing, credentials, time, keys)
+    {
+        for (name, value) in headers {
+            let value = http::HeaderValue::try_from(value)
+                .map_err(|e| not_sent("a signature header", &e))?;
+            signed
+                .headers_mut()
+                .insert(http::HeaderName::from_static(name), value);
+        }
+        return Ok(signed);
+    }
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(identity)
         .region(&signing.region)
@@ -298,12 +323,6 @@ pub(crate) fn sign_request(
     let (instructions, _signature) = sign(signable, &params)
         .map_err(|e| not_sent("signing", &e))?
         .into_parts();
-    let mut signed = http::Request::builder()
-        .method(request.method().clone())
-        .uri(request.uri().clone())
-        .body(SdkBody::from(request.body().clone()))
-        .map_err(|e| not_sent("the request", &e))?;
-    *signed.headers_mut() = request.headers().clone();
     instructions.apply_to_request_http1x(&mut signed);
     Ok(signed)
 }
@@ -462,6 +481,7 @@ pub(crate) mod testing {
             signing,
             &Identity::from(credentials),
             signed_at(),
+            &SigningKeys::default(),
         )
         .unwrap()
     }

@@ -321,6 +321,18 @@ mod tests {
                 "{header}"
             );
         }
+        // lockwarden's own update (its body is its own JSON), signed with the day's
+        // cached key, is signed as aws-sigv4 signs it.
+        let update = Update {
+            table: "locks",
+            key: HashMap::from([("key".to_string(), AttributeValue::S("a/b".into()))]),
+            expression: "SET #o = :o".into(),
+            condition: "#o = :x",
+            names: HashMap::from([("#o".to_string(), "ownerName".to_string())]),
+            values: HashMap::from([(":o".to_string(), AttributeValue::S("me".into()))]),
+        };
+        let request = request(&target, &update).unwrap();
+        crate::aws::assert_signed_as_aws_sigv4_signs(&request, &target.signing);
         assert_eq!(
             captured.headers().get("x-amz-target").unwrap(),
             "DynamoDB_20120810.UpdateItem",

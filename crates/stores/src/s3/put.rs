@@ -259,6 +259,21 @@ mod tests {
                 "{header}"
             );
         }
+        // The SDK's request names its operation in a query, so it was signed again by
+        // aws-sigv4; lockwarden's own PUT has none and takes the day's cached key.
+        for (if_match, metadata) in [
+            (Some("\"etag\""), None),
+            (None, Some(("holder", "pod a  b".to_string()))),
+        ] {
+            let put = Put {
+                body: Bytes::from_static(b"{\"holder\":\"x\"}"),
+                content_type: "application/json",
+                if_match,
+                metadata,
+            };
+            let request = request(&target, put).unwrap();
+            crate::aws::assert_signed_as_aws_sigv4_signs(&request, &target.signing);
+        }
     }
 
     #[test]
