@@ -1185,11 +1185,7 @@ mod tests {
         let (reads, writes) = store.requests();
         la.release(&a).await.expect("released at the second write");
         assert_eq!(holders(&store), ["b"]);
-        assert_eq!(
-            store.requests(),
-            (reads, writes + 2),
-            "two writes, no read"
-        );
+        assert_eq!(store.requests(), (reads, writes + 2), "two writes, no read");
     }
 
     #[tokio::test]
