@@ -117,9 +117,8 @@ fn amz_date_time(time: SystemTime) -> String {
 }
 
 /// The signature headers of `request` as `signing` says, for `credentials` at `time`;
-/// `None` for a request this signer does not take (a query, a path the settings would
-/// normalize or re-encode, a header value that is not text, presigning): the caller
-/// then signs it with `aws_sigv4::sign`.
+/// `None` for a request this signer does not take (see [`takes`], or a header value
+/// that is not text): the caller then signs it with `aws_sigv4::sign`.
 pub(crate) fn sign_headers(
     request: &http::Request<Bytes>,
     signing: &Signing,
@@ -127,37 +126,16 @@ pub(crate) fn sign_headers(
     time: SystemTime,
     keys: &SigningKeys,
 ) -> Option<SignatureHeaders> {
-    let settings = &signing.settings;
-    let path = request.uri().path();
-    // The path as it stands is the canonical one when the settings neither normalize
-    // it nor encode its `%` again (or it has nothing either would change); any mode a
-    // later aws-sigv4 adds goes to aws-sigv4.
-    let path_as_is = (settings.uri_path_normalization_mode == UriPathNormalizationMode::Disabled
-        || path == "/")
-        && (settings.percent_encoding_mode == PercentEncodingMode::Single
-            || (settings.percent_encoding_mode == PercentEncodingMode::Double
-                && !path.contains('%')));
-    if !path_as_is
-        || request.uri().query().is_some()
-        || settings.signature_location != SignatureLocation::Headers
-        || settings.session_token_name_override.is_some()
-        || settings.expires_in.is_some()
-    {
+    if !takes(request, signing) {
         return None;
     }
-    let excluded = |name: &str| {
-        settings
-            .excluded_headers
-            .as_ref()
-            .is_some_and(|excluded| excluded.iter().any(|e| e == name))
-    };
-
+    let settings = &signing.settings;
     let (date_time, key) = keys.date_time_and_key(time, credentials.secret_access_key(), signing);
     let payload_hash = hex::encode(Sha256::digest(request.body()));
     let token = credentials.session_token();
 
-    // The canonical headers: the request's (names are lower case in `http`), then what
-    // the signature adds, each replacing a header of the request of the same name.
+    // What the signature adds to the canonical headers, each replacing a header of
+    // the request of the same name.
     let mut added: Vec<(&str, Cow<'_, str>)> = vec![("x-amz-date", Cow::Borrowed(&date_time))];
     if let Some(token) = token {
         added.push(("x-amz-security-token", Cow::Borrowed(token)));
@@ -168,6 +146,72 @@ pub(crate) fn sign_headers(
     if request.headers().get(http::header::HOST).is_none() {
         added.push(("host", Cow::Owned(host(request.uri())?)));
     }
+    let (canonical, signed_names) = canonical_request(request, signing, added, &payload_hash)?;
+
+    let scope = format!(
+        "{}/{}/{}/aws4_request",
+        &date_time[..8],
+        signing.region,
+        signing.name
+    );
+    let string_to_sign = format!(
+        "AWS4-HMAC-SHA256\n{date_time}\n{scope}\n{}",
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    );
+    let signature = calculate_signature(key, string_to_sign.as_bytes());
+    let authorization = format!(
+        "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_names}, Signature={signature}",
+        credentials.access_key_id()
+    );
+
+    let mut signature_headers = vec![("x-amz-date", date_time), ("authorization", authorization)];
+    if settings.payload_checksum_kind == PayloadChecksumKind::XAmzSha256 {
+        signature_headers.push(("x-amz-content-sha256", payload_hash));
+    }
+    if let Some(token) = token {
+        signature_headers.push(("x-amz-security-token", token.to_string()));
+    }
+    Some(signature_headers)
+}
+
+/// Whether this signer takes `request`: no query, no presigning or renamed token, and
+/// a path that is its own canonical form under the settings (they neither normalize it
+/// nor encode its `%` again, or it has nothing either would change). Any mode a later
+/// aws-sigv4 adds goes to aws-sigv4.
+fn takes(request: &http::Request<Bytes>, signing: &Signing) -> bool {
+    let settings = &signing.settings;
+    let path = request.uri().path();
+    let path_as_is = (settings.uri_path_normalization_mode == UriPathNormalizationMode::Disabled
+        || path == "/")
+        && (settings.percent_encoding_mode == PercentEncodingMode::Single
+            || (settings.percent_encoding_mode == PercentEncodingMode::Double
+                && !path.contains('%')));
+    path_as_is
+        && request.uri().query().is_none()
+        && settings.signature_location == SignatureLocation::Headers
+        && settings.session_token_name_override.is_none()
+        && settings.expires_in.is_none()
+}
+
+/// The canonical request of `request` with the signature's `added` headers, and its
+/// signed header names: the headers sorted by name (names are lower case in `http`),
+/// values trimmed, the values of one name joined by commas in their order.
+fn canonical_request<'a>(
+    request: &'a http::Request<Bytes>,
+    signing: &Signing,
+    added: Vec<(&'a str, Cow<'a, str>)>,
+    payload_hash: &str,
+) -> Option<(String, String)> {
+    let settings = &signing.settings;
+    let signed = |name: &str| {
+        let excluded = settings
+            .excluded_headers
+            .as_ref()
+            .is_some_and(|excluded| excluded.iter().any(|e| e == name));
+        let token_left_out = settings.session_token_mode == SessionTokenMode::Exclude
+            && name == "x-amz-security-token";
+        !excluded && !token_left_out
+    };
     let mut headers: Vec<(&str, Cow<'_, str>)> = Vec::with_capacity(request.headers().len() + 4);
     for (name, value) in request.headers() {
         let name = name.as_str();
@@ -176,17 +220,18 @@ pub(crate) fn sign_headers(
         }
     }
     headers.extend(added);
-    headers.retain(|(name, _)| {
-        !excluded(name)
-            && !(settings.session_token_mode == SessionTokenMode::Exclude
-                && *name == "x-amz-security-token")
-    });
-    // Stable: values of one name keep their order, joined by commas.
+    headers.retain(|(name, _)| signed(name));
+    // Stable: values of one name keep their order.
     headers.sort_by(|a, b| a.0.cmp(b.0));
 
     let mut canonical = String::with_capacity(512);
     let mut signed_names = String::with_capacity(128);
-    let _ = write!(canonical, "{}\n{path}\n\n", request.method());
+    let _ = write!(
+        canonical,
+        "{}\n{}\n\n",
+        request.method(),
+        request.uri().path()
+    );
     for (i, (name, value)) in headers.iter().enumerate() {
         if i > 0 && headers[i - 1].0 == *name {
             canonical.push(',');
@@ -202,31 +247,7 @@ pub(crate) fn sign_headers(
         canonical.push_str(value);
     }
     let _ = write!(canonical, "\n\n{signed_names}\n{payload_hash}");
-
-    let scope = format!(
-        "{}/{}/{}/aws4_request",
-        &date_time[..8],
-        signing.region,
-        signing.name
-    );
-    let string_to_sign = format!(
-        "AWS4-HMAC-SHA256\n{date_time}\n{scope}\n{}",
-        hex::encode(Sha256::digest(canonical.as_bytes()))
-    );
-    let signature = calculate_signature(&key, string_to_sign.as_bytes());
-    let authorization = format!(
-        "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_names}, Signature={signature}",
-        credentials.access_key_id()
-    );
-
-    let mut signature_headers = vec![("x-amz-date", date_time), ("authorization", authorization)];
-    if settings.payload_checksum_kind == PayloadChecksumKind::XAmzSha256 {
-        signature_headers.push(("x-amz-content-sha256", payload_hash));
-    }
-    if let Some(token) = token {
-        signature_headers.push(("x-amz-security-token", token.to_string()));
-    }
-    Some(signature_headers)
+    Some((canonical, signed_names))
 }
 
 /// The `Host` a request to `uri` is sent with: its authority, without a port that is
