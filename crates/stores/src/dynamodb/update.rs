@@ -331,7 +331,7 @@ mod tests {
             names: HashMap::from([("#o".to_string(), "ownerName".to_string())]),
             values: HashMap::from([(":o".to_string(), AttributeValue::S("me".into()))]),
         };
-        let request = request(&target, &update).unwrap();
+        let request = request(target, &update).unwrap();
         crate::aws::assert_signed_as_aws_sigv4_signs(&request, &target.signing);
         assert_eq!(
             captured.headers().get("x-amz-target").unwrap(),
