@@ -27,7 +27,9 @@ use std::time::{Duration, Instant, SystemTime};
 use aws_config::SdkConfig;
 use aws_credential_types::Credentials;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningSettings, sign};
+use aws_sigv4::http_request::{
+    SignableBody, SignableRequest, SigningInstructions, SigningSettings, sign,
+};
 use aws_smithy_runtime_api::client::http::{HttpConnector, SharedHttpConnector};
 use aws_smithy_runtime_api::client::identity::Identity;
 use aws_smithy_runtime_api::http::Headers;
@@ -297,6 +299,22 @@ pub(crate) fn sign_request(
         }
         return Ok(signed);
     }
+    aws_sigv4_signature(request, signing, identity, time)?.apply_to_request_http1x(&mut signed);
+    Ok(signed)
+}
+
+/// What `aws_sigv4::sign` adds to `request` to sign it as `signing` says, for `identity`
+/// at `time`: the signer of any request `sigv4.rs` does not take, and what the tests
+/// hold that signer to.
+pub(crate) fn aws_sigv4_signature(
+    request: &http::Request<Bytes>,
+    signing: &Signing,
+    identity: &Identity,
+    time: SystemTime,
+) -> Result<SigningInstructions, SendError> {
+    let not_sent = |what: &str, e: &dyn std::fmt::Display| {
+        SendError::NotSent(format!("building the request: {what}: {e}"))
+    };
     let params = aws_sigv4::sign::v4::SigningParams::builder()
         .identity(identity)
         .region(&signing.region)
@@ -323,8 +341,7 @@ pub(crate) fn sign_request(
     let (instructions, _signature) = sign(signable, &params)
         .map_err(|e| not_sent("signing", &e))?
         .into_parts();
-    instructions.apply_to_request_http1x(&mut signed);
-    Ok(signed)
+    Ok(instructions)
 }
 
 /// The SDK's standard backoff before retry `attempt + 1`: a random part of the initial

@@ -285,9 +285,9 @@ fn trim_spaces(value: &str) -> Cow<'_, str> {
 /// `aws_sigv4::sign` makes for the same request.
 #[cfg(test)]
 pub(crate) mod testing {
-    use aws_sigv4::http_request::{SignableBody, SignableRequest, sign};
     use aws_smithy_runtime_api::client::identity::Identity;
 
+    use super::super::signed::aws_sigv4_signature;
     use super::*;
 
     /// The headers `aws_sigv4::sign` adds to `request`.
@@ -298,27 +298,8 @@ pub(crate) mod testing {
         time: SystemTime,
     ) -> Vec<(String, String)> {
         let identity = Identity::from(credentials.clone());
-        let params = aws_sigv4::sign::v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&signing.region)
-            .name(&signing.name)
-            .time(time)
-            .settings(signing.settings.clone())
-            .build()
-            .unwrap()
-            .into();
-        let uri = request.uri().to_string();
-        let signable = SignableRequest::new(
-            request.method().as_str(),
-            &uri,
-            request
-                .headers()
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.to_str().unwrap())),
-            SignableBody::Bytes(request.body()),
-        )
-        .unwrap();
-        let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+        let instructions =
+            aws_sigv4_signature(request, signing, &identity, time).expect("aws-sigv4 signs it");
         let mut headers: Vec<_> = instructions
             .headers()
             .map(|(n, v)| (n.to_string(), v.to_string()))
@@ -485,37 +466,26 @@ mod tests {
     fn requests_the_signer_does_not_take_are_left_to_aws_sigv4() {
         let keys = SigningKeys::default();
         let credentials = Credentials::new("AKID1", "a secret", None, None, "test");
-        let time = SystemTime::now();
-        let with_query = http::Request::builder()
-            .method("PUT")
-            .uri("http://127.0.0.1:9000/bucket/k?versionId=1")
-            .body(Bytes::new())
-            .unwrap();
-        assert!(
-            sign_headers(
-                &with_query,
-                &signing("s3", s3_settings()),
-                &credentials,
-                time,
-                &keys
-            )
-            .is_none()
-        );
-        let normalized_path = http::Request::builder()
-            .method("POST")
-            .uri("http://127.0.0.1:8000/a/../b")
-            .body(Bytes::new())
-            .unwrap();
-        assert!(
-            sign_headers(
-                &normalized_path,
-                &signing("dynamodb", SigningSettings::default()),
-                &credentials,
-                time,
-                &keys
-            )
-            .is_none()
-        );
+        for (uri, signing) in [
+            // A query.
+            (
+                "http://127.0.0.1:9000/bucket/k?versionId=1",
+                signing("s3", s3_settings()),
+            ),
+            // A path the settings would normalize.
+            (
+                "http://127.0.0.1:8000/a/../b",
+                signing("dynamodb", SigningSettings::default()),
+            ),
+        ] {
+            let request = http::Request::builder()
+                .method("PUT")
+                .uri(uri)
+                .body(Bytes::new())
+                .unwrap();
+            let signed = sign_headers(&request, &signing, &credentials, SystemTime::now(), &keys);
+            assert!(signed.is_none(), "{uri}");
+        }
     }
 
     #[test]
