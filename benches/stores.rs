@@ -15,8 +15,7 @@
 //!
 //! `--quick`: a 3 s window instead of 8 s. Nothing here asserts a figure.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

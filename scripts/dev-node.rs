@@ -20,8 +20,7 @@
 //! this process at once (nothing of a node has been started yet); a signal once the
 //! lock is held waits for the start to finish, as only a started node has a teardown.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;

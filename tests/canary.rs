@@ -13,7 +13,7 @@
 //!
 //! Rounds: `LOCKWARDEN_CANARY_ROUNDS` (default 100).
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -28,7 +28,7 @@
 // checker can fail), which uses parts the schedules do not.
 #![allow(dead_code)]
 
-mod support;
+use lockwarden_testsupport as support;
 
 #[path = "chaos/cli.rs"]
 mod cli;

@@ -6,7 +6,7 @@
 // The harness's modules are tests/chaos.rs's; the proofs use part of them.
 #![allow(dead_code)]
 
-mod support;
+use lockwarden_testsupport as support;
 
 #[path = "chaos/cli.rs"]
 mod cli;

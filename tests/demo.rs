@@ -1,7 +1,7 @@
 //! `scripts/demo --once`, the README's first command, runs to the end: control plane,
 //! backends, controller, every example applied, each lock Acquired, one hand-off.
 
-mod support;
+use lockwarden_testsupport as support;
 
 #[test]
 fn demo_once_completes() {

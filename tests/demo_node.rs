@@ -3,7 +3,7 @@
 //! containers print their fences, the second's higher; then `scripts/dev down` leaves
 //! nothing of the node behind.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::path::Path;
 

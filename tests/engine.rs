@@ -5,7 +5,7 @@
 //! `LOCKWARDEN_S3_SERVER=versitygw` / `LOCKWARDEN_DYNAMODB_SERVER=dynalite` run the S3 /
 //! DynamoDB cases against those servers instead (`support::stores`).
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -3,7 +3,7 @@
 //! claim), foreign queue members, lost replies and resume; and keys with more than one
 //! holder (semaphores, shared/exclusive).
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -5,8 +5,7 @@
 //! recipe users copy and the one tested cannot drift apart. Each test works in a
 //! schema of its own.
 
-#[path = "support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::BTreeMap;
 

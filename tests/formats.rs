@@ -12,7 +12,7 @@
 //! renewed and released by both builds, neither loses the lock, and the newer build's
 //! fields survive every write today's build makes — a mutex and a key with 3 permits.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::time::Duration;
 
@@ -152,7 +152,16 @@ struct Found {
 
 /// What this test does with a key on each store (the keys are the shared
 /// [`support::keys::Key`]; ZooKeeper's scenario has entries of its own, no record store).
-impl Key {
+trait FormatsKey {
+    fn record_field(&self) -> &'static str;
+    async fn store(&self) -> AnyStore;
+    async fn today(&self) -> CasLock<AnyStore>;
+    async fn newer(&self) -> CasLock<NewerBuild>;
+    async fn found(&self) -> Found;
+    async fn lease_now(&self, namespace: &str, name: &str) -> KubeLease;
+}
+
+impl FormatsKey for Key {
     /// Where the newer build keeps a record-level field on this store.
     fn record_field(&self) -> &'static str {
         match self {
@@ -533,7 +542,7 @@ async fn the_previous_release_holds_a_key_with_history(key: Key, history_survive
 }
 
 // Each scenario on S3, DynamoDB and a Lease, one test per store.
-crate::on_each_store! {
+support::on_each_store! {
     s3_the_previous_release_holds_a_key_with_history: the_previous_release_holds_a_key_with_history(s3, false);
     dynamodb_the_previous_release_holds_a_key_with_history_and_keeps_it: the_previous_release_holds_a_key_with_history(dynamo, true);
     lease_the_previous_release_holds_a_key_with_history: the_previous_release_holds_a_key_with_history(lease, false);

@@ -10,7 +10,7 @@
 //!   library call and `lockwarden status --history` all show the five grants in order
 //!   with their fences and clusters.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::time::Duration;
 
@@ -121,7 +121,7 @@ fn key_url(lock: &dyn LockBackend) -> String {
     lock.url().to_string()
 }
 
-crate::on_each_store! {
+support::on_each_store! {
     s3_each_ending_is_recorded_by_the_writer_that_knows_it: each_ending_is_recorded_by_the_writer_that_knows_it(s3);
     dynamodb_each_ending_is_recorded_by_the_writer_that_knows_it: each_ending_is_recorded_by_the_writer_that_knows_it(dynamo);
     lease_each_ending_is_recorded_by_the_writer_that_knows_it: each_ending_is_recorded_by_the_writer_that_knows_it(lease);

@@ -8,7 +8,7 @@
 //! lets go; while lockwarden holds, the library cannot acquire, and can once lockwarden
 //! lets go.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -364,7 +364,14 @@ fn assert_refused(out: &Out, says: &str, by: &str) {
 }
 
 /// The CLI with moto and the shared control plane; assertions of these tests.
-impl Cli {
+trait InteropCli {
+    async fn assert_sees_held(&self, url: &str, by: &str, extra: &[&str]);
+    async fn assert_permits_wait_for(&self, url: &str, holder: Foreign, by: &str);
+    async fn lock(&self, url: &str, name: &str, extra: &[&str]);
+    async fn unlock(&self, name: &str);
+}
+
+impl InteropCli for Cli {
     /// `lock URL` fails with exit 3 naming the holder, writes no lock file, and
     /// `status URL` reports the lock held by that holder.
     async fn assert_sees_held(&self, url: &str, by: &str, extra: &[&str]) {

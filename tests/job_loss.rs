@@ -29,7 +29,7 @@
 //! S3's side by side, ZooKeeper's one at a time and alone ([`ALONE`]). Run with
 //! `--test-threads=4`.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

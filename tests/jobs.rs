@@ -8,7 +8,7 @@
 //! finish a Job by setting its Pods' phase as a kubelet would; the Job controller then
 //! marks the Job `Complete` or `Failed`.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

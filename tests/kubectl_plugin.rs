@@ -9,7 +9,7 @@
 //! - `kubectl plugin list` finds the plugin, and kubectl's plugin completion returns
 //!   the commands and the namespace's lock names.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! ZooKeeper, kube-apiserver). The rules live with each store (`lockwarden::backend::<store>`) and in
 //! `lockwarden::lock::names`.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::path::Path;
 use std::process::Stdio;

@@ -13,7 +13,7 @@
 //! - take-up: a controller SIGKILLed while its Job runs; a run lost to a store cut;
 //! - bad input: what once per run needs, refused with a clear status.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};

@@ -8,7 +8,7 @@
 //! Its own test binary: creating 5,000 Pods takes the API server a while, and the
 //! controller is cluster-wide, so it must not see other tests' objects.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::time::{Duration, Instant};
 

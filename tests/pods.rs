@@ -7,7 +7,7 @@
 //! shared control plane runs the ReplicaSet and Deployment controllers, so a
 //! Deployment's deleted Pod is replaced by a new, gated one.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

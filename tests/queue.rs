@@ -6,7 +6,7 @@
 //! test let each contender register (each registration is confirmed in the store
 //! before the next contender starts).
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! (moto). `the_guide_shows_this_example` fails when the guide's copy drifts from this
 //! one. And README.md's **Prerequisites** are the programs the scripts call.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 

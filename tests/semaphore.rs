@@ -14,7 +14,7 @@
 //! `LOCKWARDEN_S3_SERVER` / `LOCKWARDEN_DYNAMODB_SERVER` name another server: on
 //! moto-atomic, which answers one request at a time, 600 grants take minutes.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

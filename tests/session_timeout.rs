@@ -3,7 +3,7 @@
 //! reports it (`cons`: `to=` per connection), and locks asking for different timeouts
 //! in one process get sessions of their own.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::process::Stdio;
 use std::time::Duration;

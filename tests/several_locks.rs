@@ -8,7 +8,7 @@
 //! - Two workloads on two controllers ("clusters") need the same two keys, written in
 //!   opposite orders: over 20 rounds they never run at once and never deadlock.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

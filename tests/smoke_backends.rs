@@ -2,7 +2,7 @@
 //! (conditional writes, ephemeral znodes, replication), and the fault proxy injects
 //! each fault it claims to.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

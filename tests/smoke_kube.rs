@@ -1,7 +1,7 @@
 //! Smoke tests of the Kubernetes test control plane (`support::kube`): the API server
 //! is a real kube-apiserver of the pinned version, serving CRDs, RBAC and kubectl.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenReview};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, ServiceAccount};

@@ -14,7 +14,7 @@
 //! - examples/terraform-job.yaml, applied as written, driven to its promised state;
 //! - bad input refused with nothing written.
 
-mod support;
+use lockwarden_testsupport as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -26,8 +26,7 @@
 //! `docs/benchmarks.md` (between the GENERATED markers), `docs/benchmarks.svg` and
 //! `target/bench-results.json`. Nothing here asserts a target: targets are reported.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 mod cli;
 mod counting;

@@ -19,12 +19,10 @@
 
 mod admission;
 mod answers;
-#[path = "../support/canned.rs"]
 mod canned;
 mod command_line;
 mod stores;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::HashMap;
 use std::ffi::OsString;

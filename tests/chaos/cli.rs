@@ -44,7 +44,7 @@ use tokio::net::TcpListener;
 use super::history::{Claim, History, Kind};
 use super::schedule::{Backend, LEASE};
 use super::world::{Paths, world};
-use crate::support::cli::{BIN, Cli};
+use crate::support::cli::{Cli, bin};
 use crate::support::moto::REGION;
 
 #[derive(Clone, Debug)]
@@ -589,7 +589,7 @@ async fn guarded_round(
     }
     // No --grace: the guard's default, the longest the stored lease leaves.
     args.extend([
-        BIN.into(),
+        bin().into(),
         "guard".into(),
         "--url".into(),
         target.key.clone(),

@@ -88,7 +88,8 @@ async fn lock_cycle(backend: Backend) {
     // released afterwards — and while it runs, the lock is held by it.
     let script = format!(
         "echo \"$LOCKWARDEN_FENCE $LOCKWARDEN_HOLDER $LOCKWARDEN_URL\" > env.txt; \
-         {BIN} status \"$LOCKWARDEN_URL\" -o json > during.json; exit 7"
+         {bin} status \"$LOCKWARDEN_URL\" -o json > during.json; exit 7",
+        bin = bin()
     );
     let out = lw
         .run(&[

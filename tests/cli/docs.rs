@@ -6,7 +6,7 @@
 use lockwarden::cli::EXIT_CODES;
 
 use super::support;
-use support::cli::BIN;
+use support::cli::bin;
 
 /// The one page of the docs with the exit-code table (generated: scripts/gen-reference).
 const EXIT_CODES_PAGE: &str = "docs/reference/cli.md";
@@ -87,7 +87,7 @@ fn the_reference_lists_the_exit_code_table_of_the_code_and_no_other_page_copies_
 
 #[test]
 fn help_prints_every_exit_code_of_the_table() {
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .arg("--help")
         .output()
         .expect("run --help");

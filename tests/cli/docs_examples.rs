@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::{
 
 use super::docs_markdown::{Mark, blocks};
 use super::support;
-use support::cli::{BIN, Cli};
+use support::cli::{Cli, bin};
 use support::moto::Moto;
 
 /// This file, as the marks name it.
@@ -134,7 +134,7 @@ async fn fresh_stores(moto: &Moto, script: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sh_examples_of_the_readme_and_the_guide_run_as_written() {
     let moto = Moto::shared();
-    let bin_dir = std::path::Path::new(BIN)
+    let bin_dir = std::path::Path::new(bin())
         .parent()
         .expect("the binary's directory");
     let mut ran = Vec::new();

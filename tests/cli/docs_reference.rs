@@ -17,7 +17,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::support;
-use support::cli::BIN;
+use support::cli::bin;
 
 const REGENERATE: &str = "scripts/gen-reference";
 
@@ -65,7 +65,7 @@ fn run(program: &Path, args: &[&str]) -> String {
 }
 
 fn cli_reference() -> String {
-    run(Path::new(BIN), &["reference-cli"])
+    run(Path::new(bin()), &["reference-cli"])
 }
 
 #[test]
@@ -184,7 +184,7 @@ fn every_flag_of_help_is_in_the_reference_and_the_reverse() {
                 )
             } else if let Some(rest) = name.strip_prefix("lockwarden") {
                 (
-                    Path::new(BIN),
+                    Path::new(bin()),
                     "lockwarden",
                     rest.split_whitespace().collect(),
                 )

@@ -104,7 +104,7 @@ async fn unreachable_backend_is_an_error_naming_the_url() {
 
 #[test]
 fn help_documents_exit_codes_and_completions_are_generated() {
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .arg("--help")
         .output()
         .expect("run --help");
@@ -120,7 +120,7 @@ fn help_documents_exit_codes_and_completions_are_generated() {
         assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
     }
     for shell in ["bash", "zsh", "fish"] {
-        let out = std::process::Command::new(BIN)
+        let out = std::process::Command::new(bin())
             .args(["completions", shell])
             .output()
             .expect("run completions");

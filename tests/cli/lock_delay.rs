@@ -112,7 +112,7 @@ async fn rule8_run_holds_on_its_lease_and_stores_the_delay() {
         .one_line_error(&["--grace 1s", "3s lease", "at most 440ms"]);
     let status = "lockwarden_status=$(\"$0\" status \"$LOCKWARDEN_URL\" -o json) && echo \"$lockwarden_status\" > status.json";
     let out = lw
-        .run(&[&run[..], &["--", "sh", "-c", status, BIN]].concat())
+        .run(&[&run[..], &["--", "sh", "-c", status, bin()]].concat())
         .await;
     out.ok();
     let status = lw.read_json("status.json");

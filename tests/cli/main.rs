@@ -22,8 +22,7 @@ mod once;
 mod permits;
 mod reclaim;
 mod run;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 mod takeover;
 mod waiting;
 
@@ -33,16 +32,23 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Child;
 
-use support::cli::{BIN, Cli, Out, TIMEOUT};
+use support::cli::{Cli, Out, TIMEOUT, bin};
 use support::kube::ControlPlane;
 use support::moto::Moto;
 use support::unique;
 use support::zookeeper::ZooKeeper;
 
-/// Assertions on the binary's lock files specific to these tests.
-impl Cli {
+/// Assertions on the binary's lock files specific to these tests (`Cli` is the
+/// support crate's).
+trait CliAssertions {
     /// `unlock FILE`, which must succeed; for a ZooKeeper lock, also waits until the
     /// process that kept its session has exited.
+    async fn unlock(&self, name: &str) -> Out;
+    /// `status URL -o json`, which must succeed.
+    async fn status(&self, url: &str) -> Value;
+}
+
+impl CliAssertions for Cli {
     async fn unlock(&self, name: &str) -> Out {
         let keeper = self.read_json(name)["keeper"]["pid"].as_u64();
         let out = self.run(&["unlock", name]).await;

@@ -7,8 +7,7 @@ mod handoff;
 mod lifecycle;
 mod restart;
 mod semaphore;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

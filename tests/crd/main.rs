@@ -6,8 +6,7 @@ mod admission;
 mod immutability;
 mod schema;
 mod status;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

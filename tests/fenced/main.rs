@@ -14,8 +14,7 @@
 mod command_line;
 mod objects;
 mod race;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use lockwarden::backend::{FencedDynamoItem, FencedS3Object};
 use lockwarden::fenced::Fence;

@@ -19,8 +19,7 @@ mod guard;
 mod install;
 mod rbac;
 mod render;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -17,8 +17,7 @@ mod admission;
 mod env;
 mod examples;
 mod loss;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::time::Duration;
 

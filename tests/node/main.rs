@@ -26,8 +26,7 @@ mod failover;
 mod guard;
 mod once;
 mod stop;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::path::Path;
 use std::process::{Command, Output};

@@ -14,7 +14,10 @@ use tokio::process::{Child, Command};
 use super::kube::ControlPlane;
 use super::moto::{self, Moto};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_lockwarden");
+/// The `lockwarden` binary Cargo built for this run ([`crate::lockwarden_bin`]).
+pub fn bin() -> &'static str {
+    crate::lockwarden_bin()
+}
 
 /// Generous: a loaded 2-core machine, JVMs and Python servers next to a cargo build.
 pub const TIMEOUT: Duration = Duration::from_secs(120);
@@ -131,7 +134,7 @@ impl Cli {
             dir: tempfile::tempdir().expect("temp dir"),
             env,
             clear_env: false,
-            bin: PathBuf::from(BIN),
+            bin: PathBuf::from(bin()),
         }
     }
 

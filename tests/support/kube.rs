@@ -1107,7 +1107,7 @@ impl ControllerProcess {
         namespace: &str,
         extra: &[&str],
     ) -> ControllerProcess {
-        let child = Command::new(env!("CARGO_BIN_EXE_lockwarden"))
+        let child = Command::new(super::lockwarden_bin())
             .args([
                 "controller",
                 "--cluster-name",

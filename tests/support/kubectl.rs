@@ -75,7 +75,7 @@ pub fn text(out: &Output) -> String {
 pub fn plugin_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("temp dir");
     for name in ["kubectl-lockwarden", "kubectl_complete-lockwarden"] {
-        std::os::unix::fs::symlink(super::cli::BIN, dir.path().join(name))
+        std::os::unix::fs::symlink(super::cli::bin(), dir.path().join(name))
             .expect("link the plugin");
     }
     dir

@@ -16,7 +16,7 @@ use lockwarden::lock::{AcquireRequest, Attempt, CasLock, Lease, LockBackend};
 use serde_json::json;
 
 /// One `#[tokio::test]` per row, `name: body(store, more arguments)`, running `body` on
-/// a fresh key of `support::keys::Key::store()`: each store's test stays a test of its
+/// a fresh key of `support::keys::Key::store()` (`support::on_each_store!`): each store's test stays a test of its
 /// own, under its own name, run in parallel with the others. (A macro: a function
 /// cannot declare tests.)
 #[macro_export]
@@ -24,7 +24,7 @@ macro_rules! on_each_store {
     ($($name:ident: $body:ident($store:ident $(, $arg:expr)*);)+) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
-            $body($crate::support::keys::Key::$store().await $(, $arg)*).await;
+            $body($crate::keys::Key::$store().await $(, $arg)*).await;
         }
     )+};
 }

@@ -1,7 +1,10 @@
 //! Test support: real servers on free loopback ports, started by the test binary.
 //!
-//! Every integration test binary includes this module (`mod support;`). Servers are
-//! real processes (kube-apiserver + etcd, moto, ZooKeeper, versitygw, dynalite, PostgreSQL, a node) installed by
+//! Every integration test binary and the benchmarks use this crate
+//! (`use lockwarden_testsupport as support;`, so their `support::…` and
+//! `crate::support::…` paths name it); it is compiled once, not into each of them.
+//! Servers are real processes (kube-apiserver + etcd, moto, ZooKeeper, versitygw,
+//! dynalite, PostgreSQL, a node) installed by
 //! `scripts/testenv`; a test whose server is missing fails with a message naming that
 //! script — it never passes by skipping.
 //!
@@ -18,8 +21,6 @@
 //! directory: grandchildren such as ZooKeeper's JVM, and servers that scripts started
 //! in sessions of their own (`scripts/dev`'s `setsid`, under `scripts/demo`).
 //! `scripts/test` checks at its end that no process under `tmp/servers` outlived it.
-#![allow(dead_code)]
-
 pub mod cli;
 pub mod dynalite;
 pub mod keys;
@@ -89,8 +90,58 @@ pub fn tool(name: &str) -> PathBuf {
     path
 }
 
+/// The repository's root (this crate is `tests/support` in it).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/support is two levels below the repository's root")
+        .to_path_buf()
+}
+
+/// The profile's directory Cargo built the running test binary (or benchmark) into:
+/// it runs as `<target>/<profile>/deps/<name>-<hash>`. What Cargo gives an
+/// integration test at compile time (`CARGO_BIN_EXE_*`, `CARGO_TARGET_TMPDIR`), a
+/// library it depends on has to find from there.
+fn profile_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the running test binary's path");
+        let deps = exe
+            .parent()
+            .filter(|d| d.file_name() == Some("deps".as_ref()));
+        deps.and_then(Path::parent)
+            .unwrap_or_else(|| {
+                panic!(
+                    "{} is not a test binary Cargo built (<target>/<profile>/deps/…)",
+                    exe.display()
+                )
+            })
+            .to_path_buf()
+    })
+}
+
+/// The target directory of this run's build (`CARGO_TARGET_DIR`, whatever named it).
+pub fn target_dir() -> &'static Path {
+    profile_dir().parent().expect("<target>/<profile>")
+}
+
+/// The `lockwarden` binary Cargo built beside the running test binary
+/// (`<target>/<profile>/lockwarden`: Cargo builds the package's binaries for its
+/// integration tests and benchmarks).
+pub fn lockwarden_bin() -> &'static str {
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = profile_dir().join("lockwarden");
+        assert!(
+            bin.is_file(),
+            "{} is missing: run the tests through cargo (cargo test, scripts/test), which builds it",
+            bin.display()
+        );
+        bin.into_os_string()
+            .into_string()
+            .expect("the target directory's path is UTF-8")
+    })
 }
 
 /// Where test processes claim ports ([`free_port`]): one file per port, locked
@@ -235,11 +286,12 @@ pub fn work_dir(name: &str) -> PathBuf {
     dir
 }
 
-/// This test binary's directory under `$CARGO_TARGET_TMPDIR/servers`, guarded.
+/// This test binary's directory under `<target>/tmp/servers` (Cargo's
+/// `CARGO_TARGET_TMPDIR`), guarded.
 pub fn run_dir() -> &'static Path {
     static RUN: OnceLock<PathBuf> = OnceLock::new();
     RUN.get_or_init(|| {
-        let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("servers");
+        let base = target_dir().join("tmp/servers");
         let dir = base.join(format!("{}-{}", std::process::id(), unique_suffix()));
         std::fs::create_dir_all(&dir).expect("create server work dir");
         start_guard(&dir);

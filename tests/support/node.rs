@@ -628,11 +628,7 @@ fn static_binary() -> PathBuf {
         return static_binary_built_elsewhere(Path::new(&prefix));
     }
     // <target>/debug/lockwarden: the same target directory, whatever named it.
-    let target_dir = Path::new(env!("CARGO_BIN_EXE_lockwarden"))
-        .ancestors()
-        .nth(2)
-        .expect("the binary's target directory")
-        .to_path_buf();
+    let target_dir = super::target_dir().to_path_buf();
     let started = Instant::now();
     let out = Command::new(repo_root().join("scripts/static-binary"))
         .env("CARGO_TARGET_DIR", &target_dir)

@@ -7,8 +7,7 @@
 mod cardinality;
 mod monitoring;
 mod scenario;
-#[path = "../support/mod.rs"]
-mod support;
+use lockwarden_testsupport as support;
 
 use std::time::Duration;
 
