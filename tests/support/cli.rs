@@ -6,6 +6,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -14,9 +15,22 @@ use tokio::process::{Child, Command};
 use super::kube::ControlPlane;
 use super::moto::{self, Moto};
 
-/// The `lockwarden` binary Cargo built for this run ([`crate::lockwarden_bin`]).
+/// The `lockwarden` binary Cargo built beside the running test binary
+/// (`<target>/<profile>/lockwarden`: Cargo builds the package's binaries for its
+/// integration tests and benchmarks).
 pub fn bin() -> &'static str {
-    crate::lockwarden_bin()
+    static BIN: OnceLock<String> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = crate::profile_dir().join("lockwarden");
+        assert!(
+            bin.is_file(),
+            "{} is missing: run the tests through cargo (cargo test, scripts/test), which builds it",
+            bin.display()
+        );
+        bin.into_os_string()
+            .into_string()
+            .expect("the target directory's path is UTF-8")
+    })
 }
 
 /// Generous: a loaded 2-core machine, JVMs and Python servers next to a cargo build.

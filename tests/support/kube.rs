@@ -1107,7 +1107,7 @@ impl ControllerProcess {
         namespace: &str,
         extra: &[&str],
     ) -> ControllerProcess {
-        let child = Command::new(super::lockwarden_bin())
+        let child = Command::new(super::cli::bin())
             .args([
                 "controller",
                 "--cluster-name",

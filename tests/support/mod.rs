@@ -103,7 +103,7 @@ pub fn repo_root() -> PathBuf {
 /// it runs as `<target>/<profile>/deps/<name>-<hash>`. What Cargo gives an
 /// integration test at compile time (`CARGO_BIN_EXE_*`, `CARGO_TARGET_TMPDIR`), a
 /// library it depends on has to find from there.
-fn profile_dir() -> &'static Path {
+pub(crate) fn profile_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let exe = std::env::current_exe().expect("the running test binary's path");
@@ -124,24 +124,6 @@ fn profile_dir() -> &'static Path {
 /// The target directory of this run's build (`CARGO_TARGET_DIR`, whatever named it).
 pub fn target_dir() -> &'static Path {
     profile_dir().parent().expect("<target>/<profile>")
-}
-
-/// The `lockwarden` binary Cargo built beside the running test binary
-/// (`<target>/<profile>/lockwarden`: Cargo builds the package's binaries for its
-/// integration tests and benchmarks).
-pub fn lockwarden_bin() -> &'static str {
-    static BIN: OnceLock<String> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let bin = profile_dir().join("lockwarden");
-        assert!(
-            bin.is_file(),
-            "{} is missing: run the tests through cargo (cargo test, scripts/test), which builds it",
-            bin.display()
-        );
-        bin.into_os_string()
-            .into_string()
-            .expect("the target directory's path is UTF-8")
-    })
 }
 
 /// Where test processes claim ports ([`free_port`]): one file per port, locked
