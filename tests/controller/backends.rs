@@ -102,22 +102,34 @@ async fn two_clusters_on_two_api_servers_exclude_each_other_on_one_key() {
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
+    let first = apis[holder].get("db").await.unwrap();
+    let first_fence = first
+        .status
+        .and_then(|s| s.fence)
+        .expect("the holder's fence");
     let started = Instant::now();
     apis[holder]
         .delete("db", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the other cluster to acquire", TIMEOUT, || async {
+    // Once deleted, the first object's status is no longer a claim: the controller
+    // releases in the store, then removes its finalizer without rewriting the status,
+    // so for a moment it can still say Acquired=True after the other cluster took over.
+    // Order in the store is what counts, and the fence shows it: the other cluster's
+    // acquisition must come after the first's (rule 3).
+    let taken = eventually("the other cluster to acquire", TIMEOUT, || async {
         let other = apis[waiter].get("db").await.ok()?;
-        if let Ok(Some(first)) = apis[holder].get_opt("db").await {
-            assert!(
-                !(acquired(&first) && acquired(&other)),
-                "both clusters hold {path}"
-            );
-        }
-        acquired(&other).then_some(())
+        acquired(&other).then_some(other)
     })
     .await;
+    let second_fence = taken
+        .status
+        .and_then(|s| s.fence)
+        .expect("the new holder's fence");
+    assert!(
+        second_fence > first_fence,
+        "{path}: the other cluster's fence {second_fence} is not after the first's {first_fence} (rule 3)"
+    );
     eprintln!(
         "cross-cluster handoff (polling): {} ms",
         started.elapsed().as_millis()
