@@ -178,6 +178,14 @@ pub(crate) async fn terminate(
         "stopping the command's processes before the deadline"
     );
     let stopped = stop_tree(pid, times).await;
+    // When the last process was seen gone: how much of the deadline the stop left,
+    // for whoever checks a late write against it.
+    let gone = Instant::now();
+    tracing::info!(
+        gone_monotonic = sys::monotonic_seconds(gone),
+        deadline_monotonic = sys::monotonic_seconds(deadline),
+        "every process of the command has ended"
+    );
     let mut action = match pid {
         Some(pid) => format!(
             "sent SIGTERM to {shown:?} (pid {pid}){}",

@@ -182,7 +182,7 @@ pub(super) fn without_colours(text: &str) -> String {
 pub(super) fn logged_deadline(log: &str, last: bool) -> Option<f64> {
     let mut each = log.split("deadline_monotonic=").skip(1);
     let rest = if last { each.last() } else { each.next() }?;
-    rest.split(' ').next()?.trim().parse().ok()
+    rest.split_whitespace().next()?.parse().ok()
 }
 
 /// A logged deadline is not trusted blindly: the last read showing the holder's
