@@ -191,7 +191,9 @@ async fn checker_catches_an_engine_that_grants_out_of_order() {
 
 /// A queue plan on a Lease: 2 permits; an exclusive contender takes both at once and
 /// dies holding (no renewal, no release); four shared contenders queue from 0.3 s on.
-/// With `flaw`, every engine reads each other entry's revision as the record's version.
+/// With `flaw`, every engine reads each other entry's revision as the record's version,
+/// so nobody claims the key again: that plan runs for [`STALLED_PLAN_RUNS`], not the
+/// full liveness limit.
 fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
     let mut engines = vec![EngineSpec {
         crashes_holding: true,
@@ -201,8 +203,21 @@ fn dead_holder_plan(seed: u64, flaw: Option<Flaw>) -> Plan {
         flaw,
         ..queued_contender(c, LockMode::Shared, 200 + c as u64 * 100, (300, 600))
     }));
-    one_key_plan(seed, Backend::Lease, 2, engines, vec![], vec![])
+    let plan = one_key_plan(seed, Backend::Lease, 2, engines, vec![], vec![]);
+    match flaw {
+        Some(_) => Plan {
+            liveness_limit: STALLED_PLAN_RUNS,
+            ..plan
+        },
+        None => plan,
+    }
 }
+
+/// How long the flawed dead-holder plan runs: its waiters never drop the dead entry, so
+/// it would run until the liveness limit (60 s). Rule (q) reports the entry once it has
+/// been seen unchanged for its lease's takeover plus 4 s of slack (7.25 s for the 3 s
+/// lease): 20 s shows it with room for a loaded machine.
+const STALLED_PLAN_RUNS: Duration = Duration::from_secs(20);
 
 /// Proof that rule (q) can fail: engines that judge an entry by the whole record's
 /// version never see a dead holder expire while the waiters' refreshes change the

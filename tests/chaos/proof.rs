@@ -43,6 +43,7 @@ pub fn one_key_plan(
         engines,
         clis,
         faults,
+        liveness_limit: schedule::LIVENESS_LIMIT,
     }
 }
 

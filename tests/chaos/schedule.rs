@@ -254,6 +254,10 @@ pub struct Plan {
     pub engines: Vec<EngineSpec>,
     pub clis: Vec<CliSpec>,
     pub faults: Vec<(Duration, Fault)>,
+    /// How long after healing a lock may stay unclaimed before it is a liveness
+    /// failure, and so how long a plan whose waiters stall runs on: [`LIVENESS_LIMIT`]
+    /// unless a proof knows its broken plan stalls and needs less to show its flaw.
+    pub liveness_limit: Duration,
 }
 
 impl Plan {
@@ -446,6 +450,7 @@ impl Plan {
             engines,
             clis,
             faults,
+            liveness_limit: LIVENESS_LIMIT,
         }
     }
 
@@ -556,6 +561,7 @@ impl Plan {
             engines,
             clis: vec![],
             faults,
+            liveness_limit: LIVENESS_LIMIT,
         }
     }
 }
@@ -648,7 +654,7 @@ pub struct Outcome {
 
 /// How long after healing a lock may stay unclaimed before it is a liveness failure.
 /// Generous on purpose (a loaded box); the measured numbers are reported.
-const LIVENESS_LIMIT: Duration = Duration::from_secs(60);
+pub const LIVENESS_LIMIT: Duration = Duration::from_secs(60);
 
 /// Runs `plan` and checks its history.
 pub async fn run(plan: Plan) -> Outcome {
@@ -1039,7 +1045,7 @@ pub async fn run(plan: Plan) -> Outcome {
     history.record(json!({"process": "nemesis", "op": "healed", "invoke": healed_at}));
 
     // Liveness: run on until every key was claimed after healing (bounded).
-    let limit = healed_at + LIVENESS_LIMIT.as_secs_f64();
+    let limit = healed_at + plan.liveness_limit.as_secs_f64();
     let settle = if backend == Backend::ZooKeeper {
         CONTROLLER_ZK_SESSION
     } else {
@@ -1088,7 +1094,12 @@ pub async fn run(plan: Plan) -> Outcome {
             .await;
     }
 
-    let report = history.check(healed_at, end, &keys.urls, LIVENESS_LIMIT.as_secs_f64());
+    let report = history.check(
+        healed_at,
+        end,
+        &keys.urls,
+        plan.liveness_limit.as_secs_f64(),
+    );
     let history_path = w.dir.join("history.jsonl");
     {
         let mut f = std::fs::OpenOptions::new()
