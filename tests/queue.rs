@@ -655,7 +655,9 @@ async fn dead_holder_and_dead_waiter(key: Key) {
     let arrival: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
     assert_eq!(order, arrival);
 
-    // A dead waiter at the head.
+    // A dead waiter at the head. Its waiter lease is its lease, at most 30 s: 3 s, as
+    // the dead holder's above, so the wait for it to stop blocking is short (the rule
+    // holds at any lease).
     let first = key.handle().await;
     let held = take(first.as_ref(), &queued("first", "east", 0)).await;
     let mut dead = spawn_killable(
@@ -666,6 +668,8 @@ async fn dead_holder_and_dead_waiter(key: Key) {
             "--queue",
             "--wait",
             "5m",
+            "--lease",
+            "3s",
             "--holder",
             "dead-waiter",
             "--output",
