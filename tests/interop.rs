@@ -1457,6 +1457,9 @@ async fn holder_and_queued_waiter(
     url: &str,
     options: &ConnectOptions,
 ) -> (HeldLock, tokio::task::JoinHandle<HeldLock>) {
+    // The engine's warnings (a renewal not confirmed by the holder deadline) in the
+    // output of a test that fails.
+    support::kube::test_logs();
     let holder = HeldLock::acquire(
         engine(url, options).await,
         &queued_request("lockwarden-holder"),

@@ -70,7 +70,9 @@ impl AcquireRequest {
 pub struct Lease {
     /// The record as we last wrote it.
     pub record: LockRecord,
-    /// The version our last write produced; the next write is conditioned on it.
+    /// The version the next write is conditioned on: our last write's, or (a permit
+    /// of a holder set) a later one that others' writes made, seen by a renewal with
+    /// our entry in it as we last wrote it.
     pub version: Version,
     /// Rule 2: until when we may claim the lock.
     pub deadline: HolderDeadline,

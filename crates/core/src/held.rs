@@ -470,10 +470,9 @@ impl HolderTask {
                 }
                 // Rule 2: stop claiming at the deadline, even while a renewal hangs.
                 _ = sleep_until(lease.deadline.instant()), if claimed => {
-                    self.publish(HolderState::Expiring {
-                        fence: lease.fence(),
-                        last_error: if last_error.is_empty() { "renewal not confirmed in time".into() } else { last_error.clone() },
-                    });
+                    let last_error = if last_error.is_empty() { "renewal not confirmed in time".into() } else { last_error.clone() };
+                    tracing::warn!(url = self.backend.url(), %last_error, "holder deadline passed before a renewal was confirmed: the lock is not relied on until one is");
+                    self.publish(HolderState::Expiring { fence: lease.fence(), last_error });
                 }
                 _ = sleep_until(next), if inflight.is_none() => {
                     inflight = Some(self.renewal(lease.clone()));

@@ -13,7 +13,8 @@
 //!
 //! - **Optionally encoded** ([`MemoryStore::encoded`]): every record is kept as the
 //!   JSON body S3 stores, so the record codec is in the loop — what a write carries is
-//!   what the next read finds. [`NewerBuild`] writes as a newer lockwarden would.
+//!   what the next read finds — and, as S3's 412, a failed condition does not return
+//!   the current record. [`NewerBuild`] writes as a newer lockwarden would.
 //!
 //! Several [`crate::CasLock`]s on clones of one `MemoryStore` are contenders on
 //! one key. The store only fakes the *network*; the protocol under test is the real
@@ -88,7 +89,10 @@ impl Inner {
 
     fn conflict(&self) -> StoreError {
         StoreError::Conflict {
-            current: self.current.clone().map(Box::new),
+            current: match self.encoded {
+                true => None,
+                false => self.current.clone().map(Box::new),
+            },
         }
     }
 }
@@ -108,7 +112,8 @@ impl MemoryStore {
     }
 
     /// A store that keeps every record as the JSON body S3 would store, and reads it
-    /// back through the codec: fields a writer does not carry are gone.
+    /// back through the codec: fields a writer does not carry are gone. As S3 does, it
+    /// answers a failed condition without the current record: the writer must read.
     pub fn encoded(url: impl Into<String>) -> Self {
         let store = MemoryStore::new(url);
         store.inner().encoded = true;

@@ -56,6 +56,25 @@ pub(super) fn lost_a_race() {
     LOST_WRITE_RACES.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Keeps in `lease` the set a renewal found, when only others' writes moved it on (our
+/// entry is as we last confirmed it): should the renewal be abandoned at its request
+/// timeout, the next one starts from there instead of losing the same race again.
+/// Behind a slow store, a renewal that starts one write behind needs a lost write, a
+/// read and a second write; with waiters refreshing the record it could then miss its
+/// timeout every time, until the holder's entry expired (docs/design.md §6.4, "Renewal
+/// with waiters").
+fn start_next_renewal_from(lease: &mut Lease, seen: &(HolderSet, Version, UnknownFields)) {
+    let (set, version, unknown) = seen;
+    let unchanged = set
+        .entry(&lease.record.nonce)
+        .is_some_and(|e| e.revision == lease.record.revision);
+    if unchanged {
+        lease.record.set = Some(set.clone());
+        lease.record.unknown = unknown.clone();
+        lease.version = version.clone();
+    }
+}
+
 /// A short random pause after losing a write race, growing with the number of losses,
 /// so that holders writing the one record at once spread out instead of colliding again.
 async fn back_off(losses: u32) {
@@ -696,8 +715,9 @@ impl<S: RecordStore> CasLock<S> {
         Ok(Some(lease))
     }
 
-    /// Renews our entry: one conditional write when the set has not changed since our
-    /// last write; otherwise re-read and retry within the holder deadline.
+    /// Renews our entry: one conditional write when the set has not changed since the
+    /// lease's version; otherwise retry from the set that won (returned with the
+    /// conflict, or read) within the holder deadline.
     pub(super) async fn renew_permit(&self, lease: &mut Lease) -> Result<(), LockError> {
         let mut base = lease.record.set.clone().unwrap_or_default();
         let mut version = lease.version.clone();
@@ -713,17 +733,8 @@ impl<S: RecordStore> CasLock<S> {
             else {
                 return Err(self.lost(LostReason::EntryGone));
             };
-            // An earlier renewal of ours whose reply was lost landed: its send time
-            // counts for the deadline only if it is the one we remembered.
             if entry.revision != ours {
-                match lease.unconfirmed.take().map(|pending| *pending) {
-                    Some((pending, sent)) if pending.revision == entry.revision => {
-                        let holder_lease = entry.lease().saturating_sub(lease.lock_delay);
-                        lease.deadline =
-                            HolderDeadline::after_write(sent, holder_lease, &self.margins);
-                    }
-                    _ => {}
-                }
+                self.count_landed_renewal(lease, &entry);
             }
             let renewed = entry.renewed();
             let mut set = base.clone();
@@ -732,13 +743,21 @@ impl<S: RecordStore> CasLock<S> {
             }
             let record = record_of(set.clone(), &unknown);
             let sent = Instant::now();
+            let mut returned = None;
             match self.store.replace(&version, &record).await {
                 Ok(v) => {
                     let view = entry_view(&renewed, &set, &unknown);
                     lease.confirm(view, v, sent, &self.margins);
                     return Ok(());
                 }
-                Err(StoreError::Conflict { .. }) => lost_a_race(),
+                Err(StoreError::Conflict { current }) => {
+                    lost_a_race();
+                    if let Some(current) = current.filter(|c| c.version != version) {
+                        let seen = self.set_of(Some(*current))?;
+                        start_next_renewal_from(lease, &seen);
+                        returned = Some(seen);
+                    }
+                }
                 Err(StoreError::Indeterminate(cause)) => {
                     lease.unconfirmed =
                         Some(Box::new((entry_view(&renewed, &set, &unknown), sent)));
@@ -760,13 +779,33 @@ impl<S: RecordStore> CasLock<S> {
             if !lease.is_valid() {
                 return Err(self.unavailable("renewal kept losing races past the holder deadline"));
             }
-            losses += 1;
-            back_off(losses).await;
-            let (s, v, u) = self.read_set().await?;
+            // The store returned the set that won (DynamoDB): try again from it at
+            // once, as a release does, without a read or a pause.
+            let (s, v, u) = match returned {
+                Some(seen) => seen,
+                None => {
+                    losses += 1;
+                    back_off(losses).await;
+                    let seen = self.read_set().await?;
+                    start_next_renewal_from(lease, &seen);
+                    seen
+                }
+            };
             ours = entry.revision.clone();
             base = s;
             version = v;
             unknown = u;
+        }
+    }
+
+    /// Our entry moved on to `entry` by an earlier renewal of ours whose reply was lost:
+    /// its send time counts for the deadline only if it is the one we remembered.
+    fn count_landed_renewal(&self, lease: &mut Lease, entry: &SetEntry) {
+        if let Some((pending, sent)) = lease.unconfirmed.take().map(|pending| *pending)
+            && pending.revision == entry.revision
+        {
+            let holder_lease = entry.lease().saturating_sub(lease.lock_delay);
+            lease.deadline = HolderDeadline::after_write(sent, holder_lease, &self.margins);
         }
     }
 
@@ -1113,20 +1152,76 @@ mod tests {
         assert_eq!(holders(&store), ["a", "b"]);
     }
 
+    /// S3 answers a failed condition without the record: the renewal reads it.
     #[tokio::test]
     async fn a_renewal_that_loses_a_race_re_reads_and_retries() {
-        let store = MemoryStore::new("mem://locks/sem");
+        let store = MemoryStore::encoded("mem://locks/sem");
         let (la, lb) = (contender(&store), contender(&store));
         let mut a = acquired(&la, &shared("a")).await;
         let mut b = acquired(&lb, &shared("b")).await;
         // a's lease still names the version before b's grant: its first write conflicts.
         la.renew(&mut a).await.unwrap();
         lb.renew(&mut b).await.unwrap();
+        let (reads, writes) = store.requests();
         la.renew(&mut a).await.unwrap();
+        assert_eq!(
+            store.requests(),
+            (reads + 1, writes + 2),
+            "a lost write, a read, a write"
+        );
         let set = store.record().set.unwrap();
         assert_eq!(set.entry(a.nonce()).unwrap().revision, a.record.revision);
         assert_eq!(set.entry(b.nonce()).unwrap().revision, b.record.revision);
         assert_eq!(store.stored().unwrap().version, a.version);
+    }
+
+    /// DynamoDB returns the set that won with its conflict: the renewal writes again
+    /// from it, without a read.
+    #[tokio::test]
+    async fn a_renewal_that_loses_a_race_retries_from_the_set_the_conflict_returned() {
+        let store = MemoryStore::new("mem://locks/sem");
+        let (la, lb) = (contender(&store), contender(&store));
+        let mut a = acquired(&la, &shared("a")).await;
+        // b's grant comes after a's last write: a's next write conflicts.
+        let _b = acquired(&lb, &shared("b")).await;
+        let (reads, writes) = store.requests();
+        la.renew(&mut a).await.expect("renewed at the second write");
+        assert_eq!(store.requests(), (reads, writes + 2), "two writes, no read");
+        assert_eq!(store.stored().unwrap().version, a.version);
+    }
+
+    /// A renewal abandoned at its request timeout after it lost a race leaves the lease
+    /// at the set it found, so the next renewal is one write. Otherwise every renewal
+    /// would start one write behind (a lost write, then another): behind a slow store,
+    /// with waiters refreshing the record, a queued holder once missed every renewal's
+    /// timeout until a waiter took its expired entry (the interop suite).
+    #[tokio::test]
+    async fn a_renewal_abandoned_after_a_lost_race_starts_the_next_from_the_set_it_found() {
+        // The set found in the conflict's answer (DynamoDB) or by a read (S3).
+        for store in [
+            MemoryStore::new("mem://locks/sem"),
+            MemoryStore::encoded("mem://locks/sem"),
+        ] {
+            let (la, lb) = (contender(&store), contender(&store));
+            let mut a = acquired(&la, &shared("a")).await;
+            let _b = acquired(&lb, &shared("b")).await;
+            // a's first write conflicts; its second hangs past the renewal's timeout.
+            store
+                .next_write(Fault::Pass)
+                .next_write(Fault::Delay(Duration::from_secs(60)));
+            let abandoned =
+                tokio::time::timeout(Duration::from_millis(100), la.renew(&mut a)).await;
+            assert!(abandoned.is_err(), "abandoned while its second write hangs");
+            assert_eq!(
+                a.version,
+                store.stored().unwrap().version,
+                "the version it found"
+            );
+            let (reads, writes) = store.requests();
+            la.renew(&mut a).await.expect("renewed");
+            assert_eq!(store.requests(), (reads, writes + 1), "one write");
+            assert_eq!(holders(&store), ["a", "b"]);
+        }
     }
 
     /// A write of the set as it is without `lease`'s entry, landing just before the next
