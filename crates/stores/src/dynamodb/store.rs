@@ -1,5 +1,6 @@
 //! The DynamoDB [`RecordStore`]: one lock key, one item (see the module above).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -267,7 +268,7 @@ impl DynamoStore {
         if let Some(info) = self.state_lock_info(record)? {
             // SET comes first in the expression: one more assignment of it.
             expression = expression.replacen("SET ", "SET #info = :info, ", 1);
-            names.insert("#info".into(), terraform::DYNAMODB_INFO_ATTRIBUTE.into());
+            names.push(("#info".into(), terraform::DYNAMODB_INFO_ATTRIBUTE));
             values.insert(":info".into(), AttributeValue::S(info));
         }
         if let Some(v) = expected {
@@ -275,7 +276,7 @@ impl DynamoStore {
         }
         // Only name what the condition uses besides the update's own names.
         if !condition.contains("#pk") {
-            names.remove("#pk");
+            names.retain(|(placeholder, _)| placeholder != "#pk");
         }
         if let Some(updates) = &self.updates
             && let Some(target) = updates.target().await
@@ -306,7 +307,12 @@ impl DynamoStore {
                 .set_key(Some(self.item_key()))
                 .update_expression(expression)
                 .condition_expression(condition)
-                .set_expression_attribute_names(Some(names))
+                .set_expression_attribute_names(Some(
+                    names
+                        .iter()
+                        .map(|(placeholder, name)| (placeholder.to_string(), name.to_string()))
+                        .collect(),
+                ))
                 .set_expression_attribute_values(Some(values))
                 .return_values_on_condition_check_failure(
                     ReturnValuesOnConditionCheckFailure::AllOld,
@@ -443,47 +449,51 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 /// The `UpdateItem` that writes `record` in full: the expression and its attribute
-/// names and values (the caller adds its condition's).
-struct UpdateOf {
+/// names and values (the caller adds its condition's). A renewal's hot path (issue 45):
+/// the names borrow what they name and the expression is written into one buffer.
+struct UpdateOf<'a> {
     expression: String,
-    names: HashMap<String, String>,
+    names: ExpressionNames<'a>,
     values: HashMap<String, AttributeValue>,
 }
 
-fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
+/// The attribute names of an update: placeholder (`#owner`) and the name it stands for.
+pub(crate) type ExpressionNames<'a> = Vec<(Cow<'static, str>, &'a str)>;
+
+/// What every write of a lock item sets, in that order.
+const ALWAYS_SET: &str = "SET #owner = :owner, #lease = :lease, #rvn = :rvn, \
+                          #lwrvn = :rvn, #fence = :fence, #nonce = :nonce, #acq = :acq, \
+                          #ren = :ren";
+
+/// Room for a lock item's update expression, so that it seldom grows while written.
+const EXPRESSION_CAPACITY: usize = 256;
+
+fn update_of<'a>(record: &'a LockRecord, layout: &'a TableLayout) -> UpdateOf<'a> {
     let mut names = attribute_names(layout);
     let mut values = always_written_values(record);
-    let mut set: Vec<String> = [
-        "#owner = :owner",
-        "#lease = :lease",
-        "#rvn = :rvn",
-        "#lwrvn = :rvn",
-        "#fence = :fence",
-        "#nonce = :nonce",
-        "#acq = :acq",
-        "#ren = :ren",
-    ]
-    .map(String::from)
-    .into();
-    let mut remove = Vec::new();
+    let mut expression = String::with_capacity(EXPRESSION_CAPACITY);
+    expression.push_str(ALWAYS_SET);
+    let mut remove = String::new();
     for (name, placeholder, value) in optional_values(record) {
         match value {
             Some(value) => {
-                set.push(format!("{name} = {placeholder}"));
+                for part in [", ", name, " = ", placeholder] {
+                    expression.push_str(part);
+                }
                 values.insert(placeholder.into(), value);
             }
-            None => remove.push(name),
+            None => {
+                remove.push_str(if remove.is_empty() { " REMOVE " } else { ", " });
+                remove.push_str(name);
+            }
         }
     }
     for (i, (name, value)) in unknown_fields(record, layout).enumerate() {
-        names.insert(format!("#u{i}"), name.clone());
+        names.push((format!("#u{i}").into(), name.as_str()));
         values.insert(format!(":u{i}"), attribute_of(value));
-        set.push(format!("#u{i} = :u{i}"));
+        expression.push_str(&format!(", #u{i} = :u{i}"));
     }
-    let mut expression = format!("SET {}", set.join(", "));
-    if !remove.is_empty() {
-        expression.push_str(&format!(" REMOVE {}", remove.join(", ")));
-    }
+    expression.push_str(&remove);
     UpdateOf {
         expression,
         names,
@@ -492,23 +502,28 @@ fn update_of(record: &LockRecord, layout: &TableLayout) -> UpdateOf {
 }
 
 /// The placeholders of the attribute names an update of a lock item uses.
-fn attribute_names(layout: &TableLayout) -> HashMap<String, String> {
-    HashMap::from([
-        ("#pk".to_string(), layout.partition_key.clone()),
-        ("#owner".to_string(), OWNER.to_string()),
-        ("#lease".to_string(), LEASE.to_string()),
-        ("#rvn".to_string(), RVN.to_string()),
-        ("#lwrvn".to_string(), LOCKWARDEN_RVN.to_string()),
-        ("#rel".to_string(), RELEASED.to_string()),
-        ("#fence".to_string(), FENCE.to_string()),
-        ("#nonce".to_string(), NONCE.to_string()),
-        ("#acq".to_string(), ACQUIRED.to_string()),
-        ("#ren".to_string(), RENEWED.to_string()),
-        ("#data".to_string(), DATA.to_string()),
-        ("#holders".to_string(), HOLDERS.to_string()),
-        ("#history".to_string(), HISTORY.to_string()),
-        ("#runs".to_string(), RUNS.to_string()),
-    ])
+fn attribute_names(layout: &TableLayout) -> ExpressionNames<'_> {
+    let mut names = Vec::with_capacity(16);
+    names.push(("#pk".into(), layout.partition_key.as_str()));
+    names.extend(
+        [
+            ("#owner", OWNER),
+            ("#lease", LEASE),
+            ("#rvn", RVN),
+            ("#lwrvn", LOCKWARDEN_RVN),
+            ("#rel", RELEASED),
+            ("#fence", FENCE),
+            ("#nonce", NONCE),
+            ("#acq", ACQUIRED),
+            ("#ren", RENEWED),
+            ("#data", DATA),
+            ("#holders", HOLDERS),
+            ("#history", HISTORY),
+            ("#runs", RUNS),
+        ]
+        .map(|(placeholder, name)| (Cow::Borrowed(placeholder), name)),
+    );
+    names
 }
 
 /// The values of the attributes every write of a lock item sets.
@@ -936,9 +951,10 @@ mod tests {
     /// from an item dynamolock wrote last (it keeps attributes it does not know).
     #[test]
     fn the_history_is_an_attribute_of_ours() {
+        let layout = TableLayout::new("t");
         let mut record =
             LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
-        let update = update_of(&record, &TableLayout::new("t"));
+        let update = update_of(&record, &layout);
         assert!(update.expression.contains("REMOVE") && update.expression.contains("#history"));
         record.history = vec![lockwarden_core::Grant::new(
             "h",
@@ -946,7 +962,7 @@ mod tests {
             FenceToken(2),
             record.acquired_at,
         )];
-        let update = update_of(&record, &TableLayout::new("t"));
+        let update = update_of(&record, &layout);
         assert!(
             update.expression.contains("#history = :history"),
             "{}",
@@ -966,28 +982,23 @@ mod tests {
     /// place of lockwarden's or of the item's key.
     #[test]
     fn unknown_fields_are_written_beside_ours() {
+        let layout = TableLayout::new("t");
         let mut record =
             LockRecord::new_acquisition("h", FenceToken(2), Duration::from_secs(30), None);
         record.unknown.insert("newer".into(), "kept".into());
         record.unknown.insert("count".into(), 3.into());
         record.unknown.insert(OWNER.into(), "not-the-owner".into());
         record.unknown.insert("key".into(), "not-the-key".into());
-        let update = update_of(&record, &TableLayout::new("t"));
-        let written: HashMap<&String, &AttributeValue> = update
+        let update = update_of(&record, &layout);
+        let written: HashMap<&str, &AttributeValue> = update
             .names
             .iter()
             .filter(|(placeholder, _)| placeholder.starts_with("#u"))
-            .map(|(placeholder, name)| (name, &update.values[&placeholder.replace('#', ":")]))
+            .map(|(placeholder, name)| (*name, &update.values[&placeholder.replace('#', ":")]))
             .collect();
         assert_eq!(written.len(), 2, "{written:?}");
-        assert_eq!(
-            written[&"newer".to_string()],
-            &AttributeValue::S("kept".into())
-        );
-        assert_eq!(
-            written[&"count".to_string()],
-            &AttributeValue::N("3".into())
-        );
+        assert_eq!(written["newer"], &AttributeValue::S("kept".into()));
+        assert_eq!(written["count"], &AttributeValue::N("3".into()));
         assert_eq!(update.values[":owner"], AttributeValue::S("h".into()));
         assert!(
             update.expression.contains("#u0 = :u0, #u1 = :u1"),

@@ -18,8 +18,10 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use aws_sigv4::http_request::SigningSettings;
 use aws_smithy_runtime_api::client::http::SharedHttpConnector;
 use bytes::Bytes;
+use serde::ser::{Error as _, Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
+use super::store::ExpressionNames;
 use crate::aws::{Reply, SendError, SignedRequests, Signing, USER_AGENT};
 
 /// The `UpdateItem`s of the DynamoDB stores on one client.
@@ -55,7 +57,7 @@ pub(crate) struct Update<'a> {
     pub key: HashMap<String, AttributeValue>,
     pub expression: String,
     pub condition: &'a str,
-    pub names: HashMap<String, String>,
+    pub names: ExpressionNames<'a>,
     pub values: HashMap<String, AttributeValue>,
 }
 
@@ -122,19 +124,16 @@ impl SignedUpdates {
     }
 }
 
+/// Room for a lock item's `UpdateItem` body: a renewal's is about 1 KB, so the buffer
+/// seldom grows while it is written.
+const BODY_CAPACITY: usize = 2048;
+
 fn request(target: &UpdateTarget, update: &Update<'_>) -> Result<http::Request<Bytes>, SendError> {
     let not_sent =
         |e: &dyn std::fmt::Display| SendError::NotSent(format!("building the request: {e}"));
-    let input = serde_json::json!({
-        "TableName": update.table,
-        "Key": item_json(&update.key).map_err(|e| not_sent(&e))?,
-        "UpdateExpression": update.expression,
-        "ConditionExpression": update.condition,
-        "ExpressionAttributeNames": update.names,
-        "ExpressionAttributeValues": item_json(&update.values).map_err(|e| not_sent(&e))?,
-        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-    });
-    let body = Bytes::from(serde_json::to_vec(&input).map_err(|e| not_sent(&e))?);
+    let mut body = Vec::with_capacity(BODY_CAPACITY);
+    serde_json::to_writer(&mut body, &Input(update)).map_err(|e| not_sent(&e))?;
+    let body = Bytes::from(body);
     http::Request::builder()
         .method(http::Method::POST)
         .uri(&target.url)
@@ -201,30 +200,71 @@ fn error_code(reply: &Reply) -> Option<String> {
 #[error("an attribute value of a kind this build does not know")]
 pub(crate) struct UnknownKind;
 
-fn item_json(item: &HashMap<String, AttributeValue>) -> Result<Value, UnknownKind> {
-    item.iter()
-        .map(|(name, value)| Ok((name.clone(), value_json(value)?)))
-        .collect::<Result<Map<_, _>, _>>()
-        .map(Value::Object)
+/// The `UpdateItem` input in the `awsJson1_0` form, written straight from the
+/// update's borrowed parts. Built as a `serde_json::Value` first, the tree's copies and
+/// its drop were a fifth of a DynamoDB renewal's CPU (issue 45, docs/benchmarks.md).
+struct Input<'u>(&'u Update<'u>);
+
+impl Serialize for Input<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let update = self.0;
+        let mut input = serializer.serialize_map(Some(7))?;
+        input.serialize_entry("TableName", update.table)?;
+        input.serialize_entry("Key", &Item(&update.key))?;
+        input.serialize_entry("UpdateExpression", &update.expression)?;
+        input.serialize_entry("ConditionExpression", update.condition)?;
+        input.serialize_entry("ExpressionAttributeNames", &Names(&update.names))?;
+        input.serialize_entry("ExpressionAttributeValues", &Item(&update.values))?;
+        input.serialize_entry("ReturnValuesOnConditionCheckFailure", "ALL_OLD")?;
+        input.end()
+    }
 }
 
-/// An attribute value in DynamoDB's JSON form (`{"S": "…"}`, `{"N": "1"}`, …).
-fn value_json(value: &AttributeValue) -> Result<Value, UnknownKind> {
-    let blob = |b: &Blob| Value::String(aws_smithy_types::base64::encode(b.as_ref()));
-    let (kind, inner) = match value {
-        AttributeValue::S(s) => ("S", Value::String(s.clone())),
-        AttributeValue::N(n) => ("N", Value::String(n.clone())),
-        AttributeValue::B(b) => ("B", blob(b)),
-        AttributeValue::Bool(b) => ("BOOL", Value::Bool(*b)),
-        AttributeValue::Null(b) => ("NULL", Value::Bool(*b)),
-        AttributeValue::Ss(v) => ("SS", v.iter().cloned().map(Value::String).collect()),
-        AttributeValue::Ns(v) => ("NS", v.iter().cloned().map(Value::String).collect()),
-        AttributeValue::Bs(v) => ("BS", v.iter().map(blob).collect()),
-        AttributeValue::L(v) => ("L", v.iter().map(value_json).collect::<Result<_, _>>()?),
-        AttributeValue::M(m) => ("M", item_json(m)?),
-        _ => return Err(UnknownKind),
-    };
-    Ok(Value::Object(Map::from_iter([(kind.to_string(), inner)])))
+/// The expression's attribute names, placeholder to name.
+struct Names<'a>(&'a ExpressionNames<'a>);
+
+impl Serialize for Names<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(placeholder, name)| (placeholder, name)))
+    }
+}
+
+/// An item (or a map of expression values) in DynamoDB's JSON form.
+struct Item<'a>(&'a HashMap<String, AttributeValue>);
+
+impl Serialize for Item<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(name, value)| (name, Attribute(value))))
+    }
+}
+
+/// An attribute value in DynamoDB's JSON form (`{"S": "…"}`, `{"N": "1"}`, …); a kind
+/// this build does not know is an error ([`UnknownKind`]).
+struct Attribute<'a>(&'a AttributeValue);
+
+impl Serialize for Attribute<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let base64 = |b: &Blob| aws_smithy_types::base64::encode(b.as_ref());
+        let mut value = serializer.serialize_map(Some(1))?;
+        match self.0 {
+            AttributeValue::S(s) => value.serialize_entry("S", s)?,
+            AttributeValue::N(n) => value.serialize_entry("N", n)?,
+            AttributeValue::B(b) => value.serialize_entry("B", &base64(b))?,
+            AttributeValue::Bool(b) => value.serialize_entry("BOOL", b)?,
+            AttributeValue::Null(b) => value.serialize_entry("NULL", b)?,
+            AttributeValue::Ss(v) => value.serialize_entry("SS", v)?,
+            AttributeValue::Ns(v) => value.serialize_entry("NS", v)?,
+            AttributeValue::Bs(v) => {
+                value.serialize_entry("BS", &v.iter().map(base64).collect::<Vec<_>>())?
+            }
+            AttributeValue::L(v) => {
+                value.serialize_entry("L", &v.iter().map(Attribute).collect::<Vec<_>>())?
+            }
+            AttributeValue::M(m) => value.serialize_entry("M", &Item(m))?,
+            _ => return Err(S::Error::custom(UnknownKind)),
+        }
+        value.end()
+    }
 }
 
 fn item_from_json(item: &Map<String, Value>) -> Option<HashMap<String, AttributeValue>> {
@@ -328,7 +368,7 @@ mod tests {
             key: HashMap::from([("key".to_string(), AttributeValue::S("a/b".into()))]),
             expression: "SET #o = :o".into(),
             condition: "#o = :x",
-            names: HashMap::from([("#o".to_string(), "ownerName".to_string())]),
+            names: vec![("#o".into(), "ownerName")],
             values: HashMap::from([(":o".to_string(), AttributeValue::S("me".into()))]),
         };
         let request = request(target, &update).unwrap();
@@ -379,13 +419,60 @@ mod tests {
                 )])),
             ),
         ]);
-        let json = item_json(&item).unwrap();
+        let json = serde_json::to_value(Item(&item)).unwrap();
         assert_eq!(json["s"], serde_json::json!({"S": "text"}));
         assert_eq!(json["b"], serde_json::json!({"B": "AAH/"}));
         assert_eq!(json["null"], serde_json::json!({"NULL": true}));
         assert_eq!(item_from_json(json.as_object().unwrap()), Some(item));
         assert_eq!(value_from_json(&serde_json::json!({"X": 1})), None);
         assert_eq!(value_from_json(&serde_json::json!("S")), None);
+    }
+
+    /// The body is the operation's input in the `awsJson1_0` form, every attribute
+    /// value in DynamoDB's JSON form.
+    #[test]
+    fn an_update_body_is_the_operations_input() {
+        let target = UpdateTarget {
+            url: "http://127.0.0.1:1/".into(),
+            signing: Signing {
+                region: "us-east-1".into(),
+                name: "dynamodb".into(),
+                settings: SigningSettings::default(),
+            },
+        };
+        let update = Update {
+            table: "locks",
+            key: HashMap::from([("key".to_string(), AttributeValue::S("a/b".into()))]),
+            expression: "SET #o = :o, #f = :f".into(),
+            condition: "#o = :x",
+            names: vec![("#o".into(), "ownerName"), ("#f".into(), "fence")],
+            values: HashMap::from([
+                (":o".to_string(), AttributeValue::S("me \"quoted\"".into())),
+                (":f".to_string(), AttributeValue::N("7".into())),
+                (
+                    ":l".to_string(),
+                    AttributeValue::L(vec![AttributeValue::Bool(true)]),
+                ),
+            ]),
+        };
+        let body = request(&target, &update).unwrap().into_body();
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "TableName": "locks",
+                "Key": {"key": {"S": "a/b"}},
+                "UpdateExpression": "SET #o = :o, #f = :f",
+                "ConditionExpression": "#o = :x",
+                "ExpressionAttributeNames": {"#o": "ownerName", "#f": "fence"},
+                "ExpressionAttributeValues": {
+                    ":o": {"S": "me \"quoted\""},
+                    ":f": {"N": "7"},
+                    ":l": {"L": [{"BOOL": true}]},
+                },
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+            })
+        );
     }
 
     fn reply(status: u16, header: Option<&str>, body: &str) -> Reply {
