@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::Mutex;
-use zookeeper_client::{Client, Error as ZkError, SessionState, Stat};
+use tokio::sync::{Mutex, watch};
+use zookeeper_client::{Client, Error as ZkError, SessionState, Stat, StateWatcher};
 
 use super::{DEFAULT_SESSION_TIMEOUT, ZkLock};
 use lockwarden_core::error::While;
@@ -161,6 +161,9 @@ pub(super) struct Generation {
     /// The client's session task is gone (the runtime that ran it shut down): its
     /// state still reads as connected, but no request can be sent any more.
     pub(super) dead: std::sync::atomic::AtomicBool,
+    /// The session's state as [`watch_session`] last saw it, for the holders waiting
+    /// on a disconnection.
+    states: watch::Receiver<SessionState>,
 }
 
 impl Generation {
@@ -189,12 +192,16 @@ impl Generation {
         self.state() == SessionState::SyncConnected
     }
 
-    /// Resolves once the session is not (or no longer) `SyncConnected`.
+    /// Resolves once the session is not (or no longer) `SyncConnected`, as
+    /// [`watch_session`] sees it; never, once that watch has ended with its runtime.
     pub(super) async fn disconnected(&self) {
-        let mut states = self.client.state_watcher();
-        let mut state = states.state();
-        while state == SessionState::SyncConnected {
-            state = states.changed().await;
+        let mut states = self.states.clone();
+        if states
+            .wait_for(|s| *s != SessionState::SyncConnected)
+            .await
+            .is_err()
+        {
+            std::future::pending::<()>().await;
         }
     }
 
@@ -268,11 +275,13 @@ impl ZkSession {
                 });
             }
         };
+        let (publish, states) = watch::channel(client.state());
         let generation = Generation {
             id: client.session_id().0,
             timeout: client.session_timeout(),
-            client,
             dead: Default::default(),
+            states,
+            client,
         };
         tracing::info!(
             servers = %self.servers,
@@ -280,36 +289,73 @@ impl ZkSession {
             timeout = ?generation.timeout,
             "ZooKeeper session opened"
         );
-        // Log every state change: a disconnection is the first sign of jeopardy for
-        // every lock on the session, and an expiry loses them all.
-        let mut states = generation.client.state_watcher();
-        let (servers, id) = (self.servers.clone(), generation.id);
-        tokio::spawn(async move {
-            loop {
-                let state = states.changed().await;
-                let session = format!("{id:#x}");
-                match state {
-                    SessionState::SyncConnected => {
-                        tracing::info!(%servers, %session, "ZooKeeper session reconnected")
-                    }
-                    SessionState::Disconnected => tracing::warn!(
-                        %servers, %session,
-                        "ZooKeeper session disconnected; its locks are in jeopardy"
-                    ),
-                    // Closed by us (every handle dropped): nothing was lost.
-                    SessionState::Closed => {
-                        tracing::info!(%servers, %session, "ZooKeeper session closed")
-                    }
-                    other => {
-                        tracing::warn!(%servers, %session, state = %other, "ZooKeeper session ended; its locks are lost")
-                    }
-                }
-                if state.is_terminated() {
-                    return;
-                }
-            }
-        });
+        tokio::spawn(watch_session(
+            generation.client.state_watcher(),
+            publish,
+            self.servers.clone(),
+            generation.id,
+            state_poll(generation.timeout),
+        ));
         Ok(generation)
+    }
+}
+
+/// How often [`watch_session`] looks at a session's state: a small share of the
+/// session timeout, which is what a disconnection leaves the holder (docs/design.md
+/// §3, ZooKeeper: the client itself checks every 1/20 of it).
+fn state_poll(session_timeout: Duration) -> Duration {
+    (session_timeout / 40).clamp(Duration::from_millis(10), Duration::from_millis(100))
+}
+
+/// Follows one session's state until it ends: publishes each change to the holders
+/// ([`Generation::disconnected`]) and logs it, since a disconnection is the first sign
+/// of jeopardy for every lock on the session and an expiry loses them all.
+///
+/// It looks at the state every `every` instead of awaiting the client's
+/// `StateWatcher::changed`: that awaits an asyncs-sync 0.4 `Notified`, and dropping a
+/// waiting `Notified` while its `Notify` wakes all waiters (a state change, or the
+/// client's session task ending) is a race in that crate that hung a test binary's
+/// runtime shutdown (docs/testing.md). One task per session looks; the holders wait on
+/// a tokio watch. Holding the watcher, not a `Client`, keeps the session closable:
+/// it closes once every `Client` handle is dropped.
+async fn watch_session(
+    watcher: StateWatcher,
+    publish: watch::Sender<SessionState>,
+    servers: String,
+    id: i64,
+    every: Duration,
+) {
+    let session = format!("{id:#x}");
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = *publish.borrow();
+    loop {
+        ticks.tick().await;
+        let state = watcher.peek_state();
+        if state == last {
+            continue;
+        }
+        last = state;
+        match state {
+            SessionState::SyncConnected => {
+                tracing::info!(%servers, %session, "ZooKeeper session reconnected")
+            }
+            SessionState::Disconnected => tracing::warn!(
+                %servers, %session,
+                "ZooKeeper session disconnected; its locks are in jeopardy"
+            ),
+            // Closed by us (every handle dropped): nothing was lost.
+            SessionState::Closed => {
+                tracing::info!(%servers, %session, "ZooKeeper session closed")
+            }
+            other => {
+                tracing::warn!(%servers, %session, state = %other, "ZooKeeper session ended; its locks are lost")
+            }
+        }
+        publish.send_replace(state);
+        if state.is_terminated() {
+            return;
+        }
     }
 }
 
