@@ -42,7 +42,7 @@ struct SourceFile {
 fn sources() -> Vec<SourceFile> {
     let mut files = Vec::new();
     for (name, dir, _) in CRATES {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
+        let root = lockwarden_testsupport::repo_root().join(dir);
         let mut stack = vec![root.clone()];
         while let Some(dir) = stack.pop() {
             for entry in std::fs::read_dir(&dir).expect("src dir") {
@@ -570,7 +570,7 @@ fn without_tests(text: &str) -> (String, BTreeSet<String>) {
 
 #[test]
 fn stores_are_named_in_one_registry() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = lockwarden_testsupport::repo_root();
     let stores = ["s3", "dynamodb", "zookeeper", "kubernetes"];
     let own: Vec<PathBuf> = stores
         .iter()
@@ -619,7 +619,7 @@ fn stores_are_named_in_one_registry() {
     for (path, names) in &naming {
         println!(
             "  {} ({})",
-            path.strip_prefix(root).unwrap().display(),
+            path.strip_prefix(&root).unwrap().display(),
             names.join(", ")
         );
     }
@@ -672,7 +672,7 @@ fn our_dependencies(manifest: &str) -> BTreeSet<String> {
 /// controller can name it).
 #[test]
 fn the_crates_depend_downward_only() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = lockwarden_testsupport::repo_root();
     for (i, (_, dir, package)) in CRATES.iter().enumerate() {
         let manifest_path = root.join(dir).parent().unwrap().join("Cargo.toml");
         let manifest = std::fs::read_to_string(&manifest_path).expect("read Cargo.toml");
@@ -699,7 +699,7 @@ fn the_crates_depend_downward_only() {
 /// build): what a user of that package compiles.
 fn dependency_closure(package: &str) -> BTreeSet<String> {
     let out = std::process::Command::new(env!("CARGO"))
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(lockwarden_testsupport::repo_root())
         .args([
             "tree",
             "--locked",

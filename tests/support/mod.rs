@@ -90,13 +90,25 @@ pub fn tool(name: &str) -> PathBuf {
     path
 }
 
-/// The repository's root (this crate is `tests/support` in it).
+/// The repository's root: the checkout the running test binary belongs to.
+///
+/// Taken at run time from `CARGO_MANIFEST_DIR` (cargo and `scripts/run-tests` set it to
+/// the package under test), not from this crate's compile-time path: cargo does not
+/// rebuild a path dependency when the checkout moves, so a second clone sharing the
+/// cached target directory would otherwise read the charts and scripts of whichever
+/// clone built this crate first (or of one since deleted).
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("tests/support is two levels below the repository's root")
-        .to_path_buf()
+    let is_root = |dir: &Path| dir.join("tests/support/Cargo.toml").is_file();
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .and_then(|dir| dir.ancestors().find(|d| is_root(d)).map(Path::to_path_buf))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .ancestors()
+                .nth(2)
+                .expect("tests/support is two levels below the repository's root")
+                .to_path_buf()
+        })
 }
 
 /// The profile's directory Cargo built the running test binary (or benchmark) into:
@@ -401,6 +413,9 @@ pub struct ServerProcess {
     pub name: String,
     pub log: PathBuf,
     child: Child,
+    /// The server's exit was collected: its PID (and so its process group's ID) may
+    /// already belong to another process, which a group signal must never reach.
+    reaped: bool,
 }
 
 impl ServerProcess {
@@ -433,6 +448,7 @@ impl ServerProcess {
             name: name.to_string(),
             log,
             child,
+            reaped: false,
         }
     }
 
@@ -440,16 +456,35 @@ impl ServerProcess {
         self.child.id()
     }
 
-    /// Sends a signal to the server's process group (e.g. SIGSTOP / SIGCONT).
+    /// Sends a signal to the server's process group (e.g. SIGSTOP / SIGCONT); nothing
+    /// once its exit was collected.
     pub fn signal(&self, sig: i32) {
+        if self.reaped {
+            return;
+        }
         unsafe {
             libc::kill(-(self.child.id() as i32), sig);
         }
     }
 
-    /// Whether the process is still running.
+    /// Whether the process is still running. Looks without collecting its exit
+    /// (`WNOWAIT`): until [`ServerProcess::kill`] does, the exited server stays a
+    /// zombie that keeps its PID, so the group signal there cannot reach a process
+    /// that reused it (each server leads a group of its own).
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        if self.reaped {
+            return false;
+        }
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let looked = unsafe {
+            libc::waitid(
+                libc::P_PID,
+                self.child.id(),
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        looked == 0 && unsafe { info.si_pid() } == 0
     }
 
     /// The last `lines` lines of the server's log, for failure messages.
@@ -459,11 +494,16 @@ impl ServerProcess {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// Kills the server and waits for it to exit.
+    /// Kills the server (and what it started in its group) and collects its exit;
+    /// again, once it has, does nothing.
     pub fn kill(&mut self) {
+        if self.reaped {
+            return;
+        }
         self.signal(libc::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.reaped = true;
     }
 }
 
