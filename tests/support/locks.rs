@@ -207,21 +207,30 @@ pub fn phase(lock: &DistributedLock) -> Option<LockPhase> {
     lock.status.as_ref().and_then(|s| s.phase)
 }
 
-/// Waits until the lock `name` is in `phase`; returns it.
+/// Waits until the lock `name` is in `phase`; returns it. On timeout, the failure
+/// shows the status it was last seen with: its conditions say why it is not there.
 pub async fn wait_phase(
     locks: &Api<DistributedLock>,
     name: &str,
     phase: LockPhase,
     timeout: Duration,
 ) -> DistributedLock {
-    super::eventually(&format!("{name} to be {phase}"), timeout, || async {
-        locks
-            .get(name)
-            .await
-            .ok()
-            .filter(|l| self::phase(l) == Some(phase))
-    })
-    .await
+    let deadline = std::time::Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        if let Ok(lock) = locks.get(name).await {
+            if self::phase(&lock) == Some(phase) {
+                return lock;
+            }
+            last = lock.status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {name} to be {phase}; its status last: {}",
+            serde_json::to_string_pretty(&last).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 /// Waits until the lock `name` is Acquired; returns it.

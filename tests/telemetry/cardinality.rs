@@ -31,9 +31,12 @@ async fn series_count_follows_the_formula_across_namespaces_and_backends() {
         .unwrap();
     let client = plane.client().await;
     install_lockwarden_crd(&client).await;
-    // Both servers start at once (each is shared by the binary's tests).
+    // Both servers start at once. The moto is this test's own: its 500 S3 and DynamoDB
+    // acquisitions in a burst would otherwise slow the shared one for a minute on a
+    // loaded machine, past the request timeout of the scenario's short S3 lease, which
+    // then cannot learn in time that it lost (a CI failure).
     let (moto, zookeeper) = tokio::join!(
-        tokio::task::spawn_blocking(support::moto::Moto::shared),
+        tokio::task::spawn_blocking(support::moto::Moto::start),
         tokio::task::spawn_blocking(support::zookeeper::ZooKeeper::shared),
     );
     let (moto, zookeeper) = (moto.unwrap(), zookeeper.unwrap());

@@ -41,6 +41,8 @@ const ALERTS: [&str; 5] = [
 /// A fresh namespace (with the CRD), an in-process controller watching it whose
 /// /metrics is scraped from now on, and the namespace's locks.
 async fn observed(prefix: &str) -> (kube::Client, String, Capture, Api<DistributedLock>) {
+    // The engine's and the controller's warnings in a failing test's output.
+    support::kube::test_logs();
     let (client, ns) = support::kube::namespace_with_crd(prefix).await;
     let port = start_controller(&client, &ns).await;
     let locks = Api::namespaced(client.clone(), &ns);
