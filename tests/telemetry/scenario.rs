@@ -198,7 +198,9 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
     let bucket = moto.new_bucket("metrics").await;
     let proxy = support::proxy::Proxy::start(moto.port());
     let held = s3_lock("held", &bucket, "locks/k", proxy.endpoint(), &secret.name);
-    acquire(&locks, timed(held, "6s", "2s")).await;
+    // A 10 s lease: each renewal may take 2.5 s (a quarter of it), a write and a read
+    // on a loaded machine's shared moto, so that once the proxy heals one gets through.
+    acquire(&locks, timed(held, "10s", "2s")).await;
     proxy.set_mode(support::proxy::Mode::Blackhole);
     let expiring_at = capture
         .mark_when("the expiring gauge to rise", |m| {
@@ -217,7 +219,7 @@ async fn on_call_metrics_move_and_alerts_fire_through_a_scripted_scenario() {
         moto.endpoint(),
         &secret.name,
     );
-    acquire(&locks, timed(contender, "6s", "2s")).await;
+    acquire(&locks, timed(contender, "10s", "2s")).await;
     proxy.set_mode(support::proxy::Mode::Pass);
     wait_phase(&locks, "held", LockPhase::Lost, TIMEOUT).await;
     let lost_at = capture
