@@ -18,8 +18,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, PropagationPolicy};
 use kube::{Client, ResourceExt};
 use lockwarden::api::DistributedLock;
 use serde_json::json;
@@ -155,10 +155,20 @@ async fn one_trial(
     )
     .await
     .expect("create the Job");
-    eventually("the Job's first write", TIMEOUT, || async {
-        (!register.of("job").is_empty()).then_some(())
+    let first_write = tokio::time::timeout(TIMEOUT, async {
+        while register.of("job").is_empty() {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
     })
     .await;
+    if first_write.is_err() {
+        // Once seen in a suite run (the rerun passed): show what the Job's Pods did.
+        let pods = Api::<Pod>::namespaced(client.clone(), ns)
+            .list(&ListParams::default().labels(&format!("job-name={job_name}")))
+            .await
+            .map(|list| list.items.iter().map(super::describe).collect::<Vec<_>>());
+        panic!("timed out after {TIMEOUT:?} waiting for the Job's first write; its Pods: {pods:?}");
+    }
     // The Job's own lock, as the controller made it from the template.
     let own_lock = eventually("the Job's own lock", TIMEOUT, || async {
         let list = locks.list(&Default::default()).await.ok()?;
