@@ -1444,12 +1444,18 @@ fn claim(marker: &Path, who: &str) {
 // Queues (docs/design.md §6.4): with lockwarden waiters queued, a release hands the key
 // to the head; the other tools wait until the queue drains, then take the key.
 
+/// A queued lock with a 12 s lease. With 6 s, a renewal had 1.5 s (a quarter of the
+/// lease) for its write, and behind a moto shared with three other test binaries on a
+/// loaded machine three renewals in a row took longer, so the holder's entry expired
+/// and the waiter took it (a suite run, 2026-12-06).
 fn queued_request(holder: &str) -> AcquireRequest {
     AcquireRequest {
         queue: Some(Queueing::default()),
-        ..request(holder, Duration::from_secs(6))
+        ..request(holder, QUEUED_LEASE)
     }
 }
+
+const QUEUED_LEASE: Duration = Duration::from_secs(12);
 
 /// A queued lockwarden holder (renewed in the background) and a queued lockwarden
 /// waiter, registered, waiting in a task of its own.
@@ -1509,9 +1515,9 @@ async fn release_the_queued_holder(held: HeldLock, url: &str, options: &ConnectO
 async fn dynamolock_waits_while_lockwarden_waiters_queue_and_acquires_once_the_queue_drains() {
     let (table, key, url) = dynamo_key().await;
     let (holder, waiter) = holder_and_queued_waiter(&url, &aws_options(false)).await;
-    // Past its own lease: the holder's renewals and the waiter's refreshes keep
-    // writing new versions.
-    times_out(dynamolock(&table, &key, "d1", "10s"), "lockwarden holds").await;
+    // Past the holder's lease (QUEUED_LEASE): its renewals and the waiter's refreshes
+    // keep writing new versions.
+    times_out(dynamolock(&table, &key, "d1", "14s"), "lockwarden holds").await;
     release_the_queued_holder(holder, &url, &aws_options(false)).await;
     let next = waiter.await.expect("the waiter's task");
     let dynamolock_now = |owner: &str| dynamolock(&table, &key, owner, "0s");
