@@ -1,5 +1,6 @@
-//! lockwarden-controller: the operator, a kube-runtime controller over
-//! `DistributedLock` (docs/design.md §5), and its [`telemetry`] (metrics, health).
+//! lockwarden-controller: the operator, a reconcile [`queue`] over `DistributedLock`
+//! (docs/design.md §5) on kube-runtime's watcher and reflector, and its [`telemetry`]
+//! (metrics, health).
 //!
 //! - [`reconcile`]: phase by phase — validate once (into a
 //!   [`validated::ValidatedSpec`]), resume, acquire (one attempt per reconcile, jittered
@@ -31,9 +32,9 @@
 //! A new kind of gated workload is one file implementing [`gating::GatedWorkload`] and
 //! one line in [`gated_kinds`].
 //!
-//! Wake-ups do not come from polling the API server: the queue of the applier is the
-//! watch on `DistributedLock`s merged with a channel fed by holder tasks and by
-//! releases (which wake every lock waiting on the same backend key).
+//! Wake-ups do not come from polling the API server: the requests of the reconcile
+//! [`queue`] are the watch on `DistributedLock`s merged with a channel fed by holder
+//! tasks and by releases (which wake every lock waiting on the same backend key).
 
 #![warn(clippy::too_many_lines)]
 #![cfg_attr(test, allow(clippy::too_many_lines))]
@@ -54,6 +55,7 @@ mod kinds;
 pub mod kueue;
 pub mod leader;
 pub mod pods;
+pub mod queue;
 pub mod reconcile;
 pub mod status;
 pub mod telemetry;
@@ -68,9 +70,8 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, ListParams};
-use kube::runtime::controller::{Config as RuntimeConfig, ReconcileRequest, trigger_self};
 use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, applier, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 
 use crate::telemetry::Telemetry;
 use lockwarden_api::DistributedLock;
@@ -171,41 +172,48 @@ pub async fn run_with(
             telemetry.set_ready();
         }
     })
-    .applied_objects();
-    let from_watch = trigger_self(watch, ());
-    let from_wakes = futures::stream::unfold(wake_rx, |mut rx| async move {
-        rx.recv().await.map(|r| (Ok(ReconcileRequest::from(r)), rx))
+    .applied_objects()
+    .filter_map(|object| async move {
+        match object {
+            Ok(lock) => Some(ObjectRef::from_obj(&lock)),
+            // The watcher backs off and watches again by itself.
+            Err(error) => {
+                tracing::warn!(%error, "watching DistributedLocks failed; retrying");
+                None
+            }
+        }
     });
-    let queue = futures::stream::select(from_watch, from_wakes);
+    let from_wakes =
+        futures::stream::unfold(
+            wake_rx,
+            |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+        );
+    let requests = futures::stream::select(watch, from_wakes);
 
-    // Reconciles beyond the bound wait in the applier's queue as object references: a
-    // reconcile in flight is a future of several KB, and behind a slow store every lock
-    // would keep one (docs/design.md §3, "Requests in flight are bounded").
-    let runtime_config = RuntimeConfig::default().concurrency(ctx.config.reconciles_in_flight);
+    // Reconciles beyond the bound wait in the queue as object references: a reconcile
+    // in flight is a future of several KB, and behind a slow store every lock would keep
+    // one (docs/design.md §3, "Requests in flight are bounded").
+    let reconciles_in_flight = usize::from(ctx.config.reconciles_in_flight);
     let kueue_checks = ctx.config.kueue_admission_check.then(|| ctx.client.clone());
-    let requests = ctx.clone();
+    let guards = ctx.clone();
     let kinds = gated_kinds();
     let gating = kinds.run_all(
         ctx.client.clone(),
         ctx.config.clone(),
         ctx.telemetry.clone(),
     );
-    let locks = applier(
-        |lock, ctx| Box::pin(reconcile::reconcile(lock, ctx)),
-        reconcile::error_policy,
-        ctx,
-        reader,
-        queue,
-        runtime_config,
-    )
-    .for_each(|result| async move {
-        match result {
-            Ok((obj, _)) => tracing::trace!(lock = %obj, "reconciled"),
-            // `reconcile::error_policy` has logged it with its lock and category.
-            Err(kube::runtime::controller::Error::ReconcilerFailed(_, obj)) => {
-                tracing::trace!(lock = %obj, "reconcile failed")
+    let locks = queue::run(reader, requests, reconciles_in_flight, move |lock| {
+        let ctx = ctx.clone();
+        async move {
+            let obj = ObjectRef::from_obj(&*lock);
+            match reconcile::reconcile(lock.clone(), ctx.clone()).await {
+                Ok(next) => {
+                    tracing::trace!(lock = %obj, "reconciled");
+                    next
+                }
+                // It logs the error with its lock and category.
+                Err(error) => reconcile::error_policy(lock, &error, ctx),
             }
-            Err(e) => tracing::warn!(error = %e, "reconcile failed"),
         }
     });
     // Kueue's AdmissionChecks of lockwarden's: their `Active` condition (§6.6).
@@ -216,9 +224,9 @@ pub async fn run_with(
     };
     // The guards' requests for a renewal, where their writes are confined (§6.3).
     let guard_requests = async {
-        if requests.config.trust_guard_reports {
-            let namespace = requests.config.namespace.as_deref();
-            guard_requests::run(requests.client.clone(), namespace, &requests.holders).await;
+        if guards.config.trust_guard_reports {
+            let namespace = guards.config.namespace.as_deref();
+            guard_requests::run(guards.client.clone(), namespace, &guards.holders).await;
         }
     };
     futures::future::join4(locks, gating, checks, guard_requests).await;

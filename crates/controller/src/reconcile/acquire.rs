@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kube::runtime::controller::Action;
+use crate::queue::Action;
 use kube::runtime::events::EventType;
 
 use super::{HELD_RESYNC, ReconcileError, Reconciling, WATCH_RECHECK, jitter};

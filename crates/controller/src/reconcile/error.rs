@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
+use crate::queue::Action;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::Context;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kube::runtime::controller::Action;
+use crate::queue::Action;
 
 use super::{HELD_RESYNC, ReconcileError, Reconciling};
 use crate::holders::{Acquisition, HolderTask, Owner};

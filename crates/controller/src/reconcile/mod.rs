@@ -44,9 +44,9 @@ pub use writes::loss_reason;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::queue::Action;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use rand::Rng;
@@ -81,20 +81,27 @@ pub async fn reconcile(
         return Ok(Action::requeue(CLAIMANT_RECHECK));
     }
     let api = Api::<DistributedLock>::namespaced(ctx.client.clone(), &ns);
+    // kube's finalizer helper answers in kube-runtime's `Action`, whose requeue cannot
+    // be read back for the queue; the phase's own answer is kept beside it. When the
+    // helper only adds or drops the finalizer, that write's watch event is the next
+    // request.
+    let mut next = Action::await_change();
     finalizer(&api, FINALIZER, lock, |event| async {
-        match event {
+        next = match event {
             Finalizer::Apply(lock) => {
                 tracing::debug!(lock = %lock.name_any(), namespace = %ns, "reconcile");
-                apply(&api, lock, &ctx).await
+                apply(&api, lock, &ctx).await?
             }
             Finalizer::Cleanup(lock) => {
                 tracing::debug!(lock = %lock.name_any(), namespace = %ns, "cleanup");
-                release::cleanup(lock, &ctx).await
+                release::cleanup(lock, &ctx).await?
             }
-        }
+        };
+        Ok(kube::runtime::controller::Action::await_change())
     })
     .await
-    .map_err(|e| ReconcileError::Finalizer(Box::new(e)))
+    .map_err(|e| ReconcileError::Finalizer(Box::new(e)))?;
+    Ok(next)
 }
 
 /// Being deleted while the workload that claims it may still run processes: not

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
+use crate::queue::Action;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 

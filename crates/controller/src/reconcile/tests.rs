@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::queue::Action;
 use http::Method;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};

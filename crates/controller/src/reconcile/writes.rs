@@ -4,9 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::queue::Action;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::context::Context;
