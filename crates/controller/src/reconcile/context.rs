@@ -1,12 +1,15 @@
 //! What every reconcile of a DistributedLock shares: the client, the holder tasks, the
 //! locks waiting per key, the wake channel, the metrics and the way to a backend.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kube::Resource;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::config::ControllerConfig;
@@ -32,6 +35,36 @@ pub struct Context {
     pub telemetry: Arc<Telemetry>,
     /// Where backends come from ([`FromSecrets`] unless [`Context::with_connector`]).
     pub(super) connector: Arc<dyn Connector>,
+    /// Releases waiting for the reconciles of the waiters they woke ([`Context::hand_off`]).
+    reconcile_ends: ReconcileEnds,
+}
+
+/// How long a release lets the waiters it woke reconcile before its own last writes: far
+/// longer than a waiter's acquisition and status write take on a store and an API
+/// server that keep up (a few ms), short enough that behind a slow one it only delays
+/// the releasing object's `Released` status or Event and its finalizer's removal.
+pub(super) const WAITERS_FIRST: Duration = Duration::from_millis(100);
+
+/// Who waits for the end of which lock's next reconcile.
+#[derive(Default)]
+struct ReconcileEnds {
+    waiting: Mutex<HashMap<ObjectRef<DistributedLock>, Vec<oneshot::Sender<()>>>>,
+}
+
+impl ReconcileEnds {
+    fn next_end_of(&self, obj: &ObjectRef<DistributedLock>) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        waiting.entry(obj.clone()).or_default().push(tx);
+        rx
+    }
+
+    fn ended(&self, obj: &ObjectRef<DistributedLock>) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for tx in waiting.remove(obj).into_iter().flatten() {
+            let _ = tx.send(());
+        }
+    }
 }
 
 impl Context {
@@ -50,6 +83,7 @@ impl Context {
             wake,
             telemetry,
             connector: Arc::new(FromSecrets),
+            reconcile_ends: ReconcileEnds::default(),
         }
     }
 
@@ -74,18 +108,34 @@ impl Context {
     /// each the `released` record (if the backend gave one), so that its next attempt
     /// writes on it instead of reading the key first: one store round trip less
     /// between a release and the next holder.
+    ///
+    /// Then lets their reconciles go first, for up to [`WAITERS_FIRST`]: the caller's
+    /// next writes (its `Released` status or Event, its finalizer's removal) are no step
+    /// of the hand-off, and sent at the same moment as a waiter's status write they
+    /// share the API server with it and make it half again as slow (docs/benchmarks.md,
+    /// "The waiters' writes first"). Nothing waits for them: safety never does.
     pub(super) async fn hand_off(
         &self,
         key: &str,
         except: &ObjectRef<DistributedLock>,
         released: Option<Stored>,
     ) {
+        let mut ends = Vec::new();
         for (obj, backend) in self.waiters.backends_waiting_on(key, except) {
             if let Some(released) = &released {
                 backend.learn(released.clone()).await;
             }
+            ends.push(self.reconcile_ends.next_end_of(&obj));
             let _ = self.wake.send(obj);
         }
+        if !ends.is_empty() {
+            let _ = tokio::time::timeout(WAITERS_FIRST, futures::future::join_all(ends)).await;
+        }
+    }
+
+    /// A reconcile of `obj` has ended: the releases waiting for it go on.
+    pub(super) fn reconciled(&self, obj: &ObjectRef<DistributedLock>) {
+        self.reconcile_ends.ended(obj);
     }
 
     pub(super) async fn event(

@@ -75,8 +75,19 @@ pub async fn reconcile(
     lock: Arc<DistributedLock>,
     ctx: Arc<Context>,
 ) -> Result<Action, ReconcileError> {
+    let obj = ObjectRef::from_obj(&*lock);
+    let result = reconcile_phase(lock, &ctx).await;
+    ctx.reconciled(&obj);
+    result
+}
+
+/// One reconcile: the claimant check, the finalizer, then the phase.
+async fn reconcile_phase(
+    lock: Arc<DistributedLock>,
+    ctx: &Context,
+) -> Result<Action, ReconcileError> {
     let ns = lock_namespace(&lock).to_string();
-    if claimant_still_runs(&lock, &ctx).await {
+    if claimant_still_runs(&lock, ctx).await {
         // Its holder task (if any) keeps renewing meanwhile.
         return Ok(Action::requeue(CLAIMANT_RECHECK));
     }
@@ -90,11 +101,11 @@ pub async fn reconcile(
         next = match event {
             Finalizer::Apply(lock) => {
                 tracing::debug!(lock = %lock.name_any(), namespace = %ns, "reconcile");
-                apply(&api, lock, &ctx).await?
+                apply(&api, lock, ctx).await?
             }
             Finalizer::Cleanup(lock) => {
                 tracing::debug!(lock = %lock.name_any(), namespace = %ns, "cleanup");
-                release::cleanup(lock, &ctx).await?
+                release::cleanup(lock, ctx).await?
             }
         };
         Ok(kube::runtime::controller::Action::await_change())

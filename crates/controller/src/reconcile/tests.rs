@@ -13,10 +13,12 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use super::context::WAITERS_FIRST;
 use super::{ErrorCategory, HELD_RESYNC, ReconcileError, error_policy, reconcile};
 use crate::telemetry::Telemetry;
 use crate::testing::{ApiServer, MemoryConnector, PATIENCE, Script, mock_client};
 use crate::validated::ValidatedSpec;
+use crate::waiters::WaitStart;
 use crate::{Context, ControllerConfig, FINALIZER};
 use lockwarden_api::conditions::{self, ACQUIRED, reason};
 use lockwarden_api::{
@@ -395,6 +397,57 @@ async fn released_on_delete_before_the_finalizer_goes() {
     assert_eq!(note, format!("released {KEY} (fence 1) before deletion"));
     assert!(f.metrics().contains("lockwarden_release_errors_total 0\n"));
     assert!(!f.metrics().contains("lockwarden_locks{phase=\"Held\"} 1\n"));
+}
+
+/// A release lets the waiters it woke reconcile before its own last writes (a waiter's
+/// status write at the same moment shares the API server with them), and waits for a
+/// waiter whose reconcile does not end no longer than `WAITERS_FIRST`. On the paused
+/// clock: no time passes unless everything waits for a timer.
+#[tokio::test(start_paused = true)]
+async fn a_hand_off_lets_the_woken_waiters_reconcile_first_for_at_most_a_bound() {
+    let mut f = fixture();
+    let holder = ObjectRef::<DistributedLock>::new("holder").within(NAMESPACE);
+    let waiter = ObjectRef::<DistributedLock>::new("waiter").within(NAMESPACE);
+    let backend: Arc<dyn LockBackend> = Arc::new(CasLock::new(f.store.clone()));
+    f.ctx
+        .waiters
+        .insert(&waiter, "uid-w", KEY, backend, WaitStart::now());
+    let hand_off = |ctx: Arc<Context>, holder: ObjectRef<DistributedLock>| {
+        tokio::spawn(async move {
+            let start = tokio::time::Instant::now();
+            ctx.hand_off(KEY, &holder, None).await;
+            start.elapsed()
+        })
+    };
+
+    let handing = hand_off(f.ctx.clone(), holder.clone());
+    assert_eq!(
+        f.wakes.recv().await,
+        Some(waiter.clone()),
+        "the waiter woken"
+    );
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !handing.is_finished(),
+        "went on before the waiter's reconcile ended"
+    );
+    f.ctx.reconciled(&waiter);
+    let waited = handing.await.expect("handed off");
+    assert_eq!(
+        waited,
+        Duration::ZERO,
+        "waited on after the waiter's reconcile"
+    );
+
+    let handing = hand_off(f.ctx.clone(), holder);
+    assert_eq!(f.wakes.recv().await, Some(waiter), "the waiter woken again");
+    let waited = handing.await.expect("handed off");
+    assert!(
+        waited >= WAITERS_FIRST && waited < WAITERS_FIRST * 2,
+        "waited {waited:?} for a reconcile that did not end"
+    );
 }
 
 /// docs/design.md §6.3: a lock deleted while the Job that claims it still has a Pod
