@@ -7,10 +7,10 @@
 //! whose millisecond deadlines and the runtime's timer tick delay each reconcile by
 //! 1–2 ms after its watch event or wake (2.1 ms p50 on an idle runtime here). A
 //! same-cluster hand-off passes through two such requests (the holder's deletion, then
-//! the waiter's wake), so they were about a tenth of it (docs/benchmarks.md, "the
-//! reconcile queue"). Here a request due now is ready at once; only a reconcile's own
-//! requeue (`Action::requeue`) waits in a `DelayQueue`, where a millisecond does not
-//! matter.
+//! the waiter's wake), so they were about a tenth of it (docs/benchmarks.md,
+//! "Same-cluster hand-off: the reconcile queue"). Here a request due now is ready at
+//! once; only a reconcile's own requeue (`Action::requeue`) waits in a `DelayQueue`,
+//! where a millisecond does not matter.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};

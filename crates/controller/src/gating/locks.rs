@@ -22,6 +22,10 @@ pub enum Claim {
     Impossible(String),
 }
 
+/// The reason of a claim refused because another workload is still seen running with
+/// the lock.
+pub const LOCK_IN_USE: &str = "LockInUse";
+
 /// Claims the named lock for `workload`: at most one workload holds the claim, written
 /// on the lock with its resourceVersion as the precondition so two cannot both win.
 /// `in_use_by` names another unfinished workload (e.g. "Job x") that was started with
@@ -52,7 +56,7 @@ pub async fn claim(
     if let Some(running) = in_use_by {
         return Ok(Claim::Waiting(
             EventType::Warning,
-            "LockInUse",
+            LOCK_IN_USE,
             format!("waiting for lock {name}: {running} runs with it (its claim was removed)"),
         ));
     }

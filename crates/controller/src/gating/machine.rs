@@ -40,7 +40,7 @@ use kube::runtime::watcher;
 use super::decide::{self, AnnotationError, LockSet, LossPolicy};
 use super::error::GatingError;
 use super::kind::{GatedWorkload, Kinds, OnLockLost, Readiness, Stopping};
-use super::locks::OwnLockTerms;
+use super::locks::{LOCK_IN_USE, OwnLockTerms};
 use super::lockset::{self, RanWith, Taker, Taking, WorkloadLock, describe};
 use super::once;
 use super::running::{Running, Step};
@@ -58,6 +58,14 @@ const WAITING_RESYNC: Duration = Duration::from_secs(60);
 /// How often a workload whose locks wait for its processes to end looks again: the end
 /// of a Pod does not always change the workload itself (a Job being deleted).
 const PROCESSES_RECHECK: Duration = Duration::from_secs(2);
+/// How often a workload waiting for a named lock that another workload of its kind is
+/// still seen using (`LockInUse`) looks again. What it waits for is a change of that
+/// other workload (its finalizer gone, finished, deleted), which wakes only that one;
+/// and the lock's own changes can come first: a workload lets its lock go before it
+/// drops its finalizer, so the last of them may find it still in this controller's
+/// cache, and the wait would otherwise last until `WAITING_RESYNC` (a node hand-off
+/// once took 60 s so).
+pub(crate) const IN_USE_RECHECK: Duration = Duration::from_secs(2);
 
 /// The observation that a workload's processes have all ended (docs/design.md §6.3):
 /// the only way to let its locks go cleanly, made only by [`Run::observe_ended`].
@@ -898,8 +906,12 @@ impl<'a, W: GatedWorkload> Run<'a, W> {
         match taking {
             Taking::Held(ran) => Ok(ControlFlow::Continue(ran)),
             Taking::Waiting((type_, reason, message)) => {
+                let recheck = match reason {
+                    LOCK_IN_USE => IN_USE_RECHECK,
+                    _ => WAITING_RESYNC,
+                };
                 self.wait(type_, reason, message).await?;
-                Ok(ControlFlow::Break(Action::requeue(WAITING_RESYNC)))
+                Ok(ControlFlow::Break(Action::requeue(recheck)))
             }
             Taking::RunDone(why) => self.end_unrun(why, run_owner).await,
             Taking::Impossible(why) => {

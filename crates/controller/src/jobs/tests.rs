@@ -338,7 +338,7 @@ mod release_waits_for_the_pods {
     use crate::config::FINALIZER;
     use crate::fake_api::{FakeApi, LockStatus};
     use crate::gating::GUARD_ANNOTATION;
-    use crate::gating::machine::{Gating, reconcile};
+    use crate::gating::machine::{Gating, IN_USE_RECHECK, reconcile};
 
     const LOCK: &str = "/apis/lockwarden.io/v1alpha1/namespaces/ns/distributedlocks/db";
     const JOB: &str = "/apis/batch/v1/namespaces/ns/jobs/j";
@@ -568,6 +568,47 @@ mod release_waits_for_the_pods {
         assert_eq!(
             lock["metadata"]["annotations"][CLAIM_ANNOTATION], "k/k-uid",
             "the next Job claims the lock at once: {lock}"
+        );
+    }
+
+    /// The lock's changes can reach the next Job before the first Job's finalizer
+    /// removal reaches this controller's cache (it lets the lock go first): the next
+    /// Job then sees the lock still in use, and looks again within `IN_USE_RECHECK`,
+    /// not at the 60 s resync, since that change of the first Job wakes only the first.
+    #[tokio::test]
+    async fn a_lock_seen_in_use_by_a_job_that_let_it_go_is_looked_at_again_soon() {
+        let (api, ctx) = scene("suspend");
+        let first_as_cached: Job = api.object(JOB);
+        container_exits(&api, 0);
+        step(&api, &ctx).await;
+        assert!(released(&api), "let go early");
+        lock_status(&api, "Released", false, 5);
+        let next_path = "/apis/batch/v1/namespaces/ns/jobs/k";
+        api.put(
+            next_path,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "k", "namespace": "ns", "uid": "k-uid",
+                              "finalizers": [FINALIZER],
+                              "annotations": { LOCK_ANNOTATION: "db" } },
+                "spec": { "suspend": true, "template": {
+                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never" },
+                } },
+            }),
+        );
+        let ctx = Gating::<Job>::with_cached(api.client(), vec![first_as_cached]);
+        let next: Job = api.object(next_path);
+        let action = reconcile(Arc::new(next), ctx.clone())
+            .await
+            .expect("reconcile");
+        assert_eq!(
+            action,
+            kube::runtime::controller::Action::requeue(IN_USE_RECHECK)
+        );
+        let lock = api.get(LOCK).unwrap();
+        assert!(
+            lock["metadata"]["annotations"][CLAIM_ANNOTATION].is_null(),
+            "claimed beside a Job seen running: {lock}"
         );
     }
 

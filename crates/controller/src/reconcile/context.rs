@@ -113,7 +113,8 @@ impl Context {
     /// next writes (its `Released` status or Event, its finalizer's removal) are no step
     /// of the hand-off, and sent at the same moment as a waiter's status write they
     /// share the API server with it and make it half again as slow (docs/benchmarks.md,
-    /// "The waiters' writes first"). Nothing waits for them: safety never does.
+    /// "Same-cluster hand-off: the reconcile queue, and the waiters' writes first").
+    /// No rule of docs/design.md depends on the wait: it only orders writes.
     pub(super) async fn hand_off(
         &self,
         key: &str,
