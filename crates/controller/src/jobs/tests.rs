@@ -529,6 +529,24 @@ mod release_waits_for_the_pods {
         }
     }
 
+    /// A second Job `k`, suspended, naming the scene's lock `db`.
+    fn next_job_on_the_named_lock(api: &FakeApi) -> Job {
+        let path = "/apis/batch/v1/namespaces/ns/jobs/k";
+        api.put(
+            path,
+            json!({
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": { "name": "k", "namespace": "ns", "uid": "k-uid",
+                              "finalizers": [FINALIZER],
+                              "annotations": { LOCK_ANNOTATION: "db" } },
+                "spec": { "suspend": true, "template": {
+                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never" },
+                } },
+            }),
+        );
+        api.object(path)
+    }
+
     /// After the early hand-off the next Job on the named lock starts at once, though
     /// the first one is not `Complete` yet: nothing of it runs, so it does not hold the
     /// lock "in use" (before, the next Job waited for the 60 s resync).
@@ -545,22 +563,9 @@ mod release_waits_for_the_pods {
             first.status.as_ref().unwrap().conditions.is_none(),
             "not Complete yet"
         );
-        let next_path = "/apis/batch/v1/namespaces/ns/jobs/k";
-        api.put(
-            next_path,
-            json!({
-                "apiVersion": "batch/v1", "kind": "Job",
-                "metadata": { "name": "k", "namespace": "ns", "uid": "k-uid",
-                              "finalizers": [FINALIZER],
-                              "annotations": { LOCK_ANNOTATION: "db" } },
-                "spec": { "suspend": true, "template": {
-                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never" },
-                } },
-            }),
-        );
+        let next = next_job_on_the_named_lock(&api);
         // The next Job's reconcile sees the first in its cache, as the watch has it.
         let ctx = Gating::<Job>::with_cached(api.client(), vec![first]);
-        let next: Job = api.object(next_path);
         reconcile(Arc::new(next), ctx.clone())
             .await
             .expect("reconcile");
@@ -583,21 +588,8 @@ mod release_waits_for_the_pods {
         step(&api, &ctx).await;
         assert!(released(&api), "let go early");
         lock_status(&api, "Released", false, 5);
-        let next_path = "/apis/batch/v1/namespaces/ns/jobs/k";
-        api.put(
-            next_path,
-            json!({
-                "apiVersion": "batch/v1", "kind": "Job",
-                "metadata": { "name": "k", "namespace": "ns", "uid": "k-uid",
-                              "finalizers": [FINALIZER],
-                              "annotations": { LOCK_ANNOTATION: "db" } },
-                "spec": { "suspend": true, "template": {
-                    "spec": { "containers": [{ "name": "c" }], "restartPolicy": "Never" },
-                } },
-            }),
-        );
+        let next = next_job_on_the_named_lock(&api);
         let ctx = Gating::<Job>::with_cached(api.client(), vec![first_as_cached]);
-        let next: Job = api.object(next_path);
         let action = reconcile(Arc::new(next), ctx.clone())
             .await
             .expect("reconcile");
