@@ -59,6 +59,21 @@ impl ReconcileEnds {
         rx
     }
 
+    /// Drops the registrations nobody waits for any more (a release that gave up
+    /// after [`WAITERS_FIRST`]), so that a waiter deleted before its next reconcile
+    /// leaves nothing behind.
+    fn forget_abandoned(&self, objs: &[ObjectRef<DistributedLock>]) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        for obj in objs {
+            if let Some(senders) = waiting.get_mut(obj) {
+                senders.retain(|tx| !tx.is_closed());
+                if senders.is_empty() {
+                    waiting.remove(obj);
+                }
+            }
+        }
+    }
+
     fn ended(&self, obj: &ObjectRef<DistributedLock>) {
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
         for tx in waiting.remove(obj).into_iter().flatten() {
@@ -121,16 +136,24 @@ impl Context {
         except: &ObjectRef<DistributedLock>,
         released: Option<Stored>,
     ) {
-        let mut ends = Vec::new();
+        let (mut woken, mut ends) = (Vec::new(), Vec::new());
         for (obj, backend) in self.waiters.backends_waiting_on(key, except) {
             if let Some(released) = &released {
                 backend.learn(released.clone()).await;
             }
             ends.push(self.reconcile_ends.next_end_of(&obj));
-            let _ = self.wake.send(obj);
+            let _ = self.wake.send(obj.clone());
+            woken.push(obj);
         }
-        if !ends.is_empty() {
-            let _ = tokio::time::timeout(WAITERS_FIRST, futures::future::join_all(ends)).await;
+        if ends.is_empty() {
+            return;
+        }
+        let all_ended = futures::future::join_all(ends);
+        if tokio::time::timeout(WAITERS_FIRST, all_ended)
+            .await
+            .is_err()
+        {
+            self.reconcile_ends.forget_abandoned(&woken);
         }
     }
 
