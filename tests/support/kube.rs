@@ -831,6 +831,19 @@ pub async fn namespace_with_controller_as(
     create(&Api::namespaced(admin.clone(), &ns), &role).await;
     create(&Api::namespaced(admin.clone(), &ns), &binding).await;
     let restricted = client_from_kubeconfig(&plane.user_kubeconfig(&user, None)).await;
+    // The API server's RBAC authorizer reads Roles and bindings through its own
+    // informers: a binding just created may not be in effect yet, and the controller's
+    // start-up check (it lists DistributedLocks) would then fail as forbidden. A pods
+    // run once did so; wait until the identity may list them.
+    let locks = Api::<lockwarden::api::DistributedLock>::namespaced(restricted.clone(), &ns);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = locks.list(&kube::api::ListParams::default().limit(1)).await {
+        assert!(
+            Instant::now() < deadline,
+            "the Role bound to {user} did not take effect within 60 s: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let config = lockwarden::controller::ControllerConfig {
         cluster_name: cluster.into(),
         namespace: Some(ns.clone()),
