@@ -18,6 +18,7 @@
 #![warn(clippy::too_many_lines)]
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
+pub mod allocator;
 pub mod cli;
 
 pub use lockwarden_api as api;

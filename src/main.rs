@@ -151,6 +151,7 @@ fn plugin_main(mode: InvokedAs) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    lockwarden::allocator::tune();
     if let Some(mode) = kubectl::invoked_as(std::env::args_os().next().as_ref()) {
         return plugin_main(mode);
     }

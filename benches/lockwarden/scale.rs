@@ -64,6 +64,47 @@ pub(crate) fn proc_sockets_to(pid: u32, port: u16) -> usize {
         .sum()
 }
 
+/// Context switches of every thread of process `pid`, voluntary and not: a renewal that
+/// parks and wakes a runtime thread shows here.
+pub(crate) fn proc_context_switches(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter_map(|l| {
+                    l.strip_prefix("voluntary_ctxt_switches:")
+                        .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                })
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// The machine's CPU time so far (`/proc/stat`, all cores), in clock ticks: (busy,
+/// stolen by the hypervisor, total). The busy share of a window is what else ran
+/// beside the process measured.
+pub(crate) fn machine_cpu_ticks() -> (f64, f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0.0, 0.0, 0.0);
+    };
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let field = |i: usize| f.get(i).copied().unwrap_or(0.0);
+    // user nice system idle iowait irq softirq steal …
+    let total: f64 = f.iter().take(8).sum();
+    let idle = field(3) + field(4);
+    (total - idle, field(7), total)
+}
+
 pub(crate) fn proc_status_kb(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -83,6 +124,11 @@ pub(crate) fn scale_child(args: &[String]) {
     let hold = Duration::from_secs_f64(args[3].parse().unwrap());
     let endpoint = args[4].clone();
     let bucket = args[5].clone();
+    // As the `lockwarden` binary starts (src/main.rs), so the engine is measured as
+    // shipped. LOCKWARDEN_BENCH_MALLOC_DEFAULT=1 leaves glibc's defaults (A/B aid).
+    if std::env::var_os("LOCKWARDEN_BENCH_MALLOC_DEFAULT").is_none() {
+        lockwarden::allocator::tune();
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -90,8 +136,13 @@ pub(crate) fn scale_child(args: &[String]) {
         )
         .with_writer(std::io::stderr)
         .try_init();
+    // LOCKWARDEN_BENCH_SCALE_WORKERS: the runtime's worker threads (debugging aid).
+    let workers = std::env::var("LOCKWARDEN_BENCH_SCALE_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
@@ -216,6 +267,8 @@ pub(crate) fn scale_child(args: &[String]) {
             }
         };
         let c0 = count(&attempts);
+        let switches0 = proc_context_switches(pid);
+        let machine0 = machine_cpu_ticks();
         let cpu0 = proc_cpu_seconds(pid);
         let t0 = Instant::now();
         let perf = perf_record(pid, hold.as_secs_f64());
@@ -225,12 +278,27 @@ pub(crate) fn scale_child(args: &[String]) {
         }
         let window = t0.elapsed().as_secs_f64();
         let cpu1 = proc_cpu_seconds(pid);
+        let machine1 = machine_cpu_ticks();
+        let switches1 = proc_context_switches(pid);
         let c1 = count(&attempts);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let machine_share = |i: fn(&(f64, f64, f64)) -> f64| {
+            let total = machine1.2 - machine0.2;
+            if total > 0.0 {
+                cores * (i(&machine1) - i(&machine0)) / total
+            } else {
+                f64::NAN
+            }
+        };
         let still_held = held.iter().filter(|h| h.is_held()).count();
         json!({
             "acquire_all_s": acquire_all,
             "window_s": window,
             "cpu_s": cpu1 - cpu0,
+            "context_switches": switches1 - switches0,
+            // Cores busy and stolen over the window, this process included.
+            "machine_busy_cores": machine_share(|t| t.0),
+            "machine_steal_cores": machine_share(|t| t.1),
             "renewals": c1 - c0,
             "missed": missed.load(Ordering::Relaxed),
             "still_held": still_held,
@@ -420,9 +488,12 @@ pub(crate) async fn part_scale(env: Arc<Env>, opts: Opts, report: Shared) {
                         / (n as f64 / 1000.0),
                     status_writes_per_renewal: None,
                     note: format!(
-                        "still held at the end: {}; CPU {:.1} % of a core over the window",
+                        "still held at the end: {}; CPU {:.1} % of a core over the window; {:.2} context switches per renewal; the machine {:.2} cores busy ({:.2} stolen)",
                         v["still_held"],
-                        100.0 * f("cpu_s") / f("window_s")
+                        100.0 * f("cpu_s") / f("window_s"),
+                        f("context_switches") / f("renewals"),
+                        f("machine_busy_cores"),
+                        f("machine_steal_cores"),
                     ),
                 };
                 eprintln!("[bench] scale {row:?}");
