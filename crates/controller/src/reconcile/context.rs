@@ -188,3 +188,63 @@ impl Context {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(name: &str) -> ObjectRef<DistributedLock> {
+        ObjectRef::new(name).within("team")
+    }
+
+    fn registrations(ends: &ReconcileEnds) -> HashMap<String, usize> {
+        let waiting = ends.waiting.lock().unwrap();
+        waiting
+            .iter()
+            .map(|(obj, senders)| (obj.name.clone(), senders.len()))
+            .collect()
+    }
+
+    /// A release that stopped waiting (its receivers dropped after WAITERS_FIRST)
+    /// leaves no registration behind, and one still waited for on the same lock is
+    /// kept and still told of the reconcile's end.
+    #[tokio::test]
+    async fn a_release_that_gave_up_leaves_no_registration() {
+        let ends = ReconcileEnds::default();
+        let (first, second) = (lock("first"), lock("second"));
+        drop(ends.next_end_of(&first));
+        let still_waiting = ends.next_end_of(&first);
+        drop(ends.next_end_of(&second));
+        assert_eq!(
+            registrations(&ends),
+            HashMap::from([("first".to_string(), 2), ("second".to_string(), 1)])
+        );
+
+        ends.forget_abandoned(&[first.clone(), second.clone()]);
+        assert_eq!(
+            registrations(&ends),
+            HashMap::from([("first".to_string(), 1)]),
+            "the abandoned registrations are dropped, the waited-for one kept"
+        );
+
+        ends.ended(&first);
+        assert!(
+            still_waiting.await.is_ok(),
+            "the release still waiting hears of the end"
+        );
+        assert!(registrations(&ends).is_empty());
+    }
+
+    /// A waiter deleted before its next reconcile never ends one: the release's
+    /// registration goes once the release stops waiting, as `hand_off` does it.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_never_reconciles_is_forgotten_after_the_wait() {
+        let ends = ReconcileEnds::default();
+        let gone = lock("deleted-waiter");
+        let waited = futures::future::join_all([ends.next_end_of(&gone)]);
+        let gave_up = tokio::time::timeout(WAITERS_FIRST, waited).await.is_err();
+        assert!(gave_up, "no reconcile of a deleted waiter ends");
+        ends.forget_abandoned(std::slice::from_ref(&gone));
+        assert!(registrations(&ends).is_empty());
+    }
+}
