@@ -98,9 +98,10 @@ impl HolderState {
     }
 }
 
-/// Told of every state the holder task publishes, in that task and before its
-/// watchers: for what must not cost a task and a wake-up per renewal, such as a metric
-/// counted per renewal. It runs on the renewal's path, so it must not block.
+/// Told of every state the holder task publishes, in that task, once its watchers can
+/// read it: for what must not cost a task and a wake-up per renewal, such as a metric
+/// counted per renewal, or a wake of whoever then reads [`HeldLock::state`] (the
+/// controller's reconcile). It runs on the renewal's path, so it must not block.
 pub type StateObserver = Box<dyn FnMut(&HolderState) + Send + 'static>;
 
 /// A held lock. Dropping it releases the lock in the background.
@@ -360,12 +361,22 @@ struct HolderTask {
 }
 
 impl HolderTask {
-    /// Tells the observer, then every watcher, of the holder's state.
+    /// Publishes the holder's state to every watcher, then tells the observer. In that
+    /// order: the controller's observer wakes a reconcile that reads the state at once,
+    /// and told first it could read the state before (`Held` after an `Expiring`) and,
+    /// woken once per change, not look again until its resync — the Job of a lock past
+    /// its deadline ran on for minutes (docs/design.md §6.3, "A holder's state is
+    /// published before anyone is told of it").
     fn publish(&mut self, state: HolderState) {
-        if let Some(observer) = &mut self.observer {
-            observer(&state);
-        }
+        let Some(observer) = &mut self.observer else {
+            self.state.send_replace(state);
+            return;
+        };
+        // A copy for the observer: holding the watch's lock while it runs would block
+        // every reader of the state behind it.
+        let told = state.clone();
         self.state.send_replace(state);
+        observer(&told);
     }
 
     fn renewal(&self, mut lease: Lease) -> Renewal {
@@ -640,6 +651,58 @@ mod tests {
             "each renewal told once, with its new version: {told:?}"
         );
         assert_eq!(told.last(), Some(&HolderState::Released));
+    }
+
+    /// docs/design.md §6.3, "A holder's state is published before anyone is told of
+    /// it": whatever the observer is told, a reader of the lock's state already sees.
+    #[tokio::test]
+    async fn a_holders_state_is_published_before_the_observer_is_told_of_it() {
+        let store = MemoryStore::new("mem://held/published-first");
+        let lock = CasLock::new(store.clone()).with_margins(margins());
+        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let reader = Arc::new(std::sync::OnceLock::<watch::Receiver<HolderState>>::new());
+        // What the observer was told, and what a reader saw at that moment.
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let observer = {
+            let (reader, told) = (reader.clone(), told.clone());
+            Box::new(move |s: &HolderState| {
+                if let Some(reader) = reader.get() {
+                    let seen = reader.borrow().clone();
+                    told.lock().unwrap().push((s.clone(), seen));
+                }
+            })
+        };
+        let held = HeldLock::hold_observed(
+            Arc::new(lock),
+            lease,
+            RenewPolicy::for_lease(LEASE),
+            observer,
+        );
+        reader.set(held.watch()).unwrap();
+        let give_up = Instant::now() + PATIENCE;
+        while told.lock().unwrap().len() < 2 {
+            assert!(Instant::now() < give_up, "two renewals told");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Changes of kind, as the controller forwards them: renewals failing past the
+        // deadline (`Expiring`), then one getting through (`Held` again).
+        store.set_unreachable(true);
+        until(&held, |s| !s.is_held()).await;
+        store.set_unreachable(false);
+        until(&held, HolderState::is_held).await;
+        held.release().await.unwrap();
+        let told = told.lock().unwrap().clone();
+        assert!(
+            told.iter()
+                .any(|(s, _)| matches!(s, HolderState::Expiring { .. })),
+            "{told:?}"
+        );
+        for (state, seen) in &told {
+            assert_eq!(seen, state, "told of a state a reader could not see yet");
+        }
     }
 
     #[tokio::test]
