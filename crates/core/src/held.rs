@@ -527,14 +527,19 @@ mod tests {
     /// A lock acquired on a fresh in-memory store, held by its holder task, and the
     /// holder deadline of the acquisition.
     async fn held(store: &MemoryStore) -> (HeldLock, Instant) {
-        let lock = CasLock::new(store.clone()).with_margins(margins());
-        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{other:?}"),
-        };
+        let (lock, lease) = acquired(store).await;
         let deadline = lease.deadline.instant();
         let held = HeldLock::hold(Arc::new(lock), lease, RenewPolicy::for_lease(LEASE));
         (held, deadline)
+    }
+
+    /// A lock acquired on a fresh in-memory store, not held yet.
+    async fn acquired(store: &MemoryStore) -> (CasLock<MemoryStore>, Lease) {
+        let lock = CasLock::new(store.clone()).with_margins(margins());
+        match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
+            Ok(Attempt::Acquired(lease)) => (lock, lease),
+            other => panic!("{other:?}"),
+        }
     }
 
     async fn until(held: &HeldLock, what: impl Fn(&HolderState) -> bool) -> HolderState {
@@ -615,11 +620,7 @@ mod tests {
     #[tokio::test]
     async fn an_observer_is_told_the_first_state_every_renewal_and_the_release_in_order() {
         let store = MemoryStore::new("mem://held/observed");
-        let lock = CasLock::new(store.clone()).with_margins(margins());
-        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{other:?}"),
-        };
+        let (lock, lease) = acquired(&store).await;
         let told = Arc::new(std::sync::Mutex::new(Vec::new()));
         let observer = {
             let told = told.clone();
@@ -658,11 +659,7 @@ mod tests {
     #[tokio::test]
     async fn a_holders_state_is_published_before_the_observer_is_told_of_it() {
         let store = MemoryStore::new("mem://held/published-first");
-        let lock = CasLock::new(store.clone()).with_margins(margins());
-        let lease = match lock.try_acquire(&AcquireRequest::new("a", LEASE)).await {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{other:?}"),
-        };
+        let (lock, lease) = acquired(&store).await;
         let reader = Arc::new(std::sync::OnceLock::<watch::Receiver<HolderState>>::new());
         // What the observer was told, and what a reader saw at that moment.
         let told = Arc::new(std::sync::Mutex::new(Vec::new()));
