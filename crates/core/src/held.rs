@@ -372,8 +372,9 @@ impl HolderTask {
             self.state.send_replace(state);
             return;
         };
-        // A copy for the observer: holding the watch's lock while it runs would block
-        // every reader of the state behind it.
+        // A copy for the observer (one small allocation): told through the watch's read
+        // guard, an observer that reads the state itself would take that lock again on
+        // the same thread, which `std::sync::RwLock` does not promise to allow.
         let told = state.clone();
         self.state.send_replace(state);
         observer(&told);
