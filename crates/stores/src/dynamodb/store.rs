@@ -260,28 +260,37 @@ impl DynamoStore {
         condition: &str,
         expected: Option<&Version>,
     ) -> Result<Version, StoreError> {
-        let UpdateOf {
-            mut expression,
-            mut names,
-            mut values,
-        } = update_of(record, &self.layout);
-        if let Some(info) = self.state_lock_info(record)? {
-            // SET comes first in the expression: one more assignment of it.
-            expression = expression.replacen("SET ", "SET #info = :info, ", 1);
-            names.push(("#info".into(), terraform::DYNAMODB_INFO_ATTRIBUTE));
-            values.insert(":info".into(), AttributeValue::S(info));
-        }
-        if let Some(v) = expected {
-            values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
-        }
-        // Only name what the condition uses besides the update's own names.
-        if !condition.contains("#pk") {
-            names.retain(|(placeholder, _)| placeholder != "#pk");
-        }
+        let info = self.state_lock_info(record)?;
+        // The update's expression and values are built once admitted, like the rest of
+        // the request: behind an overloaded store every held lock keeps a renewal
+        // waiting for the gate, and its attribute values are a map of a dozen strings
+        // (docs/design.md §3, "Requests in flight are bounded").
+        let expression_of = move || {
+            let UpdateOf {
+                mut expression,
+                mut names,
+                mut values,
+            } = update_of(record, &self.layout);
+            if let Some(info) = info {
+                // SET comes first in the expression: one more assignment of it.
+                expression = expression.replacen("SET ", "SET #info = :info, ", 1);
+                names.push(("#info".into(), terraform::DYNAMODB_INFO_ATTRIBUTE));
+                values.insert(":info".into(), AttributeValue::S(info));
+            }
+            if let Some(v) = expected {
+                values.insert(":expected".into(), AttributeValue::S(v.0.clone()));
+            }
+            // Only name what the condition uses besides the update's own names.
+            if !condition.contains("#pk") {
+                names.retain(|(placeholder, _)| placeholder != "#pk");
+            }
+            (expression, names, values)
+        };
         if let Some(updates) = &self.updates
             && let Some(target) = updates.target().await
         {
             let update = || {
+                let (expression, names, values) = expression_of();
                 updates.send(
                     target,
                     Update {
@@ -297,10 +306,10 @@ impl DynamoStore {
             let outcome = store_send(&self.requests, "UpdateItem", &self.url, update).await?;
             return self.classify_signed_update(outcome, record);
         }
-        // Built once admitted: a request waiting for the gate is then this closure and
-        // its expression, not the SDK's input (docs/design.md §3, "Requests in flight
-        // are bounded").
+        // Built once admitted: a request waiting for the gate is then this closure, not
+        // the SDK's input.
         let update = || {
+            let (expression, names, values) = expression_of();
             self.client
                 .update_item()
                 .table_name(&self.layout.table)

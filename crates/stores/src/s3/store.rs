@@ -306,14 +306,12 @@ impl S3Store {
         Some((puts, target))
     }
 
-    /// What a write of `record` puts in the object: the record, or on a state lock's
-    /// key (with `terraformCompatible`) its `LockInfo` carrying the record. A state
-    /// lock's key is never written otherwise: a plain record there would keep the
-    /// tools out for good (they cannot parse it, so they neither wait nor
-    /// force-unlock).
-    fn body(&self, record: &LockRecord) -> Result<Vec<u8>, StoreError> {
+    /// Whether this key may be written at all: a state lock's key only with
+    /// `terraformCompatible`, and `terraformCompatible` only on a state lock's key. A
+    /// state lock's key is never written otherwise: a plain record there would keep the
+    /// tools out for good (they cannot parse it, so they neither wait nor force-unlock).
+    fn writable(&self) -> Result<(), StoreError> {
         match (&self.state_path, self.terraform_compatible) {
-            (Some(path), true) => Ok(terraform::s3_body(record, path)),
             (Some(_), false) => Err(StoreError::Rejected(format!(
                 "{} is a Terraform/OpenTofu state lock: lockwarden holds it only as they do, \
                  with --terraform-compatible (spec.backend.s3.terraformCompatible: true)",
@@ -325,7 +323,17 @@ impl S3Store {
                 self.url,
                 terraform::S3_LOCK_SUFFIX
             ))),
-            (None, false) => Ok(record.to_json()),
+            _ => Ok(()),
+        }
+    }
+
+    /// What a write of `record` puts in the object (once [`writable`](Self::writable)
+    /// said it may): the record, or on a state lock's key its `LockInfo` carrying the
+    /// record.
+    fn body(&self, record: &LockRecord) -> Vec<u8> {
+        match &self.state_path {
+            Some(path) => terraform::s3_body(record, path),
+            None => record.to_json(),
         }
     }
 
@@ -334,8 +342,12 @@ impl S3Store {
         record: &LockRecord,
         expected: Option<&Version>,
     ) -> Result<Version, StoreError> {
-        let body = self.body(record)?;
-        let history = history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX);
+        self.writable()?;
+        // The body and its history metadata are encoded once admitted, like the rest of
+        // the request: behind an overloaded store every held lock keeps a renewal
+        // waiting for the gate, and encoded before it each kept a kilobyte or more
+        // (docs/design.md §3, "Requests in flight are bounded").
+        let history = || history::to_bounded_ascii(&record.history, HISTORY_METADATA_MAX);
         let op = match expected {
             None => "PUT If-None-Match",
             Some(_) => "PUT If-Match",
@@ -345,10 +357,10 @@ impl S3Store {
                 puts.send(
                     target,
                     Put {
-                        body: body.into(),
+                        body: self.body(record).into(),
                         content_type: "application/json",
                         if_match: expected.map(|v| v.0.as_str()),
-                        metadata: history.map(|text| (HISTORY_METADATA, text)),
+                        metadata: history().map(|text| (HISTORY_METADATA, text)),
                     },
                 )
             };
@@ -356,7 +368,7 @@ impl S3Store {
             return classify_signed_put(outcome, op, &self.url);
         }
         // Built once admitted, as in `read`: the SDK's input for a PUT is several
-        // kilobytes, the body and its history a few hundred bytes.
+        // kilobytes.
         let put = || {
             let mut req = self
                 .client
@@ -364,8 +376,8 @@ impl S3Store {
                 .bucket(&self.bucket)
                 .key(&self.key)
                 .content_type("application/json")
-                .body(ByteStream::from(body));
-            if let Some(text) = history {
+                .body(ByteStream::from(self.body(record)));
+            if let Some(text) = history() {
                 req = req.metadata(HISTORY_METADATA, text);
             }
             match expected {
