@@ -170,23 +170,23 @@ pub async fn run_with(
         .default_backoff()
         .modify(|lock: &mut DistributedLock| lock.metadata.managed_fields = None);
     let watch = reflector::reflector(writer, without_managed_fields)
-    .inspect_ok(move |event| {
-        // Ready once the first list of DistributedLocks has been seen in full.
-        if matches!(event, watcher::Event::InitDone) {
-            telemetry.set_ready();
-        }
-    })
-    .applied_objects()
-    .filter_map(|object| async move {
-        match object {
-            Ok(lock) => Some(ObjectRef::from_obj(&lock)),
-            // The watcher backs off and watches again by itself.
-            Err(error) => {
-                tracing::warn!(%error, "watching DistributedLocks failed; retrying");
-                None
+        .inspect_ok(move |event| {
+            // Ready once the first list of DistributedLocks has been seen in full.
+            if matches!(event, watcher::Event::InitDone) {
+                telemetry.set_ready();
             }
-        }
-    });
+        })
+        .applied_objects()
+        .filter_map(|object| async move {
+            match object {
+                Ok(lock) => Some(ObjectRef::from_obj(&lock)),
+                // The watcher backs off and watches again by itself.
+                Err(error) => {
+                    tracing::warn!(%error, "watching DistributedLocks failed; retrying");
+                    None
+                }
+            }
+        });
     let from_wakes =
         futures::stream::unfold(
             wake_rx,
