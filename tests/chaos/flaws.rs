@@ -127,6 +127,10 @@ impl<S: RecordStore> RecordStore for Flawed<S> {
         self.inner.url()
     }
 
+    async fn admit(&self) -> Result<Option<lockwarden::lock::Admission>, StoreError> {
+        self.inner.admit().await
+    }
+
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
         Ok(self.inner.read().await?.map(|s| self.bend(s)))
     }

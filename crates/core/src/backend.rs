@@ -191,6 +191,14 @@ pub trait LockBackend: Send + Sync {
     /// longer ours; `Err(Unavailable)` when the outcome is not known yet (retry).
     async fn renew(&self, lease: &mut Lease) -> Result<(), LockError>;
 
+    /// Waits for a slot of the store's bound of requests in flight, for a
+    /// [`renew`](Self::renew) run in the returned admission's
+    /// [`scope`](crate::Admission::scope) ([`crate::admission`]). `None`: the store has
+    /// no bound, nothing to wait for.
+    async fn admit(&self) -> Result<Option<crate::Admission>, LockError> {
+        Ok(None)
+    }
+
     /// Lets go of the lock (a conditional write of a tombstone, or the store's
     /// equivalent). Releasing a lock that is no longer ours is `Err(Lost)`.
     async fn release(&self, lease: &Lease) -> Result<(), LockError>;
@@ -315,6 +323,14 @@ pub trait RecordStore: Send + Sync {
 
     /// Deletes the record only if its version is still `expected`.
     async fn delete(&self, expected: &Version) -> Result<(), StoreError>;
+
+    /// Waits for a slot of this store's bound of requests in flight; the requests the
+    /// running task sends within the admission's [`scope`](crate::Admission::scope)
+    /// then go through without waiting again ([`crate::admission`]). `None`: no bound.
+    /// Past the store's wait limit: `Unavailable`, as a request never sent.
+    async fn admit(&self) -> Result<Option<crate::Admission>, StoreError> {
+        Ok(None)
+    }
 
     /// Said about a released record that stays in the store (no delete on release):
     /// how other tools on the key see it. `None`: as free.

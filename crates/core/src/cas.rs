@@ -375,6 +375,10 @@ impl<S: RecordStore> LockBackend for CasLock<S> {
         }
     }
 
+    async fn admit(&self) -> Result<Option<crate::Admission>, LockError> {
+        self.store.admit().await.map_err(|e| self.store_error(e))
+    }
+
     async fn release(&self, lease: &Lease) -> Result<(), LockError> {
         if lease.record.set.is_some() {
             return self.release_permit(lease).await;
@@ -700,7 +704,8 @@ enum Reconciled {
 impl<S: RecordStore> CasLock<S> {
     async fn renew_once(&self, lease: &mut Lease) -> Result<Renewed, LockError> {
         let next = lease.record.renewed();
-        let sent = Instant::now();
+        // Before the store call (rule 2), or when the holder asked for its admission.
+        let sent = crate::admission::send_time();
         let conflict = match self.store.replace(&lease.version, &next).await {
             Ok(version) => {
                 lease.confirm(next, version, sent, &self.margins);

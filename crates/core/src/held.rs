@@ -384,7 +384,15 @@ impl HolderTask {
         let backend = self.backend.clone();
         let limit = self.policy.request_timeout;
         Box::pin(async move {
-            let result = match timeout(limit, backend.renew(&mut lease)).await {
+            // The store's bound first, holding only the lease: the renewal's write and
+            // its futures are built once admitted (crate::admission).
+            let admitted_renewal = async {
+                match backend.admit().await? {
+                    Some(admission) => admission.scope(backend.renew(&mut lease)).await,
+                    None => backend.renew(&mut lease).await,
+                }
+            };
+            let result = match timeout(limit, admitted_renewal).await {
                 Ok(r) => r,
                 Err(_) => Err(LockError::Unavailable {
                     url: backend.url().to_string(),
@@ -758,11 +766,27 @@ mod tests {
     }
 
     /// A lock on the in-memory store whose connection can be declared in jeopardy, as a
-    /// ZooKeeper session's disconnect is; counts the renewals asked of it.
+    /// ZooKeeper session's disconnect is; counts the renewals asked of it. Its requests
+    /// are bounded as the AWS stores' are: `slots` admissions (bound 1), and each
+    /// renewal notes whether it ran admitted and when its send counts from.
     struct Jeopardised {
         lock: CasLock<MemoryStore>,
         jeopardy: tokio::sync::Notify,
         renewals: std::sync::atomic::AtomicUsize,
+        slots: tokio::sync::Semaphore,
+        admitted_at: std::sync::Mutex<Vec<(bool, Instant)>>,
+    }
+
+    impl Jeopardised {
+        fn new(store: &MemoryStore, slots: usize) -> Self {
+            Jeopardised {
+                lock: CasLock::new(store.clone()).with_margins(margins()),
+                jeopardy: tokio::sync::Notify::new(),
+                renewals: Default::default(),
+                slots: tokio::sync::Semaphore::new(slots),
+                admitted_at: Default::default(),
+            }
+        }
     }
 
     #[async_trait::async_trait]
@@ -776,7 +800,17 @@ mod tests {
         async fn renew(&self, lease: &mut Lease) -> Result<(), LockError> {
             self.renewals
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.admitted_at
+                .lock()
+                .unwrap()
+                .push((crate::admission::holds(1), crate::admission::send_time()));
             self.lock.renew(lease).await
+        }
+        async fn admit(&self) -> Result<Option<crate::Admission>, LockError> {
+            let asked = Instant::now();
+            let slot = self.slots.acquire().await.expect("never closed");
+            slot.forget();
+            Ok(Some(crate::Admission::new(1, asked, Box::new(()))))
         }
         async fn release(&self, lease: &Lease) -> Result<(), LockError> {
             self.lock.release(lease).await
@@ -795,11 +829,7 @@ mod tests {
     #[tokio::test]
     async fn a_connection_in_jeopardy_is_renewed_at_once_not_at_the_next_interval() {
         let store = MemoryStore::new("mem://held/jeopardy");
-        let backend = Arc::new(Jeopardised {
-            lock: CasLock::new(store.clone()).with_margins(margins()),
-            jeopardy: tokio::sync::Notify::new(),
-            renewals: Default::default(),
-        });
+        let backend = Arc::new(Jeopardised::new(&store, 100));
         let lease_time = Duration::from_secs(3600);
         let lease = match backend
             .try_acquire(&AcquireRequest::new("a", lease_time))
@@ -824,6 +854,53 @@ mod tests {
             assert_eq!(renewals(), round);
             assert!(held.is_held());
         }
+        held.release().await.unwrap();
+    }
+
+    /// docs/design.md §3, "Requests in flight are bounded": a renewal waits for the
+    /// store's bound holding only its lease, builds its write once admitted, runs within
+    /// the admission, and its send counts from when it asked (rule 2).
+    #[tokio::test]
+    async fn a_renewal_waits_for_the_stores_bound_before_it_builds_its_write() {
+        let store = MemoryStore::new("mem://held/admission");
+        let backend = Arc::new(Jeopardised::new(&store, 0));
+        let lease_time = Duration::from_secs(3600);
+        let lease = match backend
+            .try_acquire(&AcquireRequest::new("a", lease_time))
+            .await
+        {
+            Ok(Attempt::Acquired(lease)) => lease,
+            other => panic!("{other:?}"),
+        };
+        let held = HeldLock::hold(backend.clone(), lease, RenewPolicy::for_lease(lease_time));
+        let renewals = || backend.renewals.load(std::sync::atomic::Ordering::SeqCst);
+        let due = Instant::now();
+        backend.jeopardy.notify_one();
+        // Long against the holder task's wake-up, so the send time below tells the ask
+        // from the admission on a loaded machine.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            renewals(),
+            0,
+            "nothing built while the store's bound is full"
+        );
+        assert!(held.is_held());
+        let mut revision = held.revision.clone();
+        backend.slots.add_permits(1);
+        timeout(PATIENCE, revision.changed())
+            .await
+            .expect("renewed once admitted")
+            .unwrap();
+        let admitted = backend.admitted_at.lock().unwrap().clone();
+        assert_eq!(admitted.len(), 1, "{admitted:?}");
+        let (within, sent) = admitted[0];
+        assert!(within, "the renewal ran within its admission");
+        assert!(
+            sent >= due && sent < due + Duration::from_millis(1500),
+            "the send counts from the ask ({:?} after it was due), not from the admission",
+            sent.saturating_duration_since(due)
+        );
+        backend.slots.add_permits(10);
         held.release().await.unwrap();
     }
 

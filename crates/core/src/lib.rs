@@ -29,6 +29,7 @@
 #![cfg_attr(test, allow(clippy::too_many_lines))]
 
 pub mod acquire;
+pub mod admission;
 pub mod backend;
 pub mod cas;
 pub mod clock;
@@ -50,6 +51,7 @@ mod semaphore;
 pub mod sequencer;
 
 pub use acquire::{CONNECT_TIMEOUT, Wait, acquire, acquire_with_progress, when_reachable};
+pub use admission::Admission;
 pub use backend::{AcquireRequest, Attempt, Lease, LockBackend, RecordStore, StoreError};
 pub use cas::CasLock;
 pub use clock::{HolderDeadline, LeaseObserver, SafetyMargins};

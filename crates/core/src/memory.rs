@@ -324,6 +324,10 @@ impl<S: RecordStore> RecordStore for NewerBuild<S> {
         self.store.url()
     }
 
+    async fn admit(&self) -> Result<Option<crate::Admission>, StoreError> {
+        self.store.admit().await
+    }
+
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
         self.store.read().await
     }

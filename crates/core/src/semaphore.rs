@@ -742,7 +742,7 @@ impl<S: RecordStore> CasLock<S> {
                 *h = renewed.clone();
             }
             let record = record_of(set.clone(), &unknown);
-            let sent = Instant::now();
+            let sent = crate::admission::send_time();
             let mut returned = None;
             match self.store.replace(&version, &record).await {
                 Ok(v) => {

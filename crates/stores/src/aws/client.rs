@@ -261,6 +261,18 @@ pub(crate) async fn store_send<F: Future>(
         .map_err(|e| StoreError::Unavailable(format!("{op} to {url}: {e}")))
 }
 
+/// A slot of `gate` for the running task's next requests to the record at `url`
+/// (`lockwarden_core::admission`); one never given within the wait limit is
+/// [`StoreError::Unavailable`], as a request never sent.
+pub(crate) async fn store_admit(
+    gate: &RequestGate,
+    url: &str,
+) -> Result<Option<lockwarden_core::Admission>, StoreError> {
+    gate.admit()
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("requests to {url}: {e}")))
+}
+
 /// The reply to the request `build` makes once `gate` lets it go, for a fenced
 /// object's request (`op`); one that never went is a store failure.
 pub(crate) async fn fenced_send<F: Future>(

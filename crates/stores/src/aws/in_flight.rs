@@ -17,19 +17,28 @@
 //! store kept that much each while they waited. Here an operation waits as the closure
 //! that builds it; its SDK future is built (and boxed) only once it may go.
 //!
+//! A holder's renewal waits even earlier: the holder task asks the store for an
+//! [`Admission`] (`RecordStore::admit`, [`RequestGate::admit`]) holding only its lease,
+//! and builds the renewal once admitted; the renewal's requests then go on the
+//! admission's slot ([`RequestGate::run`] lets a task holding one through at once), so
+//! a lock's waiting renewal keeps no next record and no engine or store future.
+//!
 //! Why waiting is safe: the engine takes a write's send time *before* it calls the store
 //! (`CasLock`: `let sent = Instant::now()`), and the holder deadline counts from that
 //! instant (docs/design.md, rule 2). A renewal that waits here therefore spends its own
 //! deadline while it waits, and the holder still gives up before any contender can take
-//! over; the bound can make a renewal late, never unsafe. The wait is itself limited to
-//! the client's attempt timeout: past it the operation fails as never sent.
+//! over; the bound can make a renewal late, never unsafe. A renewal that waited for its
+//! admission counts as sent when it asked (`lockwarden_core::admission::send_time`), the
+//! same instant. The wait is itself limited to the client's attempt timeout: past it
+//! the operation fails as never sent.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use lockwarden_core::admission::{self, Admission};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::DEFAULT_REQUESTS_IN_FLIGHT;
 
@@ -106,7 +115,7 @@ pub struct RequestGate {
 
 #[derive(Debug)]
 struct Bound {
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
     limit: usize,
     /// The longest an operation waits for a permit: the client's attempt timeout.
     wait_limit: Duration,
@@ -120,7 +129,7 @@ impl RequestGate {
         let limit = limit.max(1);
         RequestGate {
             bound: Some(Arc::new(Bound {
-                permits: Semaphore::new(limit),
+                permits: Arc::new(Semaphore::new(limit)),
                 limit,
                 wait_limit,
                 stats,
@@ -136,7 +145,8 @@ impl RequestGate {
 
     /// Runs the operation `build` makes once fewer than the bound are in flight. The
     /// operation's future is built only then, and boxed, so a waiting one holds only
-    /// `build`'s captures.
+    /// `build`'s captures. A task holding an [`Admission`] of this gate goes at once, on
+    /// its admission's slot.
     pub async fn run<F, T>(&self, build: impl FnOnce() -> F) -> Result<T, NotAdmitted>
     where
         F: Future<Output = T>,
@@ -144,36 +154,65 @@ impl RequestGate {
         let Some(bound) = &self.bound else {
             return Ok(Box::pin(build()).await);
         };
-        let stats = bound.stats;
-        let permit = match bound.permits.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => {
-                let began = Instant::now();
-                stats.waiting.fetch_add(1, Ordering::Relaxed);
-                // Leaves the count even when the caller drops this future.
-                let waiting = Decrement(&stats.waiting);
-                let permit = tokio::time::timeout(bound.wait_limit, bound.permits.acquire()).await;
-                drop(waiting);
-                let waited = began.elapsed();
-                stats.waited.fetch_add(1, Ordering::Relaxed);
-                let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
-                stats.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
-                match permit {
-                    Ok(permit) => permit.expect("the semaphore is never closed"),
-                    Err(_) => {
-                        return Err(NotAdmitted {
-                            waited,
-                            limit: bound.limit,
-                        });
-                    }
-                }
-            }
+        let slot = if admission::holds(bound.id()) {
+            None
+        } else {
+            Some(bound.slot().await?)
         };
-        stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let _in_flight = Decrement(&stats.in_flight);
+        bound.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = Decrement(&bound.stats.in_flight);
         let output = Box::pin(build()).await;
-        drop(permit);
+        drop(slot);
         Ok(output)
+    }
+
+    /// Waits for a slot, for requests the running task then sends within the
+    /// admission's scope (`lockwarden_core::admission`). `None`: no bound, or the task
+    /// already holds one of this gate.
+    pub async fn admit(&self) -> Result<Option<Admission>, NotAdmitted> {
+        let Some(bound) = &self.bound else {
+            return Ok(None);
+        };
+        if admission::holds(bound.id()) {
+            return Ok(None);
+        }
+        let asked = tokio::time::Instant::now();
+        let slot = bound.slot().await?;
+        Ok(Some(Admission::new(bound.id(), asked, Box::new(slot))))
+    }
+}
+
+impl Bound {
+    /// This bound's identity for admissions: its semaphore's address, unique while it
+    /// lives (an admission keeps it alive through its slot).
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.permits) as usize
+    }
+
+    /// One of the permits, waiting at most the wait limit; the waiting is counted.
+    async fn slot(&self) -> Result<OwnedSemaphorePermit, NotAdmitted> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        let stats = self.stats;
+        let began = Instant::now();
+        stats.waiting.fetch_add(1, Ordering::Relaxed);
+        // Leaves the count even when the caller drops this future.
+        let waiting = Decrement(&stats.waiting);
+        let permit =
+            tokio::time::timeout(self.wait_limit, self.permits.clone().acquire_owned()).await;
+        drop(waiting);
+        let waited = began.elapsed();
+        stats.waited.fetch_add(1, Ordering::Relaxed);
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        stats.wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+        match permit {
+            Ok(permit) => Ok(permit.expect("the semaphore is never closed")),
+            Err(_) => Err(NotAdmitted {
+                waited,
+                limit: self.limit,
+            }),
+        }
     }
 }
 
@@ -236,6 +275,46 @@ pub(crate) fn assert_waiting_requests_are_small(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A task holding an admission sends all its requests on its one slot — with a
+    /// bound of 1, a second slot would never come — while other tasks wait for it.
+    #[tokio::test]
+    async fn an_admitted_task_sends_on_its_slot_and_others_wait_for_it() {
+        static STATS: InFlightStats = InFlightStats::new();
+        let gate = RequestGate::bounded(1, Duration::from_secs(60), &STATS);
+        let admission = gate.admit().await.unwrap().expect("a bounded gate admits");
+        let other = {
+            let gate = gate.clone();
+            tokio::spawn(async move { gate.run(|| async { "other" }).await })
+        };
+        let sent = admission
+            .scope(async {
+                assert!(gate.admit().await.unwrap().is_none(), "admitted already");
+                let mut sent = Vec::new();
+                for n in 0..3 {
+                    let reply = tokio::time::timeout(
+                        Duration::from_secs(30),
+                        gate.run(|| async move { n }),
+                    )
+                    .await
+                    .expect("sent on the admission's slot, without waiting")
+                    .unwrap();
+                    sent.push(reply);
+                }
+                tokio::time::timeout(Duration::from_secs(60), async {
+                    while STATS.waiting() != 1 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await
+                .expect("the other task waits for the slot");
+                sent
+            })
+            .await;
+        assert_eq!(sent, [0, 1, 2]);
+        assert_eq!(other.await.unwrap().unwrap(), "other", "the slot came back");
+        assert_eq!((STATS.waiting(), STATS.in_flight()), (0, 0));
+    }
 
     #[tokio::test]
     async fn a_request_that_waits_past_its_limit_fails_as_never_sent() {

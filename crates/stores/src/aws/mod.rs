@@ -30,7 +30,7 @@ pub use client::missing_root_certificates;
 pub(crate) use client::{
     ClientCache, DEFAULT_REQUEST_TIMEOUT, MAX_CACHED_CLIENTS, describe, fenced_error, fenced_send,
     http_client, http_connector, request_gate, sdk_config, service_endpoint, status_and_code,
-    store_send,
+    store_admit, store_send,
 };
 #[cfg(feature = "cli")]
 pub use flags::AwsFlags;

@@ -16,7 +16,9 @@ use aws_sdk_dynamodb::types::{
 };
 
 use super::update::{SignedUpdates, Update, UpdateReply};
-use crate::aws::{RequestGate, SendError, describe, reply_detail, status_and_code, store_send};
+use crate::aws::{
+    RequestGate, SendError, describe, reply_detail, status_and_code, store_admit, store_send,
+};
 use crate::terraform::{self, LockInfo};
 use lockwarden_core::duration::{format_duration, parse_duration};
 use lockwarden_core::history;
@@ -840,6 +842,10 @@ fn kind(v: &AttributeValue) -> &'static str {
 impl RecordStore for DynamoStore {
     fn url(&self) -> &str {
         &self.url
+    }
+
+    async fn admit(&self) -> Result<Option<lockwarden_core::Admission>, StoreError> {
+        store_admit(&self.requests, &self.url).await
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {

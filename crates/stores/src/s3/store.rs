@@ -9,7 +9,9 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use super::put::{Put, PutReply, PutTarget, SignedPuts};
-use crate::aws::{RequestGate, SendError, describe, reply_detail, status_and_code, store_send};
+use crate::aws::{
+    RequestGate, SendError, describe, reply_detail, status_and_code, store_admit, store_send,
+};
 use crate::terraform::{self, StateLock};
 use lockwarden_core::history;
 use lockwarden_core::{
@@ -222,6 +224,10 @@ impl RecordStore for S3Store {
 
     fn kept_tombstone_note(&self) -> Option<&'static str> {
         Some(S3LOCK_SEES_HELD)
+    }
+
+    async fn admit(&self) -> Result<Option<lockwarden_core::Admission>, StoreError> {
+        store_admit(&self.requests, &self.url).await
     }
 
     async fn read(&self) -> Result<Option<Stored>, StoreError> {
