@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, sleep_until, timeout_at};
 
+use super::admission::Admission;
 use super::backend::{Lease, LockBackend};
 use super::error::{LockError, LostReason};
 use super::record::{FenceToken, Version};
@@ -350,6 +351,57 @@ struct ReleaseOrder {
 
 type Renewal = Pin<Box<dyn Future<Output = (Lease, Result<(), LockError>)> + Send>>;
 
+/// A wait for a slot of the store's bound of requests in flight ([`crate::admission`]).
+type Admitting = Pin<Box<dyn Future<Output = Result<Option<Admission>, LockError>> + Send>>;
+
+/// A renewal under way, in two stages so that one waiting behind an overloaded store
+/// keeps as little as possible (docs/design.md §3, "Requests in flight are bounded"):
+/// first the wait for the store's bound, which holds no lease, no next record and no
+/// engine or store future; then, once admitted, the renewal itself, built from a
+/// clone of the lease. Both end by `ends`, the renewal's request timeout from when it
+/// was due.
+enum Pending {
+    Admitting { admission: Admitting, ends: Instant },
+    Renewing(Renewal),
+}
+
+/// What one stage of a [`Pending`] renewal came to. Lives for one `match` in the
+/// holder's loop: boxing its lease would cost an allocation per renewal instead.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    /// The store admitted the renewal (`None`: it has no bound); build it now.
+    Admitted(Option<Admission>, Instant),
+    /// The renewal ended: with the lease it renewed, or `None` when it was never
+    /// admitted (nothing was sent, the lease is unchanged).
+    Ended(Option<Lease>, Result<(), LockError>),
+}
+
+impl Pending {
+    /// Runs the current stage to its end. Cancel-safe: a stage dropped unfinished by
+    /// the holder's `select!` is polled again from where it was.
+    async fn step(&mut self) -> Step {
+        match self {
+            Pending::Admitting { admission, ends } => match admission.await {
+                Ok(admitted) => Step::Admitted(admitted, *ends),
+                Err(e) => Step::Ended(None, Err(e)),
+            },
+            Pending::Renewing(renewal) => {
+                let (lease, result) = renewal.await;
+                Step::Ended(Some(lease), result)
+            }
+        }
+    }
+}
+
+/// A renewal not confirmed within its request timeout: its outcome is resolved by the
+/// next one (rule 4).
+fn renewal_timed_out(url: &str, limit: Duration) -> LockError {
+    LockError::Unavailable {
+        url: url.to_string(),
+        cause: format!("renewal took longer than {limit:?}").into(),
+    }
+}
+
 /// Renews one lease on its own timer and publishes what the holder may believe.
 struct HolderTask {
     backend: Arc<dyn LockBackend>,
@@ -380,24 +432,35 @@ impl HolderTask {
         observer(&told);
     }
 
-    fn renewal(&self, mut lease: Lease) -> Renewal {
+    /// The first stage of a renewal due now: the wait for the store's bound, which
+    /// carries nothing of the lease.
+    fn admission(&self) -> Pending {
+        let backend = self.backend.clone();
+        let limit = self.policy.request_timeout;
+        let ends = Instant::now() + limit;
+        let admission = Box::pin(async move {
+            match timeout_at(ends, backend.admit()).await {
+                Ok(admitted) => admitted,
+                Err(_) => Err(renewal_timed_out(backend.url(), limit)),
+            }
+        });
+        Pending::Admitting { admission, ends }
+    }
+
+    /// The second stage: the renewal of `lease`, within `admission`, by `ends`.
+    fn renewal(&self, mut lease: Lease, admission: Option<Admission>, ends: Instant) -> Renewal {
         let backend = self.backend.clone();
         let limit = self.policy.request_timeout;
         Box::pin(async move {
-            // The store's bound first, holding only the lease: the renewal's write and
-            // its futures are built once admitted (crate::admission).
-            let admitted_renewal = async {
-                match backend.admit().await? {
+            let renew = async {
+                match admission {
                     Some(admission) => admission.scope(backend.renew(&mut lease)).await,
                     None => backend.renew(&mut lease).await,
                 }
             };
-            let result = match timeout(limit, admitted_renewal).await {
+            let result = match timeout_at(ends, renew).await {
                 Ok(r) => r,
-                Err(_) => Err(LockError::Unavailable {
-                    url: backend.url().to_string(),
-                    cause: format!("renewal took longer than {limit:?}").into(),
-                }),
+                Err(_) => Err(renewal_timed_out(backend.url(), limit)),
             };
             (lease, result)
         })
@@ -443,7 +506,7 @@ impl HolderTask {
         } else {
             Instant::now()
         };
-        let mut inflight: Option<Renewal> = None;
+        let mut pending: Option<Pending> = None;
         let mut last_error = String::new();
         // Kept across turns of the loop (a backend's wait may hold a subscription);
         // made anew once it has resolved.
@@ -455,17 +518,27 @@ impl HolderTask {
             tokio::select! {
                 biased;
                 order = &mut release => {
-                    if let Some(renewal) = inflight.take() {
-                        // Let a renewal in flight finish so the release is conditioned
-                        // on the latest version.
+                    // Let a renewal in flight finish so the release is conditioned on
+                    // the latest version. One still waiting for the store's bound has
+                    // sent nothing: dropped.
+                    if let Some(Pending::Renewing(renewal)) = pending.take() {
                         lease = renewal.await.0;
                     }
                     self.release(&lease, order.ok()).await;
                     return;
                 }
-                (renewed, result) = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
-                    inflight = None;
-                    lease = renewed;
+                step = async { pending.as_mut().expect("guarded").step().await }, if pending.is_some() => {
+                    let (renewed, result) = match step {
+                        Step::Admitted(admission, ends) => {
+                            pending = Some(Pending::Renewing(self.renewal(lease.clone(), admission, ends)));
+                            continue;
+                        }
+                        Step::Ended(renewed, result) => (renewed, result),
+                    };
+                    pending = None;
+                    if let Some(renewed) = renewed {
+                        lease = renewed;
+                    }
                     match result {
                         Ok(()) => {
                             next = self.policy.next_renewal(Instant::now());
@@ -494,20 +567,20 @@ impl HolderTask {
                     tracing::warn!(url = self.backend.url(), %last_error, "holder deadline passed before a renewal was confirmed: the lock is not relied on until one is");
                     self.publish(HolderState::Expiring { fence: lease.fence(), last_error });
                 }
-                _ = sleep_until(next), if inflight.is_none() => {
-                    inflight = Some(self.renewal(lease.clone()));
+                _ = sleep_until(next), if pending.is_none() => {
+                    pending = Some(self.admission());
                 }
                 // The store's connection says the claim may already be gone: renew now,
                 // and let the renewal say whether it still stands.
-                _ = &mut jeopardy, if claimed && inflight.is_none() => {
+                _ = &mut jeopardy, if claimed && pending.is_none() => {
                     jeopardy = backend.in_jeopardy();
-                    inflight = Some(self.renewal(lease.clone()));
+                    pending = Some(self.admission());
                 }
                 // A request that came while a renewal was in flight is looked at once it
                 // has answered: by then the revision asked about is no longer ours.
-                Ok(()) = requests.changed(), if inflight.is_none() => {
+                Ok(()) = requests.changed(), if pending.is_none() => {
                     if *requests.borrow_and_update() == lease.record.revision {
-                        inflight = Some(self.renewal(lease.clone()));
+                        pending = Some(self.admission());
                     }
                 }
             }
@@ -520,6 +593,7 @@ mod tests {
     use super::*;
     use crate::memory::{Fault, MemoryStore};
     use crate::{AcquireRequest, Attempt, CasLock, LockRecord, LockState, SafetyMargins};
+    use tokio::time::timeout;
 
     const LEASE: Duration = Duration::from_millis(600);
     /// Generous: these tests wait for the holder task, which shares two cores.
@@ -857,8 +931,38 @@ mod tests {
         held.release().await.unwrap();
     }
 
+    /// docs/design.md §3, "Requests in flight are bounded": what a lock keeps while its
+    /// renewal waits for the store's bound is the wait alone. The lease — its record
+    /// and history — is cloned into the renewal only once the store admits it; behind
+    /// an overloaded store every held lock has a renewal waiting.
+    #[tokio::test]
+    async fn a_renewal_waiting_for_the_stores_bound_holds_no_lease() {
+        let store = MemoryStore::new("mem://held/admission-size");
+        let backend: Arc<dyn LockBackend> = Arc::new(Jeopardised::new(&store, 0));
+        let task = HolderTask {
+            backend,
+            policy: RenewPolicy::for_lease(Duration::from_secs(30)),
+            state: watch::channel(HolderState::Released).0,
+            deadline: watch::channel(Instant::now()).0,
+            revision: watch::channel(String::new()).0,
+            observer: None,
+        };
+        let Pending::Admitting { mut admission, .. } = task.admission() else {
+            panic!("a renewal starts by waiting for its admission");
+        };
+        let polled =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(admission.as_mut().poll(cx))).await;
+        assert!(polled.is_pending(), "the store's bound is full");
+        let waiting = std::mem::size_of_val(&*admission);
+        let lease = std::mem::size_of::<Lease>();
+        assert!(
+            waiting * 2 <= lease,
+            "a waiting renewal is {waiting} bytes; a lease alone is {lease}"
+        );
+    }
+
     /// docs/design.md §3, "Requests in flight are bounded": a renewal waits for the
-    /// store's bound holding only its lease, builds its write once admitted, runs within
+    /// store's bound before it builds its write, builds it once admitted, runs within
     /// the admission, and its send counts from when it asked (rule 2).
     #[tokio::test]
     async fn a_renewal_waits_for_the_stores_bound_before_it_builds_its_write() {

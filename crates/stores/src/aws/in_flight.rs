@@ -18,8 +18,8 @@
 //! that builds it; its SDK future is built (and boxed) only once it may go.
 //!
 //! A holder's renewal waits even earlier: the holder task asks the store for an
-//! [`Admission`] (`RecordStore::admit`, [`RequestGate::admit`]) holding only its lease,
-//! and builds the renewal once admitted; the renewal's requests then go on the
+//! [`Admission`] (`RecordStore::admit`, [`RequestGate::admit`]) before it clones its
+//! lease, and builds the renewal once admitted; the renewal's requests then go on the
 //! admission's slot ([`RequestGate::run`] lets a task holding one through at once), so
 //! a lock's waiting renewal keeps no next record and no engine or store future.
 //!
