@@ -900,10 +900,11 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_connection_in_jeopardy_is_renewed_at_once_not_at_the_next_interval() {
-        let store = MemoryStore::new("mem://held/jeopardy");
-        let backend = Arc::new(Jeopardised::new(&store, 100));
+    /// A lock on a fresh in-memory store behind [`Jeopardised`] with `slots`
+    /// admissions, held with an hour's lease: no scheduled renewal within a test.
+    async fn held_jeopardised(url: &str, slots: usize) -> (Arc<Jeopardised>, HeldLock) {
+        let store = MemoryStore::new(url);
+        let backend = Arc::new(Jeopardised::new(&store, slots));
         let lease_time = Duration::from_secs(3600);
         let lease = match backend
             .try_acquire(&AcquireRequest::new("a", lease_time))
@@ -912,8 +913,13 @@ mod tests {
             Ok(Attempt::Acquired(lease)) => lease,
             other => panic!("{other:?}"),
         };
-        // No scheduled renewal within the test.
         let held = HeldLock::hold(backend.clone(), lease, RenewPolicy::for_lease(lease_time));
+        (backend, held)
+    }
+
+    #[tokio::test]
+    async fn a_connection_in_jeopardy_is_renewed_at_once_not_at_the_next_interval() {
+        let (backend, held) = held_jeopardised("mem://held/jeopardy", 100).await;
         let renewals = || backend.renewals.load(std::sync::atomic::Ordering::SeqCst);
         let mut revision = held.revision.clone();
         for round in 1..=2 {
@@ -966,17 +972,7 @@ mod tests {
     /// the admission, and its send counts from when it asked (rule 2).
     #[tokio::test]
     async fn a_renewal_waits_for_the_stores_bound_before_it_builds_its_write() {
-        let store = MemoryStore::new("mem://held/admission");
-        let backend = Arc::new(Jeopardised::new(&store, 0));
-        let lease_time = Duration::from_secs(3600);
-        let lease = match backend
-            .try_acquire(&AcquireRequest::new("a", lease_time))
-            .await
-        {
-            Ok(Attempt::Acquired(lease)) => lease,
-            other => panic!("{other:?}"),
-        };
-        let held = HeldLock::hold(backend.clone(), lease, RenewPolicy::for_lease(lease_time));
+        let (backend, held) = held_jeopardised("mem://held/admission", 0).await;
         let renewals = || backend.renewals.load(std::sync::atomic::Ordering::SeqCst);
         let due = Instant::now();
         backend.jeopardy.notify_one();
