@@ -42,6 +42,7 @@ mod plots;
 mod queue;
 mod report;
 mod scale;
+mod status_writes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

@@ -1,6 +1,7 @@
 //! Part 3, operator: `DistributedLock` created → `Acquired=True` seen by a watch,
 //! same-cluster hand-off, takeover after the holder's controller is SIGKILLed.
 
+use super::status_writes::StatusWrites;
 use super::*;
 
 // ---------------------------------------------------------------------------------
@@ -223,7 +224,11 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         namespace: Some(ns.clone()),
         ..Default::default()
     };
-    tokio::spawn(controller::run(env.client.clone(), config));
+    // The controller's own client, as the `lockwarden controller` process has, with its
+    // status writes timed: the waiter's on each hand-off's path.
+    let status_writes = StatusWrites::default();
+    let controller_client = status_writes.client(env.plane.kubeconfig_path()).await;
+    tokio::spawn(controller::run(controller_client, config));
     let api = locks_api(&env.client, &ns);
     let n_create = opts.n(20);
     let n_handoff = opts.n(15);
@@ -264,6 +269,7 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         let mut handoffs = Vec::new();
         let mut stages: Vec<(f64, f64)> = Vec::new();
         let mut delete_seen = Vec::new();
+        let mut write_on_path = Vec::new();
         for _ in 0..n_handoff {
             let key = support::unique("h");
             let (h, w) = (support::unique("holder"), support::unique("waiter"));
@@ -295,6 +301,7 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             handoffs.push(ms(acquired - t));
             stages.push((ms(gone.saturating_duration_since(t)), ms(acquired - t)));
             delete_seen.push(ms(deleting.saturating_duration_since(t)));
+            write_on_path.extend(status_writes.first_since(&w, t).map(ms));
             api.delete(&w, &DeleteParams::default()).await.unwrap();
             watch.deleted(&format!("{ns}/{w}")).await;
         }
@@ -317,6 +324,13 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             .unwrap()
             .delete_seen
             .insert(kind, pct(&delete_seen, 0.5));
+        if !write_on_path.is_empty() {
+            report
+                .lock()
+                .unwrap()
+                .status_write_on_path
+                .insert(kind, (pct(&write_on_path, 0.5), write_on_path.len()));
+        }
         note(
             &report,
             format!(

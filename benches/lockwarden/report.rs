@@ -118,6 +118,9 @@ pub(crate) struct Report {
     /// p50 ms from the waiter's status write (server-side apply) to a watch seeing it:
     /// the hand-off's last step.
     pub(crate) status_write_seen: Option<f64>,
+    /// p50 ms (and n) of the waiter's `Acquired` status write on the hand-off's path,
+    /// sent → answered at the in-process controller's client.
+    pub(crate) status_write_on_path: BTreeMap<Kind, (f64, usize)>,
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) cli: Vec<CliRow>,
