@@ -28,6 +28,7 @@
 
 use lockwarden_testsupport as support;
 
+mod api_writes;
 mod cli;
 mod counting;
 mod engine;
@@ -42,7 +43,6 @@ mod plots;
 mod queue;
 mod report;
 mod scale;
-mod status_writes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

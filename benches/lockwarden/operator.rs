@@ -1,7 +1,7 @@
 //! Part 3, operator: `DistributedLock` created → `Acquired=True` seen by a watch,
 //! same-cluster hand-off, takeover after the holder's controller is SIGKILLed.
 
-use super::status_writes::StatusWrites;
+use super::api_writes::ApiWrites;
 use super::*;
 
 // ---------------------------------------------------------------------------------
@@ -225,9 +225,9 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         ..Default::default()
     };
     // The controller's own client, as the `lockwarden controller` process has, with its
-    // status writes timed: the waiter's on each hand-off's path.
-    let status_writes = StatusWrites::default();
-    let controller_client = status_writes.client(env.plane.kubeconfig_path()).await;
+    // writes timed: the waiter's status write and a Lease's on each hand-off's path.
+    let api_writes = ApiWrites::default();
+    let controller_client = api_writes.client(env.plane.kubeconfig_path()).await;
     tokio::spawn(controller::run(controller_client, config));
     let api = locks_api(&env.client, &ns);
     let n_create = opts.n(20);
@@ -270,6 +270,7 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
         let mut stages: Vec<(f64, f64)> = Vec::new();
         let mut delete_seen = Vec::new();
         let mut write_on_path = Vec::new();
+        let mut store_writes_on_path = Vec::new();
         for _ in 0..n_handoff {
             let key = support::unique("h");
             let (h, w) = (support::unique("holder"), support::unique("waiter"));
@@ -301,7 +302,16 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
             handoffs.push(ms(acquired - t));
             stages.push((ms(gone.saturating_duration_since(t)), ms(acquired - t)));
             delete_seen.push(ms(deleting.saturating_duration_since(t)));
-            write_on_path.extend(status_writes.first_since(&w, t).map(ms));
+            write_on_path.extend(api_writes.status_write(&w, t).map(ms));
+            if kind == Kind::Lease {
+                // The release and the acquisition: the Lease's two writes on the path.
+                let leases = format!("/apis/coordination.k8s.io/v1/namespaces/{}/leases", env.ns);
+                let lease = format!("{leases}/op-{key}");
+                let writes = api_writes.writes_to(&[&lease, &leases], t, acquired);
+                if let [release, acquisition, ..] = writes[..] {
+                    store_writes_on_path.push(ms(release + acquisition));
+                }
+            }
             api.delete(&w, &DeleteParams::default()).await.unwrap();
             watch.deleted(&format!("{ns}/{w}")).await;
         }
@@ -330,6 +340,12 @@ pub(crate) async fn part_operator(env: Arc<Env>, opts: Opts, report: Shared) {
                 .unwrap()
                 .status_write_on_path
                 .insert(kind, (pct(&write_on_path, 0.5), write_on_path.len()));
+        }
+        if !store_writes_on_path.is_empty() {
+            report.lock().unwrap().store_writes_on_path.insert(
+                kind,
+                (pct(&store_writes_on_path, 0.5), store_writes_on_path.len()),
+            );
         }
         note(
             &report,

@@ -121,6 +121,10 @@ pub(crate) struct Report {
     /// p50 ms (and n) of the waiter's `Acquired` status write on the hand-off's path,
     /// sent → answered at the in-process controller's client.
     pub(crate) status_write_on_path: BTreeMap<Kind, (f64, usize)>,
+    /// p50 ms (and n) of the release's and the acquisition's store writes together on
+    /// the hand-off's path, where the store is the API server (Leases): sent → answered
+    /// at the in-process controller's client.
+    pub(crate) store_writes_on_path: BTreeMap<Kind, (f64, usize)>,
     pub(crate) takeover: Vec<(Kind, f64, f64, f64, usize)>, // p50, max, bound, n
     pub(crate) scale: Vec<ScaleRow>,
     pub(crate) cli: Vec<CliRow>,
