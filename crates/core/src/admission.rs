@@ -6,11 +6,12 @@
 //! everything the engine built for it: the next record (a clone with its history), the
 //! engine's future and the store's. Behind an overloaded store every held lock has a
 //! renewal waiting, so that is paid once per lock. The holder task therefore asks for
-//! an [`Admission`] first, in a stage that carries nothing of the lease
-//! (`held.rs`, `Pending::Admitting`), and builds the renewal once admitted; the requests the renewal then sends to the same store (the write, and a
-//! read if its outcome is unknown) go through on that admission without waiting again
-//! — they cannot take a second slot, which would let holders that each hold one
-//! wait for each other forever.
+//! an [`Admission`] first, in a stage that carries nothing of the lease (`held.rs`,
+//! `Pending::Admitting`), and builds the renewal once admitted; the requests the
+//! renewal then sends to the same store (the write, and a read if its outcome is
+//! unknown) go through on that admission without waiting again — they cannot take a
+//! second slot, which would let holders that each hold one wait for each other
+//! forever.
 //!
 //! The admission is carried by the task (a task-local, [`Admission::scope`]), so the
 //! store layer's signatures stay as they are and a store without a bound has nothing
